@@ -1,1 +1,19 @@
-//! placeholder
+//! Wire types of the execward protocol: no I/O lives here.
+//!
+//! - [`jsonrpc`]: the JSON-RPC envelope as the reference speaks it (the `"jsonrpc"` member is
+//!   optional on input and never produced), request ids that are integers or strings.
+//! - [`error`]: the error codes, the machine-readable `data.kind`, and [`error::RpcError`].
+//! - [`uri`]: [`uri::FileUri`], the `file:` URI every path on the wire is written as.
+//! - [`methods`]: typed params and results of every method and notification.
+//!
+//! The relay frames of remote mode (protobuf) and the sans-I/O reliable stream will live here too.
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod jsonrpc;
+pub mod methods;
+pub mod uri;
+
+pub use error::{ErrorData, ErrorKind, RpcError};
+pub use jsonrpc::{Message, RequestId};
+pub use uri::FileUri;
