@@ -23,6 +23,8 @@ mod ops;
 mod test_support;
 
 pub use error::{FsError, FsErrorKind, FsOperation};
+pub use ops::directory::{DirEntry, create_directory, read_directory};
+pub use ops::metadata::{Metadata, canonicalize, get_metadata};
 pub use ops::read::{
     READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES, open_for_streaming, read_block, read_file,
 };
