@@ -23,9 +23,11 @@ mod ops;
 mod test_support;
 
 pub use error::{FsError, FsErrorKind, FsOperation};
+pub use ops::copy::copy;
 pub use ops::directory::{DirEntry, create_directory, read_directory};
 pub use ops::metadata::{Metadata, canonicalize, get_metadata};
 pub use ops::read::{
     READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES, open_for_streaming, read_block, read_file,
 };
+pub use ops::remove::remove;
 pub use ops::write::{ATOMIC_TEMP_PREFIX, WriteOptions, write_file};
