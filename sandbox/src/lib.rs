@@ -1,1 +1,22 @@
-//! placeholder
+//! execward's sandbox: the policy model and its enforcement.
+//!
+//! - [`policy`]: the wire `sandbox` object ([`SandboxSpec`]), named profiles, resolution into a
+//!   [`ResolvedPolicy`].
+//! - [`linux`]: layered enforcement applied by a freshly exec'd process to itself
+//!   ([`linux::restrict_current_process`]).
+//! - [`macos`]: Seatbelt profile text (plain Rust, tested on every platform).
+//! - [`run`]: the `sandbox-run` command line.
+
+pub mod policy;
+
+#[cfg(target_os = "linux")]
+pub mod linux;
+#[cfg(target_os = "linux")]
+mod sys;
+
+pub mod macos;
+pub mod run;
+
+pub use policy::{
+    Access, FilesystemPolicy, PathRule, PolicyError, ResolvedPolicy, SandboxSpec, WritableRoot,
+};

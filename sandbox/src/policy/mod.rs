@@ -1,0 +1,305 @@
+//! The policy model: what a sandboxed process may read, write and reach.
+//!
+//! Three input shapes arrive from outside ([`SandboxSpec`]: a named profile, the reference's
+//! `permissions` profile, the legacy `{"type": ...}` policy). All of them are validated and
+//! resolved into one internal model, [`ResolvedPolicy`]: a flat list of absolute path rules
+//! plus a network switch. Nothing downstream (Landlock, namespaces, seccomp, Seatbelt) ever
+//! sees unvalidated input.
+//!
+//! Precedence: the most specific path (most components) wins; at equal specificity
+//! `deny` > `write` > `read`. A path no rule covers is denied.
+
+mod glob;
+mod profile;
+mod resolve;
+mod wire;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use profile::{BUILTIN_PROFILES, DEFAULT_PROTECTED_SUBPATHS, ProfileFile, builtin_profile};
+pub use resolve::ResolveContext;
+pub use wire::{
+    EntryPath, FsEntry, LegacyPolicy, ManagedFileSystem, NamedPolicy, NetworkMode,
+    PermissionProfile, PolicySource, SandboxSpec, SpecialPath,
+};
+
+/// Access granted to a path and everything beneath it.
+///
+/// The order of the variants is the conflict precedence at equal specificity:
+/// `Deny` beats `Write`, `Write` beats `Read`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// Read files, list directories, execute.
+    Read,
+    /// Everything `Read` allows, plus create, modify, rename and remove.
+    Write,
+    /// Neither read nor write. The reference spells this `none`.
+    #[serde(alias = "none")]
+    Deny,
+}
+
+impl Access {
+    /// True for `Read` and `Write`.
+    pub fn can_read(self) -> bool {
+        !matches!(self, Access::Deny)
+    }
+
+    /// True for `Write` only.
+    pub fn can_write(self) -> bool {
+        matches!(self, Access::Write)
+    }
+
+    /// How much this access allows, for "is this rule narrower than its parent" checks.
+    fn breadth(self) -> u8 {
+        match self {
+            Access::Deny => 0,
+            Access::Read => 1,
+            Access::Write => 2,
+        }
+    }
+}
+
+/// One resolved rule: `access` applies to `path` and everything beneath it, unless a more
+/// specific rule says otherwise.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PathRule {
+    /// Absolute, normalised path (canonical when it existed at resolution time).
+    pub path: PathBuf,
+    /// What the rule grants.
+    pub access: Access,
+}
+
+/// Filesystem part of a resolved policy.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum FilesystemPolicy {
+    /// No filesystem restriction at all.
+    Unrestricted,
+    /// Only what the rules grant.
+    Restricted {
+        /// Rules sorted by path; redundant rules (same access as the nearest ancestor rule)
+        /// are removed.
+        rules: Vec<PathRule>,
+    },
+}
+
+/// A writable root with the read-only (or denied) subpaths carved out of it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WritableRoot {
+    /// The writable directory (or file).
+    pub root: PathBuf,
+    /// More specific rules beneath `root` that do not allow writing.
+    pub read_only_subpaths: Vec<PathBuf>,
+}
+
+/// The validated, absolute policy that enforcement consumes.
+///
+/// It is plain data: `Clone + Eq + Hash` so the supervisor can use it as a helper-pool key, and
+/// serde so it can be handed to a helper as JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolvedPolicy {
+    /// Filesystem rules.
+    pub filesystem: FilesystemPolicy,
+    /// Whether network sockets (anything but `AF_UNIX`) are allowed.
+    pub network_access: bool,
+}
+
+impl ResolvedPolicy {
+    /// No sandbox at all (`danger-full-access`).
+    pub fn unrestricted() -> Self {
+        Self {
+            filesystem: FilesystemPolicy::Unrestricted,
+            network_access: true,
+        }
+    }
+
+    /// False only when the filesystem is unrestricted.
+    pub fn restricts_filesystem(&self) -> bool {
+        matches!(self.filesystem, FilesystemPolicy::Restricted { .. })
+    }
+
+    /// Whether the policy allows network sockets.
+    pub fn network_allowed(&self) -> bool {
+        self.network_access
+    }
+
+    /// True when nothing at all is restricted: no helper needs to confine itself.
+    pub fn is_unrestricted(&self) -> bool {
+        !self.restricts_filesystem() && self.network_access
+    }
+
+    /// The path rules (empty when the filesystem is unrestricted).
+    pub fn rules(&self) -> &[PathRule] {
+        match &self.filesystem {
+            FilesystemPolicy::Unrestricted => &[],
+            FilesystemPolicy::Restricted { rules } => rules,
+        }
+    }
+
+    /// The effective access for `path` (absolute; not canonicalised here).
+    pub fn access_for(&self, path: &Path) -> Access {
+        match &self.filesystem {
+            FilesystemPolicy::Unrestricted => Access::Write,
+            FilesystemPolicy::Restricted { rules } => effective_access(rules, path),
+        }
+    }
+
+    /// Whether `path` may be read under this policy.
+    pub fn can_read(&self, path: &Path) -> bool {
+        self.access_for(path).can_read()
+    }
+
+    /// Whether `path` may be written under this policy.
+    pub fn can_write(&self, path: &Path) -> bool {
+        self.access_for(path).can_write()
+    }
+
+    /// Writable roots with their carve-outs. Empty when the filesystem is unrestricted.
+    pub fn writable_roots(&self) -> Vec<WritableRoot> {
+        let rules = self.rules();
+        rules
+            .iter()
+            .filter(|rule| rule.access == Access::Write)
+            .map(|rule| WritableRoot {
+                root: rule.path.clone(),
+                read_only_subpaths: rules
+                    .iter()
+                    .filter(|inner| {
+                        inner.path != rule.path
+                            && inner.path.starts_with(&rule.path)
+                            && !inner.access.can_write()
+                    })
+                    .map(|inner| inner.path.clone())
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Rules that are narrower than the rule above them (a read-only `.git` inside a writable
+    /// root, a denied path inside a readable one). Landlock only adds rights, so these are the
+    /// rules only the mount-namespace layer can enforce.
+    pub fn narrowing_rules(&self) -> Vec<&PathRule> {
+        let rules = self.rules();
+        rules
+            .iter()
+            .filter(|rule| {
+                let parent = parent_access(rules, &rule.path);
+                rule.access.breadth() < parent.breadth() && parent != Access::Deny
+            })
+            .collect()
+    }
+
+    /// Adds a deny rule (for example the supervisor's own unix socket), keeping the rule list
+    /// normalised. Does nothing when the filesystem is unrestricted.
+    pub fn with_denied_path(mut self, path: &Path) -> Self {
+        if let FilesystemPolicy::Restricted { rules } = &mut self.filesystem {
+            let mut all = std::mem::take(rules);
+            all.push(PathRule {
+                path: resolve::normalize_existing(path),
+                access: Access::Deny,
+            });
+            *rules = resolve::normalize_rules(all);
+        }
+        self
+    }
+}
+
+/// Access from the most specific rule covering `path`; denied when none does.
+fn effective_access(rules: &[PathRule], path: &Path) -> Access {
+    rules
+        .iter()
+        .filter(|rule| path.starts_with(&rule.path))
+        .max_by_key(|rule| (rule.path.components().count(), rule.access))
+        .map_or(Access::Deny, |rule| rule.access)
+}
+
+/// Access that applies to `path` from strictly shallower rules.
+fn parent_access(rules: &[PathRule], path: &Path) -> Access {
+    rules
+        .iter()
+        .filter(|rule| rule.path != path && path.starts_with(&rule.path))
+        .max_by_key(|rule| (rule.path.components().count(), rule.access))
+        .map_or(Access::Deny, |rule| rule.access)
+}
+
+/// Why a sandbox specification could not be turned into a policy. Each message names the
+/// problem and the expected form.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The JSON/TOML did not have the expected shape.
+    #[error("invalid sandbox specification: {message}")]
+    Shape {
+        /// What was wrong and what is expected.
+        message: String,
+    },
+    /// `profile` named no built-in profile.
+    #[error(
+        "unknown sandbox profile {name:?} (expected one of: read-only, workspace-write, danger-full-access)"
+    )]
+    UnknownProfile {
+        /// The name given.
+        name: String,
+    },
+    /// A profile file could not be parsed.
+    #[error("invalid profile {origin}: {message}")]
+    ProfileFile {
+        /// Where the profile came from (built-in name or file path).
+        origin: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A path was neither absolute nor a `file:` URI.
+    #[error("{field} must be an absolute path or a file: URI (got {value:?})")]
+    NotAbsolute {
+        /// Which field.
+        field: String,
+        /// The value given.
+        value: String,
+    },
+    /// A cwd-dependent entry without `cwd`.
+    #[error(
+        "policy entry {entry} depends on the working directory, but the sandbox has no cwd \
+         (add \"cwd\": \"file:///path/to/workspace\")"
+    )]
+    MissingCwd {
+        /// The entry, as written in the policy.
+        entry: String,
+    },
+    /// A special path the model does not know, with deny access (ignoring it would widen).
+    #[error(
+        "unknown special path {name:?} with access deny (expected :root, :minimal, :project_roots[/SUB], :cwd, :tmpdir, :slash_tmp)"
+    )]
+    UnknownSpecial {
+        /// The special's name.
+        name: String,
+    },
+    /// A subpath tried to leave its root.
+    #[error("subpath {subpath:?} must be relative and stay inside its root (no `..`)")]
+    BadSubpath {
+        /// The subpath given.
+        subpath: String,
+    },
+    /// A glob pattern was malformed or matched too much.
+    #[error("glob pattern {pattern:?}: {message}")]
+    Glob {
+        /// The pattern.
+        pattern: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// Reading a profile file failed.
+    #[error("cannot read profile file {path}: {source}")]
+    ReadProfile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+#[cfg(test)]
+mod tests;

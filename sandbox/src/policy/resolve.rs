@@ -1,0 +1,438 @@
+//! Resolution: every input shape becomes one [`Draft`] (typed entries + switches), and a draft
+//! becomes a [`ResolvedPolicy`] against `cwd`, the workspace roots and `$TMPDIR`.
+
+use std::path::{Component, Path, PathBuf};
+
+use serde_json::Value;
+
+use super::glob::{self, DEFAULT_GLOB_SCAN_MAX_DEPTH};
+use super::profile::{DEFAULT_PROTECTED_SUBPATHS, ProfileFile, builtin_profile};
+use super::wire::{
+    EntryPath, LegacyPolicy, ManagedFileSystem, NamedPolicy, NetworkMode, PermissionProfile,
+    PolicySource, SandboxSpec, SpecialPath, parse_abs,
+};
+use super::{Access, FilesystemPolicy, PathRule, PolicyError, ResolvedPolicy, effective_access};
+
+/// What `:minimal` expands to on Linux: enough to exec dynamically linked programs.
+pub const MINIMAL_READ_PATHS: &[&str] = &[
+    "/bin",
+    "/sbin",
+    "/usr",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/nix/store",
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
+/// Inputs from the resolving process's environment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResolveContext {
+    /// `$TMPDIR`, when set and absolute.
+    pub tmpdir: Option<PathBuf>,
+}
+
+impl ResolveContext {
+    /// Reads `$TMPDIR` from the current process.
+    pub fn from_env() -> Self {
+        let tmpdir = std::env::var_os("TMPDIR")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute());
+        Self { tmpdir }
+    }
+}
+
+/// A policy before paths are resolved.
+struct Draft {
+    entries: Vec<(EntryPath, Access)>,
+    network: bool,
+    full_filesystem: bool,
+    protected: Vec<String>,
+    glob_depth: usize,
+}
+
+impl Draft {
+    fn from_profile(profile: &ProfileFile) -> Self {
+        Self {
+            entries: profile.entries(),
+            network: profile.network,
+            full_filesystem: profile.full_filesystem_access,
+            protected: profile.protected(),
+            glob_depth: profile
+                .glob_scan_max_depth
+                .unwrap_or(DEFAULT_GLOB_SCAN_MAX_DEPTH),
+        }
+    }
+
+    fn full(network: bool) -> Self {
+        Self {
+            entries: Vec::new(),
+            network,
+            full_filesystem: true,
+            protected: Vec::new(),
+            glob_depth: DEFAULT_GLOB_SCAN_MAX_DEPTH,
+        }
+    }
+
+    fn from_named(named: &NamedPolicy) -> Result<Self, PolicyError> {
+        let mut draft = Self::from_profile(&builtin_profile(&named.profile)?);
+        for root in &named.writable_roots {
+            draft.entries.push((
+                EntryPath::Path {
+                    path: parse_abs("writableRoots[]", root)?.display().to_string(),
+                },
+                Access::Write,
+            ));
+        }
+        if let Some(network) = named.network_access {
+            draft.network = network;
+        }
+        draft.entries.retain(|(path, access)| {
+            let excluded = match path {
+                EntryPath::Special {
+                    value: SpecialPath::Tmpdir,
+                } => named.exclude_tmpdir_env_var,
+                EntryPath::Special {
+                    value: SpecialPath::SlashTmp,
+                } => named.exclude_slash_tmp,
+                _ => false,
+            };
+            !(excluded && *access == Access::Write)
+        });
+        Ok(draft)
+    }
+
+    fn from_legacy(legacy: &LegacyPolicy) -> Result<Self, PolicyError> {
+        match legacy {
+            LegacyPolicy::DangerFullAccess => Ok(Self::full(true)),
+            LegacyPolicy::ReadOnly {
+                network_access,
+                access,
+            } => {
+                require_full_read(access.as_ref(), "access")?;
+                let mut named = NamedPolicy::new("read-only");
+                named.network_access = Some(*network_access);
+                Self::from_named(&named)
+            }
+            LegacyPolicy::WorkspaceWrite {
+                writable_roots,
+                network_access,
+                exclude_tmpdir_env_var,
+                exclude_slash_tmp,
+                read_only_access,
+            } => {
+                require_full_read(read_only_access.as_ref(), "read_only_access")?;
+                Self::from_named(&NamedPolicy {
+                    profile: "workspace-write".to_owned(),
+                    writable_roots: writable_roots.clone(),
+                    network_access: Some(*network_access),
+                    exclude_tmpdir_env_var: *exclude_tmpdir_env_var,
+                    exclude_slash_tmp: *exclude_slash_tmp,
+                })
+            }
+            LegacyPolicy::ExternalSandbox { network_access } => {
+                let enabled = matches!(network_access, Some(Value::Bool(true)))
+                    || matches!(network_access, Some(Value::String(s)) if s == "enabled");
+                Ok(Self::full(enabled))
+            }
+        }
+    }
+
+    fn from_permissions(profile: &PermissionProfile) -> Self {
+        match profile {
+            PermissionProfile::Disabled => Self::full(true),
+            PermissionProfile::External { network } => Self::full(*network == NetworkMode::Enabled),
+            PermissionProfile::Managed {
+                file_system,
+                network,
+            } => {
+                let network = *network == NetworkMode::Enabled;
+                match file_system {
+                    ManagedFileSystem::Unrestricted => Self::full(network),
+                    ManagedFileSystem::Restricted {
+                        entries,
+                        glob_scan_max_depth,
+                    } => Self {
+                        entries: entries.iter().map(|e| (e.path.clone(), e.access)).collect(),
+                        network,
+                        full_filesystem: false,
+                        protected: DEFAULT_PROTECTED_SUBPATHS
+                            .iter()
+                            .map(|s| (*s).to_owned())
+                            .collect(),
+                        glob_depth: glob_scan_max_depth.unwrap_or(DEFAULT_GLOB_SCAN_MAX_DEPTH),
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// Legacy `access`/`read_only_access` may only say "full access".
+fn require_full_read(value: Option<&Value>, field: &str) -> Result<(), PolicyError> {
+    let kind = value.and_then(|v| v.get("type")).and_then(Value::as_str);
+    match (value, kind) {
+        (None | Some(Value::Null), _) | (_, Some("full-access" | "fullAccess")) => Ok(()),
+        _ => Err(PolicyError::Shape {
+            message: format!(
+                "{field}: only {{\"type\": \"full-access\"}} is supported; express restricted reads with a \"permissions\" profile"
+            ),
+        }),
+    }
+}
+
+impl SandboxSpec {
+    /// Resolves the spec against its cwd, workspace roots and this process's `$TMPDIR`.
+    ///
+    /// # Errors
+    /// [`PolicyError`] naming the problem: unknown profile, a cwd-dependent entry without
+    /// `cwd`, a bad subpath or glob.
+    pub fn resolve(&self) -> Result<ResolvedPolicy, PolicyError> {
+        self.resolve_with(&ResolveContext::from_env())
+    }
+
+    /// [`Self::resolve`] with an explicit environment.
+    ///
+    /// # Errors
+    /// As [`Self::resolve`].
+    pub fn resolve_with(&self, ctx: &ResolveContext) -> Result<ResolvedPolicy, PolicyError> {
+        let draft = match &self.source {
+            PolicySource::Named(named) => Draft::from_named(named)?,
+            PolicySource::Permissions(profile) => Draft::from_permissions(profile),
+            PolicySource::Legacy(legacy) => Draft::from_legacy(legacy)?,
+        };
+        resolve_draft(&draft, self.cwd.as_deref(), &self.workspace_roots, ctx)
+    }
+}
+
+impl ProfileFile {
+    /// Resolves a profile file (a user's own or a built-in one).
+    ///
+    /// # Errors
+    /// As [`SandboxSpec::resolve`].
+    pub fn resolve(
+        &self,
+        cwd: Option<&Path>,
+        workspace_roots: &[PathBuf],
+        ctx: &ResolveContext,
+    ) -> Result<ResolvedPolicy, PolicyError> {
+        resolve_draft(&Draft::from_profile(self), cwd, workspace_roots, ctx)
+    }
+}
+
+impl ResolvedPolicy {
+    /// Adds a writable root (with the default protected subpaths kept read-only). Does nothing
+    /// when the filesystem is unrestricted.
+    pub fn with_writable_root(mut self, root: &Path) -> Self {
+        if let FilesystemPolicy::Restricted { rules } = &mut self.filesystem {
+            let mut all = std::mem::take(rules);
+            all.push(PathRule {
+                path: normalize_existing(root),
+                access: Access::Write,
+            });
+            let protected: Vec<String> = DEFAULT_PROTECTED_SUBPATHS
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect();
+            *rules = protect_subpaths(all, &protected);
+        }
+        self
+    }
+
+    /// Turns the network on or off.
+    pub fn with_network(mut self, allowed: bool) -> Self {
+        self.network_access = allowed;
+        self
+    }
+}
+
+fn resolve_draft(
+    draft: &Draft,
+    cwd: Option<&Path>,
+    workspace_roots: &[PathBuf],
+    ctx: &ResolveContext,
+) -> Result<ResolvedPolicy, PolicyError> {
+    if draft.full_filesystem {
+        return Ok(ResolvedPolicy {
+            filesystem: FilesystemPolicy::Unrestricted,
+            network_access: draft.network,
+        });
+    }
+    let mut rules = Vec::new();
+    for (path, access) in &draft.entries {
+        for resolved in resolve_entry(path, *access, cwd, workspace_roots, ctx, draft.glob_depth)? {
+            rules.push(PathRule {
+                path: normalize_existing(&resolved),
+                access: *access,
+            });
+        }
+    }
+    if !rules.iter().any(|r| r.path == Path::new("/dev/null")) {
+        // Shells redirect to /dev/null everywhere; it is always writable.
+        rules.push(PathRule {
+            path: PathBuf::from("/dev/null"),
+            access: Access::Write,
+        });
+    }
+    let rules = protect_subpaths(rules, &draft.protected);
+    Ok(ResolvedPolicy {
+        filesystem: FilesystemPolicy::Restricted { rules },
+        network_access: draft.network,
+    })
+}
+
+fn resolve_entry(
+    path: &EntryPath,
+    access: Access,
+    cwd: Option<&Path>,
+    workspace_roots: &[PathBuf],
+    ctx: &ResolveContext,
+    glob_depth: usize,
+) -> Result<Vec<PathBuf>, PolicyError> {
+    let need_cwd = |entry: &str| {
+        cwd.map(Path::to_owned)
+            .ok_or_else(|| PolicyError::MissingCwd {
+                entry: entry.to_owned(),
+            })
+    };
+    Ok(match path {
+        EntryPath::Path { path } => vec![parse_abs("permissions entry path", path)?],
+        EntryPath::GlobPattern { pattern } => {
+            let absolute = if pattern.starts_with('/') {
+                PathBuf::from(pattern)
+            } else {
+                need_cwd(&format!("glob {pattern:?}"))?.join(pattern)
+            };
+            glob::expand(&absolute, glob_depth)?
+        }
+        EntryPath::Special { value } => match value {
+            SpecialPath::Root => vec![PathBuf::from("/")],
+            SpecialPath::Minimal => MINIMAL_READ_PATHS
+                .iter()
+                .map(PathBuf::from)
+                .filter(|p| p.exists())
+                .collect(),
+            SpecialPath::ProjectRoots { subpath } => {
+                let roots = if workspace_roots.is_empty() {
+                    vec![need_cwd(":project_roots")?]
+                } else {
+                    workspace_roots.to_vec()
+                };
+                match subpath {
+                    None => roots,
+                    Some(sub) => {
+                        check_subpath(sub)?;
+                        roots.iter().map(|root| root.join(sub)).collect()
+                    }
+                }
+            }
+            SpecialPath::CurrentWorkingDirectory => vec![need_cwd(":cwd")?],
+            SpecialPath::Tmpdir => ctx.tmpdir.iter().cloned().collect(),
+            SpecialPath::SlashTmp => vec![PathBuf::from("/tmp")],
+            SpecialPath::Unknown if access == Access::Deny => {
+                return Err(PolicyError::UnknownSpecial {
+                    name: "unknown".to_owned(),
+                });
+            }
+            SpecialPath::Unknown => Vec::new(),
+        },
+    })
+}
+
+fn check_subpath(sub: &Path) -> Result<(), PolicyError> {
+    let escapes = sub.is_absolute()
+        || sub
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if escapes {
+        return Err(PolicyError::BadSubpath {
+            subpath: sub.display().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Canonical path when it exists, else the lexically normalised absolute path.
+pub(crate) fn normalize_existing(path: &Path) -> PathBuf {
+    if path.starts_with("/proc") || path.starts_with("/dev") {
+        // /proc/self and /dev/fd links resolve to the resolving process, not the sandboxed one.
+        return lexical(path);
+    }
+    std::fs::canonicalize(path).unwrap_or_else(|_| lexical(path))
+}
+
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => out.push(part),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+/// Dedupes (highest precedence per path wins), sorts, and drops rules that repeat the access of
+/// their nearest ancestor rule (including `deny` at the top, which is the default).
+pub(crate) fn normalize_rules(mut rules: Vec<PathRule>) -> Vec<PathRule> {
+    rules.sort_by(|a, b| a.path.cmp(&b.path).then(b.access.cmp(&a.access)));
+    rules.dedup_by(|later, earlier| later.path == earlier.path);
+    let all = rules.clone();
+    rules.retain(|rule| super::parent_access(&all, &rule.path) != rule.access);
+    rules
+}
+
+/// Normalises `raw` and adds read rules for protected subpaths (`.git`, ...) of every writable
+/// root in it (also roots nested in other writable roots, which normalisation drops), including
+/// the directory a `.git` pointer file names and a symlink's target, where they are otherwise
+/// writable.
+fn protect_subpaths(raw: Vec<PathRule>, protected: &[String]) -> Vec<PathRule> {
+    let rules = normalize_rules(raw.clone());
+    let mut extra = Vec::new();
+    for root in raw.iter().filter(|r| r.access == Access::Write) {
+        for name in protected {
+            let candidate = root.path.join(name);
+            let Ok(meta) = candidate.symlink_metadata() else {
+                continue;
+            };
+            let mut targets = vec![candidate.clone()];
+            if meta.file_type().is_symlink() {
+                targets.extend(std::fs::canonicalize(&candidate).ok());
+            }
+            if meta.is_file() {
+                targets.extend(gitdir_target(&candidate, &root.path));
+            }
+            extra.extend(targets.into_iter().map(|path| PathRule {
+                path: lexical(&path),
+                access: Access::Read,
+            }));
+        }
+    }
+    let narrowing: Vec<PathRule> = extra
+        .into_iter()
+        .filter(|rule| {
+            effective_access(&rules, &rule.path) == Access::Write
+                && !rules.iter().any(|r| r.path == rule.path)
+        })
+        .collect();
+    let mut all = rules;
+    all.extend(narrowing);
+    normalize_rules(all)
+}
+
+/// The directory a `gitdir: PATH` pointer file names (worktrees, submodules).
+fn gitdir_target(pointer: &Path, root: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(pointer).ok()?;
+    let target = text.lines().next()?.strip_prefix("gitdir:")?.trim();
+    let path = root.join(target);
+    Some(std::fs::canonicalize(&path).unwrap_or_else(|_| lexical(&path)))
+}
