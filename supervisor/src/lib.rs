@@ -1,1 +1,30 @@
-//! placeholder
+//! execward's supervisor: the `exec-server` binary's library.
+//!
+//! A client connects over a websocket (TCP or unix socket), speaks JSON-RPC (see
+//! `docs/protocol.md`), and drives processes and files. The server holds no extra privilege and
+//! never sandboxes itself; sandboxed work is done by separately exec'd helpers whose paths are
+//! given by [`ExecServerRuntimePaths`].
+//!
+//! Embedding:
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use supervisor::{DEFAULT_LISTEN_URL, ExecServerRuntimePaths, run_main};
+//! run_main(DEFAULT_LISTEN_URL, ExecServerRuntimePaths::next_to_current_exe()?).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod cli;
+pub mod fs;
+pub mod limits;
+pub mod listen;
+pub mod paths;
+pub mod process;
+pub mod rpc;
+pub mod server;
+pub mod session;
+pub mod transport;
+
+pub use listen::{DEFAULT_LISTEN_URL, ExecServerListenUrlParseError, ListenAddress};
+pub use paths::ExecServerRuntimePaths;
+pub use proto::methods as protocol;
+pub use server::{BoundServer, ExecServerError, ServerOptions, run_main, run_main_with_options};

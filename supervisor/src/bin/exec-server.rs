@@ -1,1 +1,43 @@
-fn main() {}
+//! `exec-server`: parse arguments, run the server, map the result to an exit code.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use supervisor::cli::Cli;
+use supervisor::{ExecServerRuntimePaths, ServerOptions, run_main_with_options};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("exec-server: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let runtime_paths = match &cli.helper_dir {
+        Some(dir) => ExecServerRuntimePaths::in_dir(&std::path::absolute(dir)?),
+        None => ExecServerRuntimePaths::next_to_current_exe()?,
+    };
+    if !(cli.detached_session_ttl.is_finite() && cli.detached_session_ttl >= 0.0) {
+        anyhow::bail!("--detached-session-ttl must be a non-negative number of seconds");
+    }
+    let mut options = ServerOptions::new(cli.listen, runtime_paths);
+    options.auth_token_file = cli.auth_token_file;
+    options.detached_session_ttl = Duration::from_secs_f64(cli.detached_session_ttl);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run_main_with_options(options))?;
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! Every limit the server enforces, with its unit and the reason for it. docs/protocol.md names
+//! the same constants.
+
+use std::time::Duration;
+
+/// Largest websocket message or frame accepted from a client. Big enough for a 32 MiB
+/// `fs/writeFile` in base64 plus envelope; anything larger is refused while its header is read,
+/// before the payload is buffered.
+pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// Largest HTTP upgrade head (request line plus headers) read before the websocket starts.
+pub const MAX_UPGRADE_HEAD_BYTES: usize = 16 * 1024;
+/// Time a client has to send the whole HTTP head (defeats slowloris connections).
+pub const UPGRADE_HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Requests of one connection handled at once; past this the server stops reading the socket
+/// until one completes, so a client that floods requests gets backpressure, not unbounded tasks.
+pub const MAX_INFLIGHT_REQUESTS: usize = 128;
+/// Outgoing messages queued per connection. A client that does not read stalls process output
+/// (and so the child, through its pipe) instead of growing server memory.
+pub const OUTBOUND_QUEUE_MESSAGES: usize = 1024;
+/// Simultaneous client connections; more are closed right after accept.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Output retained per process for `process/read`; older chunks are dropped first.
+pub const OUTPUT_RETENTION_BYTES: usize = 1024 * 1024;
+/// Largest read of a child's pipe or PTY in one go (one `process/output` chunk at most).
+pub const OUTPUT_READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Pipe buffer requested for a child's stdout/stderr (fewer, larger chunks at high throughput).
+pub const CHILD_PIPE_BYTES: i32 = 1024 * 1024;
+/// Cap (and default) of `process/read`'s `maxBytes`.
+pub const MAX_READ_BYTES: u64 = 8 * 1024 * 1024;
+/// Cap of `process/read`'s `waitMs`: a long-poll never holds a request slot longer than this.
+pub const MAX_WAIT_MS: u64 = 60_000;
+/// Processes (running or retained after exit) one session may hold.
+pub const MAX_PROCESSES_PER_SESSION: usize = 2048;
+/// Longest `processId`, in bytes.
+pub const MAX_PROCESS_ID_BYTES: usize = 128;
+/// `writeId`s remembered per process to deduplicate retried writes.
+pub const WRITE_ID_MEMORY: usize = 1024;
+/// How long `process/terminate` waits after SIGTERM before SIGKILL.
+pub const TERMINATE_GRACE: Duration = Duration::from_secs(2);
+/// How long a process stays readable after `process/closed`.
+pub const CLOSED_PROCESS_RETENTION: Duration = Duration::from_secs(30);
+/// How long a detached session (its connection lost) keeps its processes for a resume.
+pub const DETACHED_SESSION_TTL: Duration = Duration::from_secs(30);
+/// Largest file `fs/readFile` returns; larger files are read with `fs/open` + `fs/readBlock`.
+pub const READ_FILE_MAX_BYTES: u64 = 32 * 1024 * 1024;
+/// Open `fs/open` handles per connection.
+pub const MAX_OPEN_HANDLES: usize = 128;
+/// Longest `handleId`, in bytes.
+pub const MAX_HANDLE_ID_BYTES: usize = 32;
+/// Default PTY size.
+pub const DEFAULT_PTY_COLS: u16 = 80;
+/// Default PTY size.
+pub const DEFAULT_PTY_ROWS: u16 = 24;

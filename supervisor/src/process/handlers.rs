@@ -1,0 +1,215 @@
+//! The `process/*` methods: params in, results out; errors are [`ProcessError`]s mapped to
+//! JSON-RPC in one place (`rpc::errors`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use nix::sys::signal::Signal;
+use portable_pty::PtySize;
+use proto::methods::process::{
+    OutputChunk, ReadParams, ReadResult, ResizeParams, RunningResult, SignalName, SignalParams,
+    StartParams, StartResult, TerminateParams, WriteParams, WriteResult,
+};
+
+use super::ProcessError;
+use super::managed::{ManagedProcess, Stdin};
+use super::pump::{self, PumpIo};
+use super::spawn::{ChildIo, SpawnSpec, spawn};
+use crate::limits::{DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS};
+use crate::session::Session;
+
+/// `process/start`.
+///
+/// # Errors
+/// See [`ProcessError`].
+pub async fn start(session: &Session, params: StartParams) -> Result<StartResult, ProcessError> {
+    if params.argv.is_empty() {
+        return Err(ProcessError::InvalidParams(
+            "argv must not be empty; pass at least the program".into(),
+        ));
+    }
+    if params
+        .sandbox
+        .as_ref()
+        .is_some_and(|sandbox| !sandbox.is_null())
+    {
+        return Err(ProcessError::Unsupported(
+            "sandboxed process/start is not available in this build; refusing to run the command unsandboxed".into(),
+        ));
+    }
+    let cwd = params.cwd.as_path().to_path_buf();
+    match tokio::fs::metadata(&cwd).await {
+        Err(_) => return Err(ProcessError::CwdMissing { path: cwd }),
+        Ok(metadata) if !metadata.is_dir() => {
+            return Err(ProcessError::CwdNotDirectory { path: cwd });
+        }
+        Ok(_) => {}
+    }
+    let reservation = session.processes.reserve(&params.process_id)?;
+    let pty = params.tty.then(|| PtySize {
+        rows: params.rows.unwrap_or(DEFAULT_PTY_ROWS),
+        cols: params.cols.unwrap_or(DEFAULT_PTY_COLS),
+        pixel_width: 0,
+        pixel_height: 0,
+    });
+    let spec = SpawnSpec {
+        argv: params.argv,
+        arg0: params.arg0,
+        cwd,
+        env: params.env,
+        pty,
+        pipe_stdin: params.pipe_stdin,
+    };
+    let spawned = spawn(&spec)?;
+    let (stdin, pty_control, pump_io) = match spawned.io {
+        ChildIo::Pipes {
+            stdin,
+            stdout,
+            stderr,
+        } => {
+            let stdin = match stdin {
+                Some(pipe) => Stdin::Pipe(pipe),
+                None => Stdin::Unavailable("the process was started without pipeStdin (or tty)"),
+            };
+            (stdin, None, PumpIo::Pipes(stdout, stderr))
+        }
+        ChildIo::Pty(master) => {
+            let io = Arc::new(master.io);
+            (
+                Stdin::Pty(io.clone()),
+                Some(master.control),
+                PumpIo::Pty(io),
+            )
+        }
+    };
+    let process = Arc::new(ManagedProcess::new(
+        params.process_id.clone(),
+        spawned.pid,
+        stdin,
+        pty_control,
+    ));
+    reservation.fill(process.clone());
+    tokio::spawn(pump::run(
+        process,
+        spawned.child,
+        pump_io,
+        session.attachment.clone(),
+        Arc::downgrade(&session.processes),
+    ));
+    Ok(StartResult {
+        process_id: params.process_id,
+    })
+}
+
+/// `process/read`.
+///
+/// # Errors
+/// [`ProcessError::NotFound`].
+pub async fn read(session: &Session, params: ReadParams) -> Result<ReadResult, ProcessError> {
+    let process = session.processes.get(&params.process_id)?;
+    let max_bytes = params
+        .max_bytes
+        .unwrap_or(MAX_READ_BYTES)
+        .min(MAX_READ_BYTES);
+    let wait = Duration::from_millis(params.wait_ms.unwrap_or(0).min(MAX_WAIT_MS));
+    let read = process
+        .read(params.after_seq.unwrap_or(0), max_bytes, wait)
+        .await;
+    let engine = &base64::engine::general_purpose::STANDARD;
+    Ok(ReadResult {
+        chunks: read
+            .chunks
+            .into_iter()
+            .map(|chunk| OutputChunk {
+                seq: chunk.seq,
+                stream: chunk.stream,
+                chunk: engine.encode(&chunk.data),
+            })
+            .collect(),
+        next_seq: read.next_seq,
+        exited: read.exit.is_some(),
+        exit_code: read.exit.map(|exit| exit.code),
+        signal: read.exit.and_then(|exit| exit.signal),
+        exit_seq: read.exit.map(|exit| exit.seq),
+        closed: read.closed_seq.is_some(),
+        closed_seq: read.closed_seq,
+        failure: None,
+        output_dropped: read.dropped.is_some(),
+        first_retained_seq: read.dropped,
+    })
+}
+
+/// `process/write`.
+///
+/// # Errors
+/// Unknown process, invalid base64, stdin unavailable.
+pub async fn write(session: &Session, params: WriteParams) -> Result<WriteResult, ProcessError> {
+    let process = session.processes.get(&params.process_id)?;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(params.chunk.as_bytes())
+        .map_err(|error| ProcessError::InvalidBase64(error.to_string()))?;
+    process
+        .write(&data, params.write_id.as_deref(), params.close)
+        .await?;
+    Ok(WriteResult {
+        status: "accepted".into(),
+    })
+}
+
+/// `process/signal`.
+///
+/// # Errors
+/// [`ProcessError::NotFound`].
+pub fn signal(session: &Session, params: SignalParams) -> Result<RunningResult, ProcessError> {
+    let process = session.processes.get(&params.process_id)?;
+    let signal = match params.signal {
+        SignalName::Interrupt => Signal::SIGINT,
+        SignalName::Terminate => Signal::SIGTERM,
+        SignalName::Kill => Signal::SIGKILL,
+        SignalName::Hangup => Signal::SIGHUP,
+    };
+    Ok(RunningResult {
+        running: process.signal(signal),
+    })
+}
+
+/// `process/resize`.
+///
+/// # Errors
+/// Unknown process, not a PTY, resize failure.
+pub fn resize(session: &Session, params: ResizeParams) -> Result<(), ProcessError> {
+    if params.cols == 0 || params.rows == 0 {
+        return Err(ProcessError::InvalidParams(
+            "cols and rows must be at least 1".into(),
+        ));
+    }
+    session
+        .processes
+        .get(&params.process_id)?
+        .resize(params.cols, params.rows)
+}
+
+/// `process/terminate`: `{running: false}` for unknown or exited processes.
+pub fn terminate(session: &Session, params: TerminateParams) -> RunningResult {
+    let running = session
+        .processes
+        .get(&params.process_id)
+        .is_ok_and(|process| process.terminate());
+    RunningResult { running }
+}
+
+/// Terminate every process of a session and wait (bounded) for them to exit.
+pub async fn terminate_all(processes: Vec<Arc<ManagedProcess>>) {
+    for process in &processes {
+        process.terminate();
+    }
+    for process in &processes {
+        if !process
+            .wait_exit(crate::limits::TERMINATE_GRACE + Duration::from_secs(1))
+            .await
+        {
+            process.signal(Signal::SIGKILL);
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! One running (or recently finished) process: its event log, stdin, PTY control and signals.
+
+use std::collections::{HashSet, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use portable_pty::{MasterPty, PtySize};
+use tokio::io::AsyncWriteExt;
+use tokio::io::unix::AsyncFd;
+use tokio::process::ChildStdin;
+use tokio::sync::watch;
+
+use super::ProcessError;
+use super::output::{Exit, LogRead, OutputLog};
+use crate::limits::{OUTPUT_RETENTION_BYTES, TERMINATE_GRACE, WRITE_ID_MEMORY};
+
+/// Where `process/write` bytes go.
+pub enum Stdin {
+    /// A pipe (`pipeStdin: true`).
+    Pipe(ChildStdin),
+    /// The PTY master.
+    Pty(Arc<AsyncFd<OwnedFd>>),
+    /// No writable stdin (not requested, or closed).
+    Unavailable(&'static str),
+}
+
+/// A managed process.
+pub struct ManagedProcess {
+    /// The caller's id.
+    pub id: String,
+    /// OS pid, also the process group id.
+    pub pid: i32,
+    log: Mutex<OutputLog>,
+    /// Newest event seq; long-polls wait on it.
+    events: watch::Sender<u64>,
+    stdin: tokio::sync::Mutex<Stdin>,
+    write_ids: Mutex<WriteIds>,
+    pty: Option<Mutex<Box<dyn MasterPty + Send>>>,
+}
+
+impl ManagedProcess {
+    /// A process that just started.
+    pub fn new(id: String, pid: i32, stdin: Stdin, pty: Option<Box<dyn MasterPty + Send>>) -> Self {
+        Self {
+            id,
+            pid,
+            log: Mutex::new(OutputLog::new(OUTPUT_RETENTION_BYTES)),
+            events: watch::channel(0).0,
+            stdin: tokio::sync::Mutex::new(stdin),
+            write_ids: Mutex::new(WriteIds::default()),
+            pty: pty.map(Mutex::new),
+        }
+    }
+
+    /// Lock the log; `record` publishes the new seq to long-pollers when the guard's work is done.
+    pub fn log(&self) -> MutexGuard<'_, OutputLog> {
+        self.log
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Tell waiters that events up to `seq` exist.
+    pub fn publish(&self, seq: u64) {
+        self.events.send_replace(seq);
+    }
+
+    /// The exit, if the process exited.
+    pub fn exit(&self) -> Option<Exit> {
+        self.log().exit()
+    }
+
+    /// Events after `after_seq`; when there are none yet, wait up to `wait` for one.
+    pub async fn read(&self, after_seq: u64, max_bytes: u64, wait: Duration) -> LogRead {
+        let mut events = self.events.subscribe();
+        if !wait.is_zero() && self.log().last_seq() <= after_seq {
+            let _ = tokio::time::timeout(wait, events.wait_for(|&last| last > after_seq)).await;
+        }
+        self.log().read(after_seq, max_bytes)
+    }
+
+    /// Wait until the process exited, at most `limit`.
+    pub async fn wait_exit(&self, limit: Duration) -> bool {
+        let mut events = self.events.subscribe();
+        let exited = tokio::time::timeout(limit, events.wait_for(|_| self.exit().is_some())).await;
+        exited.is_ok()
+    }
+
+    /// Send `signal` to the process group. Returns whether the process was still running.
+    pub fn signal(&self, signal: Signal) -> bool {
+        if self.exit().is_some() {
+            return false;
+        }
+        let _ = killpg(Pid::from_raw(self.pid), signal);
+        true
+    }
+
+    /// SIGTERM to the group now, SIGKILL after [`TERMINATE_GRACE`] if it has not exited.
+    /// Returns whether the process was running.
+    pub fn terminate(self: &Arc<Self>) -> bool {
+        if !self.signal(Signal::SIGTERM) {
+            return false;
+        }
+        let process = self.clone();
+        tokio::spawn(async move {
+            if !process.wait_exit(TERMINATE_GRACE).await {
+                process.signal(Signal::SIGKILL);
+            }
+        });
+        true
+    }
+
+    /// Write to stdin (and optionally close it). A repeated `write_id` is applied once.
+    ///
+    /// # Errors
+    /// [`ProcessError::StdinUnavailable`] when stdin is not writable or the write fails.
+    pub async fn write(
+        &self,
+        data: &[u8],
+        write_id: Option<&str>,
+        close: bool,
+    ) -> Result<(), ProcessError> {
+        let mut stdin = self.stdin.lock().await;
+        if let Some(id) = write_id {
+            if self
+                .write_ids
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(id)
+            {
+                return Ok(());
+            }
+        }
+        let unavailable = |reason: String| ProcessError::StdinUnavailable {
+            process_id: self.id.clone(),
+            reason,
+        };
+        if self.exit().is_some() && !matches!(*stdin, Stdin::Unavailable(_)) {
+            *stdin = Stdin::Unavailable("the process has exited");
+        }
+        match &mut *stdin {
+            Stdin::Unavailable(reason) => return Err(unavailable((*reason).to_owned())),
+            Stdin::Pipe(pipe) => {
+                if let Err(error) = pipe.write_all(data).await {
+                    *stdin = Stdin::Unavailable("stdin was closed by the process");
+                    return Err(unavailable(format!("writing stdin failed: {error}")));
+                }
+                if close {
+                    let _ = pipe.shutdown().await;
+                    *stdin = Stdin::Unavailable("stdin was closed with close: true");
+                }
+            }
+            Stdin::Pty(master) => {
+                write_all_pty(master, data)
+                    .await
+                    .map_err(|e| unavailable(format!("writing the terminal failed: {e}")))?;
+                if close {
+                    *stdin = Stdin::Unavailable("stdin was closed with close: true");
+                }
+            }
+        }
+        if let Some(id) = write_id {
+            self.write_ids
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remember(id);
+        }
+        Ok(())
+    }
+
+    /// Resize the PTY.
+    ///
+    /// # Errors
+    /// [`ProcessError::NotPty`] for pipe-mode processes, [`ProcessError::Resize`] on failure.
+    pub fn resize(&self, cols: u16, rows: u16) -> Result<(), ProcessError> {
+        let Some(pty) = &self.pty else {
+            return Err(ProcessError::NotPty {
+                process_id: self.id.clone(),
+            });
+        };
+        let size = PtySize {
+            rows,
+            cols,
+            pixel_width: 0,
+            pixel_height: 0,
+        };
+        pty.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .resize(size)
+            .map_err(|e| ProcessError::Resize(e.to_string()))
+    }
+}
+
+async fn write_all_pty(master: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()> {
+    while !data.is_empty() {
+        let mut guard = master.writable().await?;
+        match guard
+            .try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(std::io::Error::from))
+        {
+            Ok(Ok(written)) => data = &data[written..],
+            Ok(Err(error)) => return Err(error),
+            Err(_would_block) => continue,
+        }
+    }
+    Ok(())
+}
+
+/// The most recent write ids, bounded.
+#[derive(Default)]
+struct WriteIds {
+    order: VecDeque<String>,
+    set: HashSet<String>,
+}
+
+impl WriteIds {
+    fn contains(&self, id: &str) -> bool {
+        self.set.contains(id)
+    }
+
+    fn remember(&mut self, id: &str) {
+        if self.set.insert(id.to_owned()) {
+            self.order.push_back(id.to_owned());
+            if self.order.len() > WRITE_ID_MEMORY {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The process table of a session and the `process/*` methods.
+//!
+//! Lifecycle: `start` reserves the id (so racing starts with one id cannot both win), spawns the
+//! child, and hands its I/O to one pump task ([`pump`]); the pump records every event in the
+//! process's log ([`output`]) and notifies the attached connection; after `closed` the process
+//! stays readable for a while, then leaves the table.
+
+pub mod handlers;
+pub mod managed;
+pub mod output;
+pub mod pump;
+pub mod spawn;
+mod sys;
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use managed::ManagedProcess;
+
+use crate::limits::{MAX_PROCESS_ID_BYTES, MAX_PROCESSES_PER_SESSION};
+
+/// Why a `process/*` call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// A param is out of its domain.
+    #[error("{0}")]
+    InvalidParams(String),
+    /// No process with this id in the session.
+    #[error("unknown process {process_id:?} in this session")]
+    NotFound {
+        /// The id.
+        process_id: String,
+    },
+    /// The id is taken.
+    #[error(
+        "process id {process_id:?} is already in use in this session; choose another processId"
+    )]
+    DuplicateId {
+        /// The id.
+        process_id: String,
+    },
+    /// Too many processes.
+    #[error(
+        "this session already holds {limit} processes (MAX_PROCESSES_PER_SESSION); wait for some to close"
+    )]
+    TooMany {
+        /// The limit.
+        limit: usize,
+    },
+    /// `cwd` does not exist.
+    #[error("cwd {path:?} does not exist")]
+    CwdMissing {
+        /// The cwd.
+        path: PathBuf,
+    },
+    /// `cwd` is not a directory.
+    #[error("cwd {path:?} is not a directory")]
+    CwdNotDirectory {
+        /// The cwd.
+        path: PathBuf,
+    },
+    /// The child could not be started.
+    #[error(transparent)]
+    Spawn(#[from] spawn::SpawnError),
+    /// stdin cannot take the write.
+    #[error("cannot write to process {process_id:?}: {reason}")]
+    StdinUnavailable {
+        /// The id.
+        process_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// `chunk` is not base64.
+    #[error("chunk is not valid base64: {0}")]
+    InvalidBase64(String),
+    /// Resize of a pipe-mode process.
+    #[error("process {process_id:?} has no terminal (start it with tty: true to resize it)")]
+    NotPty {
+        /// The id.
+        process_id: String,
+    },
+    /// The PTY refused the size.
+    #[error("resizing the terminal failed: {0}")]
+    Resize(String),
+    /// The request needs a capability this server does not have yet.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+enum Slot {
+    Starting,
+    Ready(Arc<ManagedProcess>),
+}
+
+/// The processes of one session.
+#[derive(Default)]
+pub struct ProcessTable {
+    slots: Mutex<HashMap<String, Slot>>,
+}
+
+/// A reserved id; dropping it without [`Reservation::fill`] frees the id again.
+pub struct Reservation<'a> {
+    table: &'a ProcessTable,
+    id: Option<String>,
+}
+
+impl Reservation<'_> {
+    /// Install the started process under the reserved id.
+    pub fn fill(mut self, process: Arc<ManagedProcess>) {
+        if let Some(id) = self.id.take() {
+            self.table.lock().insert(id, Slot::Ready(process));
+        }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.table.lock().remove(&id);
+        }
+    }
+}
+
+impl ProcessTable {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
+        self.slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Reserve `id` for a start.
+    ///
+    /// # Errors
+    /// Invalid, duplicate id, or the session is full.
+    pub fn reserve(&self, id: &str) -> Result<Reservation<'_>, ProcessError> {
+        if id.is_empty() || id.len() > MAX_PROCESS_ID_BYTES {
+            return Err(ProcessError::InvalidParams(format!(
+                "processId must be 1 to {MAX_PROCESS_ID_BYTES} bytes (got {})",
+                id.len()
+            )));
+        }
+        let mut slots = self.lock();
+        if slots.len() >= MAX_PROCESSES_PER_SESSION {
+            return Err(ProcessError::TooMany {
+                limit: MAX_PROCESSES_PER_SESSION,
+            });
+        }
+        match slots.entry(id.to_owned()) {
+            Entry::Occupied(_) => Err(ProcessError::DuplicateId {
+                process_id: id.to_owned(),
+            }),
+            Entry::Vacant(vacant) => {
+                vacant.insert(Slot::Starting);
+                Ok(Reservation {
+                    table: self,
+                    id: Some(id.to_owned()),
+                })
+            }
+        }
+    }
+
+    /// The process with this id.
+    ///
+    /// # Errors
+    /// [`ProcessError::NotFound`] (also while it is still starting).
+    pub fn get(&self, id: &str) -> Result<Arc<ManagedProcess>, ProcessError> {
+        match self.lock().get(id) {
+            Some(Slot::Ready(process)) => Ok(process.clone()),
+            _ => Err(ProcessError::NotFound {
+                process_id: id.to_owned(),
+            }),
+        }
+    }
+
+    /// Every started process.
+    pub fn all(&self) -> Vec<Arc<ManagedProcess>> {
+        self.lock()
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Ready(process) => Some(process.clone()),
+                Slot::Starting => None,
+            })
+            .collect()
+    }
+
+    /// Remove `process` unless its id was reused by a newer process.
+    pub fn remove_if_same(&self, process: &Arc<ManagedProcess>) {
+        let mut slots = self.lock();
+        if matches!(slots.get(&process.id), Some(Slot::Ready(current)) if Arc::ptr_eq(current, process))
+        {
+            slots.remove(&process.id);
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The event log of one process: output chunks, exit and close share one sequence counter that
+//! starts at 1. Output is retained up to a byte budget (oldest chunks dropped first); exit and
+//! close are never dropped. Pure data, no I/O, so the read rules are unit-tested directly.
+
+use std::collections::VecDeque;
+
+use proto::methods::process::OutputStream;
+
+/// One retained chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    /// Event sequence number.
+    pub seq: u64,
+    /// Which stream.
+    pub stream: OutputStream,
+    /// Raw bytes.
+    pub data: Vec<u8>,
+}
+
+/// How the process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    /// Event sequence number.
+    pub seq: u64,
+    /// Exit code, 128+n when killed by signal n.
+    pub code: i32,
+    /// The killing signal, if any.
+    pub signal: Option<i32>,
+}
+
+/// A read of the log after a cursor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRead {
+    /// Chunks after the cursor.
+    pub chunks: Vec<Chunk>,
+    /// One past the last event covered.
+    pub next_seq: u64,
+    /// The exit, if its event is covered.
+    pub exit: Option<Exit>,
+    /// The close seq, if covered.
+    pub closed_seq: Option<u64>,
+    /// Output after the cursor was dropped; holds the oldest seq still retained.
+    pub dropped: Option<u64>,
+}
+
+/// The log.
+#[derive(Debug)]
+pub struct OutputLog {
+    next_seq: u64,
+    chunks: VecDeque<Chunk>,
+    retained_bytes: usize,
+    retention_bytes: usize,
+    /// Highest seq of a dropped chunk (0: nothing dropped).
+    dropped_through: u64,
+    exit: Option<Exit>,
+    closed_seq: Option<u64>,
+}
+
+impl OutputLog {
+    /// An empty log keeping at most `retention_bytes` of output.
+    pub fn new(retention_bytes: usize) -> Self {
+        Self {
+            next_seq: 1,
+            chunks: VecDeque::new(),
+            retained_bytes: 0,
+            retention_bytes,
+            dropped_through: 0,
+            exit: None,
+            closed_seq: None,
+        }
+    }
+
+    fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Append output; returns its seq. Drops the oldest chunks beyond the budget (the newest
+    /// chunk is kept even when it alone exceeds it).
+    pub fn push_output(&mut self, stream: OutputStream, data: Vec<u8>) -> u64 {
+        let seq = self.take_seq();
+        self.retained_bytes += data.len();
+        self.chunks.push_back(Chunk { seq, stream, data });
+        while self.retained_bytes > self.retention_bytes && self.chunks.len() > 1 {
+            if let Some(dropped) = self.chunks.pop_front() {
+                self.retained_bytes -= dropped.data.len();
+                self.dropped_through = dropped.seq;
+            }
+        }
+        seq
+    }
+
+    /// Record the exit; returns it with its seq.
+    pub fn push_exit(&mut self, code: i32, signal: Option<i32>) -> Exit {
+        let exit = Exit {
+            seq: self.take_seq(),
+            code,
+            signal,
+        };
+        self.exit = Some(exit);
+        exit
+    }
+
+    /// Record the close; returns its seq.
+    pub fn push_closed(&mut self) -> u64 {
+        let seq = self.take_seq();
+        self.closed_seq = Some(seq);
+        seq
+    }
+
+    /// The exit, if the process exited.
+    pub fn exit(&self) -> Option<Exit> {
+        self.exit
+    }
+
+    /// Whether the close event exists.
+    pub fn is_closed(&self) -> bool {
+        self.closed_seq.is_some()
+    }
+
+    /// The seq of the newest event (0 when none).
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    /// Events after `after_seq`, chunks bounded by `max_bytes` (at least one chunk if any).
+    pub fn read(&self, after_seq: u64, max_bytes: u64) -> LogRead {
+        let mut chunks = Vec::new();
+        let mut bytes = 0u64;
+        let mut truncated_at = None;
+        for chunk in self.chunks.iter().filter(|chunk| chunk.seq > after_seq) {
+            let len = chunk.data.len() as u64;
+            if !chunks.is_empty() && bytes + len > max_bytes {
+                truncated_at = Some(chunk.seq);
+                break;
+            }
+            bytes += len;
+            chunks.push(chunk.clone());
+        }
+        // Everything before the first chunk we did not return is covered; exit and close events
+        // that fall in that range are reported.
+        let next_seq = truncated_at.unwrap_or(self.next_seq).max(after_seq + 1);
+        let covered = |seq: u64| seq < next_seq;
+        let dropped = (after_seq < self.dropped_through)
+            .then(|| self.chunks.front().map_or(self.next_seq, |chunk| chunk.seq));
+        LogRead {
+            chunks,
+            next_seq,
+            exit: self.exit.filter(|exit| covered(exit.seq)),
+            closed_seq: self.closed_seq.filter(|&seq| covered(seq)),
+            dropped,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn out(log: &mut OutputLog, bytes: &[u8]) -> u64 {
+        log.push_output(OutputStream::Stdout, bytes.to_vec())
+    }
+
+    #[test]
+    fn output_exit_and_close_share_one_counter_from_one() {
+        let mut log = OutputLog::new(100);
+        assert_eq!(out(&mut log, b"a"), 1);
+        assert_eq!(log.push_output(OutputStream::Stderr, b"b".to_vec()), 2);
+        assert_eq!(log.push_exit(0, None).seq, 3);
+        assert_eq!(log.push_closed(), 4);
+        let read = log.read(0, 1000);
+        assert_eq!(
+            read.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(read.next_seq, 5);
+        assert_eq!(read.exit.map(|e| e.seq), Some(3));
+        assert_eq!(read.closed_seq, Some(4));
+        assert_eq!(read.dropped, None);
+    }
+
+    #[test]
+    fn max_bytes_returns_at_least_one_chunk_and_does_not_report_later_exit() {
+        let mut log = OutputLog::new(100);
+        out(&mut log, b"0123456789");
+        out(&mut log, b"abc");
+        log.push_exit(1, None);
+        let read = log.read(0, 4);
+        assert_eq!(read.chunks.len(), 1);
+        assert_eq!(read.next_seq, 2);
+        assert_eq!(read.exit, None, "exit is after the truncation point");
+        let rest = log.read(read.next_seq - 1, 4);
+        assert_eq!(rest.chunks[0].data, b"abc");
+        assert_eq!(rest.exit.map(|e| e.code), Some(1));
+        assert_eq!(rest.next_seq, 4);
+    }
+
+    #[test]
+    fn retention_drops_oldest_and_reports_the_gap() {
+        let mut log = OutputLog::new(10);
+        out(&mut log, b"aaaaaa");
+        out(&mut log, b"bbbbbb");
+        out(&mut log, b"cc");
+        let read = log.read(0, 1000);
+        assert_eq!(read.dropped, Some(2));
+        assert_eq!(
+            read.chunks.iter().map(|c| c.seq).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
+        let after_gap = log.read(1, 1000);
+        assert_eq!(
+            after_gap.dropped, None,
+            "reading from seq 1 on misses nothing"
+        );
+    }
+
+    #[test]
+    fn a_single_oversized_chunk_is_kept() {
+        let mut log = OutputLog::new(4);
+        out(&mut log, b"0123456789");
+        assert_eq!(log.read(0, 1).chunks.len(), 1);
+    }
+
+    #[test]
+    fn cursor_past_the_end_returns_nothing_and_keeps_position() {
+        let mut log = OutputLog::new(10);
+        out(&mut log, b"a");
+        let read = log.read(5, 10);
+        assert!(read.chunks.is_empty());
+        assert_eq!(read.next_seq, 6);
+    }
+}

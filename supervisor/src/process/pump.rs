@@ -1,0 +1,184 @@
+//! One task per process moves its output, exit and close into the event log and out as
+//! notifications. A single task per process is what keeps notifications in seq order across
+//! stdout, stderr and exit.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::sync::{Arc, Weak};
+
+use base64::Engine;
+use proto::jsonrpc::{Message, Notification};
+use proto::methods::process::{
+    ClosedNotification, ExitedNotification, OutputNotification, OutputStream,
+};
+use proto::methods::{PROCESS_CLOSED, PROCESS_EXITED, PROCESS_OUTPUT};
+use serde::Serialize;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::{Child, ChildStderr, ChildStdout};
+
+use super::ProcessTable;
+use super::managed::ManagedProcess;
+use crate::limits::{CLOSED_PROCESS_RETENTION, OUTPUT_READ_CHUNK_BYTES};
+use crate::session::Attachment;
+
+/// The output side of a child.
+pub enum PumpIo {
+    /// stdout and stderr pipes.
+    Pipes(ChildStdout, ChildStderr),
+    /// The PTY master (shared with stdin writes).
+    Pty(Arc<AsyncFd<OwnedFd>>),
+}
+
+/// Run until the process closed, then keep it readable for [`CLOSED_PROCESS_RETENTION`] and
+/// remove it from `table`.
+pub async fn run(
+    process: Arc<ManagedProcess>,
+    mut child: Child,
+    io: PumpIo,
+    sink: Arc<Attachment>,
+    table: Weak<ProcessTable>,
+) {
+    let emitter = Emitter {
+        process: &process,
+        sink: &sink,
+    };
+    match io {
+        PumpIo::Pipes(mut stdout, mut stderr) => {
+            let (mut out_buf, mut err_buf) = (
+                vec![0u8; OUTPUT_READ_CHUNK_BYTES],
+                vec![0u8; OUTPUT_READ_CHUNK_BYTES],
+            );
+            let (mut out_open, mut err_open, mut exited) = (true, true, false);
+            while out_open || err_open || !exited {
+                tokio::select! {
+                    read = read_some(&mut stdout, &mut out_buf), if out_open => match read {
+                        Some(n) => emitter.output(OutputStream::Stdout, &out_buf[..n]).await,
+                        None => out_open = false,
+                    },
+                    read = read_some(&mut stderr, &mut err_buf), if err_open => match read {
+                        Some(n) => emitter.output(OutputStream::Stderr, &err_buf[..n]).await,
+                        None => err_open = false,
+                    },
+                    status = child.wait(), if !exited => {
+                        exited = true;
+                        emitter.exit(status).await;
+                    }
+                }
+            }
+        }
+        PumpIo::Pty(master) => {
+            let mut buf = vec![0u8; OUTPUT_READ_CHUNK_BYTES];
+            let (mut open, mut exited) = (true, false);
+            while open || !exited {
+                tokio::select! {
+                    read = read_pty(&master, &mut buf), if open => match read {
+                        Some(n) => emitter.output(OutputStream::Pty, &buf[..n]).await,
+                        None => open = false,
+                    },
+                    status = child.wait(), if !exited => {
+                        exited = true;
+                        emitter.exit(status).await;
+                    }
+                }
+            }
+        }
+    }
+    emitter.closed().await;
+    tokio::time::sleep(CLOSED_PROCESS_RETENTION).await;
+    if let Some(table) = table.upgrade() {
+        table.remove_if_same(&process);
+    }
+}
+
+async fn read_some<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut [u8]) -> Option<usize> {
+    match reader.read(buf).await {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(n),
+    }
+}
+
+/// Read the PTY master; EIO (every slave descriptor closed) is end of file.
+async fn read_pty(master: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> Option<usize> {
+    loop {
+        let mut guard = master.readable().await.ok()?;
+        match guard.try_io(|fd| nix::unistd::read(fd.get_ref(), buf).map_err(std::io::Error::from))
+        {
+            Ok(Ok(0) | Err(_)) => return None,
+            Ok(Ok(n)) => return Some(n),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+struct Emitter<'a> {
+    process: &'a Arc<ManagedProcess>,
+    sink: &'a Attachment,
+}
+
+impl Emitter<'_> {
+    async fn output(&self, stream: OutputStream, data: &[u8]) {
+        let seq = self.process.log().push_output(stream, data.to_vec());
+        self.process.publish(seq);
+        let chunk = base64::engine::general_purpose::STANDARD.encode(data);
+        let params = OutputNotification {
+            process_id: self.process.id.clone(),
+            seq,
+            stream,
+            chunk,
+        };
+        self.send(PROCESS_OUTPUT, &params).await;
+    }
+
+    async fn exit(&self, status: std::io::Result<std::process::ExitStatus>) {
+        let (code, signal) = match status {
+            Ok(status) => match (status.code(), status.signal()) {
+                (Some(code), _) => (code, None),
+                (None, Some(signal)) => (128 + signal, Some(signal)),
+                (None, None) => (-1, None),
+            },
+            Err(error) => {
+                tracing::warn!(process_id = %self.process.id, %error, "waiting for the child failed");
+                (-1, None)
+            }
+        };
+        let exit = self.process.log().push_exit(code, signal);
+        self.process.publish(exit.seq);
+        let params = ExitedNotification {
+            process_id: self.process.id.clone(),
+            seq: exit.seq,
+            exit_code: code,
+            signal,
+        };
+        self.send(PROCESS_EXITED, &params).await;
+    }
+
+    async fn closed(&self) {
+        let seq = self.process.log().push_closed();
+        self.process.publish(seq);
+        self.send(
+            PROCESS_CLOSED,
+            &ClosedNotification {
+                process_id: self.process.id.clone(),
+                seq,
+            },
+        )
+        .await;
+    }
+
+    async fn send<P: Serialize>(&self, method: &str, params: &P) {
+        let Some(sender) = self.sink.sender() else {
+            return;
+        };
+        let params = serde_json::to_value(params).ok();
+        let message = Message::Notification(Notification {
+            method: method.to_owned(),
+            params,
+        });
+        // A closed connection drops the notification; the event stays in the log for
+        // `process/read` after a resume.
+        let _ = sender
+            .send(crate::rpc::connection::Outbound::Message(message))
+            .await;
+    }
+}

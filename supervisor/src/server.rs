@@ -1,0 +1,202 @@
+//! Server assembly: bind, print the URL, accept until SIGINT/SIGTERM, then terminate every child.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, watch};
+
+use crate::limits::{DETACHED_SESSION_TTL, MAX_CONNECTIONS};
+use crate::listen::{ExecServerListenUrlParseError, ListenAddress};
+use crate::paths::ExecServerRuntimePaths;
+use crate::session::SessionRegistry;
+use crate::transport::{BindError, Listener};
+
+/// Everything configurable about a server.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// `ws://IP:PORT` or `unix:PATH`.
+    pub listen_url: String,
+    /// Helper binaries.
+    pub runtime_paths: ExecServerRuntimePaths,
+    /// File holding the bearer token required on upgrade.
+    pub auth_token_file: Option<PathBuf>,
+    /// How long detached sessions keep their processes.
+    pub detached_session_ttl: Duration,
+}
+
+impl ServerOptions {
+    /// Defaults for `listen_url`.
+    pub fn new(listen_url: impl Into<String>, runtime_paths: ExecServerRuntimePaths) -> Self {
+        Self {
+            listen_url: listen_url.into(),
+            runtime_paths,
+            auth_token_file: None,
+            detached_session_ttl: DETACHED_SESSION_TTL,
+        }
+    }
+}
+
+/// Why the server could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecServerError {
+    /// Bad `--listen`.
+    #[error(transparent)]
+    ListenUrl(#[from] ExecServerListenUrlParseError),
+    /// Token missing for a non-loopback address.
+    #[error(
+        "refusing to listen on {0} without a bearer token: anyone on the network could run commands. \
+         Pass --auth-token-file FILE, or listen on ws://127.0.0.1:PORT or unix:PATH"
+    )]
+    TokenRequired(String),
+    /// The token file is unreadable or empty.
+    #[error("cannot use auth token file {path}: {reason}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Bind failed.
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    /// Signal handler installation failed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+    /// Writing the URL to stdout failed.
+    #[error("cannot print the listen URL: {0}")]
+    Stdout(std::io::Error),
+}
+
+/// Server-wide shared state.
+pub struct ServerState {
+    /// Sessions.
+    pub sessions: Arc<SessionRegistry>,
+    /// Helper binaries.
+    pub runtime_paths: ExecServerRuntimePaths,
+    /// Required bearer token.
+    pub auth_token: Option<Vec<u8>>,
+    /// Connection slots.
+    pub connection_slots: Arc<Semaphore>,
+    /// True once shutdown started.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// A bound server, not yet serving.
+pub struct BoundServer {
+    listener: Listener,
+    state: Arc<ServerState>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl BoundServer {
+    /// Validate options and bind.
+    ///
+    /// # Errors
+    /// [`ExecServerError`] for a bad URL, a missing token on a non-loopback address, an unusable
+    /// token file, or a failed bind.
+    pub async fn bind(options: ServerOptions) -> Result<Self, ExecServerError> {
+        let address = ListenAddress::parse(&options.listen_url)?;
+        let auth_token = options
+            .auth_token_file
+            .as_deref()
+            .map(read_token)
+            .transpose()?;
+        if auth_token.is_none() && !address.is_local_only() {
+            return Err(ExecServerError::TokenRequired(options.listen_url.clone()));
+        }
+        let listener = Listener::bind(&address).await?;
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let state = Arc::new(ServerState {
+            sessions: Arc::new(SessionRegistry::new(options.detached_session_ttl)),
+            runtime_paths: options.runtime_paths,
+            auth_token,
+            connection_slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            shutdown: shutdown_rx,
+        });
+        Ok(Self {
+            listener,
+            state,
+            shutdown,
+        })
+    }
+
+    /// The URL clients connect to.
+    pub fn url(&self) -> String {
+        self.listener.url()
+    }
+
+    /// Serve until `stop` resolves, then close connections and terminate every child.
+    pub async fn serve_until(self, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = self.listener.accept_and_spawn(&self.state) => {}
+            }
+        }
+        tracing::info!("shutting down: terminating every child");
+        let _ = self.shutdown.send(true);
+        drop(self.listener);
+        let processes = self
+            .state
+            .sessions
+            .all()
+            .into_iter()
+            .flat_map(|session| session.processes.all())
+            .collect();
+        crate::process::handlers::terminate_all(processes).await;
+    }
+}
+
+fn read_token(path: &std::path::Path) -> Result<Vec<u8>, ExecServerError> {
+    let error = |reason: String| ExecServerError::TokenFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(error("the file is empty".into()));
+    }
+    Ok(token.as_bytes().to_vec())
+}
+
+/// Run the server: bind, print the URL as the first stdout line, serve until SIGINT/SIGTERM,
+/// terminate every child, return.
+///
+/// # Errors
+/// [`ExecServerError`] when the server cannot start.
+pub async fn run_main_with_options(options: ServerOptions) -> Result<(), ExecServerError> {
+    use std::io::Write;
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(ExecServerError::Signals)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(ExecServerError::Signals)?;
+    let server = BoundServer::bind(options).await?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{}", server.url())
+        .and_then(|()| stdout.flush())
+        .map_err(ExecServerError::Stdout)?;
+    drop(stdout);
+    tracing::info!(url = %server.url(), "listening");
+    server
+        .serve_until(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        })
+        .await;
+    Ok(())
+}
+
+/// Run the server on `listen_url` with default options (see [`run_main_with_options`]).
+///
+/// # Errors
+/// [`ExecServerError`] when the server cannot start.
+pub async fn run_main(
+    listen_url: &str,
+    runtime_paths: ExecServerRuntimePaths,
+) -> Result<(), ExecServerError> {
+    run_main_with_options(ServerOptions::new(listen_url, runtime_paths)).await
+}

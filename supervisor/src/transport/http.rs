@@ -1,0 +1,269 @@
+//! The HTTP head of a new connection, read and judged by hand before any websocket state exists:
+//! `/readyz`, the `Origin` refusal, bearer-token auth, and the `101` upgrade response.
+//!
+//! Reading the head ourselves (bounded in size and time) means a slow or hostile client costs a
+//! fixed amount of memory and is dropped after [`UPGRADE_HEAD_TIMEOUT`].
+
+use subtle::ConstantTimeEq;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+
+use crate::limits::{MAX_UPGRADE_HEAD_BYTES, UPGRADE_HEAD_TIMEOUT};
+
+/// What to do with a connection after its head was read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HeadDecision {
+    /// Upgrade to a websocket; `leftover` are bytes read past the head (early frames).
+    Upgrade {
+        /// The `Sec-WebSocket-Key` to answer.
+        key: String,
+        /// Bytes after the head.
+        leftover: Vec<u8>,
+    },
+    /// Answer with this status and close.
+    Reject {
+        /// HTTP status line text, e.g. `403 Forbidden`.
+        status: &'static str,
+        /// Plain-text body.
+        body: &'static str,
+    },
+}
+
+/// Why a head could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HeadError {
+    /// The client did not finish the head in time.
+    #[error("HTTP head not received within {UPGRADE_HEAD_TIMEOUT:?}")]
+    Timeout,
+    /// The head is larger than the limit.
+    #[error("HTTP head larger than {MAX_UPGRADE_HEAD_BYTES} bytes")]
+    TooLarge,
+    /// The client closed or the socket failed.
+    #[error("reading the HTTP head: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Read the head (bounded) and decide.
+///
+/// # Errors
+/// [`HeadError`] on timeout, oversize head, or I/O failure; the caller drops the connection.
+pub async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    token: Option<&[u8]>,
+) -> Result<HeadDecision, HeadError> {
+    let mut buffer = Vec::with_capacity(1024);
+    let head_end = tokio::time::timeout(UPGRADE_HEAD_TIMEOUT, async {
+        let mut chunk = [0u8; 2048];
+        loop {
+            if let Some(end) = find_head_end(&buffer) {
+                return Ok(end);
+            }
+            if buffer.len() > MAX_UPGRADE_HEAD_BYTES {
+                return Err(HeadError::TooLarge);
+            }
+            let read = stream.read(&mut chunk).await?;
+            if read == 0 {
+                return Err(HeadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            buffer.extend_from_slice(&chunk[..read]);
+        }
+    })
+    .await
+    .map_err(|_| HeadError::Timeout)??;
+    if head_end > MAX_UPGRADE_HEAD_BYTES {
+        return Err(HeadError::TooLarge);
+    }
+    let leftover = buffer.split_off(head_end);
+    Ok(decide(&buffer, leftover, token))
+}
+
+fn find_head_end(buffer: &[u8]) -> Option<usize> {
+    buffer
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .map(|at| at + 4)
+}
+
+const BAD_REQUEST: HeadDecision = HeadDecision::Reject {
+    status: "400 Bad Request",
+    body: "malformed HTTP request\n",
+};
+
+fn decide(head: &[u8], leftover: Vec<u8>, token: Option<&[u8]>) -> HeadDecision {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut request = httparse::Request::new(&mut headers);
+    let Ok(httparse::Status::Complete(_)) = request.parse(head) else {
+        return BAD_REQUEST;
+    };
+    let header = |name: &str| {
+        request
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    };
+    let path = request.path.unwrap_or("/");
+    let is_upgrade = header("upgrade").is_some_and(|v| v.eq_ignore_ascii_case(b"websocket"));
+    if request.method != Some("GET") {
+        return HeadDecision::Reject {
+            status: "405 Method Not Allowed",
+            body: "only GET is served\n",
+        };
+    }
+    if !is_upgrade {
+        return if path == "/readyz" {
+            HeadDecision::Reject {
+                status: "200 OK",
+                body: "ok\n",
+            }
+        } else {
+            HeadDecision::Reject {
+                status: "404 Not Found",
+                body: "not found; connect with a websocket or GET /readyz\n",
+            }
+        };
+    }
+    if header("origin").is_some() {
+        return HeadDecision::Reject {
+            status: "403 Forbidden",
+            body: "requests with an Origin header are refused: browser pages may not reach this server\n",
+        };
+    }
+    if let Some(expected) = token {
+        let presented = header("authorization")
+            .and_then(|value| value.strip_prefix(b"Bearer ".as_slice()))
+            .unwrap_or_default();
+        let matches: bool =
+            presented.len() == expected.len() && bool::from(presented.ct_eq(expected));
+        if !matches {
+            return HeadDecision::Reject {
+                status: "401 Unauthorized",
+                body: "missing or wrong bearer token\n",
+            };
+        }
+    }
+    let version_ok = header("sec-websocket-version").is_some_and(|v| v == b"13");
+    match header("sec-websocket-key").and_then(|key| std::str::from_utf8(key).ok()) {
+        Some(key) if version_ok => HeadDecision::Upgrade {
+            key: key.trim().to_owned(),
+            leftover,
+        },
+        _ => BAD_REQUEST,
+    }
+}
+
+/// Write a plain response and shut the socket down.
+pub async fn write_rejection<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    status: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    let mut response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if status.starts_with("401") {
+        response.push_str("WWW-Authenticate: Bearer\r\n");
+    }
+    response.push_str("\r\n");
+    response.push_str(body);
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// Write the `101 Switching Protocols` answer to `key`.
+pub async fn write_upgrade<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    key: &str,
+) -> std::io::Result<()> {
+    let accept = derive_accept_key(key.as_bytes());
+    let response = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UPGRADE: &str = "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
+
+    fn head(extra: &str) -> Vec<u8> {
+        format!("{UPGRADE}{extra}\r\n").into_bytes()
+    }
+
+    #[test]
+    fn readyz_is_answered_without_upgrade() {
+        let decision = decide(
+            b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n",
+            vec![],
+            Some(b"t"),
+        );
+        assert_eq!(
+            decision,
+            HeadDecision::Reject {
+                status: "200 OK",
+                body: "ok\n"
+            }
+        );
+    }
+
+    #[test]
+    fn origin_is_forbidden_even_with_a_token() {
+        let decision = decide(
+            &head("Origin: http://evil\r\nAuthorization: Bearer t\r\n"),
+            vec![],
+            Some(b"t"),
+        );
+        assert!(matches!(
+            decision,
+            HeadDecision::Reject {
+                status: "403 Forbidden",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn token_is_required_when_configured() {
+        let missing = decide(&head(""), vec![], Some(b"secret"));
+        let wrong = decide(
+            &head("Authorization: Bearer secreT\r\n"),
+            vec![],
+            Some(b"secret"),
+        );
+        let right = decide(
+            &head("Authorization: Bearer secret\r\n"),
+            vec![1],
+            Some(b"secret"),
+        );
+        assert!(matches!(
+            missing,
+            HeadDecision::Reject {
+                status: "401 Unauthorized",
+                ..
+            }
+        ));
+        assert!(matches!(
+            wrong,
+            HeadDecision::Reject {
+                status: "401 Unauthorized",
+                ..
+            }
+        ));
+        assert_eq!(
+            right,
+            HeadDecision::Upgrade {
+                key: "dGhlIHNhbXBsZSBub25jZQ==".into(),
+                leftover: vec![1]
+            }
+        );
+    }
+
+    #[test]
+    fn garbage_is_a_bad_request() {
+        assert_eq!(decide(b"\x00\x01\r\n\r\n", vec![], None), BAD_REQUEST);
+    }
+}

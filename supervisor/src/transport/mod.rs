@@ -1,0 +1,167 @@
+//! Listeners (TCP and unix socket) and the per-connection handshake.
+//!
+//! Every accepted stream goes through [`http::read_head`]; only an accepted upgrade reaches the
+//! JSON-RPC layer in [`crate::rpc::connection`].
+
+pub mod http;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+
+use crate::limits::MAX_FRAME_BYTES;
+use crate::listen::ListenAddress;
+use crate::server::ServerState;
+
+/// A bound listener.
+pub enum Listener {
+    /// TCP.
+    Tcp(TcpListener),
+    /// Unix socket; the file is removed when the listener is dropped.
+    Unix(UnixListener, UnixSocketFile),
+}
+
+/// Removes the socket file on drop.
+pub struct UnixSocketFile(PathBuf);
+
+impl Drop for UnixSocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Why binding failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The OS refused the bind.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// What we tried to bind.
+        address: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A non-socket file is in the way of the unix socket.
+    #[error("cannot listen on unix:{0}: a file that is not a socket already exists there")]
+    NotASocket(PathBuf),
+}
+
+impl Listener {
+    /// Bind the address. A unix socket is created with mode 0600; a stale socket file is replaced.
+    ///
+    /// # Errors
+    /// [`BindError`] naming the address.
+    pub async fn bind(address: &ListenAddress) -> Result<Self, BindError> {
+        match address {
+            ListenAddress::Tcp(socket_address) => TcpListener::bind(socket_address)
+                .await
+                .map(Self::Tcp)
+                .map_err(|source| BindError::Bind {
+                    address: socket_address.to_string(),
+                    source,
+                }),
+            ListenAddress::Unix(path) => {
+                use std::os::unix::fs::FileTypeExt;
+                if let Ok(metadata) = std::fs::symlink_metadata(path) {
+                    if !metadata.file_type().is_socket() {
+                        return Err(BindError::NotASocket(path.clone()));
+                    }
+                    let _ = std::fs::remove_file(path);
+                }
+                // Only the owner may connect: create the socket under umask 0177 so it is never
+                // reachable with wider permissions, not even briefly. The server is still
+                // single-threaded in effect here (no other task creates files at startup).
+                let previous =
+                    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+                let bound = UnixListener::bind(path);
+                nix::sys::stat::umask(previous);
+                let listener = bound.map_err(|source| BindError::Bind {
+                    address: format!("unix:{}", path.display()),
+                    source,
+                })?;
+                Ok(Self::Unix(listener, UnixSocketFile(path.clone())))
+            }
+        }
+    }
+
+    /// The URL clients connect to, printed on stdout at startup.
+    pub fn url(&self) -> String {
+        match self {
+            Self::Tcp(listener) => match listener.local_addr() {
+                Ok(address) => format!("ws://{address}"),
+                Err(_) => "ws://unknown".to_owned(),
+            },
+            Self::Unix(_, UnixSocketFile(path)) => format!("unix:{}", path.display()),
+        }
+    }
+
+    /// Accept one connection and serve it on its own task.
+    pub async fn accept_and_spawn(&self, state: &Arc<ServerState>) {
+        let accepted = match self {
+            Self::Tcp(listener) => listener.accept().await.map(|(stream, _)| {
+                let _ = stream.set_nodelay(true);
+                spawn_connection(stream, state.clone());
+            }),
+            Self::Unix(listener, _) => listener
+                .accept()
+                .await
+                .map(|(stream, _)| spawn_connection(stream, state.clone())),
+        };
+        if let Err(error) = accepted {
+            // EMFILE and friends: back off briefly instead of spinning.
+            tracing::warn!(%error, "accept failed");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn spawn_connection<S>(stream: S, state: Arc<ServerState>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Ok(permit) = state.connection_slots.clone().try_acquire_owned() else {
+        tracing::warn!("connection limit reached; dropping a new connection");
+        return;
+    };
+    tokio::spawn(async move {
+        handle_stream(stream, state).await;
+        drop(permit);
+    });
+}
+
+/// The websocket settings: frames and messages above [`MAX_FRAME_BYTES`] are refused on their
+/// header.
+pub fn websocket_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_FRAME_BYTES))
+        .max_frame_size(Some(MAX_FRAME_BYTES))
+}
+
+async fn handle_stream<S>(mut stream: S, state: Arc<ServerState>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    match http::read_head(&mut stream, state.auth_token.as_deref()).await {
+        Ok(http::HeadDecision::Upgrade { key, leftover }) => {
+            if http::write_upgrade(&mut stream, &key).await.is_err() {
+                return;
+            }
+            let websocket = WebSocketStream::from_partially_read(
+                stream,
+                leftover,
+                Role::Server,
+                Some(websocket_config()),
+            )
+            .await;
+            crate::rpc::connection::serve(websocket, state).await;
+        }
+        Ok(http::HeadDecision::Reject { status, body }) => {
+            let _ = http::write_rejection(&mut stream, status, body).await;
+        }
+        Err(error) => tracing::debug!(%error, "dropping connection before upgrade"),
+    }
+}
