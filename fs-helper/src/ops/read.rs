@@ -12,7 +12,7 @@ use crate::open::open_regular_for_read;
 ///
 /// A whole-file read is held in memory and sent base64-encoded in one JSON-RPC message (a third
 /// larger again), so it must stay bounded; larger files are read with `fs/open` + `fs/readBlock`.
-pub const READ_FILE_MAX_BYTES: u64 = 64 * 1024 * 1024;
+pub const READ_FILE_MAX_BYTES: u64 = 32 * 1024 * 1024;
 
 /// Largest block [`read_block`] returns in one call, in bytes (1 MiB).
 ///
