@@ -1,0 +1,385 @@
+//! Process output: notifications, seq numbering, `process/read`, retention and long polls.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tests::{ExecServer, b64, seqs, sh, unb64};
+
+/// `OUTPUT_RETENTION_BYTES` from docs/protocol.md.
+const OUTPUT_RETENTION_BYTES: usize = 1024 * 1024;
+
+fn server() -> ExecServer {
+    ExecServer::start(&["--listen", "ws://127.0.0.1:0"])
+}
+
+fn decoded_len(chunks: &[Value]) -> usize {
+    chunks
+        .iter()
+        .map(|c| unb64(c["chunk"].as_str().unwrap()).len())
+        .sum()
+}
+
+#[tokio::test]
+async fn seq_is_one_counter_shared_by_output_exited_and_closed() {
+    let server = server();
+    let mut client = server.client().await;
+    let out = client
+        .run(
+            "p",
+            &sh("echo out1; echo err1 >&2; echo out2; echo err2 >&2; exit 3"),
+            json!({}),
+        )
+        .await;
+    let seqs = seqs(&out.events);
+    let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
+    assert_eq!(seqs, expected, "events: {:?}", out.events);
+    let methods: Vec<&str> = out
+        .events
+        .iter()
+        .map(|e| e["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods.last(), Some(&"process/closed"), "{methods:?}");
+    // Output read after the exit may follow `exited`; only `closed` is pinned to the end.
+    let exited = methods
+        .iter()
+        .position(|m| *m == "process/exited")
+        .expect("exited");
+    assert!(
+        exited < methods.len() - 1,
+        "exited must come before closed: {methods:?}"
+    );
+    assert_eq!(
+        methods.iter().filter(|m| **m == "process/exited").count(),
+        1
+    );
+    assert_eq!(out.stdout_text(), "out1\nout2\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err1\nerr2\n");
+    assert_eq!(out.exit_code, Some(3));
+    for e in &out.events {
+        assert_eq!(e["params"]["processId"], "p", "{e}");
+    }
+}
+
+#[tokio::test]
+async fn closed_waits_for_output_streams_to_reach_eof_after_exit() {
+    let server = server();
+    let mut client = server.client().await;
+    // The shell exits at once; a grandchild keeps stdout open and writes later.
+    let out = client
+        .run(
+            "p",
+            &sh("echo first; (/bin/sleep 0.3; echo late) & exit 0"),
+            json!({}),
+        )
+        .await;
+    let methods: Vec<&str> = out
+        .events
+        .iter()
+        .map(|e| e["method"].as_str().unwrap())
+        .collect();
+    let late = out
+        .events
+        .iter()
+        .position(|e| {
+            e["method"] == "process/output"
+                && String::from_utf8_lossy(&unb64(e["params"]["chunk"].as_str().unwrap()))
+                    .contains("late")
+        })
+        .unwrap_or_else(|| panic!("late output missing: {:?}", out.events));
+    let exited = methods.iter().position(|m| *m == "process/exited").unwrap();
+    let closed = methods.iter().position(|m| *m == "process/closed").unwrap();
+    assert!(closed > late && closed > exited, "{methods:?}");
+    assert_eq!(closed, methods.len() - 1);
+    assert_eq!(out.stdout_text(), "first\nlate\n");
+}
+
+#[tokio::test]
+async fn read_after_close_returns_everything_with_exit_and_close_seqs() {
+    let server = server();
+    let mut client = server.client().await;
+    let out = client.run("p", &sh("echo hi; exit 4"), json!({})).await;
+    let last = *seqs(&out.events).last().unwrap();
+    let result = client
+        .call("process/read", json!({"processId": "p", "afterSeq": 0}))
+        .await;
+    let chunks = result["chunks"].as_array().unwrap();
+    let text: Vec<u8> = chunks
+        .iter()
+        .flat_map(|c| unb64(c["chunk"].as_str().unwrap()))
+        .collect();
+    assert_eq!(text, b"hi\n");
+    assert_eq!(chunks[0]["seq"], 1);
+    assert_eq!(chunks[0]["stream"], "stdout");
+    assert_eq!(result["exited"], true, "{result}");
+    assert_eq!(result["exitCode"], 4, "{result}");
+    assert_eq!(result["closed"], true, "{result}");
+    assert_eq!(result["closedSeq"], last, "{result}");
+    assert_eq!(result["exitSeq"], last - 1, "{result}");
+    assert_eq!(result["nextSeq"], last + 1, "{result}");
+    assert_eq!(result["outputDropped"], false, "{result}");
+
+    // Without afterSeq: from the oldest retained, the same answer.
+    let from_oldest = client.call("process/read", json!({"processId": "p"})).await;
+    assert_eq!(from_oldest, result);
+}
+
+#[tokio::test]
+async fn read_continues_from_the_cursor_and_reports_exit_only_when_covered() {
+    let server = server();
+    let mut client = server.client().await;
+    let out = client
+        .run("p", &sh("echo a; echo b >&2; echo c"), json!({}))
+        .await;
+    let all = seqs(&out.events);
+    let closed_seq = *all.last().unwrap();
+    let exit_seq = out
+        .events
+        .iter()
+        .find(|e| e["method"] == "process/exited")
+        .map(|e| e["params"]["seq"].as_u64().unwrap())
+        .unwrap();
+    // A cursor right before the exit: exit and close covered, only later output returned.
+    let result = client
+        .call(
+            "process/read",
+            json!({"processId": "p", "afterSeq": exit_seq - 1}),
+        )
+        .await;
+    assert!(
+        result["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["seq"].as_u64() > Some(exit_seq)),
+        "{result}"
+    );
+    assert_eq!(
+        (&result["exited"], &result["exitSeq"]),
+        (&json!(true), &json!(exit_seq))
+    );
+    assert_eq!(
+        (&result["closed"], &result["closedSeq"]),
+        (&json!(true), &json!(closed_seq))
+    );
+    // A cursor right before the close: nothing but the close.
+    let result = client
+        .call(
+            "process/read",
+            json!({"processId": "p", "afterSeq": closed_seq - 1}),
+        )
+        .await;
+    assert_eq!(result["chunks"], json!([]), "{result}");
+    assert_eq!(result["closed"], true, "{result}");
+    // From seq 1: chunk 2.. onwards.
+    let result = client
+        .call("process/read", json!({"processId": "p", "afterSeq": 1}))
+        .await;
+    let chunk_seqs: Vec<u64> = result["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["seq"].as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = out
+        .events
+        .iter()
+        .filter(|e| e["method"] == "process/output" && e["params"]["seq"].as_u64() > Some(1))
+        .map(|e| e["params"]["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(chunk_seqs, expected, "{result}");
+    // Past the end: nothing, nextSeq stays.
+    let result = client
+        .call(
+            "process/read",
+            json!({"processId": "p", "afterSeq": all.last().unwrap()}),
+        )
+        .await;
+    assert_eq!(result["chunks"], json!([]));
+    assert_eq!(result["nextSeq"], all.last().unwrap() + 1, "{result}");
+}
+
+#[tokio::test]
+async fn read_max_bytes_returns_at_least_one_chunk_and_bounds_the_rest() {
+    let server = server();
+    let mut client = server.client().await;
+    let out = client
+        .run(
+            "p",
+            &sh("for i in 1 2 3 4 5 6 7 8; do echo line$i; /bin/sleep 0.01; done"),
+            json!({}),
+        )
+        .await;
+    let chunk_count = out
+        .events
+        .iter()
+        .filter(|e| e["method"] == "process/output")
+        .count();
+    let result = client
+        .call(
+            "process/read",
+            json!({"processId": "p", "afterSeq": 0, "maxBytes": 1}),
+        )
+        .await;
+    let chunks = result["chunks"].as_array().unwrap();
+    assert_eq!(
+        chunks.len(),
+        1,
+        "maxBytes 1 still returns exactly one chunk: {result}"
+    );
+    assert_eq!(result["nextSeq"], 2, "{result}");
+    if chunk_count > 1 {
+        assert_eq!(result["exited"], false, "exit is not covered yet: {result}");
+    }
+    let result = client
+        .call(
+            "process/read",
+            json!({"processId": "p", "afterSeq": 0, "maxBytes": 12}),
+        )
+        .await;
+    let chunks = result["chunks"].as_array().unwrap();
+    assert!(
+        chunks.len() == 1 || decoded_len(chunks) <= 12,
+        "more than maxBytes in several chunks: {result}"
+    );
+}
+
+#[tokio::test]
+async fn read_of_one_large_chunk_with_small_max_bytes_returns_it_whole() {
+    let server = server();
+    let mut client = server.client().await;
+    client
+        .run(
+            "p",
+            &["/usr/bin/head", "-c", "65536", "/dev/zero"],
+            json!({}),
+        )
+        .await;
+    let result = client
+        .call(
+            "process/read",
+            json!({"processId": "p", "afterSeq": 0, "maxBytes": 10}),
+        )
+        .await;
+    let chunks = result["chunks"].as_array().unwrap();
+    assert_eq!(chunks.len(), 1, "{}", chunks.len());
+    assert!(decoded_len(chunks) > 10);
+}
+
+#[tokio::test]
+async fn long_poll_returns_as_soon_as_output_appears() {
+    let server = server();
+    let mut client = server.client().await;
+    client
+        .start("cat", &["/bin/cat"], json!({"pipeStdin": true}))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let read = client
+        .send_request(
+            "process/read",
+            json!({"processId": "cat", "afterSeq": 0, "waitMs": 10000}),
+        )
+        .await;
+    client
+        .call(
+            "process/write",
+            json!({"processId": "cat", "chunk": b64("ping\n")}),
+        )
+        .await;
+    let result = client
+        .response_within(&read, Duration::from_secs(5), "long poll after output")
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let chunks = result["chunks"].as_array().unwrap();
+    assert!(!chunks.is_empty(), "{result}");
+    assert_eq!(unb64(chunks[0]["chunk"].as_str().unwrap()), b"ping\n");
+    client
+        .call("process/terminate", json!({"processId": "cat"}))
+        .await;
+}
+
+#[tokio::test]
+async fn long_poll_without_new_events_returns_empty_after_wait_ms() {
+    let server = server();
+    let mut client = server.client().await;
+    client
+        .start("s", &["/bin/sleep", "1000"], json!({}))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let result = client
+        .call(
+            "process/read",
+            json!({"processId": "s", "afterSeq": 0, "waitMs": 300}),
+        )
+        .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(result["chunks"], json!([]), "{result}");
+    assert_eq!(result["exited"], false, "{result}");
+    assert_eq!(result["nextSeq"], 1, "{result}");
+    client
+        .call("process/terminate", json!({"processId": "s"}))
+        .await;
+}
+
+#[tokio::test]
+async fn retention_keeps_the_newest_mebibyte_and_reports_dropped_output() {
+    let server = server();
+    let mut client = server.client().await;
+    let total = 3 * OUTPUT_RETENTION_BYTES;
+    let count = total.to_string();
+    client
+        .start(
+            "big",
+            &["/usr/bin/head", "-c", &count, "/dev/zero"],
+            json!({}),
+        )
+        .await
+        .unwrap();
+    let out = client.collect_within("big", Duration::from_secs(30)).await;
+    assert_eq!(out.stdout.len(), total, "notifications carry every byte");
+    let result = client
+        .call("process/read", json!({"processId": "big", "afterSeq": 0}))
+        .await;
+    assert_eq!(result["outputDropped"], true, "{}", summary(&result));
+    let first_retained = result["firstRetainedSeq"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("firstRetainedSeq missing: {}", summary(&result)));
+    assert!(first_retained > 1);
+    let chunks = result["chunks"].as_array().unwrap();
+    assert_eq!(chunks[0]["seq"], first_retained, "{}", summary(&result));
+    let retained = decoded_len(chunks);
+    let largest = chunks
+        .iter()
+        .map(|c| unb64(c["chunk"].as_str().unwrap()).len())
+        .max()
+        .unwrap();
+    assert!(
+        retained + largest >= OUTPUT_RETENTION_BYTES
+            && retained <= OUTPUT_RETENTION_BYTES + largest,
+        "retained {retained} bytes (largest chunk {largest}), expected about {OUTPUT_RETENTION_BYTES}"
+    );
+    assert_eq!(result["closed"], true);
+
+    // A cursor inside the retained window is not "dropped".
+    let inside = client
+        .call(
+            "process/read",
+            json!({"processId": "big", "afterSeq": first_retained}),
+        )
+        .await;
+    assert_eq!(inside["outputDropped"], false, "{}", summary(&inside));
+}
+
+fn summary(result: &Value) -> String {
+    let mut r = result.clone();
+    let n = r["chunks"].as_array().map(Vec::len);
+    r["chunks"] = json!(format!("<{n:?} chunks>"));
+    r.to_string()
+}
