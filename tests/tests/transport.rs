@@ -405,3 +405,86 @@ async fn resuming_an_unknown_session_is_unknown_session() {
         "unknownSession",
     );
 }
+
+#[tokio::test]
+async fn sigint_exits_zero_and_leaves_no_child_behind() {
+    let mut server = server();
+    let mut client = server.client().await;
+    client
+        .start("a", &sh("echo $$; exec /bin/sleep 1000"), json!({}))
+        .await
+        .unwrap();
+    let pid: i32 = client
+        .wait_for_output("a", "\n")
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    server.signal(Signal::SIGINT);
+    let status = server.wait_exit(DEADLINE);
+    assert_eq!(status.code(), Some(0), "exit status {status:?}");
+    wait_process_dead(pid, DEADLINE, "child of the interrupted server");
+}
+
+#[tokio::test]
+async fn resume_recovers_output_written_while_detached() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("flag");
+    let mut first = server.connect().await;
+    let session = first.initialize().await;
+    let script = format!(
+        "echo $$; while [ ! -e '{}' ]; do /bin/sleep 0.02; done; echo written-while-detached; \
+         exec /bin/sleep 1000",
+        flag.display()
+    );
+    first.start("p", &sh(&script), json!({})).await.unwrap();
+    let pid: i32 = first
+        .wait_for_output("p", "\n")
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    first.close().await;
+    std::fs::write(&flag, "").unwrap();
+    // The shell execs sleep only after writing the line: then the output exists.
+    let started = std::time::Instant::now();
+    while std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        != "sleep"
+    {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "process never got past the flag"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5)); // polling interval
+    }
+    let mut second = loop {
+        let mut candidate = server.connect().await;
+        match candidate
+            .request(
+                "initialize",
+                json!({"clientName": "t", "resumeSessionId": session}),
+            )
+            .await
+        {
+            Ok(_) => break candidate,
+            Err(error) if error.code == -32010 && started.elapsed() < DEADLINE => continue,
+            Err(error) => panic!("resume failed: {error:?}"),
+        }
+    };
+    let read = second
+        .call("process/read", json!({"processId": "p", "afterSeq": 0}))
+        .await;
+    let text: String = read["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| String::from_utf8_lossy(&tests::unb64(c["chunk"].as_str().unwrap())).into_owned())
+        .collect();
+    assert!(text.contains("written-while-detached"), "{read}");
+    second
+        .call("process/terminate", json!({"processId": "p"}))
+        .await;
+}
