@@ -1,0 +1,295 @@
+//! Kernel tests: each case is a fresh `sandbox-run` process probed from inside, run as root and
+//! as an unprivileged uid. Denials are proven: the errno is a refusal and the outside is
+//! unchanged; network denials are checked against a real listener and a control run.
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::net::{TcpListener, UdpSocket};
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn probe_entry() {
+    common::probe_entry();
+}
+
+const WW: &[&str] = &["--policy", "workspace-write"];
+
+#[test]
+fn workspace_write_denies_every_write_outside_the_roots() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let out = s(&fx.outside_file);
+        let new = fx.outside.join("new.txt");
+        let cases: Vec<(Vec<String>, &[&str])> = vec![
+            (vec!["write".into(), s(&new).into()], &[]),
+            (vec!["append".into(), out.into()], &[]),
+            (vec!["truncate".into(), out.into()], &[]),
+            (vec!["mkdir".into(), s(&fx.outside.join("d")).into()], &[]),
+            (vec!["unlink".into(), out.into()], &[]),
+            (
+                vec!["rename".into(), out.into(), s(&fx.ws.join("moved")).into()],
+                &["EXDEV"],
+            ),
+            (
+                vec![
+                    "rename".into(),
+                    s(&fx.ws.join("inside.txt")).into(),
+                    s(&fx.outside.join("in")).into(),
+                ],
+                &["EXDEV"],
+            ),
+            (
+                vec!["link".into(), out.into(), s(&fx.ws.join("hardlink")).into()],
+                &["EXDEV"],
+            ),
+            (vec!["chmod".into(), out.into()], &[]),
+        ];
+        for (op, also) in cases {
+            let op: Vec<&str> = op.iter().map(String::as_str).collect();
+            let result = probe(WW, &op, uid, &fx.ws);
+            let context = format!("{op:?} as {uid:?}");
+            assert_blocked(&result, also, &context);
+            fx.assert_outside_untouched(&context);
+        }
+        assert!(!fx.ws.join("moved").exists() && !fx.ws.join("hardlink").exists());
+        assert!(fx.ws.join("inside.txt").exists());
+    }
+}
+
+#[test]
+fn read_only_denies_writes_even_in_the_cwd() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let target = fx.ws.join("new.txt");
+        let result = probe(
+            &["--policy", "read-only"],
+            &["write", s(&target)],
+            uid,
+            &fx.ws,
+        );
+        assert_blocked(&result, &[], "read-only write in cwd");
+        assert!(!target.exists());
+        let result = probe(
+            &["--policy", "read-only"],
+            &["write", "/dev/null"],
+            uid,
+            &fx.ws,
+        );
+        assert_allowed(&result, "read-only write /dev/null");
+    }
+}
+
+#[test]
+fn workspace_write_denies_symlink_escape() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let link = fx.ws.join("escape");
+        std::os::unix::fs::symlink(&fx.outside_file, &link).unwrap();
+        let result = probe(WW, &["write", s(&link)], uid, &fx.ws);
+        assert_blocked(&result, &[], "write through symlink");
+        fx.assert_outside_untouched("symlink escape");
+    }
+}
+
+#[test]
+fn workspace_write_keeps_git_read_only() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let git = fx.ws.join(".git");
+        for op in [
+            vec!["write", s(&git.join("config"))],
+            vec!["write", s(&git.join("hooks-pre-commit"))],
+            vec!["unlink", s(&git.join("config"))],
+            vec!["rename", s(&git), s(&fx.ws.join("git-moved"))],
+            vec!["chmod", s(&git.join("config"))],
+        ] {
+            let result = probe(WW, &op, uid, &fx.ws);
+            assert_blocked(&result, &["EBUSY"], &format!("{op:?} as {uid:?}"));
+        }
+        assert_eq!(
+            std::fs::read_to_string(git.join("config")).unwrap(),
+            "[core]\n"
+        );
+        assert!(!git.join("hooks-pre-commit").exists());
+    }
+}
+
+#[test]
+fn allowed_operations_work_inside_the_workspace_and_tmp() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let file = fx.ws.join("a/b.txt");
+        std::fs::create_dir_all(fx.ws.join("a")).unwrap();
+        std::fs::create_dir_all(fx.ws.join("c")).unwrap();
+        if let Some(uid) = uid {
+            for dir in ["a", "c"] {
+                std::os::unix::fs::chown(fx.ws.join(dir), Some(uid), Some(uid)).unwrap();
+            }
+        }
+        assert_allowed(&probe(WW, &["write", s(&file)], uid, &fx.ws), "write ws");
+        // One ruleset, not stacked ones: cross-directory rename inside a root must work.
+        let moved = fx.ws.join("c/b.txt");
+        assert_allowed(
+            &probe(WW, &["rename", s(&file), s(&moved)], uid, &fx.ws),
+            "rename",
+        );
+        assert_allowed(&probe(WW, &["unlink", s(&moved)], uid, &fx.ws), "unlink ws");
+        let tmp = format!("/tmp/sbx-probe-{}-{uid:?}", std::process::id());
+        assert_allowed(&probe(WW, &["write", &tmp], uid, &fx.ws), "write /tmp");
+        assert_allowed(&probe(WW, &["unlink", &tmp], uid, &fx.ws), "unlink /tmp");
+        assert_allowed(
+            &probe(WW, &["read", "/etc/passwd"], uid, &fx.ws),
+            "read /etc",
+        );
+        assert_allowed(
+            &probe(WW, &["read", "/usr/include/stdio.h"], uid, &fx.ws),
+            "read /usr",
+        );
+    }
+}
+
+#[test]
+fn shells_interpreters_and_compilers_run_inside() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let run = |cmd: &[&str]| sandbox_run(WW, cmd, uid, &fx.ws);
+        let out = run(&["/bin/sh", "-c", "echo hi > f && cat f && rm f"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n", "{out:?}");
+        let out = run(&["/usr/bin/python3", "-c", "print(6 * 7)"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n", "{out:?}");
+        std::fs::write(
+            fx.ws.join("hello.c"),
+            "#include <stdio.h>\nint main(void){puts(\"hello\");return 0;}\n",
+        )
+        .unwrap();
+        let out = run(&["/bin/sh", "-c", "cc -o hello hello.c && ./hello"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n", "{out:?}");
+    }
+}
+
+#[test]
+fn network_off_refuses_tcp_and_udp_to_a_live_listener() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp_addr = tcp.local_addr().unwrap().to_string();
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let udp_addr = udp.local_addr().unwrap().to_string();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        // With and without the namespace layer (read-only: no .git carve-out needs namespaces).
+        for policy in [WW, &["--policy", "read-only", "--no-namespaces"]] {
+            let result = probe(policy, &["tcp-connect", &tcp_addr], uid, &fx.ws);
+            assert_blocked(&result, &[], &format!("tcp {policy:?} {uid:?}"));
+            let result = probe(policy, &["udp-send", &udp_addr], uid, &fx.ws);
+            assert_blocked(&result, &[], &format!("udp {policy:?} {uid:?}"));
+            let mut buf = [0u8; 16];
+            assert!(udp.recv_from(&mut buf).is_err(), "a datagram got through");
+        }
+        // Control: the same probes reach the listeners when the network is allowed.
+        let open = &["--policy", "workspace-write", "--allow-network"];
+        assert_allowed(
+            &probe(open, &["tcp-connect", &tcp_addr], uid, &fx.ws),
+            "tcp control",
+        );
+        assert_allowed(
+            &probe(open, &["udp-send", &udp_addr], uid, &fx.ws),
+            "udp control",
+        );
+        let mut buf = [0u8; 16];
+        assert!(udp.recv_from(&mut buf).is_ok(), "control datagram missing");
+    }
+}
+
+#[test]
+fn dangerous_syscalls_are_refused() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        for op in [
+            vec!["io-uring-setup"],
+            vec!["unshare"],
+            vec!["clone-newuser"],
+            vec!["mount-bind", s(&fx.ws), s(&fx.outside)],
+            vec!["tiocsti"],
+            vec!["tiocsti-high-bits"],
+            vec!["x32-getpid"],
+        ] {
+            let result = probe(WW, &op, uid, &fx.ws);
+            assert_eq!(result["error"], "EPERM", "{op:?} as {uid:?}: {result}");
+        }
+        // Control: without a sandbox the same calls are not refused with EPERM.
+        let free = &["--policy", "danger-full-access"];
+        let result = probe(free, &["io-uring-setup"], uid, &fx.ws);
+        assert_ne!(result["error"], "EPERM", "io_uring control: {result}");
+        let result = probe(free, &["tiocsti-high-bits"], uid, &fx.ws);
+        assert_eq!(result["error"], "ENOTTY", "tiocsti control: {result}");
+        let result = probe(&["--policy", "read-only"], &["no-new-privs"], uid, &fx.ws);
+        assert_eq!(result["detail"], "1", "{result}");
+    }
+}
+
+#[test]
+fn ptrace_and_proc_environ_of_an_outside_process_are_refused() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let mut sleeper = std::process::Command::new("/bin/sleep");
+        sleeper.arg("30").env("SECRET_TOKEN", "hunter2");
+        if let Some(uid) = uid {
+            std::os::unix::process::CommandExt::uid(&mut sleeper, uid);
+            std::os::unix::process::CommandExt::gid(&mut sleeper, uid);
+        }
+        let mut child = sleeper.spawn().unwrap();
+        let pid = child.id().to_string();
+        let environ = format!("/proc/{pid}/environ");
+        assert_blocked(
+            &probe(WW, &["ptrace-attach", &pid], uid, &fx.ws),
+            &[],
+            "ptrace",
+        );
+        assert_blocked(&probe(WW, &["read", &environ], uid, &fx.ws), &[], "environ");
+        assert_blocked(
+            &probe(WW, &["kill", &pid], uid, &fx.ws),
+            &[],
+            "signal scope",
+        );
+        let free = &["--policy", "danger-full-access"];
+        assert_allowed(
+            &probe(free, &["read", &environ], uid, &fx.ws),
+            "environ control",
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
+#[test]
+fn setuid_programs_do_not_gain_privilege() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let fx = Fixture::new(None);
+    let id = fx.outside.join("id-setuid");
+    std::fs::copy("/usr/bin/id", &id).unwrap();
+    std::fs::set_permissions(&id, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let free = sandbox_run(
+        &["--policy", "danger-full-access"],
+        &[s(&id), "-u"],
+        Some(NOBODY),
+        &fx.ws,
+    );
+    let sandboxed = sandbox_run(WW, &[s(&id), "-u"], Some(NOBODY), &fx.ws);
+    assert_eq!(
+        String::from_utf8_lossy(&free.stdout),
+        "0\n",
+        "control: setuid works unsandboxed"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&sandboxed.stdout),
+        "65534\n",
+        "{sandboxed:?}"
+    );
+}
