@@ -24,7 +24,6 @@ pub const MINIMAL_READ_PATHS: &[&str] = &[
     "/libx32",
     "/etc",
     "/nix/store",
-    "/dev/null",
     "/dev/zero",
     "/dev/full",
     "/dev/random",

@@ -1,0 +1,124 @@
+//! Golden tests: every change to what a profile allows shows up in review as a diff of the
+//! checked-in files under `tests/golden/`. Regenerate with `UPDATE_GOLDEN=1 cargo test -p sandbox --test golden`.
+
+use std::path::{Path, PathBuf};
+
+use sandbox::policy::{ResolveContext, SandboxSpec};
+
+fn golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("missing {}; run with UPDATE_GOLDEN=1", path.display()));
+    pretty_assertions::assert_eq!(expected, actual, "golden file {name}");
+}
+
+/// A workspace with a `.git`, at a path the renderings replace with `$WS`.
+fn workspace() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("golden-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let ws = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::create_dir(ws.join(".git")).unwrap();
+    (dir, ws)
+}
+
+fn render(spec: &SandboxSpec, ws: &Path) -> String {
+    let ctx = ResolveContext {
+        tmpdir: Some(PathBuf::from("/var/tmp")),
+    };
+    let policy = spec.resolve_with(&ctx).unwrap();
+    let mut out = String::from("# resolved rules\n");
+    for rule in policy.rules() {
+        out.push_str(&format!("{:?} {}\n", rule.access, rule.path.display()));
+    }
+    out.push_str(&format!(
+        "restricts_filesystem={} network={}\n",
+        policy.restricts_filesystem(),
+        policy.network_allowed()
+    ));
+    #[cfg(target_os = "linux")]
+    {
+        use sandbox::linux::{landlock, namespaces};
+        out.push_str("\n# landlock rules (session tty: /dev/tty)\n");
+        for rule in landlock::rules_for(&policy, &[PathBuf::from("/dev/tty")]) {
+            out.push_str(&format!("{:?} {}\n", rule.access, rule.path.display()));
+        }
+        out.push_str("\n# mount plan\n");
+        for op in namespaces::mount_plan(&policy) {
+            out.push_str(&format!("{}\n", serde_json::to_string(&op).unwrap()));
+        }
+    }
+    out.push_str("\n# seatbelt\n");
+    match sandbox::macos::seatbelt_profile(&policy) {
+        None => out.push_str("(no profile: unrestricted)\n"),
+        Some(profile) => {
+            out.push_str(&profile.text);
+            for (name, path) in &profile.params {
+                out.push_str(&format!("-D{name}={}\n", path.display()));
+            }
+        }
+    }
+    out.replace(&ws.display().to_string(), "$WS")
+}
+
+#[test]
+fn read_only_profile_golden() {
+    let (_dir, ws) = workspace();
+    let spec = SandboxSpec::named("read-only", Some(ws.clone()));
+    golden("read-only.txt", &render(&spec, &ws));
+}
+
+#[test]
+fn workspace_write_profile_golden() {
+    let (_dir, ws) = workspace();
+    let spec = SandboxSpec::named("workspace-write", Some(ws.clone()));
+    golden("workspace-write.txt", &render(&spec, &ws));
+}
+
+#[test]
+fn danger_full_access_profile_golden() {
+    let (_dir, ws) = workspace();
+    let spec = SandboxSpec::named("danger-full-access", Some(ws.clone()));
+    golden("danger-full-access.txt", &render(&spec, &ws));
+}
+
+#[test]
+fn permissions_profile_with_deny_golden() {
+    let (_dir, ws) = workspace();
+    std::fs::create_dir(ws.join("secrets")).unwrap();
+    std::fs::write(ws.join("secrets/key.pem"), "").unwrap();
+    let json = serde_json::json!({
+        "permissions": {"type": "managed", "network": "enabled", "file_system": {
+            "type": "restricted", "entries": [
+                {"path": {"type": "special", "value": {"kind": "minimal"}}, "access": "read"},
+                {"path": {"type": "special", "value": {"kind": "project_roots"}}, "access": "write"},
+                {"path": {"type": "glob_pattern", "pattern": "**/*.pem"}, "access": "deny"}
+            ]}},
+        "cwd": ws.display().to_string(),
+    });
+    let spec: SandboxSpec = serde_json::from_value(json).unwrap();
+    golden("permissions-deny.txt", &render(&spec, &ws));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn seccomp_rule_lists_golden() {
+    use sandbox::linux::seccomp;
+    let off = seccomp::render(&seccomp::filters_for(false).unwrap());
+    let on = seccomp::render(&seccomp::filters_for(true).unwrap());
+    golden(
+        "seccomp-network-off.txt",
+        &format!("x32_guard (x86_64): kill foreign arch, EPERM nr >= 0x40000000\n{off}"),
+    );
+    golden(
+        "seccomp-network-on.txt",
+        &format!("x32_guard (x86_64): kill foreign arch, EPERM nr >= 0x40000000\n{on}"),
+    );
+}
