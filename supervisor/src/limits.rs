@@ -41,11 +41,11 @@ pub const TERMINATE_GRACE: Duration = Duration::from_secs(2);
 pub const CLOSED_PROCESS_RETENTION: Duration = Duration::from_secs(30);
 /// How long a detached session (its connection lost) keeps its processes for a resume.
 pub const DETACHED_SESSION_TTL: Duration = Duration::from_secs(30);
+/// Largest `fs/readBlock` (1 MiB).
+pub use fs_helper::READ_BLOCK_MAX_BYTES;
 /// Largest file `fs/readFile` returns (32 MiB); larger files are read with `fs/open` +
 /// `fs/readBlock`. Defined by the fs-helper library, which enforces it.
 pub use fs_helper::READ_FILE_MAX_BYTES;
-/// Largest `fs/readBlock` (1 MiB).
-pub use fs_helper::READ_BLOCK_MAX_BYTES;
 /// Open `fs/open` handles per connection.
 pub const MAX_OPEN_HANDLES: usize = 128;
 /// Longest `handleId`, in bytes.

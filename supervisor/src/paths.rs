@@ -10,6 +10,8 @@ pub struct ExecServerRuntimePaths {
     pub fs_helper: PathBuf,
     /// The `sandbox-run` binary (sandboxed spawns).
     pub sandbox_run: PathBuf,
+    /// The `exec-guardian` binary (kills the server's process groups if the server dies).
+    pub guardian: PathBuf,
 }
 
 /// Why the helper paths could not be determined.
@@ -29,6 +31,7 @@ impl ExecServerRuntimePaths {
         Self {
             fs_helper: dir.join("fs-helper"),
             sandbox_run: dir.join("sandbox-run"),
+            guardian: dir.join("exec-guardian"),
         }
     }
 
@@ -46,8 +49,12 @@ impl ExecServerRuntimePaths {
     ///
     /// # Errors
     /// [`RuntimePathsError::Relative`] for a relative path.
-    pub fn new(fs_helper: PathBuf, sandbox_run: PathBuf) -> Result<Self, RuntimePathsError> {
-        for path in [&fs_helper, &sandbox_run] {
+    pub fn new(
+        fs_helper: PathBuf,
+        sandbox_run: PathBuf,
+        guardian: PathBuf,
+    ) -> Result<Self, RuntimePathsError> {
+        for path in [&fs_helper, &sandbox_run, &guardian] {
             if !path.is_absolute() {
                 return Err(RuntimePathsError::Relative(path.clone()));
             }
@@ -55,6 +62,7 @@ impl ExecServerRuntimePaths {
         Ok(Self {
             fs_helper,
             sandbox_run,
+            guardian,
         })
     }
 }

@@ -9,6 +9,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::limits::{DETACHED_SESSION_TTL, MAX_CONNECTIONS};
 use crate::listen::{ExecServerListenUrlParseError, ListenAddress};
 use crate::paths::ExecServerRuntimePaths;
+use crate::process::guardian::Guardian;
 use crate::session::SessionRegistry;
 use crate::transport::{BindError, Listener};
 
@@ -63,6 +64,16 @@ pub enum ExecServerError {
     /// Signal handler installation failed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// The guardian could not start.
+    #[error(
+        "cannot start the guardian helper {path}: {source}; it must sit next to exec-server (or in --helper-dir)"
+    )]
+    Guardian {
+        /// Where it was expected.
+        path: PathBuf,
+        /// The spawn error.
+        source: std::io::Error,
+    },
     /// Writing the URL to stdout failed.
     #[error("cannot print the listen URL: {0}")]
     Stdout(std::io::Error),
@@ -80,6 +91,8 @@ pub struct ServerState {
     pub connection_slots: Arc<Semaphore>,
     /// True once shutdown started.
     pub shutdown: watch::Receiver<bool>,
+    /// Kills our process groups if the server dies.
+    pub guardian: Arc<Guardian>,
 }
 
 /// A bound server, not yet serving.
@@ -106,6 +119,16 @@ impl BoundServer {
             return Err(ExecServerError::TokenRequired(options.listen_url.clone()));
         }
         let listener = Listener::bind(&address).await?;
+        crate::process::sys::prepare_server_descriptors();
+        let guardian = match Guardian::start(&options.runtime_paths.guardian) {
+            Ok(guardian) => Arc::new(guardian),
+            Err(source) => {
+                return Err(ExecServerError::Guardian {
+                    path: options.runtime_paths.guardian.clone(),
+                    source,
+                });
+            }
+        };
         let (shutdown, shutdown_rx) = watch::channel(false);
         let state = Arc::new(ServerState {
             sessions: Arc::new(SessionRegistry::new(options.detached_session_ttl)),
@@ -113,6 +136,7 @@ impl BoundServer {
             auth_token,
             connection_slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             shutdown: shutdown_rx,
+            guardian,
         });
         Ok(Self {
             listener,

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use base64::Engine;
 use nix::sys::signal::Signal;
-use portable_pty::PtySize;
 use proto::methods::process::{
     OutputChunk, ReadParams, ReadResult, ResizeParams, RunningResult, SignalName, SignalParams,
     StartParams, StartResult, TerminateParams, WriteParams, WriteResult,
 };
 
 use super::ProcessError;
+use super::guardian::Guardian;
 use super::managed::{ManagedProcess, Stdin};
 use super::pump::{self, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
@@ -23,7 +23,11 @@ use crate::session::Session;
 ///
 /// # Errors
 /// See [`ProcessError`].
-pub async fn start(session: &Session, params: StartParams) -> Result<StartResult, ProcessError> {
+pub async fn start(
+    session: &Session,
+    guardian: &Arc<Guardian>,
+    params: StartParams,
+) -> Result<StartResult, ProcessError> {
     if params.argv.is_empty() {
         return Err(ProcessError::InvalidParams(
             "argv must not be empty; pass at least the program".into(),
@@ -39,7 +43,8 @@ pub async fn start(session: &Session, params: StartParams) -> Result<StartResult
         ));
     }
     let cwd = params.cwd.as_path().to_path_buf();
-    match tokio::fs::metadata(&cwd).await {
+    // A stat of a local directory is quick enough to do inline (no blocking-pool hop).
+    match std::fs::metadata(&cwd) {
         Err(_) => return Err(ProcessError::CwdMissing { path: cwd }),
         Ok(metadata) if !metadata.is_dir() => {
             return Err(ProcessError::CwdNotDirectory { path: cwd });
@@ -47,11 +52,11 @@ pub async fn start(session: &Session, params: StartParams) -> Result<StartResult
         Ok(_) => {}
     }
     let reservation = session.processes.reserve(&params.process_id)?;
-    let pty = params.tty.then(|| PtySize {
-        rows: params.rows.unwrap_or(DEFAULT_PTY_ROWS),
-        cols: params.cols.unwrap_or(DEFAULT_PTY_COLS),
-        pixel_width: 0,
-        pixel_height: 0,
+    let pty = params.tty.then(|| {
+        (
+            params.cols.unwrap_or(DEFAULT_PTY_COLS),
+            params.rows.unwrap_or(DEFAULT_PTY_ROWS),
+        )
     });
     let spec = SpawnSpec {
         argv: params.argv,
@@ -62,7 +67,8 @@ pub async fn start(session: &Session, params: StartParams) -> Result<StartResult
         pipe_stdin: params.pipe_stdin,
     };
     let spawned = spawn(&spec)?;
-    let (stdin, pty_control, pump_io) = match spawned.io {
+    guardian.register(spawned.pid);
+    let (stdin, pty_master, pump_io) = match spawned.io {
         ChildIo::Pipes {
             stdin,
             stdout,
@@ -75,11 +81,11 @@ pub async fn start(session: &Session, params: StartParams) -> Result<StartResult
             (stdin, None, PumpIo::Pipes(stdout, stderr))
         }
         ChildIo::Pty(master) => {
-            let io = Arc::new(master.io);
+            let master = Arc::new(master);
             (
-                Stdin::Pty(io.clone()),
-                Some(master.control),
-                PumpIo::Pty(io),
+                Stdin::Pty(master.clone()),
+                Some(master.clone()),
+                PumpIo::Pty(master),
             )
         }
     };
@@ -87,15 +93,16 @@ pub async fn start(session: &Session, params: StartParams) -> Result<StartResult
         params.process_id.clone(),
         spawned.pid,
         stdin,
-        pty_control,
+        pty_master,
     ));
     reservation.fill(process.clone());
     tokio::spawn(pump::run(
         process,
-        spawned.child,
+        spawned.exit,
         pump_io,
         session.attachment.clone(),
         Arc::downgrade(&session.processes),
+        guardian.clone(),
     ));
     Ok(StartResult {
         process_id: params.process_id,
@@ -116,7 +123,6 @@ pub async fn read(session: &Session, params: ReadParams) -> Result<ReadResult, P
     let read = process
         .read(params.after_seq.unwrap_or(0), max_bytes, wait)
         .await;
-    let engine = &base64::engine::general_purpose::STANDARD;
     Ok(ReadResult {
         chunks: read
             .chunks
@@ -124,7 +130,7 @@ pub async fn read(session: &Session, params: ReadParams) -> Result<ReadResult, P
             .map(|chunk| OutputChunk {
                 seq: chunk.seq,
                 stream: chunk.stream,
-                chunk: engine.encode(&chunk.data),
+                chunk: base64_simd::STANDARD.encode_to_string(&chunk.data),
             })
             .collect(),
         next_seq: read.next_seq,

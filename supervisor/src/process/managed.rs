@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use portable_pty::{MasterPty, PtySize};
 use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
-use tokio::process::ChildStdin;
+use tokio::net::unix::pipe;
 use tokio::sync::watch;
 
 use super::ProcessError;
@@ -20,7 +19,7 @@ use crate::limits::{OUTPUT_RETENTION_BYTES, TERMINATE_GRACE, WRITE_ID_MEMORY};
 /// Where `process/write` bytes go.
 pub enum Stdin {
     /// A pipe (`pipeStdin: true`).
-    Pipe(ChildStdin),
+    Pipe(pipe::Sender),
     /// The PTY master.
     Pty(Arc<AsyncFd<OwnedFd>>),
     /// No writable stdin (not requested, or closed).
@@ -33,25 +32,28 @@ pub struct ManagedProcess {
     pub id: String,
     /// OS pid, also the process group id.
     pub pid: i32,
+    /// `id` as a JSON string literal, for notifications written by hand.
+    pub id_json: String,
     log: Mutex<OutputLog>,
     /// Newest event seq; long-polls wait on it.
     events: watch::Sender<u64>,
     stdin: tokio::sync::Mutex<Stdin>,
     write_ids: Mutex<WriteIds>,
-    pty: Option<Mutex<Box<dyn MasterPty + Send>>>,
+    pty: Option<Arc<AsyncFd<OwnedFd>>>,
 }
 
 impl ManagedProcess {
     /// A process that just started.
-    pub fn new(id: String, pid: i32, stdin: Stdin, pty: Option<Box<dyn MasterPty + Send>>) -> Self {
+    pub fn new(id: String, pid: i32, stdin: Stdin, pty: Option<Arc<AsyncFd<OwnedFd>>>) -> Self {
         Self {
+            id_json: serde_json::Value::String(id.clone()).to_string(),
             id,
             pid,
             log: Mutex::new(OutputLog::new(OUTPUT_RETENTION_BYTES)),
             events: watch::channel(0).0,
             stdin: tokio::sync::Mutex::new(stdin),
             write_ids: Mutex::new(WriteIds::default()),
-            pty: pty.map(Mutex::new),
+            pty,
         }
     }
 
@@ -180,15 +182,7 @@ impl ManagedProcess {
                 process_id: self.id.clone(),
             });
         };
-        let size = PtySize {
-            rows,
-            cols,
-            pixel_width: 0,
-            pixel_height: 0,
-        };
-        pty.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .resize(size)
+        super::sys::set_window_size(pty.get_ref(), cols, rows)
             .map_err(|e| ProcessError::Resize(e.to_string()))
     }
 }

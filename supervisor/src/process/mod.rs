@@ -5,12 +5,13 @@
 //! process's log ([`output`]) and notifies the attached connection; after `closed` the process
 //! stays readable for a while, then leaves the table.
 
+pub mod guardian;
 pub mod handlers;
 pub mod managed;
 pub mod output;
 pub mod pump;
 pub mod spawn;
-mod sys;
+pub(crate) mod sys;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;

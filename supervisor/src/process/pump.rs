@@ -3,21 +3,21 @@
 //! stdout, stderr and exit.
 
 use std::os::fd::OwnedFd;
-use std::os::unix::process::ExitStatusExt;
 use std::sync::{Arc, Weak};
 
-use base64::Engine;
+use futures_util::FutureExt;
 use proto::jsonrpc::{Message, Notification};
-use proto::methods::process::{
-    ClosedNotification, ExitedNotification, OutputNotification, OutputStream,
-};
+use proto::methods::process::{ClosedNotification, ExitedNotification, OutputStream};
 use proto::methods::{PROCESS_CLOSED, PROCESS_EXITED, PROCESS_OUTPUT};
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::{Child, ChildStderr, ChildStdout};
+use tokio::net::unix::pipe;
+
+use super::spawn::ExitWaiter;
 
 use super::ProcessTable;
+use super::guardian::Guardian;
 use super::managed::ManagedProcess;
 use crate::limits::{CLOSED_PROCESS_RETENTION, OUTPUT_READ_CHUNK_BYTES};
 use crate::session::Attachment;
@@ -25,7 +25,7 @@ use crate::session::Attachment;
 /// The output side of a child.
 pub enum PumpIo {
     /// stdout and stderr pipes.
-    Pipes(ChildStdout, ChildStderr),
+    Pipes(pipe::Receiver, pipe::Receiver),
     /// The PTY master (shared with stdin writes).
     Pty(Arc<AsyncFd<OwnedFd>>),
 }
@@ -34,10 +34,11 @@ pub enum PumpIo {
 /// remove it from `table`.
 pub async fn run(
     process: Arc<ManagedProcess>,
-    mut child: Child,
+    exit: ExitWaiter,
     io: PumpIo,
     sink: Arc<Attachment>,
     table: Weak<ProcessTable>,
+    guardian: Arc<Guardian>,
 ) {
     let emitter = Emitter {
         process: &process,
@@ -60,8 +61,25 @@ pub async fn run(
                         Some(n) => emitter.output(OutputStream::Stderr, &err_buf[..n]).await,
                         None => err_open = false,
                     },
-                    status = child.wait(), if !exited => {
+                    status = exit.wait(), if !exited => {
                         exited = true;
+                        // Output the child wrote before exiting is already in the pipes: emit it
+                        // first, so `exited` follows it (only later writes by grandchildren can
+                        // still come after `exited`).
+                        while out_open {
+                            match read_some(&mut stdout, &mut out_buf).now_or_never() {
+                                Some(Some(n)) => emitter.output(OutputStream::Stdout, &out_buf[..n]).await,
+                                Some(None) => out_open = false,
+                                None => break,
+                            }
+                        }
+                        while err_open {
+                            match read_some(&mut stderr, &mut err_buf).now_or_never() {
+                                Some(Some(n)) => emitter.output(OutputStream::Stderr, &err_buf[..n]).await,
+                                Some(None) => err_open = false,
+                                None => break,
+                            }
+                        }
                         emitter.exit(status).await;
                     }
                 }
@@ -76,8 +94,15 @@ pub async fn run(
                         Some(n) => emitter.output(OutputStream::Pty, &buf[..n]).await,
                         None => open = false,
                     },
-                    status = child.wait(), if !exited => {
+                    status = exit.wait(), if !exited => {
                         exited = true;
+                        while open {
+                            match read_pty(&master, &mut buf).now_or_never() {
+                                Some(Some(n)) => emitter.output(OutputStream::Pty, &buf[..n]).await,
+                                Some(None) => open = false,
+                                None => break,
+                            }
+                        }
                         emitter.exit(status).await;
                     }
                 }
@@ -85,6 +110,7 @@ pub async fn run(
         }
     }
     emitter.closed().await;
+    guardian.unregister(process.pid);
     tokio::time::sleep(CLOSED_PROCESS_RETENTION).await;
     if let Some(table) = table.upgrade() {
         table.remove_if_same(&process);
@@ -120,28 +146,31 @@ impl Emitter<'_> {
     async fn output(&self, stream: OutputStream, data: &[u8]) {
         let seq = self.process.log().push_output(stream, data.to_vec());
         self.process.publish(seq);
-        let chunk = base64::engine::general_purpose::STANDARD.encode(data);
-        let params = OutputNotification {
-            process_id: self.process.id.clone(),
-            seq,
-            stream,
-            chunk,
+        // Hot path: write the notification text directly (base64 needs no JSON escaping),
+        // instead of building a serde_json::Value and serializing it again.
+        let stream_name = match stream {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+            OutputStream::Pty => "pty",
         };
-        self.send(PROCESS_OUTPUT, &params).await;
+        let mut text = String::with_capacity(data.len() / 3 * 4 + 128 + self.process.id_json.len());
+        text.push_str(r#"{"method":""#);
+        text.push_str(PROCESS_OUTPUT);
+        text.push_str(r#"","params":{"processId":"#);
+        text.push_str(&self.process.id_json);
+        text.push_str(&format!(
+            r#","seq":{seq},"stream":"{stream_name}","chunk":""#
+        ));
+        base64_simd::STANDARD.encode_append(data, &mut text);
+        text.push_str("\"}}");
+        if let Some(sender) = self.sink.sender() {
+            let _ = sender
+                .send(crate::rpc::connection::Outbound::Text(text))
+                .await;
+        }
     }
 
-    async fn exit(&self, status: std::io::Result<std::process::ExitStatus>) {
-        let (code, signal) = match status {
-            Ok(status) => match (status.code(), status.signal()) {
-                (Some(code), _) => (code, None),
-                (None, Some(signal)) => (128 + signal, Some(signal)),
-                (None, None) => (-1, None),
-            },
-            Err(error) => {
-                tracing::warn!(process_id = %self.process.id, %error, "waiting for the child failed");
-                (-1, None)
-            }
-        };
+    async fn exit(&self, (code, signal): (i32, Option<i32>)) {
         let exit = self.process.log().push_exit(code, signal);
         self.process.publish(exit.seq);
         let params = ExitedNotification {

@@ -1,80 +1,206 @@
-//! The only unsafe code of the process module: the hook that runs in the forked child between
-//! `fork` and `execve`. It may only make async-signal-safe calls (raw libc, no allocation).
+//! The raw system calls of the process module, each behind a typed safe wrapper: `posix_spawn`
+//! with its file actions and attributes, `pidfd_open`, the PTY window-size ioctl, and the
+//! one-time descriptor hygiene at server start.
 
-use tokio::process::Command;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// `close_range(2)` flag: mark the range close-on-exec instead of closing it (closing would also
-/// close the pipe std uses to report exec failures, which is already close-on-exec).
+/// `close_range(2)` flag: mark the range close-on-exec instead of closing it.
 const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 
-/// Configure `command` so that its child:
-/// - starts a new session (so it is the leader of its own process group, and signals to the
-///   group reach its whole tree),
-/// - gets SIGKILL if the server dies (`PR_SET_PDEATHSIG`), failing the spawn if the server is
-///   already gone,
-/// - inherits no descriptor beyond 0-2 (everything above is marked close-on-exec),
-/// - when `controlling_tty` is set, makes its stdin (a PTY slave) its controlling terminal.
-pub fn isolate_child(command: &mut Command, controlling_tty: bool) {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs in the child after fork and before exec; it only calls
-    // async-signal-safe libc functions (setsid, prctl, getppid, syscall, fcntl, ioctl), touches
-    // no locks and allocates nothing. `parent` is a plain integer copied into the closure.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) < 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                // The server died between fork and prctl: do not outlive it.
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            if libc::syscall(
-                libc::SYS_close_range,
-                3 as libc::c_uint,
-                libc::c_uint::MAX,
-                CLOSE_RANGE_CLOEXEC,
-            ) < 0
-            {
-                for fd in 3..4096 {
-                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-                }
-            }
-            if controlling_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+/// Signals reset to their default action in every child: the server ignores SIGPIPE (Rust's
+/// runtime does), and a child must not inherit that or any other ignored disposition.
+const SIGNALS_RESET_IN_CHILD: [libc::c_int; 14] = [
+    libc::SIGPIPE,
+    libc::SIGXFSZ,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGHUP,
+    libc::SIGTERM,
+    libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
+    libc::SIGCHLD,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+    libc::SIGWINCH,
+];
+
+/// Once at server start: make sure descriptors 0-2 exist (so no pipe we create later lands on
+/// them) and mark every descriptor above 2 close-on-exec, so nothing the server inherited from
+/// its parent can leak into a child.
+pub fn prepare_server_descriptors() {
+    for fd in 0..=2 {
+        if nix::fcntl::fcntl(borrow(fd), nix::fcntl::FcntlArg::F_GETFD).is_err() {
+            // Opened without O_CLOEXEC on purpose: it takes the lowest free number, `fd`, and
+            // stays open for the life of the server.
+            let _ = nix::fcntl::open(
+                "/dev/null",
+                nix::fcntl::OFlag::O_RDWR,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map(std::mem::forget::<OwnedFd>);
+        }
+    }
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors; it closes
+    // nothing and touches no memory.
+    let _ = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+}
+
+fn borrow(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: only used for fcntl(F_GETFD) probes of 0..=2, which are harmless on a closed number.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+}
+
+/// What `posix_spawn` does in the child before exec, in order.
+pub enum FileAction<'a> {
+    /// `dup2(fd, target)` (the new descriptor is not close-on-exec).
+    Dup(RawFd, RawFd),
+    /// `open(path, O_RDWR)` onto `target`.
+    OpenReadWrite(RawFd, &'a CStr),
+}
+
+/// Spawn `program` with `argv`/`envp` in a new session (`setsid`), with signal mask cleared and
+/// [`SIGNALS_RESET_IN_CHILD`] at their defaults, after changing to `cwd` and applying `actions`.
+/// glibc reports exec failures (missing program, permission) as the return value.
+///
+/// # Errors
+/// The errno of the failed step, as an I/O error.
+pub fn spawn_in_new_session(
+    program: &CStr,
+    argv: &[CString],
+    envp: &[CString],
+    cwd: &CStr,
+    actions: &[FileAction<'_>],
+) -> std::io::Result<libc::pid_t> {
+    let argv_ptrs = null_terminated(argv);
+    let envp_ptrs = null_terminated(envp);
+    let check = |code: libc::c_int| {
+        if code == 0 {
             Ok(())
-        });
+        } else {
+            Err(std::io::Error::from_raw_os_error(code))
+        }
+    };
+    // SAFETY: the file-actions and attribute objects are initialized before use and destroyed
+    // on every path below; all pointers passed (program, argv, envp, cwd, paths) point into
+    // NUL-terminated CStrings that outlive the call; argv/envp arrays end with a null pointer.
+    unsafe {
+        let mut file_actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut attributes: libc::posix_spawnattr_t = std::mem::zeroed();
+        check(libc::posix_spawn_file_actions_init(&mut file_actions))?;
+        if let Err(error) = check(libc::posix_spawnattr_init(&mut attributes)) {
+            libc::posix_spawn_file_actions_destroy(&mut file_actions);
+            return Err(error);
+        }
+        let result =
+            (|| {
+                for action in actions {
+                    match action {
+                        FileAction::Dup(from, to) => check(
+                            libc::posix_spawn_file_actions_adddup2(&mut file_actions, *from, *to),
+                        )?,
+                        FileAction::OpenReadWrite(to, path) => {
+                            check(libc::posix_spawn_file_actions_addopen(
+                                &mut file_actions,
+                                *to,
+                                path.as_ptr(),
+                                libc::O_RDWR,
+                                0,
+                            ))?
+                        }
+                    }
+                }
+                check(libc::posix_spawn_file_actions_addchdir_np(
+                    &mut file_actions,
+                    cwd.as_ptr(),
+                ))?;
+                let mut empty: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut empty);
+                let mut defaults: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut defaults);
+                for signal in SIGNALS_RESET_IN_CHILD {
+                    libc::sigaddset(&mut defaults, signal);
+                }
+                check(libc::posix_spawnattr_setsigmask(&mut attributes, &empty))?;
+                check(libc::posix_spawnattr_setsigdefault(
+                    &mut attributes,
+                    &defaults,
+                ))?;
+                let flags = libc::POSIX_SPAWN_SETSID
+                    | libc::POSIX_SPAWN_SETSIGMASK as libc::c_short
+                    | libc::POSIX_SPAWN_SETSIGDEF as libc::c_short;
+                check(libc::posix_spawnattr_setflags(&mut attributes, flags))?;
+                let mut pid: libc::pid_t = 0;
+                check(libc::posix_spawn(
+                    &mut pid,
+                    program.as_ptr(),
+                    &file_actions,
+                    &attributes,
+                    argv_ptrs.as_ptr(),
+                    envp_ptrs.as_ptr(),
+                ))?;
+                Ok(pid)
+            })();
+        libc::posix_spawnattr_destroy(&mut attributes);
+        libc::posix_spawn_file_actions_destroy(&mut file_actions);
+        result
     }
 }
 
-/// Duplicate a descriptor known only by number (portable-pty exposes its PTY master as a raw fd).
+fn null_terminated(strings: &[CString]) -> Vec<*mut libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr().cast_mut())
+        .chain(std::iter::once(std::ptr::null_mut()))
+        .collect()
+}
+
+/// A pidfd for our child `pid` (readable once it exits).
 ///
 /// # Errors
-/// The `fcntl(F_DUPFD_CLOEXEC)` error.
-pub fn duplicate_raw_fd(raw: std::os::fd::RawFd) -> std::io::Result<std::os::fd::OwnedFd> {
-    // SAFETY: callers pass a descriptor owned by an object that outlives this call; we only
-    // borrow it long enough to duplicate it into a new owned descriptor.
-    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
-    borrowed.try_clone_to_owned()
+/// The `pidfd_open` errno.
+pub fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Set a terminal's window size (`TIOCSWINSZ`).
+///
+/// # Errors
+/// The ioctl errno.
+pub fn set_window_size(terminal: &impl AsRawFd, cols: u16, rows: u16) -> std::io::Result<()> {
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, which points at a live local.
+    if unsafe { libc::ioctl(terminal.as_raw_fd(), libc::TIOCSWINSZ, &size) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Register an owned descriptor with the tokio reactor.
 ///
 /// # Errors
 /// The reactor's registration error.
-pub fn register_async_fd(
-    fd: std::os::fd::OwnedFd,
-) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+pub fn register_async_fd(fd: OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd is a valid open descriptor that stays open, and always reports the same
     // number, for as long as it is owned — here, for the whole life of the AsyncFd.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|error| error.into_parts().1)

@@ -31,6 +31,8 @@ use crate::session::Session;
 pub enum Outbound {
     /// A JSON-RPC message.
     Message(Message),
+    /// A message already serialized (hot-path notifications).
+    Text(String),
     /// Close the websocket with this code and reason, then stop.
     Close(CloseCode, String),
 }
@@ -92,6 +94,7 @@ where
                         continue;
                     }
                 },
+                Outbound::Text(text) => WsMessage::text(text),
                 Outbound::Close(code, reason) => {
                     let _ = sink
                         .send(WsMessage::Close(Some(CloseFrame {

@@ -25,7 +25,10 @@ pub async fn dispatch(
     params: Option<Value>,
 ) -> Result<Value, RpcError> {
     match method {
-        PROCESS_START => to_value(handlers::start(session, parse_params(method, params)?).await?),
+        PROCESS_START => {
+            let guardian = &connection.server.guardian;
+            to_value(handlers::start(session, guardian, parse_params(method, params)?).await?)
+        }
         PROCESS_READ => {
             let params = parse_params(method, params)?;
             let mut closed = connection.closed.clone();

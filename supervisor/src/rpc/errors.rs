@@ -39,7 +39,13 @@ impl From<ProcessError> for RpcError {
                 }
                 _ => (codes::INTERNAL_ERROR, ErrorKind::Io),
             },
-            ProcessError::Spawn(SpawnError::Pty(_)) => (codes::INTERNAL_ERROR, ErrorKind::Io),
+            ProcessError::Spawn(SpawnError::NotFound { .. }) => {
+                (codes::NOT_FOUND, ErrorKind::NotFound)
+            }
+            ProcessError::Spawn(SpawnError::Nul(_)) => {
+                (codes::INVALID_PARAMS, ErrorKind::InvalidParams)
+            }
+            ProcessError::Spawn(SpawnError::Setup { .. }) => (codes::INTERNAL_ERROR, ErrorKind::Io),
         };
         RpcError::new(code, kind, message)
     }

@@ -114,7 +114,7 @@ fn decide(head: &[u8], leftover: Vec<u8>, token: Option<&[u8]>) -> HeadDecision 
         return if path == "/readyz" {
             HeadDecision::Reject {
                 status: "200 OK",
-                body: "ok\n",
+                body: "ok",
             }
         } else {
             HeadDecision::Reject {
@@ -205,7 +205,7 @@ mod tests {
             decision,
             HeadDecision::Reject {
                 status: "200 OK",
-                body: "ok\n"
+                body: "ok"
             }
         );
     }

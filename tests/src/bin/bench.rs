@@ -1,0 +1,312 @@
+//! `bench`: every benchmark of the project, each beside its baseline measured in the same run.
+//!
+//! ```text
+//! cargo run --release -p tests --bin bench -- [--quick] [--write docs/benchmarks.md]
+//! ```
+//! Figures are medians with p10-p90 spreads; ratios compare ours to the baseline. The binaries
+//! measured are the ones next to this executable (build with `cargo build --release --workspace`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+struct Row {
+    figure: String,
+    ours: String,
+    baseline: String,
+    ratio: String,
+    target: String,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn summary_ms(mut samples: Vec<f64>) -> (f64, String) {
+    samples.sort_by(f64::total_cmp);
+    let median = percentile(&samples, 0.5);
+    (
+        median,
+        format!(
+            "{:.2} ms (p10 {:.2}, p90 {:.2})",
+            median,
+            percentile(&samples, 0.1),
+            percentile(&samples, 0.9)
+        ),
+    )
+}
+
+fn bin_dir() -> PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start() -> Server {
+        let mut child = Command::new(bin_dir().join("exec-server"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("exec-server next to bench (cargo build --release --workspace)");
+        let mut line = Vec::new();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut byte = [0u8];
+        while stdout.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        Server {
+            child,
+            url: String::from_utf8(line).unwrap(),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Client {
+    ws: Ws,
+    next_id: u64,
+}
+
+impl Client {
+    async fn connect(url: &str) -> Client {
+        let (ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+        let mut client = Client { ws, next_id: 1 };
+        client
+            .request("initialize", json!({"clientName": "bench"}))
+            .await;
+        client
+    }
+
+    async fn send(&mut self, method: &str, params: Value) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let text = json!({"id": id, "method": method, "params": params}).to_string();
+        self.ws.send(Message::text(text)).await.unwrap();
+        id
+    }
+
+    async fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params).await;
+        loop {
+            let message: Value =
+                serde_json::from_slice(&self.ws.next().await.unwrap().unwrap().into_data())
+                    .unwrap();
+            if message["id"] == json!(id) {
+                assert!(message.get("error").is_none(), "{method} failed: {message}");
+                return message["result"].clone();
+            }
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Frame<'a> {
+    #[serde(borrow)]
+    method: Option<&'a str>,
+    #[serde(borrow)]
+    params: Option<Params<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct Params<'a> {
+    #[serde(borrow)]
+    chunk: Option<&'a str>,
+}
+
+/// Start `argv`, consume notifications until `process/closed`; returns output bytes received.
+async fn run_to_close(client: &mut Client, id: &str, argv: &[&str], decode: &mut Vec<u8>) -> u64 {
+    client
+        .send("process/start", json!({"processId": id, "argv": argv, "cwd": "file:///tmp", "env": {"PATH": "/usr/bin:/bin"}}))
+        .await;
+    let mut bytes = 0u64;
+    loop {
+        let data = client.ws.next().await.unwrap().unwrap().into_data();
+        let frame: Frame = serde_json::from_slice(&data).unwrap();
+        match frame.method {
+            Some("process/output") => {
+                let chunk = frame.params.and_then(|p| p.chunk).unwrap();
+                decode.resize(chunk.len() / 4 * 3 + 3, 0);
+                let out = base64_simd::Out::from_slice(decode.as_mut_slice());
+                bytes += base64_simd::STANDARD
+                    .decode(chunk.as_bytes(), out)
+                    .unwrap()
+                    .len() as u64;
+            }
+            Some("process/closed") => return bytes,
+            _ => {}
+        }
+    }
+}
+
+async fn spawn_round_trip(rows: &mut Vec<Row>, runs: usize) {
+    let server = Server::start();
+    let mut client = Client::connect(&server.url).await;
+    let mut scratch = Vec::new();
+    let mut ours = Vec::new();
+    let mut direct = Vec::new();
+    for run in 0..runs + 10 {
+        let started = Instant::now();
+        run_to_close(
+            &mut client,
+            &format!("true-{run}"),
+            &["/bin/true"],
+            &mut scratch,
+        )
+        .await;
+        let ours_ms = started.elapsed().as_secs_f64() * 1e3;
+        let started = Instant::now();
+        Command::new("/bin/true").status().unwrap();
+        let direct_ms = started.elapsed().as_secs_f64() * 1e3;
+        if run >= 10 {
+            ours.push(ours_ms);
+            direct.push(direct_ms);
+        }
+    }
+    let (ours_median, ours_text) = summary_ms(ours);
+    let (direct_median, direct_text) = summary_ms(direct);
+    rows.push(Row {
+        figure: format!("spawn round trip of /bin/true, start to closed ({runs} runs)"),
+        ours: ours_text,
+        baseline: format!("{direct_text} direct std::process spawn+wait"),
+        ratio: format!("{:.2}x", ours_median / direct_median),
+        target: "<= 1.5x".into(),
+    });
+}
+
+async fn output_throughput(rows: &mut Vec<Row>, mib: u64, runs: usize) {
+    let server = Server::start();
+    let mut client = Client::connect(&server.url).await;
+    let count = format!("{}", mib * 1024 * 1024);
+    let mut scratch = Vec::new();
+    let mut ours = Vec::new();
+    let mut pipe = Vec::new();
+    for run in 0..runs {
+        let started = Instant::now();
+        let bytes = run_to_close(
+            &mut client,
+            &format!("head-{run}"),
+            &["head", "-c", &count, "/dev/zero"],
+            &mut scratch,
+        )
+        .await;
+        assert_eq!(bytes, mib * 1024 * 1024, "every byte must arrive");
+        ours.push(mib as f64 / started.elapsed().as_secs_f64());
+        let started = Instant::now();
+        let mut child = Command::new("head")
+            .args(["-c", &count, "/dev/zero"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut total = 0u64;
+        loop {
+            let n = stdout.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        child.wait().unwrap();
+        assert_eq!(total, mib * 1024 * 1024);
+        pipe.push(mib as f64 / started.elapsed().as_secs_f64());
+    }
+    ours.sort_by(f64::total_cmp);
+    pipe.sort_by(f64::total_cmp);
+    let (ours_median, pipe_median) = (percentile(&ours, 0.5), percentile(&pipe, 0.5));
+    let spread = |v: &[f64]| format!("{:.0}-{:.0}", v[0], v[v.len() - 1]);
+    rows.push(Row {
+        figure: format!(
+            "output throughput, head -c {mib}M /dev/zero to a Rust client ({runs} runs)"
+        ),
+        ours: format!("{ours_median:.0} MiB/s (range {})", spread(&ours)),
+        baseline: format!(
+            "{pipe_median:.0} MiB/s (range {}) plain pipe",
+            spread(&pipe)
+        ),
+        ratio: format!("{:.0}%", 100.0 * ours_median / pipe_median),
+        target: ">= 40%".into(),
+    });
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpu}, {cores} cores, Linux {}", kernel.trim())
+}
+
+fn render(rows: &[Row], command: &str) -> String {
+    let mut out =
+        String::from("| figure | ours | baseline | ratio | target |\n|---|---|---|---|---|\n");
+    for row in rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            row.figure, row.ours, row.baseline, row.ratio, row.target
+        ));
+    }
+    format!(
+        "# Benchmarks\n\nMachine: {}.\nCommand: `{command}`.\n\n{out}",
+        machine()
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let write = args
+        .iter()
+        .position(|a| a == "--write")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let mut rows = Vec::new();
+    spawn_round_trip(&mut rows, if quick { 50 } else { 200 }).await;
+    output_throughput(
+        &mut rows,
+        if quick { 256 } else { 1024 },
+        if quick { 2 } else { 5 },
+    )
+    .await;
+    let command = format!(
+        "cargo run --release -p tests --bin bench --{}",
+        args.iter().map(|a| format!(" {a}")).collect::<String>()
+    );
+    let report = render(&rows, &command);
+    println!("{report}");
+    if let Some(path) = write {
+        std::fs::write(&path, &report).unwrap();
+        eprintln!("wrote {path}");
+    }
+}
