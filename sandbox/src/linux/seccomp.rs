@@ -12,12 +12,42 @@
 //! - `no_network` (`EPERM`, only with the network off): `socket`/`socketpair` of any family
 //!   but `AF_UNIX`. `connect`, `sendmsg` and friends stay allowed: without a non-unix socket
 //!   they can only reach unix sockets (which a helper's `SCM_RIGHTS` needs).
+//!
+//! `build.rs` compiles the JSON to BPF for the target architecture at build time ([`compiled`]);
+//! [`install`] chains `x32_guard` and the compiled filters into one program ([`chain`]) and makes
+//! one `seccomp(2)` call, so nothing is parsed or compiled on the way to `execve`. The JSON is
+//! still parsed by [`filters_for`] for `--explain` and the golden rule lists, and a test checks
+//! that a fresh compile of it equals the embedded bytecode.
 
 use std::collections::BTreeMap;
 
-use seccompiler::{BpfProgram, TargetArch};
+use seccompiler::{BpfProgram, TargetArch, sock_filter};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// BPF compiled from `policies/seccomp/*.json` by `build.rs` for the target architecture:
+/// `(filter name, program)` per filter, in installation order; `None` when seccompiler does not
+/// support the architecture.
+pub mod compiled {
+    use seccompiler::sock_filter;
+
+    /// Named programs in installation order.
+    pub type Programs = &'static [(&'static str, &'static [sock_filter])];
+
+    include!(concat!(env!("OUT_DIR"), "/seccomp_programs.rs"));
+}
+
+/// Most instructions the kernel accepts in one classic-BPF program (`BPF_MAXINSNS`).
+const BPF_MAXINSNS: usize = 4096;
+/// `SECCOMP_RET_ALLOW`.
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+/// Classic-BPF opcode parts used by [`chain`].
+const BPF_CLASS_MASK: u16 = 0x07;
+const BPF_JMP: u16 = 0x05;
+const BPF_RET: u16 = 0x06;
+const BPF_OP_MASK: u16 = 0xf0;
+const BPF_JA: u16 = 0x00;
+const BPF_RET_K: u16 = BPF_RET;
 
 /// `policies/seccomp/restrictions.json`.
 pub const RESTRICTIONS_JSON: &str = include_str!("../../../policies/seccomp/restrictions.json");
@@ -173,30 +203,114 @@ pub fn compile(
         .collect()
 }
 
-/// Installs the filters on the calling thread (the process is single-threaded here).
-/// `no_new_privs` must already be set.
+/// The program [`install`] applies: `x32_guard` (x86_64) and the compiled filters that apply,
+/// chained into one, with the names of its parts.
 ///
 /// # Errors
-/// [`SeccompError`] when a filter cannot be compiled or installed.
-pub fn install(network_allowed: bool) -> Result<Vec<String>, SeccompError> {
-    let arch =
-        TargetArch::try_from(std::env::consts::ARCH).map_err(|err| SeccompError::Install {
-            name: "arch".to_owned(),
-            message: err.to_string(),
-        })?;
-    let mut programs = Vec::new();
+/// [`SeccompError::Install`] when there is no compiled program for this architecture or the
+/// parts cannot be chained.
+pub fn program_for(network_allowed: bool) -> Result<(Vec<String>, BpfProgram), SeccompError> {
+    let unsupported = || SeccompError::Install {
+        name: "arch".to_owned(),
+        message: format!(
+            "no seccomp filters are compiled for {}",
+            std::env::consts::ARCH
+        ),
+    };
+    let mut parts: Vec<(&str, &[sock_filter])> = Vec::new();
     #[cfg(target_arch = "x86_64")]
-    programs.push(("x32_guard".to_owned(), x32_guard()));
-    programs.extend(compile(&filters_for(network_allowed)?, arch)?);
-    let mut installed = Vec::new();
-    for (name, program) in programs {
-        seccompiler::apply_filter(&program).map_err(|err| SeccompError::Install {
-            name: name.clone(),
-            message: err.to_string(),
-        })?;
-        installed.push(name);
+    let guard = x32_guard();
+    #[cfg(target_arch = "x86_64")]
+    parts.push(("x32_guard", &guard));
+    parts.extend_from_slice(compiled::RESTRICTIONS.ok_or_else(unsupported)?);
+    if !network_allowed {
+        parts.extend_from_slice(compiled::NO_NETWORK.ok_or_else(unsupported)?);
     }
-    Ok(installed)
+    let program = chain(&parts)?;
+    Ok((
+        parts.iter().map(|(name, _)| (*name).to_owned()).collect(),
+        program,
+    ))
+}
+
+/// Joins complete programs into one that returns the first action other than allow, taking
+/// the parts in order: every `RET ALLOW` of a part but the last becomes a jump to the start of
+/// the next part. For parts that never both refuse the same call (checked by a test for ours)
+/// this decides exactly as installing them as separate filters, at the cost of one filter.
+///
+/// # Errors
+/// [`SeccompError::Install`] when a part does not end in a constant return, jumps outside
+/// itself, returns a computed value, or the result exceeds `BPF_MAXINSNS`.
+pub fn chain(parts: &[(&str, &[sock_filter])]) -> Result<BpfProgram, SeccompError> {
+    let total: usize = parts.iter().map(|(_, part)| part.len()).sum();
+    if total > BPF_MAXINSNS {
+        return Err(SeccompError::Install {
+            name: "chain".to_owned(),
+            message: format!("{total} instructions exceed BPF_MAXINSNS ({BPF_MAXINSNS})"),
+        });
+    }
+    let mut program = Vec::with_capacity(total);
+    for (index, (name, part)) in parts.iter().enumerate() {
+        let malformed = |message: String| SeccompError::Install {
+            name: (*name).to_owned(),
+            message,
+        };
+        let last_part = index + 1 == parts.len();
+        if part.last().is_none_or(|insn| insn.code != BPF_RET_K) {
+            return Err(malformed("does not end in a constant return".to_owned()));
+        }
+        for (at, insn) in part.iter().enumerate() {
+            let next = at + 1;
+            let class = insn.code & BPF_CLASS_MASK;
+            let targets_inside = match class {
+                BPF_JMP if insn.code & BPF_OP_MASK == BPF_JA => {
+                    usize::try_from(insn.k).is_ok_and(|k| next.saturating_add(k) < part.len())
+                }
+                BPF_JMP => {
+                    next + usize::from(insn.jt) < part.len()
+                        && next + usize::from(insn.jf) < part.len()
+                }
+                _ => true,
+            };
+            if !targets_inside {
+                return Err(malformed(format!(
+                    "instruction {at} jumps outside the filter"
+                )));
+            }
+            if class == BPF_RET && insn.code != BPF_RET_K {
+                return Err(malformed(format!(
+                    "instruction {at} returns a computed value"
+                )));
+            }
+            if insn.code == BPF_RET_K && insn.k == SECCOMP_RET_ALLOW && !last_part {
+                let to_next_part = u32::try_from(part.len() - next)
+                    .map_err(|_| malformed("too long".to_owned()))?;
+                program.push(sock_filter {
+                    code: BPF_JMP | BPF_JA,
+                    jt: 0,
+                    jf: 0,
+                    k: to_next_part,
+                });
+            } else {
+                program.push(insn.clone());
+            }
+        }
+    }
+    Ok(program)
+}
+
+/// Installs the filters on the calling thread (the process is single-threaded here) as one
+/// program, in one `seccomp(2)` call. `no_new_privs` must already be set.
+///
+/// # Errors
+/// [`SeccompError`] when the program cannot be built or installed.
+pub fn install(network_allowed: bool) -> Result<Vec<String>, SeccompError> {
+    let (names, program) = program_for(network_allowed)?;
+    seccompiler::apply_filter(&program).map_err(|err| SeccompError::Install {
+        name: names.join("+"),
+        message: err.to_string(),
+    })?;
+    Ok(names)
 }
 
 /// Kills foreign-architecture syscalls and refuses x32 ones with `EPERM`.
@@ -240,6 +354,169 @@ mod tests {
                 assert_eq!(programs.len(), filters.len());
             }
         }
+    }
+
+    #[test]
+    fn embedded_programs_equal_a_fresh_compile_of_the_json() {
+        let arch = TargetArch::try_from(std::env::consts::ARCH).unwrap();
+        for network in [false, true] {
+            let fresh = compile(&filters_for(network).unwrap(), arch).unwrap();
+            let mut embedded: Vec<(String, BpfProgram)> = Vec::new();
+            for (name, program) in compiled::RESTRICTIONS.unwrap() {
+                embedded.push(((*name).to_owned(), program.to_vec()));
+            }
+            if !network {
+                for (name, program) in compiled::NO_NETWORK.unwrap() {
+                    embedded.push(((*name).to_owned(), program.to_vec()));
+                }
+            }
+            assert_eq!(embedded, fresh, "rebuild: build.rs output is stale");
+        }
+    }
+
+    /// `struct seccomp_data` as the filters see it.
+    struct SeccompData {
+        nr: u32,
+        arch: u32,
+        args: [u64; 6],
+    }
+
+    /// A classic-BPF interpreter for the instructions seccompiler and `x32_guard` emit.
+    fn run_bpf(program: &[sock_filter], data: &SeccompData) -> u32 {
+        let word = |offset: u32| -> u32 {
+            match offset {
+                0 => data.nr,
+                4 => data.arch,
+                16..=63 => {
+                    let arg = data.args[(offset as usize - 16) / 8];
+                    if offset % 8 == 0 {
+                        arg as u32
+                    } else {
+                        (arg >> 32) as u32
+                    }
+                }
+                _ => panic!("load from offset {offset}"),
+            }
+        };
+        let (mut acc, mut pc) = (0u32, 0usize);
+        loop {
+            let insn = &program[pc];
+            pc += 1;
+            let jump = |taken: bool| usize::from(if taken { insn.jt } else { insn.jf });
+            match insn.code {
+                0x20 => acc = word(insn.k),
+                0x54 => acc &= insn.k,
+                0x05 => pc += insn.k as usize,
+                0x15 => pc += jump(acc == insn.k),
+                0x25 => pc += jump(acc > insn.k),
+                0x35 => pc += jump(acc >= insn.k),
+                0x45 => pc += jump(acc & insn.k != 0),
+                0x06 => return insn.k,
+                code => panic!("unexpected opcode {code:#x} at {}", pc - 1),
+            }
+        }
+    }
+
+    /// What the kernel returns for filters installed in this order: the most restrictive
+    /// action wins, the most recently installed one on ties.
+    fn run_stacked(parts: &[(&str, &[sock_filter])], data: &SeccompData) -> u32 {
+        let action = |ret: u32| (ret & 0xffff_0000) as i32;
+        let mut result = SECCOMP_RET_ALLOW;
+        for (_, part) in parts.iter().rev() {
+            let ret = run_bpf(part, data);
+            if action(ret) < action(result) {
+                result = ret;
+            }
+        }
+        result
+    }
+
+    #[test]
+    fn chained_program_decides_like_separately_installed_filters() {
+        const AUDIT_ARCHES: [u32; 4] = [0xc000_003e, 0x4000_0003, 0xc000_00b7, 0xc000_00f3];
+        const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+        let mut values: Vec<u64> = vec![0, 1, 2, 10, 16, 17, 0x5412, 0x541c, 0x5413, u64::MAX];
+        values.extend((11..31).map(|bit| 1u64 << bit)); // every CLONE_NEW* flag and neighbours
+        values.extend([0x5412 | (1 << 32), 1 | (1 << 32), 0x7e02_0000]);
+        let mut arg_sets: Vec<[u64; 6]> = values.iter().map(|v| [*v; 6]).collect();
+        for v in &values {
+            arg_sets.push([*v, 0, 0, 0, 0, 0]);
+            arg_sets.push([0, *v, 0, 0, 0, 0]);
+        }
+        for network in [false, true] {
+            let guard;
+            let mut parts: Vec<(&str, &[sock_filter])> = Vec::new();
+            if cfg!(target_arch = "x86_64") {
+                guard = x32_guard_program();
+                parts.push(("x32_guard", &guard));
+            }
+            parts.extend_from_slice(compiled::RESTRICTIONS.unwrap());
+            if !network {
+                parts.extend_from_slice(compiled::NO_NETWORK.unwrap());
+            }
+            let (names, chained) = program_for(network).unwrap();
+            assert_eq!(names.len(), parts.len());
+            let (mut refused, mut checked) = (0, 0);
+            for arch in AUDIT_ARCHES {
+                for nr in (0..=512).chain((0..=512).map(|nr| nr | X32_SYSCALL_BIT)) {
+                    for args in &arg_sets {
+                        let data = SeccompData {
+                            nr,
+                            arch,
+                            args: *args,
+                        };
+                        let expected = run_stacked(&parts, &data);
+                        assert_eq!(
+                            run_bpf(&chained, &data),
+                            expected,
+                            "arch {arch:#x} nr {nr} args {args:x?} network {network}"
+                        );
+                        refused += usize::from(expected != SECCOMP_RET_ALLOW);
+                        checked += 1;
+                    }
+                }
+            }
+            assert!(refused > 0 && refused < checked, "{refused} of {checked}");
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn x32_guard_program() -> BpfProgram {
+        x32_guard()
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn x32_guard_program() -> BpfProgram {
+        unreachable!("x32_guard exists on x86_64 only")
+    }
+
+    #[test]
+    fn chain_rejects_parts_that_jump_outside_themselves() {
+        let ret_allow = sock_filter {
+            code: BPF_RET_K,
+            jt: 0,
+            jf: 0,
+            k: SECCOMP_RET_ALLOW,
+        };
+        let escaping = [
+            sock_filter {
+                code: 0x15,
+                jt: 1,
+                jf: 0,
+                k: 0,
+            },
+            ret_allow.clone(),
+        ];
+        let ok = [ret_allow.clone()];
+        assert!(chain(&[("escaping", &escaping), ("ok", &ok)]).is_err());
+        let unterminated = [sock_filter {
+            code: 0x20,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        }];
+        assert!(chain(&[("unterminated", &unterminated), ("ok", &ok)]).is_err());
+        assert_eq!(chain(&[("ok", &ok), ("ok", &ok)]).unwrap().len(), 2);
     }
 
     #[test]
