@@ -6,12 +6,13 @@
 //! - [`uri`]: [`uri::FileUri`], the `file:` URI every path on the wire is written as.
 //! - [`methods`]: typed params and results of every method and notification.
 //!
-//! The relay frames of remote mode (protobuf) and the sans-I/O reliable stream will live here too.
+//! - [`relay`]: the relay frames of remote mode (protobuf), the sans-I/O reliable stream and Noise.
 #![forbid(unsafe_code)]
 
 pub mod error;
 pub mod jsonrpc;
 pub mod methods;
+pub mod relay;
 pub mod uri;
 
 pub use error::{ErrorData, ErrorKind, RpcError};

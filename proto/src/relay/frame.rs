@@ -1,0 +1,441 @@
+//! Relay frames: the validated model ([`Frame`]) and its protobuf encoding.
+//!
+//! [`Frame::decode`] checks the encoded size against [`MAX_RELAY_FRAME_BYTES`] before prost sees
+//! a byte, so decoding never allocates more than the frame itself; then every field is checked
+//! (version, stream id, segment index and count, payload sizes).
+
+use prost::Message as _;
+
+use super::limits::{
+    MAX_HANDSHAKE_BYTES, MAX_RELAY_FRAME_BYTES, MAX_RESET_REASON_BYTES, MAX_SEGMENT_PAYLOAD_BYTES,
+    MAX_SEGMENTS_PER_MESSAGE, MAX_STREAM_ID_BYTES, RELAY_PROTOCOL_VERSION,
+};
+use super::pb;
+
+/// One validated relay frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// The stream (non-blank, at most [`MAX_STREAM_ID_BYTES`] of printable ASCII).
+    pub stream_id: String,
+    /// Highest contiguous peer seq received; `None` before seq 0 arrived.
+    pub ack: Option<u64>,
+    /// Bit i acknowledges seq `ack + 1 + i` (`i` when `ack` is `None`).
+    pub ack_bits: u32,
+    /// What the frame carries.
+    pub body: Body,
+}
+
+/// The body of a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// A segment of an application message.
+    Data(Data),
+    /// Only the ack fields.
+    Ack,
+    /// The sender reconnected; its next seq.
+    Resume {
+        /// Next seq the sender will assign.
+        next_seq: u64,
+    },
+    /// The stream is over.
+    Reset {
+        /// Why.
+        reason: String,
+    },
+    /// Keep-alive.
+    Heartbeat,
+    /// A Noise handshake message.
+    Handshake(Vec<u8>),
+}
+
+/// A data segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Data {
+    /// Segment seq (per stream and direction).
+    pub seq: u64,
+    /// 0-based index within the message.
+    pub segment_index: u32,
+    /// Segments in the message (1..=[`MAX_SEGMENTS_PER_MESSAGE`]).
+    pub segment_count: u32,
+    /// Encrypted segment.
+    pub payload: Vec<u8>,
+}
+
+/// Why a frame was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Larger than [`MAX_RELAY_FRAME_BYTES`].
+    #[error("relay frame of {len} bytes exceeds MAX_RELAY_FRAME_BYTES ({MAX_RELAY_FRAME_BYTES})")]
+    TooLarge {
+        /// Encoded size.
+        len: usize,
+    },
+    /// Not a valid protobuf `RelayMessageFrame`.
+    #[error("relay frame is not a valid RelayMessageFrame: {0}")]
+    Decode(String),
+    /// Unsupported version.
+    #[error("relay frame version {got} is not supported (expected {RELAY_PROTOCOL_VERSION})")]
+    Version {
+        /// The version received.
+        got: u32,
+    },
+    /// Empty or whitespace-only stream id.
+    #[error("relay frame has a blank stream_id; every frame names its stream")]
+    BlankStreamId,
+    /// Stream id too long or not printable ASCII.
+    #[error(
+        "relay frame stream_id must be 1..={MAX_STREAM_ID_BYTES} bytes of printable ASCII (got {len} bytes)"
+    )]
+    BadStreamId {
+        /// Its length.
+        len: usize,
+    },
+    /// No body.
+    #[error("relay frame has no body")]
+    MissingBody,
+    /// `segment_count` is 0 or above [`MAX_SEGMENTS_PER_MESSAGE`].
+    #[error("segment_count {count} is outside 1..={MAX_SEGMENTS_PER_MESSAGE}")]
+    SegmentCount {
+        /// The count received.
+        count: u32,
+    },
+    /// `segment_index` not below `segment_count`.
+    #[error("segment_index {index} is out of range for segment_count {count}")]
+    SegmentIndex {
+        /// The index.
+        index: u32,
+        /// The count.
+        count: u32,
+    },
+    /// `segment_index` larger than `seq`, so the message would start before seq 0.
+    #[error("segment_index {index} is larger than seq {seq}")]
+    SegmentBeforeStart {
+        /// The index.
+        index: u32,
+        /// The seq.
+        seq: u64,
+    },
+    /// `seq` is `u64::MAX` (the Noise nonce reserved for rekeying).
+    #[error("seq {0} is out of range")]
+    SeqOutOfRange(u64),
+    /// Data payload too large.
+    #[error(
+        "data payload of {len} bytes exceeds MAX_SEGMENT_PAYLOAD_BYTES ({MAX_SEGMENT_PAYLOAD_BYTES})"
+    )]
+    PayloadTooLarge {
+        /// Its size.
+        len: usize,
+    },
+    /// Handshake payload too large.
+    #[error("handshake payload of {len} bytes exceeds MAX_HANDSHAKE_BYTES ({MAX_HANDSHAKE_BYTES})")]
+    HandshakeTooLarge {
+        /// Its size.
+        len: usize,
+    },
+    /// Reset reason too long.
+    #[error(
+        "reset reason of {len} bytes exceeds MAX_RESET_REASON_BYTES ({MAX_RESET_REASON_BYTES})"
+    )]
+    ReasonTooLong {
+        /// Its size.
+        len: usize,
+    },
+}
+
+/// Check a stream id: non-blank, at most [`MAX_STREAM_ID_BYTES`], printable ASCII.
+///
+/// # Errors
+/// [`FrameError::BlankStreamId`] or [`FrameError::BadStreamId`].
+pub fn validate_stream_id(stream_id: &str) -> Result<(), FrameError> {
+    if stream_id.trim().is_empty() {
+        return Err(FrameError::BlankStreamId);
+    }
+    if stream_id.len() > MAX_STREAM_ID_BYTES || !stream_id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(FrameError::BadStreamId {
+            len: stream_id.len(),
+        });
+    }
+    Ok(())
+}
+
+impl Frame {
+    /// A frame with no acknowledgement fields set.
+    pub fn new(stream_id: impl Into<String>, body: Body) -> Self {
+        Self {
+            stream_id: stream_id.into(),
+            ack: None,
+            ack_bits: 0,
+            body,
+        }
+    }
+
+    /// Decode and validate one binary websocket message.
+    ///
+    /// # Errors
+    /// [`FrameError`] naming the first thing wrong.
+    pub fn decode(bytes: &[u8]) -> Result<Self, FrameError> {
+        if bytes.len() > MAX_RELAY_FRAME_BYTES {
+            return Err(FrameError::TooLarge { len: bytes.len() });
+        }
+        let raw =
+            pb::RelayMessageFrame::decode(bytes).map_err(|e| FrameError::Decode(e.to_string()))?;
+        Self::from_pb(raw)
+    }
+
+    /// Validate a decoded protobuf frame.
+    ///
+    /// # Errors
+    /// [`FrameError`] naming the first thing wrong.
+    pub fn from_pb(raw: pb::RelayMessageFrame) -> Result<Self, FrameError> {
+        use pb::relay_message_frame::Body as B;
+        if raw.version != RELAY_PROTOCOL_VERSION {
+            return Err(FrameError::Version { got: raw.version });
+        }
+        validate_stream_id(&raw.stream_id)?;
+        let body = match raw.body.ok_or(FrameError::MissingBody)? {
+            B::Data(data) => {
+                let count = data.segment_count;
+                if count == 0 || count > MAX_SEGMENTS_PER_MESSAGE {
+                    return Err(FrameError::SegmentCount { count });
+                }
+                if data.segment_index >= count {
+                    return Err(FrameError::SegmentIndex {
+                        index: data.segment_index,
+                        count,
+                    });
+                }
+                if u64::from(data.segment_index) > data.seq {
+                    return Err(FrameError::SegmentBeforeStart {
+                        index: data.segment_index,
+                        seq: data.seq,
+                    });
+                }
+                if data.seq == u64::MAX {
+                    return Err(FrameError::SeqOutOfRange(data.seq));
+                }
+                if data.payload.len() > MAX_SEGMENT_PAYLOAD_BYTES {
+                    return Err(FrameError::PayloadTooLarge {
+                        len: data.payload.len(),
+                    });
+                }
+                Body::Data(Data {
+                    seq: data.seq,
+                    segment_index: data.segment_index,
+                    segment_count: count,
+                    payload: data.payload,
+                })
+            }
+            B::AckFrame(_) => Body::Ack,
+            B::Resume(resume) => Body::Resume {
+                next_seq: resume.next_seq,
+            },
+            B::Reset(reset) => {
+                if reset.reason.len() > MAX_RESET_REASON_BYTES {
+                    return Err(FrameError::ReasonTooLong {
+                        len: reset.reason.len(),
+                    });
+                }
+                Body::Reset {
+                    reason: reset.reason,
+                }
+            }
+            B::Heartbeat(_) => Body::Heartbeat,
+            B::Handshake(handshake) => {
+                if handshake.payload.len() > MAX_HANDSHAKE_BYTES {
+                    return Err(FrameError::HandshakeTooLarge {
+                        len: handshake.payload.len(),
+                    });
+                }
+                Body::Handshake(handshake.payload)
+            }
+        };
+        Ok(Self {
+            stream_id: raw.stream_id,
+            ack: raw.ack,
+            ack_bits: raw.ack_bits,
+            body,
+        })
+    }
+
+    /// The protobuf form.
+    pub fn to_pb(&self) -> pb::RelayMessageFrame {
+        use pb::relay_message_frame::Body as B;
+        let body = match &self.body {
+            Body::Data(data) => B::Data(pb::RelayData {
+                seq: data.seq,
+                segment_index: data.segment_index,
+                segment_count: data.segment_count,
+                payload: data.payload.clone(),
+            }),
+            Body::Ack => B::AckFrame(pb::RelayAck {}),
+            Body::Resume { next_seq } => B::Resume(pb::RelayResume {
+                next_seq: *next_seq,
+            }),
+            Body::Reset { reason } => B::Reset(pb::RelayReset {
+                reason: truncate_reason(reason),
+            }),
+            Body::Heartbeat => B::Heartbeat(pb::RelayHeartbeat {}),
+            Body::Handshake(payload) => B::Handshake(pb::RelayHandshake {
+                payload: payload.clone(),
+            }),
+        };
+        pb::RelayMessageFrame {
+            version: RELAY_PROTOCOL_VERSION,
+            stream_id: self.stream_id.clone(),
+            ack: self.ack,
+            ack_bits: self.ack_bits,
+            body: Some(body),
+        }
+    }
+
+    /// Encode for one binary websocket message.
+    pub fn encode(&self) -> Vec<u8> {
+        self.to_pb().encode_to_vec()
+    }
+}
+
+/// Only the stream id of an encoded frame, for routers that must not look further (the
+/// rendezvous). Validates the envelope like [`Frame::decode`].
+///
+/// # Errors
+/// [`FrameError`] as for [`Frame::decode`].
+pub fn route_stream_id(bytes: &[u8]) -> Result<String, FrameError> {
+    Frame::decode(bytes).map(|frame| frame.stream_id)
+}
+
+fn truncate_reason(reason: &str) -> String {
+    if reason.len() <= MAX_RESET_REASON_BYTES {
+        return reason.to_owned();
+    }
+    let mut end = MAX_RESET_REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn data_frame(seq: u64, index: u32, count: u32, payload: usize) -> pb::RelayMessageFrame {
+        Frame::new(
+            "s-1",
+            Body::Data(Data {
+                seq,
+                segment_index: index,
+                segment_count: count,
+                payload: vec![7; payload],
+            }),
+        )
+        .to_pb()
+    }
+
+    #[test]
+    fn every_body_round_trips() {
+        let bodies = [
+            Body::Data(Data {
+                seq: 9,
+                segment_index: 2,
+                segment_count: 3,
+                payload: b"xyz".to_vec(),
+            }),
+            Body::Ack,
+            Body::Resume { next_seq: 41 },
+            Body::Reset {
+                reason: "bye".into(),
+            },
+            Body::Heartbeat,
+            Body::Handshake(vec![1, 2, 3]),
+        ];
+        for body in bodies {
+            let mut frame = Frame::new("0b6f6d5e-4a4e-4d4c-9a1e-7f1f3f5e2a10", body);
+            frame.ack = Some(17);
+            frame.ack_bits = 0x8000_0001;
+            assert_eq!(Frame::decode(&frame.encode()), Ok(frame));
+        }
+    }
+
+    #[test]
+    fn malformed_frames_are_rejected_with_the_reason() {
+        let mut bad_version = data_frame(0, 0, 1, 1);
+        bad_version.version = 2;
+        let mut blank = data_frame(0, 0, 1, 1);
+        blank.stream_id = "  ".into();
+        let mut long_id = data_frame(0, 0, 1, 1);
+        long_id.stream_id = "x".repeat(MAX_STREAM_ID_BYTES + 1);
+        let mut no_body = data_frame(0, 0, 1, 1);
+        no_body.body = None;
+        let cases = [
+            (bad_version, FrameError::Version { got: 2 }),
+            (blank, FrameError::BlankStreamId),
+            (long_id, FrameError::BadStreamId { len: 65 }),
+            (no_body, FrameError::MissingBody),
+            (
+                data_frame(5, 3, 3, 1),
+                FrameError::SegmentIndex { index: 3, count: 3 },
+            ),
+            (
+                data_frame(5, 0, 0, 1),
+                FrameError::SegmentCount { count: 0 },
+            ),
+            (
+                data_frame(5, 0, u32::MAX, 1),
+                FrameError::SegmentCount { count: u32::MAX },
+            ),
+            (
+                data_frame(1, 2, 3, 1),
+                FrameError::SegmentBeforeStart { index: 2, seq: 1 },
+            ),
+            (
+                data_frame(1, 0, 1, MAX_SEGMENT_PAYLOAD_BYTES + 1),
+                FrameError::PayloadTooLarge {
+                    len: MAX_SEGMENT_PAYLOAD_BYTES + 1,
+                },
+            ),
+        ];
+        for (raw, expected) in cases {
+            assert_eq!(Frame::decode(&raw.encode_to_vec()), Err(expected));
+        }
+    }
+
+    #[test]
+    fn oversize_frames_are_refused_before_decoding() {
+        let bytes = vec![0u8; MAX_RELAY_FRAME_BYTES + 1];
+        assert_eq!(
+            Frame::decode(&bytes),
+            Err(FrameError::TooLarge {
+                len: MAX_RELAY_FRAME_BYTES + 1
+            })
+        );
+    }
+
+    #[test]
+    fn garbage_is_a_decode_error_not_a_panic() {
+        for bytes in [&[0xff_u8; 16][..], &[0x12, 0xff, 0xff, 0xff, 0x0f], &[0x08]] {
+            assert!(matches!(Frame::decode(bytes), Err(FrameError::Decode(_))));
+        }
+    }
+
+    #[test]
+    fn long_reset_reasons_are_truncated_on_a_char_boundary() {
+        let frame = Frame::new(
+            "s",
+            Body::Reset {
+                reason: "é".repeat(MAX_RESET_REASON_BYTES),
+            },
+        );
+        let decoded = Frame::decode(&frame.encode());
+        assert!(
+            matches!(decoded, Ok(Frame { body: Body::Reset { ref reason }, .. }) if reason.len() <= MAX_RESET_REASON_BYTES)
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decode_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = Frame::decode(&bytes);
+        }
+    }
+}

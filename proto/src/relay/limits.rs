@@ -1,0 +1,70 @@
+//! Every limit of the relay, with its unit and the reason for it.
+
+use std::time::Duration;
+
+/// The only frame version spoken; others are rejected.
+pub const RELAY_PROTOCOL_VERSION: u32 = 1;
+/// Longest `stream_id`, in bytes (a UUID is 36).
+pub const MAX_STREAM_ID_BYTES: usize = 64;
+/// Largest application message, in bytes: the same as a local websocket message
+/// (`supervisor::limits::MAX_FRAME_BYTES`), so remote mode carries every message local mode does.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Plaintext bytes of one segment. With the segment header and the Noise tag this keeps a
+/// segment's ciphertext under Noise's 65,535-byte message limit.
+pub const MAX_SEGMENT_PLAINTEXT_BYTES: usize = 65_472;
+/// Segment header inside the plaintext: index and count, 4 bytes each (authenticated that way).
+pub const SEGMENT_HEADER_BYTES: usize = 8;
+/// Poly1305 tag appended by every Noise transport message.
+pub const NOISE_TAG_BYTES: usize = 16;
+/// Largest `RelayData.payload`, in bytes.
+pub const MAX_SEGMENT_PAYLOAD_BYTES: usize =
+    MAX_SEGMENT_PLAINTEXT_BYTES + SEGMENT_HEADER_BYTES + NOISE_TAG_BYTES;
+/// Most segments one message may have: enough for [`MAX_MESSAGE_BYTES`], and no more, so an
+/// absurd `segment_count` is refused on sight.
+pub const MAX_SEGMENTS_PER_MESSAGE: u32 =
+    MAX_MESSAGE_BYTES.div_ceil(MAX_SEGMENT_PLAINTEXT_BYTES) as u32;
+/// Largest `RelayHandshake.payload` (an IK message is 96 + payload bytes; ours carry none).
+pub const MAX_HANDSHAKE_BYTES: usize = 1024;
+/// Longest `RelayReset.reason`, in bytes; longer reasons are truncated when sent.
+pub const MAX_RESET_REASON_BYTES: usize = 512;
+/// Largest encoded frame, in bytes: a full segment plus room for the envelope. Checked before
+/// decoding, so a hostile frame costs at most this much memory.
+pub const MAX_RELAY_FRAME_BYTES: usize = MAX_SEGMENT_PAYLOAD_BYTES + 1024;
+
+/// Segments sent and not yet acknowledged, per stream and direction.
+pub const MAX_UNACKED_SEGMENTS: usize = 512;
+/// Bytes of segments sent and not yet acknowledged, per stream and direction: the window that
+/// bounds both the sender's retransmission buffer and the bandwidth-delay product used.
+pub const MAX_UNACKED_BYTES: usize = 8 * 1024 * 1024;
+/// A receiver accepts seqs below `next expected + RECEIVE_WINDOW_SEGMENTS`; later ones are
+/// dropped (the sender never has more in flight).
+pub const RECEIVE_WINDOW_SEGMENTS: u64 = MAX_UNACKED_SEGMENTS as u64;
+/// Bytes a receiver holds out of order, waiting for a gap to fill; past this, new out-of-order
+/// segments are dropped and retransmitted later.
+pub const MAX_OUT_OF_ORDER_BYTES: usize = MAX_UNACKED_BYTES;
+/// Bytes of whole messages received and not yet taken by the application. Past this the
+/// receiver stops accepting in-order segments (the sender retransmits them later): flow control.
+pub const MAX_UNDELIVERED_BYTES: usize = 16 * 1024 * 1024;
+/// Bytes of application messages queued for sending (not yet segmented). Past this
+/// [`crate::relay::ReliableStream::can_accept_message`] is false and the caller waits.
+pub const MAX_SEND_QUEUE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Retransmission timeout before any round trip was measured.
+pub const INITIAL_RTO: Duration = Duration::from_millis(200);
+/// Smallest retransmission timeout (loopback round trips are far shorter; this keeps a delayed
+/// ack from causing a spurious retransmission).
+pub const MIN_RTO: Duration = Duration::from_millis(100);
+/// Largest retransmission timeout, also the cap of the exponential backoff.
+pub const MAX_RTO: Duration = Duration::from_secs(2);
+/// A segment is retransmitted at once when this many later seqs were acknowledged in ack_bits.
+pub const FAST_RETRANSMIT_SACKS: u64 = 3;
+/// An idle stream sends a heartbeat this often.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// A stream that hears nothing from its peer for this long is reset. Longer than a rendezvous
+/// restart, so streams survive one.
+pub const LIVENESS_TIMEOUT: Duration = Duration::from_secs(45);
+/// A handshake not finished within this time fails and the stream is reset.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Segments failing Noise authentication tolerated on one stream (they are dropped as forged or
+/// corrupt); one more resets the stream.
+pub const MAX_AUTH_FAILURES: u32 = 64;

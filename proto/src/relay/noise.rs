@@ -1,0 +1,271 @@
+//! Noise per stream: `Noise_IK_25519_ChaChaPoly_BLAKE2s` through snow's pure-Rust resolver.
+//!
+//! - The environment (responder) has a static keypair; its public half is registered with the
+//!   registry, which hands it to harnesses.
+//! - The harness (initiator) opens each stream with message 1; the environment answers with
+//!   message 2; both switch to transport keys. The prologue binds the environment id and the
+//!   stream id, so a handshake replayed onto another stream or environment fails.
+//! - Transport messages use explicit nonces (snow's stateless transport): nonce = segment seq, so
+//!   retransmitted and reordered segments decrypt, and a segment moved to another seq does not.
+//! - Keys are never formatted: [`StaticKeypair`]'s `Debug` prints only the public key.
+
+use snow::{Builder, HandshakeState, StatelessTransportState};
+
+use super::limits::{MAX_HANDSHAKE_BYTES, MAX_SEGMENT_PAYLOAD_BYTES, NOISE_TAG_BYTES};
+use super::reliability::{CipherError, SegmentCipher};
+
+/// The Noise protocol name.
+pub const NOISE_PARAMS: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";
+/// Length of an X25519 public key.
+pub const PUBLIC_KEY_BYTES: usize = 32;
+
+/// Why a handshake failed (never carries key material).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoiseError {
+    /// snow refused to build a state (bad key length, ...).
+    #[error("cannot set up Noise ({NOISE_PARAMS}): {0}")]
+    Setup(String),
+    /// A handshake message was malformed or failed authentication.
+    #[error("Noise handshake failed: {0}")]
+    Handshake(String),
+    /// The peer's public key has the wrong length.
+    #[error("public key must be {PUBLIC_KEY_BYTES} bytes (got {0})")]
+    PublicKeyLength(usize),
+}
+
+fn setup(error: snow::Error) -> NoiseError {
+    NoiseError::Setup(error.to_string())
+}
+
+fn builder() -> Result<Builder<'static>, NoiseError> {
+    let params = NOISE_PARAMS.parse().map_err(setup)?;
+    Ok(Builder::new(params))
+}
+
+/// An environment's static keypair.
+pub struct StaticKeypair {
+    private: Vec<u8>,
+    public: Vec<u8>,
+}
+
+impl std::fmt::Debug for StaticKeypair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StaticKeypair")
+            .field("public", &hex(&self.public))
+            .field("private", &"<redacted>")
+            .finish()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl StaticKeypair {
+    /// A fresh random keypair.
+    ///
+    /// # Errors
+    /// [`NoiseError::Setup`] when the system random source fails.
+    pub fn generate() -> Result<Self, NoiseError> {
+        let keypair = builder()?.generate_keypair().map_err(setup)?;
+        Ok(Self {
+            private: keypair.private,
+            public: keypair.public,
+        })
+    }
+
+    /// The public key (safe to log and register).
+    pub fn public(&self) -> &[u8] {
+        &self.public
+    }
+}
+
+/// The prologue both sides mix in: binds the environment and the stream.
+pub fn prologue(environment_id: &str, stream_id: &str) -> Vec<u8> {
+    let mut prologue = b"execward relay v1\0".to_vec();
+    prologue.extend_from_slice(environment_id.as_bytes());
+    prologue.push(0);
+    prologue.extend_from_slice(stream_id.as_bytes());
+    prologue
+}
+
+/// The initiator after message 1.
+pub struct Initiator {
+    state: HandshakeState,
+}
+
+impl std::fmt::Debug for Initiator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Initiator { .. }")
+    }
+}
+
+impl Initiator {
+    /// Start a handshake towards `environment_public`; returns the state and message 1.
+    ///
+    /// # Errors
+    /// [`NoiseError`] for a bad public key or a random-source failure.
+    pub fn start(
+        environment_id: &str,
+        stream_id: &str,
+        environment_public: &[u8],
+    ) -> Result<(Self, Vec<u8>), NoiseError> {
+        if environment_public.len() != PUBLIC_KEY_BYTES {
+            return Err(NoiseError::PublicKeyLength(environment_public.len()));
+        }
+        // The harness's static key only completes the IK pattern: harnesses are authorised by
+        // the registry's bearer token, not by key, so a fresh one per stream is enough.
+        let own = StaticKeypair::generate()?;
+        let prologue = prologue(environment_id, stream_id);
+        let mut state = builder()?
+            .local_private_key(&own.private)
+            .and_then(|b| b.remote_public_key(environment_public))
+            .and_then(|b| b.prologue(&prologue))
+            .and_then(|b| b.build_initiator())
+            .map_err(setup)?;
+        let mut message = vec![0u8; MAX_HANDSHAKE_BYTES];
+        let len = state
+            .write_message(&[], &mut message)
+            .map_err(|e| NoiseError::Handshake(e.to_string()))?;
+        message.truncate(len);
+        Ok((Self { state }, message))
+    }
+
+    /// Read message 2 and switch to transport keys.
+    ///
+    /// # Errors
+    /// [`NoiseError::Handshake`] when message 2 does not authenticate.
+    pub fn finish(mut self, message: &[u8]) -> Result<NoiseCipher, NoiseError> {
+        let mut payload = vec![0u8; MAX_HANDSHAKE_BYTES];
+        self.state
+            .read_message(message, &mut payload)
+            .map_err(|e| NoiseError::Handshake(e.to_string()))?;
+        let transport = self
+            .state
+            .into_stateless_transport_mode()
+            .map_err(|e| NoiseError::Handshake(e.to_string()))?;
+        Ok(NoiseCipher(transport))
+    }
+}
+
+/// Answer message 1 as the environment: returns the transport keys and message 2.
+///
+/// # Errors
+/// [`NoiseError::Handshake`] when message 1 does not authenticate (wrong key, wrong prologue,
+/// corrupt bytes).
+pub fn respond(
+    keypair: &StaticKeypair,
+    environment_id: &str,
+    stream_id: &str,
+    message: &[u8],
+) -> Result<(NoiseCipher, Vec<u8>), NoiseError> {
+    let prologue = prologue(environment_id, stream_id);
+    let mut state = builder()?
+        .local_private_key(&keypair.private)
+        .and_then(|b| b.prologue(&prologue))
+        .and_then(|b| b.build_responder())
+        .map_err(setup)?;
+    let mut payload = vec![0u8; MAX_HANDSHAKE_BYTES];
+    state
+        .read_message(message, &mut payload)
+        .map_err(|e| NoiseError::Handshake(e.to_string()))?;
+    let mut reply = vec![0u8; MAX_HANDSHAKE_BYTES];
+    let len = state
+        .write_message(&[], &mut reply)
+        .map_err(|e| NoiseError::Handshake(e.to_string()))?;
+    reply.truncate(len);
+    let transport = state
+        .into_stateless_transport_mode()
+        .map_err(|e| NoiseError::Handshake(e.to_string()))?;
+    Ok((NoiseCipher(transport), reply))
+}
+
+/// Noise transport keys of one stream, used with nonce = seq.
+pub struct NoiseCipher(StatelessTransportState);
+
+impl std::fmt::Debug for NoiseCipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NoiseCipher { .. }")
+    }
+}
+
+impl SegmentCipher for NoiseCipher {
+    fn seal(&mut self, seq: u64, plaintext: &[u8]) -> Result<Vec<u8>, CipherError> {
+        let mut out = vec![0u8; plaintext.len() + NOISE_TAG_BYTES];
+        let len = self
+            .0
+            .write_message(seq, plaintext, &mut out)
+            .map_err(|e| CipherError {
+                seq,
+                reason: e.to_string(),
+            })?;
+        out.truncate(len);
+        Ok(out)
+    }
+
+    fn open(&mut self, seq: u64, ciphertext: &[u8]) -> Result<Vec<u8>, CipherError> {
+        let fail = |reason: String| CipherError { seq, reason };
+        if ciphertext.len() < NOISE_TAG_BYTES || ciphertext.len() > MAX_SEGMENT_PAYLOAD_BYTES {
+            return Err(fail(format!("ciphertext of {} bytes", ciphertext.len())));
+        }
+        let mut out = vec![0u8; ciphertext.len()];
+        let len = self
+            .0
+            .read_message(seq, ciphertext, &mut out)
+            .map_err(|e| fail(e.to_string()))?;
+        out.truncate(len);
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(env: &str, stream: &str) -> (NoiseCipher, NoiseCipher) {
+        let keys = StaticKeypair::generate().unwrap();
+        let (initiator, m1) = Initiator::start(env, stream, keys.public()).unwrap();
+        let (responder, m2) = respond(&keys, env, stream, &m1).unwrap();
+        (initiator.finish(&m2).unwrap(), responder)
+    }
+
+    #[test]
+    fn segments_round_trip_with_seq_as_nonce_in_any_order() {
+        let (mut harness, mut environment) = pair("env", "s1");
+        let sealed: Vec<_> = (0..4)
+            .map(|seq| {
+                harness
+                    .seal(seq, format!("segment {seq}").as_bytes())
+                    .unwrap()
+            })
+            .collect();
+        for seq in [3, 0, 2, 1, 3] {
+            let plain = environment.open(seq, &sealed[seq as usize]).unwrap();
+            assert_eq!(plain, format!("segment {seq}").as_bytes());
+        }
+        // Moved to another seq, a segment does not authenticate.
+        assert!(environment.open(1, &sealed[0]).is_err());
+        // The other direction has its own keys.
+        let back = environment.seal(0, b"reply").unwrap();
+        assert_eq!(harness.open(0, &back).unwrap(), b"reply");
+        assert!(environment.open(0, &back).is_err());
+    }
+
+    #[test]
+    fn a_handshake_for_another_stream_or_key_fails() {
+        let keys = StaticKeypair::generate().unwrap();
+        let (_, m1) = Initiator::start("env", "s1", keys.public()).unwrap();
+        assert!(respond(&keys, "env", "s2", &m1).is_err());
+        assert!(respond(&keys, "other-env", "s1", &m1).is_err());
+        let stranger = StaticKeypair::generate().unwrap();
+        assert!(respond(&stranger, "env", "s1", &m1).is_err());
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_private_key() {
+        let keys = StaticKeypair::generate().unwrap();
+        let shown = format!("{keys:?}");
+        assert!(shown.contains("<redacted>"));
+        assert!(!shown.contains(&hex(&keys.private)));
+    }
+}

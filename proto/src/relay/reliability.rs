@@ -1,0 +1,736 @@
+//! The sans-I/O reliable stream: whole messages in, frames out; frames in, whole messages out,
+//! exactly once and in order, through loss, duplication, reordering and reconnects.
+//!
+//! Rules (see docs/remote.md for the wire view):
+//! - Each direction numbers segments `0, 1, 2, ...`; a message of n bytes becomes
+//!   `max(1, ceil(n / MAX_SEGMENT_PLAINTEXT_BYTES))` segments with contiguous seqs, and the
+//!   receiver finds its start as `seq - segment_index`.
+//! - A segment is sealed by the [`SegmentCipher`] once, when it gets its seq; retransmissions
+//!   resend the same bytes. The plaintext starts with the segment index and count, so a router
+//!   cannot re-label segments.
+//! - Every outbound frame carries the cumulative `ack` and `ack_bits`; an ack-only frame goes
+//!   out when something arrived and nothing else is sent.
+//! - Unacknowledged segments are retransmitted after the retransmission timeout (RFC 6298
+//!   estimate, doubled per attempt up to [`MAX_RTO`]), or at once when
+//!   [`FAST_RETRANSMIT_SACKS`] later seqs were acknowledged.
+//! - Limits: [`MAX_UNACKED_SEGMENTS`] / [`MAX_UNACKED_BYTES`] in flight,
+//!   [`RECEIVE_WINDOW_SEGMENTS`] / [`MAX_OUT_OF_ORDER_BYTES`] held out of order,
+//!   [`MAX_UNDELIVERED_BYTES`] waiting for the application, [`MAX_MESSAGE_BYTES`] per message.
+//!   A segment over a receive limit is dropped unacknowledged and arrives again later.
+//! - Any protocol violation by the peer resets the stream (a `reset` frame goes out).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::frame::{Body, Data, Frame};
+use super::limits::{
+    FAST_RETRANSMIT_SACKS, HEARTBEAT_INTERVAL, INITIAL_RTO, LIVENESS_TIMEOUT, MAX_AUTH_FAILURES,
+    MAX_MESSAGE_BYTES, MAX_OUT_OF_ORDER_BYTES, MAX_RTO, MAX_SEGMENT_PLAINTEXT_BYTES,
+    MAX_SEND_QUEUE_BYTES, MAX_UNACKED_BYTES, MAX_UNACKED_SEGMENTS, MAX_UNDELIVERED_BYTES, MIN_RTO,
+    RECEIVE_WINDOW_SEGMENTS, SEGMENT_HEADER_BYTES,
+};
+
+/// Seals and opens segments; `seq` is the nonce. Implemented by the Noise transport keys
+/// ([`super::noise::NoiseCipher`]) and, for tests and benchmarks, [`PlaintextCipher`].
+pub trait SegmentCipher {
+    /// Encrypt and authenticate one segment.
+    ///
+    /// # Errors
+    /// [`CipherError`] when the cipher refuses (e.g. nonce exhausted).
+    fn seal(&mut self, seq: u64, plaintext: &[u8]) -> Result<Vec<u8>, CipherError>;
+    /// Decrypt and check one segment.
+    ///
+    /// # Errors
+    /// [`CipherError`] when authentication fails.
+    fn open(&mut self, seq: u64, ciphertext: &[u8]) -> Result<Vec<u8>, CipherError>;
+}
+
+/// A cipher refused a segment.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("segment {seq}: {reason}")]
+pub struct CipherError {
+    /// The segment.
+    pub seq: u64,
+    /// What failed (never key material).
+    pub reason: String,
+}
+
+/// No encryption: the identity. For tests and the relay benchmark's baseline only.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PlaintextCipher;
+
+impl SegmentCipher for PlaintextCipher {
+    fn seal(&mut self, _seq: u64, plaintext: &[u8]) -> Result<Vec<u8>, CipherError> {
+        Ok(plaintext.to_vec())
+    }
+    fn open(&mut self, _seq: u64, ciphertext: &[u8]) -> Result<Vec<u8>, CipherError> {
+        Ok(ciphertext.to_vec())
+    }
+}
+
+/// Something the application should know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// The Noise handshake finished ([`super::SecureStream`] only).
+    Established,
+    /// One whole application message.
+    Message(Vec<u8>),
+    /// The stream ended; nothing more will be delivered.
+    Closed {
+        /// Why.
+        reason: String,
+        /// True when the peer sent the reset (or vanished); false when we reset it.
+        by_peer: bool,
+    },
+}
+
+/// Why a message could not be queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    /// The message is larger than [`MAX_MESSAGE_BYTES`].
+    #[error("message of {len} bytes exceeds MAX_MESSAGE_BYTES ({MAX_MESSAGE_BYTES})")]
+    MessageTooLarge {
+        /// Its size.
+        len: usize,
+    },
+    /// [`MAX_SEND_QUEUE_BYTES`] are already queued; wait for [`ReliableStream::can_accept_message`].
+    #[error("send queue full ({MAX_SEND_QUEUE_BYTES} bytes); wait until it drains")]
+    QueueFull,
+    /// The stream is closed.
+    #[error("stream is closed: {0}")]
+    Closed(String),
+    /// Sealing failed.
+    #[error("cannot seal a segment: {0}")]
+    Cipher(#[from] CipherError),
+}
+
+#[derive(Debug)]
+struct InFlight {
+    /// Plaintext bytes (what the window counts).
+    len: usize,
+    index: u32,
+    count: u32,
+    payload: Vec<u8>,
+    first_sent: Instant,
+    retransmit_at: Instant,
+    attempts: u32,
+    fast_retransmitted: bool,
+}
+
+#[derive(Debug)]
+struct Received {
+    index: u32,
+    count: u32,
+    bytes: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Reassembly {
+    start_seq: u64,
+    count: u32,
+    next_index: u32,
+    bytes: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct RttEstimator {
+    srtt: Option<Duration>,
+    rttvar: Duration,
+}
+
+impl RttEstimator {
+    fn rto(&self) -> Duration {
+        match self.srtt {
+            None => INITIAL_RTO,
+            Some(srtt) => (srtt + 4 * self.rttvar).clamp(MIN_RTO, MAX_RTO),
+        }
+    }
+
+    /// RFC 6298 smoothing.
+    fn sample(&mut self, rtt: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(rtt);
+                self.rttvar = rtt / 2;
+            }
+            Some(srtt) => {
+                let delta = srtt.abs_diff(rtt);
+                self.rttvar = (self.rttvar * 3 + delta) / 4;
+                self.srtt = Some((srtt * 7 + rtt) / 8);
+            }
+        }
+    }
+}
+
+/// Counters, for tests and logs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Data segments sent for the first time.
+    pub segments_sent: u64,
+    /// Data segments sent again.
+    pub retransmissions: u64,
+    /// Data segments received that were already received.
+    pub duplicates: u64,
+    /// Data segments dropped by a receive limit.
+    pub dropped_over_limit: u64,
+    /// Data segments that failed authentication.
+    pub auth_failures: u32,
+}
+
+/// One direction pair of a relay stream; see the module docs.
+#[derive(Debug)]
+pub struct ReliableStream<C> {
+    stream_id: String,
+    cipher: C,
+    // Sending.
+    next_seq: u64,
+    send_queue: VecDeque<Vec<u8>>,
+    queued_bytes: usize,
+    head_offset: usize,
+    head_index: u32,
+    in_flight: BTreeMap<u64, InFlight>,
+    in_flight_bytes: usize,
+    next_retransmit: Option<Instant>,
+    rtt: RttEstimator,
+    // Receiving.
+    expected: u64,
+    out_of_order: BTreeMap<u64, Received>,
+    out_of_order_bytes: usize,
+    reassembly: Option<Reassembly>,
+    delivered: VecDeque<Vec<u8>>,
+    delivered_bytes: usize,
+    ack_pending: bool,
+    // Control.
+    control: VecDeque<Body>,
+    closed: Option<String>,
+    events: VecDeque<StreamEvent>,
+    last_sent: Instant,
+    last_received: Instant,
+    stats: StreamStats,
+}
+
+impl<C: SegmentCipher> ReliableStream<C> {
+    /// A fresh stream; `now` starts the heartbeat and liveness clocks.
+    pub fn new(stream_id: impl Into<String>, cipher: C, now: Instant) -> Self {
+        Self {
+            stream_id: stream_id.into(),
+            cipher,
+            next_seq: 0,
+            send_queue: VecDeque::new(),
+            queued_bytes: 0,
+            head_offset: 0,
+            head_index: 0,
+            in_flight: BTreeMap::new(),
+            in_flight_bytes: 0,
+            next_retransmit: None,
+            rtt: RttEstimator {
+                srtt: None,
+                rttvar: Duration::ZERO,
+            },
+            expected: 0,
+            out_of_order: BTreeMap::new(),
+            out_of_order_bytes: 0,
+            reassembly: None,
+            delivered: VecDeque::new(),
+            delivered_bytes: 0,
+            ack_pending: false,
+            control: VecDeque::new(),
+            closed: None,
+            events: VecDeque::new(),
+            last_sent: now,
+            last_received: now,
+            stats: StreamStats::default(),
+        }
+    }
+
+    /// The stream id.
+    pub fn stream_id(&self) -> &str {
+        &self.stream_id
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> StreamStats {
+        self.stats
+    }
+
+    /// Bytes held for receiving: out of order, in reassembly, and delivered but not yet taken.
+    /// Bounded by [`MAX_OUT_OF_ORDER_BYTES`] + [`MAX_MESSAGE_BYTES`] + [`MAX_UNDELIVERED_BYTES`].
+    pub fn buffered_bytes(&self) -> usize {
+        self.out_of_order_bytes
+            + self.reassembly.as_ref().map_or(0, |r| r.bytes.len())
+            + self.delivered_bytes
+    }
+
+    /// True once reset (by either side) or failed.
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_some()
+    }
+
+    /// True when every message queued so far was acknowledged by the peer.
+    pub fn is_idle(&self) -> bool {
+        self.send_queue.is_empty() && self.in_flight.is_empty()
+    }
+
+    /// Whether [`Self::send_message`] would accept a message now.
+    pub fn can_accept_message(&self) -> bool {
+        self.closed.is_none() && self.queued_bytes < MAX_SEND_QUEUE_BYTES
+    }
+
+    /// Queue one application message.
+    ///
+    /// # Errors
+    /// [`StreamError`] when it is too large, the queue is full, or the stream is closed.
+    pub fn send_message(&mut self, message: Vec<u8>) -> Result<(), StreamError> {
+        if let Some(reason) = &self.closed {
+            return Err(StreamError::Closed(reason.clone()));
+        }
+        if message.len() > MAX_MESSAGE_BYTES {
+            return Err(StreamError::MessageTooLarge { len: message.len() });
+        }
+        if self.queued_bytes >= MAX_SEND_QUEUE_BYTES {
+            return Err(StreamError::QueueFull);
+        }
+        self.queued_bytes += message.len();
+        self.send_queue.push_back(message);
+        Ok(())
+    }
+
+    /// The next whole message or state change, if any.
+    pub fn poll_event(&mut self) -> Option<StreamEvent> {
+        if let Some(message) = self.delivered.pop_front() {
+            self.delivered_bytes -= message.len();
+            return Some(StreamEvent::Message(message));
+        }
+        self.events.pop_front()
+    }
+
+    /// Reset the stream from this side; a `reset` frame goes out on the next poll.
+    pub fn reset(&mut self, reason: impl Into<String>) {
+        self.fail(reason.into(), false);
+    }
+
+    /// The rendezvous socket came back: announce our next seq and retransmit everything
+    /// unacknowledged now, with a fresh backoff.
+    pub fn on_reconnect(&mut self, now: Instant) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.control.push_back(Body::Resume {
+            next_seq: self.next_seq,
+        });
+        self.retransmit_all(now);
+    }
+
+    /// Apply one frame from the peer.
+    pub fn handle_frame(&mut self, frame: Frame, now: Instant) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.last_received = now;
+        if let Err(reason) = self.apply_ack(frame.ack, frame.ack_bits, now) {
+            self.fail(reason, false);
+            return;
+        }
+        match frame.body {
+            Body::Data(data) => {
+                if let Err(reason) = self.receive_data(data) {
+                    self.fail(reason, false);
+                }
+            }
+            Body::Resume { next_seq } => {
+                if next_seq < self.expected {
+                    self.fail(
+                        format!(
+                            "peer resumed at seq {next_seq} but seq {} was already received; it lost its state",
+                            self.expected - 1
+                        ),
+                        false,
+                    );
+                    return;
+                }
+                self.ack_pending = true;
+                self.retransmit_all(now);
+            }
+            Body::Reset { reason } => self.fail(reason, true),
+            Body::Ack | Body::Heartbeat | Body::Handshake(_) => {}
+        }
+    }
+
+    /// When [`Self::handle_timeout`] should next run (absent new frames). Call
+    /// [`Self::poll_transmit`] until it returns `None` before sleeping.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.closed.is_some() {
+            return None;
+        }
+        let heartbeat = self.last_sent + HEARTBEAT_INTERVAL;
+        let liveness = self.last_received + LIVENESS_TIMEOUT;
+        let mut next = heartbeat.min(liveness);
+        if let Some(retransmit) = self.next_retransmit {
+            next = next.min(retransmit);
+        }
+        Some(next)
+    }
+
+    /// Check the liveness deadline; retransmissions and heartbeats come out of
+    /// [`Self::poll_transmit`].
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.closed.is_none() && now >= self.last_received + LIVENESS_TIMEOUT {
+            self.fail(
+                format!("liveness timeout: nothing heard from the peer for {LIVENESS_TIMEOUT:?}"),
+                true,
+            );
+        }
+    }
+
+    /// The next frame to send, if any. Every frame carries the current ack and ack_bits.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Frame> {
+        let body = self.next_body(now)?;
+        self.last_sent = now;
+        self.ack_pending = false;
+        let (ack, ack_bits) = self.ack_fields();
+        Some(Frame {
+            stream_id: self.stream_id.clone(),
+            ack,
+            ack_bits,
+            body,
+        })
+    }
+
+    fn next_body(&mut self, now: Instant) -> Option<Body> {
+        if self.closed.is_some() {
+            // Only a pending reset (queued by `fail`) may still go out.
+            return match self.control.pop_front() {
+                Some(body @ Body::Reset { .. }) => Some(body),
+                _ => {
+                    self.control.clear();
+                    None
+                }
+            };
+        }
+        if let Some(body) = self.control.pop_front() {
+            return Some(body);
+        }
+        if let Some(body) = self.due_retransmission(now) {
+            return Some(body);
+        }
+        match self.next_new_segment(now) {
+            Ok(Some(body)) => return Some(body),
+            Ok(None) => {}
+            Err(error) => {
+                self.fail(error.to_string(), false);
+                return self.next_body(now);
+            }
+        }
+        if self.ack_pending {
+            return Some(Body::Ack);
+        }
+        if now >= self.last_sent + HEARTBEAT_INTERVAL {
+            return Some(Body::Heartbeat);
+        }
+        None
+    }
+
+    fn due_retransmission(&mut self, now: Instant) -> Option<Body> {
+        if self.next_retransmit.is_none_or(|at| at > now) {
+            return None;
+        }
+        let rto = self.rtt.rto();
+        let mut found = None;
+        let mut earliest: Option<Instant> = None;
+        for (&seq, segment) in self.in_flight.iter_mut() {
+            if found.is_none() && segment.retransmit_at <= now {
+                segment.attempts += 1;
+                let backoff = rto.saturating_mul(1 << (segment.attempts - 1).min(8));
+                segment.retransmit_at = now + backoff.min(MAX_RTO);
+                found = Some(Body::Data(Data {
+                    seq,
+                    segment_index: segment.index,
+                    segment_count: segment.count,
+                    payload: segment.payload.clone(),
+                }));
+            }
+            earliest =
+                Some(earliest.map_or(segment.retransmit_at, |e| e.min(segment.retransmit_at)));
+        }
+        self.next_retransmit = earliest;
+        if found.is_some() {
+            self.stats.retransmissions += 1;
+        }
+        found
+    }
+
+    fn next_new_segment(&mut self, now: Instant) -> Result<Option<Body>, StreamError> {
+        let Some(head) = self.send_queue.front() else {
+            return Ok(None);
+        };
+        let count = head.len().div_ceil(MAX_SEGMENT_PLAINTEXT_BYTES).max(1);
+        let end = (self.head_offset + MAX_SEGMENT_PLAINTEXT_BYTES).min(head.len());
+        let chunk_len = end - self.head_offset;
+        if self.in_flight.len() >= MAX_UNACKED_SEGMENTS
+            || (self.in_flight_bytes + chunk_len > MAX_UNACKED_BYTES && !self.in_flight.is_empty())
+        {
+            return Ok(None);
+        }
+        // count <= MAX_SEGMENTS_PER_MESSAGE because head.len() <= MAX_MESSAGE_BYTES.
+        let count = u32::try_from(count).unwrap_or(u32::MAX);
+        let index = self.head_index;
+        let mut plaintext = Vec::with_capacity(SEGMENT_HEADER_BYTES + chunk_len);
+        plaintext.extend_from_slice(&index.to_be_bytes());
+        plaintext.extend_from_slice(&count.to_be_bytes());
+        plaintext.extend_from_slice(&head[self.head_offset..end]);
+        let seq = self.next_seq;
+        let payload = self.cipher.seal(seq, &plaintext)?;
+        self.next_seq += 1;
+        if end == head.len() {
+            let len = head.len();
+            self.send_queue.pop_front();
+            self.queued_bytes -= len;
+            self.head_offset = 0;
+            self.head_index = 0;
+        } else {
+            self.head_offset = end;
+            self.head_index += 1;
+        }
+        let retransmit_at = now + self.rtt.rto();
+        self.next_retransmit = Some(
+            self.next_retransmit
+                .map_or(retransmit_at, |at| at.min(retransmit_at)),
+        );
+        self.in_flight_bytes += chunk_len;
+        self.in_flight.insert(
+            seq,
+            InFlight {
+                len: chunk_len,
+                index,
+                count,
+                payload: payload.clone(),
+                first_sent: now,
+                retransmit_at,
+                attempts: 1,
+                fast_retransmitted: false,
+            },
+        );
+        self.stats.segments_sent += 1;
+        Ok(Some(Body::Data(Data {
+            seq,
+            segment_index: index,
+            segment_count: count,
+            payload,
+        })))
+    }
+
+    fn retransmit_all(&mut self, now: Instant) {
+        for segment in self.in_flight.values_mut() {
+            segment.retransmit_at = now;
+            segment.attempts = 1;
+        }
+        if !self.in_flight.is_empty() {
+            self.next_retransmit = Some(now);
+        }
+    }
+
+    fn ack_fields(&self) -> (Option<u64>, u32) {
+        let ack = self.expected.checked_sub(1);
+        let mut bits = 0u32;
+        // Bit i acknowledges expected + i; bit 0 is always clear (expected is missing).
+        for (&seq, _) in self.out_of_order.range(self.expected..self.expected + 32) {
+            bits |= 1 << (seq - self.expected);
+        }
+        (ack, bits)
+    }
+
+    fn apply_ack(&mut self, ack: Option<u64>, bits: u32, now: Instant) -> Result<(), String> {
+        let base = match ack {
+            Some(ack) => {
+                if ack >= self.next_seq {
+                    return Err(format!(
+                        "peer acknowledged seq {ack} but only seqs below {} were sent",
+                        self.next_seq
+                    ));
+                }
+                ack + 1
+            }
+            None => 0,
+        };
+        if bits != 0 {
+            let highest = base + u64::from(31 - bits.leading_zeros());
+            if highest >= self.next_seq {
+                return Err(format!(
+                    "peer acknowledged seq {highest} in ack_bits but only seqs below {} were sent",
+                    self.next_seq
+                ));
+            }
+        }
+        // Cumulative part.
+        while let Some(entry) = self.in_flight.first_entry() {
+            if *entry.key() >= base {
+                break;
+            }
+            let segment = entry.remove();
+            self.acknowledged(&segment, now);
+        }
+        if bits == 0 {
+            return Ok(());
+        }
+        let mut highest_sacked = None;
+        for i in 0..32u64 {
+            if bits & (1 << i) != 0 {
+                let seq = base + i;
+                highest_sacked = Some(seq);
+                if let Some(segment) = self.in_flight.remove(&seq) {
+                    self.acknowledged(&segment, now);
+                }
+            }
+        }
+        if let Some(highest) = highest_sacked {
+            for (&seq, segment) in self.in_flight.range_mut(..highest) {
+                if highest - seq >= FAST_RETRANSMIT_SACKS && !segment.fast_retransmitted {
+                    segment.fast_retransmitted = true;
+                    segment.retransmit_at = now;
+                    self.next_retransmit = Some(now);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn acknowledged(&mut self, segment: &InFlight, now: Instant) {
+        self.in_flight_bytes -= segment.len;
+        if segment.attempts == 1 {
+            self.rtt
+                .sample(now.saturating_duration_since(segment.first_sent));
+        }
+    }
+
+    fn receive_data(&mut self, data: Data) -> Result<(), String> {
+        self.ack_pending = true;
+        let seq = data.seq;
+        if seq < self.expected || self.out_of_order.contains_key(&seq) {
+            self.stats.duplicates += 1;
+            return Ok(());
+        }
+        let over_window = seq >= self.expected + RECEIVE_WINDOW_SEGMENTS;
+        let over_buffer = seq != self.expected
+            && self.out_of_order_bytes + data.payload.len() > MAX_OUT_OF_ORDER_BYTES;
+        let over_undelivered = self.delivered_bytes >= MAX_UNDELIVERED_BYTES;
+        if over_window || over_buffer || over_undelivered {
+            self.stats.dropped_over_limit += 1;
+            return Ok(());
+        }
+        let plaintext = match self.cipher.open(seq, &data.payload) {
+            Ok(plaintext) => plaintext,
+            Err(error) => {
+                self.stats.auth_failures += 1;
+                if self.stats.auth_failures > MAX_AUTH_FAILURES {
+                    return Err(format!(
+                        "more than MAX_AUTH_FAILURES ({MAX_AUTH_FAILURES}) segments failed authentication; last: {error}"
+                    ));
+                }
+                return Ok(());
+            }
+        };
+        let header_ok = plaintext.len() >= SEGMENT_HEADER_BYTES
+            && plaintext[..4] == data.segment_index.to_be_bytes()
+            && plaintext[4..8] == data.segment_count.to_be_bytes();
+        if !header_ok {
+            return Err(format!(
+                "segment {seq}: the authenticated index/count do not match the frame's ({}/{})",
+                data.segment_index, data.segment_count
+            ));
+        }
+        let bytes = plaintext[SEGMENT_HEADER_BYTES..].to_vec();
+        self.out_of_order_bytes += bytes.len();
+        self.out_of_order.insert(
+            seq,
+            Received {
+                index: data.segment_index,
+                count: data.segment_count,
+                bytes,
+            },
+        );
+        while let Some(segment) = self.out_of_order.remove(&self.expected) {
+            self.out_of_order_bytes -= segment.bytes.len();
+            let seq = self.expected;
+            self.expected += 1;
+            self.reassemble(seq, segment)?;
+        }
+        Ok(())
+    }
+
+    fn reassemble(&mut self, seq: u64, segment: Received) -> Result<(), String> {
+        let Some(start_seq) = seq.checked_sub(u64::from(segment.index)) else {
+            return Err(format!(
+                "segment {seq} has index {} beyond its seq",
+                segment.index
+            ));
+        };
+        let mut message = match self.reassembly.take() {
+            None => {
+                if segment.index != 0 {
+                    return Err(format!(
+                        "segment {seq} has index {} but no message is in progress",
+                        segment.index
+                    ));
+                }
+                Reassembly {
+                    start_seq,
+                    count: segment.count,
+                    next_index: 0,
+                    bytes: Vec::new(),
+                }
+            }
+            Some(message) => message,
+        };
+        if segment.index != message.next_index
+            || segment.count != message.count
+            || start_seq != message.start_seq
+        {
+            return Err(format!(
+                "segment {seq} ({}/{}) does not continue the message that started at seq {} ({} segments)",
+                segment.index, segment.count, message.start_seq, message.count
+            ));
+        }
+        if message.bytes.len() + segment.bytes.len() > MAX_MESSAGE_BYTES {
+            return Err(format!(
+                "message starting at seq {} exceeds MAX_MESSAGE_BYTES ({MAX_MESSAGE_BYTES})",
+                message.start_seq
+            ));
+        }
+        if message.next_index == 0 && segment.count == 1 {
+            // Single-segment message: no copy.
+            self.delivered_bytes += segment.bytes.len();
+            self.delivered.push_back(segment.bytes);
+            return Ok(());
+        }
+        message.bytes.extend_from_slice(&segment.bytes);
+        message.next_index += 1;
+        if message.next_index == message.count {
+            self.delivered_bytes += message.bytes.len();
+            self.delivered.push_back(message.bytes);
+        } else {
+            self.reassembly = Some(message);
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, reason: String, by_peer: bool) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.closed = Some(reason.clone());
+        self.control.clear();
+        if !by_peer {
+            self.control.push_back(Body::Reset {
+                reason: reason.clone(),
+            });
+        }
+        self.send_queue.clear();
+        self.in_flight.clear();
+        self.in_flight_bytes = 0;
+        self.out_of_order.clear();
+        self.out_of_order_bytes = 0;
+        self.reassembly = None;
+        self.events
+            .push_back(StreamEvent::Closed { reason, by_peer });
+    }
+}

@@ -1,0 +1,358 @@
+//! One end of a relay stream: the Noise IK handshake in `handshake` frames, then a
+//! [`ReliableStream`] sealed with the transport keys. Sans I/O like the stream itself.
+//!
+//! Handshake reliability: the harness resends message 1 (same bytes) with backoff until message
+//! 2 arrives or [`HANDSHAKE_TIMEOUT`] passes; the environment answers a repeated message 1 with
+//! the same message 2 until the harness proves it has the keys (any other frame arrives).
+//! Messages queued before the handshake finishes wait, within [`MAX_SEND_QUEUE_BYTES`].
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::frame::{Body, Frame};
+use super::limits::{
+    HANDSHAKE_TIMEOUT, INITIAL_RTO, MAX_MESSAGE_BYTES, MAX_RTO, MAX_SEND_QUEUE_BYTES,
+};
+use super::noise::{Initiator, NoiseCipher, NoiseError, StaticKeypair, respond};
+use super::reliability::{ReliableStream, StreamError, StreamEvent};
+
+enum State {
+    Handshaking {
+        initiator: Option<Box<Initiator>>,
+        message: Vec<u8>,
+        next_send: Instant,
+        attempts: u32,
+        deadline: Instant,
+        queued: VecDeque<Vec<u8>>,
+        queued_bytes: usize,
+    },
+    Established {
+        stream: Box<ReliableStream<NoiseCipher>>,
+        /// Responder only: message 1 and our message 2, until the initiator is confirmed.
+        reply: Option<(Vec<u8>, Vec<u8>)>,
+        resend_reply: bool,
+    },
+    Closed {
+        reset: Option<String>,
+    },
+}
+
+/// One end of a relay stream; see the module docs.
+pub struct SecureStream {
+    stream_id: String,
+    state: State,
+    events: VecDeque<StreamEvent>,
+}
+
+impl std::fmt::Debug for SecureStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Handshaking { .. } => "handshaking",
+            State::Established { .. } => "established",
+            State::Closed { .. } => "closed",
+        };
+        f.debug_struct("SecureStream")
+            .field("stream_id", &self.stream_id)
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl SecureStream {
+    /// The harness side: start a handshake towards the environment's public key.
+    ///
+    /// # Errors
+    /// [`NoiseError`] for a bad public key or a random-source failure.
+    pub fn initiate(
+        environment_id: &str,
+        stream_id: &str,
+        environment_public: &[u8],
+        now: Instant,
+    ) -> Result<Self, NoiseError> {
+        let (initiator, message) = Initiator::start(environment_id, stream_id, environment_public)?;
+        Ok(Self {
+            stream_id: stream_id.to_owned(),
+            state: State::Handshaking {
+                initiator: Some(Box::new(initiator)),
+                message,
+                next_send: now,
+                attempts: 0,
+                deadline: now + HANDSHAKE_TIMEOUT,
+                queued: VecDeque::new(),
+                queued_bytes: 0,
+            },
+            events: VecDeque::new(),
+        })
+    }
+
+    /// The environment side: answer the first frame of a new stream, which must carry
+    /// handshake message 1. Message 2 goes out on the next [`Self::poll_transmit`].
+    ///
+    /// # Errors
+    /// [`NoiseError::Handshake`] when the frame is not a valid message 1 for this environment
+    /// and stream; the caller resets the stream.
+    pub fn accept(
+        keypair: &StaticKeypair,
+        environment_id: &str,
+        frame: &Frame,
+        now: Instant,
+    ) -> Result<Self, NoiseError> {
+        let Body::Handshake(message) = &frame.body else {
+            return Err(NoiseError::Handshake(
+                "the first frame of a stream must be a handshake".into(),
+            ));
+        };
+        let (cipher, reply) = respond(keypair, environment_id, &frame.stream_id, message)?;
+        let stream = ReliableStream::new(frame.stream_id.clone(), cipher, now);
+        let mut events = VecDeque::new();
+        events.push_back(StreamEvent::Established);
+        Ok(Self {
+            stream_id: frame.stream_id.clone(),
+            state: State::Established {
+                stream: Box::new(stream),
+                reply: Some((message.clone(), reply)),
+                resend_reply: true,
+            },
+            events,
+        })
+    }
+
+    /// The stream id.
+    pub fn stream_id(&self) -> &str {
+        &self.stream_id
+    }
+
+    /// True once the stream ended.
+    pub fn is_closed(&self) -> bool {
+        match &self.state {
+            State::Closed { .. } => true,
+            State::Established { stream, .. } => stream.is_closed(),
+            State::Handshaking { .. } => false,
+        }
+    }
+
+    /// Responder: true once the initiator showed it holds the transport keys. Initiator: true
+    /// once established.
+    pub fn is_confirmed(&self) -> bool {
+        matches!(&self.state, State::Established { reply: None, .. })
+    }
+
+    /// The reliable stream, once established (for stats).
+    pub fn reliable(&self) -> Option<&ReliableStream<NoiseCipher>> {
+        match &self.state {
+            State::Established { stream, .. } => Some(stream),
+            _ => None,
+        }
+    }
+
+    /// Whether [`Self::send_message`] would accept a message now.
+    pub fn can_accept_message(&self) -> bool {
+        match &self.state {
+            State::Handshaking { queued_bytes, .. } => *queued_bytes < MAX_SEND_QUEUE_BYTES,
+            State::Established { stream, .. } => stream.can_accept_message(),
+            State::Closed { .. } => false,
+        }
+    }
+
+    /// Queue one application message (held until the handshake finishes).
+    ///
+    /// # Errors
+    /// [`StreamError`] as for [`ReliableStream::send_message`].
+    pub fn send_message(&mut self, message: Vec<u8>) -> Result<(), StreamError> {
+        match &mut self.state {
+            State::Handshaking {
+                queued,
+                queued_bytes,
+                ..
+            } => {
+                if message.len() > MAX_MESSAGE_BYTES {
+                    return Err(StreamError::MessageTooLarge { len: message.len() });
+                }
+                if *queued_bytes >= MAX_SEND_QUEUE_BYTES {
+                    return Err(StreamError::QueueFull);
+                }
+                *queued_bytes += message.len();
+                queued.push_back(message);
+                Ok(())
+            }
+            State::Established { stream, .. } => stream.send_message(message),
+            State::Closed { .. } => Err(StreamError::Closed("stream is closed".into())),
+        }
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<StreamEvent> {
+        if let Some(event) = self.events.pop_front() {
+            return Some(event);
+        }
+        match &mut self.state {
+            State::Established { stream, .. } => stream.poll_event(),
+            _ => None,
+        }
+    }
+
+    /// Reset from this side.
+    pub fn reset(&mut self, reason: impl Into<String>) {
+        let reason = reason.into();
+        match &mut self.state {
+            State::Established { stream, .. } => stream.reset(reason),
+            State::Handshaking { .. } => self.close(reason, false),
+            State::Closed { .. } => {}
+        }
+    }
+
+    fn close(&mut self, reason: String, by_peer: bool) {
+        self.state = State::Closed {
+            reset: (!by_peer).then(|| reason.clone()),
+        };
+        self.events
+            .push_back(StreamEvent::Closed { reason, by_peer });
+    }
+
+    /// The socket reconnected: resend what is outstanding now.
+    pub fn on_reconnect(&mut self, now: Instant) {
+        match &mut self.state {
+            State::Handshaking { next_send, .. } => *next_send = now,
+            State::Established {
+                stream,
+                reply,
+                resend_reply,
+            } => {
+                if reply.is_some() {
+                    *resend_reply = true;
+                }
+                stream.on_reconnect(now);
+            }
+            State::Closed { .. } => {}
+        }
+    }
+
+    /// Apply one frame from the peer (its stream id is this stream's).
+    pub fn handle_frame(&mut self, frame: Frame, now: Instant) {
+        match &mut self.state {
+            State::Closed { .. } => {}
+            State::Handshaking {
+                initiator, queued, ..
+            } => match frame.body {
+                Body::Handshake(message) => {
+                    let Some(pending) = initiator.take() else {
+                        return;
+                    };
+                    match pending.finish(&message) {
+                        Ok(cipher) => {
+                            let mut stream =
+                                ReliableStream::new(self.stream_id.clone(), cipher, now);
+                            for message in queued.drain(..) {
+                                // Within limits: checked when queued.
+                                let _ = stream.send_message(message);
+                            }
+                            self.state = State::Established {
+                                stream: Box::new(stream),
+                                reply: None,
+                                resend_reply: false,
+                            };
+                            self.events.push_back(StreamEvent::Established);
+                        }
+                        Err(error) => self.close(error.to_string(), false),
+                    }
+                }
+                Body::Reset { reason } => self.close(reason, true),
+                // Data cannot precede message 2; anything else waits for it.
+                _ => {}
+            },
+            State::Established {
+                stream,
+                reply,
+                resend_reply,
+            } => {
+                if let Body::Handshake(message) = &frame.body {
+                    if let Some((first, _)) = reply {
+                        if first == message {
+                            *resend_reply = true;
+                        }
+                    }
+                    stream.handle_frame(
+                        Frame {
+                            body: Body::Heartbeat,
+                            ..frame
+                        },
+                        now,
+                    );
+                    return;
+                }
+                if !matches!(frame.body, Body::Reset { .. }) {
+                    *reply = None;
+                    *resend_reply = false;
+                }
+                stream.handle_frame(frame, now);
+            }
+        }
+    }
+
+    /// The next frame to send, if any.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Frame> {
+        match &mut self.state {
+            State::Closed { reset } => reset
+                .take()
+                .map(|reason| Frame::new(self.stream_id.clone(), Body::Reset { reason })),
+            State::Handshaking {
+                message,
+                next_send,
+                attempts,
+                ..
+            } => {
+                if now < *next_send {
+                    return None;
+                }
+                *attempts += 1;
+                let backoff = INITIAL_RTO.saturating_mul(1 << (*attempts).min(8));
+                *next_send = now + backoff.min(MAX_RTO);
+                Some(Frame::new(
+                    self.stream_id.clone(),
+                    Body::Handshake(message.clone()),
+                ))
+            }
+            State::Established {
+                stream,
+                reply,
+                resend_reply,
+            } => {
+                if *resend_reply {
+                    *resend_reply = false;
+                    if let Some((_, second)) = reply {
+                        return Some(Frame::new(
+                            self.stream_id.clone(),
+                            Body::Handshake(second.clone()),
+                        ));
+                    }
+                }
+                stream.poll_transmit(now)
+            }
+        }
+    }
+
+    /// When [`Self::handle_timeout`] should next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.state {
+            State::Closed { .. } => None,
+            State::Handshaking {
+                next_send,
+                deadline,
+                ..
+            } => Some((*next_send).min(*deadline)),
+            State::Established { stream, .. } => stream.poll_timeout(),
+        }
+    }
+
+    /// Handshake deadline and liveness.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match &mut self.state {
+            State::Handshaking { deadline, .. } if now >= *deadline => self.close(
+                format!("handshake not finished within {HANDSHAKE_TIMEOUT:?}"),
+                false,
+            ),
+            State::Established { stream, .. } => stream.handle_timeout(now),
+            _ => {}
+        }
+    }
+}
