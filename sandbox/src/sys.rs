@@ -5,6 +5,7 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -98,22 +99,135 @@ pub fn env_keys() -> Vec<OsString> {
     std::env::vars_os().map(|(key, _)| key).collect()
 }
 
-/// Runs `child` in a forked child process, which exits with the returned status without
-/// returning into the caller's code. Returns the child's pid to the parent.
-///
-/// Must only be called while the process is single-threaded (the confinement contract).
-pub fn fork_child(child: impl FnOnce() -> i32) -> io::Result<nix::unistd::Pid> {
-    use nix::unistd::ForkResult;
-    // SAFETY: the caller is single-threaded, so no lock can be held by another thread across
-    // the fork; the child runs `child` and leaves through `_exit` without unwinding back.
-    match unsafe { nix::unistd::fork() } {
-        Ok(ForkResult::Child) => {
-            let status = child();
-            // SAFETY: _exit ends the forked child immediately without running destructors.
-            unsafe { libc::_exit(status) }
+/// Stack of an [`IdMapWriter`]: it makes a handful of raw system calls through libc wrappers
+/// (well under 1 KiB of stack); 64 KiB leaves a wide margin.
+const ID_MAP_WRITER_STACK_BYTES: usize = 64 * 1024;
+
+/// What an [`IdMapWriter`] reads: its end of the go pipe and the files to write, all prepared
+/// before it starts so that it only makes system calls (no allocation, no locks).
+struct IdMapJob {
+    go_read: RawFd,
+    go_write: RawFd,
+    files: Vec<(CString, Vec<u8>)>,
+}
+
+/// A process that shares this one's memory (`CLONE_VM`: no copy of the address space, no
+/// copy-on-write faults afterwards and no teardown on exit, unlike `fork`) but keeps its own
+/// credentials and namespaces. It waits until [`IdMapWriter::finish`] says go, writes each file,
+/// and exits. Used to write the id maps of a user namespace this process has just entered,
+/// which only a process outside it may do for more than one id.
+pub struct IdMapWriter {
+    pid: Option<nix::unistd::Pid>,
+    go: Option<OwnedFd>,
+    // Both must outlive the child, which reads the job and runs on the stack: the child is
+    // always reaped (in `finish` or `Drop`) before they are freed.
+    job: Box<IdMapJob>,
+    stack: Vec<u8>,
+}
+
+/// The writer's entry point; see [`IdMapWriter`]. Exit status 0: every file written in full.
+extern "C" fn id_map_writer_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `IdMapJob` boxed in the `IdMapWriter`, which reaps this process
+    // before freeing it; the job is only read.
+    let job = unsafe { &*arg.cast::<IdMapJob>() };
+    let mut go = 0u8;
+    // SAFETY: raw system calls on descriptors and buffers that are valid for the duration of
+    // each call. This process shares the parent's memory and thread-local storage, so it calls
+    // only async-signal-safe libc wrappers that neither allocate nor take locks.
+    unsafe {
+        // Close the copy of the write end, so a parent that goes away reads as "no".
+        libc::close(job.go_write);
+        if libc::read(job.go_read, (&raw mut go).cast(), 1) != 1 || go != 1 {
+            return 2;
         }
-        Ok(ForkResult::Parent { child }) => Ok(child),
-        Err(errno) => Err(errno.into()),
+        for (path, content) in &job.files {
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return 1;
+            }
+            let written = libc::write(fd, content.as_ptr().cast(), content.len());
+            libc::close(fd);
+            if usize::try_from(written).ok() != Some(content.len()) {
+                return 1;
+            }
+        }
+    }
+    0
+}
+
+impl IdMapWriter {
+    /// Starts the writer for `files` (`(path, content)`); it waits for [`Self::finish`].
+    ///
+    /// Must only be called while the process is single-threaded (the confinement contract).
+    ///
+    /// # Errors
+    /// The OS error of `pipe2(2)` or `clone(2)`.
+    pub fn start(files: Vec<(CString, Vec<u8>)>) -> io::Result<Self> {
+        let (go_read, go_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let mut writer = Self {
+            pid: None,
+            go: None,
+            job: Box::new(IdMapJob {
+                go_read: go_read.as_raw_fd(),
+                go_write: go_write.as_raw_fd(),
+                files,
+            }),
+            stack: vec![0u8; ID_MAP_WRITER_STACK_BYTES],
+        };
+        // The stack grows down from the (16-byte aligned) end of the buffer.
+        let top = writer.stack.as_mut_ptr_range().end;
+        let top = top.wrapping_sub(top as usize % 16);
+        let job: *const IdMapJob = &*writer.job;
+        // SAFETY: the child runs `id_map_writer_main` on `stack`, which is ours alone and is
+        // kept alive, like `job`, until the child has been reaped (`finish`/`Drop`). Without
+        // CLONE_THREAD/CLONE_FILES/CLONE_FS it is a separate process with its own descriptor
+        // table and credentials; SIGCHLD makes it reapable with waitpid. glibc gives a CLONE_VM
+        // child no rseq or robust-list registration of its own, so it cannot disturb ours.
+        let pid = unsafe {
+            libc::clone(
+                id_map_writer_main,
+                top.cast(),
+                libc::CLONE_VM | libc::SIGCHLD,
+                job.cast_mut().cast(),
+            )
+        };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        drop(go_read);
+        writer.pid = Some(nix::unistd::Pid::from_raw(pid));
+        writer.go = Some(go_write);
+        Ok(writer)
+    }
+
+    /// Tells the writer to write the files (`write`) or to exit without touching them, and
+    /// waits for it. Returns whether every file was written in full.
+    ///
+    /// # Errors
+    /// The OS error of `waitpid(2)`.
+    pub fn finish(&mut self, write: bool) -> io::Result<bool> {
+        use nix::sys::wait::{WaitStatus, waitpid};
+        if let Some(go) = self.go.take() {
+            let _ = nix::unistd::write(&go, &[u8::from(write)]);
+        }
+        let Some(pid) = self.pid.take() else {
+            return Ok(false);
+        };
+        loop {
+            match waitpid(pid, None) {
+                Ok(status) => return Ok(write && matches!(status, WaitStatus::Exited(_, 0))),
+                Err(nix::errno::Errno::EINTR) => {}
+                // Only ECHILD is possible for our own child: SIGCHLD is ignored, so the kernel
+                // reaped it when it exited. Either way it no longer runs on `stack`.
+                Err(errno) => return Err(errno.into()),
+            }
+        }
+    }
+}
+
+impl Drop for IdMapWriter {
+    fn drop(&mut self) {
+        let _ = self.finish(false);
     }
 }
 

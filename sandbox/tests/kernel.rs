@@ -293,3 +293,34 @@ fn setuid_programs_do_not_gain_privilege() {
         "{sandboxed:?}"
     );
 }
+
+#[test]
+fn user_namespace_maps_every_id_for_root_and_only_its_own_otherwise() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let maps = ["/proc/self/uid_map", "/proc/self/gid_map"];
+        let out = sandbox_run(WW, &["/bin/cat", maps[0], maps[1]], uid, &fx.ws);
+        assert!(out.status.success(), "{out:?}");
+        let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect();
+        let (own_uid, own_gid) = match uid {
+            Some(id) => (id, id),
+            None => (
+                nix::unistd::getuid().as_raw(),
+                nix::unistd::getgid().as_raw(),
+            ),
+        };
+        let expected = if own_uid == 0 {
+            // Written from outside the namespace: every id, mapped onto itself.
+            vec!["0 0 4294967295".to_owned(); 2]
+        } else {
+            vec![
+                format!("{own_uid} {own_uid} 1"),
+                format!("{own_gid} {own_gid} 1"),
+            ]
+        };
+        assert_eq!(lines, expected, "as {uid:?}");
+    }
+}

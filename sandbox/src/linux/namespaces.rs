@@ -10,6 +10,7 @@
 //! mounts are applied shallowest first so deeper rules override; the caller re-enters its cwd
 //! afterwards, because the old cwd still points at the mount that is now covered.
 
+use std::ffi::CString;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
@@ -174,7 +175,7 @@ pub fn enter(policy: &ResolvedPolicy) -> Result<NamespaceReport, NamespaceError>
             }
             Err(RootUnshare::Map(source)) => {
                 return Err(NamespaceError::IdMap {
-                    file: "/proc/PID/uid_map (written by a forked helper)",
+                    file: "/proc/PID/{uid_map,gid_map} (written from outside the namespace)",
                     source,
                 });
             }
@@ -207,35 +208,30 @@ fn write_own_id_maps(uid: u32, gid: u32) -> std::io::Result<()> {
 
 /// Root maps the whole id range onto itself, so files of every owner keep their owner and
 /// root's capabilities count only inside the namespace. A process inside the new namespace
-/// lacks CAP_SETUID in the parent one, so a forked child that stays outside writes the maps
-/// (what `newuidmap` does), after the parent has unshared.
+/// lacks CAP_SETUID in the parent one, so a writer that stays outside writes the maps (what
+/// `newuidmap` does), after this process has unshared. The writer shares this process's memory
+/// ([`sys::IdMapWriter`]) rather than being forked: a fork copies the page tables, makes every
+/// page this process writes afterwards fault, and tears the copy down again.
 fn unshare_as_root(flags: CloneFlags) -> Result<(), RootUnshare> {
+    const FULL_RANGE: &[u8] = b"0 0 4294967295\n";
     let parent = nix::unistd::getpid();
-    let (ready_read, ready_write) = nix::unistd::pipe().map_err(|e| RootUnshare::Map(e.into()))?;
-    let child = sys::fork_child(|| {
-        let mut byte = [0u8; 1];
-        if !matches!(nix::unistd::read(&ready_read, &mut byte), Ok(1)) || byte[0] != 1 {
-            return 2;
-        }
-        let full = "0 0 4294967295\n";
-        let written = std::fs::write(format!("/proc/{parent}/uid_map"), full)
-            .and_then(|()| std::fs::write(format!("/proc/{parent}/gid_map"), full));
-        i32::from(written.is_err())
-    })
-    .map_err(RootUnshare::Map)?;
-    drop(ready_read);
+    let map_file = |name: &str| {
+        CString::new(format!("/proc/{parent}/{name}"))
+            .map(|path| (path, FULL_RANGE.to_vec()))
+            .map_err(|err| RootUnshare::Map(err.into()))
+    };
+    let files = vec![map_file("uid_map")?, map_file("gid_map")?];
+    let mut writer = sys::IdMapWriter::start(files).map_err(RootUnshare::Map)?;
     let unshared = unshare(flags);
-    // 1: go ahead; 0: unshare failed, exit without touching any map.
-    let go = u8::from(unshared.is_ok());
-    let _ = nix::unistd::write(&ready_write, &[go]);
-    drop(ready_write);
-    let status = nix::sys::wait::waitpid(child, None).map_err(|e| RootUnshare::Map(e.into()))?;
+    // Write the maps only if the unshare succeeded; otherwise the writer exits untouched.
+    let written = writer.finish(unshared.is_ok()).map_err(RootUnshare::Map)?;
     unshared.map_err(RootUnshare::Unshare)?;
-    match status {
-        nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
-        other => Err(RootUnshare::Map(std::io::Error::other(format!(
-            "map writer ended with {other:?}"
-        )))),
+    if written {
+        Ok(())
+    } else {
+        Err(RootUnshare::Map(std::io::Error::other(
+            "the id-map writer did not write both maps",
+        )))
     }
 }
 
