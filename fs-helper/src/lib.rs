@@ -17,10 +17,12 @@
 #![forbid(unsafe_code)]
 
 mod error;
+pub mod helper;
 mod open;
 mod ops;
 #[cfg(test)]
 mod test_support;
+pub mod wire;
 
 pub use error::{FsError, FsErrorKind, FsOperation};
 pub use ops::copy::copy;

@@ -48,6 +48,10 @@ pub struct Cli {
     /// Extra writable root (repeatable); .git/.agents/.codex inside stay read-only.
     #[arg(long = "writable-root", value_name = "DIR")]
     pub writable_roots: Vec<PathBuf>,
+    /// Extra path to deny (masked by the namespace layer, refused by Landlock); repeatable.
+    /// exec-server passes its own unix socket here so sandboxed commands cannot reach it.
+    #[arg(long = "deny", value_name = "PATH")]
+    pub denies: Vec<PathBuf>,
     /// Allow network access.
     #[arg(long)]
     pub allow_network: bool,
@@ -136,6 +140,11 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<ResolvedPolicy, RunError> {
     }
     if cli.allow_network {
         policy = policy.with_network(true);
+    }
+    if policy.restricts_filesystem() {
+        for path in &cli.denies {
+            policy = policy.with_denied_path(&absolute(path));
+        }
     }
     Ok(policy)
 }

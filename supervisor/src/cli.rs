@@ -30,6 +30,11 @@ pub struct Cli {
     #[arg(long, value_name = "DIR")]
     pub helper_dir: Option<PathBuf>,
 
+    /// Start a fresh fs-helper process for every sandboxed filesystem request instead of
+    /// reusing pooled helpers (slower; for comparison and for the paranoid).
+    #[arg(long)]
+    pub one_shot_helpers: bool,
+
     /// Seconds a detached session (its connection lost) keeps its processes for a resume.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::limits::DETACHED_SESSION_TTL.as_secs_f64())]
     pub detached_session_ttl: f64,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
 
+use crate::fs::helpers::HelperPool;
 use crate::limits::{DETACHED_SESSION_TTL, MAX_CONNECTIONS};
 use crate::listen::{ExecServerListenUrlParseError, ListenAddress};
 use crate::paths::ExecServerRuntimePaths;
@@ -24,6 +25,8 @@ pub struct ServerOptions {
     pub auth_token_file: Option<PathBuf>,
     /// How long detached sessions keep their processes.
     pub detached_session_ttl: Duration,
+    /// Start a fresh fs-helper for every sandboxed filesystem request instead of pooling.
+    pub one_shot_helpers: bool,
 }
 
 impl ServerOptions {
@@ -34,6 +37,7 @@ impl ServerOptions {
             runtime_paths,
             auth_token_file: None,
             detached_session_ttl: DETACHED_SESSION_TTL,
+            one_shot_helpers: false,
         }
     }
 }
@@ -93,6 +97,10 @@ pub struct ServerState {
     pub shutdown: watch::Receiver<bool>,
     /// Kills our process groups if the server dies.
     pub guardian: Arc<Guardian>,
+    /// Pooled fs-helpers for sandboxed filesystem requests.
+    pub helpers: Arc<HelperPool>,
+    /// Paths every sandboxed helper and command is denied (the server's own unix socket).
+    pub sandbox_denies: Vec<PathBuf>,
 }
 
 /// A bound server, not yet serving.
@@ -119,6 +127,12 @@ impl BoundServer {
             return Err(ExecServerError::TokenRequired(options.listen_url.clone()));
         }
         let listener = Listener::bind(&address).await?;
+        // Sandboxed code must not reach the server's own socket (Landlock before ABI 9 does not
+        // mediate connecting to a pathname unix socket; the namespace layer masks it).
+        let sandbox_denies = match &address {
+            ListenAddress::Unix(path) => vec![path.clone()],
+            ListenAddress::Tcp(_) => Vec::new(),
+        };
         crate::process::sys::prepare_server_descriptors();
         let guardian = match Guardian::start(&options.runtime_paths.guardian) {
             Ok(guardian) => Arc::new(guardian),
@@ -129,6 +143,11 @@ impl BoundServer {
                 });
             }
         };
+        let helpers = HelperPool::new(
+            options.runtime_paths.fs_helper.clone(),
+            sandbox_denies.clone(),
+            options.one_shot_helpers,
+        );
         let (shutdown, shutdown_rx) = watch::channel(false);
         let state = Arc::new(ServerState {
             sessions: Arc::new(SessionRegistry::new(options.detached_session_ttl)),
@@ -137,6 +156,8 @@ impl BoundServer {
             connection_slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             shutdown: shutdown_rx,
             guardian,
+            helpers,
+            sandbox_denies,
         });
         Ok(Self {
             listener,

@@ -1,1 +1,45 @@
-fn main() {}
+//! `fs-helper`: run filesystem operations under a sandbox policy. See the crate README and
+//! `fs_helper::helper` for the contract.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Sandboxed filesystem operations for execward.
+///
+/// One-shot (default): read one JSON request `{"operation": "fs/readFile", "params": {...},
+/// "sandbox": {...}}` on stdin, apply the sandbox to this process, perform the operation, write
+/// `{"status": "ok", "payload": ...}` or `{"status": "error", "payload": {code, message, data}}`
+/// on stdout, exit 0. Exits 125 with the reason on stderr only when it cannot set itself up.
+///
+/// Serve (--serve --sandbox JSON): apply one policy once, then answer length-prefixed requests
+/// (4-byte big-endian length + JSON) on stdin/stdout until EOF.
+#[derive(Debug, Parser)]
+#[command(name = "fs-helper", version, about, long_about)]
+struct Cli {
+    /// Serve framed requests under one policy until EOF.
+    #[arg(long, requires = "sandbox")]
+    serve: bool,
+    /// The wire sandbox object (JSON) to serve under.
+    #[arg(long, value_name = "JSON")]
+    sandbox: Option<String>,
+    /// Extra path to deny (masked) in addition to the policy; repeatable.
+    #[arg(long = "deny", value_name = "PATH")]
+    denies: Vec<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match (&cli.serve, &cli.sandbox) {
+        (true, Some(sandbox)) => fs_helper::helper::run_serve(sandbox, &cli.denies),
+        _ => fs_helper::helper::run_one_shot(&cli.denies),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("fs-helper: {error}");
+            ExitCode::from(fs_helper::helper::EXIT_SETUP_FAILED)
+        }
+    }
+}

@@ -56,3 +56,29 @@ pub const FS_CLOSE: &str = "fs/close";
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Empty {}
+
+/// Parse a method's params; absent or `null` params are read as `{}` so the error names the
+/// missing field.
+///
+/// # Errors
+/// -32602 naming the method and what was wrong (`invalidPath` for a bad `file:` URI).
+pub fn parse_params<T: serde::de::DeserializeOwned>(
+    method: &str,
+    params: Option<serde_json::Value>,
+) -> Result<T, crate::error::RpcError> {
+    use crate::error::{ErrorKind, INVALID_PARAMS, RpcError};
+    let params = match params {
+        None | Some(serde_json::Value::Null) => serde_json::Value::Object(Default::default()),
+        Some(params) => params,
+    };
+    serde_json::from_value(params).map_err(|error| {
+        let message = format!("invalid params for {method}: {error}");
+        // FileUri's errors all say "file: URI"; classify them so clients can tell a path mistake.
+        let kind = if message.contains("file: URI") {
+            ErrorKind::InvalidPath
+        } else {
+            ErrorKind::InvalidParams
+        };
+        RpcError::new(INVALID_PARAMS, kind, message)
+    })
+}

@@ -34,6 +34,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let mut options = ServerOptions::new(cli.listen, runtime_paths);
     options.auth_token_file = cli.auth_token_file;
+    options.one_shot_helpers = cli.one_shot_helpers;
     options.detached_session_ttl = Duration::from_secs_f64(cli.detached_session_ttl);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -12,11 +12,11 @@ use proto::methods::process::{
 };
 
 use super::ProcessError;
-use super::guardian::Guardian;
 use super::managed::{ManagedProcess, Stdin};
 use super::pump::{self, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
 use crate::limits::{DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS};
+use crate::server::ServerState;
 use crate::session::Session;
 
 /// `process/start`.
@@ -25,21 +25,12 @@ use crate::session::Session;
 /// See [`ProcessError`].
 pub async fn start(
     session: &Session,
-    guardian: &Arc<Guardian>,
+    server: &ServerState,
     params: StartParams,
 ) -> Result<StartResult, ProcessError> {
     if params.argv.is_empty() {
         return Err(ProcessError::InvalidParams(
             "argv must not be empty; pass at least the program".into(),
-        ));
-    }
-    if params
-        .sandbox
-        .as_ref()
-        .is_some_and(|sandbox| !sandbox.is_null())
-    {
-        return Err(ProcessError::Unsupported(
-            "sandboxed process/start is not available in this build; refusing to run the command unsandboxed".into(),
         ));
     }
     let cwd = params.cwd.as_path().to_path_buf();
@@ -58,8 +49,15 @@ pub async fn start(
             params.rows.unwrap_or(DEFAULT_PTY_ROWS),
         )
     });
+    let argv = sandboxed_argv(
+        server,
+        params.sandbox.as_ref(),
+        &cwd,
+        params.argv,
+        params.arg0.is_some(),
+    )?;
     let spec = SpawnSpec {
-        argv: params.argv,
+        argv,
         arg0: params.arg0,
         cwd,
         env: params.env,
@@ -67,7 +65,7 @@ pub async fn start(
         pipe_stdin: params.pipe_stdin,
     };
     let spawned = spawn(&spec)?;
-    guardian.register(spawned.pid);
+    server.guardian.register(spawned.pid);
     let (stdin, pty_master, pump_io) = match spawned.io {
         ChildIo::Pipes {
             stdin,
@@ -102,7 +100,7 @@ pub async fn start(
         pump_io,
         session.attachment.clone(),
         Arc::downgrade(&session.processes),
-        guardian.clone(),
+        server.guardian.clone(),
     ));
     Ok(StartResult {
         process_id: params.process_id,
@@ -218,4 +216,51 @@ pub async fn terminate_all(processes: Vec<Arc<ManagedProcess>>) {
             process.signal(Signal::SIGKILL);
         }
     }
+}
+
+/// The argv to spawn: `argv` itself, or `sandbox-run` (found next to the server) applying the
+/// request's sandbox and then exec'ing `argv` in place, so pid, exit status and signals are the
+/// program's.
+fn sandboxed_argv(
+    server: &ServerState,
+    sandbox: Option<&serde_json::Value>,
+    cwd: &std::path::Path,
+    argv: Vec<String>,
+    has_arg0: bool,
+) -> Result<Vec<String>, ProcessError> {
+    let Some(sandbox) = sandbox.filter(|value| !value.is_null()) else {
+        return Ok(argv);
+    };
+    let spec: sandbox::SandboxSpec = serde_json::from_value(sandbox.clone()).map_err(|e| {
+        ProcessError::InvalidParams(format!("invalid sandbox: {e}; see policies/README.md"))
+    })?;
+    let policy = spec
+        .resolve()
+        .map_err(|e| ProcessError::InvalidParams(format!("invalid sandbox: {e}")))?;
+    if policy.is_unrestricted() {
+        return Ok(argv);
+    }
+    if has_arg0 {
+        return Err(ProcessError::InvalidParams(
+            "arg0 cannot be combined with a sandbox (sandbox-run execs argv[0])".into(),
+        ));
+    }
+    let text = |path: &std::path::Path| path.to_str().map(str::to_owned);
+    let runner = text(&server.runtime_paths.sandbox_run)
+        .ok_or_else(|| ProcessError::Unsupported("the sandbox-run path is not UTF-8".into()))?;
+    let mut wrapped = vec![runner, "--policy-json".to_owned(), sandbox.to_string()];
+    if spec.cwd.is_none() {
+        let cwd = text(cwd).ok_or_else(|| {
+            ProcessError::InvalidParams("cwd must be UTF-8 for a sandboxed start".into())
+        })?;
+        wrapped.extend(["--cwd".to_owned(), cwd]);
+    }
+    for path in &server.sandbox_denies {
+        if let Some(path) = text(path) {
+            wrapped.extend(["--deny".to_owned(), path]);
+        }
+    }
+    wrapped.push("--".to_owned());
+    wrapped.extend(argv);
+    Ok(wrapped)
 }

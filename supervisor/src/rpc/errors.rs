@@ -1,7 +1,5 @@
 //! The one place internal errors become JSON-RPC errors (code, message, `data`).
 
-use fs_helper::{FsError, FsErrorKind};
-use proto::FileUri;
 use proto::error::{self as codes, ErrorKind, RpcError};
 
 use crate::fs::FsRequestError;
@@ -67,44 +65,10 @@ impl From<SessionError> for RpcError {
     }
 }
 
-/// Map a filesystem error. `sandboxed` turns permission errors into `sandboxDenied`.
-pub fn fs_error(error: &FsError, sandboxed: bool) -> RpcError {
-    let (code, kind) = match error.kind() {
-        FsErrorKind::NotFound => (codes::NOT_FOUND, ErrorKind::NotFound),
-        FsErrorKind::PermissionDenied if sandboxed => {
-            (codes::INVALID_REQUEST, ErrorKind::SandboxDenied)
-        }
-        FsErrorKind::PermissionDenied => (codes::INVALID_REQUEST, ErrorKind::PermissionDenied),
-        FsErrorKind::AlreadyExists => (codes::INVALID_REQUEST, ErrorKind::AlreadyExists),
-        FsErrorKind::NotADirectory => (codes::INVALID_REQUEST, ErrorKind::NotADirectory),
-        FsErrorKind::IsADirectory => (codes::INVALID_REQUEST, ErrorKind::IsADirectory),
-        FsErrorKind::DirectoryNotEmpty => (codes::INVALID_REQUEST, ErrorKind::DirectoryNotEmpty),
-        FsErrorKind::NotRegularFile => (codes::INVALID_REQUEST, ErrorKind::NotAFile),
-        FsErrorKind::TooLarge => (codes::INVALID_REQUEST, ErrorKind::LimitExceeded),
-        FsErrorKind::InvalidInput => (codes::INVALID_PARAMS, ErrorKind::InvalidParams),
-        FsErrorKind::Other => (codes::INTERNAL_ERROR, ErrorKind::Io),
-    };
-    let mut rpc =
-        RpcError::new(code, kind, error.to_string()).with_operation(error.operation().as_str());
-    if let FsError::TooLarge { limit, .. } = error {
-        if let Some(data) = rpc.data.as_mut() {
-            data.limit = Some(*limit);
-        }
-    }
-    if let Some(uri) = error.path().and_then(|path| FileUri::from_path(path).ok()) {
-        rpc = rpc.with_path(uri.to_uri_string());
-    }
-    rpc
-}
-
 impl From<FsRequestError> for RpcError {
     fn from(error: FsRequestError) -> Self {
         let message = error.to_string();
         match error {
-            FsRequestError::Fs(error) => fs_error(&error, false),
-            FsRequestError::InvalidBase64(_) => {
-                RpcError::new(codes::INVALID_PARAMS, ErrorKind::InvalidBase64, message)
-            }
             FsRequestError::InvalidParams(_) => RpcError::invalid_params(message),
             FsRequestError::UnknownHandle(_) => RpcError::not_found(message),
             FsRequestError::DuplicateHandle(_) => {
@@ -113,10 +77,6 @@ impl From<FsRequestError> for RpcError {
             FsRequestError::TooManyHandles(limit) => {
                 RpcError::limit_exceeded(message, limit as u64)
             }
-            FsRequestError::SandboxUnsupported(_) => {
-                RpcError::invalid_request(ErrorKind::Unsupported, message)
-            }
-            FsRequestError::Join(_) => RpcError::internal(message),
         }
     }
 }

@@ -1,0 +1,287 @@
+//! The `fs/*` methods at the wire level: JSON params in, JSON result (or a JSON-RPC error) out.
+//!
+//! This is the one implementation of the filesystem methods. The supervisor calls [`execute`]
+//! in-process for unsandboxed requests, and the sandboxed `fs-helper` binary calls it after
+//! locking itself down. `fs/readBlock` and `fs/close` act on handles the supervisor holds and are
+//! not executed here. The mapping from [`FsError`] to JSON-RPC errors lives here too, so the
+//! helper and the server report errors identically.
+
+use std::fs::File;
+use std::path::PathBuf;
+
+use base64::Engine;
+use proto::FileUri;
+use proto::error::{self as codes, ErrorKind, RpcError};
+use proto::methods::fs::*;
+use proto::methods::{self, Empty, parse_params};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{FsError, FsErrorKind, WriteOptions};
+
+/// A request to the helper binary: `{"operation", "params", "sandbox"}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelperRequest {
+    /// The wire method, e.g. `fs/readFile`.
+    pub operation: String,
+    /// The method's params (a `sandbox` member inside them is ignored; the top-level one counts).
+    #[serde(default)]
+    pub params: Value,
+    /// The wire sandbox object the operation must run under (absent: no sandbox).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Value>,
+}
+
+/// The helper's answer: `{"status": "ok", "payload": result}` or
+/// `{"status": "error", "payload": {code, message, data}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", content = "payload", rename_all = "lowercase")]
+pub enum HelperResponse {
+    /// The method's result.
+    Ok(Value),
+    /// The JSON-RPC error.
+    Error(RpcError),
+}
+
+impl From<Result<Value, RpcError>> for HelperResponse {
+    fn from(result: Result<Value, RpcError>) -> Self {
+        match result {
+            Ok(value) => HelperResponse::Ok(value),
+            Err(error) => HelperResponse::Error(error),
+        }
+    }
+}
+
+impl From<HelperResponse> for Result<Value, RpcError> {
+    fn from(response: HelperResponse) -> Self {
+        match response {
+            HelperResponse::Ok(value) => Ok(value),
+            HelperResponse::Error(error) => Err(error),
+        }
+    }
+}
+
+/// What an operation produced.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A JSON result.
+    Value(Value),
+    /// `fs/open`: the opened file, plus the `{handleId}` result.
+    Opened(File, Value),
+}
+
+/// Largest request the helper accepts (a 32 MiB `fs/writeFile` in base64 plus the envelope).
+pub const MAX_HELPER_REQUEST_BYTES: usize = 48 * 1024 * 1024;
+
+/// Execute one `fs/*` method. `sandboxed` turns permission errors into `sandboxDenied`.
+///
+/// # Errors
+/// The JSON-RPC error to send: -32602 for bad params, -32004 for missing paths, -32600 for
+/// denials and other refusals, -32603 for other OS errors.
+pub fn execute(operation: &str, params: Value, sandboxed: bool) -> Result<Outcome, RpcError> {
+    let params = Some(params);
+    let fs = |error: FsError| fs_error(&error, sandboxed);
+    let value = match operation {
+        methods::FS_READ_FILE => {
+            let p: ReadFileParams = parse_params(operation, params)?;
+            let data =
+                crate::read_file(p.path.as_path(), crate::READ_FILE_MAX_BYTES).map_err(fs)?;
+            to_value(ReadFileResult {
+                data_base64: base64::engine::general_purpose::STANDARD.encode(data),
+            })
+        }
+        methods::FS_WRITE_FILE => {
+            let p: WriteFileParams = parse_params(operation, params)?;
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(p.data_base64.as_bytes())
+                .map_err(|e| {
+                    RpcError::new(
+                        codes::INVALID_PARAMS,
+                        ErrorKind::InvalidBase64,
+                        format!("dataBase64 is not valid base64: {e}"),
+                    )
+                })?;
+            crate::write_file(p.path.as_path(), &data, &WriteOptions { atomic: p.atomic })
+                .map_err(fs)?;
+            to_value(Empty {})
+        }
+        methods::FS_CREATE_DIRECTORY => {
+            let p: CreateDirectoryParams = parse_params(operation, params)?;
+            crate::create_directory(p.path.as_path(), p.recursive).map_err(fs)?;
+            to_value(Empty {})
+        }
+        methods::FS_GET_METADATA => {
+            let p: PathParams = parse_params(operation, params)?;
+            let m = crate::get_metadata(p.path.as_path()).map_err(fs)?;
+            to_value(GetMetadataResult {
+                is_directory: m.is_directory,
+                is_file: m.is_file,
+                is_symlink: m.is_symlink,
+                size: m.size,
+                created_at_ms: m.created_at_ms.unwrap_or(0),
+                modified_at_ms: m.modified_at_ms.unwrap_or(0),
+            })
+        }
+        methods::FS_CANONICALIZE => {
+            let p: PathParams = parse_params(operation, params)?;
+            let canonical = crate::canonicalize(p.path.as_path()).map_err(fs)?;
+            to_value(CanonicalizeResult {
+                path: uri(canonical)?,
+            })
+        }
+        methods::FS_READ_DIRECTORY => {
+            let p: PathParams = parse_params(operation, params)?;
+            let entries = crate::read_directory(p.path.as_path()).map_err(fs)?;
+            let entries = entries
+                .into_iter()
+                .map(|entry| {
+                    Ok(DirectoryEntry {
+                        file_name: entry.file_name.to_string_lossy().into_owned(),
+                        path: uri(p.path.as_path().join(&entry.file_name))?,
+                        is_directory: entry.is_directory,
+                        is_file: entry.is_file,
+                        is_symlink: entry.is_symlink,
+                    })
+                })
+                .collect::<Result<Vec<_>, RpcError>>()?;
+            to_value(ReadDirectoryResult { entries })
+        }
+        methods::FS_REMOVE => {
+            let p: RemoveParams = parse_params(operation, params)?;
+            crate::remove(p.path.as_path(), p.recursive, p.force).map_err(fs)?;
+            to_value(Empty {})
+        }
+        methods::FS_COPY => {
+            let p: CopyParams = parse_params(operation, params)?;
+            crate::copy(
+                p.source_path.as_path(),
+                p.destination_path.as_path(),
+                p.recursive,
+            )
+            .map_err(fs)?;
+            to_value(Empty {})
+        }
+        methods::FS_OPEN => {
+            let p: OpenParams = parse_params(operation, params)?;
+            let file = crate::open_for_streaming(p.path.as_path()).map_err(fs)?;
+            return Ok(Outcome::Opened(
+                file,
+                to_value(OpenResult {
+                    handle_id: p.handle_id,
+                })?,
+            ));
+        }
+        other => {
+            return Err(RpcError::method_not_found(other));
+        }
+    }?;
+    Ok(Outcome::Value(value))
+}
+
+fn to_value<T: Serialize>(result: T) -> Result<Value, RpcError> {
+    serde_json::to_value(result)
+        .map_err(|e| RpcError::internal(format!("cannot serialize the result: {e}")))
+}
+
+fn uri(path: PathBuf) -> Result<FileUri, RpcError> {
+    FileUri::from_path(path).map_err(|e| RpcError::internal(e.to_string()))
+}
+
+/// Map a filesystem error to JSON-RPC. `sandboxed` turns permission errors (EACCES, EPERM,
+/// EROFS) into `sandboxDenied`; the operation and path are always in `data`.
+pub fn fs_error(error: &FsError, sandboxed: bool) -> RpcError {
+    let (code, kind) = match error.kind() {
+        FsErrorKind::NotFound => (codes::NOT_FOUND, ErrorKind::NotFound),
+        FsErrorKind::PermissionDenied if sandboxed => {
+            (codes::INVALID_REQUEST, ErrorKind::SandboxDenied)
+        }
+        FsErrorKind::PermissionDenied => (codes::INVALID_REQUEST, ErrorKind::PermissionDenied),
+        FsErrorKind::AlreadyExists => (codes::INVALID_REQUEST, ErrorKind::AlreadyExists),
+        FsErrorKind::NotADirectory => (codes::INVALID_REQUEST, ErrorKind::NotADirectory),
+        FsErrorKind::IsADirectory => (codes::INVALID_REQUEST, ErrorKind::IsADirectory),
+        FsErrorKind::DirectoryNotEmpty => (codes::INVALID_REQUEST, ErrorKind::DirectoryNotEmpty),
+        FsErrorKind::NotRegularFile => (codes::INVALID_REQUEST, ErrorKind::NotAFile),
+        FsErrorKind::TooLarge => (codes::INVALID_REQUEST, ErrorKind::LimitExceeded),
+        FsErrorKind::InvalidInput => (codes::INVALID_PARAMS, ErrorKind::InvalidParams),
+        FsErrorKind::Other => (codes::INTERNAL_ERROR, ErrorKind::Io),
+    };
+    let message = if kind == ErrorKind::SandboxDenied {
+        format!("sandbox denied: {error}")
+    } else {
+        error.to_string()
+    };
+    let mut rpc = RpcError::new(code, kind, message).with_operation(error.operation().as_str());
+    if let (FsError::TooLarge { limit, .. }, Some(data)) = (error, rpc.data.as_mut()) {
+        data.limit = Some(*limit);
+    }
+    if let Some(uri) = error.path().and_then(|path| FileUri::from_path(path).ok()) {
+        rpc = rpc.with_path(uri.to_uri_string());
+    }
+    rpc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    #[test]
+    fn response_shape_is_status_and_payload() {
+        let ok = serde_json::to_value(HelperResponse::Ok(json!({"x": 1}))).unwrap();
+        assert_eq!(ok, json!({"status": "ok", "payload": {"x": 1}}));
+        let error = HelperResponse::Error(RpcError::not_found("gone"));
+        assert_eq!(
+            serde_json::to_value(error).unwrap()["payload"]["code"],
+            json!(-32004)
+        );
+    }
+
+    #[test]
+    fn denial_in_a_sandbox_is_sandbox_denied_with_operation_and_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = FsError::Io {
+            op: crate::FsOperation::WriteFile,
+            path: dir.path().join("x"),
+            source: std::io::Error::from_raw_os_error(libc::EROFS),
+        };
+        let rpc = fs_error(&error, true);
+        assert_eq!(rpc.code, codes::INVALID_REQUEST);
+        let data = rpc.data.unwrap();
+        assert_eq!(data.kind, ErrorKind::SandboxDenied);
+        assert_eq!(data.operation.as_deref(), Some("fs/writeFile"));
+        assert!(data.path.unwrap().ends_with("/x"));
+        assert_eq!(
+            fs_error(&error, false).kind(),
+            Some(ErrorKind::PermissionDenied)
+        );
+    }
+
+    #[test]
+    fn execute_round_trips_a_file_and_maps_missing_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = FileUri::from_path(dir.path().join("f"))
+            .unwrap()
+            .to_uri_string();
+        let write = json!({"path": path, "dataBase64": "aGk="});
+        assert!(matches!(
+            execute("fs/writeFile", write, false).unwrap(),
+            Outcome::Value(_)
+        ));
+        let Outcome::Value(read) = execute("fs/readFile", json!({"path": path}), false).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(read, json!({"dataBase64": "aGk="}));
+        let missing = FileUri::from_path(dir.path().join("nope"))
+            .unwrap()
+            .to_uri_string();
+        let error = execute("fs/readFile", json!({"path": missing}), false).unwrap_err();
+        assert_eq!(error.code, codes::NOT_FOUND);
+        assert_eq!(
+            execute("fs/bogus", json!({}), false).unwrap_err().code,
+            codes::METHOD_NOT_FOUND
+        );
+    }
+}

@@ -1,0 +1,331 @@
+//! Sandboxed `fs/*` requests go to `fs-helper` processes in serve mode, pooled per
+//! (session, resolved policy).
+//!
+//! - A helper serves one request at a time over a socketpair (its stdin and stdout), so a
+//!   descriptor opened by `fs/open` under the policy comes back with `SCM_RIGHTS`.
+//! - The pool keeps at most [`MAX_IDLE_HELPERS_PER_POLICY`] idle helpers per key and
+//!   [`MAX_LIVE_HELPERS`] in all; idle helpers exit after [`HELPER_IDLE_TIMEOUT`].
+//! - A helper that crashes, hangs past [`HELPER_REQUEST_TIMEOUT`] or answers garbage is killed
+//!   and never reused; its request fails with -32603 carrying the helper's stderr.
+//! - With one-shot helpers (`--one-shot-helpers`) every request gets a fresh helper.
+//!
+//! The requests are blocking socket I/O and run on tokio's blocking pool.
+
+use std::collections::HashMap;
+use std::io::{IoSliceMut, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use proto::error::{ErrorKind, RpcError};
+use sandbox::ResolvedPolicy;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+/// Idle helpers kept per (session, policy).
+pub const MAX_IDLE_HELPERS_PER_POLICY: usize = 4;
+/// Helper processes alive at once, across all sessions.
+pub const MAX_LIVE_HELPERS: usize = 64;
+/// An idle helper exits after this long unused.
+pub const HELPER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest a helper may take for one request before it is killed (big copies included).
+pub const HELPER_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Helper stderr kept for error messages.
+const HELPER_STDERR_BYTES: usize = 8 * 1024;
+/// The environment a helper starts with: only these variables, from the server's environment.
+const HELPER_ENV_ALLOWLIST: [&str; 4] = ["PATH", "TMPDIR", "TMP", "TEMP"];
+
+/// A pool key: which session and which resolved policy.
+pub type PoolKey = (String, ResolvedPolicy);
+
+/// A helper's answer.
+pub struct HelperReply {
+    /// The result or the error the helper reported.
+    pub result: Result<Value, RpcError>,
+    /// A descriptor passed back (`fs/open`).
+    pub file: Option<std::fs::File>,
+}
+
+struct Helper {
+    child: Child,
+    socket: UnixStream,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    idle_since: Instant,
+}
+
+impl Helper {
+    fn stderr_text(&self) -> String {
+        let stderr = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&stderr).trim().to_owned()
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn retire(mut self) {
+        // Closing the socket is EOF for the helper, which then exits.
+        drop(self.socket);
+        let _ = self.child.wait();
+    }
+}
+
+/// The pool.
+pub struct HelperPool {
+    binary: PathBuf,
+    denies: Vec<PathBuf>,
+    one_shot: bool,
+    idle: Mutex<HashMap<PoolKey, Vec<Helper>>>,
+    live: Arc<Semaphore>,
+}
+
+impl HelperPool {
+    /// A pool running `binary`; `denies` are masked for every helper (the server's own socket).
+    pub fn new(binary: PathBuf, denies: Vec<PathBuf>, one_shot: bool) -> Arc<Self> {
+        let pool = Arc::new(Self {
+            binary,
+            denies,
+            one_shot,
+            idle: Mutex::new(HashMap::new()),
+            live: Arc::new(Semaphore::new(MAX_LIVE_HELPERS)),
+        });
+        let weak = Arc::downgrade(&pool);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(HELPER_IDLE_TIMEOUT / 4);
+            loop {
+                tick.tick().await;
+                let Some(pool) = weak.upgrade() else { return };
+                let expired = pool.take_expired();
+                if !expired.is_empty() {
+                    let _ = tokio::task::spawn_blocking(move || {
+                        expired.into_iter().for_each(Helper::retire)
+                    })
+                    .await;
+                }
+            }
+        });
+        pool
+    }
+
+    /// Extra paths every sandboxed helper and command must not reach.
+    pub fn denies(&self) -> &[PathBuf] {
+        &self.denies
+    }
+
+    fn take_expired(&self) -> Vec<Helper> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut expired = Vec::new();
+        for helpers in idle.values_mut() {
+            let (old, fresh): (Vec<_>, Vec<_>) = std::mem::take(helpers)
+                .into_iter()
+                .partition(|h| h.idle_since.elapsed() >= HELPER_IDLE_TIMEOUT);
+            *helpers = fresh;
+            expired.extend(old);
+        }
+        idle.retain(|_, helpers| !helpers.is_empty());
+        expired
+    }
+
+    /// Run one request (`{"operation", "params", "sandbox"}` as JSON bytes) under `key`'s policy.
+    ///
+    /// # Errors
+    /// -32603 `helperFailed` when no helper can be started or it fails mid-request.
+    pub async fn call(
+        self: &Arc<Self>,
+        key: PoolKey,
+        sandbox: Value,
+        request: Vec<u8>,
+    ) -> Result<HelperReply, RpcError> {
+        let permit = self
+            .live
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| helper_failed("the helper pool is closed", ""))?;
+        let pool = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let reused = if pool.one_shot {
+                None
+            } else {
+                pool.checkout(&key)
+            };
+            let mut helper = match reused {
+                Some(helper) => helper,
+                None => pool.spawn(&sandbox)?,
+            };
+            match exchange(&mut helper, &request) {
+                Ok(reply) => {
+                    if pool.one_shot {
+                        helper.retire();
+                    } else {
+                        pool.checkin(key, helper);
+                    }
+                    drop(permit);
+                    Ok(reply)
+                }
+                Err(reason) => {
+                    // Give a crashed helper a moment to finish writing its stderr.
+                    let _ = helper.child.try_wait();
+                    std::thread::sleep(Duration::from_millis(10));
+                    let stderr = helper.stderr_text();
+                    helper.kill();
+                    drop(permit);
+                    Err(helper_failed(&reason, &stderr))
+                }
+            }
+        })
+        .await
+        .map_err(|e| helper_failed(&format!("helper task failed: {e}"), ""))?
+    }
+
+    fn checkout(&self, key: &PoolKey) -> Option<Helper> {
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(key)
+            .and_then(Vec::pop)
+    }
+
+    fn checkin(&self, key: PoolKey, mut helper: Helper) {
+        helper.idle_since = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let helpers = idle.entry(key).or_default();
+        if helpers.len() < MAX_IDLE_HELPERS_PER_POLICY {
+            helpers.push(helper);
+        } else {
+            drop(idle);
+            helper.retire();
+        }
+    }
+
+    fn spawn(&self, sandbox: &Value) -> Result<Helper, RpcError> {
+        let (ours, theirs) = UnixStream::pair()
+            .map_err(|e| helper_failed(&format!("socketpair failed: {e}"), ""))?;
+        let theirs_out = theirs
+            .try_clone()
+            .map_err(|e| helper_failed(&format!("socket dup failed: {e}"), ""))?;
+        let mut command = Command::new(&self.binary);
+        command
+            .arg("--serve")
+            .arg("--sandbox")
+            .arg(sandbox.to_string())
+            .env_clear()
+            .envs(
+                HELPER_ENV_ALLOWLIST
+                    .iter()
+                    .filter_map(|key| std::env::var_os(key).map(|value| (key, value))),
+            )
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::from(OwnedFd::from(theirs_out)))
+            .stderr(Stdio::piped());
+        for path in &self.denies {
+            command.arg("--deny").arg(path);
+        }
+        let mut child = command.spawn().map_err(|e| {
+            helper_failed(&format!("cannot start {}: {e}", self.binary.display()), "")
+        })?;
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        if let Some(mut pipe) = child.stderr.take() {
+            let sink = stderr.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                    let mut kept = sink.lock().unwrap_or_else(|p| p.into_inner());
+                    kept.extend_from_slice(&buf[..n]);
+                    let excess = kept.len().saturating_sub(HELPER_STDERR_BYTES);
+                    kept.drain(..excess);
+                }
+            });
+        }
+        let _ = ours.set_read_timeout(Some(HELPER_REQUEST_TIMEOUT));
+        let _ = ours.set_write_timeout(Some(HELPER_REQUEST_TIMEOUT));
+        Ok(Helper {
+            child,
+            socket: ours,
+            stderr,
+            idle_since: Instant::now(),
+        })
+    }
+}
+
+fn helper_failed(reason: &str, stderr: &str) -> RpcError {
+    let message = if stderr.is_empty() {
+        format!("fs-helper failed: {reason}")
+    } else {
+        format!("fs-helper failed: {reason}; its stderr: {stderr}")
+    };
+    RpcError::new(
+        proto::error::INTERNAL_ERROR,
+        ErrorKind::HelperFailed,
+        message,
+    )
+}
+
+/// One framed request and response; any failure means the helper is unusable.
+fn exchange(helper: &mut Helper, request: &[u8]) -> Result<HelperReply, String> {
+    let mut frame = Vec::with_capacity(request.len() + 4);
+    frame.extend_from_slice(&(request.len() as u32).to_be_bytes());
+    frame.extend_from_slice(request);
+    helper
+        .socket
+        .write_all(&frame)
+        .map_err(|e| format!("sending the request: {e}"))?;
+    let (header, file) = read_header(&helper.socket)?;
+    let len = u32::from_be_bytes(header) as usize;
+    if len > crate::limits::MAX_FRAME_BYTES {
+        return Err(format!(
+            "response of {len} bytes is larger than MAX_FRAME_BYTES"
+        ));
+    }
+    let mut body = vec![0u8; len];
+    helper
+        .socket
+        .read_exact(&mut body)
+        .map_err(|e| format!("reading the response: {e}"))?;
+    let response: fs_helper::wire::HelperResponse =
+        serde_json::from_slice(&body).map_err(|e| format!("unparsable response: {e}"))?;
+    Ok(HelperReply {
+        result: response.into(),
+        file,
+    })
+}
+
+/// Read the 4-byte length prefix with recvmsg, collecting a descriptor sent with it.
+fn read_header(socket: &UnixStream) -> Result<([u8; 4], Option<std::fs::File>), String> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut header = [0u8; 4];
+    let mut filled = 0;
+    let mut file = None;
+    while filled < 4 {
+        let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+        let mut iov = [IoSliceMut::new(&mut header[filled..])];
+        let message = recvmsg::<()>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|e| format!("reading the response: {e}"))?;
+        if message.bytes == 0 {
+            return Err("the helper exited before answering".into());
+        }
+        filled += message.bytes;
+        for cmsg in message
+            .cmsgs()
+            .map_err(|e| format!("reading the response: {e}"))?
+        {
+            if let ControlMessageOwned::ScmRights(fds) = cmsg {
+                for fd in fds {
+                    // SAFETY: the kernel just installed this descriptor in our table for us.
+                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                    file.get_or_insert(std::fs::File::from(owned));
+                }
+            }
+        }
+    }
+    Ok((header, file))
+}

@@ -1,0 +1,753 @@
+//! Sandboxed operations through helpers: `fs/*` under read-only and workspace-write run in
+//! pooled `fs-helper` processes, denials come back as `sandboxDenied` and leave the disk
+//! unchanged, and sandboxed `process/start` runs through `sandbox-run`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tests::{Client, ExecServer, assert_rpc_error, b64, file_uri, sh, unb64};
+
+/// A workspace under /tmp and an "outside" directory that no restricting policy may write
+/// (/var/tmp is neither a workspace root, /tmp nor $TMPDIR).
+struct Dirs {
+    workspace: tempfile::TempDir,
+    outside: tempfile::TempDir,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        let workspace = tempfile::Builder::new()
+            .prefix("ew-ws-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let outside = tempfile::Builder::new()
+            .prefix("ew-out-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        std::fs::write(outside.path().join("secret.txt"), b"outside").unwrap();
+        std::fs::create_dir(workspace.path().join(".git")).unwrap();
+        std::fs::write(
+            workspace.path().join(".git/HEAD"),
+            b"ref: refs/heads/main\n",
+        )
+        .unwrap();
+        std::fs::write(workspace.path().join("in.txt"), b"inside").unwrap();
+        std::os::unix::fs::symlink(outside.path(), workspace.path().join("escape")).unwrap();
+        Dirs { workspace, outside }
+    }
+
+    fn ws(&self, name: &str) -> PathBuf {
+        self.workspace.path().join(name)
+    }
+
+    fn out(&self, name: &str) -> PathBuf {
+        self.outside.path().join(name)
+    }
+
+    fn write_policy(&self) -> Value {
+        json!({"profile": "workspace-write", "cwd": file_uri(self.workspace.path())})
+    }
+}
+
+fn read_only() -> Value {
+    json!({"profile": "read-only"})
+}
+
+async fn fs_call(
+    client: &mut Client,
+    method: &str,
+    mut params: Value,
+    sandbox: Value,
+) -> Result<Value, tests::RpcError> {
+    params["sandbox"] = sandbox;
+    client.request(method, params).await
+}
+
+fn assert_denied(result: Result<Value, tests::RpcError>, operation: &str, path: &Path) {
+    let error = assert_rpc_error(result, -32600, "sandboxDenied");
+    let data = error.data.clone().expect("denial carries data");
+    assert_eq!(
+        data.operation.as_deref(),
+        Some(operation),
+        "operation of {error:?}"
+    );
+    let reported = data.path.expect("denial names the path");
+    let expected = file_uri(path);
+    assert!(
+        reported == expected || expected.starts_with(&reported) || reported.starts_with(&expected),
+        "denial path {reported} should name {expected}"
+    );
+}
+
+#[tokio::test]
+async fn workspace_write_allows_inside_and_denies_outside_for_every_write_operation() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let policy = dirs.write_policy();
+
+    // Allowed inside the workspace.
+    let inside = dirs.ws("new.txt");
+    fs_call(
+        &mut client,
+        "fs/writeFile",
+        json!({"path": file_uri(&inside), "dataBase64": b64("ok")}),
+        policy.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(std::fs::read(&inside).unwrap(), b"ok");
+    fs_call(
+        &mut client,
+        "fs/createDirectory",
+        json!({"path": file_uri(dirs.ws("d/e"))}),
+        policy.clone(),
+    )
+    .await
+    .unwrap();
+    assert!(dirs.ws("d/e").is_dir());
+    fs_call(
+        &mut client,
+        "fs/copy",
+        json!({"sourcePath": file_uri(&inside), "destinationPath": file_uri(dirs.ws("copy.txt"))}),
+        policy.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(std::fs::read(dirs.ws("copy.txt")).unwrap(), b"ok");
+    fs_call(
+        &mut client,
+        "fs/remove",
+        json!({"path": file_uri(dirs.ws("copy.txt"))}),
+        policy.clone(),
+    )
+    .await
+    .unwrap();
+    assert!(!dirs.ws("copy.txt").exists());
+
+    // Denied outside, and nothing changes there.
+    let target = dirs.out("new.txt");
+    let r = fs_call(
+        &mut client,
+        "fs/writeFile",
+        json!({"path": file_uri(&target), "dataBase64": b64("no")}),
+        policy.clone(),
+    )
+    .await;
+    assert_denied(r, "fs/writeFile", &target);
+    assert!(!target.exists());
+    let r = fs_call(
+        &mut client,
+        "fs/writeFile",
+        json!({"path": file_uri(dirs.out("secret.txt")), "dataBase64": b64("no")}),
+        policy.clone(),
+    )
+    .await;
+    assert_denied(r, "fs/writeFile", &dirs.out("secret.txt"));
+    let r = fs_call(
+        &mut client,
+        "fs/createDirectory",
+        json!({"path": file_uri(dirs.out("d"))}),
+        policy.clone(),
+    )
+    .await;
+    assert_denied(r, "fs/createDirectory", &dirs.out("d"));
+    assert!(!dirs.out("d").exists());
+    let r = fs_call(
+        &mut client,
+        "fs/remove",
+        json!({"path": file_uri(dirs.out("secret.txt"))}),
+        policy.clone(),
+    )
+    .await;
+    assert_denied(r, "fs/remove", &dirs.out("secret.txt"));
+    let r = fs_call(
+        &mut client,
+        "fs/copy",
+        json!({"sourcePath": file_uri(&inside), "destinationPath": file_uri(dirs.out("c.txt"))}),
+        policy.clone(),
+    )
+    .await;
+    assert_denied(r, "fs/copy", &dirs.out("c.txt"));
+    assert!(!dirs.out("c.txt").exists());
+    assert_eq!(
+        std::fs::read(dirs.out("secret.txt")).unwrap(),
+        b"outside",
+        "outside file untouched"
+    );
+}
+
+#[tokio::test]
+async fn symlink_escapes_are_denied_for_writes_directories_and_copies() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let policy = dirs.write_policy();
+    let through = dirs.ws("escape/via-link.txt");
+    let r = fs_call(
+        &mut client,
+        "fs/writeFile",
+        json!({"path": file_uri(&through), "dataBase64": b64("x")}),
+        policy.clone(),
+    )
+    .await;
+    assert_denied(r, "fs/writeFile", &through);
+    assert!(!dirs.out("via-link.txt").exists());
+    let r = fs_call(
+        &mut client,
+        "fs/createDirectory",
+        json!({"path": file_uri(dirs.ws("escape/dir"))}),
+        policy.clone(),
+    )
+    .await;
+    assert_denied(r, "fs/createDirectory", &dirs.ws("escape/dir"));
+    assert!(!dirs.out("dir").exists());
+    let r = fs_call(&mut client, "fs/copy", json!({"sourcePath": file_uri(dirs.ws("in.txt")), "destinationPath": file_uri(dirs.ws("escape/copied.txt"))}), policy.clone()).await;
+    assert_denied(r, "fs/copy", &dirs.ws("escape/copied.txt"));
+    assert!(!dirs.out("copied.txt").exists());
+    // Removing the link removes the link only (allowed, inside); the outside stays.
+    fs_call(
+        &mut client,
+        "fs/remove",
+        json!({"path": file_uri(dirs.ws("escape"))}),
+        policy.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(std::fs::read(dirs.out("secret.txt")).unwrap(), b"outside");
+}
+
+#[tokio::test]
+async fn git_inside_the_workspace_stays_read_only() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let head = dirs.ws(".git/HEAD");
+    let r = fs_call(
+        &mut client,
+        "fs/writeFile",
+        json!({"path": file_uri(&head), "dataBase64": b64("evil")}),
+        dirs.write_policy(),
+    )
+    .await;
+    assert_denied(r, "fs/writeFile", &head);
+    let r = fs_call(
+        &mut client,
+        "fs/writeFile",
+        json!({"path": file_uri(dirs.ws(".git/hooks-new")), "dataBase64": b64("evil")}),
+        dirs.write_policy(),
+    )
+    .await;
+    assert_denied(r, "fs/writeFile", &dirs.ws(".git/hooks-new"));
+    let r = fs_call(
+        &mut client,
+        "fs/remove",
+        json!({"path": file_uri(&head)}),
+        dirs.write_policy(),
+    )
+    .await;
+    assert_denied(r, "fs/remove", &head);
+    assert_eq!(std::fs::read(&head).unwrap(), b"ref: refs/heads/main\n");
+    // Reading it is fine.
+    let read = fs_call(
+        &mut client,
+        "fs/readFile",
+        json!({"path": file_uri(&head)}),
+        dirs.write_policy(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        unb64(read["dataBase64"].as_str().unwrap()),
+        b"ref: refs/heads/main\n"
+    );
+}
+
+#[tokio::test]
+async fn read_only_reads_everything_and_writes_nothing() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    for path in [dirs.ws("in.txt"), dirs.out("secret.txt")] {
+        let read = fs_call(
+            &mut client,
+            "fs/readFile",
+            json!({"path": file_uri(&path)}),
+            read_only(),
+        )
+        .await
+        .unwrap();
+        assert!(!unb64(read["dataBase64"].as_str().unwrap()).is_empty());
+    }
+    let meta = fs_call(
+        &mut client,
+        "fs/getMetadata",
+        json!({"path": file_uri(dirs.ws("in.txt"))}),
+        read_only(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(meta["isFile"], json!(true));
+    let listing = fs_call(
+        &mut client,
+        "fs/readDirectory",
+        json!({"path": file_uri(dirs.workspace.path())}),
+        read_only(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        listing["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["fileName"] == "in.txt")
+    );
+    let canonical = fs_call(
+        &mut client,
+        "fs/canonicalize",
+        json!({"path": file_uri(dirs.ws("escape"))}),
+        read_only(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        canonical["path"],
+        json!(file_uri(
+            std::fs::canonicalize(dirs.outside.path()).unwrap()
+        ))
+    );
+    let target = dirs.ws("blocked.txt");
+    let r = fs_call(
+        &mut client,
+        "fs/writeFile",
+        json!({"path": file_uri(&target), "dataBase64": b64("x")}),
+        read_only(),
+    )
+    .await;
+    assert_denied(r, "fs/writeFile", &target);
+    assert!(!target.exists());
+    let r = fs_call(
+        &mut client,
+        "fs/createDirectory",
+        json!({"path": file_uri(dirs.ws("nd"))}),
+        read_only(),
+    )
+    .await;
+    assert_denied(r, "fs/createDirectory", &dirs.ws("nd"));
+    let r = fs_call(
+        &mut client,
+        "fs/remove",
+        json!({"path": file_uri(dirs.ws("in.txt"))}),
+        read_only(),
+    )
+    .await;
+    assert_denied(r, "fs/remove", &dirs.ws("in.txt"));
+    assert!(dirs.ws("in.txt").exists());
+    let r = fs_call(&mut client, "fs/copy", json!({"sourcePath": file_uri(dirs.ws("in.txt")), "destinationPath": file_uri(dirs.ws("c.txt"))}), read_only()).await;
+    assert_denied(r, "fs/copy", &dirs.ws("c.txt"));
+}
+
+#[tokio::test]
+async fn deny_entries_block_reads_listing_and_copy_sources_also_through_symlinks() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let policy = json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+            {"path": {"type": "path", "path": dirs.workspace.path()}, "access": "write"},
+            {"path": {"type": "path", "path": dirs.outside.path()}, "access": "deny"}
+        ]}},
+        "cwd": file_uri(dirs.workspace.path())
+    });
+    let spec_ok = fs_call(
+        &mut client,
+        "fs/readFile",
+        json!({"path": file_uri(dirs.ws("in.txt"))}),
+        policy.clone(),
+    )
+    .await;
+    if let Err(error) = &spec_ok {
+        panic!("the permissions profile shape should be accepted: {error:?}");
+    }
+    for path in [dirs.out("secret.txt"), dirs.ws("escape/secret.txt")] {
+        let r = fs_call(
+            &mut client,
+            "fs/readFile",
+            json!({"path": file_uri(&path)}),
+            policy.clone(),
+        )
+        .await;
+        let error = r.expect_err("reading a denied path must fail");
+        let kind = tests::error_kind(&error);
+        assert!(
+            ["sandboxDenied", "notFound"].contains(&kind.as_str()),
+            "{error:?}"
+        );
+    }
+    let r = fs_call(
+        &mut client,
+        "fs/readDirectory",
+        json!({"path": file_uri(dirs.outside.path())}),
+        policy.clone(),
+    )
+    .await;
+    match r {
+        Err(_) => {}
+        Ok(listing) => assert!(
+            listing["entries"].as_array().unwrap().is_empty(),
+            "a masked directory shows nothing: {listing}"
+        ),
+    }
+    let r = fs_call(&mut client, "fs/copy", json!({"sourcePath": file_uri(dirs.ws("escape/secret.txt")), "destinationPath": file_uri(dirs.ws("stolen.txt"))}), policy.clone()).await;
+    assert!(r.is_err(), "copying a denied source must fail");
+    assert!(!dirs.ws("stolen.txt").exists());
+}
+
+#[tokio::test]
+async fn sandboxed_streaming_read_works_through_a_passed_descriptor() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(dirs.ws("big.bin"), &big).unwrap();
+    fs_call(
+        &mut client,
+        "fs/open",
+        json!({"handleId": "h", "path": file_uri(dirs.ws("big.bin"))}),
+        read_only(),
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    loop {
+        let block = client
+            .call(
+                "fs/readBlock",
+                json!({"handleId": "h", "offset": got.len(), "len": 1 << 20}),
+            )
+            .await;
+        got.extend(unb64(block["chunk"].as_str().unwrap()));
+        if block["eof"] == json!(true) {
+            break;
+        }
+    }
+    assert_eq!(got, big);
+    client.call("fs/close", json!({"handleId": "h"})).await;
+    // Opening a denied file fails like any denial.
+    let policy = json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+            {"path": {"type": "path", "path": dirs.outside.path()}, "access": "deny"}
+        ]}},
+        "cwd": file_uri(dirs.workspace.path())
+    });
+    let r = fs_call(
+        &mut client,
+        "fs/open",
+        json!({"handleId": "h2", "path": file_uri(dirs.out("secret.txt"))}),
+        policy,
+    )
+    .await;
+    assert!(r.is_err(), "a denied path cannot be opened");
+    let r = client
+        .request(
+            "fs/readBlock",
+            json!({"handleId": "h2", "offset": 0, "len": 10}),
+        )
+        .await;
+    assert_rpc_error(r, -32004, "notFound");
+}
+
+fn helper_pids(server_pid: i32) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let parent: i32 = tests::stat_field(&stat, 4)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if parent == server_pid && cmdline.windows(7).any(|w| w == b"--serve") {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[tokio::test]
+async fn killing_a_pooled_helper_mid_request_fails_that_request_and_the_next_succeeds() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let path = file_uri(dirs.ws("in.txt"));
+    fs_call(
+        &mut client,
+        "fs/readFile",
+        json!({"path": path}),
+        read_only(),
+    )
+    .await
+    .unwrap();
+    let helpers = helper_pids(server.pid());
+    assert_eq!(
+        helpers.len(),
+        1,
+        "one pooled helper after one request: {helpers:?}"
+    );
+    let helper = Pid::from_raw(helpers[0]);
+    // Freeze it, send a request it will never answer, then kill it mid-request.
+    kill(helper, Signal::SIGSTOP).unwrap();
+    let id = client
+        .send_request("fs/readFile", json!({"path": path, "sandbox": read_only()}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    kill(helper, Signal::SIGKILL).unwrap();
+    let started = Instant::now();
+    let r = client
+        .response_within(
+            &id,
+            Duration::from_secs(10),
+            "the response to the killed helper's request",
+        )
+        .await;
+    let error = assert_rpc_error(r, -32603, "helperFailed");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the failure must be prompt"
+    );
+    assert!(error.message.contains("fs-helper"), "{error:?}");
+    let read = fs_call(
+        &mut client,
+        "fs/readFile",
+        json!({"path": path}),
+        read_only(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(unb64(read["dataBase64"].as_str().unwrap()), b"inside");
+}
+
+#[tokio::test]
+async fn one_shot_helpers_give_the_same_answers() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&["--one-shot-helpers"]);
+    let mut client = server.client().await;
+    let read = fs_call(
+        &mut client,
+        "fs/readFile",
+        json!({"path": file_uri(dirs.ws("in.txt"))}),
+        read_only(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(unb64(read["dataBase64"].as_str().unwrap()), b"inside");
+    let target = dirs.out("x.txt");
+    let r = fs_call(
+        &mut client,
+        "fs/writeFile",
+        json!({"path": file_uri(&target), "dataBase64": b64("x")}),
+        dirs.write_policy(),
+    )
+    .await;
+    assert_denied(r, "fs/writeFile", &target);
+    assert!(
+        helper_pids(server.pid()).is_empty(),
+        "no helper stays around in one-shot mode"
+    );
+}
+
+#[tokio::test]
+async fn invalid_sandbox_objects_are_errors_never_run_unsandboxed() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let target = dirs.out("never.txt");
+    for sandbox in [
+        json!({"profile": "no-such-profile"}),
+        json!({"profile": "workspace-write"}),
+        json!({"bogus": 1}),
+    ] {
+        let r = fs_call(
+            &mut client,
+            "fs/writeFile",
+            json!({"path": file_uri(&target), "dataBase64": b64("x")}),
+            sandbox.clone(),
+        )
+        .await;
+        assert_rpc_error(r, -32602, "invalidParams");
+        let r = client
+            .start("p", &["/bin/true"], json!({"sandbox": sandbox}))
+            .await;
+        assert_rpc_error(r, -32602, "invalidParams");
+    }
+    assert!(!target.exists());
+}
+
+async fn sandboxed_write_inside_and_outside(tty: bool) {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let inside = dirs.ws("from-process.txt");
+    let outside = dirs.out("from-process.txt");
+    let script = format!(
+        "echo in > {}; echo rc_in=$?; echo out > {} 2>/dev/null; echo rc_out=$?; exit 7",
+        inside.display(),
+        outside.display()
+    );
+    let extra =
+        json!({"sandbox": dirs.write_policy(), "cwd": file_uri(dirs.workspace.path()), "tty": tty});
+    let out = client.run("w", &sh(&script), extra).await;
+    let text = if tty {
+        out.pty_text()
+    } else {
+        out.stdout_text()
+    };
+    assert!(text.contains("rc_in=0"), "write inside must work: {text}");
+    assert!(
+        text.contains("rc_out=") && !text.contains("rc_out=0"),
+        "write outside must fail: {text}"
+    );
+    assert_eq!(
+        out.exit_code,
+        Some(7),
+        "the program's exit status comes through"
+    );
+    assert_eq!(std::fs::read_to_string(&inside).unwrap(), "in\n");
+    assert!(!outside.exists(), "the outside write must not land");
+    // The server keeps serving, and terminate works on a sandboxed process.
+    client
+        .start(
+            "sleeper",
+            &["/bin/sleep", "1000"],
+            json!({"sandbox": dirs.write_policy(), "tty": tty}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        client
+            .call("process/terminate", json!({"processId": "sleeper"}))
+            .await,
+        json!({"running": true})
+    );
+    let out = client.collect("sleeper").await;
+    assert_eq!(out.exit_code, Some(143));
+    let meta = client
+        .call(
+            "fs/getMetadata",
+            json!({"path": file_uri(dirs.workspace.path())}),
+        )
+        .await;
+    assert_eq!(meta["isDirectory"], json!(true));
+}
+
+#[tokio::test]
+async fn sandboxed_process_start_in_pipe_mode_writes_inside_not_outside() {
+    sandboxed_write_inside_and_outside(false).await;
+}
+
+#[tokio::test]
+async fn sandboxed_process_start_in_tty_mode_writes_inside_not_outside() {
+    sandboxed_write_inside_and_outside(true).await;
+}
+
+#[tokio::test]
+async fn sandboxed_process_keeps_the_requested_env_and_cwd_and_has_no_network() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let script = "pwd; echo FOO=$FOO; (exec 3<>/dev/tcp/127.0.0.1/9) 2>/dev/null && echo net=yes || echo net=no";
+    let extra = json!({
+        "sandbox": dirs.write_policy(),
+        "cwd": file_uri(dirs.workspace.path()),
+        "env": {"PATH": "/usr/bin:/bin", "FOO": "bar"},
+    });
+    let out = client
+        .run(
+            "e",
+            &["/bin/bash", "--noprofile", "--norc", "-c", script],
+            extra,
+        )
+        .await;
+    let text = out.stdout_text();
+    assert!(
+        text.starts_with(&format!("{}\n", dirs.workspace.path().display())),
+        "{text}"
+    );
+    assert!(text.contains("FOO=bar"), "{text}");
+    assert!(text.contains("net=no"), "{text}");
+}
+
+#[test]
+fn standalone_helper_answers_json_for_allowed_and_denied_requests() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let dirs = Dirs::new();
+    let helper = tests::exec_server_binary().with_file_name("fs-helper");
+    let run = |request: Value| {
+        let mut child = Command::new(&helper)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(request.to_string().as_bytes())
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "stderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice::<Value>(&output.stdout).unwrap()
+    };
+    let allowed = run(
+        json!({"operation": "fs/readFile", "params": {"path": file_uri(dirs.ws("in.txt"))}, "sandbox": read_only()}),
+    );
+    assert_eq!(
+        allowed,
+        json!({"status": "ok", "payload": {"dataBase64": b64("inside")}})
+    );
+    let target = dirs.out("helper.txt");
+    let denied = run(
+        json!({"operation": "fs/writeFile", "params": {"path": file_uri(&target), "dataBase64": b64("x")}, "sandbox": dirs.write_policy()}),
+    );
+    assert_eq!(denied["status"], json!("error"));
+    assert_eq!(denied["payload"]["code"], json!(-32600));
+    assert_eq!(denied["payload"]["data"]["kind"], json!("sandboxDenied"));
+    assert_eq!(
+        denied["payload"]["data"]["operation"],
+        json!("fs/writeFile")
+    );
+    assert!(!target.exists());
+    // A policy it cannot understand is a setup failure: non-zero exit, reason on stderr.
+    let mut child = Command::new(&helper)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let bad = json!({"operation": "fs/readFile", "params": {"path": file_uri(dirs.ws("in.txt"))}, "sandbox": {"profile": "nope"}});
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(bad.to_string().as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("nope"));
+}
