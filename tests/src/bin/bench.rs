@@ -61,7 +61,12 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    fn start_with(args: &[&str]) -> Server {
         let mut child = Command::new(bin_dir().join("exec-server"))
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .spawn()
@@ -138,10 +143,18 @@ struct Params<'a> {
 }
 
 /// Start `argv`, consume notifications until `process/closed`; returns output bytes received.
-async fn run_to_close(client: &mut Client, id: &str, argv: &[&str], decode: &mut Vec<u8>) -> u64 {
-    client
-        .send("process/start", json!({"processId": id, "argv": argv, "cwd": "file:///tmp", "env": {"PATH": "/usr/bin:/bin"}}))
-        .await;
+async fn run_to_close(
+    client: &mut Client,
+    id: &str,
+    argv: &[&str],
+    sandbox: Option<&Value>,
+    decode: &mut Vec<u8>,
+) -> u64 {
+    let mut params = json!({"processId": id, "argv": argv, "cwd": "file:///tmp", "env": {"PATH": "/usr/bin:/bin"}});
+    if let Some(sandbox) = sandbox {
+        params["sandbox"] = sandbox.clone();
+    }
+    client.send("process/start", params).await;
     let mut bytes = 0u64;
     loop {
         let data = client.ws.next().await.unwrap().unwrap().into_data();
@@ -174,6 +187,7 @@ async fn spawn_round_trip(rows: &mut Vec<Row>, runs: usize) {
             &mut client,
             &format!("true-{run}"),
             &["/bin/true"],
+            None,
             &mut scratch,
         )
         .await;
@@ -197,6 +211,127 @@ async fn spawn_round_trip(rows: &mut Vec<Row>, runs: usize) {
     });
 }
 
+fn summary_with_p99(mut samples: Vec<f64>) -> (f64, String) {
+    samples.sort_by(f64::total_cmp);
+    let median = percentile(&samples, 0.5);
+    (
+        median,
+        format!("{:.3} ms (p99 {:.3})", median, percentile(&samples, 0.99)),
+    )
+}
+
+async fn timed_requests(
+    client: &mut Client,
+    method: &str,
+    params: &Value,
+    runs: usize,
+) -> Vec<f64> {
+    let mut samples = Vec::with_capacity(runs);
+    for run in 0..runs + 5 {
+        let started = Instant::now();
+        client.request(method, params.clone()).await;
+        if run >= 5 {
+            samples.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    samples
+}
+
+async fn sandboxed_read_file(rows: &mut Vec<Row>, runs: usize) {
+    let dir = std::env::temp_dir().join(format!("execward-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("4k.bin");
+    std::fs::write(&file, vec![7u8; 4096]).unwrap();
+    let uri = format!("file://{}", file.display());
+    let plain = json!({"path": uri});
+    let sandboxed = json!({"path": uri, "sandbox": {"profile": "read-only"}});
+    let server = Server::start();
+    let mut client = Client::connect(&server.url).await;
+    let (unsandboxed_median, unsandboxed_text) =
+        summary_with_p99(timed_requests(&mut client, "fs/readFile", &plain, runs).await);
+    let (pooled_median, pooled_text) =
+        summary_with_p99(timed_requests(&mut client, "fs/readFile", &sandboxed, runs).await);
+    let one_shot_server = Server::start_with(&["--one-shot-helpers"]);
+    let mut one_shot_client = Client::connect(&one_shot_server.url).await;
+    let (one_shot_median, one_shot_text) = summary_with_p99(
+        timed_requests(&mut one_shot_client, "fs/readFile", &sandboxed, runs / 5).await,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    rows.push(Row {
+        figure: format!("sandboxed fs/readFile 4 KiB, pooled helpers ({runs} runs)"),
+        ours: pooled_text.clone(),
+        baseline: format!("{unsandboxed_text} unsandboxed"),
+        ratio: format!("{:.2}x", pooled_median / unsandboxed_median),
+        target: "<= 3x".into(),
+    });
+    rows.push(Row {
+        figure: format!(
+            "sandboxed fs/readFile 4 KiB, one helper per request ({} runs)",
+            runs / 5
+        ),
+        ours: one_shot_text,
+        baseline: format!("{pooled_text} pooled"),
+        ratio: format!("pooled {:.1}x faster", one_shot_median / pooled_median),
+        target: "pooled >= 10x faster".into(),
+    });
+}
+
+async fn sandboxed_spawn(rows: &mut Vec<Row>, runs: usize) {
+    let server = Server::start();
+    let mut client = Client::connect(&server.url).await;
+    let mut scratch = Vec::new();
+    let sandbox = json!({"profile": "workspace-write", "cwd": "file:///tmp"});
+    let mut plain = Vec::new();
+    let mut sandboxed = Vec::new();
+    let mut direct = Vec::new();
+    for run in 0..runs + 5 {
+        let started = Instant::now();
+        run_to_close(
+            &mut client,
+            &format!("p-{run}"),
+            &["/bin/true"],
+            None,
+            &mut scratch,
+        )
+        .await;
+        let plain_ms = started.elapsed().as_secs_f64() * 1e3;
+        let started = Instant::now();
+        run_to_close(
+            &mut client,
+            &format!("s-{run}"),
+            &["/bin/true"],
+            Some(&sandbox),
+            &mut scratch,
+        )
+        .await;
+        let sandboxed_ms = started.elapsed().as_secs_f64() * 1e3;
+        let started = Instant::now();
+        Command::new("/bin/true").status().unwrap();
+        let direct_ms = started.elapsed().as_secs_f64() * 1e3;
+        if run >= 5 {
+            plain.push(plain_ms);
+            sandboxed.push(sandboxed_ms);
+            direct.push(direct_ms);
+        }
+    }
+    let (sandboxed_median, sandboxed_text) = summary_ms(sandboxed);
+    let (plain_median, plain_text) = summary_ms(plain);
+    let (direct_median, direct_text) = summary_ms(direct);
+    rows.push(Row {
+        figure: format!(
+            "sandboxed process/start of /bin/true (workspace-write), start to closed ({runs} runs)"
+        ),
+        ours: sandboxed_text,
+        baseline: format!("{plain_text} unsandboxed; {direct_text} direct spawn"),
+        ratio: format!(
+            "{:.2}x unsandboxed, {:.2}x direct",
+            sandboxed_median / plain_median,
+            sandboxed_median / direct_median
+        ),
+        target: "<= 2x direct".into(),
+    });
+}
+
 async fn output_throughput(rows: &mut Vec<Row>, mib: u64, runs: usize) {
     let server = Server::start();
     let mut client = Client::connect(&server.url).await;
@@ -210,6 +345,7 @@ async fn output_throughput(rows: &mut Vec<Row>, mib: u64, runs: usize) {
             &mut client,
             &format!("head-{run}"),
             &["head", "-c", &count, "/dev/zero"],
+            None,
             &mut scratch,
         )
         .await;
@@ -299,6 +435,8 @@ async fn main() {
         if quick { 2 } else { 5 },
     )
     .await;
+    sandboxed_read_file(&mut rows, if quick { 200 } else { 1000 }).await;
+    sandboxed_spawn(&mut rows, if quick { 50 } else { 200 }).await;
     let command = format!(
         "cargo run --release -p tests --bin bench --{}",
         args.iter().map(|a| format!(" {a}")).collect::<String>()
