@@ -22,6 +22,7 @@ pub mod process;
 pub mod rpc;
 pub mod server;
 pub mod session;
+mod sys;
 pub mod transport;
 
 pub use listen::{DEFAULT_LISTEN_URL, ExecServerListenUrlParseError, ListenAddress};

@@ -133,7 +133,7 @@ impl BoundServer {
             ListenAddress::Unix(path) => vec![path.clone()],
             ListenAddress::Tcp(_) => Vec::new(),
         };
-        crate::process::sys::prepare_server_descriptors();
+        crate::sys::prepare_server_descriptors();
         let guardian = match Guardian::start(&options.runtime_paths.guardian) {
             Ok(guardian) => Arc::new(guardian),
             Err(source) => {

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::io::{IoSliceMut, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -320,8 +320,7 @@ fn read_header(socket: &UnixStream) -> Result<([u8; 4], Option<std::fs::File>), 
         {
             if let ControlMessageOwned::ScmRights(fds) = cmsg {
                 for fd in fds {
-                    // SAFETY: the kernel just installed this descriptor in our table for us.
-                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                    let owned = crate::sys::owned_fd_from_scm_rights(fd);
                     file.get_or_insert(std::fs::File::from(owned));
                 }
             }

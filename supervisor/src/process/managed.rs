@@ -182,7 +182,7 @@ impl ManagedProcess {
                 process_id: self.id.clone(),
             });
         };
-        super::sys::set_window_size(pty.get_ref(), cols, rows)
+        crate::sys::set_window_size(pty.get_ref(), cols, rows)
             .map_err(|e| ProcessError::Resize(e.to_string()))
     }
 }

@@ -11,7 +11,6 @@ pub mod managed;
 pub mod output;
 pub mod pump;
 pub mod spawn;
-pub(crate) mod sys;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;

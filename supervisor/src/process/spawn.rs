@@ -19,7 +19,7 @@ use nix::fcntl::OFlag;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
-use super::sys::{self, FileAction};
+use crate::sys::{self, FileAction};
 
 /// Where the program is searched when the child's environment has no `PATH` (as execvp does).
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";

@@ -1,6 +1,7 @@
-//! The raw system calls of the process module, each behind a typed safe wrapper: `posix_spawn`
-//! with its file actions and attributes, `pidfd_open`, the PTY window-size ioctl, and the
-//! one-time descriptor hygiene at server start.
+//! The only unsafe code of the supervisor: raw system calls, each behind a typed safe wrapper —
+//! `posix_spawn` with its file actions and attributes, `pidfd_open`, the PTY window-size ioctl,
+//! taking ownership of descriptors received with `SCM_RIGHTS`, and the one-time descriptor
+//! hygiene at server start.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -204,4 +205,11 @@ pub fn register_async_fd(fd: OwnedFd) -> std::io::Result<tokio::io::unix::AsyncF
     // SAFETY: an OwnedFd is a valid open descriptor that stays open, and always reports the same
     // number, for as long as it is owned — here, for the whole life of the AsyncFd.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|error| error.into_parts().1)
+}
+
+/// Take ownership of a descriptor the kernel installed for us with `SCM_RIGHTS`.
+pub fn owned_fd_from_scm_rights(fd: RawFd) -> OwnedFd {
+    // SAFETY: recvmsg just installed `fd` in our descriptor table for this message; nothing else
+    // knows the number, so this is its only owner.
+    unsafe { OwnedFd::from_raw_fd(fd) }
 }
