@@ -28,10 +28,19 @@ const SIGNALS_RESET_IN_CHILD: [libc::c_int; 14] = [
     libc::SIGWINCH,
 ];
 
-/// Once at server start: make sure descriptors 0-2 exist (so no pipe we create later lands on
+/// Once at server start: raise the soft descriptor limit to the hard one, make sure descriptors
+/// 0-2 exist (so no pipe we create later lands on
 /// them) and mark every descriptor above 2 close-on-exec, so nothing the server inherited from
 /// its parent can leak into a child.
 pub fn prepare_server_descriptors() {
+    // Each process holds 3-4 descriptors (pipes or PTY, pidfd) and each connection a socket:
+    // raise the soft limit to the hard one so MAX_PROCESSES_PER_SESSION is reachable.
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
     for fd in 0..=2 {
         if nix::fcntl::fcntl(borrow(fd), nix::fcntl::FcntlArg::F_GETFD).is_err() {
             // Opened without O_CLOEXEC on purpose: it takes the lowest free number, `fd`, and
