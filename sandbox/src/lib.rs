@@ -7,6 +7,7 @@
 //! - [`macos`]: Seatbelt profile text (plain Rust, tested on every platform).
 //! - [`run`]: the `sandbox-run` command line.
 
+pub mod audit;
 pub mod policy;
 
 #[cfg(target_os = "linux")]

@@ -143,9 +143,11 @@ fn rights(access: RuleAccess, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {
 ///
 /// # Errors
 /// [`LandlockError`] when Landlock is missing or not fully enforced (unless `best_effort`).
+/// `log_after_exec` keeps logging denials after `execve` (ABI >= 7; the denial audit).
 pub fn install(
     policy: &ResolvedPolicy,
     best_effort: bool,
+    log_after_exec: bool,
     warnings: &mut Vec<String>,
 ) -> Result<LandlockReport, LandlockError> {
     let abi_number = sys::landlock_abi();
@@ -193,6 +195,9 @@ pub fn install(
             created = created.add_rule(PathBeneath::new(fd, rights(rule.access, abi, is_dir)))?;
             report.rules += 1;
         }
+    }
+    if log_after_exec && abi_number >= 7 {
+        created = created.log_new_exec(true)?;
     }
     let status = created.restrict_self()?;
     report.status = match status.ruleset {

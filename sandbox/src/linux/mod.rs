@@ -58,6 +58,9 @@ pub struct EnforceOptions {
     pub env: EnvMode,
     /// Namespace layer.
     pub namespaces: NamespaceMode,
+    /// Log denials to the kernel audit after `execve` (Landlock `LOG_NEW_EXEC_ON` when the ABI
+    /// has it, seccomp `FLAG_LOG`); set by the denial audit ([`crate::audit`]).
+    pub audit_log: bool,
 }
 
 impl EnforceOptions {
@@ -68,6 +71,7 @@ impl EnforceOptions {
             keep_fds: vec![0, 1, 2],
             env: EnvMode::Keep,
             namespaces: NamespaceMode::Auto,
+            audit_log: false,
         }
     }
 
@@ -80,6 +84,7 @@ impl EnforceOptions {
             keep_fds,
             env: EnvMode::HelperAllowlist,
             namespaces: NamespaceMode::Auto,
+            audit_log: false,
         }
     }
 }
@@ -202,7 +207,12 @@ pub fn restrict_current_process(
         }
     }
 
-    report.landlock = landlock::install(policy, options.best_effort, &mut report.warnings)?;
-    report.seccomp = seccomp::install(policy.network_allowed())?;
+    report.landlock = landlock::install(
+        policy,
+        options.best_effort,
+        options.audit_log,
+        &mut report.warnings,
+    )?;
+    report.seccomp = seccomp::install(policy.network_allowed(), options.audit_log)?;
     Ok(report)
 }

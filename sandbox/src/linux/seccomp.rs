@@ -304,11 +304,18 @@ pub fn chain(parts: &[(&str, &[sock_filter])]) -> Result<BpfProgram, SeccompErro
 ///
 /// # Errors
 /// [`SeccompError`] when the program cannot be built or installed.
-pub fn install(network_allowed: bool) -> Result<Vec<String>, SeccompError> {
+pub fn install(network_allowed: bool, log: bool) -> Result<Vec<String>, SeccompError> {
     let (names, program) = program_for(network_allowed)?;
-    seccompiler::apply_filter(&program).map_err(|err| SeccompError::Install {
+    // `log`: the denial audit wants SECCOMP records for the errno actions (FLAG_LOG).
+    let installed = if log {
+        crate::audit::sys::install_seccomp_filter_logged_on_current_thread(&program)
+            .map_err(|err| err.to_string())
+    } else {
+        seccompiler::apply_filter(&program).map_err(|err| err.to_string())
+    };
+    installed.map_err(|message| SeccompError::Install {
         name: names.join("+"),
-        message: err.to_string(),
+        message,
     })?;
     Ok(names)
 }

@@ -1,0 +1,175 @@
+//! "The policy rule that would allow it": a pure function of the resolved policy and a denial.
+//!
+//! The advice names a profile-file line (`policies/README.md`, "Profile files") and the
+//! `sandbox-run` flag with the same effect, or says plainly that no rule allows it.
+
+use std::path::{Path, PathBuf};
+
+use crate::audit::denial::Layer;
+use crate::linux::seccomp;
+use crate::policy::{Access, ResolvedPolicy};
+
+/// The rule that would allow `operation` on `path` / `address` under `policy`.
+pub fn allow_rule(
+    policy: &ResolvedPolicy,
+    layer: Layer,
+    operation: &str,
+    path: Option<&str>,
+) -> String {
+    if operation.starts_with("net.") || operation == "socket" || operation == "socketpair" {
+        return "network = true (sandbox-run --allow-network)".to_owned();
+    }
+    if layer == Layer::Seccomp {
+        return seccomp_reason(operation);
+    }
+    if operation.starts_with("scope.") {
+        return "none: processes outside the sandbox cannot be signalled or reached through \
+                abstract sockets under any restricting policy"
+            .to_owned();
+    }
+    let Some(path) = path.map(PathBuf::from) else {
+        return "unknown: the kernel record names no path".to_owned();
+    };
+    let wants_write = !matches!(
+        operation,
+        "fs.read_file" | "fs.read_dir" | "fs.execute" | "fs.ioctl_dev"
+    );
+    // Make/remove operations name the directory (Landlock's convention, which the mount layer
+    // follows); other paths are the object itself.
+    let target = if is_directory_operation(operation) {
+        path.clone()
+    } else {
+        path.parent().map(Path::to_path_buf).unwrap_or(path.clone())
+    };
+    if policy.access_for(&path) == Access::Deny {
+        return format!(
+            "remove the deny entry covering {} from the policy",
+            path.display()
+        );
+    }
+    if let Some(protected) = protected_ancestor(policy, &path) {
+        return format!(
+            "{} is a protected path of a writable root (read-only under every built-in \
+             profile); only a profile file without it in protected_subpaths and with \"{}\" = \
+             \"write\" allows it",
+            protected.display(),
+            protected.display()
+        );
+    }
+    if wants_write {
+        format!(
+            "\"{dir}\" = \"write\" (sandbox-run --writable-root {dir})",
+            dir = target.display()
+        )
+    } else {
+        format!("\"{}\" = \"read\"", path.display())
+    }
+}
+
+fn is_directory_operation(operation: &str) -> bool {
+    operation.starts_with("fs.make_")
+        || operation.starts_with("fs.remove_")
+        || operation == "fs.refer"
+}
+
+/// The read-only carve-out (`.git`, ...) inside a writable root that covers `path`.
+fn protected_ancestor(policy: &ResolvedPolicy, path: &Path) -> Option<PathBuf> {
+    policy
+        .writable_roots()
+        .into_iter()
+        .flat_map(|root| root.read_only_subpaths)
+        .filter(|sub| path.starts_with(sub))
+        .max_by_key(|sub| sub.as_os_str().len())
+}
+
+fn seccomp_reason(syscall: &str) -> String {
+    let comment = seccomp::filters_for(true).ok().and_then(|filters| {
+        filters
+            .into_iter()
+            .flat_map(|(_, filter)| filter.filter)
+            .find(|rule| rule.syscall == syscall)
+            .map(|rule| rule.comment)
+    });
+    match comment {
+        Some(comment) => format!(
+            "none: policies/seccomp/restrictions.json refuses {syscall} under every \
+             restricting policy ({comment})"
+        ),
+        None => format!("none: {syscall} is refused by the sandbox's seccomp filter"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{FilesystemPolicy, PathRule};
+    use pretty_assertions::assert_eq;
+
+    fn policy() -> ResolvedPolicy {
+        let rule = |path: &str, access| PathRule {
+            path: PathBuf::from(path),
+            access,
+        };
+        ResolvedPolicy {
+            filesystem: FilesystemPolicy::Restricted {
+                rules: vec![
+                    rule("/", Access::Read),
+                    rule("/ws", Access::Write),
+                    rule("/ws/.git", Access::Read),
+                    rule("/ws/secret", Access::Deny),
+                ],
+            },
+            network_access: false,
+        }
+    }
+
+    #[test]
+    fn write_outside_suggests_the_parent_as_writable_root() {
+        let rule = allow_rule(
+            &policy(),
+            Layer::Mount,
+            "fs.write_file",
+            Some("/etc/x.conf"),
+        );
+        assert_eq!(
+            rule,
+            "\"/etc\" = \"write\" (sandbox-run --writable-root /etc)"
+        );
+        let rule = allow_rule(&policy(), Layer::Landlock, "fs.make_dir", Some("/opt"));
+        assert_eq!(
+            rule,
+            "\"/opt\" = \"write\" (sandbox-run --writable-root /opt)"
+        );
+        let rule = allow_rule(&policy(), Layer::Mount, "fs.make_reg", Some("/opt"));
+        assert_eq!(
+            rule,
+            "\"/opt\" = \"write\" (sandbox-run --writable-root /opt)"
+        );
+    }
+
+    #[test]
+    fn protected_paths_and_deny_entries_are_named() {
+        let rule = allow_rule(
+            &policy(),
+            Layer::Mount,
+            "fs.write_file",
+            Some("/ws/.git/config"),
+        );
+        assert!(rule.starts_with("/ws/.git is a protected path"), "{rule}");
+        let rule = allow_rule(
+            &policy(),
+            Layer::Landlock,
+            "fs.read_file",
+            Some("/ws/secret/k"),
+        );
+        assert!(rule.starts_with("remove the deny entry"), "{rule}");
+    }
+
+    #[test]
+    fn network_and_seccomp_advice() {
+        let rule = allow_rule(&policy(), Layer::Seccomp, "socket", None);
+        assert_eq!(rule, "network = true (sandbox-run --allow-network)");
+        let rule = allow_rule(&policy(), Layer::Seccomp, "ptrace", None);
+        assert!(rule.starts_with("none: policies/seccomp/restrictions.json refuses ptrace"));
+    }
+}

@@ -1,0 +1,69 @@
+//! The audit collector's raw system calls, each behind a typed safe wrapper.
+
+use std::io;
+
+/// `seccomp(2)` operation: install a filter.
+const SECCOMP_SET_MODE_FILTER: libc::c_uint = 1;
+/// `seccomp(2)` flag: log every action of this filter but `SECCOMP_RET_ALLOW` (subject to
+/// `/proc/sys/kernel/seccomp/actions_logged`, which includes `errno` by default).
+const SECCOMP_FILTER_FLAG_LOG: libc::c_uint = 1 << 1;
+
+/// Installs `program` on the calling thread with `SECCOMP_FILTER_FLAG_LOG`, so its `errno`
+/// actions produce `SECCOMP` audit records. `no_new_privs` must already be set.
+///
+/// # Errors
+/// The OS error of `seccomp(2)` (e.g. `EINVAL` for an invalid program).
+pub fn install_seccomp_filter_logged_on_current_thread(
+    program: &[seccompiler::sock_filter],
+) -> io::Result<()> {
+    let mut filters: Vec<libc::sock_filter> = program
+        .iter()
+        .map(|insn| libc::sock_filter {
+            code: insn.code,
+            jt: insn.jt,
+            jf: insn.jf,
+            k: insn.k,
+        })
+        .collect();
+    let prog = libc::sock_fprog {
+        len: u16::try_from(filters.len())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        filter: filters.as_mut_ptr(),
+    };
+    // SAFETY: `prog` points at `filters`, a valid array of `len` instructions that outlives the
+    // call; the kernel copies the program and validates it before installing.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            SECCOMP_SET_MODE_FILTER,
+            SECCOMP_FILTER_FLAG_LOG,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Runs `child` in a forked child process, which leaves through `_exit` with the returned
+/// status and never returns into the caller's code. Returns the child's pid to the parent.
+///
+/// Must only be called while the process is single-threaded (`sandbox-run` has no threads).
+pub fn fork_child(child: impl FnOnce() -> i32) -> io::Result<nix::unistd::Pid> {
+    use nix::unistd::ForkResult;
+    // SAFETY: the caller is single-threaded, so no lock can be held by another thread across
+    // the fork; the child runs `child` (which confines itself and execs) and leaves through
+    // `_exit` without unwinding back into the caller.
+    match unsafe { nix::unistd::fork() } {
+        Ok(ForkResult::Child) => {
+            let status = child();
+            // SAFETY: _exit ends the forked child immediately without running destructors
+            // (the parent owns the collector's sockets and state files).
+            unsafe { libc::_exit(status) }
+        }
+        Ok(ForkResult::Parent { child }) => Ok(child),
+        Err(errno) => Err(errno.into()),
+    }
+}
