@@ -6,7 +6,8 @@
 //! argument, mean the call itself was allowed. The sandbox crate's kernel tests include this
 //! file as a module so both use one implementation.
 //!
-//! Usage: `probe OP [ARGS...]`; ops are listed in [`run_probe`].
+//! Usage: `probe OP [ARGS...]`; ops are listed in [`run_probe`]; `probe sequence OP [ARGS] ; OP
+//! [ARGS] ...` runs several in turn.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -46,6 +47,8 @@ pub fn run_probe(args: &[String]) -> Value {
         "chmod" => std::fs::set_permissions(arg(1), std::fs::Permissions::from_mode(0o600))
             .map(|()| Value::Null),
         "tcp-connect" => std::net::TcpStream::connect(arg(1)).map(|_| Value::Null),
+        "udp-socket" => std::net::UdpSocket::bind("127.0.0.1:0").map(|_| Value::Null),
+        "sequence" => Ok(sequence(&args[1..])),
         "udp-send" => std::net::UdpSocket::bind("127.0.0.1:0")
             .and_then(|s| s.send_to(b"probe", arg(1)))
             .map(|n| json!(n)),
@@ -87,6 +90,17 @@ pub fn run_probe(args: &[String]) -> Value {
         _ => Err(std::io::Error::other(format!("unknown probe op {op:?}"))),
     };
     report(op, result)
+}
+
+/// `sequence OP [ARGS] ; OP [ARGS] ; ...`: runs each operation in turn (the denial audit's
+/// tests use it for a known set of allowed and forbidden operations); one result per op.
+fn sequence(args: &[String]) -> Value {
+    Value::Array(
+        args.split(|arg| arg == ";")
+            .filter(|ops| !ops.is_empty())
+            .map(run_probe)
+            .collect(),
+    )
 }
 
 fn report(op: &str, result: Result<Value, std::io::Error>) -> Value {

@@ -1,0 +1,533 @@
+//! The denial audit end to end: real `sandbox-run --audit` runs, real kernel audit records.
+//!
+//! These tests need root and the kernel audit subsystem (CI runs as root). They check their
+//! preconditions and FAIL with the reason when they are missing, never pass silently.
+//! Every audited run turns auditing on and back off, so the tests of this binary take one lock.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::{Fixture, NOBODY, PROBE_ENV, s};
+use serde_json::Value;
+
+/// Audited runs of this binary are serialised (they share the kernel's audit state).
+static AUDIT_LOCK: Mutex<()> = Mutex::new(());
+
+#[test]
+fn probe_entry() {
+    common::probe_entry();
+}
+
+/// Fails (does not skip) when this machine cannot run the audit tests.
+fn require_audit() -> std::sync::MutexGuard<'static, ()> {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the denial-audit tests need root (CAP_AUDIT_READ and CAP_AUDIT_CONTROL); CI runs them as root"
+    );
+    if let Err(err) = sandbox::audit::netlink::MulticastReader::open() {
+        panic!("the kernel audit subsystem is not usable here: {err}");
+    }
+    AUDIT_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `sandbox-run ARGS -- <this test binary as the probe> sequence OPS...`, `times` times in a
+/// row from `/bin/sh` (so the denials come from grandchildren of sandbox-run).
+fn run_probe_tree(
+    sandbox_args: &[&str],
+    ops: &[&str],
+    times: usize,
+    cwd: &Path,
+    uid: Option<u32>,
+) -> Output {
+    let exe = std::env::current_exe().unwrap();
+    let probe = format!(
+        "'{}' --exact probe_entry --nocapture --test-threads=1 -q",
+        exe.display()
+    );
+    let script = vec![probe; times].join("; ");
+    let mut args: Vec<String> = std::iter::once("sequence".to_owned())
+        .chain(ops.iter().map(|o| (*o).to_owned()))
+        .collect();
+    args.retain(|_| true);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-run"));
+    cmd.args(sandbox_args)
+        .args(["--", "/bin/sh", "-c", &script])
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env(PROBE_ENV, serde_json::to_string(&args).unwrap());
+    if let Some(uid) = uid {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(uid).gid(uid);
+    }
+    cmd.output().unwrap()
+}
+
+fn read_jsonl(path: &Path) -> (Vec<Value>, Value) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let coverage = lines.pop().expect("a coverage line");
+    assert_eq!(coverage["kind"], "coverage", "{text}");
+    (lines, coverage)
+}
+
+/// `(layer, operation, target) -> count`.
+fn tally(denials: &[Value]) -> BTreeMap<(String, String, String), usize> {
+    let mut out = BTreeMap::new();
+    for d in denials {
+        assert_eq!(d["kind"], "denial");
+        let target = d["path"].as_str().or(d["address"].as_str()).unwrap_or("-");
+        *out.entry((
+            d["layer"].as_str().unwrap().to_owned(),
+            d["operation"].as_str().unwrap().to_owned(),
+            target.to_owned(),
+        ))
+        .or_default() += 1;
+    }
+    out
+}
+
+fn key(layer: &str, op: &str, target: &str) -> (String, String, String) {
+    (layer.to_owned(), op.to_owned(), target.to_owned())
+}
+
+fn context(output: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn audit_lists_exactly_the_forbidden_operations_of_the_command_tree() {
+    let _guard = require_audit();
+    let fx = Fixture::new(None);
+    let report = fx.ws.join("../audit.jsonl");
+    let (ws, outside, outside_file) = (s(&fx.ws), s(&fx.outside), s(&fx.outside_file));
+    let git_config = format!("{ws}/.git/config");
+    let ops = [
+        // forbidden
+        "write",
+        outside_file,
+        ";",
+        "write",
+        &format!("{outside}/new.txt"),
+        ";",
+        "mkdir",
+        &format!("{outside}/newdir"),
+        ";",
+        "write",
+        &git_config,
+        ";",
+        "tcp-connect",
+        "127.0.0.1:9",
+        ";",
+        "udp-socket",
+        ";",
+        // allowed
+        "write",
+        &format!("{ws}/inside.txt"),
+        ";",
+        "mkdir",
+        &format!("{ws}/made"),
+        ";",
+        "read",
+        "/etc/hostname",
+        ";",
+        "read",
+        outside_file,
+    ];
+    // An unrelated sandboxed process is denied at the same time, over and over: none of its
+    // denials (other paths, same kinds) may show up in our report.
+    let unrelated_dir = fx.outside.with_file_name("unrelated");
+    std::fs::create_dir(&unrelated_dir).unwrap();
+    let stop = AtomicBool::new(false);
+    let unrelated_runs = std::thread::scope(|scope| {
+        let noise = scope.spawn(|| {
+            let mut runs = 0;
+            let target = format!("{}/x.txt", unrelated_dir.display());
+            while !stop.load(Ordering::SeqCst) || runs == 0 {
+                let out = run_probe_tree(
+                    &["--policy", "workspace-write", "--cwd", ws],
+                    &["write", &target, ";", "udp-socket", ";", "mkdir", &target],
+                    1,
+                    &fx.ws,
+                    None,
+                );
+                assert!(out.status.success(), "{}", context(&out));
+                runs += 1;
+            }
+            runs
+        });
+        let out = run_probe_tree(
+            &[
+                "--policy",
+                "workspace-write",
+                "--cwd",
+                ws,
+                "--audit",
+                s(&report),
+            ],
+            &ops,
+            2,
+            &fx.ws,
+            None,
+        );
+        stop.store(true, Ordering::SeqCst);
+        assert!(out.status.success(), "{}", context(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("sandbox-run: audit: 12 denials (5 distinct)"),
+            "{stderr}"
+        );
+        noise.join().unwrap()
+    });
+    assert!(unrelated_runs >= 1);
+
+    let (denials, coverage) = read_jsonl(&report);
+    assert_eq!(coverage["audit"], true, "{coverage}");
+    assert_eq!(coverage["complete"], true, "{coverage}");
+    assert_eq!(coverage["gaps"], serde_json::json!([]), "{coverage}");
+    let expected: BTreeMap<_, _> = [
+        key("mount", "fs.write_file", outside_file),
+        key("mount", "fs.make_reg", outside),
+        key("mount", "fs.make_dir", outside),
+        key("mount", "fs.write_file", &git_config),
+        // seccomp refuses socket() itself (records carry no arguments: no family, no address)
+        key("seccomp", "socket", "-"),
+    ]
+    .into_iter()
+    .map(|k| {
+        let n = if k.1 == "socket" { 4 } else { 2 };
+        (k, n)
+    })
+    .collect();
+    pretty_assertions::assert_eq!(tally(&denials), expected);
+    let exe = std::env::current_exe().unwrap();
+    for d in &denials {
+        assert!(d["pid"].as_u64().is_some(), "{d}");
+        assert_eq!(d["exe"].as_str(), Some(s(&exe)), "{d}");
+        assert!(!d["allow_rule"].as_str().unwrap().is_empty(), "{d}");
+    }
+    let git = denials
+        .iter()
+        .find(|d| d["path"] == git_config.as_str())
+        .unwrap();
+    assert!(
+        git["allow_rule"]
+            .as_str()
+            .unwrap()
+            .contains("protected path"),
+        "{git}"
+    );
+    fx.assert_outside_untouched("audited run");
+}
+
+#[test]
+fn landlock_denials_are_reported_without_the_namespace_layer() {
+    let _guard = require_audit();
+    let fx = Fixture::new(None);
+    let report = fx.ws.join("../landlock.jsonl");
+    let (ws, outside, outside_file) = (s(&fx.ws), s(&fx.outside), s(&fx.outside_file));
+    let out = run_probe_tree(
+        &[
+            "--policy",
+            "workspace-write",
+            "--cwd",
+            ws,
+            "--no-namespaces",
+            "--best-effort",
+            "--audit",
+            s(&report),
+        ],
+        &[
+            "write",
+            outside_file,
+            ";",
+            "mkdir",
+            &format!("{outside}/d"),
+            ";",
+            "write",
+            &format!("{ws}/ok.txt"),
+        ],
+        1,
+        &fx.ws,
+        None,
+    );
+    assert!(out.status.success(), "{}", context(&out));
+    let (denials, coverage) = read_jsonl(&report);
+    assert_eq!(coverage["landlock"], true, "{coverage}");
+    let expected: BTreeMap<_, _> = [
+        (key("landlock", "fs.write_file", outside_file), 1),
+        (key("landlock", "fs.make_dir", outside), 1),
+    ]
+    .into_iter()
+    .collect();
+    pretty_assertions::assert_eq!(tally(&denials), expected);
+    assert!(denials.iter().all(|d| d["pid"].as_u64().is_some()));
+}
+
+#[test]
+fn sarif_report_validates_against_the_sarif_2_1_0_schema() {
+    let _guard = require_audit();
+    let fx = Fixture::new(None);
+    let report = fx.ws.join("../audit.sarif");
+    let out = run_probe_tree(
+        &[
+            "--policy",
+            "workspace-write",
+            "--cwd",
+            s(&fx.ws),
+            "--audit",
+            s(&report),
+            "--audit-format",
+            "sarif",
+        ],
+        &[
+            "write",
+            s(&fx.outside_file),
+            ";",
+            "mkdir",
+            &format!("{}/d", s(&fx.outside)),
+            ";",
+            "udp-socket",
+        ],
+        2,
+        &fx.ws,
+        None,
+    );
+    assert!(out.status.success(), "{}", context(&out));
+    let log: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let results = log["runs"][0]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3, "one result per distinct denial: {log:#}");
+    assert!(
+        results.iter().all(|r| r["properties"]["count"] == 2),
+        "{log:#}"
+    );
+    assert_eq!(
+        log["runs"][0]["invocations"][0]["executionSuccessful"],
+        true
+    );
+    validate_sarif(&report);
+}
+
+#[test]
+fn blind_sarif_report_validates_too_and_says_it_is_blind() {
+    let _guard = require_audit();
+    let fx = Fixture::new(Some(NOBODY));
+    let report = fx.ws.join("blind.sarif");
+    let out = run_probe_tree(
+        &[
+            "--policy",
+            "workspace-write",
+            "--audit",
+            s(&report),
+            "--audit-format",
+            "sarif",
+        ],
+        &["write", s(&fx.outside_file)],
+        1,
+        &fx.ws,
+        Some(NOBODY),
+    );
+    assert!(out.status.success(), "{}", context(&out));
+    let log: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let invocation = &log["runs"][0]["invocations"][0];
+    assert_eq!(invocation["executionSuccessful"], false, "{log:#}");
+    assert!(
+        invocation["toolExecutionNotifications"][0]["message"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("CAP_AUDIT_READ"),
+        "{log:#}"
+    );
+    validate_sarif(&report);
+}
+
+fn validate_sarif(report: &Path) {
+    let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/sarif-schema-2.1.0.json");
+    let script = "import json, sys, jsonschema\n\
+        schema = json.load(open(sys.argv[1]))\n\
+        log = json.load(open(sys.argv[2]))\n\
+        jsonschema.Draft4Validator(schema, format_checker=jsonschema.FormatChecker()).validate(log)\n";
+    let out = Command::new("python3")
+        .args(["-c", script, s(&schema), s(report)])
+        .output()
+        .expect("python3 is needed to validate SARIF (pip install jsonschema)");
+    assert!(
+        out.status.success(),
+        "SARIF does not validate against the 2.1.0 schema (or python3 lacks the jsonschema \
+         module: pip install jsonschema):\n{}",
+        context(&out)
+    );
+}
+
+#[test]
+fn fail_on_denial_exits_3_on_a_denial_and_keeps_the_program_status_otherwise() {
+    let _guard = require_audit();
+    let fx = Fixture::new(None);
+    let ws = s(&fx.ws);
+    let run = |script: &str, extra: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-run"));
+        cmd.args(["--policy", "workspace-write", "--cwd", ws])
+            .args(extra)
+            .args(["--", "/bin/sh", "-c", script])
+            .current_dir(&fx.ws)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin");
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let denied = format!("echo x > '{}' ; exit 0", s(&fx.outside_file));
+    let (code, stderr) = run(&denied, &["--fail-on-denial"]);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(stderr.contains("fs.write_file"), "{stderr}");
+    let (code, stderr) = run("echo ok > inside.txt; exit 0", &["--fail-on-denial"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("sandbox-run: audit: no denials observed"),
+        "{stderr}"
+    );
+    let (code, stderr) = run("exit 7", &["--fail-on-denial"]);
+    assert_eq!(code, Some(7), "{stderr}");
+    let (code, stderr) = run(
+        &format!("echo x > '{}'; exit 5", s(&fx.outside_file)),
+        &["--audit", "/dev/null"],
+    );
+    assert_eq!(
+        code,
+        Some(5),
+        "without --fail-on-denial the program's status stays: {stderr}"
+    );
+}
+
+#[test]
+fn blind_audit_says_so_once_and_never_reports_clean() {
+    let _guard = require_audit();
+    let fx = Fixture::new(Some(NOBODY));
+    let report = fx.ws.join("blind.jsonl");
+    let out = run_probe_tree(
+        &[
+            "--policy",
+            "workspace-write",
+            "--audit",
+            s(&report),
+            "--fail-on-denial",
+        ],
+        &["write", s(&fx.outside_file)],
+        1,
+        &fx.ws,
+        Some(NOBODY),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "blind + --fail-on-denial: {}",
+        context(&out)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("UNAVAILABLE").count(), 1, "{stderr}");
+    assert!(stderr.contains("CAP_AUDIT_READ"), "{stderr}");
+    assert!(!stderr.contains("no denials"), "{stderr}");
+    let (denials, coverage) = read_jsonl(&report);
+    assert!(denials.is_empty());
+    assert_eq!(coverage["audit"], false, "{coverage}");
+    assert_eq!(coverage["complete"], false, "{coverage}");
+
+    let github = fx.ws.join("blind.github");
+    let out = run_probe_tree(
+        &[
+            "--policy",
+            "workspace-write",
+            "--audit",
+            s(&github),
+            "--audit-format",
+            "github",
+        ],
+        &["write", s(&fx.outside_file)],
+        1,
+        &fx.ws,
+        Some(NOBODY),
+    );
+    assert!(out.status.success(), "{}", context(&out));
+    let text = std::fs::read_to_string(&github).unwrap();
+    assert!(
+        text.starts_with("::warning title=Sandbox audit unavailable::"),
+        "{text}"
+    );
+}
+
+#[test]
+fn github_format_annotates_each_distinct_denial() {
+    let _guard = require_audit();
+    let fx = Fixture::new(None);
+    let report = fx.ws.join("../annotations.txt");
+    let out = run_probe_tree(
+        &[
+            "--policy",
+            "workspace-write",
+            "--cwd",
+            s(&fx.ws),
+            "--audit",
+            s(&report),
+            "--audit-format",
+            "github",
+            "--fail-on-denial",
+        ],
+        &["write", s(&fx.outside_file), ";", "udp-socket"],
+        2,
+        &fx.ws,
+        None,
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", context(&out));
+    let text = std::fs::read_to_string(&report).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with("::error title=Sandbox denied fs.write_file (mount)::"),
+        "{text}"
+    );
+    assert!(lines[0].contains("denied 2x"), "{text}");
+    assert!(
+        lines[1].starts_with("::error title=Sandbox denied socket (seccomp)::"),
+        "{text}"
+    );
+}
+
+#[test]
+fn audit_state_is_restored_after_the_run() {
+    let _guard = require_audit();
+    let mut control = sandbox::audit::netlink::Control::open().unwrap();
+    let before = control.status().unwrap().enabled;
+    let fx = Fixture::new(None);
+    let out = run_probe_tree(
+        &["--policy", "read-only", "--audit", "/dev/null"],
+        &["uid"],
+        1,
+        &fx.ws,
+        None,
+    );
+    assert!(out.status.success(), "{}", context(&out));
+    assert_eq!(
+        control.status().unwrap().enabled,
+        before,
+        "audit enabled flag changed"
+    );
+}
