@@ -49,11 +49,10 @@ pub fn allow_rule(
     }
     if let Some(protected) = protected_ancestor(policy, &path) {
         return format!(
-            "{} is a protected path of a writable root (read-only under every built-in \
-             profile); only a profile file without it in protected_subpaths and with \"{}\" = \
-             \"write\" allows it",
-            protected.display(),
-            protected.display()
+            "{p} is a protected path (read-only in every writable root of the built-in \
+             profiles); only a profile file that leaves it out of protected_subpaths and says \
+             \"{p}\" = \"write\" allows it",
+            p = protected.display()
         );
     }
     if wants_write {
