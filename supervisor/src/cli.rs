@@ -38,4 +38,18 @@ pub struct Cli {
     /// Seconds a detached session (its connection lost) keeps its processes for a resume.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::limits::DETACHED_SESSION_TTL.as_secs_f64())]
     pub detached_session_ttl: f64,
+
+    /// Remote mode: register with the registry at this URL (http://HOST:PORT) and serve harness
+    /// streams through the rendezvous it names, beside the local listener. The bearer token is
+    /// read from $EXECWARD_REGISTRY_TOKEN. See docs/remote.md.
+    #[arg(long, value_name = "URL", requires = "environment_id")]
+    pub remote: Option<String>,
+
+    /// Remote mode: the environment id harnesses connect to (A-Z a-z 0-9 . _ -).
+    #[arg(long, value_name = "ID", requires = "remote")]
+    pub environment_id: Option<String>,
+
+    /// Remote mode: display name registered with the environment (default: the id).
+    #[arg(long, value_name = "NAME", requires = "remote")]
+    pub name: Option<String>,
 }

@@ -19,6 +19,8 @@ pub mod limits;
 pub mod listen;
 pub mod paths;
 pub mod process;
+pub mod relay;
+pub mod rendezvous;
 pub mod rpc;
 pub mod server;
 pub mod session;

@@ -245,3 +245,11 @@ pub async fn run_main(
 ) -> Result<(), ExecServerError> {
     run_main_with_options(ServerOptions::new(listen_url, runtime_paths)).await
 }
+
+impl BoundServer {
+    /// The server-wide state, for transports other than the listener (remote mode serves relay
+    /// streams with it beside the listener).
+    pub fn state(&self) -> Arc<ServerState> {
+        self.state.clone()
+    }
+}

@@ -30,6 +30,8 @@ use tokio_tungstenite::tungstenite::{self, Message};
 
 pub use proto::RpcError;
 
+pub mod relay;
+
 /// The default deadline for any single wait (a response, a notification, the URL line).
 pub const DEADLINE: Duration = Duration::from_secs(10);
 

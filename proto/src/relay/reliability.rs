@@ -248,6 +248,23 @@ impl<C: SegmentCipher> ReliableStream<C> {
         &self.stream_id
     }
 
+    /// A one-line summary of the stream's state, for logs.
+    pub fn summary(&self) -> String {
+        format!(
+            "next_seq={} in_flight={} ({} B) queued={} B expected={} out_of_order={} ({} B) delivered={} B rto={:?} {:?}",
+            self.next_seq,
+            self.in_flight.len(),
+            self.in_flight_bytes,
+            self.queued_bytes,
+            self.expected,
+            self.out_of_order.len(),
+            self.out_of_order_bytes,
+            self.delivered_bytes,
+            self.rtt.rto(),
+            self.stats,
+        )
+    }
+
     /// Counters.
     pub fn stats(&self) -> StreamStats {
         self.stats

@@ -131,6 +131,15 @@ impl SecureStream {
         }
     }
 
+    /// True when established and every message queued so far was acknowledged.
+    pub fn is_idle(&self) -> bool {
+        match &self.state {
+            State::Established { stream, .. } => stream.is_idle(),
+            State::Handshaking { queued, .. } => queued.is_empty(),
+            State::Closed { .. } => true,
+        }
+    }
+
     /// Responder: true once the initiator showed it holds the transport keys. Initiator: true
     /// once established.
     pub fn is_confirmed(&self) -> bool {
@@ -266,10 +275,8 @@ impl SecureStream {
                 resend_reply,
             } => {
                 if let Body::Handshake(message) = &frame.body {
-                    if let Some((first, _)) = reply {
-                        if first == message {
-                            *resend_reply = true;
-                        }
+                    if reply.as_ref().is_some_and(|(first, _)| first == message) {
+                        *resend_reply = true;
                     }
                     stream.handle_frame(
                         Frame {

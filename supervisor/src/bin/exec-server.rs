@@ -39,6 +39,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(run_main_with_options(options))?;
+    match (cli.remote, cli.environment_id) {
+        (Some(registry_url), Some(environment_id)) => {
+            let config = supervisor::relay::RemoteEnvironmentConfig::from_env(
+                registry_url,
+                environment_id,
+                cli.name,
+            )?;
+            runtime.block_on(supervisor::relay::run_main_remote(options, config))?;
+        }
+        _ => runtime.block_on(run_main_with_options(options))?,
+    }
     Ok(())
 }

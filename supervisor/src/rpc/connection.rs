@@ -1,4 +1,5 @@
-//! One websocket connection: a reader loop, a writer task, and a task per request.
+//! One JSON-RPC connection (a websocket, or a relay stream through [`serve_transport`]): a reader
+//! loop, a writer task, and a task per request.
 //!
 //! Ordering rules:
 //! - `initialize` is handled inline by the reader, so every later request sees its session.
@@ -77,31 +78,83 @@ impl Connection {
     }
 }
 
+/// One incoming JSON-RPC message (or transport condition) for [`serve_transport`].
+#[derive(Debug)]
+pub enum Inbound {
+    /// The bytes of one JSON-RPC message.
+    Message(Vec<u8>),
+    /// The peer sent a message larger than the transport allows; the connection is closed with
+    /// this reason.
+    TooLarge(String),
+    /// The transport ended.
+    Closed,
+}
+
+/// One outgoing item for a transport.
+#[derive(Debug)]
+pub enum OutboundFrame {
+    /// One serialized JSON-RPC message.
+    Text(String),
+    /// Close with this code and reason (a websocket close frame; a relay reset).
+    Close(CloseCode, String),
+}
+
 /// Serve one upgraded websocket until it closes.
 pub async fn serve<S>(websocket: WebSocketStream<S>, server: Arc<ServerState>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sink, mut stream) = websocket.split();
+    let (sink, stream) = websocket.split();
+    let sink = sink.with(|frame: OutboundFrame| {
+        futures_util::future::ready(Ok::<_, WsError>(match frame {
+            OutboundFrame::Text(text) => WsMessage::text(text),
+            OutboundFrame::Close(code, reason) => WsMessage::Close(Some(CloseFrame {
+                code,
+                reason: reason.into(),
+            })),
+        }))
+    });
+    let stream = stream.filter_map(|frame| {
+        futures_util::future::ready(match frame {
+            Ok(WsMessage::Text(text)) => Some(Inbound::Message(text.as_bytes().to_vec())),
+            Ok(WsMessage::Binary(bytes)) => Some(Inbound::Message(bytes.to_vec())),
+            Ok(WsMessage::Close(_)) => Some(Inbound::Closed),
+            Ok(_) => None,
+            Err(WsError::Capacity(CapacityError::MessageTooLong { size, .. })) => {
+                Some(Inbound::TooLarge(format!(
+                    "message of {size} bytes exceeds MAX_FRAME_BYTES ({MAX_FRAME_BYTES})"
+                )))
+            }
+            Err(error) => {
+                tracing::debug!(%error, "websocket error; closing");
+                Some(Inbound::Closed)
+            }
+        })
+    });
+    serve_transport(Box::pin(stream), Box::pin(sink), server).await;
+}
+
+/// Serve one JSON-RPC connection over any transport that carries one message per item (a
+/// websocket, a relay stream) until it ends. Behaves exactly like [`serve`] in every other way.
+pub async fn serve_transport<I, O>(mut stream: I, mut sink: O, server: Arc<ServerState>)
+where
+    I: futures_util::Stream<Item = Inbound> + Unpin + Send,
+    O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
+{
     let (outbound, mut queue) = mpsc::channel::<Outbound>(OUTBOUND_QUEUE_MESSAGES);
     let writer = tokio::spawn(async move {
         while let Some(item) = queue.recv().await {
             let frame = match item {
                 Outbound::Message(message) => match serde_json::to_string(&message) {
-                    Ok(text) => WsMessage::text(text),
+                    Ok(text) => OutboundFrame::Text(text),
                     Err(error) => {
                         tracing::error!(%error, "cannot serialize an outgoing message");
                         continue;
                     }
                 },
-                Outbound::Text(text) => WsMessage::text(text),
+                Outbound::Text(text) => OutboundFrame::Text(text),
                 Outbound::Close(code, reason) => {
-                    let _ = sink
-                        .send(WsMessage::Close(Some(CloseFrame {
-                            code,
-                            reason: reason.into(),
-                        })))
-                        .await;
+                    let _ = sink.send(OutboundFrame::Close(code, reason)).await;
                     break;
                 }
             };
@@ -129,22 +182,14 @@ where
             _ = shutdown.wait_for(|stopping| *stopping) => break,
         };
         let payload = match frame {
-            None | Some(Ok(WsMessage::Close(_))) => break,
-            Some(Ok(WsMessage::Text(text))) => text.as_bytes().to_vec(),
-            Some(Ok(WsMessage::Binary(bytes))) => bytes.to_vec(),
-            Some(Ok(_)) => continue,
-            Some(Err(WsError::Capacity(CapacityError::MessageTooLong { size, .. }))) => {
-                let reason =
-                    format!("message of {size} bytes exceeds MAX_FRAME_BYTES ({MAX_FRAME_BYTES})");
+            None | Some(Inbound::Closed) => break,
+            Some(Inbound::Message(payload)) => payload,
+            Some(Inbound::TooLarge(reason)) => {
                 tracing::warn!(connection = connection.id, %reason, "closing connection");
                 let _ = connection
                     .outbound
                     .send(Outbound::Close(CloseCode::Size, reason))
                     .await;
-                break;
-            }
-            Some(Err(error)) => {
-                tracing::debug!(connection = connection.id, %error, "websocket error; closing");
                 break;
             }
         };

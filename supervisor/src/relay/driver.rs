@@ -1,0 +1,235 @@
+//! The task that runs one relay stream: frames from the socket in, frames to the socket out,
+//! whole messages to and from the application, timers. Shared by both ends.
+//!
+//! Ordering rules:
+//! - After every wake-up: deliver events, then send every frame the stream has, then sleep until
+//!   the next frame, application message, reconnect or the stream's own deadline.
+//! - A message the application cannot take yet is held (one at most) and the stream stops
+//!   delivering; the relay's receive limits then push back on the peer.
+//! - When the application closes, the stream lingers up to [`CLOSE_LINGER`] for its last
+//!   messages to be acknowledged, then resets.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures_util::SinkExt;
+use proto::relay::limits::MAX_RELAY_FRAME_BYTES;
+use proto::relay::{Frame, SecureStream, StreamEvent};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::CLOSE_LINGER;
+
+/// A websocket to the rendezvous.
+pub type RelaySocket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// From the application to its stream.
+#[derive(Debug)]
+pub enum AppOut {
+    /// One whole message.
+    Message(Vec<u8>),
+    /// Finish: flush, then reset with this reason.
+    Close(String),
+}
+
+/// The channels a stream task works with.
+pub struct StreamChannels {
+    /// Frames routed to this stream by the socket task.
+    pub inbox: mpsc::Receiver<Frame>,
+    /// Encoded frames for the socket (a full queue drops the frame).
+    pub outbox: mpsc::Sender<Vec<u8>>,
+    /// Whole messages for the application.
+    pub to_app: mpsc::Sender<Vec<u8>>,
+    /// Messages from the application.
+    pub from_app: mpsc::Receiver<AppOut>,
+    /// Bumped each time the socket reconnects.
+    pub reconnects: watch::Receiver<u64>,
+    /// Told once the handshake finished (`Ok`) or the stream closed before (`Err(reason)`).
+    pub established: Option<oneshot::Sender<Result<(), String>>>,
+    /// Set when the peer proved it holds the keys (executor: pending-handshake accounting).
+    pub confirmed: Arc<AtomicBool>,
+}
+
+/// The websocket settings for relay sockets: a frame never exceeds [`MAX_RELAY_FRAME_BYTES`].
+pub fn relay_websocket_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_RELAY_FRAME_BYTES))
+        .max_frame_size(Some(MAX_RELAY_FRAME_BYTES))
+}
+
+/// Open a websocket to the rendezvous with the bearer token.
+///
+/// # Errors
+/// The websocket error (bad URL, refused, rejected upgrade).
+pub async fn connect_socket(
+    url: &str,
+    token: &str,
+) -> Result<RelaySocket, tokio_tungstenite::tungstenite::Error> {
+    let mut request = url.into_client_request()?;
+    let value = format!("Bearer {token}").parse().map_err(|_| {
+        tokio_tungstenite::tungstenite::Error::Url(
+            tokio_tungstenite::tungstenite::error::UrlError::UnsupportedUrlScheme,
+        )
+    })?;
+    request.headers_mut().insert("authorization", value);
+    let (socket, _) =
+        tokio_tungstenite::connect_async_with_config(request, Some(relay_websocket_config()), true)
+            .await?;
+    Ok(socket)
+}
+
+/// Send every queued frame on `sink`, batching what is already queued into one flush.
+///
+/// # Errors
+/// The websocket error; the socket is then lost.
+pub async fn send_batch<S>(
+    sink: &mut S,
+    first: Vec<u8>,
+    outbox: &mut mpsc::Receiver<Vec<u8>>,
+) -> Result<(), tokio_tungstenite::tungstenite::Error>
+where
+    S: futures_util::Sink<WsMessage, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
+{
+    sink.feed(WsMessage::binary(first)).await?;
+    for _ in 0..256 {
+        match outbox.try_recv() {
+            Ok(frame) => sink.feed(WsMessage::binary(frame)).await?,
+            Err(_) => break,
+        }
+    }
+    sink.flush().await
+}
+
+/// Run the stream until it closes; returns why.
+pub async fn run_stream(mut stream: SecureStream, mut channels: StreamChannels) -> String {
+    let mut held: Option<Vec<u8>> = None;
+    let mut closing: Option<Instant> = None;
+    let mut closed: Option<String> = None;
+    let mut reconnects_alive = true;
+    let mut app_alive = true;
+    loop {
+        let now = Instant::now();
+        if held.is_none() {
+            while let Some(event) = stream.poll_event() {
+                match event {
+                    StreamEvent::Established => {
+                        if let Some(tx) = channels.established.take() {
+                            let _ = tx.send(Ok(()));
+                        }
+                    }
+                    StreamEvent::Message(message) => match channels.to_app.try_send(message) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(message)) => {
+                            held = Some(message);
+                            break;
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => {
+                            closing.get_or_insert(now);
+                        }
+                    },
+                    StreamEvent::Closed { reason, by_peer } => {
+                        tracing::debug!(stream = stream.stream_id(), %reason, by_peer, "relay stream closed");
+                        closed = Some(reason);
+                    }
+                }
+            }
+        }
+        if let Some(since) = closing {
+            if !stream.is_closed() && (stream.is_idle() || now >= since + CLOSE_LINGER) {
+                stream.reset("closed by the application");
+            }
+        }
+        while let Some(frame) = stream.poll_transmit(now.into_std()) {
+            let _ = channels.outbox.try_send(frame.encode());
+        }
+        if stream.is_confirmed() {
+            channels.confirmed.store(true, Ordering::Relaxed);
+        }
+        if let Some(reason) = closed.take() {
+            if let Some(tx) = channels.established.take() {
+                let _ = tx.send(Err(reason.clone()));
+            }
+            return reason;
+        }
+        let mut deadline = stream
+            .poll_timeout()
+            .map(Instant::from_std)
+            .unwrap_or(now + Duration::from_secs(3600));
+        if let Some(since) = closing {
+            deadline = deadline.min(since + CLOSE_LINGER);
+        }
+        let accepting = closing.is_none() && app_alive && stream.can_accept_message();
+        tokio::select! {
+            frame = channels.inbox.recv() => {
+                let Some(frame) = frame else {
+                    return "the relay socket task ended".into();
+                };
+                let now = Instant::now().into_std();
+                stream.handle_frame(frame, now);
+                for _ in 0..256 {
+                    match channels.inbox.try_recv() {
+                        Ok(frame) => stream.handle_frame(frame, now),
+                        Err(_) => break,
+                    }
+                }
+            }
+            permit = channels.to_app.reserve(), if held.is_some() => {
+                match (permit, held.take()) {
+                    (Ok(permit), Some(message)) => permit.send(message),
+                    _ => { closing.get_or_insert(Instant::now()); }
+                }
+            }
+            out = channels.from_app.recv(), if accepting => {
+                let mut next = out;
+                loop {
+                    match next {
+                        Some(AppOut::Message(message)) => {
+                            if let Err(error) = stream.send_message(message) {
+                                tracing::warn!(stream = stream.stream_id(), %error, "relay stream refused a message");
+                                stream.reset(error.to_string());
+                                break;
+                            }
+                        }
+                        Some(AppOut::Close(reason)) => {
+                            tracing::debug!(stream = stream.stream_id(), %reason, "application closed the stream");
+                            closing.get_or_insert(Instant::now());
+                            break;
+                        }
+                        None => {
+                            app_alive = false;
+                            closing.get_or_insert(Instant::now());
+                            break;
+                        }
+                    }
+                    if !stream.can_accept_message() {
+                        break;
+                    }
+                    next = match channels.from_app.try_recv() {
+                        Ok(out) => Some(out),
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => None,
+                    };
+                }
+            }
+            changed = channels.reconnects.changed(), if reconnects_alive => {
+                if changed.is_ok() {
+                    stream.on_reconnect(Instant::now().into_std());
+                } else {
+                    reconnects_alive = false;
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                if let Some(reliable) = stream.reliable() {
+                    tracing::trace!(stream = stream.stream_id(), held = held.is_some(), state = %reliable.summary(), "relay stream timer");
+                }
+                stream.handle_timeout(Instant::now().into_std());
+            }
+        }
+    }
+}
