@@ -35,6 +35,10 @@ pub const MAX_PROCESSES_PER_SESSION: usize = 2048;
 pub const MAX_PROCESS_ID_BYTES: usize = 128;
 /// `writeId`s remembered per process to deduplicate retried writes.
 pub const WRITE_ID_MEMORY: usize = 1024;
+/// Denial records kept per audited process (`auditDenials`) for `process/read`.
+pub const MAX_DENIALS_RETAINED: usize = 1024;
+/// Longest denial record line accepted from `sandbox-run --audit-fd`.
+pub const MAX_DENIAL_RECORD_BYTES: usize = 64 * 1024;
 /// How long `process/terminate` waits after SIGTERM before SIGKILL.
 pub const TERMINATE_GRACE: Duration = Duration::from_secs(2);
 /// How long a process stays readable after `process/closed`.

@@ -27,6 +27,8 @@ pub const PROCESS_TERMINATE: &str = "process/terminate";
 pub const PROCESS_OUTPUT: &str = "process/output";
 /// `process/exited` (server notification).
 pub const PROCESS_EXITED: &str = "process/exited";
+/// `process/denied` (server notification, processes started with `auditDenials`).
+pub const PROCESS_DENIED: &str = "process/denied";
 /// `process/closed` (server notification).
 pub const PROCESS_CLOSED: &str = "process/closed";
 /// `fs/readFile`.

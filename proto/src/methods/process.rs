@@ -38,6 +38,11 @@ pub struct StartParams {
     /// Run the command under this sandbox (see policies/README.md for the shape).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<Value>,
+    /// Report the sandbox's denials as `process/denied` notifications (needs `sandbox`; the
+    /// kernel audit log is only readable when the server runs as root, otherwise the records
+    /// say the audit is unavailable).
+    #[serde(default)]
+    pub audit_denials: bool,
 }
 
 /// Result of `process/start`.
@@ -120,6 +125,28 @@ pub struct ReadResult {
     /// Oldest seq still retained (present when `outputDropped`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_retained_seq: Option<u64>,
+    /// Denial records of a process started with `auditDenials` (the newest
+    /// `MAX_DENIALS_RETAINED`; not part of the seq sequence).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denials: Vec<Value>,
+    /// Denial records dropped because more than `MAX_DENIALS_RETAINED` arrived.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub denials_dropped: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+/// `process/denied` notification: one record from the sandbox's denial audit (the objects
+/// `sandbox-run --audit` writes; see docs/audit.md). Not numbered in the event sequence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeniedNotification {
+    /// The process.
+    pub process_id: String,
+    /// The record.
+    pub denial: Value,
 }
 
 /// Params of `process/write`.

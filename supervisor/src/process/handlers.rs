@@ -49,12 +49,14 @@ pub async fn start(
             params.rows.unwrap_or(DEFAULT_PTY_ROWS),
         )
     });
+    let audit = params.audit_denials;
     let argv = sandboxed_argv(
         server,
         params.sandbox.as_ref(),
         &cwd,
         params.argv,
         params.arg0.is_some(),
+        audit,
     )?;
     let spec = SpawnSpec {
         argv,
@@ -63,6 +65,7 @@ pub async fn start(
         env: params.env,
         pty,
         pipe_stdin: params.pipe_stdin,
+        audit_pipe: audit,
     };
     let spawned = spawn(&spec)?;
     server.guardian.register(spawned.pid);
@@ -98,6 +101,7 @@ pub async fn start(
         process,
         spawned.exit,
         pump_io,
+        spawned.audit,
         session.attachment.clone(),
         Arc::downgrade(&session.processes),
         server.guardian.clone(),
@@ -141,6 +145,8 @@ pub async fn read(session: &Session, params: ReadParams) -> Result<ReadResult, P
         failure: None,
         output_dropped: read.dropped.is_some(),
         first_retained_seq: read.dropped,
+        denials: process.denials(),
+        denials_dropped: process.denials_dropped(),
     })
 }
 
@@ -227,9 +233,16 @@ fn sandboxed_argv(
     cwd: &std::path::Path,
     argv: Vec<String>,
     has_arg0: bool,
+    audit: bool,
 ) -> Result<Vec<String>, ProcessError> {
+    let needs_sandbox =
+        || ProcessError::InvalidParams("auditDenials needs a restricting sandbox".into());
     let Some(sandbox) = sandbox.filter(|value| !value.is_null()) else {
-        return Ok(argv);
+        return if audit {
+            Err(needs_sandbox())
+        } else {
+            Ok(argv)
+        };
     };
     let spec: sandbox::SandboxSpec = serde_json::from_value(sandbox.clone()).map_err(|e| {
         ProcessError::InvalidParams(format!("invalid sandbox: {e}; see policies/README.md"))
@@ -238,7 +251,11 @@ fn sandboxed_argv(
         .resolve()
         .map_err(|e| ProcessError::InvalidParams(format!("invalid sandbox: {e}")))?;
     if policy.is_unrestricted() {
-        return Ok(argv);
+        return if audit {
+            Err(needs_sandbox())
+        } else {
+            Ok(argv)
+        };
     }
     if has_arg0 {
         return Err(ProcessError::InvalidParams(
@@ -259,6 +276,9 @@ fn sandboxed_argv(
         if let Some(path) = text(path) {
             wrapped.extend(["--deny".to_owned(), path]);
         }
+    }
+    if audit {
+        wrapped.extend(["--audit-fd".to_owned(), super::spawn::AUDIT_FD.to_string()]);
     }
     wrapped.push("--".to_owned());
     wrapped.extend(argv);

@@ -14,7 +14,9 @@ use tokio::sync::watch;
 
 use super::ProcessError;
 use super::output::{Exit, LogRead, OutputLog};
-use crate::limits::{OUTPUT_RETENTION_BYTES, TERMINATE_GRACE, WRITE_ID_MEMORY};
+use crate::limits::{
+    MAX_DENIALS_RETAINED, OUTPUT_RETENTION_BYTES, TERMINATE_GRACE, WRITE_ID_MEMORY,
+};
 
 /// Where `process/write` bytes go.
 pub enum Stdin {
@@ -40,6 +42,14 @@ pub struct ManagedProcess {
     stdin: tokio::sync::Mutex<Stdin>,
     write_ids: Mutex<WriteIds>,
     pty: Option<Arc<AsyncFd<OwnedFd>>>,
+    denials: Mutex<DenialLog>,
+}
+
+/// Denial records of an audited process, bounded.
+#[derive(Default)]
+struct DenialLog {
+    records: VecDeque<serde_json::Value>,
+    dropped: u64,
 }
 
 impl ManagedProcess {
@@ -54,6 +64,7 @@ impl ManagedProcess {
             stdin: tokio::sync::Mutex::new(stdin),
             write_ids: Mutex::new(WriteIds::default()),
             pty,
+            denials: Mutex::new(DenialLog::default()),
         }
     }
 
@@ -67,6 +78,35 @@ impl ManagedProcess {
     /// Tell waiters that events up to `seq` exist.
     pub fn publish(&self, seq: u64) {
         self.events.send_replace(seq);
+    }
+
+    /// Keep a denial record (the newest [`MAX_DENIALS_RETAINED`]).
+    pub fn record_denial(&self, record: serde_json::Value) {
+        let mut log = self.denials.lock().unwrap_or_else(|p| p.into_inner());
+        log.records.push_back(record);
+        if log.records.len() > MAX_DENIALS_RETAINED {
+            log.records.pop_front();
+            log.dropped += 1;
+        }
+    }
+
+    /// The retained denial records.
+    pub fn denials(&self) -> Vec<serde_json::Value> {
+        self.denials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .records
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// How many denial records were dropped.
+    pub fn denials_dropped(&self) -> u64 {
+        self.denials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .dropped
     }
 
     /// The exit, if the process exited.

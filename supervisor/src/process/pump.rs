@@ -7,8 +7,10 @@ use std::sync::{Arc, Weak};
 
 use futures_util::FutureExt;
 use proto::jsonrpc::{Message, Notification};
-use proto::methods::process::{ClosedNotification, ExitedNotification, OutputStream};
-use proto::methods::{PROCESS_CLOSED, PROCESS_EXITED, PROCESS_OUTPUT};
+use proto::methods::process::{
+    ClosedNotification, DeniedNotification, ExitedNotification, OutputStream,
+};
+use proto::methods::{PROCESS_CLOSED, PROCESS_DENIED, PROCESS_EXITED, PROCESS_OUTPUT};
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -36,10 +38,13 @@ pub async fn run(
     process: Arc<ManagedProcess>,
     exit: ExitWaiter,
     io: PumpIo,
+    audit: Option<pipe::Receiver>,
     sink: Arc<Attachment>,
     table: Weak<ProcessTable>,
     guardian: Arc<Guardian>,
 ) {
+    let audit =
+        audit.map(|pipe| tokio::spawn(forward_denials(process.clone(), pipe, sink.clone())));
     let emitter = Emitter {
         process: &process,
         sink: &sink,
@@ -109,11 +114,61 @@ pub async fn run(
             }
         }
     }
+    if let Some(audit) = audit {
+        // sandbox-run writes its last records before it exits; collect them before `closed`.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), audit).await;
+    }
     emitter.closed().await;
     guardian.unregister(process.pid);
     tokio::time::sleep(CLOSED_PROCESS_RETENTION).await;
     if let Some(table) = table.upgrade() {
         table.remove_if_same(&process);
+    }
+}
+
+/// Read denial records (one JSON object per line) from `sandbox-run --audit-fd`, keep them and
+/// send each as `process/denied`.
+async fn forward_denials(
+    process: Arc<ManagedProcess>,
+    pipe: pipe::Receiver,
+    sink: Arc<Attachment>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut reader = tokio::io::BufReader::new(pipe);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let limit = crate::limits::MAX_DENIAL_RECORD_BYTES as u64 + 1;
+        match (&mut reader).take(limit).read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) if line.last() != Some(&b'\n') && line.len() as u64 >= limit => {
+                tracing::warn!(process_id = %process.id, "dropping an oversized denial record");
+                // Skip the rest of the oversized line.
+                let mut rest = Vec::new();
+                if (&mut reader).read_until(b'\n', &mut rest).await.is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {
+                let Ok(record) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                process.record_denial(record.clone());
+                if let Some(sender) = sink.sender() {
+                    let params = DeniedNotification {
+                        process_id: process.id.clone(),
+                        denial: record,
+                    };
+                    let message = Message::Notification(Notification {
+                        method: PROCESS_DENIED.to_owned(),
+                        params: serde_json::to_value(params).ok(),
+                    });
+                    let _ = sender
+                        .send(crate::rpc::connection::Outbound::Message(message))
+                        .await;
+                }
+            }
+        }
     }
 }
 

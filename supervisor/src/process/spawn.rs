@@ -39,6 +39,9 @@ pub struct SpawnSpec {
     pub pty: Option<(u16, u16)>,
     /// Keep stdin writable (pipe mode).
     pub pipe_stdin: bool,
+    /// Give the child a pipe as descriptor 3 (`sandbox-run --audit-fd 3` writes denial records
+    /// to it) and return its read end.
+    pub audit_pipe: bool,
 }
 
 /// Why a spawn failed.
@@ -96,6 +99,8 @@ pub struct Spawned {
     pub exit: ExitWaiter,
     /// Its I/O.
     pub io: ChildIo,
+    /// The read end of the audit pipe, when asked for.
+    pub audit: Option<pipe::Receiver>,
 }
 
 /// Waits for the child's exit through a pidfd (no SIGCHLD handling, no polling).
@@ -204,6 +209,10 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         program: spec.argv[0].clone(),
         source,
     };
+    let audit = audit_pipe(spec.audit_pipe)?;
+    let audit_action = audit
+        .as_ref()
+        .map(|(_, write)| FileAction::Dup(write.as_raw_fd(), AUDIT_FD));
     match spec.pty {
         None => {
             let (stdout_read, stdout_write) = pipe_pair()?;
@@ -220,13 +229,16 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
                 .map_err(|e| setup("stdin")(e.into()))?;
                 (null, None)
             };
-            let actions = [
+            let mut actions = vec![
                 FileAction::Dup(stdin_child.as_raw_fd(), 0),
                 FileAction::Dup(stdout_write.as_raw_fd(), 1),
                 FileAction::Dup(stderr_write.as_raw_fd(), 2),
             ];
+            actions.extend(audit_action);
             let pid = sys::spawn_in_new_session(&program, &argv, &envp, &cwd, &actions)
                 .map_err(exec_error)?;
+            // Dropping the write end here leaves the child the only writer.
+            let audit = audit.map(|(read, _write)| read);
             let exit = waiter(pid)?;
             drop((stdin_child, stdout_write, stderr_write));
             let stdin = stdin_parent
@@ -247,27 +259,46 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
                     stdout,
                     stderr,
                 },
+                audit,
             })
         }
         Some((cols, rows)) => {
             let (master, slave_path) = open_pty(cols, rows)?;
             let slave = cstring(slave_path.as_bytes(), "the terminal path")?;
-            let actions = [
+            let mut actions = vec![
                 FileAction::OpenReadWrite(0, &slave),
                 FileAction::Dup(0, 1),
                 FileAction::Dup(0, 2),
             ];
+            actions.extend(audit_action);
             let pid = sys::spawn_in_new_session(&program, &argv, &envp, &cwd, &actions)
                 .map_err(exec_error)?;
+            // Dropping the write end here leaves the child the only writer.
+            let audit = audit.map(|(read, _write)| read);
             let exit = waiter(pid)?;
             let master = sys::register_async_fd(master).map_err(setup("terminal"))?;
             Ok(Spawned {
                 pid,
                 exit,
                 io: ChildIo::Pty(master),
+                audit,
             })
         }
     }
+}
+
+/// The descriptor number the audit pipe gets in the child.
+pub const AUDIT_FD: i32 = 3;
+
+/// A pipe for denial records: the parent's read end (registered with tokio) and the write end
+/// for the child.
+fn audit_pipe(wanted: bool) -> Result<Option<(pipe::Receiver, OwnedFd)>, SpawnError> {
+    if !wanted {
+        return Ok(None);
+    }
+    let (read, write) = pipe_pair()?;
+    let read = pipe::Receiver::from_owned_fd(read).map_err(setup("audit pipe"))?;
+    Ok(Some((read, write)))
 }
 
 fn waiter(pid: libc::pid_t) -> Result<ExitWaiter, SpawnError> {
