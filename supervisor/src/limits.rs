@@ -17,6 +17,9 @@ pub const MAX_INFLIGHT_REQUESTS: usize = 128;
 /// Outgoing messages queued per connection. A client that does not read stalls process output
 /// (and so the child, through its pipe) instead of growing server memory.
 pub const OUTBOUND_QUEUE_MESSAGES: usize = 1024;
+/// Bytes of serialized messages queued per connection. Together with the count limit above this
+/// bounds a non-reading client's cost to the server (about this much plus one message).
+pub const OUTBOUND_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 /// Simultaneous client connections; more are closed right after accept.
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Output retained per process for `process/read`; older chunks are dropped first.

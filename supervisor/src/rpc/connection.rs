@@ -15,7 +15,7 @@ use proto::error::{ErrorKind, RpcError};
 use proto::jsonrpc::{ErrorResponse, Message, Request, RequestId, Response};
 use proto::methods::INITIALIZED;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
@@ -23,23 +23,12 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::fs::HandleTable;
-use crate::limits::{MAX_FRAME_BYTES, MAX_INFLIGHT_REQUESTS, OUTBOUND_QUEUE_MESSAGES};
+use crate::limits::{MAX_FRAME_BYTES, MAX_INFLIGHT_REQUESTS};
 use crate::server::ServerState;
 use crate::session::Session;
 
-/// Something for the writer task.
-#[derive(Debug)]
-pub enum Outbound {
-    /// A JSON-RPC message.
-    Message(Message),
-    /// A message already serialized (hot-path notifications).
-    Text(String),
-    /// Close the websocket with this code and reason, then stop.
-    Close(CloseCode, String),
-}
-
-/// The sending end of a connection's outbound queue.
-pub type OutboundSender = mpsc::Sender<Outbound>;
+pub use super::outbound::{Outbound, OutboundSender};
+use super::outbound::{Queued, outbound_queue};
 
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -141,25 +130,22 @@ where
     I: futures_util::Stream<Item = Inbound> + Unpin + Send,
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
 {
-    let (outbound, mut queue) = mpsc::channel::<Outbound>(OUTBOUND_QUEUE_MESSAGES);
+    let (outbound, mut queue) = outbound_queue();
     let writer = tokio::spawn(async move {
         while let Some(item) = queue.recv().await {
-            let frame = match item {
-                Outbound::Message(message) => match serde_json::to_string(&message) {
-                    Ok(text) => OutboundFrame::Text(text),
-                    Err(error) => {
-                        tracing::error!(%error, "cannot serialize an outgoing message");
-                        continue;
+            match item {
+                Queued::Text(text, budget) => {
+                    let sent = sink.send(OutboundFrame::Text(text)).await;
+                    // The bytes are out of the queue now; let producers continue.
+                    drop(budget);
+                    if sent.is_err() {
+                        break;
                     }
-                },
-                Outbound::Text(text) => OutboundFrame::Text(text),
-                Outbound::Close(code, reason) => {
+                }
+                Queued::Close(code, reason) => {
                     let _ = sink.send(OutboundFrame::Close(code, reason)).await;
                     break;
                 }
-            };
-            if sink.send(frame).await.is_err() {
-                break;
             }
         }
         let _ = sink.close().await;

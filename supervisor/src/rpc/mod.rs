@@ -4,3 +4,4 @@
 pub mod connection;
 pub mod dispatch;
 pub mod errors;
+pub mod outbound;

@@ -1,0 +1,156 @@
+//! A connection's outbound queue, bounded by bytes as well as by count.
+//!
+//! Messages are serialized by the task that sends them (not by the writer), so their size is
+//! known when they are queued: a sender waits until the queued text fits in
+//! [`OUTBOUND_QUEUE_BYTES`]. A client that stops reading therefore stalls its producers (process
+//! output waits, and the child blocks on its pipe) instead of growing server memory: at most
+//! `OUTBOUND_QUEUE_BYTES` plus one message per connection.
+
+use std::sync::Arc;
+
+use proto::jsonrpc::Message;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use crate::limits::{OUTBOUND_QUEUE_BYTES, OUTBOUND_QUEUE_MESSAGES};
+
+/// Something for the writer task.
+#[derive(Debug)]
+pub enum Outbound {
+    /// A JSON-RPC message (serialized when queued).
+    Message(Message),
+    /// A message already serialized (hot-path notifications).
+    Text(String),
+    /// Close the transport with this code and reason, then stop.
+    Close(CloseCode, String),
+}
+
+/// What the writer receives: serialized text (with its share of the byte budget) or a close.
+#[derive(Debug)]
+pub enum Queued {
+    /// One serialized message; dropping the permit returns its bytes to the budget.
+    Text(String, OwnedSemaphorePermit),
+    /// Close, then stop.
+    Close(CloseCode, String),
+}
+
+/// The queue is gone (the connection ended).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the connection is closed")]
+pub struct Closed;
+
+/// The sending end of a connection's outbound queue.
+#[derive(Debug, Clone)]
+pub struct OutboundSender {
+    queue: mpsc::Sender<Queued>,
+    budget: Arc<Semaphore>,
+}
+
+/// A new queue.
+pub fn outbound_queue() -> (OutboundSender, mpsc::Receiver<Queued>) {
+    let (queue, receiver) = mpsc::channel(OUTBOUND_QUEUE_MESSAGES);
+    (
+        OutboundSender {
+            queue,
+            budget: Arc::new(Semaphore::new(OUTBOUND_QUEUE_BYTES)),
+        },
+        receiver,
+    )
+}
+
+fn serialize(item: Outbound) -> Result<Queued, Outbound> {
+    match item {
+        Outbound::Message(message) => match serde_json::to_string(&message) {
+            Ok(text) => Err(Outbound::Text(text)),
+            Err(error) => {
+                tracing::error!(%error, "cannot serialize an outgoing message");
+                Err(Outbound::Text(String::new()))
+            }
+        },
+        Outbound::Text(text) => Err(Outbound::Text(text)),
+        Outbound::Close(code, reason) => Ok(Queued::Close(code, reason)),
+    }
+}
+
+/// The budget share of `text`: its length, at most the whole budget (a message larger than the
+/// budget waits for the queue to drain completely).
+fn cost(text: &str) -> u32 {
+    text.len().clamp(1, OUTBOUND_QUEUE_BYTES) as u32
+}
+
+impl OutboundSender {
+    /// Queue an item, waiting for room (bytes and count).
+    ///
+    /// # Errors
+    /// [`Closed`] when the connection has ended.
+    pub async fn send(&self, item: Outbound) -> Result<(), Closed> {
+        let queued = match serialize(item) {
+            Ok(close) => close,
+            Err(Outbound::Text(text)) if text.is_empty() => return Ok(()),
+            Err(Outbound::Text(text)) => {
+                let permit = self
+                    .budget
+                    .clone()
+                    .acquire_many_owned(cost(&text))
+                    .await
+                    .map_err(|_| Closed)?;
+                Queued::Text(text, permit)
+            }
+            Err(_) => return Ok(()),
+        };
+        self.queue.send(queued).await.map_err(|_| Closed)
+    }
+
+    /// Queue an item only if there is room now.
+    ///
+    /// # Errors
+    /// [`Closed`] when the connection has ended or the queue is full.
+    pub fn try_send(&self, item: Outbound) -> Result<(), Closed> {
+        let queued = match serialize(item) {
+            Ok(close) => close,
+            Err(Outbound::Text(text)) => {
+                let permit = self
+                    .budget
+                    .clone()
+                    .try_acquire_many_owned(cost(&text))
+                    .map_err(|_| Closed)?;
+                Queued::Text(text, permit)
+            }
+            Err(_) => return Ok(()),
+        };
+        self.queue.try_send(queued).map_err(|_| Closed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn senders_wait_when_the_byte_budget_is_used_up() {
+        let (sender, mut receiver) = outbound_queue();
+        let big = "x".repeat(OUTBOUND_QUEUE_BYTES / 2 + 1);
+        sender.send(Outbound::Text(big.clone())).await.unwrap();
+        let blocked = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            sender.send(Outbound::Text(big.clone())),
+        )
+        .await;
+        assert!(blocked.is_err(), "a second half-budget message must wait");
+        let first = receiver.recv().await.unwrap();
+        drop(first);
+        sender.send(Outbound::Text(big)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_message_larger_than_the_budget_still_goes_through_alone() {
+        let (sender, mut receiver) = outbound_queue();
+        sender
+            .send(Outbound::Text("y".repeat(OUTBOUND_QUEUE_BYTES * 2)))
+            .await
+            .unwrap();
+        assert!(
+            matches!(receiver.recv().await, Some(Queued::Text(text, _)) if text.len() == OUTBOUND_QUEUE_BYTES * 2)
+        );
+    }
+}
