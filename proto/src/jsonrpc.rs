@@ -175,13 +175,13 @@ impl Message {
             }
         };
         let params = object.remove("params");
-        if let Some(params) = &params {
-            if !matches!(params, Value::Object(_) | Value::Array(_) | Value::Null) {
-                return Err(EnvelopeError::new(
-                    id,
-                    format!("\"params\" must be an object (got {})", type_name(params)),
-                ));
-            }
+        if let Some(params) = &params
+            && !matches!(params, Value::Object(_) | Value::Array(_) | Value::Null)
+        {
+            return Err(EnvelopeError::new(
+                id,
+                format!("\"params\" must be an object (got {})", type_name(params)),
+            ));
         }
         let result = object.remove("result");
         let error = object.remove("error");
