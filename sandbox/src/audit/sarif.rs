@@ -1,33 +1,15 @@
 //! SARIF 2.1.0 rendering: one result per distinct denial, one rule per layer + operation.
 //!
-//! Paths become absolute `file://` URIs (percent-encoded). The invocation records whether the
+//! Paths become absolute `file://` URIs (percent-encoded by `proto::FileUri`). The invocation records whether the
 //! collector could see (`executionSuccessful`) and each coverage gap as a notification, so a
 //! code-scanning UI never shows a blind run as clean.
 
-use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use serde_json::{Value, json};
 
 use crate::audit::report::{RunAudit, distinct};
 
 /// The schema URI written into `$schema`.
 pub const SARIF_SCHEMA_URI: &str = "https://json.schemastore.org/sarif-2.1.0.json";
-/// Characters escaped in `file://` URIs (RFC 3986 path segments allow `/`).
-const PATH_ESCAPES: &AsciiSet = &CONTROLS
-    .add(b' ')
-    .add(b'"')
-    .add(b'#')
-    .add(b'%')
-    .add(b'<')
-    .add(b'>')
-    .add(b'?')
-    .add(b'[')
-    .add(b'\\')
-    .add(b']')
-    .add(b'^')
-    .add(b'`')
-    .add(b'{')
-    .add(b'|')
-    .add(b'}');
 
 /// The SARIF log of a run.
 pub fn sarif(audit: &RunAudit, fail_on_denial: bool) -> Value {
@@ -116,7 +98,11 @@ pub fn sarif(audit: &RunAudit, fail_on_denial: bool) -> Value {
 }
 
 fn file_uri(path: &str) -> String {
-    format!("file://{}", utf8_percent_encode(path, PATH_ESCAPES))
+    match proto::FileUri::from_path(path) {
+        Ok(uri) => uri.to_uri_string(),
+        // A relative path (never produced by the audit) stays as it is.
+        Err(_) => path.to_owned(),
+    }
 }
 
 #[cfg(test)]

@@ -322,3 +322,12 @@ fn builtin_profiles_all_parse() {
     let denied = ResolvedPolicy::unrestricted().with_denied_path(Path::new("/run/x.sock"));
     assert_eq!(denied, ResolvedPolicy::unrestricted());
 }
+
+#[test]
+fn file_uri_paths_keep_non_utf8_bytes() {
+    use std::os::unix::ffi::OsStrExt;
+    let path = super::wire::parse_abs("cwd", "file:///tmp/%FF%FEdir").unwrap();
+    assert_eq!(path.as_os_str().as_bytes(), b"/tmp/\xff\xfedir");
+    assert!(super::wire::parse_abs("cwd", "file://server/x").is_err());
+    assert!(super::wire::parse_abs("cwd", "file:///a/../b").is_err());
+}

@@ -453,14 +453,14 @@ pub(crate) fn parse_abs(field: &str, value: &str) -> Result<PathBuf, PolicyError
         field: field.to_owned(),
         value: value.to_owned(),
     };
-    let raw = if let Some(rest) = value.strip_prefix("file://") {
-        let path = rest.strip_prefix("localhost").unwrap_or(rest);
-        let decoded = percent_encoding::percent_decode_str(path).collect::<Vec<u8>>();
-        PathBuf::from(std::ffi::OsString::from(
-            String::from_utf8_lossy(&decoded).into_owned(),
-        ))
-    } else if value.starts_with("file:") {
-        return Err(not_absolute());
+    // One `file:` URI parser for the whole project (exact for non-UTF-8 names).
+    let raw = if value
+        .get(..5)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("file:"))
+    {
+        proto::FileUri::parse(value)
+            .map_err(|_| not_absolute())?
+            .into_path_buf()
     } else {
         PathBuf::from(value)
     };
