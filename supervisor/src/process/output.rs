@@ -140,7 +140,10 @@ impl OutputLog {
         }
         // Everything before the first chunk we did not return is covered; exit and close events
         // that fall in that range are reported.
-        let next_seq = truncated_at.unwrap_or(self.next_seq).max(after_seq + 1);
+        // `afterSeq` comes from the client and may be u64::MAX: saturate instead of overflowing.
+        let next_seq = truncated_at
+            .unwrap_or(self.next_seq)
+            .max(after_seq.saturating_add(1));
         let covered = |seq: u64| seq < next_seq;
         let dropped = (after_seq < self.dropped_through)
             .then(|| self.chunks.front().map_or(self.next_seq, |chunk| chunk.seq));
@@ -221,6 +224,16 @@ mod tests {
         let mut log = OutputLog::new(4);
         out(&mut log, b"0123456789");
         assert_eq!(log.read(0, 1).chunks.len(), 1);
+    }
+
+    #[test]
+    fn cursor_at_u64_max_returns_nothing_without_overflowing() {
+        let mut log = OutputLog::new(10);
+        out(&mut log, b"a");
+        log.push_exit(0, None);
+        let read = log.read(u64::MAX, 10);
+        assert!(read.chunks.is_empty());
+        assert_eq!((read.next_seq, read.dropped), (u64::MAX, None));
     }
 
     #[test]
