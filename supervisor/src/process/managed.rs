@@ -117,7 +117,12 @@ impl ManagedProcess {
     /// Events after `after_seq`; when there are none yet, wait up to `wait` for one.
     pub async fn read(&self, after_seq: u64, max_bytes: u64, wait: Duration) -> LogRead {
         let mut events = self.events.subscribe();
-        if !wait.is_zero() && self.log().last_seq() <= after_seq {
+        // Nothing follows `closed`: a long-poll after it would only hold a request slot.
+        let worth_waiting = {
+            let log = self.log();
+            log.last_seq() <= after_seq && !log.is_closed()
+        };
+        if !wait.is_zero() && worth_waiting {
             let _ = tokio::time::timeout(wait, events.wait_for(|&last| last > after_seq)).await;
         }
         self.log().read(after_seq, max_bytes)
