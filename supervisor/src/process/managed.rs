@@ -159,6 +159,17 @@ impl ManagedProcess {
         true
     }
 
+    /// Close stdin once the process has closed, so a retained process holds no pipe for
+    /// [`crate::limits::CLOSED_PROCESS_RETENTION`]. A write in progress keeps it (that write
+    /// fails and marks stdin unavailable itself).
+    pub fn release_stdin(&self) {
+        if let Ok(mut stdin) = self.stdin.try_lock() {
+            if !matches!(*stdin, Stdin::Unavailable(_)) {
+                *stdin = Stdin::Unavailable("the process has exited");
+            }
+        }
+    }
+
     /// Write to stdin (and optionally close it). A repeated `write_id` is applied once.
     ///
     /// # Errors
