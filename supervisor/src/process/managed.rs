@@ -163,10 +163,10 @@ impl ManagedProcess {
     /// [`crate::limits::CLOSED_PROCESS_RETENTION`]. A write in progress keeps it (that write
     /// fails and marks stdin unavailable itself).
     pub fn release_stdin(&self) {
-        if let Ok(mut stdin) = self.stdin.try_lock() {
-            if !matches!(*stdin, Stdin::Unavailable(_)) {
-                *stdin = Stdin::Unavailable("the process has exited");
-            }
+        if let Ok(mut stdin) = self.stdin.try_lock()
+            && !matches!(*stdin, Stdin::Unavailable(_))
+        {
+            *stdin = Stdin::Unavailable("the process has exited");
         }
     }
 
