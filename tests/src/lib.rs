@@ -151,13 +151,11 @@ impl ExecServer {
     /// Start `exec-server` with `args` (e.g. `["--listen", "ws://127.0.0.1:0"]`; with no args the
     /// server uses its default) and wait for the URL it prints.
     pub fn start(args: &[&str]) -> ExecServer {
-        let mut child = Command::new(exec_server_binary())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn exec-server");
+        Self::start_with(args, |_| {})
+    }
+
+    fn start_command(mut command: Command, args: &[&str]) -> ExecServer {
+        let mut child = command.spawn().expect("spawn exec-server");
         let stderr = Arc::new(Mutex::new(Vec::new()));
         capture(child.stderr.take().unwrap(), stderr.clone());
         let stdout = child.stdout.take().unwrap();
@@ -784,6 +782,15 @@ impl Client {
         self.collect(process_id).await
     }
 
+    /// Write `bytes` straight to the socket under the websocket (a partial or malformed frame),
+    /// bypassing the websocket layer.
+    pub async fn send_raw_bytes(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt as _;
+        let stream = self.ws.get_mut();
+        stream.write_all(bytes).await.expect("write raw bytes");
+        stream.flush().await.expect("flush raw bytes");
+    }
+
     /// Close the websocket (best effort) and drop the connection.
     pub async fn close(mut self) {
         let _ = tokio::time::timeout(Duration::from_secs(2), self.ws.close(None)).await;
@@ -831,4 +838,217 @@ pub fn seqs(events: &[Value]) -> Vec<u64> {
 /// Build a `sh -c` argv.
 pub fn sh(script: &str) -> Vec<&str> {
     vec!["/bin/sh", "-c", script]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resource probes and raw websocket frames (hostile-client, fault and load tests)
+// ---------------------------------------------------------------------------------------------
+
+/// `VmRSS` of `pid` in KiB, from `/proc/<pid>/status`.
+pub fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
+
+/// Number of open descriptors of `pid` (entries of `/proc/<pid>/fd`).
+pub fn fd_count(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/fd: {e}"))
+        .count()
+}
+
+/// Pids of every live (non-zombie) descendant of `pid`, found through `/proc/*/stat` parents.
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut parents = HashMap::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        if matches!(stat_field(&stat, 3).as_deref(), Some("Z" | "X")) {
+            continue;
+        }
+        if let Some(parent) = stat_field(&stat, 4).and_then(|p| p.parse::<i32>().ok()) {
+            parents.insert(child, parent);
+        }
+    }
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(current) = frontier.pop() {
+        for (&child, &parent) in &parents {
+            if parent == current && !found.contains(&child) {
+                found.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    found.sort_unstable();
+    found
+}
+
+/// The command line of `pid` with NULs shown as spaces (empty when it is gone).
+pub fn cmdline(pid: i32) -> String {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&raw)
+        .replace('\0', " ")
+        .trim()
+        .to_owned()
+}
+
+/// Panic with a clear message unless the tests run as root (mounts, low limits for others).
+#[track_caller]
+pub fn require_root(what: &str) {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "{what} needs root (it mounts filesystems); run the test suite as root"
+    );
+}
+
+/// Websocket opcodes for [`ws_frame`].
+pub mod opcode {
+    /// Continuation frame.
+    pub const CONTINUATION: u8 = 0x0;
+    /// Text frame.
+    pub const TEXT: u8 = 0x1;
+    /// Binary frame.
+    pub const BINARY: u8 = 0x2;
+}
+
+/// The bytes of one masked client frame (`fin`, `opcode`, `payload`), as RFC 6455 §5.2 lays
+/// them out. The mask key is fixed: these frames test the server, not the masking.
+pub fn ws_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mut frame = ws_frame_header(fin, opcode, payload.len() as u64);
+    let key = [0x12, 0x34, 0x56, 0x78];
+    frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    frame
+}
+
+/// The header (including the mask key 12 34 56 78) of a masked client frame whose payload is
+/// `len` bytes; the payload itself is not included.
+pub fn ws_frame_header(fin: bool, opcode: u8, len: u64) -> Vec<u8> {
+    let mut frame = vec![u8::from(fin) << 7 | opcode];
+    match len {
+        0..=125 => frame.push(0x80 | len as u8),
+        126..=0xFFFF => {
+            frame.push(0x80 | 126);
+            frame.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        _ => {
+            frame.push(0x80 | 127);
+            frame.extend_from_slice(&len.to_be_bytes());
+        }
+    }
+    frame.extend_from_slice(&[0x12, 0x34, 0x56, 0x78]);
+    frame
+}
+
+/// A websocket handshake on a plain TCP stream done by hand, so that frames can be written raw.
+/// Panics unless the server answers `101` within [`DEADLINE`].
+pub async fn raw_websocket(addr: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    stream
+        .write_all(
+            b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await
+        .expect("write the upgrade request");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    tokio::time::timeout(DEADLINE, async {
+        while !head.ends_with(b"\r\n\r\n") {
+            let n = stream
+                .read(&mut byte)
+                .await
+                .expect("read the upgrade answer");
+            assert_eq!(n, 1, "EOF during the handshake after {head:?}");
+            head.push(byte[0]);
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no upgrade answer within {DEADLINE:?}"));
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    stream
+}
+
+/// How the server ended a raw connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawEnd {
+    /// A close frame with this code (and then EOF or a reset).
+    Close(u16),
+    /// EOF or a reset without a close frame.
+    Eof,
+}
+
+/// Read one (unmasked) server frame from a raw websocket stream: `(opcode, payload)`, or `None`
+/// at EOF or a reset. Continuation frames are returned as they come.
+pub async fn read_raw_frame(stream: &mut (impl AsyncRead + Unpin)) -> Option<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt as _;
+    let mut head = [0u8; 2];
+    stream.read_exact(&mut head).await.ok()?;
+    let len = match head[1] & 0x7F {
+        126 => {
+            let mut ext = [0u8; 2];
+            stream.read_exact(&mut ext).await.ok()?;
+            u64::from(u16::from_be_bytes(ext))
+        }
+        127 => {
+            let mut ext = [0u8; 8];
+            stream.read_exact(&mut ext).await.ok()?;
+            u64::from_be_bytes(ext)
+        }
+        short => u64::from(short),
+    };
+    let mut payload = vec![0u8; usize::try_from(len).ok()?];
+    stream.read_exact(&mut payload).await.ok()?;
+    Some((head[0] & 0x0F, payload))
+}
+
+/// Read a raw websocket stream until the server closes it, within `deadline`; returns the close
+/// code of the first close frame (frames before it are skipped), or [`RawEnd::Eof`] when the
+/// stream ended without one. Panics on timeout.
+pub async fn read_until_closed(
+    stream: &mut (impl AsyncRead + Unpin),
+    deadline: Duration,
+) -> RawEnd {
+    let read_all = async {
+        while let Some((opcode, payload)) = read_raw_frame(stream).await {
+            if opcode == 0x8 {
+                return match payload.get(..2) {
+                    Some(code) => RawEnd::Close(u16::from_be_bytes([code[0], code[1]])),
+                    None => RawEnd::Close(1005),
+                };
+            }
+        }
+        RawEnd::Eof
+    };
+    tokio::time::timeout(deadline, read_all)
+        .await
+        .unwrap_or_else(|_| panic!("the server did not close the connection within {deadline:?}"))
+}
+
+impl ExecServer {
+    /// Start `exec-server` with `args` after `configure` adjusted the command (environment,
+    /// resource limits through `pre_exec`), and wait for the URL it prints.
+    pub fn start_with(args: &[&str], configure: impl FnOnce(&mut Command)) -> ExecServer {
+        let mut command = Command::new(exec_server_binary());
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        configure(&mut command);
+        Self::start_command(command, args)
+    }
 }

@@ -1,0 +1,958 @@
+//! Hostile clients against the real server: oversized and malformed frames, floods that do not
+//! read, slow and vanishing connections, bad base64, path tricks and absurd numbers. Each gets a
+//! clear error or a clean close, and the server keeps serving everyone else.
+//!
+//! Limits are the ones of docs/protocol.md; the numbers are repeated here as the wire contract.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tests::{
+    Client, DEADLINE, ExecServer, RawEnd, assert_rpc_error, b64, fd_count, file_uri, opcode,
+    raw_websocket, read_raw_frame, read_until_closed, rss_kib, sh, unb64, ws_frame,
+    ws_frame_header,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `MAX_FRAME_BYTES`: larger messages or frames close the connection with 1009.
+const MAX_FRAME_BYTES: u64 = 64 * 1024 * 1024;
+/// `UPGRADE_HEAD_TIMEOUT`: the whole HTTP head must arrive within this.
+const UPGRADE_HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// `MAX_UPGRADE_HEAD_BYTES`.
+const MAX_UPGRADE_HEAD_BYTES: usize = 16 * 1024;
+/// `READ_BLOCK_MAX_BYTES`.
+const READ_BLOCK_MAX_BYTES: u64 = 1024 * 1024;
+
+fn server() -> ExecServer {
+    ExecServer::start(&["--listen", "ws://127.0.0.1:0"])
+}
+
+/// One round trip that touches the filesystem: the server is alive and serving `client`.
+async fn assert_serving(client: &mut Client) {
+    let started = Instant::now();
+    client
+        .call("fs/getMetadata", json!({"path": "file:///"}))
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a trivial request took {:?}",
+        started.elapsed()
+    );
+}
+
+/// A `cat` with piped stdin on `client`: proves a session with a live process is unaffected.
+async fn start_echo(client: &mut Client, id: &str) {
+    client
+        .start(id, &["/bin/cat"], json!({"pipeStdin": true}))
+        .await
+        .unwrap();
+}
+
+async fn assert_echoes(client: &mut Client, id: &str, text: &str) {
+    client
+        .call(
+            "process/write",
+            json!({"processId": id, "chunk": b64(text)}),
+        )
+        .await;
+    client.wait_for_output(id, text).await;
+}
+
+/// The next message must be an error response with id -1 and code -32600.
+async fn expect_envelope_error(client: &mut Client, what: &str) -> Value {
+    let message = client
+        .next_message(DEADLINE)
+        .await
+        .unwrap_or_else(|| panic!("no answer to {what} within {DEADLINE:?}"));
+    assert_eq!(message["id"], -1, "{what}: {message}");
+    assert_eq!(message["error"]["code"], -32600, "{what}: {message}");
+    message
+}
+
+// ---------------------------------------------------------------------------------------------
+// Frames
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn message_fragmented_past_the_frame_limit_closes_with_1009_and_others_keep_working() {
+    let server = server();
+    let mut other = server.client().await;
+    start_echo(&mut other, "echo").await;
+    // Frames of 8 MiB each are all under the limit; the message they add up to (72 MiB) is not.
+    // The server must stop at the limit instead of buffering the whole message.
+    let stream = raw_websocket(server.addr()).await;
+    let (mut reader, mut writer) = stream.into_split();
+    let upload = tokio::spawn(async move {
+        let piece = vec![b'a'; 8 * 1024 * 1024];
+        let frames = (MAX_FRAME_BYTES / piece.len() as u64) + 1;
+        for i in 0..frames {
+            let (fin, code) = (i + 1 == frames, if i == 0 { opcode::BINARY } else { 0 });
+            let header = ws_frame_header(fin, code, piece.len() as u64);
+            if writer.write_all(&header).await.is_err() || writer.write_all(&piece).await.is_err() {
+                return i; // the server closed: it did not take the rest
+            }
+        }
+        frames
+    });
+    // The other session is served while the upload is in progress.
+    assert_echoes(&mut other, "echo", "during the upload\n").await;
+    let end = read_until_closed(&mut reader, DEADLINE).await;
+    assert_eq!(
+        end,
+        RawEnd::Close(1009),
+        "close code for a too-large message"
+    );
+    tokio::time::timeout(DEADLINE, upload)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_echoes(&mut other, "echo", "after the upload\n").await;
+    assert_serving(&mut server.client().await).await;
+}
+
+#[tokio::test]
+async fn frame_declaring_an_absurd_length_is_refused_from_its_header() {
+    let server = server();
+    let mut other = server.client().await;
+    for (what, len) in [
+        (
+            "2^63 - 1 bytes, the largest length RFC 6455 allows",
+            i64::MAX as u64,
+        ),
+        ("one byte past MAX_FRAME_BYTES", MAX_FRAME_BYTES + 1),
+    ] {
+        let mut stream = raw_websocket(server.addr()).await;
+        let mut frame = ws_frame_header(true, opcode::TEXT, len);
+        frame.extend_from_slice(b"{\"id\":1");
+        stream.write_all(&frame).await.unwrap();
+        let end = read_until_closed(&mut stream, DEADLINE).await;
+        assert_eq!(end, RawEnd::Close(1009), "{what}");
+    }
+    assert_serving(&mut other).await;
+}
+
+#[tokio::test]
+async fn deeply_nested_json_gets_an_error_and_the_connection_keeps_serving() {
+    let server = server();
+    let mut client = server.client().await;
+    let depth = 100_000;
+    let arrays = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    client.send_text(arrays).await;
+    let error = expect_envelope_error(&mut client, "100,000 nested arrays").await;
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON"),
+        "{error}"
+    );
+    // Deep params inside an otherwise valid request: the parser's depth limit answers it, the
+    // server does not recurse 100,000 frames deep building or dropping the value.
+    let params = format!("{}{}", "{\"a\":".repeat(depth), "}".repeat(depth));
+    client
+        .send_text(format!(
+            r#"{{"id":7,"method":"fs/getMetadata","params":{params}}}"#
+        ))
+        .await;
+    expect_envelope_error(&mut client, "100,000 nested objects in params").await;
+    // Unclosed nesting (a truncated document) is an error too.
+    client.send_text("[".repeat(depth)).await;
+    expect_envelope_error(&mut client, "100,000 unclosed arrays").await;
+    assert_serving(&mut client).await;
+}
+
+#[tokio::test]
+async fn invalid_utf8_in_a_text_frame_closes_cleanly_and_others_keep_working() {
+    let server = server();
+    let mut other = server.client().await;
+    start_echo(&mut other, "echo").await;
+    for payload in [
+        &b"{\"id\":1,\"method\":\"\xff\xfe\"}"[..],
+        b"\xc0\xaf",                     // overlong encoding of '/'
+        b"\xed\xa0\x80",                 // a UTF-16 surrogate
+        b"{\"a\":\"\xf4\x90\x80\x80\"}", // past U+10FFFF
+    ] {
+        let mut stream = raw_websocket(server.addr()).await;
+        stream
+            .write_all(&ws_frame(true, opcode::TEXT, payload))
+            .await
+            .unwrap();
+        // RFC 6455 asks for 1007; the server currently closes with 1000. Either is a clean
+        // close of this connection only.
+        let end = read_until_closed(&mut stream, DEADLINE).await;
+        assert!(
+            matches!(end, RawEnd::Close(1007 | 1002 | 1000) | RawEnd::Eof),
+            "invalid UTF-8 {payload:?} in a text frame: {end:?}"
+        );
+    }
+    // The same bytes in a binary frame are a JSON-RPC error, not a close.
+    let mut client = server.client().await;
+    client
+        .send_binary(b"{\"id\":1,\"method\":\"\xff\xfe\"}".to_vec())
+        .await;
+    expect_envelope_error(&mut client, "invalid UTF-8 in a binary frame").await;
+    assert_serving(&mut client).await;
+    assert_echoes(&mut other, "echo", "still here\n").await;
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so a failure can be replayed.
+fn garbage(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn binary_garbage_frames_get_errors_and_the_connection_keeps_serving() {
+    let server = server();
+    let mut client = server.client().await;
+    for seed in 1..=50u64 {
+        let len = (seed as usize * 997) % 70_000 + 1;
+        client.send_binary(garbage(seed, len)).await;
+        expect_envelope_error(&mut client, &format!("garbage seed {seed} ({len} bytes)")).await;
+    }
+    assert_serving(&mut client).await;
+}
+
+#[tokio::test]
+async fn garbage_instead_of_websocket_frames_closes_the_connection_and_others_keep_working() {
+    let server = server();
+    let mut other = server.client().await;
+    let unmasked = {
+        let mut frame = ws_frame(true, opcode::TEXT, b"{}");
+        frame[1] &= 0x7F; // clear the mask bit; drop the key
+        frame.drain(2..6);
+        frame
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("reserved opcode 0x3", ws_frame(true, 0x3, b"x")),
+        ("RSV1 set without an extension", {
+            let mut frame = ws_frame(true, opcode::TEXT, b"{}");
+            frame[0] |= 0x40;
+            frame
+        }),
+        ("an unmasked client frame", unmasked),
+        (
+            "a continuation with nothing to continue",
+            ws_frame(true, opcode::CONTINUATION, b"x"),
+        ),
+        ("a fragmented ping", ws_frame(false, 0x9, b"x")),
+        ("random bytes", garbage(7, 4096)),
+    ];
+    for (what, bytes) in cases {
+        let mut stream = raw_websocket(server.addr()).await;
+        let _ = stream.write_all(&bytes).await;
+        let end = read_until_closed(&mut stream, DEADLINE).await;
+        assert!(
+            matches!(end, RawEnd::Close(1002 | 1000) | RawEnd::Eof),
+            "{what}: {end:?}"
+        );
+    }
+    assert_serving(&mut other).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Floods and slow or vanishing clients
+// ---------------------------------------------------------------------------------------------
+
+/// `{"id":N,...}` → N without parsing the whole (large) response.
+fn response_id(payload: &[u8]) -> Option<i64> {
+    let rest = payload.strip_prefix(b"{\"id\":")?;
+    let end = rest
+        .iter()
+        .position(|b| !b.is_ascii_digit() && *b != b'-')?;
+    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+}
+
+#[tokio::test]
+async fn ten_thousand_unread_requests_meet_backpressure_and_memory_stays_bounded() {
+    const REQUESTS: i64 = 10_000;
+    // Each response carries 8 KiB of file as base64: about 11 KB on the wire. If the server
+    // buffered every response for a client that does not read, that is 10,000 x 11 KB = 105 MiB.
+    // Bounded as documented it holds at most OUTBOUND_QUEUE_MESSAGES (1024) queued plus
+    // MAX_INFLIGHT_REQUESTS (128) pending responses, about 13 MiB, and stops reading the socket.
+    // Allowed growth: 40 MiB (that plus allocator slack and blocking-pool stacks), well under
+    // the unbounded figure.
+    const ALLOWED_GROWTH_KIB: u64 = 40 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("8k");
+    std::fs::write(&file, garbage(3, 8 * 1024)).unwrap();
+    let request = |id: i64| {
+        json!({"id": id, "method": "fs/readFile", "params": {"path": file_uri(&file)}}).to_string()
+    };
+    let server = server();
+    let mut other = server.client().await;
+
+    let stream = raw_websocket(server.addr()).await;
+    let (mut reader, mut writer) = stream.into_split();
+    let init = r#"{"id":0,"method":"initialize","params":{"clientName":"flood"}}"#;
+    writer
+        .write_all(&ws_frame(true, opcode::TEXT, init.as_bytes()))
+        .await
+        .unwrap();
+    let (_, answer) = tokio::time::timeout(DEADLINE, read_raw_frame(&mut reader))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response_id(&answer), Some(0));
+    // Warm up: the blocking pool grows to MAX_INFLIGHT_REQUESTS threads and the allocator to its
+    // working size, so the baseline below is the steady state.
+    for id in 1..=300 {
+        writer
+            .write_all(&ws_frame(true, opcode::TEXT, request(id).as_bytes()))
+            .await
+            .unwrap();
+    }
+    for _ in 1..=300 {
+        tokio::time::timeout(DEADLINE, read_raw_frame(&mut reader))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let baseline = rss_kib(server.pid());
+
+    let frames: Vec<u8> = (1000..1000 + REQUESTS)
+        .flat_map(|id| ws_frame(true, opcode::TEXT, request(id).as_bytes()))
+        .collect();
+    let flood = tokio::spawn(async move {
+        writer.write_all(&frames).await.unwrap();
+        writer
+    });
+    // While the flood sits unread, watch the server's memory and keep another client served.
+    let mut peak = baseline;
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(3) {
+        peak = peak.max(rss_kib(server.pid()));
+        assert_serving(&mut other).await;
+        tokio::time::sleep(Duration::from_millis(50)).await; // sampling interval
+    }
+    let growth = peak.saturating_sub(baseline);
+    eprintln!(
+        "RSS baseline {baseline} KiB, peak {peak} KiB while 10,000 responses were unread \
+         (growth {growth} KiB, allowed {ALLOWED_GROWTH_KIB} KiB)"
+    );
+    assert!(
+        growth <= ALLOWED_GROWTH_KIB,
+        "server RSS grew by {growth} KiB (from {baseline} to {peak}) while a client did not \
+         read; allowed {ALLOWED_GROWTH_KIB} KiB"
+    );
+    // Now read: every request is answered exactly once, nothing was dropped.
+    let mut seen = HashSet::new();
+    let drain = async {
+        while seen.len() < REQUESTS as usize {
+            let (_, payload) = read_raw_frame(&mut reader).await.expect("connection open");
+            let id = response_id(&payload).unwrap_or_else(|| {
+                panic!(
+                    "unexpected frame {:?}",
+                    String::from_utf8_lossy(&payload[..80])
+                )
+            });
+            assert!(
+                payload.windows(12).any(|w| w == b"\"dataBase64\""),
+                "id {id} failed"
+            );
+            assert!(seen.insert(id), "response {id} arrived twice");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), drain)
+        .await
+        .unwrap_or_else(|_| panic!("only {} of {REQUESTS} responses arrived", seen.len()));
+    tokio::time::timeout(DEADLINE, flood)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_serving(&mut other).await;
+}
+
+#[tokio::test]
+async fn slowloris_upgrade_is_dropped_at_the_head_timeout_while_others_are_served() {
+    let server = server();
+    let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    let connected = Instant::now();
+    let head =
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n";
+    // One byte a second; the server must drop the connection once UPGRADE_HEAD_TIMEOUT passed,
+    // long before the head could ever complete.
+    let slow = async {
+        let mut answer = [0u8; 64];
+        for byte in head.iter().cycle() {
+            tokio::select! {
+                read = stream.read(&mut answer) => return (read.map_or(0, |n| n), connected.elapsed()),
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            if stream.write_all(&[*byte]).await.is_err() {
+                return (0, connected.elapsed());
+            }
+        }
+        unreachable!("the head cycles forever")
+    };
+    let others = async {
+        // Meanwhile other clients connect, initialize and run processes as usual.
+        let mut served = 0;
+        while connected.elapsed() < Duration::from_secs(8) {
+            let mut client = server.client().await;
+            assert_serving(&mut client).await;
+            let out = client.run("p", &sh("echo ok"), json!({})).await;
+            assert_eq!(out.stdout_text(), "ok\n");
+            served += 1;
+            tokio::time::sleep(Duration::from_millis(500)).await; // pacing, not a wait
+        }
+        served
+    };
+    let deadline = UPGRADE_HEAD_TIMEOUT + Duration::from_secs(3);
+    let ((answered, dropped_after), served) =
+        tokio::time::timeout(deadline, async { tokio::join!(slow, others) })
+            .await
+            .unwrap_or_else(|_| panic!("the slow connection was still open after {deadline:?}"));
+    assert_eq!(answered, 0, "the server must close without answering");
+    assert!(
+        dropped_after >= UPGRADE_HEAD_TIMEOUT - Duration::from_millis(500)
+            && dropped_after <= UPGRADE_HEAD_TIMEOUT + Duration::from_secs(2),
+        "dropped after {dropped_after:?}; expected about {UPGRADE_HEAD_TIMEOUT:?}"
+    );
+    assert!(served >= 5, "only {served} clients were served meanwhile");
+}
+
+#[tokio::test]
+async fn oversized_upgrade_head_is_dropped_without_waiting_for_its_end() {
+    let server = server();
+    let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    let mut head = b"GET / HTTP/1.1\r\nX-Filler: ".to_vec();
+    head.extend(std::iter::repeat_n(b'a', MAX_UPGRADE_HEAD_BYTES + 4096));
+    let started = Instant::now();
+    let _ = stream.write_all(&head).await; // no blank line: the head never ends
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer))
+        .await
+        .expect("the server must close an oversized head");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "closed after {:?}, not at once",
+        started.elapsed()
+    );
+    assert_serving(&mut server.client().await).await;
+}
+
+#[tokio::test]
+async fn client_vanishing_mid_frame_detaches_its_session_and_frees_its_descriptors() {
+    let server = server();
+    let baseline = fd_count(server.pid());
+    let mut gone = server.connect().await;
+    let session = gone.initialize().await;
+    gone.start("sleeper", &["/bin/sleep", "1000"], json!({}))
+        .await
+        .unwrap();
+    gone.call(
+        "fs/open",
+        json!({"handleId": "h", "path": "file:///etc/hostname"}),
+    )
+    .await;
+    // Half a frame: a header announcing 1,000 bytes and 10 of them, then the socket is gone.
+    let mut partial = ws_frame_header(true, opcode::TEXT, 1000);
+    partial.extend_from_slice(b"{\"id\":99,\"");
+    gone.send_raw_bytes(&partial).await;
+    drop(gone);
+    // The server notices: the session can be resumed from a new connection (not
+    // sessionAttached forever), its process is still running, and nothing leaked.
+    let mut back = server.connect().await;
+    let started = Instant::now();
+    loop {
+        let resumed = back
+            .request(
+                "initialize",
+                json!({"clientName": "back", "resumeSessionId": session}),
+            )
+            .await;
+        match resumed {
+            Ok(result) => {
+                assert_eq!(result["sessionId"], session);
+                break;
+            }
+            Err(error) if tests::error_kind(&error) == "sessionAttached" => {
+                assert!(
+                    started.elapsed() < DEADLINE,
+                    "the vanished connection still holds its session after {DEADLINE:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await; // retry interval
+            }
+            Err(error) => panic!("resume failed: {error:?}"),
+        }
+    }
+    let read = back
+        .call("process/read", json!({"processId": "sleeper"}))
+        .await;
+    assert_eq!(read["exited"], false, "the process outlives its connection");
+    let r = back
+        .request(
+            "fs/readBlock",
+            json!({"handleId": "h", "offset": 0, "len": 1}),
+        )
+        .await;
+    assert_rpc_error(r, -32004, "notFound");
+    back.call("process/terminate", json!({"processId": "sleeper"}))
+        .await;
+    back.collect("sleeper").await;
+    back.close().await;
+    let started = Instant::now();
+    while fd_count(server.pid()) > baseline {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "server descriptors: {} now, {baseline} before the vanished client",
+            fd_count(server.pid())
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await; // polling interval
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad payloads and paths
+// ---------------------------------------------------------------------------------------------
+
+/// Strings that are not standard padded base64, each with what is wrong with it.
+fn invalid_base64() -> Vec<(&'static str, String)> {
+    vec![
+        ("punctuation", "not base64!".into()),
+        ("missing padding", "aGk".into()),
+        ("padding in the middle", "aG==aGk=".into()),
+        ("embedded whitespace", "aGVs bG8=".into()),
+        ("a newline", "aGVs\nbG8=".into()),
+        ("the URL-safe alphabet", "-_-_".into()),
+        ("non-ASCII", "aGVsbG8é".into()),
+        ("4 MiB of '*'", "*".repeat(4 * 1024 * 1024)),
+    ]
+}
+
+#[tokio::test]
+async fn invalid_base64_is_refused_and_never_truncates_the_target() {
+    let workspace = tempfile::Builder::new()
+        .prefix("ew-hostile-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let target = workspace.path().join("target.txt");
+    std::fs::write(&target, b"original").unwrap();
+    let server = server();
+    let mut client = server.client().await;
+    start_echo(&mut client, "cat").await;
+    let sandbox = json!({"profile": "workspace-write", "cwd": file_uri(workspace.path())});
+    for (what, text) in invalid_base64() {
+        for (how, sandbox) in [("unsandboxed", Value::Null), ("sandboxed", sandbox.clone())] {
+            let r = client
+                .request(
+                    "fs/writeFile",
+                    json!({"path": file_uri(&target), "dataBase64": text, "sandbox": sandbox}),
+                )
+                .await;
+            let error = assert_rpc_error(r, -32602, "invalidBase64");
+            assert!(error.message.contains("base64"), "{how} {what}: {error:?}");
+            assert_eq!(std::fs::read(&target).unwrap(), b"original", "{how} {what}");
+        }
+        let r = client
+            .request("process/write", json!({"processId": "cat", "chunk": text}))
+            .await;
+        let error = assert_rpc_error(r, -32602, "invalidBase64");
+        assert!(
+            error.message.contains("base64"),
+            "process/write {what}: {error:?}"
+        );
+    }
+    // Nothing half-decoded reached the process; a valid write still does.
+    assert_echoes(&mut client, "cat", "valid\n").await;
+    client
+        .call(
+            "process/write",
+            json!({"processId": "cat", "chunk": "", "close": true}),
+        )
+        .await;
+    let out = client.collect("cat").await;
+    assert_eq!(
+        out.stdout_text(),
+        "",
+        "only the valid write reached cat: {out:?}"
+    );
+}
+
+/// A workspace under /tmp and a sentinel file outside every writable root.
+struct Traversal {
+    workspace: tempfile::TempDir,
+    outside: tempfile::TempDir,
+}
+
+impl Traversal {
+    fn new() -> Traversal {
+        let workspace = tempfile::Builder::new()
+            .prefix("ew-ws-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let outside = tempfile::Builder::new()
+            .prefix("ew-out-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        std::fs::write(outside.path().join("secret.txt"), b"outside").unwrap();
+        Traversal { workspace, outside }
+    }
+
+    /// `file://<workspace>/../../<rest>`: a URI that starts inside the workspace and climbs out.
+    fn climbing(&self, rest: &Path, dots: &str) -> String {
+        let ws = file_uri(self.workspace.path());
+        let rest = file_uri(rest);
+        format!("{ws}/{dots}/{dots}{}", rest.trim_start_matches("file://"))
+    }
+
+    fn secret(&self) -> PathBuf {
+        self.outside.path().join("secret.txt")
+    }
+}
+
+#[tokio::test]
+async fn path_traversal_under_a_sandbox_cannot_write_outside() {
+    let t = Traversal::new();
+    // Probes in /etc are new names, never /etc/passwd itself: if the sandbox failed, the test
+    // must not damage the machine it runs on. Removed below if they ever appear.
+    let etc_probe = PathBuf::from(format!("/etc/ew-hostile-probe-{}", std::process::id()));
+    let server = server();
+    let mut client = server.client().await;
+    let policies = [
+        ("read-only", json!({"profile": "read-only"})),
+        (
+            "workspace-write",
+            json!({"profile": "workspace-write", "cwd": file_uri(t.workspace.path())}),
+        ),
+    ];
+    let mut attempts: Vec<(String, &str, Value)> = Vec::new();
+    for dots in ["..", "%2E%2E", "%2e."] {
+        let secret = t.climbing(&t.secret(), dots);
+        let probe = t.climbing(&etc_probe, dots);
+        attempts.extend([
+            (
+                format!("writeFile {secret}"),
+                "fs/writeFile",
+                json!({"path": secret, "dataBase64": b64("pwned")}),
+            ),
+            (
+                format!("atomic writeFile {secret}"),
+                "fs/writeFile",
+                json!({"path": secret, "dataBase64": b64("pwned"), "atomic": true}),
+            ),
+            (
+                format!("remove {secret}"),
+                "fs/remove",
+                json!({"path": secret}),
+            ),
+            (
+                format!("copy onto {secret}"),
+                "fs/copy",
+                json!({"sourcePath": file_uri(t.workspace.path().join("..")), "destinationPath": secret, "recursive": true}),
+            ),
+            (
+                format!("writeFile {probe}"),
+                "fs/writeFile",
+                json!({"path": probe, "dataBase64": b64("pwned")}),
+            ),
+            (
+                format!("createDirectory {probe}"),
+                "fs/createDirectory",
+                json!({"path": probe}),
+            ),
+        ]);
+    }
+    attempts.push((
+        "writeFile file:///tmp/../etc/<probe>".into(),
+        "fs/writeFile",
+        json!({"path": format!("file:///tmp/..{}", etc_probe.display()), "dataBase64": b64("x")}),
+    ));
+    let mut escaped = Vec::new();
+    for (policy_name, policy) in &policies {
+        for (what, method, params) in &attempts {
+            let mut params = params.clone();
+            params["sandbox"] = policy.clone();
+            let r = client.request(method, params).await;
+            match &r {
+                Err(error) if tests::error_kind(error) == "sandboxDenied" => {}
+                // A copy of /tmp fails on something it cannot read before reaching its
+                // destination; that is a refusal too, as long as nothing was written.
+                Err(error) if *method == "fs/copy" && error.code != 0 => {}
+                other => escaped.push(format!("{policy_name}: {what} -> {other:?}")),
+            }
+        }
+    }
+    // A sandboxed process climbing out with `..` is stopped the same way.
+    let script = format!(
+        "echo pwned > {ws}/../..{secret}; echo pwned > /tmp/..{probe}; echo done",
+        ws = t.workspace.path().display(),
+        secret = t.secret().display(),
+        probe = etc_probe.display()
+    );
+    let out = client
+        .run(
+            "climb",
+            &sh(&script),
+            json!({"sandbox": policies[1].1.clone()}),
+        )
+        .await;
+    assert_eq!(out.stdout_text(), "done\n", "{out:?}");
+    let probe_exists = etc_probe.exists();
+    if probe_exists {
+        let _ = std::fs::remove_file(&etc_probe);
+        let _ = std::fs::remove_dir_all(&etc_probe);
+    }
+    assert_eq!(std::fs::read(t.secret()).unwrap(), b"outside");
+    assert!(!probe_exists, "{} was created", etc_probe.display());
+    assert!(escaped.is_empty(), "not denied:\n{}", escaped.join("\n"));
+}
+
+#[tokio::test]
+async fn non_utf8_paths_are_served_inside_the_sandbox_and_denied_outside() {
+    let t = Traversal::new();
+    let ws = file_uri(t.workspace.path());
+    let out = file_uri(t.outside.path());
+    let server = server();
+    let mut client = server.client().await;
+    let sandbox = json!({"profile": "workspace-write", "cwd": ws});
+    let name = "%FF%FEname%80.txt";
+    client
+        .call(
+            "fs/writeFile",
+            json!({"path": format!("{ws}/{name}"), "dataBase64": b64("bytes"), "sandbox": sandbox}),
+        )
+        .await;
+    let listed = client
+        .call("fs/readDirectory", json!({"path": ws, "sandbox": sandbox}))
+        .await;
+    let paths: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, vec![format!("{ws}/{name}")], "exact non-UTF-8 path");
+    let read = client
+        .call("fs/readFile", json!({"path": paths[0], "sandbox": sandbox}))
+        .await;
+    assert_eq!(unb64(read["dataBase64"].as_str().unwrap()), b"bytes");
+    let r = client
+        .request(
+            "fs/writeFile",
+            json!({"path": format!("{out}/{name}"), "dataBase64": b64("x"), "sandbox": sandbox}),
+        )
+        .await;
+    assert_rpc_error(r, -32600, "sandboxDenied");
+    // A sandboxed start needs a UTF-8 cwd (sandbox-run takes it as an argument): a clear
+    // refusal, never a start in some other directory.
+    client
+        .call(
+            "fs/createDirectory",
+            json!({"path": format!("{ws}/dir%FF"), "sandbox": sandbox}),
+        )
+        .await;
+    let r = client
+        .request(
+            "process/start",
+            json!({"processId": "p", "argv": ["/bin/pwd"], "cwd": format!("{ws}/dir%FF"),
+                   "env": {}, "sandbox": {"profile": "read-only"}}),
+        )
+        .await;
+    let error = assert_rpc_error(r, -32602, "invalidParams");
+    assert!(error.message.contains("UTF-8"), "{error:?}");
+    // Unsandboxed, the same directory is a fine cwd.
+    let run = client
+        .run("q", &["/bin/pwd"], json!({"cwd": format!("{ws}/dir%FF")}))
+        .await;
+    assert_eq!(
+        run.stdout,
+        [
+            t.workspace.path().as_os_str().as_encoded_bytes(),
+            b"/dir\xff\n"
+        ]
+        .concat()
+    );
+    // %00 can never name a path.
+    let r = client
+        .request("fs/getMetadata", json!({"path": format!("{ws}/a%00b")}))
+        .await;
+    assert_rpc_error(r, -32602, "invalidPath");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Absurd numbers
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn absurd_read_parameters_are_capped_or_refused_promptly() {
+    let server = server();
+    let mut client = server.client().await;
+    start_echo(&mut client, "cat").await;
+    assert_echoes(&mut client, "cat", "line\n").await;
+    let quick = Duration::from_secs(3);
+    // Capped: u64::MAX bytes is MAX_READ_BYTES; the answer is immediate because output exists.
+    let started = Instant::now();
+    let read = client
+        .request_within(
+            "process/read",
+            json!({"processId": "cat", "maxBytes": u64::MAX, "waitMs": u64::MAX}),
+            quick,
+        )
+        .await
+        .unwrap();
+    assert_eq!(read["chunks"].as_array().unwrap().len(), 1, "{read}");
+    assert!(started.elapsed() < quick);
+    // A cursor past everything that will ever exist: an empty answer, not a crash.
+    let read = client
+        .request_within(
+            "process/read",
+            json!({"processId": "cat", "afterSeq": u64::MAX}),
+            quick,
+        )
+        .await
+        .unwrap();
+    assert_eq!(read["chunks"], json!([]), "{read}");
+    // A long-poll with an absurd waitMs returns as soon as output appears.
+    let poll = client
+        .send_request(
+            "process/read",
+            json!({"processId": "cat", "afterSeq": 1, "waitMs": u64::MAX}),
+        )
+        .await;
+    client
+        .call(
+            "process/write",
+            json!({"processId": "cat", "chunk": b64("more\n")}),
+        )
+        .await;
+    let read = client
+        .response_within(&poll, quick, "long-poll woken by output")
+        .await
+        .unwrap();
+    assert_eq!(read["chunks"][0]["seq"], 2, "{read}");
+    // Out of the domain of the field: refused by name, never silently clamped.
+    for (what, params) in [
+        (
+            "negative maxBytes",
+            json!({"processId": "cat", "maxBytes": -1}),
+        ),
+        (
+            "fractional waitMs",
+            json!({"processId": "cat", "waitMs": 1.5}),
+        ),
+        (
+            "waitMs past u64",
+            json!({"processId": "cat", "waitMs": 1e30}),
+        ),
+        (
+            "string afterSeq",
+            json!({"processId": "cat", "afterSeq": "1"}),
+        ),
+    ] {
+        let r = client.request_within("process/read", params, quick).await;
+        assert_rpc_error(r, -32602, "invalidParams");
+        let _ = what;
+    }
+    assert_serving(&mut client).await;
+}
+
+#[tokio::test]
+async fn long_poll_on_a_closed_process_returns_at_once_whatever_wait_ms_says() {
+    let server = server();
+    let mut client = server.client().await;
+    let out = client.run("done", &sh("echo bye"), json!({})).await;
+    let last = *tests::seqs(&out.events).last().unwrap();
+    // Nothing can follow `closed`: waiting would only hold a request slot for MAX_WAIT_MS.
+    let started = Instant::now();
+    let read = client
+        .request_within(
+            "process/read",
+            json!({"processId": "done", "afterSeq": last, "waitMs": u64::MAX}),
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap();
+    assert_eq!(read["chunks"], json!([]), "{read}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn absurd_block_terminal_and_signal_parameters_get_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    std::fs::write(&file, b"0123456789").unwrap();
+    let server = server();
+    let mut client = server.client().await;
+    client
+        .call("fs/open", json!({"handleId": "h", "path": file_uri(&file)}))
+        .await;
+    for len in [u64::MAX, READ_BLOCK_MAX_BYTES + 1] {
+        let r = client
+            .request(
+                "fs/readBlock",
+                json!({"handleId": "h", "offset": 0, "len": len}),
+            )
+            .await;
+        let error = assert_rpc_error(r, -32602, "invalidParams");
+        assert!(error.message.contains("READ_BLOCK_MAX_BYTES"), "{error:?}");
+    }
+    // An offset far past the end is an empty block at EOF, or an out-of-range error: never a
+    // hang or a crash.
+    for offset in [u64::MAX, i64::MAX as u64, 1 << 40] {
+        match client
+            .request(
+                "fs/readBlock",
+                json!({"handleId": "h", "offset": offset, "len": 10}),
+            )
+            .await
+        {
+            Ok(block) => assert_eq!(block, json!({"chunk": "", "eof": true}), "offset {offset}"),
+            Err(error) => assert_eq!(error.code, -32602, "offset {offset}: {error:?}"),
+        }
+    }
+    // Terminal sizes: u16 is the domain; 0 is refused by name, 65535 is a (huge) terminal.
+    let r = client
+        .start(
+            "big",
+            &["/bin/true"],
+            json!({"tty": true, "cols": 70000, "rows": 1}),
+        )
+        .await;
+    assert_rpc_error(r, -32602, "invalidParams");
+    let out = client
+        .run(
+            "huge",
+            &sh("stty size"),
+            json!({"tty": true, "cols": 65535, "rows": 65535}),
+        )
+        .await;
+    assert_eq!(out.pty_text().trim(), "65535 65535");
+    client
+        .start("tty", &["/bin/cat"], json!({"tty": true}))
+        .await
+        .unwrap();
+    let r = client
+        .request(
+            "process/resize",
+            json!({"processId": "tty", "cols": 0, "rows": 0}),
+        )
+        .await;
+    assert_rpc_error(r, -32602, "invalidParams");
+    let r = client
+        .request(
+            "process/signal",
+            json!({"processId": "tty", "signal": "SIGKILL; rm -rf /"}),
+        )
+        .await;
+    assert_rpc_error(r, -32602, "invalidParams");
+    let r = client
+        .request("process/signal", json!({"processId": "tty", "signal": 9}))
+        .await;
+    assert_rpc_error(r, -32602, "invalidParams");
+    client
+        .call("process/terminate", json!({"processId": "tty"}))
+        .await;
+    assert_serving(&mut client).await;
+}
