@@ -111,10 +111,10 @@ pub fn session_ttys() -> Vec<PathBuf> {
         std::io::stdout().as_fd(),
         std::io::stderr().as_fd(),
     ] {
-        if nix::unistd::isatty(fd).unwrap_or(false) {
-            if let Ok(path) = nix::unistd::ttyname(fd) {
-                ttys.push(path);
-            }
+        if nix::unistd::isatty(fd).unwrap_or(false)
+            && let Ok(path) = nix::unistd::ttyname(fd)
+        {
+            ttys.push(path);
         }
     }
     ttys.sort();

@@ -201,10 +201,10 @@ pub fn restrict_current_process(
             }
         }
     }
-    if report.namespaces.mount {
-        if let Some(path) = cwd {
-            nix::unistd::chdir(&path).map_err(|source| SandboxError::Chdir { path, source })?;
-        }
+    if report.namespaces.mount
+        && let Some(path) = cwd
+    {
+        nix::unistd::chdir(&path).map_err(|source| SandboxError::Chdir { path, source })?;
     }
 
     report.landlock = landlock::install(

@@ -396,7 +396,7 @@ mod tests {
                 4 => data.arch,
                 16..=63 => {
                     let arg = data.args[(offset as usize - 16) / 8];
-                    if offset % 8 == 0 {
+                    if offset.is_multiple_of(8) {
                         arg as u32
                     } else {
                         (arg >> 32) as u32
