@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use profile::{BUILTIN_PROFILES, DEFAULT_PROTECTED_SUBPATHS, ProfileFile, builtin_profile};
-pub use resolve::ResolveContext;
+pub use resolve::{MAX_RESOLVED_RULES, ResolveContext};
 pub use wire::{
     EntryPath, FsEntry, LegacyPolicy, ManagedFileSystem, NamedPolicy, NetworkMode,
     PermissionProfile, PolicySource, SandboxSpec, SpecialPath,
@@ -290,6 +290,15 @@ pub enum PolicyError {
         pattern: String,
         /// What went wrong.
         message: String,
+    },
+    /// The entries expand to more than [`MAX_RESOLVED_RULES`] path rules.
+    #[error(
+        "sandbox policy expands to more than {limit} path rules (MAX_RESOLVED_RULES); use fewer \
+         entries or workspace roots, or narrower globs"
+    )]
+    TooManyRules {
+        /// The limit.
+        limit: usize,
     },
     /// Reading a profile file failed.
     #[error("cannot read profile file {path}: {source}")]

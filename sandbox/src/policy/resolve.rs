@@ -30,6 +30,14 @@ pub const MINIMAL_READ_PATHS: &[&str] = &[
     "/dev/urandom",
 ];
 
+/// Most path rules one policy may resolve to, counted as entries expand (`:project_roots` over
+/// every workspace root, `:minimal`, globs) and before normalisation. Normalising and protecting
+/// subpaths are quadratic in the rule count and the policy comes from any client: unbounded, a
+/// 10 KB spec (100 `:project_roots` subpaths times 100 workspace roots) kept a release build of
+/// `sandbox-run --explain` busy for 47 s. More rules than this is an error (never a truncated,
+/// wider policy).
+pub const MAX_RESOLVED_RULES: usize = 1024;
+
 /// Inputs from the resolving process's environment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ResolveContext {
@@ -265,7 +273,13 @@ fn resolve_draft(
     }
     let mut rules = Vec::new();
     for (path, access) in &draft.entries {
-        for resolved in resolve_entry(path, *access, cwd, workspace_roots, ctx, draft.glob_depth)? {
+        let resolved = resolve_entry(path, *access, cwd, workspace_roots, ctx, draft.glob_depth)?;
+        if rules.len() + resolved.len() > MAX_RESOLVED_RULES {
+            return Err(PolicyError::TooManyRules {
+                limit: MAX_RESOLVED_RULES,
+            });
+        }
+        for resolved in resolved {
             rules.push(PathRule {
                 path: normalize_existing(&resolved),
                 access: *access,

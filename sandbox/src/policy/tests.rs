@@ -331,3 +331,39 @@ fn file_uri_paths_keep_non_utf8_bytes() {
     assert!(super::wire::parse_abs("cwd", "file://server/x").is_err());
     assert!(super::wire::parse_abs("cwd", "file:///a/../b").is_err());
 }
+
+/// `n` `:project_roots` subpath entries over `n` workspace roots: `n * n` rules.
+fn project_roots_product(n: usize) -> SandboxSpec {
+    let entries: Vec<_> = (0..n)
+        .map(|i| {
+            json!({"path": {"type": "special", "value": {"kind": "project_roots", "subpath": format!("s{i}")}},
+                   "access": "write"})
+        })
+        .collect();
+    let roots: Vec<_> = (0..n)
+        .map(|i| format!("/execward-no-such-root-{i}"))
+        .collect();
+    spec(json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": entries}},
+        "cwd": "/tmp",
+        "workspaceRoots": roots,
+    }))
+}
+
+#[test]
+fn policy_expanding_past_max_resolved_rules_is_refused_not_resolved() {
+    // 100 x 100 = 10,000 rules: resolving them used to take tens of seconds of CPU.
+    let err = project_roots_product(100).resolve_with(&ctx()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PolicyError::TooManyRules {
+                limit: MAX_RESOLVED_RULES
+            }
+        ),
+        "{err}"
+    );
+    // 20 x 20 = 400 rules is within the limit.
+    let policy = project_roots_product(20).resolve_with(&ctx()).unwrap();
+    assert!(policy.can_write(Path::new("/execward-no-such-root-3/s7")));
+}
