@@ -14,6 +14,8 @@
 //! ```
 
 pub mod cli;
+pub mod client;
+pub mod exec_cmd;
 pub mod fs;
 pub mod limits;
 pub mod listen;
@@ -27,7 +29,15 @@ pub mod session;
 mod sys;
 pub mod transport;
 
+pub use client::{
+    ConnectionState, ExecServerClient, ExecServerClientConnectOptions, ExecServerError,
+    ProcessEvent, ProcessHandle, RemoteProcess,
+};
 pub use listen::{DEFAULT_LISTEN_URL, ExecServerListenUrlParseError, ListenAddress};
 pub use paths::ExecServerRuntimePaths;
+pub use proto::FileUri;
 pub use proto::methods as protocol;
-pub use server::{BoundServer, ExecServerError, ServerOptions, run_main, run_main_with_options};
+/// The server's start-up error. (`ExecServerError` is the client's error, as in the seeds' Rust
+/// surface.)
+pub use server::ExecServerError as ExecServerStartError;
+pub use server::{BoundServer, ServerOptions, run_main, run_main_with_options};
