@@ -12,9 +12,16 @@ use crate::listen::DEFAULT_LISTEN_URL;
 /// clients until SIGINT or SIGTERM, when it terminates every child (SIGTERM, then SIGKILL after
 /// a grace period) and exits 0. Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more.
 /// The protocol is described in docs/protocol.md.
+///
+/// `exec-server exec --connect URL -- PROGRAM [ARGS...]` is a client instead: it runs one
+/// command on a server (see `exec-server exec --help`).
 #[derive(Debug, Parser)]
 #[command(name = "exec-server", version, about, long_about)]
 pub struct Cli {
+    /// A client subcommand; without one, exec-server serves.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Where to listen: ws://IP:PORT (port 0 picks a free port) or unix:/absolute/path.sock
     /// (created with mode 0600). A non-loopback address requires --auth-token-file.
     #[arg(long, value_name = "URL", default_value = DEFAULT_LISTEN_URL)]
@@ -52,4 +59,63 @@ pub struct Cli {
     /// Remote mode: display name registered with the environment (default: the id).
     #[arg(long, value_name = "NAME", requires = "remote")]
     pub name: Option<String>,
+}
+
+/// Client subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Run a command on an exec server, stream its output, exit with its status.
+    ///
+    /// Run PROGRAM on the exec server at --connect, stream its stdout and stderr to ours (or, with
+    /// --tty, run it in a remote terminal driven by ours in raw mode, window size forwarded), and
+    /// exit with its exit status (128+n when a signal n killed it; 255 when exec itself fails).
+    ///
+    /// Local stdin is forwarded to the command (end of file closes its stdin). SIGINT, SIGTERM and
+    /// SIGHUP are forwarded to the remote process group; under --tty, Ctrl-C reaches the remote
+    /// terminal as a keystroke. A dropped connection is resumed transparently (for up to 25 s)
+    /// without losing or repeating output.
+    ///
+    /// Environment: by default the command gets PATH (/usr/local/bin:/usr/bin:/bin if unset), HOME,
+    /// USER, LOGNAME, LANG, LC_ALL, LC_CTYPE, TERM and TZ from the local environment, and nothing
+    /// else; --clear-env passes none of them; --env K=V adds or overrides one. Under --tty, TERM
+    /// defaults to xterm-256color.
+    #[command(long_about)]
+    Exec(ExecArgs),
+}
+
+/// Arguments of `exec-server exec`.
+#[derive(Debug, clap::Args)]
+pub struct ExecArgs {
+    /// The server: ws://HOST:PORT or unix:/path.sock.
+    #[arg(long, value_name = "URL")]
+    pub connect: String,
+
+    /// File holding the bearer token (surrounding whitespace removed).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// Run the command under a remote pseudo-terminal; the local terminal goes to raw mode.
+    #[arg(long)]
+    pub tty: bool,
+
+    /// Run the command under this sandbox profile (e.g. read-only, workspace-write).
+    #[arg(long, value_name = "PROFILE")]
+    pub sandbox: Option<String>,
+
+    /// Working directory on the server (absolute path or file: URI); defaults to the local
+    /// current directory, which must then exist on the server.
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+
+    /// Set an environment variable for the command (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+
+    /// Do not forward the default local variables (only --env ones are set).
+    #[arg(long)]
+    pub clear_env: bool,
+
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]
+    pub command: Vec<String>,
 }

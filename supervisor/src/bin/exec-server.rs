@@ -4,11 +4,20 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use supervisor::cli::Cli;
+use supervisor::cli::{Cli, Command};
 use supervisor::{ExecServerRuntimePaths, ServerOptions, run_main_with_options};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if let Some(Command::Exec(args)) = cli.command.take() {
+        return match supervisor::exec_cmd::run(args) {
+            Ok(status) => ExitCode::from(status),
+            Err(error) => {
+                eprintln!("exec-server exec: {error}");
+                ExitCode::from(supervisor::exec_cmd::EXEC_FAILURE_STATUS)
+            }
+        };
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(

@@ -1,0 +1,455 @@
+//! `exec-server exec`: run one command on an exec server, stream its output, and exit with its
+//! status. A client for people and scripts, built on [`crate::ExecServerClient`], so it survives
+//! a dropped connection like any other client.
+//!
+//! Order of things: parse and validate everything local first (token, env, cwd), connect,
+//! switch the terminal to raw mode only once the remote process exists (so errors print on a
+//! sane terminal), and restore it before the exit status is returned.
+
+pub mod terminal;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use proto::FileUri;
+use proto::methods::process::{OutputStream, SignalName, StartParams};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+use crate::cli::ExecArgs;
+use crate::client::{
+    ExecServerClient, ExecServerClientConnectOptions, ExecServerError, ProcessEvent,
+};
+
+/// Local variables passed to the remote command unless `--clear-env` is given.
+pub const FORWARDED_ENV: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ",
+];
+/// `PATH` used when the local environment has none (and `--clear-env` is not given).
+pub const FALLBACK_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// `TERM` for `--tty` when none is set.
+pub const FALLBACK_TERM: &str = "xterm-256color";
+/// Exit status when `exec` itself fails (bad arguments, no connection, recovery failed), as
+/// `ssh` does; a remote command's own status is passed through unchanged.
+pub const EXEC_FAILURE_STATUS: u8 = 255;
+/// Bytes read from local stdin per `process/write`.
+const STDIN_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Why `exec` could not run the command.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecCommandError {
+    /// The token file is unreadable.
+    #[error("cannot read --token-file {path}: {source}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The token file is empty.
+    #[error("--token-file {path} is empty")]
+    EmptyToken {
+        /// The file.
+        path: PathBuf,
+    },
+    /// An `--env` argument is not `KEY=VALUE`.
+    #[error("--env {0:?} must be KEY=VALUE with a non-empty KEY")]
+    InvalidEnv(String),
+    /// `--cwd` (or the current directory) has no `file:` URI.
+    #[error("--cwd {path:?} cannot be used: {reason}")]
+    Cwd {
+        /// The directory.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The tokio runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+    /// The terminal could not be switched to raw mode.
+    #[error("cannot put the terminal in raw mode: {0}")]
+    RawMode(nix::Error),
+    /// The client failed (connect, start, or the connection could not be recovered).
+    #[error(transparent)]
+    Client(#[from] ExecServerError),
+    /// The event stream ended without `closed`.
+    #[error("the remote process's event stream ended before it closed")]
+    Incomplete,
+}
+
+/// Run `exec` to completion: the status to exit with (the remote exit status, 128+n for a
+/// signal), or an error (the caller exits with [`EXEC_FAILURE_STATUS`]).
+///
+/// # Errors
+/// See [`ExecCommandError`].
+pub fn run(args: ExecArgs) -> Result<u8, ExecCommandError> {
+    let params = start_params(&args, std::env::vars(), &std::env::current_dir().ok())?;
+    let token = read_token(args.token_file.as_deref())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(ExecCommandError::Runtime)?;
+    let outcome = runtime.block_on(exec(args.connect, token, params));
+    // Do not wait for blocked readers of local stdin.
+    runtime.shutdown_background();
+    outcome
+}
+
+fn read_token(path: Option<&Path>) -> Result<Option<String>, ExecCommandError> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| ExecCommandError::TokenFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(ExecCommandError::EmptyToken {
+            path: path.to_owned(),
+        });
+    }
+    Ok(Some(token.to_owned()))
+}
+
+/// Build `process/start` params from the arguments, the local environment and the local
+/// current directory (pure: unit-tested).
+///
+/// # Errors
+/// [`ExecCommandError::InvalidEnv`], [`ExecCommandError::Cwd`].
+pub fn start_params(
+    args: &ExecArgs,
+    local_env: impl IntoIterator<Item = (String, String)>,
+    local_cwd: &Option<PathBuf>,
+) -> Result<StartParams, ExecCommandError> {
+    let mut env = BTreeMap::new();
+    if !args.clear_env {
+        env.extend(
+            local_env
+                .into_iter()
+                .filter(|(key, _)| FORWARDED_ENV.contains(&key.as_str())),
+        );
+        env.entry("PATH".to_owned())
+            .or_insert_with(|| FALLBACK_PATH.to_owned());
+    }
+    for pair in &args.env {
+        match pair.split_once('=') {
+            Some((key, value)) if !key.is_empty() => {
+                env.insert(key.to_owned(), value.to_owned());
+            }
+            _ => return Err(ExecCommandError::InvalidEnv(pair.clone())),
+        }
+    }
+    if args.tty {
+        env.entry("TERM".to_owned())
+            .or_insert_with(|| FALLBACK_TERM.to_owned());
+    }
+    let cwd = cwd_uri(args.cwd.as_deref(), local_cwd)?;
+    Ok(StartParams {
+        process_id: format!("exec-{}", uuid::Uuid::new_v4()),
+        argv: args.command.clone(),
+        cwd,
+        env,
+        tty: args.tty,
+        pipe_stdin: !args.tty,
+        arg0: None,
+        cols: None,
+        rows: None,
+        sandbox: args
+            .sandbox
+            .as_ref()
+            .map(|profile| serde_json::json!({ "profile": profile })),
+    })
+}
+
+fn cwd_uri(cwd: Option<&str>, local_cwd: &Option<PathBuf>) -> Result<FileUri, ExecCommandError> {
+    let error = |path: &str, reason: String| ExecCommandError::Cwd {
+        path: path.to_owned(),
+        reason,
+    };
+    match cwd {
+        Some(text) if text.starts_with("file:") => {
+            serde_json::from_value(serde_json::Value::String(text.to_owned()))
+                .map_err(|e| error(text, e.to_string()))
+        }
+        Some(text) => {
+            let path = Path::new(text);
+            let path = match (path.is_absolute(), local_cwd) {
+                (true, _) => path.to_owned(),
+                (false, Some(base)) => base.join(path),
+                (false, None) => {
+                    return Err(error(
+                        text,
+                        "a relative directory needs a current directory".into(),
+                    ));
+                }
+            };
+            FileUri::from_path(&path).map_err(|e| error(text, e.to_string()))
+        }
+        None => {
+            let Some(base) = local_cwd else {
+                return Err(error(
+                    ".",
+                    "the current directory is unknown; pass --cwd".into(),
+                ));
+            };
+            FileUri::from_path(base).map_err(|e| error(&base.display().to_string(), e.to_string()))
+        }
+    }
+}
+
+async fn exec(
+    url: String,
+    token: Option<String>,
+    mut params: StartParams,
+) -> Result<u8, ExecCommandError> {
+    let options = ExecServerClientConnectOptions::new(url)
+        .with_auth_token(token)
+        .with_client_name("exec-server exec");
+    let client = ExecServerClient::connect(options).await?;
+    let tty = params.tty;
+    let stdin_is_terminal = terminal::is_terminal(std::io::stdin().as_fd());
+    if tty {
+        if let Some((cols, rows)) = terminal::window_size(std::io::stdin())
+            .or_else(|| terminal::window_size(std::io::stdout()))
+        {
+            params.cols = Some(cols);
+            params.rows = Some(rows);
+        }
+    }
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(ExecCommandError::Signals)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(ExecCommandError::Signals)?;
+    let mut hangup = signal(SignalKind::hangup()).map_err(ExecCommandError::Signals)?;
+    let mut window_change =
+        signal(SignalKind::window_change()).map_err(ExecCommandError::Signals)?;
+
+    let handle = client.start_process(params).await?;
+    let _raw_mode = if tty && stdin_is_terminal {
+        Some(
+            terminal::RawModeGuard::enable(std::io::stdin().as_fd())
+                .map_err(ExecCommandError::RawMode)?,
+        )
+    } else {
+        None
+    };
+    let (process, mut events) = handle.into_parts();
+    let stdin = forward_stdin();
+    let writer = {
+        let process = process.clone();
+        tokio::spawn(async move { write_stdin(process, stdin).await })
+    };
+
+    let mut exit_code = None;
+    let outcome = loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(ProcessEvent::Output { stream, data, .. }) => write_local(stream, &data),
+                Some(ProcessEvent::Exited { exit_code: code, .. }) => exit_code = Some(code),
+                Some(ProcessEvent::Closed { .. }) => break Ok(exit_status(exit_code.unwrap_or(0))),
+                Some(ProcessEvent::Failed { error }) => break Err(error.into()),
+                None => break Err(ExecCommandError::Incomplete),
+            },
+            Some(()) = interrupt.recv() => forward_signal(&process, SignalName::Interrupt),
+            Some(()) = terminate.recv() => forward_signal(&process, SignalName::Terminate),
+            Some(()) = hangup.recv() => forward_signal(&process, SignalName::Hangup),
+            Some(()) = window_change.recv(), if tty => {
+                if let Some((cols, rows)) = terminal::window_size(std::io::stdin()) {
+                    let process = process.clone();
+                    tokio::spawn(async move { let _ = process.resize(cols, rows).await; });
+                }
+            }
+        }
+    };
+    writer.abort();
+    client.close();
+    outcome
+}
+
+/// The exit status for a remote exit code (already 128+n for signal n).
+pub fn exit_status(code: i32) -> u8 {
+    u8::try_from(code.clamp(0, 255)).unwrap_or(EXEC_FAILURE_STATUS)
+}
+
+fn forward_signal(process: &crate::client::RemoteProcess, signal: SignalName) {
+    let process = process.clone();
+    tokio::spawn(async move {
+        let _ = process.signal(signal).await;
+    });
+}
+
+fn write_local(stream: OutputStream, data: &[u8]) {
+    // Blocking writes: this command's only job is moving these bytes, and blocking here is
+    // what pushes back on the remote process when the reader of our stdout is slow.
+    let _ = match stream {
+        OutputStream::Stderr => {
+            let mut stderr = std::io::stderr().lock();
+            stderr.write_all(data).and_then(|()| stderr.flush())
+        }
+        OutputStream::Stdout | OutputStream::Pty => {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(data).and_then(|()| stdout.flush())
+        }
+    };
+}
+
+/// Read local stdin on a plain thread (a blocked read must not hold up exit); `None` at EOF.
+fn forward_stdin() -> mpsc::Receiver<Option<Vec<u8>>> {
+    let (sender, receiver) = mpsc::channel(4);
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buffer = vec![0u8; STDIN_CHUNK_BYTES];
+        loop {
+            match std::io::Read::read(&mut stdin, &mut buffer) {
+                Ok(0) | Err(_) => {
+                    let _ = sender.blocking_send(None);
+                    return;
+                }
+                Ok(n) => {
+                    if sender.blocking_send(Some(buffer[..n].to_vec())).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    receiver
+}
+
+async fn write_stdin(
+    process: crate::client::RemoteProcess,
+    mut stdin: mpsc::Receiver<Option<Vec<u8>>>,
+) {
+    while let Some(chunk) = stdin.recv().await {
+        let written = match chunk {
+            Some(data) => process.write(&data).await,
+            None => process.close_stdin().await,
+        };
+        // Stdin unavailable (the process exited or closed it): stop forwarding quietly.
+        if written.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use pretty_assertions::assert_eq;
+
+    fn args(argv: &[&str]) -> ExecArgs {
+        match crate::cli::Cli::try_parse_from(argv).map(|cli| cli.command) {
+            Ok(Some(crate::cli::Command::Exec(args))) => args,
+            other => panic!("not an exec command line: {other:?}"),
+        }
+    }
+
+    fn local_env() -> Vec<(String, String)> {
+        [
+            ("PATH", "/p"),
+            ("HOME", "/h"),
+            ("SECRET", "s"),
+            ("TERM", "vt100"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+    }
+
+    #[test]
+    fn default_env_forwards_only_the_listed_variables_and_env_flags_override() {
+        let args = args(&[
+            "exec-server",
+            "exec",
+            "--connect",
+            "ws://127.0.0.1:1",
+            "--env",
+            "HOME=/x",
+            "--env",
+            "A=b=c",
+            "--",
+            "prog",
+            "arg",
+        ]);
+        let params = start_params(&args, local_env(), &Some(PathBuf::from("/work"))).unwrap();
+        let env: Vec<(&str, &str)> = params
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            env,
+            vec![
+                ("A", "b=c"),
+                ("HOME", "/x"),
+                ("PATH", "/p"),
+                ("TERM", "vt100")
+            ]
+        );
+        assert_eq!(params.argv, vec!["prog", "arg"]);
+        assert_eq!(params.cwd.to_uri_string(), "file:///work");
+        assert!(params.pipe_stdin && !params.tty);
+        assert_eq!(params.sandbox, None);
+    }
+
+    #[test]
+    fn clear_env_starts_empty_and_tty_gets_a_term() {
+        let args = args(&[
+            "exec-server",
+            "exec",
+            "--connect",
+            "unix:/s",
+            "--clear-env",
+            "--tty",
+            "--sandbox",
+            "read-only",
+            "--cwd",
+            "/tmp",
+            "--",
+            "cat",
+        ]);
+        let params = start_params(&args, local_env(), &None).unwrap();
+        assert_eq!(
+            params.env,
+            BTreeMap::from([("TERM".to_owned(), FALLBACK_TERM.to_owned())])
+        );
+        assert_eq!(
+            params.sandbox,
+            Some(serde_json::json!({"profile": "read-only"}))
+        );
+        assert!(params.tty && !params.pipe_stdin);
+        assert_eq!(params.cwd.to_uri_string(), "file:///tmp");
+    }
+
+    #[test]
+    fn malformed_env_is_refused() {
+        let args = args(&[
+            "exec-server",
+            "exec",
+            "--connect",
+            "unix:/s",
+            "--env",
+            "NOEQUALS",
+            "--",
+            "true",
+        ]);
+        assert!(matches!(
+            start_params(&args, local_env(), &None),
+            Err(ExecCommandError::InvalidEnv(_))
+        ));
+    }
+
+    #[test]
+    fn exit_status_passes_codes_through() {
+        assert_eq!(exit_status(3), 3);
+        assert_eq!(exit_status(130), 130);
+        assert_eq!(exit_status(-1), 0);
+        assert_eq!(exit_status(300), 255);
+    }
+}
