@@ -1052,3 +1052,277 @@ impl ExecServer {
         Self::start_command(command, args)
     }
 }
+// A TCP proxy that can cut, refuse and hold connections
+// ---------------------------------------------------------------------------------------------
+
+/// A TCP proxy on `127.0.0.1:0` in front of a `ws://` server, to break connections on purpose.
+///
+/// - [`CutProxy::cut`] closes every proxied connection at once (both sides), as a network
+///   failure would; new connections are accepted again right away.
+/// - [`CutProxy::pause`] cuts and then refuses (accepts and immediately closes) new connections
+///   until [`CutProxy::resume`]: an outage.
+/// - [`CutProxy::hold_downstream`] stops forwarding server-to-client bytes without closing
+///   anything (requests still reach the server, answers are held back).
+pub struct CutProxy {
+    addr: std::net::SocketAddr,
+    shared: Arc<ProxyShared>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+struct ProxyShared {
+    /// Bumped by every cut; each connection task ends when it changes.
+    cuts: tokio::sync::watch::Sender<u64>,
+    /// While true, new connections are closed right after accept.
+    paused: std::sync::atomic::AtomicBool,
+    /// While true, server-to-client bytes are not forwarded.
+    hold_down: tokio::sync::watch::Sender<bool>,
+    accepted: std::sync::atomic::AtomicU64,
+    refused: tokio::sync::watch::Sender<u64>,
+}
+
+impl CutProxy {
+    /// Start a proxy to `upstream` (`host:port`).
+    pub async fn start(upstream: &str) -> CutProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(ProxyShared {
+            cuts: tokio::sync::watch::channel(0).0,
+            paused: std::sync::atomic::AtomicBool::new(false),
+            hold_down: tokio::sync::watch::channel(false).0,
+            accepted: std::sync::atomic::AtomicU64::new(0),
+            refused: tokio::sync::watch::channel(0).0,
+        });
+        let upstream = upstream.to_owned();
+        let accept_shared = shared.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let shared = accept_shared.clone();
+                if shared.paused.load(std::sync::atomic::Ordering::SeqCst) {
+                    shared.refused.send_modify(|n| *n += 1);
+                    drop(client);
+                    continue;
+                }
+                shared
+                    .accepted
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let mut cut = shared.cuts.subscribe();
+                    cut.borrow_and_update();
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    let up = pipe(client_read, server_write, None);
+                    let down = pipe(
+                        server_read,
+                        client_write,
+                        Some(shared.hold_down.subscribe()),
+                    );
+                    tokio::select! {
+                        _ = up => {}
+                        _ = down => {}
+                        _ = cut.changed() => {}
+                    }
+                    // Dropping the halves closes both sockets.
+                });
+            }
+        });
+        CutProxy {
+            addr,
+            shared,
+            accept,
+        }
+    }
+
+    /// `ws://127.0.0.1:PORT` of the proxy.
+    pub fn url(&self) -> String {
+        format!("ws://{}", self.addr)
+    }
+
+    /// Close every proxied connection now.
+    pub fn cut(&self) {
+        self.shared.cuts.send_modify(|n| *n += 1);
+    }
+
+    /// Cut, and refuse new connections until [`CutProxy::resume`].
+    pub fn pause(&self) {
+        self.shared
+            .paused
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.cut();
+    }
+
+    /// Accept connections again.
+    pub fn resume(&self) {
+        self.shared
+            .paused
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Hold (true) or release (false) server-to-client bytes.
+    pub fn hold_downstream(&self, hold: bool) {
+        self.shared.hold_down.send_replace(hold);
+    }
+
+    /// Connections accepted and forwarded so far.
+    pub fn accepted(&self) -> u64 {
+        self.shared
+            .accepted
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Wait until at least `n` connections were refused while paused.
+    pub async fn wait_refused(&self, n: u64, deadline: Duration) {
+        let mut refused = self.shared.refused.subscribe();
+        tokio::time::timeout(deadline, refused.wait_for(|count| *count >= n))
+            .await
+            .unwrap_or_else(|_| panic!("no {n} refused connection attempts within {deadline:?}"))
+            .unwrap();
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut hold: Option<tokio::sync::watch::Receiver<bool>>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                // Held bytes wait here; a cut drops them.
+                if let Some(hold) = &mut hold {
+                    if hold.wait_for(|held| !*held).await.is_err() {
+                        return;
+                    }
+                }
+                if to.write_all(&buffer[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Wait until `path` exists, polling, panicking after `deadline`.
+pub fn wait_for_file(path: &Path, deadline: Duration) {
+    let started = Instant::now();
+    while !path.exists() {
+        assert!(
+            started.elapsed() < deadline,
+            "{} did not appear within {deadline:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10)); // polling interval, not a wait
+    }
+}
+
+/// Median of durations (panics on an empty list).
+pub fn median(durations: &[Duration]) -> Duration {
+    let mut sorted = durations.to_vec();
+    sorted.sort();
+    sorted[sorted.len() / 2]
+}
+
+// ---------------------------------------------------------------------------------------------
+// ExecServerClient helpers
+// ---------------------------------------------------------------------------------------------
+
+/// `process/start` params for the library client: cwd `/`, env `PATH=/usr/bin:/bin`.
+pub fn start_params(process_id: &str, argv: &[&str]) -> proto::methods::process::StartParams {
+    proto::methods::process::StartParams {
+        process_id: process_id.to_owned(),
+        argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+        cwd: proto::FileUri::from_path(Path::new("/")).unwrap(),
+        env: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
+        tty: false,
+        pipe_stdin: false,
+        arg0: None,
+        cols: None,
+        rows: None,
+        sandbox: None,
+    }
+}
+
+/// Connect an `ExecServerClient` to `url`, panicking with context on failure.
+pub async fn library_client(url: &str) -> supervisor::ExecServerClient {
+    let options = supervisor::ExecServerClientConnectOptions::new(url).with_client_name("tests");
+    tokio::time::timeout(DEADLINE, supervisor::ExecServerClient::connect(options))
+        .await
+        .unwrap_or_else(|_| panic!("connecting to {url} took over {DEADLINE:?}"))
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+}
+
+/// The next event of a process handle, within `deadline`.
+pub async fn next_event(
+    handle: &mut supervisor::ProcessHandle,
+    deadline: Duration,
+) -> supervisor::ProcessEvent {
+    tokio::time::timeout(deadline, handle.next_event())
+        .await
+        .unwrap_or_else(|_| panic!("no event of {} within {deadline:?}", handle.id()))
+        .unwrap_or_else(|| panic!("the event stream of {} ended", handle.id()))
+}
+
+/// Read events until the decoded output of any stream contains `needle`; returns that output.
+pub async fn wait_for_event_output(
+    handle: &mut supervisor::ProcessHandle,
+    needle: &str,
+    deadline: Duration,
+) -> String {
+    let started = Instant::now();
+    let mut text = String::new();
+    loop {
+        let remaining = deadline.saturating_sub(started.elapsed());
+        match next_event(handle, remaining).await {
+            supervisor::ProcessEvent::Output { data, .. } => {
+                text.push_str(&String::from_utf8_lossy(&data));
+                if text.contains(needle) {
+                    return text;
+                }
+            }
+            other => panic!(
+                "waiting for {needle:?} in {}, got {other:?}; so far: {text:?}",
+                handle.id()
+            ),
+        }
+    }
+}
+
+/// Wait until the client's state satisfies `pred`.
+pub async fn wait_for_state(
+    client: &supervisor::ExecServerClient,
+    deadline: Duration,
+    what: &str,
+    pred: impl FnMut(&supervisor::ConnectionState) -> bool,
+) -> supervisor::ConnectionState {
+    let mut state = client.subscribe_state();
+    tokio::time::timeout(deadline, state.wait_for(pred))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "client not {what} within {deadline:?}: {:?}",
+                client.state()
+            )
+        })
+        .unwrap()
+        .clone()
+}
