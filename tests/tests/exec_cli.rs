@@ -1,0 +1,306 @@
+//! `exec-server exec` as people and scripts use it: the real binary as a client of a real
+//! server, with pipes or (for `--tty`) a PTY driving it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tests::*;
+
+fn server() -> ExecServer {
+    ExecServer::start(&["--listen", "ws://127.0.0.1:0"])
+}
+
+fn exec(url: &str, extra: &[&str], command: &[&str]) -> Command {
+    let mut cmd = Command::new(exec_server_binary());
+    cmd.args(["exec", "--connect", url, "--cwd", "/"])
+        .args(extra)
+        .arg("--")
+        .args(command);
+    cmd
+}
+
+/// Wait for `child` to exit, killing it after `deadline`.
+fn wait_child(child: &mut Child, deadline: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            panic!("exec-server exec did not exit within {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10)); // polling interval, not a wait
+    }
+}
+
+fn output_within(mut cmd: Command, stdin: &[u8]) -> (std::process::ExitStatus, String, String) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).unwrap();
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        stderr.read_to_string(&mut text).unwrap();
+        text
+    });
+    let status = wait_child(&mut child, DEADLINE);
+    (status, out.join().unwrap(), err.join().unwrap())
+}
+
+#[test]
+fn stdout_and_stderr_land_on_their_streams_and_the_status_is_the_remote_one() {
+    let server = server();
+    let (status, stdout, stderr) = output_within(
+        exec(server.url(), &[], &sh("echo out; echo err >&2; exit 3")),
+        b"",
+    );
+    assert_eq!(status.code(), Some(3), "stderr: {stderr}");
+    assert_eq!(stdout, "out\n");
+    assert_eq!(stderr, "err\n");
+}
+
+#[test]
+fn stdin_is_forwarded_and_its_end_closes_the_remote_stdin() {
+    let server = server();
+    let (status, stdout, _) = output_within(exec(server.url(), &[], &["/bin/cat"]), b"piped in\n");
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(stdout, "piped in\n");
+}
+
+#[test]
+fn a_signal_death_is_128_plus_n_and_env_is_passed() {
+    let server = server();
+    let (status, stdout, _) = output_within(
+        exec(
+            server.url(),
+            &["--clear-env", "--env", "GREETING=hi there"],
+            &sh("echo \"$GREETING\"; echo \"${HOME-unset}\"; kill -TERM $$"),
+        ),
+        b"",
+    );
+    assert_eq!(stdout, "hi there\nunset\n");
+    assert_eq!(status.code(), Some(143));
+}
+
+#[test]
+fn a_wrong_token_fails_with_255_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "right").unwrap();
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "wrong").unwrap();
+    let server = ExecServer::start(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--auth-token-file",
+        token.to_str().unwrap(),
+    ]);
+    let (status, _, stderr) = output_within(
+        exec(
+            server.url(),
+            &["--token-file", wrong.to_str().unwrap()],
+            &["/bin/true"],
+        ),
+        b"",
+    );
+    assert_eq!(status.code(), Some(255));
+    assert!(stderr.contains("401"), "{stderr}");
+    let (status, _, _) = output_within(
+        exec(
+            server.url(),
+            &["--token-file", token.to_str().unwrap()],
+            &["/bin/true"],
+        ),
+        b"",
+    );
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_survives_dropped_connections_without_losing_output() {
+    let server = server();
+    let proxy = CutProxy::start(server.addr()).await;
+    let script =
+        "i=0; while [ $i -lt 60 ]; do echo line$i; i=$((i+1)); /bin/sleep 0.02; done; exit 7";
+    let mut child = exec(&proxy.url(), &[], &sh(script))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stdout.read(&mut buffer) {
+                Ok(0) | Err(_) => return all,
+                Ok(n) => {
+                    all.push_str(&String::from_utf8_lossy(&buffer[..n]));
+                    let _ = lines_tx.send(all.clone());
+                }
+            }
+        }
+    });
+    for needle in ["line10\n", "line30\n", "line45\n"] {
+        let started = Instant::now();
+        loop {
+            let seen = lines
+                .recv_timeout(DEADLINE.saturating_sub(started.elapsed()))
+                .unwrap_or_else(|_| panic!("{needle:?} never printed"));
+            if seen.contains(needle) {
+                break;
+            }
+        }
+        proxy.cut();
+    }
+    let status = tokio::task::spawn_blocking(move || wait_child(&mut child, DEADLINE))
+        .await
+        .unwrap();
+    let all = reader.join().unwrap();
+    let expected: String = (0..60).map(|i| format!("line{i}\n")).collect();
+    assert_eq!(all, expected, "every line exactly once, in order");
+    assert_eq!(status.code(), Some(7));
+    assert!(proxy.accepted() >= 4, "the connection was really cut");
+}
+
+/// `exec-server exec --tty` on the slave side of a fresh PTY; returns the child and the master.
+fn exec_on_pty(url: &str, command: &[&str], cols: u16, rows: u16) -> (Child, OwnedFd) {
+    let size = nix::pty::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&size), None).unwrap();
+    let flags = nix::fcntl::fcntl(&pty.master, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+    nix::fcntl::fcntl(
+        &pty.master,
+        nix::fcntl::FcntlArg::F_SETFD(
+            nix::fcntl::FdFlag::from_bits_truncate(flags) | nix::fcntl::FdFlag::FD_CLOEXEC,
+        ),
+    )
+    .unwrap();
+    let slave = pty.slave;
+    let child = exec(url, &["--tty"], command)
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    (child, pty.master)
+}
+
+/// Everything read from the PTY master, sent as it grows.
+fn read_master(master: &OwnedFd) -> mpsc::Receiver<String> {
+    let mut file = std::fs::File::from(master.try_clone().unwrap());
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut all = String::new();
+        let mut buffer = [0u8; 4096];
+        while let Ok(n) = file.read(&mut buffer) {
+            if n == 0 {
+                return;
+            }
+            all.push_str(&String::from_utf8_lossy(&buffer[..n]));
+            if tx.send(all.clone()).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+fn wait_text(rx: &mpsc::Receiver<String>, needle: &str, count: usize) -> String {
+    let started = Instant::now();
+    loop {
+        let text = rx
+            .recv_timeout(DEADLINE.saturating_sub(started.elapsed()))
+            .unwrap_or_else(|_| {
+                panic!("{needle:?} x{count} not seen on the terminal within {DEADLINE:?}")
+            });
+        if text.matches(needle).count() >= count {
+            return text;
+        }
+    }
+}
+
+fn type_keys(master: &OwnedFd, bytes: &[u8]) {
+    nix::unistd::write(master.as_fd(), bytes).unwrap();
+}
+
+#[test]
+fn tty_cat_echoes_input_and_ctrl_d_ends_it() {
+    let server = server();
+    let (mut child, master) = exec_on_pty(server.url(), &["/bin/cat"], 80, 24);
+    let screen = read_master(&master);
+    type_keys(&master, b"hello\r");
+    // Once from the remote terminal's echo, once from cat.
+    wait_text(&screen, "hello", 2);
+    type_keys(&master, b"\x04");
+    let status = wait_child(&mut child, DEADLINE);
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn tty_ctrl_c_interrupts_the_remote_program() {
+    let server = server();
+    let (mut child, master) = exec_on_pty(server.url(), &sh("echo ready; exec /bin/cat"), 80, 24);
+    let screen = read_master(&master);
+    wait_text(&screen, "ready", 1);
+    type_keys(&master, b"\x03");
+    let status = wait_child(&mut child, DEADLINE);
+    assert_eq!(status.code(), Some(130), "SIGINT in the remote terminal");
+}
+
+#[test]
+fn tty_window_size_is_forwarded_at_start_and_on_sigwinch() {
+    let server = server();
+    let script = "trap 'stty size' WINCH; stty size; echo ready; while :; do /bin/sleep 0.05; done";
+    let (mut child, master) = exec_on_pty(server.url(), &sh(script), 100, 30);
+    let screen = read_master(&master);
+    let started = wait_text(&screen, "ready", 1);
+    assert!(
+        started.contains("30 100"),
+        "initial size not forwarded: {started:?}"
+    );
+    set_window_size(&master, 120, 40);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGWINCH,
+    )
+    .unwrap();
+    wait_text(&screen, "40 120", 1);
+    type_keys(&master, b"\x03");
+    let status = wait_child(&mut child, DEADLINE);
+    assert_eq!(status.code(), Some(130));
+}
+
+fn set_window_size(master: &OwnedFd, cols: u16, rows: u16) {
+    use std::os::fd::AsRawFd;
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, which points at a live local.
+    let status = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    assert_eq!(status, 0, "TIOCSWINSZ");
+}
