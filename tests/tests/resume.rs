@@ -379,6 +379,11 @@ async fn a_start_whose_answer_was_lost_is_cleaned_up_not_adopted() {
         tokio::task::yield_now().await;
     };
     proxy.cut();
+    // Release held bytes only once the cut connection is gone, so the answer cannot slip out.
+    wait_for_state(&client, DEADLINE, "recovering", |state| {
+        !matches!(state, ConnectionState::Connected { generation: 1 })
+    })
+    .await;
     proxy.hold_downstream(false);
     let error = tokio::time::timeout(DEADLINE, start)
         .await
