@@ -1259,6 +1259,7 @@ pub fn start_params(process_id: &str, argv: &[&str]) -> proto::methods::process:
         cols: None,
         rows: None,
         sandbox: None,
+        audit_denials: false,
     }
 }
 

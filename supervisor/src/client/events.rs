@@ -218,6 +218,8 @@ mod tests {
             failure: None,
             output_dropped: false,
             first_retained_seq: None,
+            denials: Vec::new(),
+            denials_dropped: 0,
         }
     }
 

@@ -39,6 +39,7 @@
 //!         cols: None,
 //!         rows: None,
 //!         sandbox: None,
+//!         audit_denials: false,
 //!     })
 //!     .await?;
 //! let output = process.wait().await?;

@@ -261,10 +261,10 @@ struct StartInFlight<'a> {
 
 impl Drop for StartInFlight<'_> {
     fn drop(&mut self) {
-        if let Some(entry) = self.inner.lock_processes().get_mut(self.process_id) {
-            if entry.start == StartState::Starting {
-                entry.start = StartState::Ambiguous;
-            }
+        if let Some(entry) = self.inner.lock_processes().get_mut(self.process_id)
+            && entry.start == StartState::Starting
+        {
+            entry.start = StartState::Ambiguous;
         }
         self.inner.starts_in_flight.send_modify(|count| *count -= 1);
     }

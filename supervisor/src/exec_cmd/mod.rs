@@ -165,6 +165,7 @@ pub fn start_params(
             .sandbox
             .as_ref()
             .map(|profile| serde_json::json!({ "profile": profile })),
+        audit_denials: false,
     })
 }
 
@@ -215,13 +216,12 @@ async fn exec(
     let client = ExecServerClient::connect(options).await?;
     let tty = params.tty;
     let stdin_is_terminal = terminal::is_terminal(std::io::stdin().as_fd());
-    if tty {
-        if let Some((cols, rows)) = terminal::window_size(std::io::stdin())
+    if tty
+        && let Some((cols, rows)) = terminal::window_size(std::io::stdin())
             .or_else(|| terminal::window_size(std::io::stdout()))
-        {
-            params.cols = Some(cols);
-            params.rows = Some(rows);
-        }
+    {
+        params.cols = Some(cols);
+        params.rows = Some(rows);
     }
     let mut interrupt = signal(SignalKind::interrupt()).map_err(ExecCommandError::Signals)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(ExecCommandError::Signals)?;
