@@ -55,10 +55,10 @@ pub fn copy(source: &Path, destination: &Path, recursive: bool) -> Result<(), Fs
         source_path: source.to_path_buf(),
         destination_path: destination.to_path_buf(),
     };
-    if let Ok(existing) = fs::symlink_metadata(&destination_entry) {
-        if (existing.dev(), existing.ino()) == (metadata.dev(), metadata.ino()) {
-            return Err(into_itself());
-        }
+    if let Ok(existing) = fs::symlink_metadata(&destination_entry)
+        && (existing.dev(), existing.ino()) == (metadata.dev(), metadata.ino())
+    {
+        return Err(into_itself());
     }
     if metadata.is_dir() {
         let source_real =
