@@ -181,15 +181,14 @@ impl ManagedProcess {
         close: bool,
     ) -> Result<(), ProcessError> {
         let mut stdin = self.stdin.lock().await;
-        if let Some(id) = write_id {
-            if self
+        if let Some(id) = write_id
+            && self
                 .write_ids
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .contains(id)
-            {
-                return Ok(());
-            }
+        {
+            return Ok(());
         }
         let unavailable = |reason: String| ProcessError::StdinUnavailable {
             process_id: self.id.clone(),
@@ -272,10 +271,10 @@ impl WriteIds {
     fn remember(&mut self, id: &str) {
         if self.set.insert(id.to_owned()) {
             self.order.push_back(id.to_owned());
-            if self.order.len() > WRITE_ID_MEMORY {
-                if let Some(old) = self.order.pop_front() {
-                    self.set.remove(&old);
-                }
+            if self.order.len() > WRITE_ID_MEMORY
+                && let Some(old) = self.order.pop_front()
+            {
+                self.set.remove(&old);
             }
         }
     }

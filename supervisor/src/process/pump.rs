@@ -149,7 +149,7 @@ async fn forward_denials(
                 tracing::warn!(process_id = %process.id, "dropping an oversized denial record");
                 // Skip the rest of the oversized line.
                 let mut rest = Vec::new();
-                if (&mut reader).read_until(b'\n', &mut rest).await.is_err() {
+                if reader.read_until(b'\n', &mut rest).await.is_err() {
                     return;
                 }
             }
