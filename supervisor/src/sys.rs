@@ -36,10 +36,10 @@ pub fn prepare_server_descriptors() {
     // Each process holds 3-4 descriptors (pipes or PTY, pidfd) and each connection a socket:
     // raise the soft limit to the hard one so MAX_PROCESSES_PER_SESSION is reachable.
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft < hard {
-            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-        }
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
     for fd in 0..=2 {
         if nix::fcntl::fcntl(borrow(fd), nix::fcntl::FcntlArg::F_GETFD).is_err() {

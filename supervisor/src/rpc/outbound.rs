@@ -58,17 +58,24 @@ pub fn outbound_queue() -> (OutboundSender, mpsc::Receiver<Queued>) {
     )
 }
 
-fn serialize(item: Outbound) -> Result<Queued, Outbound> {
+/// An item ready for the queue except for its budget share.
+enum Prepared {
+    /// Serialized text (empty when serialization failed; nothing is sent then).
+    Text(String),
+    /// A close.
+    Close(CloseCode, String),
+}
+
+fn prepare(item: Outbound) -> Prepared {
     match item {
-        Outbound::Message(message) => match serde_json::to_string(&message) {
-            Ok(text) => Err(Outbound::Text(text)),
-            Err(error) => {
+        Outbound::Message(message) => {
+            Prepared::Text(serde_json::to_string(&message).unwrap_or_else(|error| {
                 tracing::error!(%error, "cannot serialize an outgoing message");
-                Err(Outbound::Text(String::new()))
-            }
-        },
-        Outbound::Text(text) => Err(Outbound::Text(text)),
-        Outbound::Close(code, reason) => Ok(Queued::Close(code, reason)),
+                String::new()
+            }))
+        }
+        Outbound::Text(text) => Prepared::Text(text),
+        Outbound::Close(code, reason) => Prepared::Close(code, reason),
     }
 }
 
@@ -84,10 +91,10 @@ impl OutboundSender {
     /// # Errors
     /// [`Closed`] when the connection has ended.
     pub async fn send(&self, item: Outbound) -> Result<(), Closed> {
-        let queued = match serialize(item) {
-            Ok(close) => close,
-            Err(Outbound::Text(text)) if text.is_empty() => return Ok(()),
-            Err(Outbound::Text(text)) => {
+        let queued = match prepare(item) {
+            Prepared::Close(code, reason) => Queued::Close(code, reason),
+            Prepared::Text(text) if text.is_empty() => return Ok(()),
+            Prepared::Text(text) => {
                 let permit = self
                     .budget
                     .clone()
@@ -96,7 +103,6 @@ impl OutboundSender {
                     .map_err(|_| Closed)?;
                 Queued::Text(text, permit)
             }
-            Err(_) => return Ok(()),
         };
         self.queue.send(queued).await.map_err(|_| Closed)
     }
@@ -106,9 +112,10 @@ impl OutboundSender {
     /// # Errors
     /// [`Closed`] when the connection has ended or the queue is full.
     pub fn try_send(&self, item: Outbound) -> Result<(), Closed> {
-        let queued = match serialize(item) {
-            Ok(close) => close,
-            Err(Outbound::Text(text)) => {
+        let queued = match prepare(item) {
+            Prepared::Close(code, reason) => Queued::Close(code, reason),
+            Prepared::Text(text) if text.is_empty() => return Ok(()),
+            Prepared::Text(text) => {
                 let permit = self
                     .budget
                     .clone()
@@ -116,7 +123,6 @@ impl OutboundSender {
                     .map_err(|_| Closed)?;
                 Queued::Text(text, permit)
             }
-            Err(_) => return Ok(()),
         };
         self.queue.try_send(queued).map_err(|_| Closed)
     }
