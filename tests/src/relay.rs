@@ -46,13 +46,20 @@ impl Process {
             )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(match std::env::var("RELAY_TEST_LOG_DIR") {
+                Ok(dir) => Stdio::from(
+                    std::fs::File::create(format!("{dir}/{program}-{}.log", std::process::id()))
+                        .unwrap(),
+                ),
+                Err(_) => Stdio::piped(),
+            })
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
         let stderr = Arc::new(Mutex::new(Vec::new()));
-        let mut err = child.stderr.take().unwrap();
+        let err = child.stderr.take();
         let buffer = stderr.clone();
         std::thread::spawn(move || {
+            let Some(mut err) = err else { return };
             let mut chunk = [0u8; 4096];
             while let Ok(n) = err.read(&mut chunk) {
                 if n == 0 {

@@ -153,8 +153,15 @@ async fn two_streams_of_one_executor_are_isolated_and_reset_independently() {
 /// drops 20%, duplicates 10% and reorders/delays frames on both rendezvous links; then the
 /// rendezvous is killed and restarted mid-stream and the same stream carries on.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "stalls under injected loss; being fixed"]
+#[ignore = "stalls: under injected loss one segment stops getting through end to end (the same mix passes in the sans-I/O simulation); diagnose with RELAY_TEST_LOG=supervisor::relay=trace RELAY_TEST_LOG_DIR=DIR"]
 async fn lossy_links_and_a_rendezvous_restart_deliver_every_message_exactly_once() {
+    if let Ok(filter) = std::env::var("RELAY_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
+    }
     let first = start_rendezvous("127.0.0.1:0", None);
     let upstream: std::net::SocketAddr = first
         .first_line
@@ -163,9 +170,18 @@ async fn lossy_links_and_a_rendezvous_restart_deliver_every_message_exactly_once
         .unwrap();
     drop(first);
     let faults = Faults {
-        drop_percent: 20,
-        duplicate_percent: 10,
-        max_delay_ms: 5,
+        drop_percent: std::env::var("F_DROP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20),
+        duplicate_percent: std::env::var("F_DUP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10),
+        max_delay_ms: std::env::var("F_DELAY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5),
     };
     let proxy = Proxy::start(upstream, faults, false).await;
     let mut rendezvous = start_rendezvous(&upstream.to_string(), Some(&proxy.url));
@@ -203,8 +219,8 @@ async fn lossy_links_and_a_rendezvous_restart_deliver_every_message_exactly_once
                 expected.insert(id, content);
                 id
             } else if n % 10 == 3 {
-                // Medium: a few KiB to ~100 KiB of padding in an unknown method's params.
-                let pad = "x".repeat(((n as usize * 37) % 100_000) + 1_000);
+                // Medium: 1 to 21 KB of padding in an unknown method's params.
+                let pad = "x".repeat(((n as usize * 37) % 20_000) + 1_000);
                 client.send("no/such-method", json!({"pad": pad})).await
             } else {
                 client.send("no/such-method", json!({"n": n})).await

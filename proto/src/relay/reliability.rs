@@ -251,13 +251,17 @@ impl<C: SegmentCipher> ReliableStream<C> {
     /// A one-line summary of the stream's state, for logs.
     pub fn summary(&self) -> String {
         format!(
-            "next_seq={} in_flight={} ({} B) queued={} B expected={} out_of_order={} ({} B) delivered={} B rto={:?} {:?}",
+            "next_seq={} in_flight={} {:?}..{:?} ({} B) queued={} B expected={} out_of_order={} {:?}..{:?} ({} B) delivered={} B rto={:?} {:?}",
             self.next_seq,
             self.in_flight.len(),
+            self.in_flight.keys().next(),
+            self.in_flight.keys().next_back(),
             self.in_flight_bytes,
             self.queued_bytes,
             self.expected,
             self.out_of_order.len(),
+            self.out_of_order.keys().next(),
+            self.out_of_order.keys().next_back(),
             self.out_of_order_bytes,
             self.delivered_bytes,
             self.rtt.rto(),

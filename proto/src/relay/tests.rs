@@ -707,3 +707,43 @@ proptest! {
         while b.poll_event().is_some() {}
     }
 }
+
+/// The mix of the end-to-end lossy test (many small messages, some of 4 MiB, both ways) under
+/// heavier faults than it injects, in simulation.
+#[test]
+fn a_long_mixed_exchange_survives_heavy_faults() {
+    let now = Instant::now();
+    let sizes: Vec<usize> = (0..3000)
+        .map(|i| {
+            if i % 500 == 250 {
+                4 * 1024 * 1024
+            } else if i % 10 == 3 {
+                1000 + (i * 37) % 100_000
+            } else {
+                60
+            }
+        })
+        .collect();
+    let sent = messages(&sizes);
+    let replies = messages(&sizes);
+    let faults = Faults {
+        drop_percent: 36,
+        duplicate_percent: 19,
+        jitter_ms: 10,
+    };
+    for seed in 1..3 {
+        let (mut a, mut b) = pair(now);
+        let outcome = simulate(&mut a, &mut b, &sent, &replies, faults, seed, None);
+        assert!(outcome.closed.is_empty(), "{:?}", outcome.closed);
+        assert!(
+            outcome.a_received == replies,
+            "a got {}",
+            outcome.a_received.len()
+        );
+        assert!(
+            outcome.b_received == sent,
+            "b got {}",
+            outcome.b_received.len()
+        );
+    }
+}
