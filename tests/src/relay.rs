@@ -203,7 +203,7 @@ impl RemoteClient {
     /// Send a notification.
     pub async fn notify(&mut self, method: &str, params: Value) {
         let text = json!({"method": method, "params": params}).to_string();
-        self.connection.send(text).await.expect("send");
+        self.send_text(text).await;
     }
 
     /// Send a request; returns its id.
@@ -211,8 +211,30 @@ impl RemoteClient {
         let id = self.next_id;
         self.next_id += 1;
         let text = json!({"id": id, "method": method, "params": params}).to_string();
-        self.connection.send(text).await.expect("send");
+        self.send_text(text).await;
         id
+    }
+
+    /// Send, filing whatever arrives meanwhile: like any real client, keep reading while a send
+    /// waits for room (otherwise full windows on both sides wait on each other).
+    async fn send_text(&mut self, text: String) {
+        let sender = self.connection.sender();
+        let send = sender.send(text);
+        tokio::pin!(send);
+        let until = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            tokio::select! {
+                sent = &mut send => {
+                    sent.expect("send");
+                    return;
+                }
+                message = self.connection.recv() => {
+                    let bytes = message.expect("relay stream ended while sending");
+                    self.file(serde_json::from_slice(&bytes).expect("JSON-RPC message"));
+                }
+                () = tokio::time::sleep_until(until) => panic!("send did not complete within 60 s"),
+            }
+        }
     }
 
     /// Wait for the response to `id`: `Ok(result)` or `Err(error)`.

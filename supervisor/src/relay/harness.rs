@@ -177,6 +177,15 @@ impl RelayHarnessConnection {
             .map_err(|_| HarnessError::Closed)
     }
 
+    /// A sending handle usable while [`Self::recv`] is being awaited elsewhere. An application
+    /// must keep receiving while it sends: with both sides' windows full, a sender that stops
+    /// reading can wait forever for acknowledgements that need room on its own side.
+    pub fn sender(&self) -> RelaySender {
+        RelaySender {
+            to_stream: self.to_stream.clone(),
+        }
+    }
+
     /// The next JSON-RPC message; `None` once the stream has ended.
     pub async fn recv(&mut self) -> Option<Vec<u8>> {
         self.from_stream.recv().await
@@ -189,6 +198,25 @@ impl RelayHarnessConnection {
             .send(AppOut::Close("closed by the harness".into()))
             .await;
         let _ = (&mut self.stream_task).await;
+    }
+}
+
+/// A cloneable sending half of a [`RelayHarnessConnection`].
+#[derive(Debug, Clone)]
+pub struct RelaySender {
+    to_stream: mpsc::Sender<AppOut>,
+}
+
+impl RelaySender {
+    /// Send one JSON-RPC message.
+    ///
+    /// # Errors
+    /// [`HarnessError::Closed`] when the stream has ended.
+    pub async fn send(&self, message: impl Into<Vec<u8>>) -> Result<(), HarnessError> {
+        self.to_stream
+            .send(AppOut::Message(message.into()))
+            .await
+            .map_err(|_| HarnessError::Closed)
     }
 }
 
