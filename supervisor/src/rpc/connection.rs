@@ -72,9 +72,9 @@ impl Connection {
 pub enum Inbound {
     /// The bytes of one JSON-RPC message.
     Message(Vec<u8>),
-    /// The peer sent a message larger than the transport allows; the connection is closed with
-    /// this reason.
-    TooLarge(String),
+    /// The peer broke the transport's rules (a message too large, invalid UTF-8 in a text frame,
+    /// a framing violation); the connection is closed with this code and reason.
+    Refused(CloseCode, String),
     /// The transport ended.
     Closed,
 }
@@ -110,10 +110,19 @@ where
             Ok(WsMessage::Close(_)) => Some(Inbound::Closed),
             Ok(_) => None,
             Err(WsError::Capacity(CapacityError::MessageTooLong { size, .. })) => {
-                Some(Inbound::TooLarge(format!(
-                    "message of {size} bytes exceeds MAX_FRAME_BYTES ({MAX_FRAME_BYTES})"
-                )))
+                Some(Inbound::Refused(
+                    CloseCode::Size,
+                    format!("message of {size} bytes exceeds MAX_FRAME_BYTES ({MAX_FRAME_BYTES})"),
+                ))
             }
+            Err(WsError::Utf8(_)) => Some(Inbound::Refused(
+                CloseCode::Invalid,
+                "text frame is not valid UTF-8; send binary frames for other bytes".into(),
+            )),
+            Err(WsError::Protocol(error)) => Some(Inbound::Refused(
+                CloseCode::Protocol,
+                format!("websocket protocol violation: {error}"),
+            )),
             Err(error) => {
                 tracing::debug!(%error, "websocket error; closing");
                 Some(Inbound::Closed)
@@ -170,11 +179,11 @@ where
         let payload = match frame {
             None | Some(Inbound::Closed) => break,
             Some(Inbound::Message(payload)) => payload,
-            Some(Inbound::TooLarge(reason)) => {
+            Some(Inbound::Refused(code, reason)) => {
                 tracing::warn!(connection = connection.id, %reason, "closing connection");
                 let _ = connection
                     .outbound
-                    .send(Outbound::Close(CloseCode::Size, reason))
+                    .send(Outbound::Close(code, reason))
                     .await;
                 break;
             }
