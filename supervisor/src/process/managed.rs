@@ -41,7 +41,9 @@ pub struct ManagedProcess {
     events: watch::Sender<u64>,
     stdin: tokio::sync::Mutex<Stdin>,
     write_ids: Mutex<WriteIds>,
-    pty: Option<Arc<AsyncFd<OwnedFd>>>,
+    /// The PTY master for resizing; taken away when the process closes.
+    pty: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
+    tty: bool,
     denials: Mutex<DenialLog>,
 }
 
@@ -63,7 +65,8 @@ impl ManagedProcess {
             events: watch::channel(0).0,
             stdin: tokio::sync::Mutex::new(stdin),
             write_ids: Mutex::new(WriteIds::default()),
-            pty,
+            tty: pty.is_some(),
+            pty: Mutex::new(pty),
             denials: Mutex::new(DenialLog::default()),
         }
     }
@@ -159,10 +162,11 @@ impl ManagedProcess {
         true
     }
 
-    /// Close stdin once the process has closed, so a retained process holds no pipe for
-    /// [`crate::limits::CLOSED_PROCESS_RETENTION`]. A write in progress keeps it (that write
-    /// fails and marks stdin unavailable itself).
-    pub fn release_stdin(&self) {
+    /// Close stdin and the PTY master once the process has closed, so a retained process holds
+    /// no descriptor for [`crate::limits::CLOSED_PROCESS_RETENTION`]. A write in progress keeps
+    /// stdin (that write fails and marks stdin unavailable itself).
+    pub fn release_io(&self) {
+        self.pty.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Ok(mut stdin) = self.stdin.try_lock()
             && !matches!(*stdin, Stdin::Unavailable(_))
         {
@@ -232,10 +236,16 @@ impl ManagedProcess {
     /// # Errors
     /// [`ProcessError::NotPty`] for pipe-mode processes, [`ProcessError::Resize`] on failure.
     pub fn resize(&self, cols: u16, rows: u16) -> Result<(), ProcessError> {
-        let Some(pty) = &self.pty else {
+        if !self.tty {
             return Err(ProcessError::NotPty {
                 process_id: self.id.clone(),
             });
+        }
+        let pty = self.pty.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(pty) = pty else {
+            return Err(ProcessError::Resize(
+                "the process has closed its terminal".into(),
+            ));
         };
         crate::sys::set_window_size(pty.get_ref(), cols, rows)
             .map_err(|e| ProcessError::Resize(e.to_string()))

@@ -118,10 +118,11 @@ pub async fn run(
         // sandbox-run writes its last records before it exits; collect them before `closed`.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), audit).await;
     }
-    // The child is reaped and its output is at EOF: release its pidfd and stdin now, not after
-    // the retention below (thousands of retained processes would otherwise hold descriptors).
+    // The child is reaped and its output is at EOF: release its pidfd, stdin and terminal now,
+    // not after the retention below (thousands of retained processes would otherwise hold
+    // descriptors).
     drop(exit);
-    process.release_stdin();
+    process.release_io();
     emitter.closed().await;
     guardian.unregister(process.pid);
     tokio::time::sleep(CLOSED_PROCESS_RETENTION).await;
