@@ -1209,10 +1209,10 @@ async fn pipe(
             Ok(0) | Err(_) => return,
             Ok(n) => {
                 // Held bytes wait here; a cut drops them.
-                if let Some(hold) = &mut hold {
-                    if hold.wait_for(|held| !*held).await.is_err() {
-                        return;
-                    }
+                if let Some(hold) = &mut hold
+                    && hold.wait_for(|held| !*held).await.is_err()
+                {
+                    return;
                 }
                 if to.write_all(&buffer[..n]).await.is_err() {
                     return;

@@ -176,12 +176,13 @@ fn simulate(
     let mut reconnected = false;
     for _ in 0..2_000_000 {
         let in_outage = outage.is_some_and(|(from, to)| now >= start + from && now < start + to);
-        if let Some((_, to)) = outage {
-            if !reconnected && now >= start + to {
-                reconnected = true;
-                a.reconnect(now);
-                b.reconnect(now);
-            }
+        if let Some((_, to)) = outage
+            && !reconnected
+            && now >= start + to
+        {
+            reconnected = true;
+            a.reconnect(now);
+            b.reconnect(now);
         }
         while let Some(message) = a_queue.front() {
             if !a.send(message.clone()) {
@@ -230,10 +231,10 @@ fn simulate(
         .flatten()
         .min()
         .unwrap_or(now + Duration::from_millis(1));
-        if let Some((_, to)) = outage {
-            if !reconnected {
-                next = next.min(start + to);
-            }
+        if let Some((_, to)) = outage
+            && !reconnected
+        {
+            next = next.min(start + to);
         }
         now = next.max(now + Duration::from_micros(100));
         a.on_timeout(now);

@@ -140,10 +140,11 @@ pub async fn run_stream(mut stream: SecureStream, mut channels: StreamChannels) 
                 }
             }
         }
-        if let Some(since) = closing {
-            if !stream.is_closed() && (stream.is_idle() || now >= since + CLOSE_LINGER) {
-                stream.reset("closed by the application");
-            }
+        if let Some(since) = closing
+            && !stream.is_closed()
+            && (stream.is_idle() || now >= since + CLOSE_LINGER)
+        {
+            stream.reset("closed by the application");
         }
         while let Some(frame) = stream.poll_transmit(now.into_std()) {
             let _ = channels.outbox.try_send(frame.encode());

@@ -257,10 +257,10 @@ impl Executor {
 
     fn forget(&mut self, id: String) {
         self.streams.remove(&id);
-        if self.recently_closed.len() >= RECENTLY_CLOSED_STREAMS {
-            if let Some(oldest) = self.recently_closed.pop_front() {
-                self.recently_closed_set.remove(&oldest);
-            }
+        if self.recently_closed.len() >= RECENTLY_CLOSED_STREAMS
+            && let Some(oldest) = self.recently_closed.pop_front()
+        {
+            self.recently_closed_set.remove(&oldest);
         }
         self.recently_closed_set.insert(id.clone());
         self.recently_closed.push_back(id);

@@ -123,14 +123,13 @@ impl Router {
                 }
             }
         }
-        if let Some(env) = self.table().get_mut(environment) {
-            if env
+        if let Some(env) = self.table().get_mut(environment)
+            && env
                 .executor
                 .as_ref()
                 .is_some_and(|(id, _)| *id == socket_id)
-            {
-                env.executor = None;
-            }
+        {
+            env.executor = None;
         }
         tracing::info!(environment, "executor socket closed");
     }
