@@ -31,7 +31,7 @@ pub mod transport;
 
 pub use client::{
     ConnectionState, ExecServerClient, ExecServerClientConnectOptions, ExecServerError,
-    ProcessEvent, ProcessHandle, RemoteProcess,
+    ProcessEvent, ProcessHandle, RelayTransport, RemoteExecServerConnectArgs, RemoteProcess,
 };
 pub use listen::{DEFAULT_LISTEN_URL, ExecServerListenUrlParseError, ListenAddress};
 pub use paths::ExecServerRuntimePaths;

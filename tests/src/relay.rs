@@ -489,3 +489,29 @@ async fn pipe<R, W>(
     }
     writer.abort();
 }
+
+/// [`supervisor::ExecServerClient`] connection arguments for the test token.
+pub fn remote_client_args(
+    registry_url: &str,
+    environment_id: &str,
+) -> supervisor::RemoteExecServerConnectArgs {
+    supervisor::RemoteExecServerConnectArgs::new(registry_url, environment_id, TOKEN)
+        .with_client_name("relay-tests")
+}
+
+/// The library client through the rendezvous (connected and initialized within [`DEADLINE`]).
+pub async fn remote_library_client(
+    registry_url: &str,
+    environment_id: &str,
+) -> supervisor::ExecServerClient {
+    tokio::time::timeout(
+        DEADLINE,
+        supervisor::ExecServerClient::connect_remote(remote_client_args(
+            registry_url,
+            environment_id,
+        )),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("connecting to {environment_id} took over {DEADLINE:?}"))
+    .unwrap_or_else(|e| panic!("connect to {environment_id}: {e}"))
+}

@@ -17,7 +17,9 @@
 //!   every process gets a terminal [`ProcessEvent::Failed`].
 //!
 //! Transports sit behind the [`Transport`] trait: [`WebSocketTransport`] for `ws://` and
-//! `unix:`; remote mode plugs in with [`ExecServerClient::connect_with_transport`].
+//! `unix:`; [`RelayTransport`] for remote mode through a rendezvous
+//! ([`ExecServerClient::connect_remote`]); any other with
+//! [`ExecServerClient::connect_with_transport`].
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), supervisor::ExecServerError> {
@@ -65,6 +67,7 @@ pub mod events;
 mod fs;
 pub mod process;
 pub mod recovery;
+pub mod remote;
 pub mod stream;
 pub mod transport;
 
@@ -83,6 +86,7 @@ pub use error::ExecServerError;
 pub use events::ProcessEvent;
 pub use process::{ProcessEvents, ProcessHandle, ProcessOutput, RemoteProcess};
 pub use recovery::RECOVERY_DEADLINE;
+pub use remote::{RelayTransport, RemoteExecServerConnectArgs};
 pub use stream::RemoteFileReader;
 pub use transport::{Transport, TransportConnection, WebSocketTransport};
 
