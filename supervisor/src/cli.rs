@@ -13,8 +13,9 @@ use crate::listen::DEFAULT_LISTEN_URL;
 /// a grace period) and exits 0. Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more.
 /// The protocol is described in docs/protocol.md.
 ///
-/// `exec-server exec --connect URL -- PROGRAM [ARGS...]` is a client instead: it runs one
-/// command on a server (see `exec-server exec --help`).
+/// `exec-server exec --connect URL -- PROGRAM [ARGS...]` (or `--remote REGISTRY_URL
+/// --environment-id ID` through a rendezvous) is a client instead: it runs one command on a
+/// server (see `exec-server exec --help`).
 #[derive(Debug, Parser)]
 #[command(name = "exec-server", version, about, long_about)]
 pub struct Cli {
@@ -66,7 +67,8 @@ pub struct Cli {
 pub enum Command {
     /// Run a command on an exec server, stream its output, exit with its status.
     ///
-    /// Run PROGRAM on the exec server at --connect, stream its stdout and stderr to ours (or, with
+    /// Run PROGRAM on the exec server at --connect (or on the remote environment --environment-id
+    /// through the registry at --remote), stream its stdout and stderr to ours (or, with
     /// --tty, run it in a remote terminal driven by ours in raw mode, window size forwarded), and
     /// exit with its exit status (128+n when a signal n killed it; 255 when exec itself fails).
     ///
@@ -87,8 +89,24 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct ExecArgs {
     /// The server: ws://HOST:PORT or unix:/path.sock.
-    #[arg(long, value_name = "URL")]
-    pub connect: String,
+    #[arg(
+        long,
+        value_name = "URL",
+        required_unless_present = "remote",
+        conflicts_with = "remote"
+    )]
+    pub connect: Option<String>,
+
+    /// Remote mode: the registry (http://HOST:PORT) of a rendezvous; the command runs on the
+    /// executor registered as --environment-id, through an end-to-end encrypted relay stream.
+    /// The bearer token is --token-file's content or else $EXECWARD_REGISTRY_TOKEN.
+    /// See docs/remote.md.
+    #[arg(long, value_name = "REGISTRY_URL", requires = "environment_id")]
+    pub remote: Option<String>,
+
+    /// Remote mode: the environment to run on.
+    #[arg(long, value_name = "ID", requires = "remote")]
+    pub environment_id: Option<String>,
 
     /// File holding the bearer token (surrounding whitespace removed).
     #[arg(long, value_name = "FILE")]

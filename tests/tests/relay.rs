@@ -463,3 +463,104 @@ async fn library_client_resumes_its_session_on_a_new_relay_stream() {
         client.state()
     );
 }
+
+/// Run `exec-server exec --remote ...` to completion (killed after the deadline): status,
+/// stdout, stderr.
+fn exec_remote(
+    registry_url: &str,
+    environment_id: &str,
+    token: Option<&str>,
+    command: &[&str],
+) -> (std::process::ExitStatus, String, String) {
+    use std::io::Read;
+    let mut cmd = std::process::Command::new(tests::exec_server_binary());
+    cmd.args([
+        "exec",
+        "--remote",
+        registry_url,
+        "--environment-id",
+        environment_id,
+        "--cwd",
+        "/",
+        "--",
+    ])
+    .args(command)
+    .env_remove(supervisor::relay::REGISTRY_TOKEN_ENV)
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    if let Some(token) = token {
+        cmd.env(supervisor::relay::REGISTRY_TOKEN_ENV, token);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).unwrap();
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        stderr.read_to_string(&mut text).unwrap();
+        text
+    });
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > tests::DEADLINE {
+            let _ = child.kill();
+            panic!(
+                "exec-server exec --remote did not exit within {:?}",
+                tests::DEADLINE
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10)); // polling interval, not a wait
+    };
+    (status, out.join().unwrap(), err.join().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_remote_streams_stdout_and_stderr_and_passes_the_status_through() {
+    let rendezvous = start_rendezvous("127.0.0.1:0", None);
+    let _executor = start_executor(&rendezvous.first_line, "env-exec").await;
+    let registry = rendezvous.first_line.clone();
+    let (status, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        exec_remote(
+            &registry,
+            "env-exec",
+            Some(tests::relay::TOKEN),
+            &tests::sh("echo out; echo err >&2; exit 3"),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.code(), Some(3), "stderr: {stderr}");
+    assert_eq!(stdout, "out\n");
+    assert_eq!(stderr, "err\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_remote_without_a_token_or_with_a_wrong_one_fails_with_255() {
+    let rendezvous = start_rendezvous("127.0.0.1:0", None);
+    let _executor = start_executor(&rendezvous.first_line, "env-exec-auth").await;
+    let registry = rendezvous.first_line.clone();
+    let (missing, wrong) = tokio::task::spawn_blocking(move || {
+        (
+            exec_remote(&registry, "env-exec-auth", None, &["/bin/true"]),
+            exec_remote(&registry, "env-exec-auth", Some("wrong"), &["/bin/true"]),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(missing.0.code(), Some(255));
+    assert!(
+        missing.2.contains("EXECWARD_REGISTRY_TOKEN"),
+        "{}",
+        missing.2
+    );
+    assert_eq!(wrong.0.code(), Some(255));
+    assert!(wrong.2.contains("401"), "{}", wrong.2);
+}

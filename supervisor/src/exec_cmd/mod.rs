@@ -21,7 +21,9 @@ use tokio::sync::mpsc;
 use crate::cli::ExecArgs;
 use crate::client::{
     ExecServerClient, ExecServerClientConnectOptions, ExecServerError, ProcessEvent,
+    RemoteExecServerConnectArgs,
 };
+use crate::relay::REGISTRY_TOKEN_ENV;
 
 /// Local variables passed to the remote command unless `--clear-env` is given.
 pub const FORWARDED_ENV: &[&str] = &[
@@ -54,6 +56,14 @@ pub enum ExecCommandError {
         /// The file.
         path: PathBuf,
     },
+    /// `--remote` was given without a token.
+    #[error(
+        "--remote needs the registry's bearer token: set ${REGISTRY_TOKEN_ENV} or pass --token-file"
+    )]
+    MissingRegistryToken,
+    /// Neither `--connect` nor `--remote` (clap normally refuses this first).
+    #[error("pass --connect URL or --remote REGISTRY_URL --environment-id ID")]
+    NoServer,
     /// An `--env` argument is not `KEY=VALUE`.
     #[error("--env {0:?} must be KEY=VALUE with a non-empty KEY")]
     InvalidEnv(String),
@@ -90,12 +100,13 @@ pub enum ExecCommandError {
 pub fn run(args: ExecArgs) -> Result<u8, ExecCommandError> {
     let params = start_params(&args, std::env::vars(), &std::env::current_dir().ok())?;
     let token = read_token(args.token_file.as_deref())?;
+    let target = exec_target(&args, token, std::env::var(REGISTRY_TOKEN_ENV).ok())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(ExecCommandError::Runtime)?;
-    let outcome = runtime.block_on(exec(args.connect, token, params));
+    let outcome = runtime.block_on(exec(target, params));
     // Do not wait for blocked readers of local stdin.
     runtime.shutdown_background();
     outcome
@@ -116,6 +127,57 @@ fn read_token(path: Option<&Path>) -> Result<Option<String>, ExecCommandError> {
         });
     }
     Ok(Some(token.to_owned()))
+}
+
+/// Where `exec` connects.
+#[derive(Debug, Clone)]
+pub enum ExecTarget {
+    /// A local server over `ws://` or `unix:` (`--connect`).
+    Local(ExecServerClientConnectOptions),
+    /// A remote environment through a registry and rendezvous (`--remote`).
+    Remote(RemoteExecServerConnectArgs),
+}
+
+/// Client name `exec` gives in `initialize`.
+const CLIENT_NAME: &str = "exec-server exec";
+
+/// Choose the server from the arguments: `--connect` with the `--token-file` token, or
+/// `--remote`/`--environment-id` with the `--token-file` token or else `registry_env_token`
+/// (the value of `$EXECWARD_REGISTRY_TOKEN`). Pure: unit-tested.
+///
+/// # Errors
+/// [`ExecCommandError::MissingRegistryToken`] for `--remote` without a token,
+/// [`ExecCommandError::NoServer`] when neither is given.
+pub fn exec_target(
+    args: &ExecArgs,
+    file_token: Option<String>,
+    registry_env_token: Option<String>,
+) -> Result<ExecTarget, ExecCommandError> {
+    match (&args.connect, &args.remote, &args.environment_id) {
+        (Some(url), _, _) => Ok(ExecTarget::Local(
+            ExecServerClientConnectOptions::new(url.clone())
+                .with_auth_token(file_token)
+                .with_client_name(CLIENT_NAME),
+        )),
+        (None, Some(registry_url), Some(environment_id)) => {
+            let token = file_token
+                .or_else(|| {
+                    registry_env_token
+                        .map(|token| token.trim().to_owned())
+                        .filter(|token| !token.is_empty())
+                })
+                .ok_or(ExecCommandError::MissingRegistryToken)?;
+            Ok(ExecTarget::Remote(
+                RemoteExecServerConnectArgs::new(
+                    registry_url.clone(),
+                    environment_id.clone(),
+                    token,
+                )
+                .with_client_name(CLIENT_NAME),
+            ))
+        }
+        _ => Err(ExecCommandError::NoServer),
+    }
 }
 
 /// Build `process/start` params from the arguments, the local environment and the local
@@ -205,15 +267,11 @@ fn cwd_uri(cwd: Option<&str>, local_cwd: &Option<PathBuf>) -> Result<FileUri, Ex
     }
 }
 
-async fn exec(
-    url: String,
-    token: Option<String>,
-    mut params: StartParams,
-) -> Result<u8, ExecCommandError> {
-    let options = ExecServerClientConnectOptions::new(url)
-        .with_auth_token(token)
-        .with_client_name("exec-server exec");
-    let client = ExecServerClient::connect(options).await?;
+async fn exec(target: ExecTarget, mut params: StartParams) -> Result<u8, ExecCommandError> {
+    let client = match target {
+        ExecTarget::Local(options) => ExecServerClient::connect(options).await?,
+        ExecTarget::Remote(args) => ExecServerClient::connect_remote(args).await?,
+    };
     let tty = params.tty;
     let stdin_is_terminal = terminal::is_terminal(std::io::stdin().as_fd());
     if tty
@@ -443,6 +501,95 @@ mod tests {
             start_params(&args, local_env(), &None),
             Err(ExecCommandError::InvalidEnv(_))
         ));
+    }
+
+    #[test]
+    fn remote_takes_the_token_from_the_file_or_else_the_environment() {
+        let remote = [
+            "exec-server",
+            "exec",
+            "--remote",
+            "http://127.0.0.1:7700",
+            "--environment-id",
+            "laptop",
+            "--",
+            "uname",
+        ];
+        let target = |file: Option<&str>, env: Option<&str>| {
+            exec_target(
+                &args(&remote),
+                file.map(str::to_owned),
+                env.map(str::to_owned),
+            )
+        };
+        let token_of = |target: Result<ExecTarget, ExecCommandError>| match target {
+            Ok(ExecTarget::Remote(args)) => {
+                assert_eq!(args.relay.registry_url, "http://127.0.0.1:7700");
+                assert_eq!(args.relay.environment_id, "laptop");
+                args.relay.bearer_token
+            }
+            other => panic!("not a remote target: {other:?}"),
+        };
+        assert_eq!(token_of(target(None, Some(" from-env\n"))), "from-env");
+        assert_eq!(
+            token_of(target(Some("from-file"), Some("env"))),
+            "from-file"
+        );
+        assert!(matches!(
+            target(None, Some("  ")),
+            Err(ExecCommandError::MissingRegistryToken)
+        ));
+        assert!(matches!(
+            target(None, None),
+            Err(ExecCommandError::MissingRegistryToken)
+        ));
+    }
+
+    #[test]
+    fn connect_and_remote_are_mutually_exclusive_and_one_is_required() {
+        let parse = |argv: &[&str]| crate::cli::Cli::try_parse_from(argv).map(|_| ());
+        assert!(
+            parse(&[
+                "exec-server",
+                "exec",
+                "--connect",
+                "ws://127.0.0.1:1",
+                "--remote",
+                "http://127.0.0.1:2",
+                "--environment-id",
+                "e",
+                "--",
+                "true",
+            ])
+            .is_err()
+        );
+        assert!(parse(&["exec-server", "exec", "--", "true"]).is_err());
+        assert!(
+            parse(&[
+                "exec-server",
+                "exec",
+                "--remote",
+                "http://127.0.0.1:2",
+                "--",
+                "true"
+            ])
+            .is_err(),
+            "--remote needs --environment-id"
+        );
+        let local = exec_target(
+            &args(&["exec-server", "exec", "--connect", "unix:/s", "--", "true"]),
+            Some("t".into()),
+            Some("ignored".into()),
+        );
+        match local {
+            Ok(ExecTarget::Local(options)) => {
+                assert_eq!(
+                    (options.url.as_str(), options.auth_token.as_deref()),
+                    ("unix:/s", Some("t"))
+                );
+            }
+            other => panic!("not a local target: {other:?}"),
+        }
     }
 
     #[test]
