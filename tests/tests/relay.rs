@@ -525,7 +525,7 @@ fn exec_remote(
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_remote_streams_stdout_and_stderr_and_passes_the_status_through() {
     let rendezvous = start_rendezvous("127.0.0.1:0", None);
-    let _executor = start_executor(&rendezvous.first_line, "env-exec").await;
+    let executor = start_executor(&rendezvous.first_line, "env-exec").await;
     let registry = rendezvous.first_line.clone();
     let (status, stdout, stderr) = tokio::task::spawn_blocking(move || {
         exec_remote(
@@ -540,6 +540,17 @@ async fn exec_remote_streams_stdout_and_stderr_and_passes_the_status_through() {
     assert_eq!(status.code(), Some(3), "stderr: {stderr}");
     assert_eq!(stdout, "out\n");
     assert_eq!(stderr, "err\n");
+    // exec closed its stream on the way out, so the executor freed it at once (not after the
+    // 45 s liveness timeout).
+    let until = tokio::time::Instant::now() + tests::DEADLINE;
+    while !executor.stderr().contains("relay stream ended") {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the executor still holds the stream of an exited exec:\n{}",
+            executor.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

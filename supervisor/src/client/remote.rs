@@ -18,7 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::transport::{
     BoxFuture, DEFAULT_CONNECT_TIMEOUT, INCOMING_QUEUE_MESSAGES, OUTGOING_QUEUE_MESSAGES,
@@ -35,10 +35,29 @@ use crate::relay::{CLOSE_LINGER, RelayHarnessConnection, RemoteConnectArgs};
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Opens connections to one remote environment as relay streams; see the module docs.
+///
+/// Clones share their count of open streams ([`RelayTransport::wait_streams_closed`]).
 #[derive(Debug, Clone)]
 pub struct RelayTransport {
     args: RemoteConnectArgs,
     connect_timeout: Duration,
+    open_streams: Arc<watch::Sender<usize>>,
+}
+
+/// Counts one open stream while it lives (also when its task is aborted).
+struct OpenStream(Arc<watch::Sender<usize>>);
+
+impl OpenStream {
+    fn new(count: &Arc<watch::Sender<usize>>) -> Self {
+        count.send_modify(|open| *open += 1);
+        Self(count.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.send_modify(|open| *open = open.saturating_sub(1));
+    }
 }
 
 impl RelayTransport {
@@ -48,7 +67,17 @@ impl RelayTransport {
         Self {
             args,
             connect_timeout,
+            open_streams: Arc::new(watch::channel(0).0),
         }
+    }
+
+    /// Wait until every stream this transport opened has closed. After
+    /// [`ExecServerClient::close`] the streams flush and reset in the background (within
+    /// [`CLOSE_LINGER`] plus a second); a program about to exit waits here so that the executor
+    /// frees the stream and detaches the session at once instead of after its liveness timeout.
+    pub async fn wait_streams_closed(&self) {
+        let mut open = self.open_streams.subscribe();
+        let _ = open.wait_for(|count| *count == 0).await;
     }
 
     async fn open(&self) -> Result<TransportConnection, ExecServerError> {
@@ -59,7 +88,7 @@ impl RelayTransport {
                 reason: error.to_string(),
             })?;
         tracing::debug!(stream = connection.stream_id(), "relay stream open");
-        Ok(serve(connection))
+        Ok(serve(connection, OpenStream::new(&self.open_streams)))
     }
 }
 
@@ -90,7 +119,7 @@ impl Transport for RelayTransport {
 /// side that stopped reading would wait forever). The pump is deliberately not in
 /// `TransportConnection::tasks`: when the client drops the connection, the pump sees the
 /// incoming channel close and closes the stream politely before it ends.
-fn serve(mut connection: RelayHarnessConnection) -> TransportConnection {
+fn serve(mut connection: RelayHarnessConnection, open: OpenStream) -> TransportConnection {
     let sender = connection.sender();
     let (outgoing, mut to_send) = mpsc::channel::<String>(OUTGOING_QUEUE_MESSAGES);
     let (received, incoming) = mpsc::channel::<Vec<u8>>(INCOMING_QUEUE_MESSAGES);
@@ -102,6 +131,7 @@ fn serve(mut connection: RelayHarnessConnection) -> TransportConnection {
         }
     });
     tokio::spawn(async move {
+        let _open = open;
         loop {
             tokio::select! {
                 message = connection.recv() => match message {

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use proto::FileUri;
 use proto::methods::process::{OutputStream, SignalName, StartParams};
@@ -36,6 +37,10 @@ pub const FALLBACK_TERM: &str = "xterm-256color";
 /// Exit status when `exec` itself fails (bad arguments, no connection, recovery failed), as
 /// `ssh` does; a remote command's own status is passed through unchanged.
 pub const EXEC_FAILURE_STATUS: u8 = 255;
+/// Longest wait, at exit, for a relay stream to close politely (flush, then reset) so the
+/// executor frees it at once: the stream's close linger plus a second.
+pub const RELAY_CLOSE_WAIT: std::time::Duration =
+    crate::relay::CLOSE_LINGER.saturating_add(std::time::Duration::from_secs(1));
 /// Bytes read from local stdin per `process/write`.
 const STDIN_CHUNK_BYTES: usize = 64 * 1024;
 
@@ -267,11 +272,33 @@ fn cwd_uri(cwd: Option<&str>, local_cwd: &Option<PathBuf>) -> Result<FileUri, Ex
     }
 }
 
-async fn exec(target: ExecTarget, mut params: StartParams) -> Result<u8, ExecCommandError> {
-    let client = match target {
-        ExecTarget::Local(options) => ExecServerClient::connect(options).await?,
-        ExecTarget::Remote(args) => ExecServerClient::connect_remote(args).await?,
+async fn exec(target: ExecTarget, params: StartParams) -> Result<u8, ExecCommandError> {
+    let (client, relay) = match target {
+        ExecTarget::Local(options) => (ExecServerClient::connect(options).await?, None),
+        ExecTarget::Remote(args) => {
+            let (transport, options) = args.into_parts();
+            let transport = Arc::new(transport);
+            let client =
+                ExecServerClient::connect_with_transport(transport.clone(), options).await?;
+            (client, Some(transport))
+        }
     };
+    let outcome = run_command(&client, params).await;
+    client.close();
+    if let Some(relay) = relay
+        && tokio::time::timeout(RELAY_CLOSE_WAIT, relay.wait_streams_closed())
+            .await
+            .is_err()
+    {
+        tracing::debug!("the relay stream did not close within {RELAY_CLOSE_WAIT:?}");
+    }
+    outcome
+}
+
+async fn run_command(
+    client: &ExecServerClient,
+    mut params: StartParams,
+) -> Result<u8, ExecCommandError> {
     let tty = params.tty;
     let stdin_is_terminal = terminal::is_terminal(std::io::stdin().as_fd());
     if tty
@@ -325,7 +352,6 @@ async fn exec(target: ExecTarget, mut params: StartParams) -> Result<u8, ExecCom
         }
     };
     writer.abort();
-    client.close();
     outcome
 }
 

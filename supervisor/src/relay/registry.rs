@@ -11,6 +11,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{MAX_REGISTRY_RESPONSE_BYTES, REGISTRY_TIMEOUT};
 
+/// Characters of an error response's body kept in [`RegistryError::Status`] (enough for a
+/// message, not a page).
+pub const MAX_STATUS_BODY_CHARS: usize = 512;
+
 /// Body of a registration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -197,8 +201,12 @@ async fn post<T: for<'de> Deserialize<'de>>(
     let status = parsed.code.unwrap_or(0);
     let body = &response[head_len..];
     if status != 200 {
-        let mut text = String::from_utf8_lossy(body).into_owned();
-        text.truncate(512);
+        // Characters, not bytes: a byte cut could split one (and `String::truncate` would panic).
+        let text: String = String::from_utf8_lossy(body)
+            .trim_end()
+            .chars()
+            .take(MAX_STATUS_BODY_CHARS)
+            .collect();
         return Err(RegistryError::Status {
             status,
             path: path.to_owned(),
