@@ -145,6 +145,13 @@ pub async fn run_stream(mut stream: SecureStream, mut channels: StreamChannels) 
             && (stream.is_idle() || now >= since + CLOSE_LINGER)
         {
             stream.reset("closed by the application");
+            // The application is done with the stream: end now (the reset is queued below)
+            // instead of at the next timer, up to CLOSE_LINGER later.
+            while let Some(event) = stream.poll_event() {
+                if let StreamEvent::Closed { reason, .. } = event {
+                    closed = Some(reason);
+                }
+            }
         }
         while let Some(frame) = stream.poll_transmit(now.into_std()) {
             let _ = channels.outbox.try_send(frame.encode());

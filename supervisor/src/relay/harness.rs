@@ -26,6 +26,9 @@ use super::{
     next_backoff,
 };
 
+/// Longest wait in [`RelayHarnessConnection::close`] for the socket to send the final reset.
+pub const SOCKET_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Where to connect.
 #[derive(Clone)]
 pub struct RemoteConnectArgs {
@@ -191,13 +194,17 @@ impl RelayHarnessConnection {
         self.from_stream.recv().await
     }
 
-    /// Close: flush what was sent (up to the linger time), then reset the stream.
+    /// Close: flush what was sent (up to the linger time), then reset the stream, and wait
+    /// (up to [`SOCKET_FLUSH_TIMEOUT`]) until the reset has been handed to the socket.
     pub async fn close(mut self) {
         let _ = self
             .to_stream
             .send(AppOut::Close("closed by the harness".into()))
             .await;
         let _ = (&mut self.stream_task).await;
+        // The stream task has dropped the outbox: the socket task sends what is still queued
+        // (the reset), closes the websocket and ends. Dropping `self` first would abort it.
+        let _ = tokio::time::timeout(SOCKET_FLUSH_TIMEOUT, &mut self.socket_task).await;
     }
 }
 
