@@ -161,13 +161,9 @@ async fn lossy_links_and_a_rendezvous_restart_deliver_every_message_exactly_once
             .with_ansi(false)
             .try_init();
     }
-    let first = start_rendezvous("127.0.0.1:0", None);
-    let upstream: std::net::SocketAddr = first
-        .first_line
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
-    drop(first);
+    // The rendezvous is restarted on the same port later. A port from outside the kernel's
+    // ephemeral range cannot be taken meanwhile by the other tests, which all bind port 0.
+    let upstream = port_outside_the_ephemeral_range();
     let faults = Faults {
         drop_percent: std::env::var("F_DROP")
             .ok()
@@ -264,6 +260,22 @@ async fn lossy_links_and_a_rendezvous_restart_deliver_every_message_exactly_once
         .await;
     assert!(ok.is_ok(), "{ok:?}");
     drop(rendezvous);
+}
+
+/// A free loopback address whose port the kernel never hands out for port 0.
+fn port_outside_the_ephemeral_range() -> std::net::SocketAddr {
+    let range =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let low: u16 = range
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(32768);
+    let start = 10_000 + (std::process::id() % 5_000) as u16;
+    (start..low)
+        .map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .find(|address| std::net::TcpListener::bind(address).is_ok())
+        .expect("a free port below the ephemeral range")
 }
 
 async fn within<T>(future: impl std::future::Future<Output = T>) -> T {
