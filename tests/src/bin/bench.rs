@@ -403,6 +403,25 @@ fn machine() -> String {
     format!("{cpu}, {cores} cores, Linux {}", kernel.trim())
 }
 
+/// The `sandbox-run` startup benchmark (`sandbox-bench`, next to this binary): /bin/true
+/// directly, through sandbox-run with namespaces on and off, and through bwrap when installed.
+fn sandbox_run_table(runs: usize) -> String {
+    let output = Command::new(bin_dir().join("sandbox-bench"))
+        .arg(runs.to_string())
+        .output();
+    match output {
+        Ok(output) if output.status.success() => format!(
+            "\n## sandbox-run startup (sandbox-bench, target: within 2x of direct)\n\n```text\n{}```\n",
+            String::from_utf8_lossy(&output.stdout)
+        ),
+        Ok(output) => format!(
+            "\n## sandbox-run startup\n\nsandbox-bench failed: {}\n",
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        Err(error) => format!("\n## sandbox-run startup\n\nsandbox-bench could not run: {error}\n"),
+    }
+}
+
 fn render(rows: &[Row], command: &str) -> String {
     let mut out =
         String::from("| figure | ours | baseline | ratio | target |\n|---|---|---|---|---|\n");
@@ -442,7 +461,8 @@ async fn main() {
         "cargo run --release -p tests --bin bench --{}",
         args.iter().map(|a| format!(" {a}")).collect::<String>()
     );
-    let report = render(&rows, &command);
+    let mut report = render(&rows, &command);
+    report.push_str(&sandbox_run_table(if quick { 50 } else { 300 }));
     println!("{report}");
     if let Some(path) = write {
         std::fs::write(&path, &report).unwrap();
