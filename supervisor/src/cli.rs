@@ -137,3 +137,13 @@ pub struct ExecArgs {
     #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]
     pub command: Vec<String>,
 }
+
+/// Log to stderr (never stdout, which carries the URL line) at `RUST_LOG`, `info` by default.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+}

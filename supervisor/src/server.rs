@@ -213,26 +213,53 @@ fn read_token(path: &std::path::Path) -> Result<Vec<u8>, ExecServerError> {
 /// # Errors
 /// [`ExecServerError`] when the server cannot start.
 pub async fn run_main_with_options(options: ServerOptions) -> Result<(), ExecServerError> {
-    use std::io::Write;
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(ExecServerError::Signals)?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(ExecServerError::Signals)?;
+    let signals = ShutdownSignals::install().map_err(ExecServerError::Signals)?;
     let server = BoundServer::bind(options).await?;
-    let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "{}", server.url())
-        .and_then(|()| stdout.flush())
-        .map_err(ExecServerError::Stdout)?;
-    drop(stdout);
+    announce_url(&server.url()).map_err(ExecServerError::Stdout)?;
     tracing::info!(url = %server.url(), "listening");
-    server
-        .serve_until(async move {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
-            }
-        })
-        .await;
+    server.serve_until(signals.recv()).await;
     Ok(())
+}
+
+/// SIGINT and SIGTERM listeners. Install them before binding, so a signal sent right after the
+/// URL is printed is not lost.
+pub struct ShutdownSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Install the listeners.
+    ///
+    /// # Errors
+    /// The OS error when a handler cannot be installed.
+    pub fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// Resolves on the first SIGINT or SIGTERM.
+    pub async fn recv(mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}
+
+/// Print the URL clients connect to as the first line of stdout, flushed (tests and scripts read
+/// it to find the server).
+///
+/// # Errors
+/// The write error.
+pub fn announce_url(url: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{url}")?;
+    stdout.flush()
 }
 
 /// Run the server on `listen_url` with default options (see [`run_main_with_options`]).

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use supervisor::relay::REGISTRY_TOKEN_ENV;
 use supervisor::rendezvous::{Rendezvous, RendezvousOptions};
+use supervisor::server::{ShutdownSignals, announce_url};
 
 /// Reference registry + rendezvous for execward's remote mode: executors register and hold one
 /// websocket each; harnesses look them up and open relay streams; frames are routed by stream id
@@ -27,12 +28,7 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    supervisor::cli::init_logging();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -56,24 +52,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        use std::io::Write;
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut interrupt = signal(SignalKind::interrupt())?;
-        let mut terminate = signal(SignalKind::terminate())?;
+        let shutdown = ShutdownSignals::install()?;
         let rendezvous = Rendezvous::bind(options).await?;
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{}", rendezvous.url())?;
-        stdout.flush()?;
-        drop(stdout);
+        announce_url(&rendezvous.url())?;
         tracing::info!(url = %rendezvous.url(), "rendezvous listening");
-        rendezvous
-            .serve_until(async move {
-                tokio::select! {
-                    _ = interrupt.recv() => {}
-                    _ = terminate.recv() => {}
-                }
-            })
-            .await;
+        rendezvous.serve_until(shutdown.recv()).await;
         anyhow::Ok(())
     })
 }

@@ -18,12 +18,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    supervisor::cli::init_logging();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

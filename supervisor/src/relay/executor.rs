@@ -397,28 +397,15 @@ pub async fn run_main_remote(
     options: crate::server::ServerOptions,
     config: RemoteEnvironmentConfig,
 ) -> Result<(), RemoteError> {
-    use std::io::Write;
-    use tokio::signal::unix::{SignalKind, signal};
     registry::validate_environment_id(&config.environment_id)
         .map_err(RemoteError::EnvironmentId)?;
     let signals = |e| RemoteError::Server(crate::server::ExecServerError::Signals(e));
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(signals)?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(signals)?;
+    let shutdown = crate::server::ShutdownSignals::install().map_err(signals)?;
     let server = crate::server::BoundServer::bind(options).await?;
-    let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "{}", server.url())
-        .and_then(|()| stdout.flush())
+    crate::server::announce_url(&server.url())
         .map_err(|e| RemoteError::Server(crate::server::ExecServerError::Stdout(e)))?;
-    drop(stdout);
     let remote = tokio::spawn(run_remote_environment(config, server.state()));
-    server
-        .serve_until(async move {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
-            }
-        })
-        .await;
+    server.serve_until(shutdown.recv()).await;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), remote).await;
     Ok(())
 }

@@ -371,22 +371,40 @@ async fn output_throughput(rows: &mut Vec<Row>, mib: u64, runs: usize) {
         assert_eq!(total, mib * 1024 * 1024);
         pipe.push(mib as f64 / started.elapsed().as_secs_f64());
     }
-    ours.sort_by(f64::total_cmp);
-    pipe.sort_by(f64::total_cmp);
-    let (ours_median, pipe_median) = (percentile(&ours, 0.5), percentile(&pipe, 0.5));
-    let spread = |v: &[f64]| format!("{:.0}-{:.0}", v[0], v[v.len() - 1]);
-    rows.push(Row {
-        figure: format!(
-            "output throughput, head -c {mib}M /dev/zero to a Rust client ({runs} runs)"
-        ),
-        ours: format!("{ours_median:.0} MiB/s (range {})", spread(&ours)),
-        baseline: format!(
-            "{pipe_median:.0} MiB/s (range {}) plain pipe",
-            spread(&pipe)
-        ),
-        ratio: format!("{:.0}%", 100.0 * ours_median / pipe_median),
-        target: ">= 40%".into(),
-    });
+    rows.push(throughput_row(
+        format!("output throughput, head -c {mib}M /dev/zero to a Rust client ({runs} runs)"),
+        (ours, ""),
+        (pipe, " plain pipe"),
+        ">= 40%",
+    ));
+}
+
+/// A throughput row: medians with min-max ranges, ratio as a percentage of the baseline.
+fn throughput_row(
+    figure: String,
+    ours: (Vec<f64>, &str),
+    baseline: (Vec<f64>, &str),
+    target: &str,
+) -> Row {
+    let summary = |(mut samples, label): (Vec<f64>, &str)| {
+        samples.sort_by(f64::total_cmp);
+        let median = percentile(&samples, 0.5);
+        let text = format!(
+            "{median:.0} MiB/s (range {:.0}-{:.0}){label}",
+            samples[0],
+            samples[samples.len() - 1]
+        );
+        (median, text)
+    };
+    let (ours_median, ours) = summary(ours);
+    let (baseline_median, baseline) = summary(baseline);
+    Row {
+        figure,
+        ours,
+        baseline,
+        ratio: format!("{:.0}%", 100.0 * ours_median / baseline_median),
+        target: target.into(),
+    }
 }
 
 fn machine() -> String {
@@ -620,22 +638,14 @@ async fn relay_output_throughput(rows: &mut Vec<Row>, setup: &RemoteSetup, mib: 
             samples.push(mib as f64 / started.elapsed().as_secs_f64());
         }
     }
-    ours.sort_by(f64::total_cmp);
-    baseline.sort_by(f64::total_cmp);
-    let (ours_median, baseline_median) = (percentile(&ours, 0.5), percentile(&baseline, 0.5));
-    let spread = |v: &[f64]| format!("{:.0}-{:.0}", v[0], v[v.len() - 1]);
-    rows.push(Row {
-        figure: format!(
+    rows.push(throughput_row(
+        format!(
             "remote mode: output throughput, head -c {mib}M /dev/zero, library client ({runs} runs)"
         ),
-        ours: format!("{ours_median:.0} MiB/s (range {}) relay", spread(&ours)),
-        baseline: format!(
-            "{baseline_median:.0} MiB/s (range {}) local websocket",
-            spread(&baseline)
-        ),
-        ratio: format!("{:.0}%", 100.0 * ours_median / baseline_median),
-        target: ">= 60%".into(),
-    });
+        (ours, " relay"),
+        (baseline, " local websocket"),
+        ">= 60%",
+    ));
     relay.close();
     local.close();
 }
