@@ -24,8 +24,10 @@ pub const OUTBOUND_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Output retained per process for `process/read`; older chunks are dropped first.
 pub const OUTPUT_RETENTION_BYTES: usize = 1024 * 1024;
-/// Largest read of a child's pipe or PTY in one go (one `process/output` chunk at most).
-pub const OUTPUT_READ_CHUNK_BYTES: usize = 1024 * 1024;
+/// Largest read of a child's pipe or PTY in one go (one `process/output` chunk at most). Keep it
+/// well below [`OUTPUT_RETENTION_BYTES`]: retention drops whole chunks, so chunks as large as the
+/// retention would leave as little as one chunk readable.
+pub const OUTPUT_READ_CHUNK_BYTES: usize = 256 * 1024;
 /// Pipe buffer requested for a child's stdout/stderr (fewer, larger chunks at high throughput).
 pub const CHILD_PIPE_BYTES: i32 = 1024 * 1024;
 /// Cap (and default) of `process/read`'s `maxBytes`.
