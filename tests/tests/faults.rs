@@ -170,10 +170,21 @@ async fn sandboxed_child_killed_with_sigkill_is_reported_and_reaped() {
         .await
         .unwrap();
     client.wait_for_output("victim", "ready").await;
-    let sleeper = descendants(server.pid())
-        .into_iter()
-        .find(|&pid| cmdline(pid) == "/bin/sleep 1000")
-        .expect("the sandboxed sleep among the server's descendants");
+    // "ready" is printed just before `exec` replaces the shell: poll until the sleep exists.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let sleeper = loop {
+        if let Some(pid) = descendants(server.pid())
+            .into_iter()
+            .find(|&pid| cmdline(pid) == "/bin/sleep 1000")
+        {
+            break pid;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the sandboxed sleep among the server's descendants within 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
     kill(Pid::from_raw(sleeper), Signal::SIGKILL).unwrap();
     let out = client.collect("victim").await;
     assert_eq!(
