@@ -20,10 +20,22 @@ fn golden(name: &str, actual: &str) {
 }
 
 /// A workspace with a `.git`, at a path the renderings replace with `$WS`.
+///
+/// Rules, mount operations and Seatbelt parameters are ordered by path, so where `$WS` lands in
+/// the golden files depends on where the workspace sorts against `/dev`, `/etc`, `/usr`... The
+/// workspace lives at a fixed place rather than under the target directory, whose location
+/// differs between a developer's checkout and a CI clone. On Linux that is `/dev/shm`: it exists
+/// on every machine and, unlike `/tmp`, is not itself a writable root of any profile, so the
+/// workspace's own rules stay visible instead of being folded into an enclosing one.
 fn workspace() -> (tempfile::TempDir, PathBuf) {
+    let base = if cfg!(target_os = "linux") {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
     let dir = tempfile::Builder::new()
         .prefix("golden-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .tempdir_in(&base)
         .unwrap();
     let ws = std::fs::canonicalize(dir.path()).unwrap();
     std::fs::create_dir(ws.join(".git")).unwrap();
