@@ -1,7 +1,8 @@
 //! `bench`: every benchmark of the project, each beside its baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p tests --bin bench -- [--quick] [--write docs/benchmarks.md]
+//! cargo run --release -p tests --bin bench -- [--quick] [--only spawn|output|sandbox|remote]
+//!     [--write docs/benchmarks.md]
 //! ```
 //! Figures are medians with p10-p90 spreads; ratios compare ours to the baseline. The binaries
 //! measured are the ones next to this executable (build with `cargo build --release --workspace`).
@@ -464,23 +465,46 @@ async fn main() {
         .position(|a| a == "--write")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    const GROUPS: [&str; 4] = ["spawn", "output", "sandbox", "remote"];
+    if let Some(group) = &only {
+        assert!(
+            GROUPS.contains(&group.as_str()),
+            "--only takes one of {GROUPS:?}, not {group:?}"
+        );
+    }
+    let wanted = |group: &str| only.as_deref().is_none_or(|only| only == group);
     let mut rows = Vec::new();
-    spawn_round_trip(&mut rows, if quick { 50 } else { 200 }).await;
-    output_throughput(
-        &mut rows,
-        if quick { 256 } else { 1024 },
-        if quick { 2 } else { 5 },
-    )
-    .await;
-    sandboxed_read_file(&mut rows, if quick { 200 } else { 1000 }).await;
-    sandboxed_spawn(&mut rows, if quick { 50 } else { 200 }).await;
-    remote_mode(&mut rows, quick).await;
+    if wanted("spawn") {
+        spawn_round_trip(&mut rows, if quick { 50 } else { 200 }).await;
+    }
+    if wanted("output") {
+        output_throughput(
+            &mut rows,
+            if quick { 256 } else { 1024 },
+            if quick { 2 } else { 5 },
+        )
+        .await;
+    }
+    if wanted("sandbox") {
+        sandboxed_read_file(&mut rows, if quick { 200 } else { 1000 }).await;
+        sandboxed_spawn(&mut rows, if quick { 50 } else { 200 }).await;
+    }
+    if wanted("remote") {
+        remote_mode(&mut rows, quick).await;
+    }
     let command = format!(
         "cargo run --release -p tests --bin bench --{}",
         args.iter().map(|a| format!(" {a}")).collect::<String>()
     );
     let mut report = render(&rows, &command);
-    report.push_str(&sandbox_run_table(if quick { 50 } else { 300 }));
+    if wanted("sandbox") {
+        report.push_str(&sandbox_run_table(if quick { 50 } else { 300 }));
+    }
     println!("{report}");
     if let Some(path) = write {
         std::fs::write(&path, &report).unwrap();
