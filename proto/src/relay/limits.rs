@@ -54,10 +54,20 @@ pub const INITIAL_RTO: Duration = Duration::from_millis(200);
 /// Smallest retransmission timeout (loopback round trips are far shorter; this keeps a delayed
 /// ack from causing a spurious retransmission).
 pub const MIN_RTO: Duration = Duration::from_millis(100);
-/// Largest retransmission timeout, also the cap of the exponential backoff.
-pub const MAX_RTO: Duration = Duration::from_secs(2);
+/// Largest retransmission timeout, also the cap of the exponential backoff. Kept short: frames
+/// travel over a websocket (TCP), so a lost frame means a dropped socket or an overflowing
+/// queue, not a slow link, and a reconnect resends at once anyway. Under heavy random loss a
+/// segment can be lost many times in a row, and each of those waits costs up to this much.
+pub const MAX_RTO: Duration = Duration::from_secs(1);
+/// Seqs one frame's `ack_bits` can acknowledge beyond the cumulative ack. Retransmission timers
+/// act only on the first this many unacknowledged seqs; the peer cannot report on later ones.
+pub const ACK_BITS_SPAN: u64 = 32;
 /// A segment is retransmitted at once when this many later seqs were acknowledged in ack_bits.
 pub const FAST_RETRANSMIT_SACKS: u64 = 3;
+/// Smallest reordering window of time-based loss detection: a segment sent this much (or a
+/// quarter of the smoothed round trip, if longer) before one the peer acknowledged is lost.
+/// Relay frames travel over one ordered websocket, so reordering is rare and short.
+pub const REORDERING_WINDOW_MIN: Duration = Duration::from_millis(2);
 /// An idle stream sends a heartbeat this often.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 /// A stream that hears nothing from its peer for this long is reset. Longer than a rendezvous

@@ -11,8 +11,11 @@
 //! - Every outbound frame carries the cumulative `ack` and `ack_bits`; an ack-only frame goes
 //!   out when something arrived and nothing else is sent.
 //! - Unacknowledged segments are retransmitted after the retransmission timeout (RFC 6298
-//!   estimate, doubled per attempt up to [`MAX_RTO`]), or at once when
-//!   [`FAST_RETRANSMIT_SACKS`] later seqs were acknowledged.
+//!   estimate, doubled for each timeout of the oldest segment while nothing is heard from the
+//!   peer, up to [`MAX_RTO`]; back to the estimate once a frame arrives), or at once when
+//!   [`FAST_RETRANSMIT_SACKS`] later seqs were acknowledged. Timers only resend segments within
+//!   [`ACK_BITS_SPAN`] of the oldest unacknowledged one, the part of the window the peer's acks
+//!   can describe; later segments wait until the front moves.
 //! - Limits: [`MAX_UNACKED_SEGMENTS`] / [`MAX_UNACKED_BYTES`] in flight,
 //!   [`RECEIVE_WINDOW_SEGMENTS`] / [`MAX_OUT_OF_ORDER_BYTES`] held out of order,
 //!   [`MAX_UNDELIVERED_BYTES`] waiting for the application, [`MAX_MESSAGE_BYTES`] per message.
@@ -24,10 +27,11 @@ use std::time::{Duration, Instant};
 
 use super::frame::{Body, Data, Frame};
 use super::limits::{
-    FAST_RETRANSMIT_SACKS, HEARTBEAT_INTERVAL, INITIAL_RTO, LIVENESS_TIMEOUT, MAX_AUTH_FAILURES,
-    MAX_MESSAGE_BYTES, MAX_OUT_OF_ORDER_BYTES, MAX_RTO, MAX_SEGMENT_PLAINTEXT_BYTES,
-    MAX_SEND_QUEUE_BYTES, MAX_UNACKED_BYTES, MAX_UNACKED_SEGMENTS, MAX_UNDELIVERED_BYTES, MIN_RTO,
-    RECEIVE_WINDOW_SEGMENTS, SEGMENT_HEADER_BYTES,
+    ACK_BITS_SPAN, FAST_RETRANSMIT_SACKS, HEARTBEAT_INTERVAL, INITIAL_RTO, LIVENESS_TIMEOUT,
+    MAX_AUTH_FAILURES, MAX_MESSAGE_BYTES, MAX_OUT_OF_ORDER_BYTES, MAX_RTO,
+    MAX_SEGMENT_PLAINTEXT_BYTES, MAX_SEND_QUEUE_BYTES, MAX_UNACKED_BYTES, MAX_UNACKED_SEGMENTS,
+    MAX_UNDELIVERED_BYTES, MIN_RTO, RECEIVE_WINDOW_SEGMENTS, REORDERING_WINDOW_MIN,
+    SEGMENT_HEADER_BYTES,
 };
 
 /// Seals and opens segments; `seq` is the nonce. Implemented by the Noise transport keys
@@ -112,9 +116,15 @@ struct InFlight {
     count: u32,
     payload: Vec<u8>,
     first_sent: Instant,
+    /// When this segment was last (re)sent.
+    last_sent: Instant,
     retransmit_at: Instant,
     attempts: u32,
+    /// Sent again after a reconnect (its backoff restarted, so `attempts` alone cannot tell).
+    resent: bool,
     fast_retransmitted: bool,
+    /// A fast retransmission is due (not a timeout: it does not count towards the backoff).
+    fast_pending: bool,
 }
 
 #[derive(Debug)]
@@ -192,6 +202,13 @@ pub struct ReliableStream<C> {
     in_flight_bytes: usize,
     next_retransmit: Option<Instant>,
     rtt: RttEstimator,
+    /// Timeouts of the oldest segment since an ack last acknowledged new data: retransmission
+    /// timeouts are the RTO doubled this many times (capped at [`MAX_RTO`]).
+    backoff: u32,
+    /// A frame arrived since the oldest segment last timed out.
+    heard_since_timeout: bool,
+    /// Latest send time among the segments the ack being applied acknowledged.
+    latest_acked_send: Option<Instant>,
     // Receiving.
     expected: u64,
     out_of_order: BTreeMap<u64, Received>,
@@ -223,6 +240,9 @@ impl<C: SegmentCipher> ReliableStream<C> {
             in_flight: BTreeMap::new(),
             in_flight_bytes: 0,
             next_retransmit: None,
+            backoff: 0,
+            latest_acked_send: None,
+            heard_since_timeout: false,
             rtt: RttEstimator {
                 srtt: None,
                 rttvar: Duration::ZERO,
@@ -267,6 +287,11 @@ impl<C: SegmentCipher> ReliableStream<C> {
             self.rtt.rto(),
             self.stats,
         )
+    }
+
+    /// The current retransmission timeout (before any per-segment backoff).
+    pub fn rto(&self) -> Duration {
+        self.rtt.rto()
     }
 
     /// Counters.
@@ -348,6 +373,7 @@ impl<C: SegmentCipher> ReliableStream<C> {
             return;
         }
         self.last_received = now;
+        self.heard_since_timeout = true;
         if let Err(reason) = self.apply_ack(frame.ack, frame.ack_bits, now) {
             self.fail(reason, false);
             return;
@@ -458,10 +484,33 @@ impl<C: SegmentCipher> ReliableStream<C> {
         let rto = self.rtt.rto();
         let mut found = None;
         let mut earliest: Option<Instant> = None;
-        for (&seq, segment) in self.in_flight.iter_mut() {
+        // Only the front of the window is retransmitted on a timer: the peer's ack and ack_bits
+        // describe seqs up to `front + ACK_BITS_SPAN` and nothing beyond, so a later segment
+        // the peer already holds would be resent blindly, and under loss such resends were
+        // most of the traffic. Later segments wait until the front moves (see `apply_ack`).
+        let visible_end = self
+            .in_flight
+            .keys()
+            .next()
+            .map_or(0, |front| front + ACK_BITS_SPAN);
+        let front = self.in_flight.keys().next().copied();
+        for (&seq, segment) in self.in_flight.range_mut(..visible_end) {
             if found.is_none() && segment.retransmit_at <= now {
                 segment.attempts += 1;
-                let backoff = rto.saturating_mul(1 << (segment.attempts - 1).min(8));
+                if Some(seq) == front && !segment.fast_pending {
+                    // The oldest segment timed out. A peer that went quiet gets exponentially
+                    // fewer resends; one still sending frames is alive and only lost this
+                    // segment (or its ack), so the next try comes one plain timeout later.
+                    if self.heard_since_timeout {
+                        self.backoff = 0;
+                    } else {
+                        self.backoff = self.backoff.saturating_add(1);
+                    }
+                    self.heard_since_timeout = false;
+                }
+                segment.fast_pending = false;
+                segment.last_sent = now;
+                let backoff = rto.saturating_mul(1 << self.backoff.min(8));
                 segment.retransmit_at = now + backoff.min(MAX_RTO);
                 found = Some(Body::Data(Data {
                     seq,
@@ -526,9 +575,12 @@ impl<C: SegmentCipher> ReliableStream<C> {
                 count,
                 payload: payload.clone(),
                 first_sent: now,
+                last_sent: now,
                 retransmit_at,
                 attempts: 1,
+                resent: false,
                 fast_retransmitted: false,
+                fast_pending: false,
             },
         );
         self.stats.segments_sent += 1;
@@ -541,9 +593,11 @@ impl<C: SegmentCipher> ReliableStream<C> {
     }
 
     fn retransmit_all(&mut self, now: Instant) {
+        self.backoff = 0;
         for segment in self.in_flight.values_mut() {
             segment.retransmit_at = now;
             segment.attempts = 1;
+            segment.resent = true;
         }
         if !self.in_flight.is_empty() {
             self.next_retransmit = Some(now);
@@ -554,7 +608,10 @@ impl<C: SegmentCipher> ReliableStream<C> {
         let ack = self.expected.checked_sub(1);
         let mut bits = 0u32;
         // Bit i acknowledges expected + i; bit 0 is always clear (expected is missing).
-        for (&seq, _) in self.out_of_order.range(self.expected..self.expected + 32) {
+        for (&seq, _) in self
+            .out_of_order
+            .range(self.expected..self.expected + ACK_BITS_SPAN)
+        {
             bits |= 1 << (seq - self.expected);
         }
         (ack, bits)
@@ -582,24 +639,73 @@ impl<C: SegmentCipher> ReliableStream<C> {
                 ));
             }
         }
-        // Cumulative part.
+        let front = self.in_flight.keys().next().copied();
+        self.latest_acked_send = None;
+        // Cumulative part. Only the oldest segment's ack is a round-trip sample: a later one
+        // may have waited at the peer for a hole to fill, and counting that wait inflated the
+        // timeout to MAX_RTO under loss.
         while let Some(entry) = self.in_flight.first_entry() {
             if *entry.key() >= base {
                 break;
             }
+            let sample = Some(*entry.key()) == front;
             let segment = entry.remove();
-            self.acknowledged(&segment, now);
+            self.acknowledged(&segment, sample, now);
         }
-        if bits == 0 {
-            return Ok(());
+        if bits != 0 {
+            self.apply_ack_bits(base, bits, now);
         }
+        let new_front = self.in_flight.keys().next().copied();
+        if let (Some(old), Some(new)) = (front, new_front)
+            && new != old
+        {
+            self.front_moved(old + ACK_BITS_SPAN, new + ACK_BITS_SPAN, now);
+        }
+        if let (Some(latest), Some(front)) = (self.latest_acked_send, new_front) {
+            self.detect_losses(latest, front + ACK_BITS_SPAN, now);
+        }
+        Ok(())
+    }
+
+    /// Time-based loss detection (after RACK, RFC 8985): the peer just acknowledged a segment
+    /// sent at `latest`, so an unacknowledged segment sent more than a reordering window before
+    /// it is lost; resend it now rather than at its timeout. Unlike counting later acks, this
+    /// also catches a lost retransmission, which otherwise waits for the (backed off) timeout.
+    fn detect_losses(&mut self, latest: Instant, visible_end: u64, now: Instant) {
+        let window = self.rtt.srtt.map_or(REORDERING_WINDOW_MIN, |srtt| {
+            (srtt / 4).max(REORDERING_WINDOW_MIN)
+        });
+        for segment in self.in_flight.range_mut(..visible_end).map(|(_, s)| s) {
+            if segment.last_sent + window < latest && segment.retransmit_at > now {
+                segment.retransmit_at = now;
+                segment.fast_pending = true;
+                self.next_retransmit = Some(now);
+            }
+        }
+    }
+
+    /// Segments in `from..to` just came within [`ACK_BITS_SPAN`] of the front. One whose timer
+    /// ran out while it was out of view gets a fresh timeout: the acks that moved the front will
+    /// describe it soon, and a hole among them is fast-retransmitted. Segments queued for resending
+    /// by a reconnect go at once.
+    fn front_moved(&mut self, from: u64, to: u64, now: Instant) {
+        let fresh = now + self.rtt.rto();
+        for segment in self.in_flight.range_mut(from..to).map(|(_, s)| s) {
+            if segment.retransmit_at <= now && !segment.resent {
+                segment.retransmit_at = fresh;
+            }
+        }
+        self.next_retransmit = Some(now);
+    }
+
+    fn apply_ack_bits(&mut self, base: u64, bits: u32, now: Instant) {
         let mut highest_sacked = None;
-        for i in 0..32u64 {
+        for i in 0..ACK_BITS_SPAN {
             if bits & (1 << i) != 0 {
                 let seq = base + i;
                 highest_sacked = Some(seq);
                 if let Some(segment) = self.in_flight.remove(&seq) {
-                    self.acknowledged(&segment, now);
+                    self.acknowledged(&segment, false, now);
                 }
             }
         }
@@ -607,17 +713,25 @@ impl<C: SegmentCipher> ReliableStream<C> {
             for (&seq, segment) in self.in_flight.range_mut(..highest) {
                 if highest - seq >= FAST_RETRANSMIT_SACKS && !segment.fast_retransmitted {
                     segment.fast_retransmitted = true;
+                    segment.fast_pending = true;
                     segment.retransmit_at = now;
                     self.next_retransmit = Some(now);
                 }
             }
         }
-        Ok(())
     }
 
-    fn acknowledged(&mut self, segment: &InFlight, now: Instant) {
+    fn acknowledged(&mut self, segment: &InFlight, sample: bool, now: Instant) {
         self.in_flight_bytes -= segment.len;
-        if segment.attempts == 1 {
+        // Which copy of a resent segment arrived is unknown, so its first send time counts.
+        self.latest_acked_send = Some(
+            self.latest_acked_send
+                .map_or(segment.first_sent, |t| t.max(segment.first_sent)),
+        );
+        // New data acknowledged: the path works, so timeouts start again from the plain RTO.
+        self.backoff = 0;
+        // Karn: an ack for a segment sent more than once says nothing about the round trip.
+        if sample && segment.attempts == 1 && !segment.resent {
             self.rtt
                 .sample(now.saturating_duration_since(segment.first_sent));
         }

@@ -322,6 +322,13 @@ fn heavy_loss_duplication_and_reordering_still_deliver_exactly_once() {
     assert!(outcome.a_received == sent[..50]);
     assert!(a.stats().retransmissions > 0);
     assert!(b.stats().duplicates > 0);
+    // Timers resend only what the peer's acks can describe, so the resends stay near the loss
+    // rate (30% of frames, acks included) instead of re-sending the whole window per timeout.
+    let stats = a.stats();
+    assert!(
+        stats.retransmissions < stats.segments_sent,
+        "{stats:?}: more resends than segments"
+    );
 }
 
 #[test]
@@ -375,6 +382,164 @@ fn unacknowledged_segments_are_retransmitted_with_backoff() {
     assert_eq!(a.poll_transmit(now + INITIAL_RTO * 2), None);
     assert!(a.poll_transmit(now + INITIAL_RTO * 3).is_some());
     assert_eq!(a.stats().retransmissions, 2);
+}
+
+#[test]
+fn timers_resend_only_the_part_of_the_window_acks_can_describe() {
+    let now = Instant::now();
+    let (mut a, _) = pair(now);
+    for i in 0..100u8 {
+        a.send_message(vec![i]).unwrap();
+    }
+    assert_eq!(std::iter::from_fn(|| a.poll_transmit(now)).count(), 100);
+    // Nothing acknowledged: at the timeout only the first ACK_BITS_SPAN seqs go again.
+    let later = now + INITIAL_RTO;
+    let resent: Vec<u64> = std::iter::from_fn(|| a.poll_transmit(later))
+        .map(|frame| match frame.body {
+            Body::Data(data) => data.seq,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(resent, (0..ACK_BITS_SPAN).collect::<Vec<_>>());
+    // The peer acknowledges seqs 0..=9: seqs 32..42 come into view with a fresh timer instead
+    // of going out at once (the acks that follow will say whether they arrived).
+    let acked = later + Duration::from_millis(1);
+    a.handle_frame(
+        Frame {
+            stream_id: "s".into(),
+            ack: Some(9),
+            ack_bits: 0,
+            body: Body::Ack,
+        },
+        acked,
+    );
+    assert_eq!(a.poll_transmit(acked), None);
+    // No round trip measured yet (every acknowledged seq was sent twice): the RTO is the initial one.
+    let due = acked + INITIAL_RTO;
+    let resent: Vec<u64> = std::iter::from_fn(|| a.poll_transmit(due))
+        .filter_map(|frame| match frame.body {
+            Body::Data(data) => Some(data.seq),
+            _ => None,
+        })
+        .collect();
+    // 10..32 were resent at the first timeout and back off to twice the RTO.
+    assert_eq!(
+        resent,
+        (ACK_BITS_SPAN..10 + ACK_BITS_SPAN).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_segment_that_waited_for_a_hole_is_not_a_round_trip_sample() {
+    let now = Instant::now();
+    let (mut a, _) = pair(now);
+    for i in 0..40u8 {
+        a.send_message(vec![i]).unwrap();
+    }
+    assert_eq!(std::iter::from_fn(|| a.poll_transmit(now)).count(), 40);
+    let ack = |ack: u64| Frame {
+        stream_id: "s".into(),
+        ack: Some(ack),
+        ack_bits: 0,
+        body: Body::Ack,
+    };
+    // Seq 0 comes back after 1 ms: the RTO drops to its floor.
+    a.handle_frame(ack(0), now + Duration::from_millis(1));
+    assert_eq!(a.rto(), MIN_RTO);
+    // Seq 1 is lost, the peer holds 2..40 but its acks are lost too. Seconds later the timer
+    // resends the front (1..33); seqs 33..40, sent once, are acknowledged only now, after
+    // waiting at the peer for the hole: not a round trip either.
+    let late = now + Duration::from_secs(5);
+    let resent = std::iter::from_fn(|| a.poll_transmit(late)).count();
+    assert_eq!(resent, ACK_BITS_SPAN as usize);
+    a.handle_frame(ack(39), late + Duration::from_millis(1));
+    assert!(a.is_idle());
+    assert_eq!(a.rto(), MIN_RTO);
+}
+
+#[test]
+fn a_segment_sent_before_an_acknowledged_one_is_resent_at_once_even_twice() {
+    let t0 = Instant::now();
+    let ms = |n: u64| t0 + Duration::from_millis(n);
+    let (mut a, _) = pair(t0);
+    let seq_of = |frame: Frame| match frame.body {
+        Body::Data(data) => data.seq,
+        other => panic!("unexpected {other:?}"),
+    };
+    let ack = |ack_bits: u32| Frame {
+        stream_id: "s".into(),
+        ack: Some(0),
+        ack_bits,
+        body: Body::Ack,
+    };
+    a.send_message(vec![0]).unwrap();
+    a.send_message(vec![1]).unwrap();
+    assert_eq!(std::iter::from_fn(|| a.poll_transmit(t0)).count(), 2);
+    a.send_message(vec![2]).unwrap();
+    assert_eq!(seq_of(a.poll_transmit(ms(5)).unwrap()), 2);
+    // Seq 0 and seq 2 arrive, seq 1 does not: one later ack is not enough to count it lost,
+    // but seq 2 was sent after it, so it is resent now, long before its timeout.
+    a.handle_frame(ack(0b10), ms(10));
+    assert_eq!(seq_of(a.poll_transmit(ms(10)).unwrap()), 1);
+    assert_eq!(a.poll_transmit(ms(10)), None);
+    // The resend is lost as well; seq 3, sent after it, arrives: seq 1 goes a third time.
+    a.send_message(vec![3]).unwrap();
+    assert_eq!(seq_of(a.poll_transmit(ms(20)).unwrap()), 3);
+    a.handle_frame(ack(0b110), ms(30));
+    assert_eq!(seq_of(a.poll_transmit(ms(30)).unwrap()), 1);
+    assert_eq!(a.stats().retransmissions, 2);
+}
+
+#[test]
+fn after_a_reconnect_the_whole_window_is_resent_as_the_front_moves() {
+    let now = Instant::now();
+    let (mut a, _) = pair(now);
+    for i in 0..64u8 {
+        a.send_message(vec![i]).unwrap();
+    }
+    assert_eq!(std::iter::from_fn(|| a.poll_transmit(now)).count(), 64);
+    let back = now + Duration::from_millis(1);
+    a.on_reconnect(back);
+    let first: Vec<Frame> = std::iter::from_fn(|| a.poll_transmit(back)).collect();
+    assert!(matches!(first[0].body, Body::Resume { next_seq: 64 }));
+    assert_eq!(first.len(), 1 + ACK_BITS_SPAN as usize);
+    // The peer had nothing; once it acknowledges the first 32 the rest follow at once.
+    let acked = back + Duration::from_millis(1);
+    a.handle_frame(
+        Frame {
+            stream_id: "s".into(),
+            ack: Some(ACK_BITS_SPAN - 1),
+            ack_bits: 0,
+            body: Body::Ack,
+        },
+        acked,
+    );
+    let rest = std::iter::from_fn(|| a.poll_transmit(acked)).count();
+    assert_eq!(rest, 64 - ACK_BITS_SPAN as usize);
+}
+
+#[test]
+fn a_peer_that_keeps_talking_gets_resends_without_backoff() {
+    let now = Instant::now();
+    let (mut a, _) = pair(now);
+    a.send_message(b"hello".to_vec()).unwrap();
+    a.poll_transmit(now).unwrap();
+    let mut at = now;
+    for _ in 0..5 {
+        // The peer is alive (a heartbeat arrives) but the segment or its ack keeps getting lost.
+        a.handle_frame(
+            Frame {
+                stream_id: "s".into(),
+                ack: None,
+                ack_bits: 0,
+                body: Body::Heartbeat,
+            },
+            at,
+        );
+        at += INITIAL_RTO;
+        assert!(matches!(a.poll_transmit(at).unwrap().body, Body::Data(_)));
+        assert_eq!(a.poll_timeout(), Some(at + INITIAL_RTO));
+    }
 }
 
 #[test]
