@@ -47,8 +47,12 @@ impl Process {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(match std::env::var("RELAY_TEST_LOG_DIR") {
+                // Appended: a restarted rendezvous keeps the first one's log.
                 Ok(dir) => Stdio::from(
-                    std::fs::File::create(format!("{dir}/{program}-{}.log", std::process::id()))
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(format!("{dir}/{program}-{}.log", std::process::id()))
                         .unwrap(),
                 ),
                 Err(_) => Stdio::piped(),

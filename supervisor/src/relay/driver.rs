@@ -106,6 +106,16 @@ where
     sink.flush().await
 }
 
+/// Log a data frame's seq and ack at trace level (`RUST_LOG=supervisor::relay::driver=trace`):
+/// with both ends' logs, a segment can be followed from send to receipt.
+fn trace_data(direction: &str, frame: &Frame) {
+    if tracing::enabled!(tracing::Level::TRACE)
+        && let proto::relay::Body::Data(data) = &frame.body
+    {
+        tracing::trace!(stream = %frame.stream_id, seq = data.seq, ack = ?frame.ack, direction, "relay data");
+    }
+}
+
 /// Run the stream until it closes; returns why.
 pub async fn run_stream(mut stream: SecureStream, mut channels: StreamChannels) -> String {
     let mut held: Option<Vec<u8>> = None;
@@ -154,7 +164,13 @@ pub async fn run_stream(mut stream: SecureStream, mut channels: StreamChannels) 
             }
         }
         while let Some(frame) = stream.poll_transmit(now.into_std()) {
-            let _ = channels.outbox.try_send(frame.encode());
+            trace_data("out", &frame);
+            if channels.outbox.try_send(frame.encode()).is_err() {
+                tracing::debug!(
+                    stream = stream.stream_id(),
+                    "socket outbox full: frame dropped"
+                );
+            }
         }
         if stream.is_confirmed() {
             channels.confirmed.store(true, Ordering::Relaxed);
@@ -179,10 +195,14 @@ pub async fn run_stream(mut stream: SecureStream, mut channels: StreamChannels) 
                     return "the relay socket task ended".into();
                 };
                 let now = Instant::now().into_std();
+                trace_data("in", &frame);
                 stream.handle_frame(frame, now);
                 for _ in 0..256 {
                     match channels.inbox.try_recv() {
-                        Ok(frame) => stream.handle_frame(frame, now),
+                        Ok(frame) => {
+                            trace_data("in", &frame);
+                            stream.handle_frame(frame, now);
+                        }
                         Err(_) => break,
                     }
                 }

@@ -281,7 +281,9 @@ impl Executor {
             }
         };
         if let Some(handle) = self.streams.get(&frame.stream_id) {
-            let _ = handle.inbox.try_send(frame);
+            if handle.inbox.try_send(frame).is_err() {
+                tracing::debug!("stream inbox full: frame dropped");
+            }
             return true;
         }
         match &frame.body {

@@ -276,7 +276,9 @@ async fn pump(
             message = incoming.next() => match message {
                 Some(Ok(WsMessage::Binary(bytes))) => match Frame::decode(&bytes) {
                     Ok(frame) if frame.stream_id == stream_id => {
-                        let _ = inbox.try_send(frame);
+                        if inbox.try_send(frame).is_err() {
+                            tracing::debug!("stream inbox full: frame dropped");
+                        }
                     }
                     Ok(_) => {}
                     Err(error) => tracing::debug!(%error, "dropping a malformed relay frame"),

@@ -184,8 +184,10 @@ impl Router {
             }
             env.streams.insert(stream_id, (socket_id, queue.clone()));
         }
-        if let Some((_, executor)) = &env.executor {
-            let _ = executor.try_send(frame);
+        if let Some((_, executor)) = &env.executor
+            && executor.try_send(frame).is_err()
+        {
+            tracing::debug!(environment, "executor socket queue full: frame dropped");
         }
     }
 
@@ -197,8 +199,9 @@ impl Router {
         if let Some((_, harness)) = table
             .get(environment)
             .and_then(|env| env.streams.get(&stream_id))
+            && harness.try_send(frame).is_err()
         {
-            let _ = harness.try_send(frame);
+            tracing::debug!(environment, "harness socket queue full: frame dropped");
         }
     }
 }
