@@ -11,9 +11,17 @@ use super::PolicyError;
 /// Default depth a `**` walk descends below the literal prefix of a pattern.
 pub const DEFAULT_GLOB_SCAN_MAX_DEPTH: usize = 8;
 
+/// Largest `glob_scan_max_depth` a policy may ask for; more is an error.
+pub const MAX_GLOB_SCAN_MAX_DEPTH: usize = 32;
+
 /// At most this many paths per pattern; more is an error (a deny glob silently truncated would
 /// widen access).
 pub const MAX_GLOB_MATCHES: usize = 4096;
+
+/// Directory entries one pattern may look at while it is expanded; more is an error. Policies
+/// come from clients and are resolved before every sandboxed request, so `/**/x` must not turn
+/// into a walk of the whole filesystem.
+pub const MAX_GLOB_SCANNED_ENTRIES: usize = 100_000;
 
 /// Whether `text` contains glob metacharacters.
 pub fn is_glob(text: &str) -> bool {
@@ -23,123 +31,251 @@ pub fn is_glob(text: &str) -> bool {
 /// Expands an absolute pattern into the existing paths it matches, sorted.
 ///
 /// # Errors
-/// [`PolicyError::Glob`] when the pattern matches more than [`MAX_GLOB_MATCHES`] paths.
+/// [`PolicyError::Glob`] when `max_depth` exceeds [`MAX_GLOB_SCAN_MAX_DEPTH`], or the pattern
+/// matches more than [`MAX_GLOB_MATCHES`] paths, or the walk would read more than
+/// [`MAX_GLOB_SCANNED_ENTRIES`] directory entries.
 pub fn expand(pattern: &Path, max_depth: usize) -> Result<Vec<PathBuf>, PolicyError> {
+    expand_within(pattern, max_depth, MAX_GLOB_SCANNED_ENTRIES)
+}
+
+/// [`expand`] with an explicit entry budget (tests use a small one).
+fn expand_within(
+    pattern: &Path,
+    max_depth: usize,
+    budget: usize,
+) -> Result<Vec<PathBuf>, PolicyError> {
     let text = pattern.to_string_lossy();
-    let components: Vec<&str> = text.split('/').filter(|c| !c.is_empty()).collect();
-    let literal = components.iter().take_while(|c| !is_glob(c)).count();
+    let fail = |message: String| PolicyError::Glob {
+        pattern: text.clone().into_owned(),
+        message,
+    };
+    if max_depth > MAX_GLOB_SCAN_MAX_DEPTH {
+        return Err(fail(format!(
+            "glob_scan_max_depth {max_depth} exceeds MAX_GLOB_SCAN_MAX_DEPTH ({MAX_GLOB_SCAN_MAX_DEPTH})"
+        )));
+    }
+    let components: Vec<Vec<Token>> = text
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .map(|c| {
+            if c == "**" {
+                vec![Token::Globstar]
+            } else {
+                tokenize(c)
+            }
+        })
+        .collect();
+    let literal = components
+        .iter()
+        .take_while(|c| c.iter().all(|t| matches!(t, Token::Literal(_))))
+        .count();
     let mut base = PathBuf::from("/");
     for component in &components[..literal] {
-        base.push(component);
+        base.push(component.iter().map(Token::literal).collect::<String>());
     }
-    let mut found = Vec::new();
-    walk(&base, &components[literal..], max_depth, &mut found);
+    let mut walk = Walk {
+        found: Vec::new(),
+        entries_left: budget,
+    };
+    walk.walk(&base, &components[literal..], max_depth);
+    if walk.entries_left == 0 {
+        return Err(fail(format!(
+            "the walk reads more than MAX_GLOB_SCANNED_ENTRIES ({budget}) directory entries; start it deeper or lower glob_scan_max_depth"
+        )));
+    }
+    let mut found = walk.found;
     found.sort();
     found.dedup();
     if found.len() > MAX_GLOB_MATCHES {
-        return Err(PolicyError::Glob {
-            pattern: text.into_owned(),
-            message: format!("matches more than {MAX_GLOB_MATCHES} paths; narrow it"),
-        });
+        return Err(fail(format!(
+            "matches more than {MAX_GLOB_MATCHES} paths; narrow it"
+        )));
     }
     Ok(found)
 }
 
-fn walk(dir: &Path, rest: &[&str], depth_left: usize, found: &mut Vec<PathBuf>) {
-    if found.len() > MAX_GLOB_MATCHES {
-        return;
+/// One step of a pattern component.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    /// A whole `**` component.
+    Globstar,
+    /// `*`.
+    Star,
+    /// `?`.
+    One,
+    /// `[...]`: ranges and single characters, possibly negated.
+    Class {
+        negated: bool,
+        items: Vec<char>,
+    },
+    Literal(char),
+}
+
+impl Token {
+    fn literal(&self) -> char {
+        match self {
+            Token::Literal(c) => *c,
+            _ => '?',
+        }
     }
-    let Some((first, tail)) = rest.split_first() else {
-        if dir.symlink_metadata().is_ok() {
-            found.push(dir.to_owned());
-        }
-        return;
-    };
-    if *first == "**" {
-        walk(dir, tail, depth_left, found);
-        if depth_left == 0 {
-            return;
-        }
-        for entry in read_dir(dir) {
-            if entry.1 {
-                walk(&entry.0, rest, depth_left - 1, found);
-            }
-        }
-        return;
-    }
-    for (path, is_dir) in read_dir(dir) {
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        if !matches(first, name) {
-            continue;
-        }
-        if tail.is_empty() {
-            found.push(path);
-        } else if is_dir && depth_left > 0 {
-            walk(&path, tail, depth_left - 1, found);
+
+    /// Whether this single-character token matches `c`.
+    fn accepts(&self, c: char) -> bool {
+        match self {
+            Token::One => true,
+            Token::Literal(l) => *l == c,
+            Token::Class { negated, items } => class_matches(items, c) != *negated,
+            Token::Globstar | Token::Star => false,
         }
     }
 }
 
-/// Directory entries as `(path, is_real_directory)`; unreadable directories yield nothing.
-fn read_dir(dir: &Path) -> Vec<(PathBuf, bool)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .map(|entry| {
+fn tokenize(component: &str) -> Vec<Token> {
+    let chars: Vec<char> = component.chars().collect();
+    let mut tokens = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        match chars[i] {
+            '*' => {
+                // Consecutive stars match the same as one.
+                if tokens.last() != Some(&Token::Star) {
+                    tokens.push(Token::Star);
+                }
+            }
+            '?' => tokens.push(Token::One),
+            '[' => match chars[i + 1..].iter().position(|c| *c == ']') {
+                Some(close) => {
+                    let class = &chars[i + 1..i + 1 + close];
+                    let (negated, items) = match class.split_first() {
+                        Some(('!' | '^', rest)) => (true, rest.to_vec()),
+                        _ => (false, class.to_vec()),
+                    };
+                    tokens.push(Token::Class { negated, items });
+                    i += close + 1;
+                }
+                // No closing bracket: a literal `[`.
+                None => tokens.push(Token::Literal('[')),
+            },
+            c => tokens.push(Token::Literal(c)),
+        }
+        i += 1;
+    }
+    tokens
+}
+
+struct Walk {
+    found: Vec<PathBuf>,
+    entries_left: usize,
+}
+
+impl Walk {
+    fn walk(&mut self, dir: &Path, rest: &[Vec<Token>], depth_left: usize) {
+        if self.found.len() > MAX_GLOB_MATCHES || self.entries_left == 0 {
+            return;
+        }
+        let Some((first, tail)) = rest.split_first() else {
+            if dir.symlink_metadata().is_ok() {
+                self.found.push(dir.to_owned());
+            }
+            return;
+        };
+        if first.as_slice() == [Token::Globstar] {
+            self.walk(dir, tail, depth_left);
+            if depth_left == 0 {
+                return;
+            }
+            for (path, is_dir) in self.read_dir(dir) {
+                if is_dir {
+                    self.walk(&path, rest, depth_left - 1);
+                }
+            }
+            return;
+        }
+        for (path, is_dir) in self.read_dir(dir) {
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if !matches_tokens(first, name) {
+                continue;
+            }
+            if tail.is_empty() {
+                self.found.push(path);
+            } else if is_dir && depth_left > 0 {
+                self.walk(&path, tail, depth_left - 1);
+            }
+        }
+    }
+
+    /// Directory entries as `(path, is_real_directory)`, charged to the budget; unreadable
+    /// directories yield nothing.
+    fn read_dir(&mut self, dir: &Path) -> Vec<(PathBuf, bool)> {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for entry in entries.filter_map(Result::ok) {
+            if self.entries_left == 0 {
+                break;
+            }
+            self.entries_left -= 1;
             let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-            (entry.path(), is_dir)
-        })
-        .collect()
+            out.push((entry.path(), is_dir));
+        }
+        out
+    }
 }
 
 /// Matches one path component against one pattern component.
-pub fn matches(pattern: &str, name: &str) -> bool {
-    let pattern: Vec<char> = pattern.chars().collect();
-    let name: Vec<char> = name.chars().collect();
-    match_from(&pattern, &name)
+#[cfg(test)]
+fn matches(pattern: &str, name: &str) -> bool {
+    matches_tokens(&tokenize(pattern), name)
 }
 
-fn match_from(pattern: &[char], name: &[char]) -> bool {
-    let Some((&first, rest)) = pattern.split_first() else {
-        return name.is_empty();
-    };
-    match first {
-        '*' => (0..=name.len()).any(|skip| match_from(rest, &name[skip..])),
-        '?' => !name.is_empty() && match_from(rest, &name[1..]),
-        '[' => {
-            let Some(close) = rest.iter().position(|c| *c == ']') else {
-                return name.first() == Some(&'[') && match_from(rest, &name[1..]);
-            };
-            let Some(&c) = name.first() else {
-                return false;
-            };
-            class_matches(&rest[..close], c) && match_from(&rest[close + 1..], &name[1..])
+/// Linear-time wildcard matching: on a mismatch, only the most recent `*` is retried one
+/// character further, so hostile patterns like `*a*a*a*a*b` cannot backtrack exponentially.
+fn matches_tokens(tokens: &[Token], name: &str) -> bool {
+    let name: Vec<char> = name.chars().collect();
+    let (mut p, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match tokens.get(p) {
+            Some(Token::Star) => {
+                star = Some((p, n));
+                p += 1;
+            }
+            Some(token) if token.accepts(name[n]) => {
+                p += 1;
+                n += 1;
+            }
+            _ => match star {
+                Some((star_p, star_n)) => {
+                    p = star_p + 1;
+                    n = star_n + 1;
+                    star = Some((star_p, star_n + 1));
+                }
+                None => return false,
+            },
         }
-        literal => name.first() == Some(&literal) && match_from(rest, &name[1..]),
     }
+    tokens[p..].iter().all(|t| *t == Token::Star)
 }
 
 fn class_matches(class: &[char], c: char) -> bool {
-    let (negated, class) = match class.split_first() {
-        Some(('!' | '^', rest)) => (true, rest),
-        _ => (false, class),
-    };
-    let mut hit = false;
     let mut i = 0;
     while i < class.len() {
         if i + 2 < class.len() && class[i + 1] == '-' {
-            hit |= class[i] <= c && c <= class[i + 2];
+            if class[i] <= c && c <= class[i + 2] {
+                return true;
+            }
             i += 3;
         } else {
-            hit |= class[i] == c;
+            if class[i] == c {
+                return true;
+            }
             i += 1;
         }
     }
-    hit != negated
+    false
 }
 
 #[cfg(test)]
@@ -154,6 +290,55 @@ mod tests {
         assert!(matches("[a-c]x", "bx"));
         assert!(!matches("[!a-c]x", "bx"));
         assert!(matches(".env*", ".env.local"));
+        assert!(matches("*", ""));
+        assert!(matches("a*b*c", "aXXbYYc"));
+        assert!(!matches("a*b*c", "aXXbYY"));
+        assert!(matches("[x", "[x"));
+        assert!(matches("**.rs", "main.rs"));
+        assert!(matches("[^a]?", "bz"));
+    }
+
+    #[test]
+    fn hostile_patterns_match_in_linear_time() {
+        // Exponential for a backtracking matcher: 40 stars against 255 characters.
+        let pattern = format!("{}b", "*a".repeat(40));
+        let name = "a".repeat(255);
+        let started = std::time::Instant::now();
+        assert!(!matches(&pattern, &name));
+        assert!(matches(&pattern, &format!("{name}b")));
+        // Generous: linear matching takes microseconds; backtracking would take years.
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_walk_over_budget_or_too_deep_is_an_error_not_a_truncation() {
+        let dir = tempfile::tempdir().unwrap();
+        let too_deep = expand(&dir.path().join("**/x"), MAX_GLOB_SCAN_MAX_DEPTH + 1).unwrap_err();
+        assert!(
+            too_deep.to_string().contains("MAX_GLOB_SCAN_MAX_DEPTH"),
+            "{too_deep}"
+        );
+        // 6 directories of 100 files against a budget of 500 entries (the real one is
+        // MAX_GLOB_SCANNED_ENTRIES; creating 100,000 files takes a minute on some filesystems).
+        for i in 0..6 {
+            let sub = dir.path().join(format!("d{i}"));
+            std::fs::create_dir(&sub).unwrap();
+            for j in 0..100 {
+                std::fs::write(sub.join(format!("f{j}")), "").unwrap();
+            }
+        }
+        let error = expand_within(&dir.path().join("*/nothing-matches"), 8, 500).unwrap_err();
+        assert!(
+            error.to_string().contains("MAX_GLOB_SCANNED_ENTRIES"),
+            "{error}"
+        );
+        // Starting deeper stays within the budget.
+        assert_eq!(
+            expand_within(&dir.path().join("d0/f1?"), 8, 500)
+                .unwrap()
+                .len(),
+            10
+        );
     }
 
     #[test]
