@@ -259,29 +259,30 @@ impl Frame {
 
     /// The protobuf form.
     pub fn to_pb(&self) -> pb::RelayMessageFrame {
+        self.clone().into_pb()
+    }
+
+    /// The protobuf form, moving the payload instead of copying it.
+    pub fn into_pb(self) -> pb::RelayMessageFrame {
         use pb::relay_message_frame::Body as B;
-        let body = match &self.body {
+        let body = match self.body {
             Body::Data(data) => B::Data(pb::RelayData {
                 seq: data.seq,
                 segment_index: data.segment_index,
                 segment_count: data.segment_count,
-                payload: data.payload.clone(),
+                payload: data.payload,
             }),
             Body::Ack => B::AckFrame(pb::RelayAck {}),
-            Body::Resume { next_seq } => B::Resume(pb::RelayResume {
-                next_seq: *next_seq,
-            }),
+            Body::Resume { next_seq } => B::Resume(pb::RelayResume { next_seq }),
             Body::Reset { reason } => B::Reset(pb::RelayReset {
-                reason: truncate_reason(reason),
+                reason: truncate_reason(&reason),
             }),
             Body::Heartbeat => B::Heartbeat(pb::RelayHeartbeat {}),
-            Body::Handshake(payload) => B::Handshake(pb::RelayHandshake {
-                payload: payload.clone(),
-            }),
+            Body::Handshake(payload) => B::Handshake(pb::RelayHandshake { payload }),
         };
         pb::RelayMessageFrame {
             version: RELAY_PROTOCOL_VERSION,
-            stream_id: self.stream_id.clone(),
+            stream_id: self.stream_id,
             ack: self.ack,
             ack_bits: self.ack_bits,
             body: Some(body),
@@ -292,15 +293,42 @@ impl Frame {
     pub fn encode(&self) -> Vec<u8> {
         self.to_pb().encode_to_vec()
     }
+
+    /// [`Self::encode`] without copying the payload first (the send path).
+    pub fn into_encoded(self) -> Vec<u8> {
+        self.into_pb().encode_to_vec()
+    }
+}
+
+/// The envelope fields a router needs; prost skips the body without copying it.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RouteHeader {
+    #[prost(uint32, tag = "1")]
+    version: u32,
+    #[prost(string, tag = "2")]
+    stream_id: String,
 }
 
 /// Only the stream id of an encoded frame, for routers that must not look further (the
-/// rendezvous). Validates the envelope like [`Frame::decode`].
+/// rendezvous): the size, the protobuf envelope, the version and the stream id are checked as
+/// [`Frame::decode`] checks them, and the body is skipped, neither copied nor validated (the
+/// endpoints validate it). Whatever [`Frame::decode`] accepts, this accepts with the same id.
 ///
 /// # Errors
-/// [`FrameError`] as for [`Frame::decode`].
+/// [`FrameError::TooLarge`], [`FrameError::Decode`], [`FrameError::Version`],
+/// [`FrameError::BlankStreamId`] or [`FrameError::BadStreamId`].
 pub fn route_stream_id(bytes: &[u8]) -> Result<String, FrameError> {
-    Frame::decode(bytes).map(|frame| frame.stream_id)
+    if bytes.len() > MAX_RELAY_FRAME_BYTES {
+        return Err(FrameError::TooLarge { len: bytes.len() });
+    }
+    let header = RouteHeader::decode(bytes).map_err(|e| FrameError::Decode(e.to_string()))?;
+    if header.version != RELAY_PROTOCOL_VERSION {
+        return Err(FrameError::Version {
+            got: header.version,
+        });
+    }
+    validate_stream_id(&header.stream_id)?;
+    Ok(header.stream_id)
 }
 
 fn truncate_reason(reason: &str) -> String {
@@ -353,8 +381,39 @@ mod tests {
             let mut frame = Frame::new("0b6f6d5e-4a4e-4d4c-9a1e-7f1f3f5e2a10", body);
             frame.ack = Some(17);
             frame.ack_bits = 0x8000_0001;
-            assert_eq!(Frame::decode(&frame.encode()), Ok(frame));
+            assert_eq!(Frame::decode(&frame.encode()), Ok(frame.clone()));
+            let encoded = frame.clone().into_encoded();
+            assert_eq!(encoded, frame.encode());
+            assert_eq!(route_stream_id(&encoded), Ok(frame.stream_id));
         }
+    }
+
+    #[test]
+    fn the_router_checks_the_envelope_and_skips_the_body() {
+        let mut bad_version = data_frame(0, 0, 1, 1);
+        bad_version.version = 2;
+        let mut blank = data_frame(0, 0, 1, 1);
+        blank.stream_id = "  ".into();
+        assert_eq!(
+            route_stream_id(&bad_version.encode_to_vec()),
+            Err(FrameError::Version { got: 2 })
+        );
+        assert_eq!(
+            route_stream_id(&blank.encode_to_vec()),
+            Err(FrameError::BlankStreamId)
+        );
+        assert!(matches!(
+            route_stream_id(&vec![0u8; MAX_RELAY_FRAME_BYTES + 1]),
+            Err(FrameError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            route_stream_id(&[0xff_u8; 16]),
+            Err(FrameError::Decode(_))
+        ));
+        // A body only the endpoints can judge (segment index out of range) is routed.
+        let odd_body = data_frame(5, 3, 3, 1).encode_to_vec();
+        assert!(Frame::decode(&odd_body).is_err());
+        assert_eq!(route_stream_id(&odd_body), Ok("s-1".to_owned()));
     }
 
     #[test]

@@ -131,7 +131,15 @@ struct InFlight {
 struct Received {
     index: u32,
     count: u32,
-    bytes: Vec<u8>,
+    /// The opened segment, header included (stripping it here would copy every segment once
+    /// more; reassembly copies the content anyway).
+    plaintext: Vec<u8>,
+}
+
+impl Received {
+    fn content(&self) -> &[u8] {
+        &self.plaintext[SEGMENT_HEADER_BYTES..]
+    }
 }
 
 #[derive(Debug)]
@@ -773,18 +781,17 @@ impl<C: SegmentCipher> ReliableStream<C> {
                 data.segment_index, data.segment_count
             ));
         }
-        let bytes = plaintext[SEGMENT_HEADER_BYTES..].to_vec();
-        self.out_of_order_bytes += bytes.len();
+        self.out_of_order_bytes += plaintext.len() - SEGMENT_HEADER_BYTES;
         self.out_of_order.insert(
             seq,
             Received {
                 index: data.segment_index,
                 count: data.segment_count,
-                bytes,
+                plaintext,
             },
         );
         while let Some(segment) = self.out_of_order.remove(&self.expected) {
-            self.out_of_order_bytes -= segment.bytes.len();
+            self.out_of_order_bytes -= segment.content().len();
             let seq = self.expected;
             self.expected += 1;
             self.reassemble(seq, segment)?;
@@ -811,7 +818,14 @@ impl<C: SegmentCipher> ReliableStream<C> {
                     start_seq,
                     count: segment.count,
                     next_index: 0,
-                    bytes: Vec::new(),
+                    // Reserved once: growing by doubling would copy a large message again.
+                    // The count was checked against MAX_SEGMENTS_PER_MESSAGE, so this stays
+                    // within MAX_MESSAGE_BYTES.
+                    bytes: Vec::with_capacity(
+                        (segment.count as usize)
+                            .saturating_mul(MAX_SEGMENT_PLAINTEXT_BYTES)
+                            .min(MAX_MESSAGE_BYTES),
+                    ),
                 }
             }
             Some(message) => message,
@@ -825,19 +839,21 @@ impl<C: SegmentCipher> ReliableStream<C> {
                 segment.index, segment.count, message.start_seq, message.count
             ));
         }
-        if message.bytes.len() + segment.bytes.len() > MAX_MESSAGE_BYTES {
+        if message.bytes.len() + segment.content().len() > MAX_MESSAGE_BYTES {
             return Err(format!(
                 "message starting at seq {} exceeds MAX_MESSAGE_BYTES ({MAX_MESSAGE_BYTES})",
                 message.start_seq
             ));
         }
         if message.next_index == 0 && segment.count == 1 {
-            // Single-segment message: no copy.
-            self.delivered_bytes += segment.bytes.len();
-            self.delivered.push_back(segment.bytes);
+            // Single-segment message: shift the content over the header, no new buffer.
+            let mut bytes = segment.plaintext;
+            bytes.drain(..SEGMENT_HEADER_BYTES);
+            self.delivered_bytes += bytes.len();
+            self.delivered.push_back(bytes);
             return Ok(());
         }
-        message.bytes.extend_from_slice(&segment.bytes);
+        message.bytes.extend_from_slice(segment.content());
         message.next_index += 1;
         if message.next_index == message.count {
             self.delivered_bytes += message.bytes.len();

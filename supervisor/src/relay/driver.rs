@@ -88,13 +88,14 @@ pub async fn connect_socket(
 ///
 /// # Errors
 /// The websocket error; the socket is then lost.
-pub async fn send_batch<S>(
+pub async fn send_batch<S, F>(
     sink: &mut S,
-    first: Vec<u8>,
-    outbox: &mut mpsc::Receiver<Vec<u8>>,
+    first: F,
+    outbox: &mut mpsc::Receiver<F>,
 ) -> Result<(), tokio_tungstenite::tungstenite::Error>
 where
     S: futures_util::Sink<WsMessage, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
+    F: Into<tokio_tungstenite::tungstenite::Bytes>,
 {
     sink.feed(WsMessage::binary(first)).await?;
     for _ in 0..256 {
@@ -165,7 +166,7 @@ pub async fn run_stream(mut stream: SecureStream, mut channels: StreamChannels) 
         }
         while let Some(frame) = stream.poll_transmit(now.into_std()) {
             trace_data("out", &frame);
-            if channels.outbox.try_send(frame.encode()).is_err() {
+            if channels.outbox.try_send(frame.into_encoded()).is_err() {
                 tracing::debug!(
                     stream = stream.stream_id(),
                     "socket outbox full: frame dropped"

@@ -268,7 +268,7 @@ impl Executor {
 
     fn reply_reset(&self, stream_id: &str, reason: String) {
         let frame = Frame::new(stream_id, Body::Reset { reason });
-        let _ = self.outbox.try_send(frame.encode());
+        let _ = self.outbox.try_send(frame.into_encoded());
     }
 
     /// Route one frame; false when the socket must be closed.

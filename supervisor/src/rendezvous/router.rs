@@ -19,7 +19,7 @@ use proto::relay::noise::PUBLIC_KEY_BYTES;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::tungstenite::{Bytes, Message as WsMessage};
 
 use crate::relay::driver::send_batch;
 use crate::relay::registry::RegisterRequest;
@@ -33,7 +33,8 @@ pub const SOCKET_QUEUE_FRAMES: usize = 4096;
 /// Longest display name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
 
-type Queue = mpsc::Sender<Vec<u8>>;
+/// Frames are `Bytes` as the websocket delivered them: routed without a copy.
+type Queue = mpsc::Sender<Bytes>;
 
 struct Environment {
     name: String,
@@ -111,7 +112,7 @@ impl Router {
         loop {
             tokio::select! {
                 message = incoming.next() => match message {
-                    Some(Ok(WsMessage::Binary(bytes))) => self.route_from_executor(environment, bytes.to_vec()),
+                    Some(Ok(WsMessage::Binary(bytes))) => self.route_from_executor(environment, bytes),
                     Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break,
                     Some(Ok(_)) => {}
                 },
@@ -146,7 +147,7 @@ impl Router {
             tokio::select! {
                 message = incoming.next() => match message {
                     Some(Ok(WsMessage::Binary(bytes))) => {
-                        self.route_from_harness(environment, socket_id, &queue, bytes.to_vec());
+                        self.route_from_harness(environment, socket_id, &queue, bytes);
                     }
                     Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break,
                     Some(Ok(_)) => {}
@@ -164,7 +165,7 @@ impl Router {
         }
     }
 
-    fn route_from_harness(&self, environment: &str, socket_id: u64, queue: &Queue, frame: Vec<u8>) {
+    fn route_from_harness(&self, environment: &str, socket_id: u64, queue: &Queue, frame: Bytes) {
         let Ok(stream_id) = route_stream_id(&frame) else {
             return;
         };
@@ -191,7 +192,7 @@ impl Router {
         }
     }
 
-    fn route_from_executor(&self, environment: &str, frame: Vec<u8>) {
+    fn route_from_executor(&self, environment: &str, frame: Bytes) {
         let Ok(stream_id) = route_stream_id(&frame) else {
             return;
         };
