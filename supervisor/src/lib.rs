@@ -30,8 +30,9 @@ mod sys;
 pub mod transport;
 
 pub use client::{
-    ConnectionState, ExecServerClient, ExecServerClientConnectOptions, ExecServerError,
-    ProcessEvent, ProcessHandle, RelayTransport, RemoteExecServerConnectArgs, RemoteProcess,
+    CLIENT_EVENT_BUFFER_BYTES, ConnectionState, ExecServerClient, ExecServerClientConnectOptions,
+    ExecServerError, ProcessEvent, ProcessHandle, RelayTransport, RemoteExecServerConnectArgs,
+    RemoteProcess,
 };
 pub use listen::{DEFAULT_LISTEN_URL, ExecServerListenUrlParseError, ListenAddress};
 pub use paths::ExecServerRuntimePaths;

@@ -63,6 +63,70 @@ async fn events_come_in_seq_order_ending_with_closed() {
 }
 
 #[tokio::test]
+async fn unread_events_are_bounded_and_end_with_a_failure_naming_the_limit() {
+    let server = server();
+    let client = library_client(server.url()).await;
+    let limit = supervisor::CLIENT_EVENT_BUFFER_BYTES;
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("flood-written");
+    let mark = mark.to_str().unwrap();
+    // Nobody reads the events while 1.5x the limit is written.
+    let mut flood = client
+        .start_process(start_params(
+            "flood",
+            &sh(&format!(
+                "head -c {} /dev/zero; touch {mark}",
+                limit + limit / 2
+            )),
+        ))
+        .await
+        .unwrap();
+    // A second process, read promptly, is unaffected. It ends after the flood was written,
+    // and head could only finish once the server had sent all but its bounded outbound queue
+    // (8 MiB) to this client: more than the limit has arrived unread by then.
+    let neighbour = client
+        .start_process(start_params(
+            "neighbour",
+            &sh(&format!(
+                "while [ ! -e {mark} ]; do sleep 0.05; done; echo fine"
+            )),
+        ))
+        .await
+        .unwrap();
+    let output = within(neighbour.wait()).await.unwrap();
+    assert_eq!(output.stdout, b"fine\n");
+    let mut received = 0usize;
+    let last = loop {
+        let event = next_event(&mut flood, DEADLINE).await;
+        match event {
+            ProcessEvent::Output { data, .. } => received += data.len(),
+            other => break other,
+        }
+    };
+    let ProcessEvent::Failed { error } = last else {
+        panic!("expected Failed after the buffer overflowed, got {last:?} after {received} bytes");
+    };
+    assert!(
+        error.to_string().contains("CLIENT_EVENT_BUFFER_BYTES"),
+        "{error}"
+    );
+    assert!(
+        received <= limit,
+        "{received} bytes buffered, limit {limit}"
+    );
+    assert!(
+        received > limit / 2,
+        "only {received} bytes arrived before the failure"
+    );
+    // The connection is still good.
+    let again = client
+        .start_process(start_params("after", &["/bin/echo", "ok"]))
+        .await
+        .unwrap();
+    assert_eq!(within(again.wait()).await.unwrap().stdout, b"ok\n");
+}
+
+#[tokio::test]
 async fn requests_complete_out_of_order() {
     let server = server();
     let client = library_client(server.url()).await;

@@ -3,7 +3,7 @@
 //! plumbing that waits while recovery runs.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -73,6 +73,8 @@ pub(crate) enum StartState {
 pub(crate) struct ProcessEntry {
     pub sequencer: EventSequencer,
     pub events: mpsc::UnboundedSender<ProcessEvent>,
+    /// Output bytes sent on `events` and not yet read (shared with the `ProcessEvents`).
+    pub unread: Arc<AtomicUsize>,
     pub start: StartState,
 }
 
@@ -181,6 +183,24 @@ impl Inner {
         let entry = processes.get_mut(process_id)?;
         let (events, result) = update(&mut entry.sequencer);
         for event in events {
+            if let ProcessEvent::Output { data, .. } = &event {
+                let unread = entry.unread.fetch_add(data.len(), Ordering::Relaxed) + data.len();
+                if unread > super::CLIENT_EVENT_BUFFER_BYTES {
+                    let reason = format!(
+                        "its events were not read: more than CLIENT_EVENT_BUFFER_BYTES ({} MiB) of output waiting; the process still runs on the server",
+                        super::CLIENT_EVENT_BUFFER_BYTES / (1024 * 1024)
+                    );
+                    tracing::warn!(process_id, %reason, "no longer following a process");
+                    let _ = entry.events.send(ProcessEvent::Failed {
+                        error: ExecServerError::ProcessFailed {
+                            process_id: process_id.to_owned(),
+                            reason,
+                        },
+                    });
+                    processes.remove(process_id);
+                    return Some(result);
+                }
+            }
             let _ = entry.events.send(event);
         }
         if entry.sequencer.is_finished() {

@@ -95,6 +95,13 @@ use self::connection::{CallError, RpcConnection};
 /// Default time for the `initialize` answer.
 pub const DEFAULT_INITIALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Output bytes one process's [`ProcessEvents`] may hold unread. Past this the client stops
+/// following that process: its events end with [`ProcessEvent::Failed`] naming this limit
+/// (the process keeps running on the server). Events are never back-pressured, so a caller
+/// awaiting a call while not reading events cannot deadlock the connection; this bounds the
+/// memory that costs instead.
+pub const CLIENT_EVENT_BUFFER_BYTES: usize = 64 * 1024 * 1024;
+
 /// How to reach a server and how patient to be.
 #[derive(Debug, Clone)]
 pub struct ExecServerClientConnectOptions {

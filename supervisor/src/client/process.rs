@@ -2,12 +2,14 @@
 //!
 //! A [`ProcessHandle`] is two parts: a cloneable [`RemoteProcess`] to write, signal, resize and
 //! terminate, and [`ProcessEvents`], the ordered event stream (output, exited, closed, or a
-//! terminal failed). Both survive reconnects. Events are buffered in the client until read;
-//! read them promptly (the stream is unbounded so that a caller awaiting a write while not
-//! reading events cannot deadlock the connection).
+//! terminal failed). Both survive reconnects. Events are buffered in the client until read and
+//! never back-pressure the connection (a caller awaiting a write while not reading events
+//! cannot deadlock it); a process whose unread output passes
+//! [`super::CLIENT_EVENT_BUFFER_BYTES`] is no longer followed and its events end with `Failed`.
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use proto::methods::process::{
@@ -43,6 +45,8 @@ pub struct RemoteProcess {
 /// [`ProcessEvent::Failed`]). Also a [`futures_util::Stream`].
 pub struct ProcessEvents {
     receiver: mpsc::UnboundedReceiver<ProcessEvent>,
+    /// Output bytes received and not yet read; see [`super::CLIENT_EVENT_BUFFER_BYTES`].
+    unread: Arc<AtomicUsize>,
 }
 
 /// Everything a process wrote, and how it ended (see [`ProcessHandle::wait`]).
@@ -112,7 +116,15 @@ impl ProcessHandle {
 impl ProcessEvents {
     /// The next event; `None` after the terminal one.
     pub async fn next(&mut self) -> Option<ProcessEvent> {
-        self.receiver.recv().await
+        let event = self.receiver.recv().await;
+        self.taken(event.as_ref());
+        event
+    }
+
+    fn taken(&self, event: Option<&ProcessEvent>) {
+        if let Some(ProcessEvent::Output { data, .. }) = event {
+            self.unread.fetch_sub(data.len(), Ordering::Relaxed);
+        }
     }
 }
 
@@ -120,7 +132,11 @@ impl futures_util::Stream for ProcessEvents {
     type Item = ProcessEvent;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.receiver.poll_recv(cx)
+        let polled = self.receiver.poll_recv(cx);
+        if let Poll::Ready(event) = &polled {
+            self.taken(event.as_ref());
+        }
+        polled
     }
 }
 
@@ -288,6 +304,7 @@ impl Inner {
         let connection = self.connection().await?;
         let process_id = params.process_id.clone();
         let (sender, receiver) = mpsc::unbounded_channel();
+        let unread = Arc::new(AtomicUsize::new(0));
         {
             let mut processes = self.lock_processes();
             if processes.contains_key(&process_id) {
@@ -298,6 +315,7 @@ impl Inner {
                 ProcessEntry {
                     sequencer: EventSequencer::default(),
                     events: sender,
+                    unread: Arc::clone(&unread),
                     start: StartState::Starting,
                 },
             );
@@ -358,7 +376,7 @@ impl Inner {
         }
         outcome.map(|()| ProcessHandle {
             process: self.remote_process(&process_id),
-            events: ProcessEvents { receiver },
+            events: ProcessEvents { receiver, unread },
         })
     }
 
