@@ -116,7 +116,8 @@ pub struct ExecArgs {
     #[arg(long)]
     pub tty: bool,
 
-    /// Run the command under this sandbox profile (e.g. read-only, workspace-write).
+    /// Run the command under this sandbox profile (e.g. read-only, workspace-write). The
+    /// command's working directory (--cwd) is the sandbox's workspace.
     #[arg(long, value_name = "PROFILE")]
     pub sandbox: Option<String>,
 

@@ -75,6 +75,40 @@ fn stdout_and_stderr_land_on_their_streams_and_the_status_is_the_remote_one() {
 }
 
 #[test]
+fn sandbox_workspace_write_uses_the_command_cwd_as_its_workspace() {
+    let server = server();
+    // Neither directory is under a profile's writable roots (/tmp, /var/tmp).
+    let base = tempfile::Builder::new()
+        .prefix("exec-sandbox-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let workspace = base.path().join("ws");
+    let outside = base.path().join("outside");
+    std::fs::create_dir(&workspace).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    let mut cmd = Command::new(exec_server_binary());
+    cmd.args(["exec", "--connect", server.url(), "--sandbox", "workspace-write"])
+        .arg("--cwd")
+        .arg(&workspace)
+        .arg("--")
+        .args(sh(&format!(
+            "echo in > inside.txt && echo wrote-inside; echo out > {}/escaped.txt || echo denied-outside",
+            outside.display()
+        )));
+    let (status, stdout, stderr) = output_within(cmd, b"");
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert_eq!(stdout, "wrote-inside\ndenied-outside\n", "stderr: {stderr}");
+    assert_eq!(
+        std::fs::read(workspace.join("inside.txt")).unwrap(),
+        b"in\n"
+    );
+    assert!(
+        !outside.join("escaped.txt").exists(),
+        "the sandboxed write outside the workspace landed"
+    );
+}
+
+#[test]
 fn stdin_is_forwarded_and_its_end_closes_the_remote_stdin() {
     let server = server();
     let (status, stdout, _) = output_within(exec(server.url(), &[], &["/bin/cat"]), b"piped in\n");

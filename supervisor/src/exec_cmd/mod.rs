@@ -221,17 +221,19 @@ pub fn start_params(
     Ok(StartParams {
         process_id: format!("exec-{}", uuid::Uuid::new_v4()),
         argv: args.command.clone(),
-        cwd,
         env,
         tty: args.tty,
         pipe_stdin: !args.tty,
         arg0: None,
         cols: None,
         rows: None,
+        // The command's working directory is the sandbox's workspace: profiles such as
+        // workspace-write need one, and the server never guesses it.
         sandbox: args
             .sandbox
             .as_ref()
-            .map(|profile| serde_json::json!({ "profile": profile })),
+            .map(|profile| serde_json::json!({ "profile": profile, "cwd": cwd.to_uri_string() })),
+        cwd,
         audit_denials: false,
     })
 }
@@ -505,7 +507,7 @@ mod tests {
         );
         assert_eq!(
             params.sandbox,
-            Some(serde_json::json!({"profile": "read-only"}))
+            Some(serde_json::json!({"profile": "read-only", "cwd": "file:///tmp"}))
         );
         assert!(params.tty && !params.pipe_stdin);
         assert_eq!(params.cwd.to_uri_string(), "file:///tmp");
