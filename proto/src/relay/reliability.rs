@@ -215,8 +215,6 @@ pub struct ReliableStream<C> {
     backoff: u32,
     /// A frame arrived since the oldest segment last timed out.
     heard_since_timeout: bool,
-    /// Latest send time among the segments the ack being applied acknowledged.
-    latest_acked_send: Option<Instant>,
     // Receiving.
     expected: u64,
     out_of_order: BTreeMap<u64, Received>,
@@ -249,7 +247,6 @@ impl<C: SegmentCipher> ReliableStream<C> {
             in_flight_bytes: 0,
             next_retransmit: None,
             backoff: 0,
-            latest_acked_send: None,
             heard_since_timeout: false,
             rtt: RttEstimator {
                 srtt: None,
@@ -648,7 +645,8 @@ impl<C: SegmentCipher> ReliableStream<C> {
             }
         }
         let front = self.in_flight.keys().next().copied();
-        self.latest_acked_send = None;
+        // Latest first send time among the segments this ack acknowledges (loss detection).
+        let mut latest: Option<Instant> = None;
         // Cumulative part. Only the oldest segment's ack is a round-trip sample: a later one
         // may have waited at the peer for a hole to fill, and counting that wait inflated the
         // timeout to MAX_RTO under loss.
@@ -658,10 +656,10 @@ impl<C: SegmentCipher> ReliableStream<C> {
             }
             let sample = Some(*entry.key()) == front;
             let segment = entry.remove();
-            self.acknowledged(&segment, sample, now);
+            latest = latest.max(Some(self.acknowledged(&segment, sample, now)));
         }
         if bits != 0 {
-            self.apply_ack_bits(base, bits, now);
+            latest = latest.max(self.apply_ack_bits(base, bits, now));
         }
         let new_front = self.in_flight.keys().next().copied();
         if let (Some(old), Some(new)) = (front, new_front)
@@ -669,7 +667,7 @@ impl<C: SegmentCipher> ReliableStream<C> {
         {
             self.front_moved(old + ACK_BITS_SPAN, new + ACK_BITS_SPAN, now);
         }
-        if let (Some(latest), Some(front)) = (self.latest_acked_send, new_front) {
+        if let (Some(latest), Some(front)) = (latest, new_front) {
             self.detect_losses(latest, front + ACK_BITS_SPAN, now);
         }
         Ok(())
@@ -706,14 +704,16 @@ impl<C: SegmentCipher> ReliableStream<C> {
         self.next_retransmit = Some(now);
     }
 
-    fn apply_ack_bits(&mut self, base: u64, bits: u32, now: Instant) {
+    /// Apply the selective part of an ack; returns the latest first send time it acknowledged.
+    fn apply_ack_bits(&mut self, base: u64, bits: u32, now: Instant) -> Option<Instant> {
         let mut highest_sacked = None;
+        let mut latest = None;
         for i in 0..ACK_BITS_SPAN {
             if bits & (1 << i) != 0 {
                 let seq = base + i;
                 highest_sacked = Some(seq);
                 if let Some(segment) = self.in_flight.remove(&seq) {
-                    self.acknowledged(&segment, false, now);
+                    latest = latest.max(Some(self.acknowledged(&segment, false, now)));
                 }
             }
         }
@@ -727,15 +727,13 @@ impl<C: SegmentCipher> ReliableStream<C> {
                 }
             }
         }
+        latest
     }
 
-    fn acknowledged(&mut self, segment: &InFlight, sample: bool, now: Instant) {
+    /// Account for one acknowledged segment; returns the send time loss detection compares
+    /// against: its first one, since which copy of a resent segment arrived is unknown.
+    fn acknowledged(&mut self, segment: &InFlight, sample: bool, now: Instant) -> Instant {
         self.in_flight_bytes -= segment.len;
-        // Which copy of a resent segment arrived is unknown, so its first send time counts.
-        self.latest_acked_send = Some(
-            self.latest_acked_send
-                .map_or(segment.first_sent, |t| t.max(segment.first_sent)),
-        );
         // New data acknowledged: the path works, so timeouts start again from the plain RTO.
         self.backoff = 0;
         // Karn: an ack for a segment sent more than once says nothing about the round trip.
@@ -743,6 +741,7 @@ impl<C: SegmentCipher> ReliableStream<C> {
             self.rtt
                 .sample(now.saturating_duration_since(segment.first_sent));
         }
+        segment.first_sent
     }
 
     fn receive_data(&mut self, data: Data) -> Result<(), String> {
