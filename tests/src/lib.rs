@@ -1246,6 +1246,55 @@ pub fn median(durations: &[Duration]) -> Duration {
 // ExecServerClient helpers
 // ---------------------------------------------------------------------------------------------
 
+/// Wait for `child` to exit, killing it (and failing the test) after `deadline`.
+pub fn wait_child(child: &mut Child, deadline: Duration) -> ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("child process did not exit within {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10)); // polling interval, not a wait
+    }
+}
+
+/// Run `cmd` with `stdin` as its input and collect (status, stdout, stderr), all within
+/// [`DEADLINE`].
+pub fn output_within(cmd: &mut Command, stdin: &[u8]) -> (ExitStatus, String, String) {
+    use std::io::Write as _;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin)
+        .expect("write stdin");
+    let read_all = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            pipe.read_to_string(&mut text).expect("read output");
+            text
+        })
+    };
+    let out = read_all(Box::new(child.stdout.take().expect("stdout")));
+    let err = read_all(Box::new(child.stderr.take().expect("stderr")));
+    let status = wait_child(&mut child, DEADLINE);
+    (
+        status,
+        out.join().expect("stdout reader"),
+        err.join().expect("stderr reader"),
+    )
+}
+
 /// `process/start` params for the library client: cwd `/`, env `PATH=/usr/bin:/bin`.
 pub fn start_params(process_id: &str, argv: &[&str]) -> proto::methods::process::StartParams {
     proto::methods::process::StartParams {

@@ -2,11 +2,11 @@
 //! server, with pipes or (for `--tty`) a PTY driving it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tests::*;
 
@@ -23,50 +23,11 @@ fn exec(url: &str, extra: &[&str], command: &[&str]) -> Command {
     cmd
 }
 
-/// Wait for `child` to exit, killing it after `deadline`.
-fn wait_child(child: &mut Child, deadline: Duration) -> std::process::ExitStatus {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if started.elapsed() > deadline {
-            let _ = child.kill();
-            panic!("exec-server exec did not exit within {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10)); // polling interval, not a wait
-    }
-}
-
-fn output_within(mut cmd: Command, stdin: &[u8]) -> (std::process::ExitStatus, String, String) {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut text = String::new();
-        stdout.read_to_string(&mut text).unwrap();
-        text
-    });
-    let err = std::thread::spawn(move || {
-        let mut text = String::new();
-        stderr.read_to_string(&mut text).unwrap();
-        text
-    });
-    let status = wait_child(&mut child, DEADLINE);
-    (status, out.join().unwrap(), err.join().unwrap())
-}
-
 #[test]
 fn stdout_and_stderr_land_on_their_streams_and_the_status_is_the_remote_one() {
     let server = server();
     let (status, stdout, stderr) = output_within(
-        exec(server.url(), &[], &sh("echo out; echo err >&2; exit 3")),
+        &mut exec(server.url(), &[], &sh("echo out; echo err >&2; exit 3")),
         b"",
     );
     assert_eq!(status.code(), Some(3), "stderr: {stderr}");
@@ -95,7 +56,7 @@ fn sandbox_workspace_write_uses_the_command_cwd_as_its_workspace() {
             "echo in > inside.txt && echo wrote-inside; echo out > {}/escaped.txt || echo denied-outside",
             outside.display()
         )));
-    let (status, stdout, stderr) = output_within(cmd, b"");
+    let (status, stdout, stderr) = output_within(&mut cmd, b"");
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert_eq!(stdout, "wrote-inside\ndenied-outside\n", "stderr: {stderr}");
     assert_eq!(
@@ -111,7 +72,8 @@ fn sandbox_workspace_write_uses_the_command_cwd_as_its_workspace() {
 #[test]
 fn stdin_is_forwarded_and_its_end_closes_the_remote_stdin() {
     let server = server();
-    let (status, stdout, _) = output_within(exec(server.url(), &[], &["/bin/cat"]), b"piped in\n");
+    let (status, stdout, _) =
+        output_within(&mut exec(server.url(), &[], &["/bin/cat"]), b"piped in\n");
     assert_eq!(status.code(), Some(0));
     assert_eq!(stdout, "piped in\n");
 }
@@ -120,7 +82,7 @@ fn stdin_is_forwarded_and_its_end_closes_the_remote_stdin() {
 fn a_signal_death_is_128_plus_n_and_env_is_passed() {
     let server = server();
     let (status, stdout, _) = output_within(
-        exec(
+        &mut exec(
             server.url(),
             &["--clear-env", "--env", "GREETING=hi there"],
             &sh("echo \"$GREETING\"; echo \"${HOME-unset}\"; kill -TERM $$"),
@@ -145,7 +107,7 @@ fn a_wrong_token_fails_with_255_and_says_why() {
         token.to_str().unwrap(),
     ]);
     let (status, _, stderr) = output_within(
-        exec(
+        &mut exec(
             server.url(),
             &["--token-file", wrong.to_str().unwrap()],
             &["/bin/true"],
@@ -155,7 +117,7 @@ fn a_wrong_token_fails_with_255_and_says_why() {
     assert_eq!(status.code(), Some(255));
     assert!(stderr.contains("401"), "{stderr}");
     let (status, _, _) = output_within(
-        exec(
+        &mut exec(
             server.url(),
             &["--token-file", token.to_str().unwrap()],
             &["/bin/true"],

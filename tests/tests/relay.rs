@@ -489,7 +489,6 @@ fn exec_remote(
     token: Option<&str>,
     command: &[&str],
 ) -> (std::process::ExitStatus, String, String) {
-    use std::io::Read;
     let mut cmd = std::process::Command::new(tests::exec_server_binary());
     cmd.args([
         "exec",
@@ -502,41 +501,11 @@ fn exec_remote(
         "--",
     ])
     .args(command)
-    .env_remove(supervisor::relay::REGISTRY_TOKEN_ENV)
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
+    .env_remove(supervisor::relay::REGISTRY_TOKEN_ENV);
     if let Some(token) = token {
         cmd.env(supervisor::relay::REGISTRY_TOKEN_ENV, token);
     }
-    let mut child = cmd.spawn().unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut text = String::new();
-        stdout.read_to_string(&mut text).unwrap();
-        text
-    });
-    let err = std::thread::spawn(move || {
-        let mut text = String::new();
-        stderr.read_to_string(&mut text).unwrap();
-        text
-    });
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > tests::DEADLINE {
-            let _ = child.kill();
-            panic!(
-                "exec-server exec --remote did not exit within {:?}",
-                tests::DEADLINE
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10)); // polling interval, not a wait
-    };
-    (status, out.join().unwrap(), err.join().unwrap())
+    tests::output_within(&mut cmd, b"")
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -66,12 +66,22 @@ impl Server {
     }
 
     fn start_with(args: &[&str]) -> Server {
-        let mut child = Command::new(bin_dir().join("exec-server"))
-            .args(args)
+        Server::spawn(Command::new(bin_dir().join("exec-server")).args(args))
+    }
+
+    /// Start `command` (a binary next to this one, `RUST_LOG=warn`); its first stdout line is
+    /// its URL.
+    fn spawn(command: &mut Command) -> Server {
+        let mut child = command
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .spawn()
-            .expect("exec-server next to bench (cargo build --release --workspace)");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{:?} next to bench (cargo build --release --workspace): {e}",
+                    command.get_program()
+                )
+            });
         let mut line = Vec::new();
         let mut stdout = child.stdout.take().unwrap();
         let mut byte = [0u8];
@@ -527,25 +537,11 @@ const REGISTRATION_DEADLINE: std::time::Duration = std::time::Duration::from_sec
 /// Start `binary` (next to this executable) with the bench token; its first stdout line is its
 /// URL.
 fn start_with_registry_token(binary: &str, args: &[&str]) -> Server {
-    let mut child = Command::new(bin_dir().join(binary))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env(supervisor::relay::REGISTRY_TOKEN_ENV, BENCH_REGISTRY_TOKEN)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("{binary} next to bench (cargo build --release --workspace): {e}")
-        });
-    let mut line = Vec::new();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut byte = [0u8];
-    while stdout.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
-        line.push(byte[0]);
-    }
-    Server {
-        child,
-        url: String::from_utf8(line).unwrap(),
-    }
+    Server::spawn(
+        Command::new(bin_dir().join(binary))
+            .args(args)
+            .env(supervisor::relay::REGISTRY_TOKEN_ENV, BENCH_REGISTRY_TOKEN),
+    )
 }
 
 /// A rendezvous and one executor registered with it; `executor.url` is its local websocket.
@@ -616,19 +612,8 @@ async fn library_output_bytes(
     process_id: &str,
     argv: &[&str],
 ) -> u64 {
-    let params = proto::methods::process::StartParams {
-        process_id: process_id.to_owned(),
-        argv: argv.iter().map(|a| (*a).to_owned()).collect(),
-        cwd: supervisor::FileUri::from_path(std::path::Path::new("/tmp")).unwrap(),
-        env: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
-        tty: false,
-        pipe_stdin: false,
-        arg0: None,
-        cols: None,
-        rows: None,
-        sandbox: None,
-        audit_denials: false,
-    };
+    let mut params = tests::start_params(process_id, argv);
+    params.cwd = supervisor::FileUri::from_path(std::path::Path::new("/tmp")).unwrap();
     let (_process, mut events) = client.start_process(params).await.unwrap().into_parts();
     let mut bytes = 0u64;
     while let Some(event) = events.next().await {
