@@ -1246,6 +1246,37 @@ pub fn median(durations: &[Duration]) -> Duration {
 // ExecServerClient helpers
 // ---------------------------------------------------------------------------------------------
 
+/// A workspace under /tmp and an "outside" directory that no restricting policy may write
+/// (/var/tmp is neither a workspace root, /tmp nor $TMPDIR), holding a sentinel `secret.txt`.
+pub struct SandboxDirs {
+    /// The workspace (cwd of the policies under test).
+    pub workspace: tempfile::TempDir,
+    /// Outside every writable root.
+    pub outside: tempfile::TempDir,
+}
+
+impl SandboxDirs {
+    /// Create both directories and `outside/secret.txt`.
+    pub fn new() -> SandboxDirs {
+        let workspace = tempfile::Builder::new()
+            .prefix("ew-ws-")
+            .tempdir_in("/tmp")
+            .expect("workspace under /tmp");
+        let outside = tempfile::Builder::new()
+            .prefix("ew-out-")
+            .tempdir_in("/var/tmp")
+            .expect("directory under /var/tmp");
+        std::fs::write(outside.path().join("secret.txt"), b"outside").expect("secret.txt");
+        SandboxDirs { workspace, outside }
+    }
+}
+
+impl Default for SandboxDirs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Wait for `child` to exit, killing it (and failing the test) after `deadline`.
 pub fn wait_child(child: &mut Child, deadline: Duration) -> ExitStatus {
     let started = Instant::now();

@@ -13,14 +13,7 @@ async fn audited_sandboxed_process_reports_its_denials() {
         nix::unistd::geteuid().is_root(),
         "the denial audit reads the kernel audit log: run as root"
     );
-    let workspace = tempfile::Builder::new()
-        .prefix("ew-audit-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let outside = tempfile::Builder::new()
-        .prefix("ew-audit-out-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let tests::SandboxDirs { workspace, outside } = tests::SandboxDirs::new();
     let target = outside.path().join("denied.txt");
     let server = ExecServer::start(&[]);
     let mut client = server.client().await;

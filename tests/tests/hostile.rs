@@ -587,15 +587,7 @@ struct Traversal {
 
 impl Traversal {
     fn new() -> Traversal {
-        let workspace = tempfile::Builder::new()
-            .prefix("ew-ws-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let outside = tempfile::Builder::new()
-            .prefix("ew-out-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        std::fs::write(outside.path().join("secret.txt"), b"outside").unwrap();
+        let tests::SandboxDirs { workspace, outside } = tests::SandboxDirs::new();
         Traversal { workspace, outside }
     }
 

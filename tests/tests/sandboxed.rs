@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tests::{Client, ExecServer, assert_rpc_error, b64, file_uri, sh, unb64};
 
-/// A workspace under /tmp and an "outside" directory that no restricting policy may write
-/// (/var/tmp is neither a workspace root, /tmp nor $TMPDIR).
+/// [`tests::SandboxDirs`] with a `.git`, a file and an `escape` symlink to the outside.
 struct Dirs {
     workspace: tempfile::TempDir,
     outside: tempfile::TempDir,
@@ -18,15 +17,7 @@ struct Dirs {
 
 impl Dirs {
     fn new() -> Dirs {
-        let workspace = tempfile::Builder::new()
-            .prefix("ew-ws-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let outside = tempfile::Builder::new()
-            .prefix("ew-out-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        std::fs::write(outside.path().join("secret.txt"), b"outside").unwrap();
+        let tests::SandboxDirs { workspace, outside } = tests::SandboxDirs::new();
         std::fs::create_dir(workspace.path().join(".git")).unwrap();
         std::fs::write(
             workspace.path().join(".git/HEAD"),
