@@ -25,7 +25,10 @@ fn check_round_trip(uri: &FileUri) {
     assert!(uri.as_path().is_absolute());
     assert!(!bytes(uri).contains(&0));
     let text = uri.to_uri_string();
-    assert!(text.starts_with("file:///"), "canonical form is file:///...: {text:?}");
+    assert!(
+        text.starts_with("file:///"),
+        "canonical form is file:///...: {text:?}"
+    );
     assert!(text.is_ascii(), "canonical form is ASCII: {text:?}");
     let again = FileUri::parse(&text).expect("canonical text parses");
     assert_eq!(bytes(&again), bytes(uri), "round trip through {text:?}");
@@ -49,6 +52,9 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(bytes(&uri), &raw[..]);
             check_round_trip(&uri);
         }
-        Err(_) => assert!(raw.contains(&0), "only NUL makes an absolute path unacceptable"),
+        Err(_) => assert!(
+            raw.contains(&0),
+            "only NUL makes an absolute path unacceptable"
+        ),
     }
 });

@@ -117,9 +117,15 @@ fuzz_target!(|data: &[u8]| {
     assert!(!bytes.is_empty());
     let again = Message::from_slice(&bytes).expect("a re-encoded message decodes");
     let (before, after) = (to_value(&message), to_value(&again));
-    assert!(same_json(&before, &after), "message changed in a round trip: {before} -> {after}");
+    assert!(
+        same_json(&before, &after),
+        "message changed in a round trip: {before} -> {after}"
+    );
     let object: Value = serde_json::from_slice(&bytes).expect("output is JSON");
-    assert!(object.get("jsonrpc").is_none(), "\"jsonrpc\" is never produced");
+    assert!(
+        object.get("jsonrpc").is_none(),
+        "\"jsonrpc\" is never produced"
+    );
     match &message {
         Message::Request(request) => dispatch(&request.params),
         Message::Notification(notification) => dispatch(&notification.params),

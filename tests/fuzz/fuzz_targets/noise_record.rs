@@ -111,7 +111,10 @@ fn run(u: &mut Unstructured) -> arbitrary::Result<()> {
             let bytes = u.bytes(u.len())?;
             let mut pair = ciphers().lock().unwrap_or_else(|e| e.into_inner());
             let (harness, environment) = &mut *pair;
-            assert!(environment.open(seq, bytes).is_err(), "garbage record opened");
+            assert!(
+                environment.open(seq, bytes).is_err(),
+                "garbage record opened"
+            );
             assert!(harness.open(seq, bytes).is_err(), "garbage record opened");
             if let Ok(sealed) = harness.seal(seq, bytes) {
                 assert_eq!(sealed.len(), bytes.len() + NOISE_TAG_BYTES);
@@ -119,7 +122,10 @@ fn run(u: &mut Unstructured) -> arbitrary::Result<()> {
                 if other != seq {
                     assert!(environment.open(other, &sealed).is_err());
                 }
-                assert!(harness.open(seq, &sealed).is_err(), "a record opened in its own direction");
+                assert!(
+                    harness.open(seq, &sealed).is_err(),
+                    "a record opened in its own direction"
+                );
             }
         }
         // The environment accepting a stream whose first frame is garbage.
@@ -147,7 +153,9 @@ fn run(u: &mut Unstructured) -> arbitrary::Result<()> {
         _ => {
             let mut harness = SecureStream::initiate(ENVIRONMENT, STREAM, keys().public(), now)
                 .expect("initiate");
-            let first = harness.poll_transmit(now).expect("message 1 goes out at once");
+            let first = harness
+                .poll_transmit(now)
+                .expect("message 1 goes out at once");
             let mut environment =
                 SecureStream::accept(keys(), ENVIRONMENT, &first, now).expect("accept");
             let second = environment.poll_transmit(now).expect("message 2");

@@ -47,9 +47,9 @@ fn has_glob_string(value: &serde_json::Value) -> bool {
     match value {
         serde_json::Value::String(text) => has_glob(text),
         serde_json::Value::Array(items) => items.iter().any(has_glob_string),
-        serde_json::Value::Object(map) => {
-            map.iter().any(|(key, value)| has_glob(key) || has_glob_string(value))
-        }
+        serde_json::Value::Object(map) => map
+            .iter()
+            .any(|(key, value)| has_glob(key) || has_glob_string(value)),
         _ => false,
     }
 }
@@ -57,7 +57,10 @@ fn has_glob_string(value: &serde_json::Value) -> bool {
 fn check_policy(policy: &ResolvedPolicy) {
     let rules = policy.rules();
     for pair in rules.windows(2) {
-        assert!(pair[0].path < pair[1].path, "rules sorted and unique: {rules:?}");
+        assert!(
+            pair[0].path < pair[1].path,
+            "rules sorted and unique: {rules:?}"
+        );
     }
     for rule in rules {
         assert!(rule.path.is_absolute(), "{rule:?}");
@@ -67,13 +70,20 @@ fn check_policy(policy: &ResolvedPolicy) {
                 .all(|c| matches!(c, Component::RootDir | Component::Normal(_))),
             "rule path is lexically normal: {rule:?}"
         );
-        assert_eq!(policy.access_for(&rule.path), rule.access, "{rule:?} in {rules:?}");
+        assert_eq!(
+            policy.access_for(&rule.path),
+            rule.access,
+            "{rule:?} in {rules:?}"
+        );
         let inherited = rules
             .iter()
             .filter(|r| r.path != rule.path && rule.path.starts_with(&r.path))
             .max_by_key(|r| (r.path.components().count(), r.access))
             .map_or(Access::Deny, |r| r.access);
-        assert_ne!(inherited, rule.access, "redundant rule {rule:?} in {rules:?}");
+        assert_ne!(
+            inherited, rule.access,
+            "redundant rule {rule:?} in {rules:?}"
+        );
     }
     let json = serde_json::to_string(policy).expect("policies serialize");
     let back: ResolvedPolicy = serde_json::from_str(&json).expect("policies deserialize");
@@ -84,7 +94,12 @@ fn check_policy(policy: &ResolvedPolicy) {
         let narrowed = policy.clone().with_denied_path(denied);
         assert_eq!(narrowed.access_for(denied), Access::Deny);
         let mut probes: Vec<&Path> = rules.iter().map(|r| r.path.as_path()).collect();
-        probes.extend([Path::new("/"), Path::new("/tmp"), denied, Path::new("/tmp/x")]);
+        probes.extend([
+            Path::new("/"),
+            Path::new("/tmp"),
+            denied,
+            Path::new("/tmp/x"),
+        ]);
         for probe in probes {
             assert!(
                 breadth(narrowed.access_for(probe)) <= breadth(policy.access_for(probe)),
@@ -125,7 +140,10 @@ fn profile(text: &str, cwd: Option<&Path>, roots: &[PathBuf]) {
     assert!(!(profile.full_filesystem_access && !profile.filesystem.is_empty()));
     let text = toml::to_string(&profile).expect("profiles serialize");
     let again = ProfileFile::parse(&text, "round-trip.toml").expect("a serialized profile parses");
-    assert_eq!(again, profile, "profile changed in a round trip through {text}");
+    assert_eq!(
+        again, profile,
+        "profile changed in a round trip through {text}"
+    );
     if profile.filesystem.keys().any(|key| has_glob(key)) {
         return;
     }
@@ -150,7 +168,10 @@ fuzz_target!(|data: &[u8]| {
     } else {
         let cwd = (selector & 2 != 0).then(|| Path::new("/tmp/execward-fuzz-cwd"));
         let roots = if selector & 4 != 0 {
-            vec![PathBuf::from("/tmp/execward-fuzz-a"), PathBuf::from("/tmp/b")]
+            vec![
+                PathBuf::from("/tmp/execward-fuzz-a"),
+                PathBuf::from("/tmp/b"),
+            ]
         } else {
             Vec::new()
         };

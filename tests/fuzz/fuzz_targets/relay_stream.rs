@@ -186,7 +186,10 @@ impl World {
         let mut emitted = 0;
         while let Some(frame) = peer.stream.poll_transmit(self.now) {
             emitted += 1;
-            assert!(emitted <= bound, "poll_transmit did not settle after {bound} frames");
+            assert!(
+                emitted <= bound,
+                "poll_transmit did not settle after {bound} frames"
+            );
             if let Body::Data(data) = &frame.body {
                 let plain = data.payload.len() - SEGMENT_HEADER_BYTES - TAG_BYTES;
                 assert!(plain <= MAX_SEGMENT_PLAINTEXT_BYTES);
