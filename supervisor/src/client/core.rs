@@ -78,6 +78,20 @@ pub(crate) struct ProcessEntry {
     pub start: StartState,
 }
 
+/// Remove a process and end its events with `Failed` (the caller holds the process table).
+fn fail_locked(processes: &mut HashMap<String, ProcessEntry>, process_id: &str, reason: String) {
+    if let Some(mut entry) = processes.remove(process_id) {
+        tracing::warn!(process_id, %reason, "process failed");
+        entry.sequencer.fail();
+        let _ = entry.events.send(ProcessEvent::Failed {
+            error: ExecServerError::ProcessFailed {
+                process_id: process_id.to_owned(),
+                reason,
+            },
+        });
+    }
+}
+
 /// Settings that do not depend on the transport.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
@@ -159,17 +173,7 @@ impl Inner {
 
     /// Fail one process alone (the rest of the client is unaffected).
     pub fn fail_process(&self, process_id: &str, reason: String) {
-        let entry = self.lock_processes().remove(process_id);
-        if let Some(mut entry) = entry {
-            tracing::warn!(process_id, %reason, "process failed");
-            entry.sequencer.fail();
-            let _ = entry.events.send(ProcessEvent::Failed {
-                error: ExecServerError::ProcessFailed {
-                    process_id: process_id.to_owned(),
-                    reason,
-                },
-            });
-        }
+        fail_locked(&mut self.lock_processes(), process_id, reason);
     }
 
     /// Apply `update` to a process's sequencer and publish what it releases. The entry is
@@ -190,14 +194,7 @@ impl Inner {
                         "its events were not read: more than CLIENT_EVENT_BUFFER_BYTES ({} MiB) of output waiting; the process still runs on the server",
                         super::CLIENT_EVENT_BUFFER_BYTES / (1024 * 1024)
                     );
-                    tracing::warn!(process_id, %reason, "no longer following a process");
-                    let _ = entry.events.send(ProcessEvent::Failed {
-                        error: ExecServerError::ProcessFailed {
-                            process_id: process_id.to_owned(),
-                            reason,
-                        },
-                    });
-                    processes.remove(process_id);
+                    fail_locked(&mut processes, process_id, reason);
                     return Some(result);
                 }
             }
