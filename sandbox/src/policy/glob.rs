@@ -71,14 +71,22 @@ fn expand_within(
         .count();
     let mut base = PathBuf::from("/");
     for component in &components[..literal] {
-        base.push(component.iter().map(Token::literal).collect::<String>());
+        let literal: String = component
+            .iter()
+            .filter_map(|t| match t {
+                Token::Literal(c) => Some(*c),
+                _ => None,
+            })
+            .collect();
+        base.push(literal);
     }
     let mut walk = Walk {
         found: Vec::new(),
         entries_left: budget,
+        exhausted: false,
     };
     walk.walk(&base, &components[literal..], max_depth);
-    if walk.entries_left == 0 {
+    if walk.exhausted {
         return Err(fail(format!(
             "the walk reads more than MAX_GLOB_SCANNED_ENTRIES ({budget}) directory entries; start it deeper or lower glob_scan_max_depth"
         )));
@@ -112,13 +120,6 @@ enum Token {
 }
 
 impl Token {
-    fn literal(&self) -> char {
-        match self {
-            Token::Literal(c) => *c,
-            _ => '?',
-        }
-    }
-
     /// Whether this single-character token matches `c`.
     fn accepts(&self, c: char) -> bool {
         match self {
@@ -166,11 +167,13 @@ fn tokenize(component: &str) -> Vec<Token> {
 struct Walk {
     found: Vec<PathBuf>,
     entries_left: usize,
+    /// An entry was left unread because the budget ran out.
+    exhausted: bool,
 }
 
 impl Walk {
     fn walk(&mut self, dir: &Path, rest: &[Vec<Token>], depth_left: usize) {
-        if self.found.len() > MAX_GLOB_MATCHES || self.entries_left == 0 {
+        if self.found.len() > MAX_GLOB_MATCHES || self.exhausted {
             return;
         }
         let Some((first, tail)) = rest.split_first() else {
@@ -215,6 +218,7 @@ impl Walk {
         let mut out = Vec::new();
         for entry in entries.filter_map(Result::ok) {
             if self.entries_left == 0 {
+                self.exhausted = true;
                 break;
             }
             self.entries_left -= 1;
@@ -331,6 +335,13 @@ mod tests {
         assert!(
             error.to_string().contains("MAX_GLOB_SCANNED_ENTRIES"),
             "{error}"
+        );
+        // Reading exactly the budget is within it (d0 holds 100 entries).
+        assert_eq!(
+            expand_within(&dir.path().join("d0/*"), 8, 100)
+                .unwrap()
+                .len(),
+            100
         );
         // Starting deeper stays within the budget.
         assert_eq!(
