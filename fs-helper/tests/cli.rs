@@ -11,18 +11,19 @@ use serde_json::{Value, json};
 
 const HELPER: &str = env!("CARGO_BIN_EXE_fs-helper");
 
+#[path = "../../tests/src/scratch.rs"]
+mod scratch;
+
 /// A workspace and a sibling directory outside it, neither under a profile's writable roots
-/// (`/tmp`, `/var/tmp`): both live in the target directory.
+/// (`/tmp`, `$TMPDIR`), wherever the checkout lives.
 fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let base = tempfile::Builder::new()
-        .prefix("fs-helper-cli-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
+    let base = scratch::scratch_dir("fs-helper-cli-");
     let root = std::fs::canonicalize(base.path()).unwrap();
     let workspace = root.join("workspace");
     let outside = root.join("outside");
     std::fs::create_dir(&workspace).unwrap();
     std::fs::create_dir(&outside).unwrap();
+    scratch::assert_outside_writable_roots(&outside);
     (base, workspace, outside)
 }
 

@@ -48,7 +48,7 @@ fn run_probe_tree(
     cwd: &Path,
     uid: Option<u32>,
 ) -> Output {
-    let exe = std::env::current_exe().unwrap();
+    let exe = common::probe_exe();
     let probe = format!(
         "'{}' --exact probe_entry --nocapture --test-threads=1 -q",
         exe.display()
@@ -58,7 +58,7 @@ fn run_probe_tree(
         .chain(ops.iter().map(|o| (*o).to_owned()))
         .collect();
     args.retain(|_| true);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-run"));
+    let mut cmd = Command::new(common::sandbox_run_exe());
     cmd.args(sandbox_args)
         .args(["--", "/bin/sh", "-c", &script])
         .current_dir(cwd)
@@ -217,7 +217,7 @@ fn audit_lists_exactly_the_forbidden_operations_of_the_command_tree() {
     })
     .collect();
     pretty_assertions::assert_eq!(tally(&denials), expected);
-    let exe = std::env::current_exe().unwrap();
+    let exe = common::probe_exe();
     for d in &denials {
         assert!(d["pid"].as_u64().is_some(), "{d}");
         assert_eq!(d["exe"].as_str(), Some(s(&exe)), "{d}");
@@ -382,7 +382,7 @@ fn fail_on_denial_exits_3_on_a_denial_and_keeps_the_program_status_otherwise() {
     let fx = Fixture::new(None);
     let ws = s(&fx.ws);
     let run = |script: &str, extra: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-run"));
+        let mut cmd = Command::new(common::sandbox_run_exe());
         cmd.args(["--policy", "workspace-write", "--cwd", ws])
             .args(extra)
             .args(["--", "/bin/sh", "-c", script])

@@ -185,7 +185,7 @@ fn preexisting_hard_link_reaches_its_outside_inode_known_limit() {
 
 #[test]
 fn helper_mode_clears_the_environment_and_closes_descriptors() {
-    let exe = std::env::current_exe().unwrap();
+    let exe = common::probe_exe();
     let out = std::process::Command::new(exe)
         .args([
             "--exact",

@@ -31,6 +31,7 @@ use tokio_tungstenite::tungstenite::{self, Message};
 pub use proto::RpcError;
 
 pub mod relay;
+pub mod scratch;
 
 /// The default deadline for any single wait (a response, a notification, the URL line).
 pub const DEADLINE: Duration = Duration::from_secs(10);
@@ -1247,7 +1248,8 @@ pub fn median(durations: &[Duration]) -> Duration {
 // ---------------------------------------------------------------------------------------------
 
 /// A workspace under /tmp and an "outside" directory that no restricting policy may write
-/// (/var/tmp is neither a workspace root, /tmp nor $TMPDIR), holding a sentinel `secret.txt`.
+/// (under [`scratch::scratch_base`]: neither a workspace root, /tmp nor $TMPDIR), holding a
+/// sentinel `secret.txt`.
 pub struct SandboxDirs {
     /// The workspace (cwd of the policies under test).
     pub workspace: tempfile::TempDir,
@@ -1262,10 +1264,8 @@ impl SandboxDirs {
             .prefix("ew-ws-")
             .tempdir_in("/tmp")
             .expect("workspace under /tmp");
-        let outside = tempfile::Builder::new()
-            .prefix("ew-out-")
-            .tempdir_in("/var/tmp")
-            .expect("directory under /var/tmp");
+        let outside = scratch::scratch_dir("ew-out-");
+        scratch::assert_outside_writable_roots(outside.path());
         std::fs::write(outside.path().join("secret.txt"), b"outside").expect("secret.txt");
         SandboxDirs { workspace, outside }
     }

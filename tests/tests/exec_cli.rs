@@ -38,15 +38,13 @@ fn stdout_and_stderr_land_on_their_streams_and_the_status_is_the_remote_one() {
 #[test]
 fn sandbox_workspace_write_uses_the_command_cwd_as_its_workspace() {
     let server = server();
-    // Neither directory is under a profile's writable roots (/tmp, /var/tmp).
-    let base = tempfile::Builder::new()
-        .prefix("exec-sandbox-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
+    // Neither directory is under a profile's writable roots (/tmp, $TMPDIR).
+    let base = tests::scratch::scratch_dir("exec-sandbox-");
     let workspace = base.path().join("ws");
     let outside = base.path().join("outside");
     std::fs::create_dir(&workspace).unwrap();
     std::fs::create_dir(&outside).unwrap();
+    tests::scratch::assert_outside_writable_roots(&outside);
     let mut cmd = Command::new(exec_server_binary());
     cmd.args(["exec", "--connect", server.url(), "--sandbox", "workspace-write"])
         .arg("--cwd")

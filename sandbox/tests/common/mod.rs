@@ -14,6 +14,19 @@ use serde_json::Value;
 #[allow(dead_code, clippy::all)]
 pub mod probe;
 
+#[path = "../../../tests/src/scratch.rs"]
+pub mod scratch;
+
+/// `sandbox-run`, at a path every identity of [`identities`] can execute.
+pub fn sandbox_run_exe() -> PathBuf {
+    scratch::traversable(Path::new(env!("CARGO_BIN_EXE_sandbox-run")))
+}
+
+/// This test binary (re-executed as the in-sandbox probe), at a path every identity can execute.
+pub fn probe_exe() -> PathBuf {
+    scratch::traversable(&std::env::current_exe().unwrap())
+}
+
 /// Environment variable carrying the probe arguments (JSON array) into the sandbox.
 pub const PROBE_ENV: &str = "SANDBOX_KERNEL_TEST_PROBE";
 /// The unprivileged identity the root runs drop to.
@@ -49,12 +62,8 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn new(uid: Option<u32>) -> Self {
-        let base = tempfile::Builder::new()
-            .prefix("sbx-")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .unwrap();
+        let base = scratch::scratch_dir("sbx-");
         let root = std::fs::canonicalize(base.path()).unwrap();
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
         let ws = root.join("ws");
         let outside = root.join("outside");
         std::fs::create_dir_all(ws.join(".git")).unwrap();
@@ -64,6 +73,7 @@ impl Fixture {
         let outside_file = outside.join("outside.txt");
         std::fs::write(&outside_file, "original\n").unwrap();
         std::fs::set_permissions(&outside_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        scratch::assert_outside_writable_roots(&outside);
         if let Some(uid) = uid {
             for path in [
                 &ws,
@@ -114,7 +124,7 @@ pub fn sandbox_run(
     uid: Option<u32>,
     cwd: &Path,
 ) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-run"));
+    let mut cmd = Command::new(sandbox_run_exe());
     cmd.args(sandbox_args)
         .arg("--")
         .args(command)
@@ -129,8 +139,8 @@ pub fn sandbox_run(
 
 /// Runs the probe `op` under `sandbox-run sandbox_args` and returns its JSON report.
 pub fn probe(sandbox_args: &[&str], op: &[&str], uid: Option<u32>, cwd: &Path) -> Value {
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandbox-run"));
+    let exe = probe_exe();
+    let mut cmd = Command::new(sandbox_run_exe());
     cmd.args(sandbox_args)
         .arg("--")
         .arg(&exe)

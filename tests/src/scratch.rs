@@ -1,0 +1,181 @@
+//! Test fixtures that hold wherever the checkout and its target directory live, and whoever runs
+//! them (root, or the unprivileged uid the sandbox tests drop to).
+//!
+//! Two things used to depend on the checkout's location:
+//! - "outside" directories were created under `CARGO_TARGET_TMPDIR` (`<repo>/target/tmp`), which
+//!   is inside a writable root when the clone lives under `/tmp` (workspace-write makes `/tmp`
+//!   writable), so "the write outside was denied" failed;
+//! - the unprivileged uid could not traverse a 0700 home (`/root/...`) to reach the fixtures or
+//!   execute the test binaries, so every uid-65534 case failed with `EACCES`.
+//!
+//! [`scratch_base`] picks a directory outside every writable root the tests' policies grant and
+//! traversable by everyone; [`traversable`] gives a copy of an executable that everyone can run.
+//! This file is shared by the `tests` crate and, through `#[path]`, by the sandbox and fs-helper
+//! integration tests.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+/// Where fixture directories may live, in order of preference. Each must be outside `/tmp` (a
+/// writable root of workspace-write) and is rejected when `$TMPDIR` (another writable root)
+/// contains it.
+const SCRATCH_CANDIDATES: &[&str] = &["/var/tmp", "/srv", "/var/lib", "/opt"];
+/// Name of the shared directory created under the chosen candidate.
+const SCRATCH_DIR_NAME: &str = "execward-tests";
+
+/// The directory fixtures are created in: outside `/tmp` and `$TMPDIR`, and every ancestor (and
+/// the directory itself, mode 1777) traversable by any uid. Panics, naming what it tried, when
+/// this machine has no such place.
+pub fn scratch_base() -> &'static Path {
+    static BASE: OnceLock<PathBuf> = OnceLock::new();
+    BASE.get_or_init(|| {
+        let mut tried = Vec::new();
+        for candidate in SCRATCH_CANDIDATES {
+            let candidate = Path::new(candidate);
+            match usable_scratch(candidate) {
+                Ok(base) => return base,
+                Err(reason) => tried.push(format!("{}: {reason}", candidate.display())),
+            }
+        }
+        panic!(
+            "no directory for sandbox test fixtures outside every writable root (/tmp, $TMPDIR) \
+             and traversable by an unprivileged uid; tried {}",
+            tried.join("; ")
+        )
+    })
+}
+
+fn usable_scratch(candidate: &Path) -> Result<PathBuf, String> {
+    let canonical = std::fs::canonicalize(candidate).map_err(|e| e.to_string())?;
+    for writable in writable_roots_of_test_policies() {
+        if canonical.starts_with(&writable) {
+            return Err(format!("inside writable root {}", writable.display()));
+        }
+    }
+    if let Some(blocked) = first_untraversable(&canonical) {
+        return Err(format!("{} is not traversable by others", blocked.display()));
+    }
+    let base = canonical.join(SCRATCH_DIR_NAME);
+    match std::fs::create_dir(&base) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", base.display())),
+    }
+    let meta = std::fs::symlink_metadata(&base).map_err(|e| e.to_string())?;
+    if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(format!(
+            "{} exists but is not a directory owned by us",
+            base.display()
+        ));
+    }
+    // Sticky and world-writable like /tmp: every fixture below is created by its own test.
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o1777))
+        .map_err(|e| e.to_string())?;
+    Ok(base)
+}
+
+/// `/tmp` and `$TMPDIR` (canonical), which workspace-write makes writable.
+fn writable_roots_of_test_policies() -> Vec<PathBuf> {
+    let mut roots = vec![PathBuf::from("/tmp")];
+    roots.extend(
+        std::env::var_os("TMPDIR")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute()),
+    );
+    roots
+        .into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .collect()
+}
+
+/// The first directory on the way to `path` (inclusive) that others cannot traverse.
+fn first_untraversable(path: &Path) -> Option<PathBuf> {
+    path.ancestors()
+        .filter(|dir| {
+            std::fs::metadata(dir).map_or(true, |m| m.is_dir() && m.mode() & 0o001 == 0)
+        })
+        .last()
+        .map(Path::to_owned)
+}
+
+/// A fresh directory under [`scratch_base`], mode 0755 (the unprivileged uid can traverse it),
+/// removed when dropped.
+pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(scratch_base())
+        .expect("fixture directory under the scratch base");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod fixture directory");
+    dir
+}
+
+/// `path` itself when any uid can execute it (every ancestor traversable, the file o+rx);
+/// otherwise a copy in a 0755 directory under [`scratch_base`], made once per process (a clone
+/// under a 0700 home keeps its binaries where the unprivileged uid cannot reach them).
+pub fn traversable(path: &Path) -> PathBuf {
+    static COPIES: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
+    let runnable = std::fs::metadata(path).is_ok_and(|m| m.mode() & 0o005 == 0o005)
+        && path.parent().is_none_or(|dir| first_untraversable(dir).is_none());
+    if runnable {
+        return path.to_owned();
+    }
+    let mut copies = COPIES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    copies
+        .entry(path.to_owned())
+        .or_insert_with(|| {
+            let dir = tempfile::Builder::new()
+                .prefix("bin-")
+                .tempdir_in(scratch_base())
+                .expect("directory for a traversable binary")
+                .keep();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let copy = dir.join(path.file_name().expect("a file name"));
+            std::fs::copy(path, &copy).expect("copy the binary");
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+            CopiedBinaries::register(dir);
+            copy
+        })
+        .clone()
+}
+
+/// Removes the copied binaries' directories when the test process exits normally.
+struct CopiedBinaries;
+
+impl CopiedBinaries {
+    fn register(dir: PathBuf) {
+        static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+        extern "C" fn cleanup() {
+            for dir in DIRS.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+        let mut dirs = DIRS.lock().unwrap_or_else(|p| p.into_inner());
+        if dirs.is_empty() {
+            // SAFETY: registers a plain extern "C" function with no captured state.
+            unsafe { libc::atexit(cleanup) };
+        }
+        dirs.push(dir);
+    }
+}
+
+/// Panics unless `path` is outside `/tmp` and `$TMPDIR`: a fixture that must be unwritable under
+/// workspace-write.
+pub fn assert_outside_writable_roots(path: &Path) {
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    for root in writable_roots_of_test_policies() {
+        assert!(
+            !canonical.starts_with(&root),
+            "fixture {} is inside the writable root {}; the test would prove nothing",
+            canonical.display(),
+            root.display()
+        );
+    }
+}
