@@ -2,17 +2,36 @@
 //! `sandbox-run` installs ready bytecode instead of parsing JSON and running seccompiler on every
 //! start. Writes `$OUT_DIR/seccomp_programs.rs`, included by `src/linux/seccomp.rs`.
 //!
-//! The same files are still embedded and parsed at run time by `seccomp::filters_for` (for
-//! `--explain` and the golden rule lists); a unit test checks that a fresh compile of them equals
-//! the bytecode written here, so the two cannot drift apart.
+//! Rule selection (architecture, network variant) is `src/linux/seccomp_policy.rs`, included
+//! here too, so build and run time select the same rules. The files are still embedded and
+//! parsed at run time by `seccomp::filters_for` (for `--explain` and the golden rule lists); a
+//! unit test checks that a fresh compile of them equals the bytecode written here.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-/// The policy files, in installation order, and the constant each one becomes.
-const POLICY_FILES: [(&str, &str); 2] = [
-    ("restrictions.json", "RESTRICTIONS"),
-    ("no-network.json", "NO_NETWORK"),
+#[allow(dead_code)]
+#[path = "src/linux/seccomp_policy.rs"]
+mod seccomp_policy;
+
+/// The programs written: constant name, policy file, filter name, network variant.
+const PROGRAMS: [(&str, &str, &str, bool); 6] = [
+    (
+        "RESTRICTIONS_NETWORK_OFF",
+        "restrictions.json",
+        "restrictions",
+        false,
+    ),
+    (
+        "RESTRICTIONS_NETWORK_ON",
+        "restrictions.json",
+        "restrictions",
+        true,
+    ),
+    ("AUDIT_NETWORK_OFF", "audit.json", "audit", false),
+    ("AUDIT_NETWORK_ON", "audit.json", "audit", true),
+    ("ALLOW_NETWORK_OFF", "allow.json", "allow", false),
+    ("ALLOW_NETWORK_ON", "allow.json", "allow", true),
 ];
 
 fn main() {
@@ -26,7 +45,8 @@ fn generate() -> Result<(), String> {
     let manifest = PathBuf::from(env("CARGO_MANIFEST_DIR")?);
     let dir = manifest.join("../policies/seccomp");
     println!("cargo::rerun-if-changed={}", dir.display());
-    for (file, _) in POLICY_FILES {
+    println!("cargo::rerun-if-changed=src/linux/seccomp_policy.rs");
+    for (file, _) in seccomp_policy::POLICY_FILES {
         println!("cargo::rerun-if-changed={}", dir.join(file).display());
     }
     let target_os = env("CARGO_CFG_TARGET_OS")?;
@@ -37,50 +57,48 @@ fn generate() -> Result<(), String> {
     if target_os == "linux" {
         compile_all(&dir, &arch, &mut out)?;
     } else {
-        for (_, constant) in POLICY_FILES {
-            let _ = writeln!(out, "pub const {constant}: Option<Programs> = None;");
-        }
+        none_for_all(&mut out);
     }
     let out_path = PathBuf::from(env("OUT_DIR")?).join("seccomp_programs.rs");
     std::fs::write(&out_path, out).map_err(|err| format!("{}: {err}", out_path.display()))
 }
 
+fn none_for_all(out: &mut String) {
+    for (constant, ..) in PROGRAMS {
+        let _ = writeln!(out, "pub const {constant}: Option<Program> = None;");
+    }
+}
+
 #[cfg(target_os = "linux")]
 fn compile_all(dir: &std::path::Path, arch: &str, out: &mut String) -> Result<(), String> {
-    use std::collections::BTreeMap;
     // Unsupported architectures get no programs; `seccomp::install` then fails closed.
     let Ok(target) = seccompiler::TargetArch::try_from(arch) else {
-        for (_, constant) in POLICY_FILES {
-            let _ = writeln!(out, "pub const {constant}: Option<Programs> = None;");
-        }
+        none_for_all(out);
         return Ok(());
     };
-    for (file, constant) in POLICY_FILES {
+    for (constant, file, name, network) in PROGRAMS {
         let path = dir.join(file);
         let text =
             std::fs::read_to_string(&path).map_err(|err| format!("{}: {err}", path.display()))?;
-        let filters: BTreeMap<String, serde_json::Value> =
-            serde_json::from_str(&text).map_err(|err| format!("{file}: {err}"))?;
-        let _ = writeln!(out, "pub const {constant}: Option<Programs> = Some(&[");
-        // One filter at a time, in name order: the order `seccomp::filters_for` uses.
-        for (name, filter) in &filters {
-            require_comments(file, name, filter)?;
-            let json = serde_json::to_vec(&BTreeMap::from([(name, filter)]))
-                .map_err(|err| format!("{file}: {err}"))?;
-            let mut map = seccompiler::compile_from_json(json.as_slice(), target)
-                .map_err(|err| format!("{file}: {name}: {err}"))?;
-            let program = map
-                .remove(name)
-                .ok_or_else(|| format!("{file}: {name} missing after compilation"))?;
-            let _ = writeln!(out, "    ({name:?}, &[");
-            for insn in program {
-                let _ = writeln!(
-                    out,
-                    "        sock_filter {{ code: {:#06x}, jt: {}, jf: {}, k: {:#010x} }},",
-                    insn.code, insn.jt, insn.jf, insn.k
-                );
-            }
-            let _ = writeln!(out, "    ]),");
+        let filters = seccomp_policy::parse(&text).map_err(|err| format!("{file}: {err}"))?;
+        let filter = filters
+            .get(name)
+            .ok_or_else(|| format!("{file}: no filter named {name:?}"))?;
+        let selected = seccomp_policy::select(filter, arch, network);
+        let json = seccomp_policy::seccompiler_json(name, &selected)
+            .map_err(|err| format!("{file}: {err}"))?;
+        let mut map = seccompiler::compile_from_json(json.as_slice(), target)
+            .map_err(|err| format!("{file}: {name}: {err}"))?;
+        let program = map
+            .remove(name)
+            .ok_or_else(|| format!("{file}: {name} missing after compilation"))?;
+        let _ = writeln!(out, "pub const {constant}: Option<Program> = Some(&[");
+        for insn in program {
+            let _ = writeln!(
+                out,
+                "    sock_filter {{ code: {:#06x}, jt: {}, jf: {}, k: {:#010x} }},",
+                insn.code, insn.jt, insn.jf, insn.k
+            );
         }
         let _ = writeln!(out, "]);");
     }
@@ -92,28 +110,6 @@ fn compile_all(_dir: &std::path::Path, arch: &str, _out: &mut String) -> Result<
     Err(format!(
         "building for Linux/{arch} needs a Linux build host (seccompiler is Linux-only)"
     ))
-}
-
-/// Every rule and every argument condition must say why it exists (as `seccomp::load` checks).
-#[cfg(target_os = "linux")]
-fn require_comments(file: &str, name: &str, filter: &serde_json::Value) -> Result<(), String> {
-    let commented = |value: &serde_json::Value| {
-        value
-            .get("comment")
-            .and_then(serde_json::Value::as_str)
-            .is_some_and(|c| !c.trim().is_empty())
-    };
-    let rules = filter
-        .get("filter")
-        .and_then(serde_json::Value::as_array)
-        .ok_or_else(|| format!("{file}: {name}: no \"filter\" array"))?;
-    for rule in rules {
-        let conditions = rule.get("args").and_then(serde_json::Value::as_array);
-        if !commented(rule) || conditions.is_some_and(|args| !args.iter().all(commented)) {
-            return Err(format!("{file}: {name}: a rule lacks a comment: {rule}"));
-        }
-    }
-    Ok(())
 }
 
 fn env(key: &str) -> Result<String, String> {

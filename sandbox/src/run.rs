@@ -177,7 +177,11 @@ pub fn explain(cli: &Cli, policy: &ResolvedPolicy) -> Explain {
         Vec::new()
     } else {
         let mut names = vec!["x32_guard".to_owned()];
-        if let Ok(filters) = seccomp::filters_for(policy.network_allowed()) {
+        let variant = seccomp::Variant {
+            network_allowed: policy.network_allowed(),
+            audit: false,
+        };
+        if let Ok(filters) = seccomp::filters_for(variant) {
             names.extend(filters.into_iter().map(|(name, _)| name));
         }
         names

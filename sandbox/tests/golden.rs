@@ -124,14 +124,18 @@ fn permissions_profile_with_deny_golden() {
 #[test]
 fn seccomp_rule_lists_golden() {
     use sandbox::linux::seccomp;
-    let off = seccomp::render(&seccomp::filters_for(false).unwrap());
-    let on = seccomp::render(&seccomp::filters_for(true).unwrap());
-    golden(
-        "seccomp-network-off.txt",
-        &format!("x32_guard (x86_64): kill foreign arch, EPERM nr >= 0x40000000\n{off}"),
-    );
-    golden(
-        "seccomp-network-on.txt",
-        &format!("x32_guard (x86_64): kill foreign arch, EPERM nr >= 0x40000000\n{on}"),
-    );
+    let variant = |network_allowed, audit| seccomp::Variant {
+        network_allowed,
+        audit,
+    };
+    for (file, network, audit) in [
+        ("seccomp-network-off.txt", false, false),
+        ("seccomp-network-on.txt", true, false),
+        ("seccomp-audit-network-off.txt", false, true),
+    ] {
+        golden(
+            file,
+            &seccomp::render_variant(variant(network, audit)).unwrap(),
+        );
+    }
 }

@@ -57,7 +57,10 @@ fn usable_scratch(candidate: &Path) -> Result<PathBuf, String> {
         }
     }
     if let Some(blocked) = first_untraversable(&canonical) {
-        return Err(format!("{} is not traversable by others", blocked.display()));
+        return Err(format!(
+            "{} is not traversable by others",
+            blocked.display()
+        ));
     }
     let base = canonical.join(SCRATCH_DIR_NAME);
     match std::fs::create_dir(&base) {
@@ -95,9 +98,7 @@ fn writable_roots_of_test_policies() -> Vec<PathBuf> {
 /// The first directory on the way to `path` (inclusive) that others cannot traverse.
 fn first_untraversable(path: &Path) -> Option<PathBuf> {
     path.ancestors()
-        .filter(|dir| {
-            std::fs::metadata(dir).map_or(true, |m| m.is_dir() && m.mode() & 0o001 == 0)
-        })
+        .filter(|dir| std::fs::metadata(dir).map_or(true, |m| m.is_dir() && m.mode() & 0o001 == 0))
         .last()
         .map(Path::to_owned)
 }
@@ -120,7 +121,9 @@ pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
 pub fn traversable(path: &Path) -> PathBuf {
     static COPIES: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
     let runnable = std::fs::metadata(path).is_ok_and(|m| m.mode() & 0o005 == 0o005)
-        && path.parent().is_none_or(|dir| first_untraversable(dir).is_none());
+        && path
+            .parent()
+            .is_none_or(|dir| first_untraversable(dir).is_none());
     if runnable {
         return path.to_owned();
     }

@@ -82,19 +82,41 @@ fn protected_ancestor(policy: &ResolvedPolicy, path: &Path) -> Option<PathBuf> {
 }
 
 fn seccomp_reason(syscall: &str) -> String {
-    let comment = seccomp::filters_for(true).ok().and_then(|filters| {
+    let variant = seccomp::Variant {
+        network_allowed: true,
+        audit: true,
+    };
+    let filters = seccomp::filters_for(variant).unwrap_or_default();
+    let rule_in = |part: &str| {
         filters
-            .into_iter()
-            .flat_map(|(_, filter)| filter.filter)
+            .iter()
+            .filter(|(name, _)| name == part)
+            .flat_map(|(_, filter)| filter.filter.iter())
             .find(|rule| rule.syscall == syscall)
-            .map(|rule| rule.comment)
-    });
-    match comment {
-        Some(comment) => format!(
+    };
+    if let Some(rule) = rule_in("restrictions") {
+        return format!(
             "none: policies/seccomp/restrictions.json refuses {syscall} under every \
-             restricting policy ({comment})"
+             restricting policy ({})",
+            rule.comment
+        );
+    }
+    if let Some(rule) = rule_in("audit") {
+        return format!(
+            "none: policies/seccomp/audit.json refuses {syscall} while the denial audit runs ({})",
+            rule.comment
+        );
+    }
+    match rule_in("allow") {
+        Some(rule) => format!(
+            "none: policies/seccomp/allow.json admits {syscall} only with the arguments it \
+             names ({})",
+            rule.comment
         ),
-        None => format!("none: {syscall} is refused by the sandbox's seccomp filter"),
+        None => format!(
+            "none: {syscall} is not on the reviewed allow-list (policies/seccomp/allow.json); \
+             unlisted calls get ENOSYS"
+        ),
     }
 }
 
@@ -170,5 +192,14 @@ mod tests {
         assert_eq!(rule, "network = true (sandbox-run --allow-network)");
         let rule = allow_rule(&policy(), Layer::Seccomp, "ptrace", None);
         assert!(rule.starts_with("none: policies/seccomp/restrictions.json refuses ptrace"));
+        let rule = allow_rule(&policy(), Layer::Seccomp, "landlock_restrict_self", None);
+        assert!(
+            rule.starts_with("none: policies/seccomp/audit.json refuses"),
+            "{rule}"
+        );
+        let rule = allow_rule(&policy(), Layer::Seccomp, "prlimit64", None);
+        assert!(rule.starts_with("none: policies/seccomp/allow.json admits prlimit64 only"));
+        let rule = allow_rule(&policy(), Layer::Seccomp, "clone3", None);
+        assert!(rule.contains("not on the reviewed allow-list"), "{rule}");
     }
 }

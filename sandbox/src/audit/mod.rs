@@ -40,6 +40,7 @@ pub mod supervise;
 #[cfg(target_os = "linux")]
 pub(crate) mod sys;
 #[cfg(target_os = "linux")]
+mod syscall_table;
 pub mod syscalls;
 
 pub use denial::{Coverage, Denial, Layer};

@@ -19,6 +19,7 @@ pub mod hygiene;
 pub mod landlock;
 pub mod namespaces;
 pub mod seccomp;
+pub mod seccomp_policy;
 
 use std::os::fd::RawFd;
 use std::path::PathBuf;
@@ -213,6 +214,9 @@ pub fn restrict_current_process(
         options.audit_log,
         &mut report.warnings,
     )?;
-    report.seccomp = seccomp::install(policy.network_allowed(), options.audit_log)?;
+    report.seccomp = seccomp::install_on_current_thread(seccomp::Variant {
+        network_allowed: policy.network_allowed(),
+        audit: options.audit_log,
+    })?;
     Ok(report)
 }

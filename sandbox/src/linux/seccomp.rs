@@ -1,38 +1,43 @@
-//! The seccomp layer, generated from `policies/seccomp/*.json` (firecracker's JSON shape; every
-//! rule and every argument condition carries a `comment`, which [`load`] requires).
+//! The seccomp layer: an allow-list generated from `policies/seccomp/*.json` (firecracker's
+//! JSON shape; every rule and every argument condition carries a `comment`, which
+//! [`seccomp_policy::parse`](super::seccomp_policy::parse) requires).
 //!
-//! Filters installed:
+//! One program is installed, chained from these parts (the first part that refuses decides):
 //! - `x32_guard` (x86_64 only, hand-written BPF): kills any other architecture (`int 0x80`
 //!   enters as i386) and refuses x32 syscall numbers (`nr | 0x40000000`), which would
 //!   otherwise slip past rules written for x86_64 numbers;
-//! - `restrictions` (`EPERM`): ptrace, process_vm_*, io_uring_*, bpf, perf_event_open, keyring,
-//!   the mount family, unshare/setns, namespace-creating clone, TIOCSTI/TIOCLINUX (32-bit
-//!   compare), module and kexec calls;
-//! - `clone3` (`ENOSYS`): its flags are in memory, so libc is made to fall back to `clone`;
-//! - `no_network` (`EPERM`, only with the network off): `socket`/`socketpair` of any family
-//!   but `AF_UNIX`. `connect`, `sendmsg` and friends stay allowed: without a non-unix socket
-//!   they can only reach unix sockets (which a helper's `SCM_RIGHTS` needs).
+//! - `restrictions` (`EPERM`): calls that are dangerous whatever else is allowed (ptrace,
+//!   process_vm_*, io_uring_*, bpf, perf_event_open, keyrings, the mount family, unshare/setns,
+//!   namespace-creating clone, TIOCSTI/TIOCLINUX, modules, kexec, ...), so their refusal reads as
+//!   "not permitted";
+//! - `audit` (`EPERM`, only under the denial audit): a nested Landlock domain or seccomp filter,
+//!   which could hide the command's own denials from the report;
+//! - `allow` (default `ENOSYS`): the reviewed allow-list, with argument filters where a call is
+//!   only safe on the caller itself (prlimit64, setpriority, sched_set*, ioprio_set, NUMA page
+//!   moves: pid/who 0), on some of its arguments (clone without namespace flags, ioctl without
+//!   TIOCSTI/TIOCLINUX, personality), or must not create set-user-ID/set-group-ID files (open,
+//!   creat, chmod family, mknod). Sockets: with the network off only `AF_UNIX`; with it on also
+//!   `AF_INET`, `AF_INET6` and `AF_NETLINK`. Anything not listed, including every syscall added to
+//!   the kernel after the list was reviewed, gets `ENOSYS` (so libc falls back, as on an older
+//!   kernel): `clone3` among them, whose flags live in memory a filter cannot read.
 //!
 //! `build.rs` compiles the JSON to BPF for the target architecture at build time ([`compiled`]);
-//! [`install`] chains `x32_guard` and the compiled filters into one program ([`chain`]) and makes
-//! one `seccomp(2)` call, so nothing is parsed or compiled on the way to `execve`. The JSON is
-//! still parsed by [`filters_for`] for `--explain` and the golden rule lists, and a test checks
-//! that a fresh compile of it equals the embedded bytecode.
-
-use std::collections::BTreeMap;
+//! [`install`] chains the parts into one program ([`chain`]) and makes one `seccomp(2)` call, so
+//! nothing is parsed or compiled on the way to `execve`. The JSON is still parsed by
+//! [`filters_for`] for `--explain` and the golden rule lists, and a test checks that a fresh
+//! compile of it equals the embedded bytecode.
 
 use seccompiler::{BpfProgram, TargetArch, sock_filter};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-/// BPF compiled from `policies/seccomp/*.json` by `build.rs` for the target architecture:
-/// `(filter name, program)` per filter, in installation order; `None` when seccompiler does not
-/// support the architecture.
+use super::seccomp_policy::{self, Filter};
+
+/// BPF compiled from `policies/seccomp/*.json` by `build.rs` for the target architecture;
+/// `None` when seccompiler does not support the architecture.
 pub mod compiled {
     use seccompiler::sock_filter;
 
-    /// Named programs in installation order.
-    pub type Programs = &'static [(&'static str, &'static [sock_filter])];
+    /// One compiled filter.
+    pub type Program = &'static [sock_filter];
 
     include!(concat!(env!("OUT_DIR"), "/seccomp_programs.rs"));
 }
@@ -51,50 +56,10 @@ const BPF_RET_K: u16 = BPF_RET;
 
 /// `policies/seccomp/restrictions.json`.
 pub const RESTRICTIONS_JSON: &str = include_str!("../../../policies/seccomp/restrictions.json");
-/// `policies/seccomp/no-network.json`.
-pub const NO_NETWORK_JSON: &str = include_str!("../../../policies/seccomp/no-network.json");
-
-/// One filter in firecracker's shape.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Filter {
-    /// Action when no rule matches.
-    pub mismatch_action: Value,
-    /// Action when a rule matches.
-    pub match_action: Value,
-    /// The rules.
-    pub filter: Vec<Rule>,
-}
-
-/// One rule: the syscall matches when all `args` conditions hold.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rule {
-    /// Syscall name.
-    pub syscall: String,
-    /// Conditions (all must hold).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<Condition>,
-    /// Why the rule exists (required).
-    pub comment: String,
-}
-
-/// A condition on one argument.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Condition {
-    /// Argument index.
-    pub index: u8,
-    /// `dword` (32-bit) or `qword`.
-    #[serde(rename = "type")]
-    pub len: String,
-    /// `eq`, `ne`, `{"masked_eq": MASK}`, ...
-    pub op: Value,
-    /// Value compared.
-    pub val: u64,
-    /// What is compared and why (required).
-    pub comment: String,
-}
+/// `policies/seccomp/audit.json`.
+pub const AUDIT_JSON: &str = include_str!("../../../policies/seccomp/audit.json");
+/// `policies/seccomp/allow.json`.
+pub const ALLOW_JSON: &str = include_str!("../../../policies/seccomp/allow.json");
 
 /// Why the seccomp layer failed.
 #[derive(Debug, thiserror::Error)]
@@ -117,43 +82,71 @@ pub enum SeccompError {
     },
 }
 
-/// Parses one embedded policy file, requiring a non-empty comment on every rule and condition.
-///
-/// # Errors
-/// [`SeccompError::Policy`] naming the file and the problem.
-pub fn load(file: &'static str, text: &str) -> Result<BTreeMap<String, Filter>, SeccompError> {
-    let filters: BTreeMap<String, Filter> =
-        serde_json::from_str(text).map_err(|err| SeccompError::Policy {
-            file,
-            message: err.to_string(),
-        })?;
-    for (name, filter) in &filters {
-        for rule in &filter.filter {
-            let uncommented = rule.comment.trim().is_empty()
-                || rule.args.iter().any(|c| c.comment.trim().is_empty());
-            if uncommented {
-                return Err(SeccompError::Policy {
-                    file,
-                    message: format!("{name}: rule for {} lacks a comment", rule.syscall),
-                });
-            }
-        }
-    }
-    Ok(filters)
+/// Which variant of the program: the network on or off, and whether the denial audit runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    /// Sockets of network families may be created.
+    pub network_allowed: bool,
+    /// The denial audit runs (its refusals apply and denials are logged).
+    pub audit: bool,
 }
 
-/// The filters that apply, in installation order.
+fn parse_file(file: &'static str, text: &str, name: &str) -> Result<Filter, SeccompError> {
+    let policy = |message: String| SeccompError::Policy { file, message };
+    seccomp_policy::parse(text)
+        .map_err(policy)?
+        .remove(name)
+        .ok_or_else(|| policy(format!("no filter named {name:?}")))
+}
+
+/// The filters that apply to `variant` on `arch`, in installation order (after `x32_guard`).
 ///
 /// # Errors
-/// As [`load`].
-pub fn filters_for(network_allowed: bool) -> Result<Vec<(String, Filter)>, SeccompError> {
-    let mut filters: Vec<(String, Filter)> = load("restrictions.json", RESTRICTIONS_JSON)?
-        .into_iter()
-        .collect();
-    if !network_allowed {
-        filters.extend(load("no-network.json", NO_NETWORK_JSON)?);
+/// [`SeccompError::Policy`] when an embedded file is malformed.
+pub fn filters_for_arch(
+    variant: Variant,
+    arch: &str,
+) -> Result<Vec<(String, Filter)>, SeccompError> {
+    let mut parts = vec![(
+        "restrictions",
+        parse_file("restrictions.json", RESTRICTIONS_JSON, "restrictions")?,
+    )];
+    if variant.audit {
+        parts.push(("audit", parse_file("audit.json", AUDIT_JSON, "audit")?));
     }
-    Ok(filters)
+    parts.push(("allow", parse_file("allow.json", ALLOW_JSON, "allow")?));
+    Ok(parts
+        .into_iter()
+        .map(|(name, filter)| {
+            let selected = seccomp_policy::select(&filter, arch, variant.network_allowed);
+            (name.to_owned(), selected)
+        })
+        .collect())
+}
+
+/// [`filters_for_arch`] for the architecture this crate was built for.
+///
+/// # Errors
+/// As [`filters_for_arch`].
+pub fn filters_for(variant: Variant) -> Result<Vec<(String, Filter)>, SeccompError> {
+    filters_for_arch(variant, std::env::consts::ARCH)
+}
+
+/// Every syscall name the allow-list admits for `variant` on this architecture (with or without
+/// argument conditions), sorted.
+///
+/// # Errors
+/// As [`filters_for_arch`].
+pub fn allowed_syscalls(variant: Variant) -> Result<Vec<String>, SeccompError> {
+    let mut names: Vec<String> = filters_for(variant)?
+        .into_iter()
+        .filter(|(name, _)| name == "allow")
+        .flat_map(|(_, filter)| filter.filter)
+        .map(|rule| rule.syscall)
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
 }
 
 /// A readable rendering of the rule list (golden-tested).
@@ -176,7 +169,49 @@ pub fn render(filters: &[(String, Filter)]) -> String {
     out
 }
 
-/// Compiles `filters` for `arch` into BPF programs.
+/// The whole program of `variant` as reviewers read it: `x32_guard`'s instructions as
+/// installed, then every rule of the parts that follow (golden-tested).
+///
+/// # Errors
+/// As [`filters_for`].
+pub fn render_variant(variant: Variant) -> Result<String, SeccompError> {
+    let mut out = String::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        out.push_str("[x32_guard]\n");
+        out.push_str(&disassemble(&x32_guard()));
+    }
+    out.push_str(&render(&filters_for(variant)?));
+    Ok(out)
+}
+
+/// A listing of a classic-BPF program (the instructions [`x32_guard`] uses), one per line.
+pub fn disassemble(program: &[sock_filter]) -> String {
+    let describe_ret = |k: u32| match k & 0xffff_0000 {
+        0x8000_0000 => "KILL_PROCESS".to_owned(),
+        0x0005_0000 => format!("ERRNO({})", k & 0xffff),
+        SECCOMP_RET_ALLOW => "ALLOW".to_owned(),
+        other => format!("{other:#x}"),
+    };
+    program
+        .iter()
+        .enumerate()
+        .map(|(at, insn)| {
+            let text = match insn.code {
+                0x20 if insn.k == 0 => "ld nr".to_owned(),
+                0x20 if insn.k == 4 => "ld arch".to_owned(),
+                0x20 => format!("ld [{}]", insn.k),
+                0x15 => format!("jeq {:#x} ? +{} : +{}", insn.k, insn.jt, insn.jf),
+                0x35 => format!("jge {:#x} ? +{} : +{}", insn.k, insn.jt, insn.jf),
+                0x06 => format!("ret {}", describe_ret(insn.k)),
+                code => format!("op {code:#x} k {:#x}", insn.k),
+            };
+            format!("  {at}: {text}\n")
+        })
+        .collect()
+}
+
+/// Compiles `filters` (already selected for `arch`) into BPF programs.
 ///
 /// # Errors
 /// [`SeccompError::Install`] when seccompiler rejects a filter (e.g. an unknown syscall name).
@@ -191,8 +226,7 @@ pub fn compile(
                 name: name.clone(),
                 message,
             };
-            let json = serde_json::to_vec(&BTreeMap::from([(name.clone(), filter.clone())]))
-                .map_err(|err| install_err(err.to_string()))?;
+            let json = seccomp_policy::seccompiler_json(name, filter).map_err(install_err)?;
             let mut map = seccompiler::compile_from_json(json.as_slice(), arch)
                 .map_err(|err| install_err(err.to_string()))?;
             let program = map
@@ -203,13 +237,13 @@ pub fn compile(
         .collect()
 }
 
-/// The program [`install`] applies: `x32_guard` (x86_64) and the compiled filters that apply,
-/// chained into one, with the names of its parts.
+/// The embedded, compiled parts for `variant`, in installation order (without `x32_guard`).
 ///
 /// # Errors
-/// [`SeccompError::Install`] when there is no compiled program for this architecture or the
-/// parts cannot be chained.
-pub fn program_for(network_allowed: bool) -> Result<(Vec<String>, BpfProgram), SeccompError> {
+/// [`SeccompError::Install`] when there is no compiled program for this architecture.
+pub fn compiled_parts(
+    variant: Variant,
+) -> Result<Vec<(&'static str, &'static [sock_filter])>, SeccompError> {
     let unsupported = || SeccompError::Install {
         name: "arch".to_owned(),
         message: format!(
@@ -217,15 +251,40 @@ pub fn program_for(network_allowed: bool) -> Result<(Vec<String>, BpfProgram), S
             std::env::consts::ARCH
         ),
     };
+    let (restrictions, audit, allow) = if variant.network_allowed {
+        (
+            compiled::RESTRICTIONS_NETWORK_ON,
+            compiled::AUDIT_NETWORK_ON,
+            compiled::ALLOW_NETWORK_ON,
+        )
+    } else {
+        (
+            compiled::RESTRICTIONS_NETWORK_OFF,
+            compiled::AUDIT_NETWORK_OFF,
+            compiled::ALLOW_NETWORK_OFF,
+        )
+    };
+    let mut parts = vec![("restrictions", restrictions.ok_or_else(unsupported)?)];
+    if variant.audit {
+        parts.push(("audit", audit.ok_or_else(unsupported)?));
+    }
+    parts.push(("allow", allow.ok_or_else(unsupported)?));
+    Ok(parts)
+}
+
+/// The program [`install`] applies: `x32_guard` (x86_64) and the compiled parts of `variant`,
+/// chained into one, with the names of its parts.
+///
+/// # Errors
+/// [`SeccompError::Install`] when there is no compiled program for this architecture or the
+/// parts cannot be chained.
+pub fn program_for(variant: Variant) -> Result<(Vec<String>, BpfProgram), SeccompError> {
     let mut parts: Vec<(&str, &[sock_filter])> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     let guard = x32_guard();
     #[cfg(target_arch = "x86_64")]
     parts.push(("x32_guard", &guard));
-    parts.extend_from_slice(compiled::RESTRICTIONS.ok_or_else(unsupported)?);
-    if !network_allowed {
-        parts.extend_from_slice(compiled::NO_NETWORK.ok_or_else(unsupported)?);
-    }
+    parts.extend(compiled_parts(variant)?);
     let program = chain(&parts)?;
     Ok((
         parts.iter().map(|(name, _)| (*name).to_owned()).collect(),
@@ -299,15 +358,15 @@ pub fn chain(parts: &[(&str, &[sock_filter])]) -> Result<BpfProgram, SeccompErro
     Ok(program)
 }
 
-/// Installs the filters on the calling thread (the process is single-threaded here) as one
-/// program, in one `seccomp(2)` call. `no_new_privs` must already be set.
+/// Installs the program for `variant` on the calling thread (the process is single-threaded
+/// here), in one `seccomp(2)` call. `no_new_privs` must already be set.
 ///
 /// # Errors
 /// [`SeccompError`] when the program cannot be built or installed.
-pub fn install(network_allowed: bool, log: bool) -> Result<Vec<String>, SeccompError> {
-    let (names, program) = program_for(network_allowed)?;
-    // `log`: the denial audit wants SECCOMP records for the errno actions (FLAG_LOG).
-    let installed = if log {
+pub fn install_on_current_thread(variant: Variant) -> Result<Vec<String>, SeccompError> {
+    let (names, program) = program_for(variant)?;
+    // The denial audit wants SECCOMP records for the errno actions (FLAG_LOG).
+    let installed = if variant.audit {
         crate::audit::sys::install_seccomp_filter_logged_on_current_thread(&program)
             .map_err(|err| err.to_string())
     } else {
@@ -351,13 +410,32 @@ pub fn x32_guard() -> BpfProgram {
 mod tests {
     use super::*;
 
+    const VARIANTS: [Variant; 4] = [
+        Variant {
+            network_allowed: false,
+            audit: false,
+        },
+        Variant {
+            network_allowed: true,
+            audit: false,
+        },
+        Variant {
+            network_allowed: false,
+            audit: true,
+        },
+        Variant {
+            network_allowed: true,
+            audit: true,
+        },
+    ];
+
     #[test]
-    fn every_policy_compiles_for_every_supported_arch() {
-        for network in [false, true] {
-            let filters = filters_for(network).unwrap();
+    fn every_variant_compiles_for_every_supported_arch() {
+        for variant in VARIANTS {
             for arch in ["x86_64", "aarch64", "riscv64"] {
-                let arch = TargetArch::try_from(arch).unwrap();
-                let programs = compile(&filters, arch).unwrap();
+                let filters = filters_for_arch(variant, arch).unwrap();
+                let target = TargetArch::try_from(arch).unwrap();
+                let programs = compile(&filters, target).unwrap();
                 assert_eq!(programs.len(), filters.len());
             }
         }
@@ -366,18 +444,69 @@ mod tests {
     #[test]
     fn embedded_programs_equal_a_fresh_compile_of_the_json() {
         let arch = TargetArch::try_from(std::env::consts::ARCH).unwrap();
-        for network in [false, true] {
-            let fresh = compile(&filters_for(network).unwrap(), arch).unwrap();
-            let mut embedded: Vec<(String, BpfProgram)> = Vec::new();
-            for (name, program) in compiled::RESTRICTIONS.unwrap() {
-                embedded.push(((*name).to_owned(), program.to_vec()));
-            }
-            if !network {
-                for (name, program) in compiled::NO_NETWORK.unwrap() {
-                    embedded.push(((*name).to_owned(), program.to_vec()));
-                }
-            }
+        for variant in VARIANTS {
+            let fresh = compile(&filters_for(variant).unwrap(), arch).unwrap();
+            let embedded: Vec<(String, BpfProgram)> = compiled_parts(variant)
+                .unwrap()
+                .into_iter()
+                .map(|(name, program)| (name.to_owned(), program.to_vec()))
+                .collect();
             assert_eq!(embedded, fresh, "rebuild: build.rs output is stale");
+        }
+    }
+
+    #[test]
+    fn the_allow_list_refuses_by_default_with_enosys_and_the_refusals_with_eperm() {
+        for variant in VARIANTS {
+            let filters = filters_for(variant).unwrap();
+            let allow = &filters.last().unwrap().1;
+            assert_eq!(allow.mismatch_action, serde_json::json!({"errno": 38}));
+            assert_eq!(allow.match_action, serde_json::json!("allow"));
+            for (name, filter) in &filters[..filters.len() - 1] {
+                assert_eq!(filter.mismatch_action, serde_json::json!("allow"), "{name}");
+                assert_eq!(
+                    filter.match_action,
+                    serde_json::json!({"errno": 1}),
+                    "{name}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_dangerous_is_on_the_allow_list() {
+        for variant in VARIANTS {
+            let allowed = allowed_syscalls(variant).unwrap();
+            for refused in [
+                "ptrace",
+                "process_vm_readv",
+                "process_vm_writev",
+                "mount",
+                "umount2",
+                "open_tree",
+                "move_mount",
+                "fsopen",
+                "fsmount",
+                "mount_setattr",
+                "unshare",
+                "setns",
+                "bpf",
+                "perf_event_open",
+                "keyctl",
+                "io_uring_setup",
+                "userfaultfd",
+                "clone3",
+                "openat2",
+                "chroot",
+                "pivot_root",
+                "init_module",
+                "kexec_load",
+            ] {
+                assert!(
+                    !allowed.iter().any(|name| name == refused),
+                    "{refused} is on the allow-list"
+                );
+            }
         }
     }
 
@@ -424,22 +553,18 @@ mod tests {
         }
     }
 
-    /// What the kernel returns for filters installed in this order: the most restrictive
-    /// action wins, the most recently installed one on ties.
-    fn run_stacked(parts: &[(&str, &[sock_filter])], data: &SeccompData) -> u32 {
-        let action = |ret: u32| (ret & 0xffff_0000) as i32;
-        let mut result = SECCOMP_RET_ALLOW;
-        for (_, part) in parts.iter().rev() {
-            let ret = run_bpf(part, data);
-            if action(ret) < action(result) {
-                result = ret;
-            }
-        }
-        result
+    /// What the chained program must decide: the parts in order, the first that does not
+    /// allow decides.
+    fn run_in_order(parts: &[(&str, &[sock_filter])], data: &SeccompData) -> u32 {
+        parts
+            .iter()
+            .map(|(_, part)| run_bpf(part, data))
+            .find(|ret| *ret != SECCOMP_RET_ALLOW)
+            .unwrap_or(SECCOMP_RET_ALLOW)
     }
 
     #[test]
-    fn chained_program_decides_like_separately_installed_filters() {
+    fn chained_program_decides_like_its_parts_taken_in_order() {
         const AUDIT_ARCHES: [u32; 4] = [0xc000_003e, 0x4000_0003, 0xc000_00b7, 0xc000_00f3];
         const X32_SYSCALL_BIT: u32 = 0x4000_0000;
         let mut values: Vec<u64> = vec![0, 1, 2, 10, 16, 17, 0x5412, 0x541c, 0x5413, u64::MAX];
@@ -450,18 +575,15 @@ mod tests {
             arg_sets.push([*v, 0, 0, 0, 0, 0]);
             arg_sets.push([0, *v, 0, 0, 0, 0]);
         }
-        for network in [false, true] {
+        for variant in VARIANTS {
             let guard;
             let mut parts: Vec<(&str, &[sock_filter])> = Vec::new();
             if cfg!(target_arch = "x86_64") {
                 guard = x32_guard_program();
                 parts.push(("x32_guard", &guard));
             }
-            parts.extend_from_slice(compiled::RESTRICTIONS.unwrap());
-            if !network {
-                parts.extend_from_slice(compiled::NO_NETWORK.unwrap());
-            }
-            let (names, chained) = program_for(network).unwrap();
+            parts.extend(compiled_parts(variant).unwrap());
+            let (names, chained) = program_for(variant).unwrap();
             assert_eq!(names.len(), parts.len());
             let (mut refused, mut checked) = (0, 0);
             for arch in AUDIT_ARCHES {
@@ -472,11 +594,11 @@ mod tests {
                             arch,
                             args: *args,
                         };
-                        let expected = run_stacked(&parts, &data);
+                        let expected = run_in_order(&parts, &data);
                         assert_eq!(
                             run_bpf(&chained, &data),
                             expected,
-                            "arch {arch:#x} nr {nr} args {args:x?} network {network}"
+                            "arch {arch:#x} nr {nr} args {args:x?} {variant:?}"
                         );
                         refused += usize::from(expected != SECCOMP_RET_ALLOW);
                         checked += 1;
@@ -530,16 +652,19 @@ mod tests {
     fn uncommented_rules_are_rejected() {
         let text = r#"{"f": {"mismatch_action": "allow", "match_action": {"errno": 1},
             "filter": [{"syscall": "ptrace", "comment": " "}]}}"#;
-        assert!(load("test.json", text).is_err());
+        assert!(seccomp_policy::parse(text).is_err());
         let text = r#"{"f": {"mismatch_action": "allow", "match_action": {"errno": 1},
             "filter": [{"syscall": "ptrace"}]}}"#;
-        assert!(load("test.json", text).is_err());
+        assert!(seccomp_policy::parse(text).is_err());
+        let text = r#"{"f": {"mismatch_action": "allow", "match_action": {"errno": 1},
+            "filter": [{"syscall": "ptrace", "comment": "c", "network": "maybe"}]}}"#;
+        assert!(seccomp_policy::parse(text).is_err());
     }
 
     #[test]
     fn ioctl_rules_compare_32_bits() {
-        let filters = filters_for(true).unwrap();
-        let ioctl: Vec<&Rule> = filters
+        let filters = filters_for(VARIANTS[1]).unwrap();
+        let ioctl: Vec<&seccomp_policy::Rule> = filters
             .iter()
             .flat_map(|(_, f)| f.filter.iter())
             .filter(|r| r.syscall == "ioctl")
