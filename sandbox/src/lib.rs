@@ -8,6 +8,7 @@
 //! - [`run`]: the `sandbox-run` command line.
 
 pub mod audit;
+pub mod launch;
 pub mod policy;
 
 #[cfg(target_os = "linux")]
@@ -21,3 +22,10 @@ pub mod run;
 pub use policy::{
     Access, FilesystemPolicy, PathRule, PolicyError, ResolvedPolicy, SandboxSpec, WritableRoot,
 };
+
+/// Dies of `signal` (default action, unblocked, no core dump); returns if it was not fatal.
+/// `sandbox-run` mirrors the command's fatal signal with it.
+#[cfg(target_os = "linux")]
+pub fn sys_die_of_signal(signal: i32) {
+    sys::die_of_signal(signal);
+}

@@ -1,8 +1,8 @@
-//! `sandbox-run`: resolve a policy, confine this process, then `execve` the command.
+//! `sandbox-run`: resolve a policy once, then run a command in a sandbox of its own.
 //!
-//! Exit status: the program's own; 125 when the sandbox could not be set up (reason on
-//! stderr); 126/127 when the program could not be executed (reported by `sandbox-run` itself,
-//! since a spawner such as portable-pty reports a failed exec as success).
+//! Exit status: the program's own (or `sandbox-run` dies of the signal that killed it); 125
+//! when the sandbox could not be set up (reason on stderr); 126/127 when the program could not
+//! be executed / was not found.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -30,26 +30,37 @@ pub const EXIT_NOT_FOUND: u8 = 127;
         sandbox-run --policy ./my-profile.toml --allow-network -- curl https://example.com\n  \
         sandbox-run --policy '{\"profile\":\"workspace-write\",\"cwd\":\"file:///ws\"}' -- make\n  \
         sandbox-run --policy workspace-write --explain -- true\n\n\
-        Exit status: the program's; 125 if the sandbox could not be set up; 126/127 if the\n\
-        program could not be executed / was not found. Policies: see policies/README.md."
+        The command runs in its own user, mount, PID and IPC namespaces (and network namespace\n\
+        when the network is off), with no capabilities, private /tmp, /run, /dev and /proc,\n\
+        Landlock and a seccomp allow-list. When stdin or stdout is a terminal it gets a\n\
+        terminal of its own. Nothing it starts outlives it.\n\n\
+        Exit status: the program's (sandbox-run dies of the same signal when one killed it);\n\
+        125 if the sandbox could not be set up; 126/127 if the program could not be\n\
+        executed / was not found. Policies: see policies/README.md."
 )]
 pub struct Cli {
     /// Policy: a built-in name (read-only, workspace-write, danger-full-access), a profile
     /// file (*.toml, or any path containing '/'), or a JSON sandbox object (starts with '{').
+    /// A profile file inside a writable root of the policy it produces is refused (the
+    /// sandboxed command could rewrite it for the next run).
     #[arg(long, value_name = "NAME|FILE.toml|JSON", default_value = "read-only")]
     pub policy: String,
     /// The wire sandbox object as JSON (same as a `--policy` starting with '{').
     #[arg(long, value_name = "JSON", conflicts_with = "policy")]
     pub policy_json: Option<String>,
-    /// Directory cwd-dependent rules resolve against (default: the JSON's cwd, else the
-    /// current directory). The program itself runs in the current directory.
+    /// The command's working directory, and the directory cwd-dependent rules (the workspace
+    /// of workspace-write) resolve against. Default: the JSON policy's cwd when it has one,
+    /// else the current directory. Must exist (see --create-missing).
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<PathBuf>,
-    /// Extra writable root (repeatable); .git/.agents/.codex inside stay read-only.
+    /// Extra writable root (repeatable); .git/.agents/.codex inside stay read-only. Must
+    /// exist (see --create-missing).
     #[arg(long = "writable-root", value_name = "DIR")]
     pub writable_roots: Vec<PathBuf>,
-    /// Extra path to deny (masked by the namespace layer, refused by Landlock); repeatable.
-    /// exec-server passes its own unix socket here so sandboxed commands cannot reach it.
+    /// Create a missing --cwd or --writable-root (mode 0755) instead of refusing it.
+    #[arg(long)]
+    pub create_missing: bool,
+    /// Extra path to hide (masked by the namespace layer, refused by Landlock); repeatable.
     #[arg(long = "deny", value_name = "PATH")]
     pub denies: Vec<PathBuf>,
     /// Allow network access.
@@ -58,7 +69,7 @@ pub struct Cli {
     /// Run even if a layer the policy needs is unavailable (reported on stderr).
     #[arg(long)]
     pub best_effort: bool,
-    /// Do not use user/mount/network namespaces (Landlock + seccomp only).
+    /// Do not use namespaces (Landlock + seccomp only; no PID namespace, no private /tmp).
     #[arg(long)]
     pub no_namespaces: bool,
     /// Print the resolved rules and the layers that will apply, as JSON, and exit.
@@ -67,8 +78,16 @@ pub struct Cli {
     /// Print the enforcement report as JSON on stderr before running the program.
     #[arg(long)]
     pub report: bool,
+    /// Internal (exec-server): read the resolved policy and the command from inherited
+    /// descriptor N instead of the options above.
+    #[arg(long, value_name = "N", hide = true, conflicts_with_all = ["policy_json", "cwd", "writable_roots", "denies", "allow_network", "explain"])]
+    pub launch_fd: Option<i32>,
     /// The program and its arguments.
-    #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]...")]
+    #[arg(
+        last = true,
+        value_name = "PROGRAM [ARGS]...",
+        required_unless_present = "launch_fd"
+    )]
     pub command: Vec<OsString>,
 }
 
@@ -101,52 +120,157 @@ impl RunError {
     }
 }
 
-/// Resolves the policy the command line asks for.
+/// A resolved run: the policy, what to run, where.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    /// The policy, resolved once.
+    pub policy: ResolvedPolicy,
+    /// Program and arguments.
+    pub argv: Vec<OsString>,
+    /// The command's environment.
+    pub env: Vec<(OsString, OsString)>,
+    /// The command's working directory.
+    pub cwd: PathBuf,
+    /// Best effort was asked.
+    pub best_effort: bool,
+}
+
+/// Resolves what the command line (or exec-server's launch request) asks for.
 ///
 /// # Errors
-/// [`RunError::Setup`] with the policy error's message.
-pub fn resolve_cli_policy(cli: &Cli) -> Result<ResolvedPolicy, RunError> {
-    let setup = |err: crate::policy::PolicyError| RunError::Setup(err.to_string());
-    let current = std::env::current_dir().ok();
-    let absolute = |p: &Path| match &current {
-        Some(dir) if p.is_relative() => dir.join(p),
-        _ => p.to_owned(),
+/// [`RunError::Setup`] naming the problem.
+pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
+    if let Some(fd) = cli.launch_fd {
+        let request = crate::launch::LaunchRequest::read_from_fd(fd)
+            .map_err(|err| RunError::Setup(err.to_string()))?;
+        return Ok(Prepared {
+            policy: request.policy,
+            argv: request.argv.into_iter().map(OsString::from).collect(),
+            env: request
+                .env
+                .into_iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+                .collect(),
+            cwd: request.cwd,
+            best_effort: request.best_effort || cli.best_effort,
+        });
+    }
+    let (policy, cwd) = resolve_cli_policy(cli)?;
+    Ok(Prepared {
+        policy,
+        argv: cli.command.clone(),
+        env: std::env::vars_os().collect(),
+        cwd,
+        best_effort: cli.best_effort,
+    })
+}
+
+/// An existing directory for `--cwd`/`--writable-root`, created when asked; absolute.
+fn existing_dir(flag: &str, path: &Path, create: bool) -> Result<PathBuf, RunError> {
+    let absolute = match std::env::current_dir() {
+        Ok(dir) if path.is_relative() => dir.join(path),
+        _ => path.to_owned(),
     };
-    let cli_cwd = cli.cwd.as_deref().map(absolute);
+    match std::fs::metadata(&absolute) {
+        Ok(meta) if meta.is_dir() => Ok(absolute),
+        Ok(_) => Err(RunError::Setup(format!(
+            "{flag} {} is not a directory",
+            absolute.display()
+        ))),
+        Err(_) if create => std::fs::create_dir_all(&absolute)
+            .map(|()| absolute.clone())
+            .map_err(|err| {
+                RunError::Setup(format!(
+                    "{flag} {}: cannot create it: {err}",
+                    absolute.display()
+                ))
+            }),
+        Err(err) => Err(RunError::Setup(format!(
+            "{flag} {} does not exist ({err}); create it first or pass --create-missing",
+            absolute.display()
+        ))),
+    }
+}
+
+/// Resolves the policy the command line asks for and the command's working directory.
+///
+/// # Errors
+/// [`RunError::Setup`] with the policy error's message, a missing directory, or a profile file
+/// the policy would let the command rewrite.
+pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunError> {
+    let setup = |err: crate::policy::PolicyError| RunError::Setup(err.to_string());
+    let current = std::env::current_dir()
+        .map_err(|err| RunError::Setup(format!("cannot read the current directory: {err}")))?;
+    let cli_cwd = cli
+        .cwd
+        .as_deref()
+        .map(|dir| existing_dir("--cwd", dir, cli.create_missing))
+        .transpose()?;
+    let roots = cli
+        .writable_roots
+        .iter()
+        .map(|root| existing_dir("--writable-root", root, cli.create_missing))
+        .collect::<Result<Vec<_>, _>>()?;
     let ctx = ResolveContext::from_env();
     let json = cli
         .policy_json
         .as_deref()
         .or_else(|| Some(cli.policy.as_str()).filter(|p| p.trim_start().starts_with('{')));
-    let mut policy = if let Some(json) = json {
+    let (mut policy, cwd, profile_file) = if let Some(json) = json {
         let mut spec = SandboxSpec::from_json(json).map_err(setup)?;
         if cli_cwd.is_some() {
-            spec.cwd = cli_cwd;
+            spec.cwd = cli_cwd.clone();
         }
-        spec.resolve_with(&ctx).map_err(setup)?
+        let cwd = match spec.cwd.clone() {
+            Some(cwd) => existing_dir("the policy's cwd", &cwd, cli.create_missing)?,
+            None => current.clone(),
+        };
+        spec.cwd = Some(cwd.clone());
+        (spec.resolve_with(&ctx).map_err(setup)?, cwd, None)
     } else {
-        let cwd = cli_cwd.or_else(|| current.clone());
+        let cwd = cli_cwd.unwrap_or(current.clone());
         if cli.policy.ends_with(".toml") || cli.policy.contains('/') {
-            let profile = ProfileFile::load(Path::new(&cli.policy)).map_err(setup)?;
-            profile.resolve(cwd.as_deref(), &[], &ctx).map_err(setup)?
+            let path = current.join(&cli.policy);
+            let profile = ProfileFile::load(&path).map_err(setup)?;
+            let policy = profile.resolve(Some(&cwd), &[], &ctx).map_err(setup)?;
+            (policy, cwd, Some(path))
         } else {
-            SandboxSpec::named(&cli.policy, cwd)
+            let policy = SandboxSpec::named(&cli.policy, Some(cwd.clone()))
                 .resolve_with(&ctx)
-                .map_err(setup)?
+                .map_err(setup)?;
+            (policy, cwd, None)
         }
     };
-    for root in &cli.writable_roots {
-        policy = policy.with_writable_root(&absolute(root));
+    for root in &roots {
+        policy = policy.with_writable_root(root);
     }
     if cli.allow_network {
         policy = policy.with_network(true);
     }
-    if policy.restricts_filesystem() {
-        for path in &cli.denies {
-            policy = policy.with_denied_path(&absolute(path));
+    for path in &cli.denies {
+        policy = policy.with_hidden_path(&current.join(path));
+    }
+    if let Some(path) = profile_file {
+        refuse_writable_profile(&policy, &path)?;
+    }
+    Ok((policy, cwd))
+}
+
+/// A profile file the sandboxed command could rewrite would confine the next run by the
+/// command's rules, not the user's.
+fn refuse_writable_profile(policy: &ResolvedPolicy, path: &Path) -> Result<(), RunError> {
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    for candidate in [path, canonical.as_path()] {
+        if policy.restricts_filesystem() && policy.can_write(candidate) {
+            return Err(RunError::Setup(format!(
+                "profile file {} lies inside a writable root of the policy it defines, so the \
+                 sandboxed command could rewrite it for the next run; keep it outside the \
+                 writable roots (e.g. ~/.config/execward/)",
+                candidate.display()
+            )));
         }
     }
-    Ok(policy)
+    Ok(())
 }
 
 /// `--explain` output (documented in `policies/README.md`).
@@ -156,6 +280,8 @@ pub struct Explain {
     pub policy: ResolvedPolicy,
     /// The command that would run.
     pub command: Vec<String>,
+    /// Its working directory.
+    pub cwd: PathBuf,
     /// Whether best effort was asked.
     pub best_effort: bool,
     /// The layers.
@@ -166,11 +292,12 @@ pub struct Explain {
 
 /// Builds the `--explain` document.
 #[cfg(target_os = "linux")]
-pub fn explain(cli: &Cli, policy: &ResolvedPolicy) -> Explain {
-    use crate::linux::{landlock, namespaces, seccomp};
+pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
+    use crate::linux::{landlock, mounts, namespaces, seccomp};
+    let policy = &prepared.policy;
     let abi = crate::sys::landlock_abi();
     let namespaces_on = !cli.no_namespaces && !policy.is_unrestricted();
-    let userns = namespaces_on && crate::sys::can_unshare_user_namespace();
+    let userns = namespaces_on && namespaces::available();
     let needing = namespaces::rules_needing_namespace(policy);
     let unenforceable = if userns { Vec::new() } else { needing };
     let seccomp_filters: Vec<String> = if policy.is_unrestricted() {
@@ -186,22 +313,26 @@ pub fn explain(cli: &Cli, policy: &ResolvedPolicy) -> Explain {
         }
         names
     };
+    let layout = crate::linux::command_layout(policy, &prepared.cwd);
     let layers = serde_json::json!({
         "no_new_privs": !policy.is_unrestricted(),
+        "capabilities": if policy.is_unrestricted() { "kept" } else { "all dropped" },
         "namespaces": {
             "enabled": namespaces_on,
             "available": userns,
-            "mount": userns && policy.restricts_filesystem(),
+            "pid": userns,
+            "ipc": userns,
+            "mount": userns,
             "network": userns && !policy.network_allowed(),
-            "mounts": if userns { namespaces::mount_plan(policy) } else { Vec::new() },
+            "mounts": if userns { mounts::mount_plan(policy, &layout) } else { Vec::new() },
         },
         "landlock": {
             "abi": abi,
             "filesystem": policy.restricts_filesystem() && abi > 0,
-            "tcp_denied": !policy.network_allowed() && abi >= 4,
+            "tcp_denied": (!policy.network_allowed() || !policy.denied_tcp_ports.is_empty()) && abi >= 4,
             "scoped": !policy.is_unrestricted() && abi >= 6,
             "rules": if policy.restricts_filesystem() {
-                landlock::rules_for(policy, &landlock::session_ttys())
+                landlock::rules_for(policy, &if userns { landlock::private_ttys() } else { landlock::session_ttys() })
             } else {
                 Vec::new()
             },
@@ -210,55 +341,80 @@ pub fn explain(cli: &Cli, policy: &ResolvedPolicy) -> Explain {
     });
     Explain {
         policy: policy.clone(),
-        command: cli
-            .command
+        command: prepared
+            .argv
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
-        best_effort: cli.best_effort,
+        cwd: prepared.cwd.clone(),
+        best_effort: prepared.best_effort,
         layers,
         unenforceable,
     }
 }
 
-/// Confines this process and `execve`s the command. Returns only on failure.
+/// The options `sandbox-run`'s flags select.
+#[cfg(target_os = "linux")]
+pub fn run_options(
+    cli: &Cli,
+    prepared: &Prepared,
+    audit_log: bool,
+    keep_fds: Vec<i32>,
+) -> crate::linux::command::RunOptions {
+    use crate::linux::NamespaceMode;
+    crate::linux::command::RunOptions {
+        best_effort: prepared.best_effort,
+        namespaces: if cli.no_namespaces {
+            NamespaceMode::Off
+        } else {
+            NamespaceMode::Auto
+        },
+        audit_log,
+        report: cli.report,
+        keep_fds,
+    }
+}
+
+/// The command to run.
+#[cfg(target_os = "linux")]
+pub fn command_of(prepared: &Prepared) -> crate::linux::command::Command {
+    crate::linux::command::Command {
+        argv: prepared.argv.clone(),
+        env: prepared.env.clone(),
+        cwd: prepared.cwd.clone(),
+    }
+}
+
+/// Runs the command in its sandbox; returns how it ended (the caller exits with it).
 ///
 /// # Errors
 /// [`RunError`]; the caller exits with [`RunError::exit_code`].
 #[cfg(target_os = "linux")]
-pub fn run(cli: &Cli) -> Result<std::convert::Infallible, RunError> {
-    use crate::linux::{EnforceOptions, NamespaceMode, restrict_current_process};
-    use std::os::unix::process::CommandExt;
-    let policy = resolve_cli_policy(cli)?;
+pub fn run(cli: &Cli) -> Result<crate::linux::command::Ended, RunError> {
+    let prepared = prepare(cli)?;
     if cli.explain {
-        let text = serde_json::to_string_pretty(&explain(cli, &policy))
+        let text = serde_json::to_string_pretty(&explain(cli, &prepared))
             .map_err(|err| RunError::Setup(err.to_string()))?;
         println!("{text}");
-        std::process::exit(0);
+        return Ok(crate::linux::command::Ended::Exited(0));
     }
-    let mut options = EnforceOptions::for_command();
-    options.best_effort = cli.best_effort;
-    if cli.no_namespaces {
-        options.namespaces = NamespaceMode::Off;
+    if prepared.argv.is_empty() {
+        return Err(RunError::Setup("no program given".to_owned()));
     }
-    let report = restrict_current_process(&policy, &options)
-        .map_err(|err| RunError::Setup(err.to_string()))?;
-    for warning in &report.warnings {
-        eprintln!("sandbox-run: warning: {warning}");
+    let options = run_options(cli, &prepared, false, Vec::new());
+    crate::linux::command::run(&prepared.policy, &command_of(&prepared), &options, None)
+        .map_err(from_command_error)
+}
+
+/// Maps the runner's error to `sandbox-run`'s.
+#[cfg(target_os = "linux")]
+pub fn from_command_error(err: crate::linux::command::CommandError) -> RunError {
+    match err {
+        crate::linux::command::CommandError::Exec { program, source } => {
+            RunError::Exec { program, source }
+        }
+        other => RunError::Setup(other.to_string()),
     }
-    if cli.report {
-        eprintln!("{}", serde_json::to_string(&report).unwrap_or_default());
-    }
-    let (program, args) = cli
-        .command
-        .split_first()
-        .ok_or_else(|| RunError::Setup("no program given".to_owned()))?;
-    // Command::exec only returns on failure; the environment and cwd are inherited as-is.
-    let source = std::process::Command::new(program).args(args).exec();
-    Err(RunError::Exec {
-        program: program.to_string_lossy().into_owned(),
-        source,
-    })
 }
 
 /// Runs the command under Seatbelt. Returns only on failure.
@@ -267,16 +423,16 @@ pub fn run(cli: &Cli) -> Result<std::convert::Infallible, RunError> {
 /// [`RunError`]; the caller exits with [`RunError::exit_code`].
 #[cfg(target_os = "macos")]
 pub fn run(cli: &Cli) -> Result<std::convert::Infallible, RunError> {
-    let policy = resolve_cli_policy(cli)?;
+    let prepared = prepare(cli)?;
     if cli.explain {
-        let profile = crate::macos::seatbelt_profile(&policy);
+        let profile = crate::macos::seatbelt_profile(&prepared.policy);
         println!("{}", profile.map(|p| p.text).unwrap_or_default());
         std::process::exit(0);
     }
-    let source = crate::macos::exec_under_seatbelt(&policy, &cli.command);
+    let source = crate::macos::exec_under_seatbelt(&prepared.policy, &prepared.argv);
     Err(RunError::Exec {
-        program: cli
-            .command
+        program: prepared
+            .argv
             .first()
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_default(),

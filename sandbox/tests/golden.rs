@@ -58,13 +58,13 @@ fn render(spec: &SandboxSpec, ws: &Path) -> String {
     ));
     #[cfg(target_os = "linux")]
     {
-        use sandbox::linux::{landlock, namespaces};
-        out.push_str("\n# landlock rules (session tty: /dev/tty)\n");
-        for rule in landlock::rules_for(&policy, &[PathBuf::from("/dev/tty")]) {
+        use sandbox::linux::{command_layout, landlock, mounts};
+        out.push_str("\n# landlock rules (the sandbox's own /dev/tty and devpts)\n");
+        for rule in landlock::rules_for(&policy, &landlock::private_ttys()) {
             out.push_str(&format!("{:?} {}\n", rule.access, rule.path.display()));
         }
-        out.push_str("\n# mount plan\n");
-        for op in namespaces::mount_plan(&policy) {
+        out.push_str("\n# mount plan of a command whose cwd is the workspace\n");
+        for op in mounts::mount_plan(&policy, &command_layout(&policy, ws)) {
             out.push_str(&format!("{}\n", serde_json::to_string(&op).unwrap()));
         }
     }

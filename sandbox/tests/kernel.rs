@@ -7,6 +7,7 @@ mod common;
 
 use std::net::{TcpListener, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -138,9 +139,25 @@ fn allowed_operations_work_inside_the_workspace_and_tmp() {
             "rename",
         );
         assert_allowed(&probe(WW, &["unlink", s(&moved)], uid, &fx.ws), "unlink ws");
+        // /tmp is the sandbox's own: writable inside, and nothing lands in the host's /tmp.
         let tmp = format!("/tmp/sbx-probe-{}-{uid:?}", std::process::id());
-        assert_allowed(&probe(WW, &["write", &tmp], uid, &fx.ws), "write /tmp");
-        assert_allowed(&probe(WW, &["unlink", &tmp], uid, &fx.ws), "unlink /tmp");
+        let steps = probe(
+            WW,
+            &[
+                "sequence", "write", &tmp, ";", "read", &tmp, ";", "unlink", &tmp,
+            ],
+            uid,
+            &fx.ws,
+        );
+        for step in steps["detail"].as_array().unwrap() {
+            assert_allowed(step, "write, read, unlink in /tmp");
+        }
+        let again = probe(WW, &["write", &tmp], uid, &fx.ws);
+        assert_allowed(&again, "write /tmp again");
+        assert!(
+            !Path::new(&tmp).exists(),
+            "a write to the sandbox's /tmp landed in the host's /tmp"
+        );
         assert_allowed(
             &probe(WW, &["read", "/etc/passwd"], uid, &fx.ws),
             "read /etc",
@@ -245,17 +262,37 @@ fn ptrace_and_proc_environ_of_an_outside_process_are_refused() {
         let mut child = sleeper.spawn().unwrap();
         let pid = child.id().to_string();
         let environ = format!("/proc/{pid}/environ");
-        assert_blocked(
-            &probe(WW, &["ptrace-attach", &pid], uid, &fx.ws),
-            &[],
-            "ptrace",
-        );
-        assert_blocked(&probe(WW, &["read", &environ], uid, &fx.ws), &[], "environ");
-        assert_blocked(
-            &probe(WW, &["kill", &pid], uid, &fx.ws),
-            &[],
-            "signal scope",
-        );
+        // With namespaces the outside process does not even exist for the sandbox (its own
+        // PID namespace and /proc); without them Landlock and seccomp refuse.
+        for (args, unreachable) in [
+            (WW, &["ESRCH", "ENOENT"][..]),
+            (
+                &[
+                    "--policy",
+                    "workspace-write",
+                    "--no-namespaces",
+                    "--best-effort",
+                ][..],
+                &[][..],
+            ),
+        ] {
+            let context = format!("{args:?} as {uid:?}");
+            assert_blocked(
+                &probe(args, &["ptrace-attach", &pid], uid, &fx.ws),
+                unreachable,
+                &format!("ptrace {context}"),
+            );
+            assert_blocked(
+                &probe(args, &["read", &environ], uid, &fx.ws),
+                unreachable,
+                &format!("environ {context}"),
+            );
+            assert_blocked(
+                &probe(args, &["kill", &pid], uid, &fx.ws),
+                unreachable,
+                &format!("signal scope {context}"),
+            );
+        }
         let free = &["--policy", "danger-full-access"];
         assert_allowed(
             &probe(free, &["read", &environ], uid, &fx.ws),

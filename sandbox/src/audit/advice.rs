@@ -141,6 +141,10 @@ mod tests {
                 ],
             },
             network_access: false,
+            hidden: Vec::new(),
+            read_only: Vec::new(),
+            denied_tcp_ports: Vec::new(),
+            tmpdir: None,
         }
     }
 

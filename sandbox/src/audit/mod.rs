@@ -36,11 +36,14 @@ pub mod enable;
 #[cfg(target_os = "linux")]
 pub mod netlink;
 #[cfg(target_os = "linux")]
+pub mod output;
+#[cfg(target_os = "linux")]
 pub mod supervise;
 #[cfg(target_os = "linux")]
 pub(crate) mod sys;
 #[cfg(target_os = "linux")]
 mod syscall_table;
+#[cfg(target_os = "linux")]
 pub mod syscalls;
 
 pub use denial::{Coverage, Denial, Layer};

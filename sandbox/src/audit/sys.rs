@@ -46,24 +46,3 @@ pub fn install_seccomp_filter_logged_on_current_thread(
         Err(io::Error::last_os_error())
     }
 }
-
-/// Runs `child` in a forked child process, which leaves through `_exit` with the returned
-/// status and never returns into the caller's code. Returns the child's pid to the parent.
-///
-/// Must only be called while the process is single-threaded (`sandbox-run` has no threads).
-pub fn fork_child(child: impl FnOnce() -> i32) -> io::Result<nix::unistd::Pid> {
-    use nix::unistd::ForkResult;
-    // SAFETY: the caller is single-threaded, so no lock can be held by another thread across
-    // the fork; the child runs `child` (which confines itself and execs) and leaves through
-    // `_exit` without unwinding back into the caller.
-    match unsafe { nix::unistd::fork() } {
-        Ok(ForkResult::Child) => {
-            let status = child();
-            // SAFETY: _exit ends the forked child immediately without running destructors
-            // (the parent owns the collector's sockets and state files).
-            unsafe { libc::_exit(status) }
-        }
-        Ok(ForkResult::Parent { child }) => Ok(child),
-        Err(errno) => Err(errno.into()),
-    }
-}

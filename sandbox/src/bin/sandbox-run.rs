@@ -1,11 +1,11 @@
-//! `sandbox-run`: apply an execward sandbox policy to this process, then exec a command.
-//! All logic lives in `sandbox::run` (and `sandbox::audit` for the denial audit flags); this
-//! parses the command line and maps the result to an exit status.
+//! `sandbox-run`: run a command in a sandbox of its own. All logic lives in `sandbox::run`,
+//! `sandbox::linux::command` (and `sandbox::audit` for the denial audit flags); this parses the
+//! command line and turns the outcome into an exit status (or the command's fatal signal).
 
 use std::process::ExitCode;
 
 use clap::{Args, CommandFactory, FromArgMatches};
-use sandbox::run::{Cli, run};
+use sandbox::run::Cli;
 
 fn main() -> ExitCode {
     let matches = audit_flags::AuditArgs::augment_args(Cli::command()).get_matches();
@@ -15,18 +15,51 @@ fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(err) => err.exit(),
     };
-    #[cfg(target_os = "linux")]
+    run(&cli, &audit)
+}
+
+#[cfg(target_os = "linux")]
+fn run(cli: &Cli, audit: &audit_flags::AuditArgs) -> ExitCode {
+    use sandbox::linux::command::Ended;
+    let fail = |err: sandbox::run::RunError| {
+        eprintln!("sandbox-run: {err}");
+        ExitCode::from(err.exit_code())
+    };
+    // First of all: nothing inherited reaches the sandbox but stdio and the descriptors
+    // handed over on purpose.
+    let mut keep = vec![0, 1, 2];
+    keep.extend(cli.launch_fd);
+    keep.extend(audit.audit_fd);
+    if let Err(source) = sandbox::linux::hygiene::close_inherited_fds(&keep) {
+        eprintln!("sandbox-run: closing inherited file descriptors failed: {source}");
+        return ExitCode::from(sandbox::run::EXIT_SETUP_FAILED);
+    }
     if audit.requested() && !cli.explain {
-        return match sandbox::audit::supervise::run_cli_audited(&cli, &audit) {
+        let prepared = match sandbox::run::prepare(cli) {
+            Ok(prepared) => prepared,
+            Err(err) => return fail(err),
+        };
+        let options = sandbox::run::run_options(cli, &prepared, true, Vec::new());
+        return match sandbox::audit::supervise::run_audited(&prepared, &options, cli.report, audit)
+        {
             Ok(code) => ExitCode::from(code),
-            Err(err) => {
-                eprintln!("sandbox-run: {err}");
-                ExitCode::from(err.exit_code())
-            }
+            Err(err) => fail(err),
         };
     }
-    let _ = &audit;
-    match run(&cli) {
+    match sandbox::run::run(cli) {
+        Ok(Ended::Exited(code)) => ExitCode::from(u8::try_from(code).unwrap_or(255)),
+        Ok(Ended::Signaled(signal)) => {
+            // Die of the same signal, so whoever waits for us sees what killed the command.
+            sandbox::sys_die_of_signal(signal);
+            ExitCode::from(u8::try_from(128 + signal).unwrap_or(255))
+        }
+        Err(err) => fail(err),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn run(cli: &Cli, _audit: &audit_flags::AuditArgs) -> ExitCode {
+    match sandbox::run::run(cli) {
         Ok(never) => match never {},
         Err(err) => {
             eprintln!("sandbox-run: {err}");

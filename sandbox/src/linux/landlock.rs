@@ -12,7 +12,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd,
+    ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, NetPort, PathBeneath,
     Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use serde::Serialize;
@@ -67,6 +67,23 @@ pub enum LandlockError {
     /// The crate refused or the kernel rejected the ruleset.
     #[error("building the Landlock ruleset failed: {0}")]
     Ruleset(#[from] landlock::RulesetError),
+    /// TCP port rules need Landlock ABI 4.
+    #[error(
+        "Landlock ABI {abi} cannot deny TCP ports (needs ABI 4), so the supervisor's own listener \
+         would be reachable from a sandbox with the network on; pass --best-effort to run anyway"
+    )]
+    NoPortRules {
+        /// The running ABI.
+        abi: i32,
+    },
+    /// A rule's path became a symlink since the policy was resolved.
+    #[error(
+        "{path} became a symlink since the policy was resolved; refusing to attach its rule elsewhere"
+    )]
+    Changed {
+        /// The path.
+        path: PathBuf,
+    },
     /// The kernel enforced less than asked.
     #[error(
         "Landlock enforced the ruleset only {status:?} (ABI {abi}); refusing to run partially confined"
@@ -103,7 +120,14 @@ pub fn rules_for(policy: &ResolvedPolicy, ttys: &[PathBuf]) -> Vec<LandlockRule>
     rules
 }
 
-/// The terminals of the session: `/dev/tty` and whatever terminal stdin/stdout/stderr are.
+/// The terminals of a sandbox with a private `/dev`: `/dev/tty` (the controlling terminal) and
+/// its own devpts instance, which holds nothing but the sandbox's own terminals.
+pub fn private_ttys() -> Vec<PathBuf> {
+    vec![PathBuf::from("/dev/pts"), PathBuf::from("/dev/tty")]
+}
+
+/// The terminals of the session without a private `/dev`: `/dev/tty` and whatever terminal
+/// stdin/stdout/stderr are.
 pub fn session_ttys() -> Vec<PathBuf> {
     let mut ttys = vec![PathBuf::from("/dev/tty")];
     for fd in [
@@ -139,13 +163,16 @@ fn rights(access: RuleAccess, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {
     }
 }
 
-/// Installs the ruleset on the calling process.
+/// Installs the ruleset on the calling process: filesystem rules plus `ttys`, TCP (every port
+/// denied with the network off; the policy's denied ports with it on) and scopes.
 ///
 /// # Errors
-/// [`LandlockError`] when Landlock is missing or not fully enforced (unless `best_effort`).
+/// [`LandlockError`] when Landlock is missing or not fully enforced (unless `best_effort`), or a
+/// rule's path became a symlink since the policy was resolved.
 /// `log_after_exec` keeps logging denials after `execve` (ABI >= 7; the denial audit).
-pub fn install(
+pub fn install_on_current_process(
     policy: &ResolvedPolicy,
+    ttys: &[PathBuf],
     best_effort: bool,
     log_after_exec: bool,
     warnings: &mut Vec<String>,
@@ -174,9 +201,18 @@ pub fn install(
     if policy.restricts_filesystem() {
         ruleset = ruleset.handle_access(AccessFs::from_all(abi))?;
     }
-    if !policy.network_allowed() && abi_number >= 4 {
+    let deny_ports = policy.network_allowed() && !policy.denied_tcp_ports.is_empty();
+    if (!policy.network_allowed() || deny_ports) && abi_number >= 4 {
         ruleset = ruleset.handle_access(AccessNet::from_all(abi))?;
         report.tcp_denied = true;
+    } else if deny_ports && !best_effort {
+        return Err(LandlockError::NoPortRules { abi: abi_number });
+    } else if deny_ports {
+        warnings.push(format!(
+            "Landlock ABI {abi_number} cannot deny TCP ports {:?}: the supervisor's own listener \
+             is reachable from the sandbox",
+            policy.denied_tcp_ports
+        ));
     }
     if abi_number >= 6 {
         ruleset = ruleset.scope(Scope::from_all(abi))?;
@@ -188,12 +224,19 @@ pub fn install(
     }
     let mut created = ruleset.create()?;
     if policy.restricts_filesystem() {
-        for rule in rules_for(policy, &session_ttys()) {
-            let Some((fd, is_dir)) = open_path(&rule.path) else {
+        for rule in rules_for(policy, ttys) {
+            let Some((fd, is_dir)) = open_path(&rule.path)? else {
                 continue;
             };
             created = created.add_rule(PathBeneath::new(fd, rights(rule.access, abi, is_dir)))?;
             report.rules += 1;
+        }
+    }
+    if deny_ports && report.tcp_denied {
+        // Landlock's TCP rules only allow: every port but the denied ones.
+        let denied = &policy.denied_tcp_ports;
+        for port in (0..=u16::MAX).filter(|port| denied.binary_search(port).is_err()) {
+            created = created.add_rule(NetPort::new(port, AccessNet::from_all(abi)))?;
         }
     }
     if log_after_exec && abi_number >= 7 {
@@ -219,7 +262,34 @@ pub fn install(
 }
 
 /// Opens `path` for a rule; `None` when it does not exist (a missing path needs no rule).
-fn open_path(path: &Path) -> Option<(PathFd, bool)> {
-    let is_dir = std::fs::metadata(path).ok()?.is_dir();
-    PathFd::new(path).ok().map(|fd| (fd, is_dir))
+/// Policy paths are canonical, so no symlink is followed on the way: one planted since the
+/// policy was resolved fails the start instead of attaching the rule elsewhere. `/dev` and
+/// `/proc` are the sandbox's own and keep their usual links.
+fn open_path(path: &Path) -> Result<Option<(std::os::fd::OwnedFd, bool)>, LandlockError> {
+    let opened = if path.starts_with("/dev") || path.starts_with("/proc") {
+        std::fs::File::open(path)
+            .map(std::os::fd::OwnedFd::from)
+            .or_else(|_| {
+                nix::fcntl::open(
+                    path,
+                    nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .map_err(std::io::Error::from)
+            })
+    } else {
+        crate::sys::open_no_symlinks(None, path)
+    };
+    match opened {
+        Ok(fd) => {
+            let is_dir = nix::sys::stat::fstat(&fd)
+                .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+                .unwrap_or(false);
+            Ok(Some((fd, is_dir)))
+        }
+        Err(err) if err.raw_os_error() == Some(libc::ELOOP) => Err(LandlockError::Changed {
+            path: path.to_owned(),
+        }),
+        Err(_) => Ok(None),
+    }
 }

@@ -1,28 +1,45 @@
-//! Linux enforcement, applied by a freshly exec'd, single-threaded process to itself.
+//! Linux enforcement.
+//!
+//! Two ways in, one set of layers:
+//! - a **command** (`sandbox-run`, [`command::run`]) runs in new user, mount, PID and IPC
+//!   namespaces (and a network namespace when the network is off) under a small PID 1 that
+//!   forwards signals, reaps orphans and ends with the command, so nothing the command started
+//!   outlives it;
+//! - a **helper** (`fs-helper`, [`restrict_current_process`]) confines itself in place: it never
+//!   forks, so it needs no PID namespace.
 //!
 //! Order (each step relies on the previous one):
-//! 1. close inherited descriptors except the keep-list ([`hygiene`]);
-//! 2. rebuild the environment (helper allowlist or keep as-is);
-//! 3. `no_new_privs`;
-//! 4. user + mount (+ network) namespace: `/` read-only, writable roots re-bound writable,
-//!    protected subpaths re-bound read-only, deny entries masked ([`namespaces`]); then
-//!    `chdir` back into the cwd so it resolves through the new mounts;
-//! 5. Landlock: every filesystem right of the running ABI, TCP rights when the network is
-//!    off, signal and abstract-socket scoping ([`landlock`]) — after the mounts, because a
-//!    Landlock domain may no longer change mounts;
-//! 6. seccomp, last, because it forbids `unshare` and `mount` ([`seccomp`]).
+//! 1. close inherited descriptors except the keep-list, rebuild the environment ([`hygiene`]);
+//! 2. `no_new_privs`;
+//! 3. the namespaces ([`namespaces`]) and the mount layout ([`mounts`]): `/` read-only, writable
+//!    roots re-bound writable, protected paths read-only, denied and hidden paths masked,
+//!    private `/tmp`, `/run`, `/dev` and `/proc`; built from descriptors, so a path swapped
+//!    for a symlink cannot redirect it; then back into the working directory, which now
+//!    resolves through the new mounts;
+//! 4. every capability dropped for good ([`crate::sys::drop_all_capabilities`]), whoever runs
+//!    the sandbox;
+//! 5. Landlock ([`landlock`]): every filesystem right of the running ABI, TCP (all ports with
+//!    the network off; the supervisor's own ports with it on), signal and abstract-socket
+//!    scoping; after the mounts, because a Landlock domain may no longer change mounts;
+//! 6. seccomp ([`seccomp`]), last: a default-deny allow-list that also forbids `mount` and
+//!    `unshare`.
 //!
 //! A rule that only a missing layer could enforce fails the whole call unless
 //! [`EnforceOptions::best_effort`] is set.
 
+pub mod command;
 pub mod hygiene;
+mod init;
+pub use init::command_layout;
 pub mod landlock;
+pub mod mounts;
 pub mod namespaces;
+mod pty;
 pub mod seccomp;
 pub mod seccomp_policy;
 
 use std::os::fd::RawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -34,7 +51,7 @@ use crate::policy::ResolvedPolicy;
 pub enum EnvMode {
     /// Keep only [`hygiene::HELPER_ENV_ALLOWLIST`] (helpers: never `HOME`, tokens, ...).
     HelperAllowlist,
-    /// Keep the environment as given (spawned commands: the supervisor already built it).
+    /// Keep the environment as given (`sandbox-run` run by a user: the command gets it).
     Keep,
 }
 
@@ -42,7 +59,7 @@ pub enum EnvMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NamespaceMode {
-    /// Use user + mount (+ net) namespaces when the kernel allows them.
+    /// Use namespaces when the kernel allows them.
     Auto,
     /// Do not use namespaces (Landlock + seccomp only).
     Off,
@@ -60,12 +77,14 @@ pub struct EnforceOptions {
     /// Namespace layer.
     pub namespaces: NamespaceMode,
     /// Log denials to the kernel audit after `execve` (Landlock `LOG_NEW_EXEC_ON` when the ABI
-    /// has it, seccomp `FLAG_LOG`); set by the denial audit ([`crate::audit`]).
+    /// has it, seccomp `FLAG_LOG`) and refuse nested Landlock/seccomp; set by the denial audit
+    /// ([`crate::audit`]).
     pub audit_log: bool,
 }
 
 impl EnforceOptions {
-    /// Options for a spawned command: keep stdio and the environment, namespaces on, strict.
+    /// Options for a command run without the namespace layer: keep stdio and the
+    /// environment, strict.
     pub fn for_command() -> Self {
         Self {
             best_effort: false,
@@ -90,7 +109,7 @@ impl EnforceOptions {
     }
 }
 
-/// What [`restrict_current_process`] applied.
+/// What the layers applied.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct EnforcementReport {
     /// Landlock layer.
@@ -101,6 +120,8 @@ pub struct EnforcementReport {
     pub seccomp: Vec<String>,
     /// `PR_SET_NO_NEW_PRIVS` is set.
     pub no_new_privs: bool,
+    /// Every capability set (bounding, permitted, effective, inheritable, ambient) is empty.
+    pub capabilities_dropped: bool,
     /// Why a layer is missing or weaker, when best effort let it pass.
     pub warnings: Vec<String>,
 }
@@ -134,26 +155,50 @@ pub enum SandboxError {
     /// Namespace setup failed after it had started (the process is half-configured).
     #[error(transparent)]
     Namespace(#[from] namespaces::NamespaceError),
+    /// Dropping capabilities failed.
+    #[error("dropping every capability failed: {source}")]
+    Capabilities {
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// Landlock failed or was not fully enforced.
     #[error(transparent)]
     Landlock(#[from] landlock::LandlockError),
     /// Seccomp failed.
     #[error(transparent)]
     Seccomp(#[from] seccomp::SeccompError),
-    /// Re-entering the working directory after the mount changes failed.
-    #[error("re-entering working directory {path} after mount setup failed: {source}")]
+    /// The sandbox's own terminal could not be set up.
+    #[error("setting up the sandbox's terminal failed: {source}")]
+    Terminal {
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Entering the working directory after the mount changes failed.
+    #[error("entering working directory {path} in the sandbox failed: {source}")]
     Chdir {
         /// The directory.
         path: PathBuf,
         /// The OS error.
-        source: nix::Error,
+        source: std::io::Error,
     },
 }
 
-/// Confines the calling process according to `policy`. Irreversible.
+/// The layout a helper gets: a private `/dev`, but the host's `/tmp` and `/run` (its file
+/// operations are about the host's files; it connects to no socket).
+fn helper_layout(policy: &ResolvedPolicy) -> mounts::Layout {
+    mounts::Layout {
+        proc: false,
+        dev: policy.restricts_filesystem(),
+        private_dirs: Vec::new(),
+        carry: Vec::new(),
+    }
+}
+
+/// Confines the calling process according to `policy`, in place. Irreversible.
 ///
 /// Call it from a freshly exec'd, single-threaded process before it reads any path or runs
-/// any command; then `execve` the command (or do the file operations).
+/// any command; then do the file operations (a helper) or `execve` the command (a command run
+/// without namespaces).
 ///
 /// # Errors
 /// [`SandboxError`] naming the step that failed; with `best_effort` unset, also when a rule
@@ -174,42 +219,95 @@ pub fn restrict_current_process(
 
     let cwd = nix::unistd::getcwd().ok();
     let narrowing = namespaces::rules_needing_namespace(policy);
-    let ns_result = match options.namespaces {
-        NamespaceMode::Auto => namespaces::enter(policy),
+    let entered = match options.namespaces {
+        NamespaceMode::Auto => namespaces::unshare_for_current_process(policy),
         NamespaceMode::Off => Err(namespaces::NamespaceError::Disabled),
     };
-    match ns_result {
-        Ok(ns) => report.namespaces = ns,
-        Err(err) => {
-            if let Some(rule) = narrowing.first().filter(|_| !options.best_effort) {
-                return Err(SandboxError::NamespaceRequired {
-                    rule: rule.clone(),
-                    cause: err.to_string(),
-                });
+    let private_dev = match entered {
+        Ok(mut ns) => {
+            let layout = helper_layout(policy);
+            if ns.mount {
+                let applied = mounts::apply(&mounts::mount_plan(policy, &layout))
+                    .map_err(namespaces::NamespaceError::from)?;
+                ns.mounts = applied.ops;
+                report.warnings.extend(applied.warnings);
             }
-            if err.is_partial() && !options.best_effort {
-                return Err(err.into());
-            }
-            if !matches!(err, namespaces::NamespaceError::Disabled) {
-                report
-                    .warnings
-                    .push(format!("namespace layer not applied: {err}"));
-            }
-            for rule in narrowing {
-                report.warnings.push(format!(
-                    "rule {rule} is not enforced (needs the namespace layer)"
-                ));
-            }
+            report.namespaces = ns;
+            layout.dev
         }
-    }
+        Err(err) => {
+            tolerate_missing_namespaces(err, &narrowing, options.best_effort, &mut report)?;
+            false
+        }
+    };
     if report.namespaces.mount
         && let Some(path) = cwd
     {
-        nix::unistd::chdir(&path).map_err(|source| SandboxError::Chdir { path, source })?;
+        enter_directory(&path)?;
     }
+    let ttys = if private_dev {
+        landlock::private_ttys()
+    } else {
+        landlock::session_ttys()
+    };
+    finish_confinement(policy, &ttys, options, &mut report)?;
+    Ok(report)
+}
 
-    report.landlock = landlock::install(
+/// What to do when the namespace layer is missing: fail when a rule needs it (unless best
+/// effort), else record why.
+fn tolerate_missing_namespaces(
+    err: namespaces::NamespaceError,
+    narrowing: &[String],
+    best_effort: bool,
+    report: &mut EnforcementReport,
+) -> Result<(), SandboxError> {
+    if let Some(rule) = narrowing.first().filter(|_| !best_effort) {
+        return Err(SandboxError::NamespaceRequired {
+            rule: rule.clone(),
+            cause: err.to_string(),
+        });
+    }
+    if err.is_partial() && !best_effort {
+        return Err(err.into());
+    }
+    if !matches!(err, namespaces::NamespaceError::Disabled) {
+        report
+            .warnings
+            .push(format!("namespace layer not applied: {err}"));
+    }
+    for rule in narrowing {
+        report.warnings.push(format!(
+            "rule {rule} is not enforced (needs the namespace layer)"
+        ));
+    }
+    Ok(())
+}
+
+/// `chdir` into `path` inside the new mount layout, without following symlinks (the working
+/// directory was resolved with the policy; a symlink there now is a swap).
+fn enter_directory(path: &Path) -> Result<(), SandboxError> {
+    let chdir_error = |source: std::io::Error| SandboxError::Chdir {
+        path: path.to_owned(),
+        source,
+    };
+    let dir = crate::sys::open_no_symlinks(None, path).map_err(chdir_error)?;
+    nix::unistd::fchdir(&dir).map_err(|e| chdir_error(e.into()))
+}
+
+/// Steps 4 to 6: capabilities, Landlock, seccomp.
+fn finish_confinement(
+    policy: &ResolvedPolicy,
+    ttys: &[PathBuf],
+    options: &EnforceOptions,
+    report: &mut EnforcementReport,
+) -> Result<(), SandboxError> {
+    drop_capabilities(report.namespaces.user)
+        .map_err(|source| SandboxError::Capabilities { source })?;
+    report.capabilities_dropped = true;
+    report.landlock = landlock::install_on_current_process(
         policy,
+        ttys,
         options.best_effort,
         options.audit_log,
         &mut report.warnings,
@@ -218,5 +316,16 @@ pub fn restrict_current_process(
         network_allowed: policy.network_allowed(),
         audit: options.audit_log,
     })?;
-    Ok(report)
+    Ok(())
+}
+
+/// Drops every capability. In its own user namespace a process holds `CAP_SETPCAP` and can lock
+/// the securebits and empty the bounding set; an unprivileged process outside one holds nothing
+/// to drop but must still end with empty sets, which is checked.
+fn drop_capabilities(in_own_user_namespace: bool) -> std::io::Result<()> {
+    match crate::sys::drop_all_capabilities() {
+        Ok(()) => Ok(()),
+        Err(err) if in_own_user_namespace || nix::unistd::geteuid().is_root() => Err(err),
+        Err(_) => crate::sys::require_no_capabilities(),
+    }
 }

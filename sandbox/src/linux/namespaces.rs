@@ -1,25 +1,25 @@
-//! The namespace layer: a user + mount namespace in which `/` is read-only, writable roots are
-//! re-bound writable, narrower rules inside them are re-bound read-only and deny entries are
-//! masked; plus a network namespace (no interfaces but a down loopback) when the network is off.
+//! The namespace layer: which namespaces a sandbox gets, their uid/gid maps, and entering them.
 //!
-//! This is the layer that stops `chmod`, `chown`, `utime`, xattr changes and writes into `.git`:
-//! Landlock only ever adds rights beneath a path, so it cannot carve a read-only `.git` out of a
-//! writable workspace. The plan ([`mount_plan`]) is a pure function so tests can check it.
+//! A command ([`super::command`]) gets a user, mount, PID and IPC namespace (plus a network
+//! namespace with nothing but a down loopback when the network is off), created by `clone` so
+//! that its PID 1 can mount a fresh `/proc`; the parent writes the child's maps. A helper
+//! ([`super::restrict_current_process`]) unshares user, mount, IPC (and network) namespaces for
+//! itself: it never forks, so it needs no PID namespace.
 //!
-//! Ordering: the uid/gid maps are written before `/` becomes read-only (they live in `/proc`);
-//! mounts are applied shallowest first so deeper rules override; the caller re-enters its cwd
-//! afterwards, because the old cwd still points at the mount that is now covered.
+//! Maps: an unprivileged caller maps only its own uid and gid (all it may map); root maps the
+//! whole range onto itself, so files keep their owners. Either way the sandbox then drops every
+//! capability ([`crate::sys::drop_all_capabilities`]), so uid 0 inside holds no power over the
+//! host beyond its file ownership, and the seccomp allow-list refuses set-user-ID and
+//! set-group-ID modes on the files it creates.
 
 use std::ffi::CString;
-use std::os::unix::fs::FileTypeExt;
-use std::path::{Path, PathBuf};
 
-use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, unshare};
 use serde::Serialize;
 
+use super::mounts::MountOp;
 use crate::policy::{Access, ResolvedPolicy};
-use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
+use crate::sys;
 
 /// What the namespace layer set up.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -30,24 +30,12 @@ pub struct NamespaceReport {
     pub mount: bool,
     /// A network namespace was created.
     pub network: bool,
+    /// A PID namespace was created (commands only).
+    pub pid: bool,
+    /// An IPC namespace was created.
+    pub ipc: bool,
     /// Mount operations applied.
     pub mounts: Vec<MountOp>,
-}
-
-/// One step of the mount plan.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "op", content = "path", rename_all = "kebab-case")]
-pub enum MountOp {
-    /// Make the mount tree at the path read-only, recursively.
-    ReadOnlyTree(PathBuf),
-    /// Bind the path onto itself and make it writable.
-    WritableBind(PathBuf),
-    /// Bind the path onto itself, read-only.
-    ReadOnlyBind(PathBuf),
-    /// Cover a directory with an empty read-only tmpfs.
-    MaskDir(PathBuf),
-    /// Cover a file with a read-only bind of `/dev/null`.
-    MaskFile(PathBuf),
 }
 
 /// Why the namespace layer could not be applied.
@@ -56,43 +44,38 @@ pub enum NamespaceError {
     /// The caller turned the layer off.
     #[error("namespaces disabled by the caller")]
     Disabled,
-    /// `unshare(2)` failed: user namespaces unavailable here.
-    #[error("unshare({flags}) failed: {source}")]
+    /// `unshare(2)`/`clone(2)` failed: user namespaces unavailable here.
+    #[error("creating namespaces ({flags}) failed: {source}")]
     Unshare {
         /// The flags tried.
         flags: String,
         /// The OS error.
-        source: nix::Error,
+        source: std::io::Error,
     },
     /// Writing a uid/gid map failed.
     #[error("writing {file} failed: {source}")]
     IdMap {
         /// Which file.
-        file: &'static str,
+        file: String,
         /// The I/O error.
         source: std::io::Error,
     },
-    /// A mount operation failed after the namespace existed.
-    #[error("mount step {op:?} failed: {source}")]
-    Mount {
-        /// The step.
-        op: MountOp,
-        /// The OS error.
-        source: std::io::Error,
-    },
+    /// The mount layout failed after the namespace existed.
+    #[error(transparent)]
+    Mount(#[from] super::mounts::MountError),
 }
 
 impl NamespaceError {
     /// True when the process already entered a namespace before failing.
     pub fn is_partial(&self) -> bool {
-        matches!(self, Self::IdMap { .. } | Self::Mount { .. })
+        matches!(self, Self::IdMap { .. } | Self::Mount(_))
     }
 }
 
 /// Rules (rendered for messages) that only this layer can enforce, limited to paths that
 /// exist (a missing path needs no carve-out).
 pub fn rules_needing_namespace(policy: &ResolvedPolicy) -> Vec<String> {
-    policy
+    let mut needed: Vec<String> = policy
         .narrowing_rules()
         .into_iter()
         .filter(|rule| rule.path.symlink_metadata().is_ok())
@@ -103,203 +86,154 @@ pub fn rules_needing_namespace(policy: &ResolvedPolicy) -> Vec<String> {
             };
             format!("{} ({access})", rule.path.display())
         })
-        .collect()
-}
-
-/// The mount steps for `policy`, shallowest first. Paths that do not exist are skipped.
-pub fn mount_plan(policy: &ResolvedPolicy) -> Vec<MountOp> {
-    if !policy.restricts_filesystem() {
-        return Vec::new();
-    }
-    let mut plan = Vec::new();
-    if policy.access_for(Path::new("/")) != Access::Write {
-        plan.push(MountOp::ReadOnlyTree(PathBuf::from("/")));
-    }
-    let mut rules: Vec<_> = policy
-        .rules()
-        .iter()
-        .filter(|r| r.path != Path::new("/"))
         .collect();
-    rules.sort_by_key(|r| (r.path.components().count(), r.path.clone()));
-    for rule in rules {
-        let Ok(meta) = rule.path.symlink_metadata() else {
-            continue;
-        };
-        let parent = rule
-            .path
-            .parent()
-            .map_or(Access::Deny, |p| policy.access_for(p));
-        let is_device = meta.file_type().is_char_device() || meta.file_type().is_block_device();
-        let path = rule.path.clone();
-        match rule.access {
-            Access::Write if parent != Access::Write && !is_device => {
-                plan.push(MountOp::WritableBind(path));
+    if !policy.restricts_filesystem() {
+        for path in policy.hidden_paths() {
+            if path.symlink_metadata().is_ok() {
+                needed.push(format!("{} (hidden from every sandbox)", path.display()));
             }
-            Access::Read if parent == Access::Write => plan.push(MountOp::ReadOnlyBind(path)),
-            Access::Deny if parent.can_read() && meta.is_dir() => plan.push(MountOp::MaskDir(path)),
-            Access::Deny if parent.can_read() => plan.push(MountOp::MaskFile(path)),
-            _ => {}
+        }
+        for path in policy.read_only_paths() {
+            if path.symlink_metadata().is_ok() {
+                needed.push(format!("{} (read-only in every sandbox)", path.display()));
+            }
         }
     }
-    plan
+    needed
 }
 
-/// Enters new namespaces and applies the mount plan.
-///
-/// # Errors
-/// [`NamespaceError::Unshare`] when namespaces are unavailable (nothing changed yet);
-/// the other variants when setup failed half-way.
-pub fn enter(policy: &ResolvedPolicy) -> Result<NamespaceReport, NamespaceError> {
-    let uid = nix::unistd::getuid();
-    let gid = nix::unistd::getgid();
-    let root = nix::unistd::geteuid().is_root();
-    let mut flags = CloneFlags::CLONE_NEWUSER;
-    if policy.restricts_filesystem() {
+/// Whether `policy` needs a mount namespace at all.
+pub fn needs_mount_namespace(policy: &ResolvedPolicy) -> bool {
+    policy.restricts_filesystem()
+        || !policy.hidden_paths().is_empty()
+        || !policy.read_only_paths().is_empty()
+}
+
+/// The namespaces a sandbox under `policy` gets (`pid`: also a PID namespace).
+pub fn namespace_flags(policy: &ResolvedPolicy, pid: bool) -> CloneFlags {
+    let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWIPC;
+    if needs_mount_namespace(policy) || pid {
         flags |= CloneFlags::CLONE_NEWNS;
     }
     if !policy.network_allowed() {
         flags |= CloneFlags::CLONE_NEWNET;
     }
-    let mut report = NamespaceReport::default();
-    let unshare_error = |source| NamespaceError::Unshare {
-        flags: format!("{flags:?}"),
-        source,
+    if pid {
+        flags |= CloneFlags::CLONE_NEWPID;
+    }
+    flags
+}
+
+/// The map lines for a new user namespace created by a process with `uid`/`gid`: root maps the
+/// whole range onto itself, anyone else only their own ids.
+fn id_maps(uid: u32, gid: u32) -> (String, String) {
+    if uid == 0 {
+        let full = "0 0 4294967295\n".to_owned();
+        (full.clone(), full)
+    } else {
+        (format!("{uid} {uid} 1\n"), format!("{gid} {gid} 1\n"))
+    }
+}
+
+/// Writes the uid/gid maps of `child`'s new user namespace, from its parent (outside it).
+///
+/// # Errors
+/// [`NamespaceError::IdMap`] naming the file.
+pub fn write_child_id_maps(child: nix::unistd::Pid) -> Result<(), NamespaceError> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    let (uid_map, gid_map) = id_maps(uid, gid);
+    let write = |name: &str, content: &str| {
+        let file = format!("/proc/{child}/{name}");
+        std::fs::write(&file, content).map_err(|source| NamespaceError::IdMap { file, source })
     };
-    if root {
-        match unshare_as_root(flags) {
-            Ok(()) => report.user = true,
-            Err(RootUnshare::Unshare(first)) => {
-                // No user namespaces (sysctl or LSM), but real root may still unshare the rest;
-                // seccomp and Landlock then keep it from undoing the mounts.
-                unshare(flags - CloneFlags::CLONE_NEWUSER).map_err(|_| unshare_error(first))?;
-            }
-            Err(RootUnshare::Map(source)) => {
-                return Err(NamespaceError::IdMap {
-                    file: "/proc/PID/{uid_map,gid_map} (written from outside the namespace)",
-                    source,
-                });
-            }
-        }
+    if uid != 0 {
+        write("setgroups", "deny\n")?;
+    }
+    write("uid_map", &uid_map)?;
+    write("gid_map", &gid_map)
+}
+
+/// Unshares user, mount, IPC (and network) namespaces for the calling process itself (a
+/// helper, which never forks).
+///
+/// # Errors
+/// [`NamespaceError::Unshare`] when namespaces are unavailable (nothing changed yet); the
+/// other variants when setup failed half-way.
+pub fn unshare_for_current_process(
+    policy: &ResolvedPolicy,
+) -> Result<NamespaceReport, NamespaceError> {
+    let flags = namespace_flags(policy, false);
+    let unshare_error = |source: nix::Error| NamespaceError::Unshare {
+        flags: format!("{flags:?}"),
+        source: source.into(),
+    };
+    let uid = nix::unistd::getuid().as_raw();
+    let gid = nix::unistd::getgid().as_raw();
+    if uid == 0 {
+        unshare_as_root(flags)?;
     } else {
         unshare(flags).map_err(unshare_error)?;
-        write_own_id_maps(uid.as_raw(), gid.as_raw()).map_err(|source| NamespaceError::IdMap {
-            file: "/proc/self/{setgroups,uid_map,gid_map}",
-            source,
-        })?;
-        report.user = true;
+        let (uid_map, gid_map) = id_maps(uid, gid);
+        let write = |name: &str, content: &str| {
+            let file = format!("/proc/self/{name}");
+            std::fs::write(&file, content).map_err(|source| NamespaceError::IdMap { file, source })
+        };
+        write("setgroups", "deny\n")?;
+        write("uid_map", &uid_map)?;
+        write("gid_map", &gid_map)?;
     }
-    report.network = flags.contains(CloneFlags::CLONE_NEWNET);
-    if flags.contains(CloneFlags::CLONE_NEWNS) {
-        let plan = mount_plan(policy);
-        apply_plan(&plan)?;
-        report.mount = true;
-        report.mounts = plan;
-    }
-    Ok(report)
+    Ok(NamespaceReport {
+        user: true,
+        mount: flags.contains(CloneFlags::CLONE_NEWNS),
+        network: flags.contains(CloneFlags::CLONE_NEWNET),
+        pid: false,
+        ipc: true,
+        mounts: Vec::new(),
+    })
 }
 
-/// Maps only the caller's own ids into the new user namespace (all an unprivileged process
-/// may map).
-fn write_own_id_maps(uid: u32, gid: u32) -> std::io::Result<()> {
-    std::fs::write("/proc/self/setgroups", "deny\n")?;
-    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))?;
-    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
-}
-
-/// Root maps the whole id range onto itself, so files of every owner keep their owner and
-/// root's capabilities count only inside the namespace. A process inside the new namespace
-/// lacks CAP_SETUID in the parent one, so a writer that stays outside writes the maps (what
+/// Root maps the whole id range onto itself. A process inside the new namespace lacks
+/// CAP_SETUID in the parent one, so a writer that stays outside writes the maps (what
 /// `newuidmap` does), after this process has unshared. The writer shares this process's memory
 /// ([`sys::IdMapWriter`]) rather than being forked: a fork copies the page tables, makes every
 /// page this process writes afterwards fault, and tears the copy down again.
-fn unshare_as_root(flags: CloneFlags) -> Result<(), RootUnshare> {
-    const FULL_RANGE: &[u8] = b"0 0 4294967295\n";
+fn unshare_as_root(flags: CloneFlags) -> Result<(), NamespaceError> {
     let parent = nix::unistd::getpid();
-    let map_file = |name: &str| {
-        CString::new(format!("/proc/{parent}/{name}"))
-            .map(|path| (path, FULL_RANGE.to_vec()))
-            .map_err(|err| RootUnshare::Map(err.into()))
+    let (uid_map, gid_map) = id_maps(0, 0);
+    let map_err = |file: &str| {
+        let file = file.to_owned();
+        move |source: std::io::Error| NamespaceError::IdMap { file, source }
     };
-    let files = vec![map_file("uid_map")?, map_file("gid_map")?];
-    let mut writer = sys::IdMapWriter::start(files).map_err(RootUnshare::Map)?;
+    let files = [("uid_map", uid_map), ("gid_map", gid_map)]
+        .into_iter()
+        .map(|(name, content)| {
+            CString::new(format!("/proc/{parent}/{name}"))
+                .map(|path| (path, content.into_bytes()))
+                .map_err(|err| map_err(name)(err.into()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut writer = sys::IdMapWriter::start(files).map_err(map_err("the id-map writer"))?;
     let unshared = unshare(flags);
     // Write the maps only if the unshare succeeded; otherwise the writer exits untouched.
-    let written = writer.finish(unshared.is_ok()).map_err(RootUnshare::Map)?;
-    unshared.map_err(RootUnshare::Unshare)?;
+    let written = writer
+        .finish(unshared.is_ok())
+        .map_err(map_err("the id-map writer"))?;
+    unshared.map_err(|source| NamespaceError::Unshare {
+        flags: format!("{flags:?}"),
+        source: source.into(),
+    })?;
     if written {
         Ok(())
     } else {
-        Err(RootUnshare::Map(std::io::Error::other(
-            "the id-map writer did not write both maps",
-        )))
+        Err(map_err("/proc/PID/{uid_map,gid_map}")(
+            std::io::Error::other("the id-map writer did not write both maps"),
+        ))
     }
 }
 
-/// How [`unshare_as_root`] failed: before entering (nothing changed) or after.
-enum RootUnshare {
-    Unshare(nix::Error),
-    Map(std::io::Error),
-}
-
-fn apply_plan(plan: &[MountOp]) -> Result<(), NamespaceError> {
-    let step = |op: &MountOp, result: std::io::Result<()>| {
-        result.map_err(|source| NamespaceError::Mount {
-            op: op.clone(),
-            source,
-        })
-    };
-    let none: Option<&str> = None;
-    let root_op = MountOp::ReadOnlyTree(PathBuf::from("/"));
-    step(
-        &root_op,
-        mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_SLAVE, none).map_err(Into::into),
-    )?;
-    for op in plan {
-        let result = match op {
-            MountOp::ReadOnlyTree(path) => sys::mount_setattr(path, true, MOUNT_ATTR_RDONLY, 0),
-            MountOp::WritableBind(path) => bind(path, path).and_then(|()| {
-                // No device nodes or set-user-ID programs from a writable root.
-                let hardening = MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID;
-                sys::mount_setattr(path, true, hardening, MOUNT_ATTR_RDONLY)
-                    .or_else(|_| sys::mount_setattr(path, false, hardening, MOUNT_ATTR_RDONLY))
-                    // A mount the host made read-only stays read-only: narrower, not wider.
-                    .or_else(ignore_eperm)
-            }),
-            MountOp::ReadOnlyBind(path) => {
-                bind(path, path).and_then(|()| sys::mount_setattr(path, true, MOUNT_ATTR_RDONLY, 0))
-            }
-            MountOp::MaskDir(path) => mount(
-                Some("tmpfs"),
-                path,
-                Some("tmpfs"),
-                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                Some("size=4k,mode=000"),
-            )
-            .map_err(Into::into),
-            MountOp::MaskFile(path) => bind(Path::new("/dev/null"), path)
-                .and_then(|()| sys::mount_setattr(path, false, MOUNT_ATTR_RDONLY, 0)),
-        };
-        step(op, result)?;
-    }
-    Ok(())
-}
-
-fn bind(source: &Path, target: &Path) -> std::io::Result<()> {
-    let none: Option<&str> = None;
-    mount(
-        Some(source),
-        target,
-        none,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        none,
-    )
-    .map_err(Into::into)
-}
-
-fn ignore_eperm(err: std::io::Error) -> std::io::Result<()> {
-    if err.raw_os_error() == Some(libc::EPERM) {
-        Ok(())
-    } else {
-        Err(err)
-    }
+/// Whether this process can create the namespaces a sandbox needs, tested in a forked child so
+/// the caller itself stays untouched.
+pub fn available() -> bool {
+    sys::can_unshare_user_namespace()
 }

@@ -106,15 +106,92 @@ pub struct ResolvedPolicy {
     pub filesystem: FilesystemPolicy,
     /// Whether network sockets (anything but `AF_UNIX`) are allowed.
     pub network_access: bool,
+    /// Paths hidden from the sandboxed process whatever the filesystem rules say: the
+    /// supervisor's own sockets, token and key files ([`Self::with_hidden_path`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden: Vec<PathBuf>,
+    /// Paths kept read-only whatever the filesystem rules say: the supervisor's own binaries
+    /// ([`Self::with_read_only_path`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only: Vec<PathBuf>,
+    /// TCP ports the sandboxed process may not connect to when the network is on: the
+    /// supervisor's own listeners ([`Self::with_denied_tcp_port`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied_tcp_ports: Vec<u16>,
+    /// `$TMPDIR` of the resolving process when the policy makes it writable (`:tmpdir`): a
+    /// command gets a private tmpfs there, as on `/tmp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tmpdir: Option<PathBuf>,
 }
 
 impl ResolvedPolicy {
+    /// A policy of `filesystem` and `network_access` with no supervisor protections.
+    pub fn new(filesystem: FilesystemPolicy, network_access: bool) -> Self {
+        Self {
+            filesystem,
+            network_access,
+            hidden: Vec::new(),
+            read_only: Vec::new(),
+            denied_tcp_ports: Vec::new(),
+            tmpdir: None,
+        }
+    }
+
     /// No sandbox at all (`danger-full-access`).
     pub fn unrestricted() -> Self {
-        Self {
-            filesystem: FilesystemPolicy::Unrestricted,
-            network_access: true,
+        Self::new(FilesystemPolicy::Unrestricted, true)
+    }
+
+    /// Paths hidden whatever the filesystem rules say.
+    pub fn hidden_paths(&self) -> &[PathBuf] {
+        &self.hidden
+    }
+
+    /// Paths kept read-only whatever the filesystem rules say.
+    pub fn read_only_paths(&self) -> &[PathBuf] {
+        &self.read_only
+    }
+
+    /// Hides `path` from the sandboxed process (a supervisor socket, token or key file): a deny
+    /// rule when the filesystem is restricted, and a mask in every case. Does nothing for a
+    /// policy that sandboxes nothing at all.
+    pub fn with_hidden_path(mut self, path: &Path) -> Self {
+        if self.is_unrestricted() {
+            return self;
         }
+        let path = resolve::normalize_existing(path);
+        if !self.hidden.contains(&path) {
+            self.hidden.push(path.clone());
+            self.hidden.sort();
+        }
+        self.with_denied_path(&path)
+    }
+
+    /// Keeps `path` read-only for the sandboxed process (the supervisor's binaries, wherever
+    /// they live). Does nothing for a policy that sandboxes nothing at all.
+    pub fn with_read_only_path(mut self, path: &Path) -> Self {
+        if self.is_unrestricted() {
+            return self;
+        }
+        let path = resolve::normalize_existing(path);
+        if !self.read_only.contains(&path) {
+            self.read_only.push(path);
+            self.read_only.sort();
+        }
+        self
+    }
+
+    /// Refuses TCP connections to `port` when the network is on (the supervisor's listener).
+    /// Does nothing for a policy that sandboxes nothing at all.
+    pub fn with_denied_tcp_port(mut self, port: u16) -> Self {
+        if self.is_unrestricted() {
+            return self;
+        }
+        if !self.denied_tcp_ports.contains(&port) {
+            self.denied_tcp_ports.push(port);
+            self.denied_tcp_ports.sort_unstable();
+        }
+        self
     }
 
     /// False only when the filesystem is unrestricted.

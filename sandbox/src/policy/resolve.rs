@@ -266,10 +266,10 @@ fn resolve_draft(
     ctx: &ResolveContext,
 ) -> Result<ResolvedPolicy, PolicyError> {
     if draft.full_filesystem {
-        return Ok(ResolvedPolicy {
-            filesystem: FilesystemPolicy::Unrestricted,
-            network_access: draft.network,
-        });
+        return Ok(ResolvedPolicy::new(
+            FilesystemPolicy::Unrestricted,
+            draft.network,
+        ));
     }
     let mut rules = Vec::new();
     for (path, access) in &draft.entries {
@@ -294,10 +294,20 @@ fn resolve_draft(
         });
     }
     let rules = protect_subpaths(rules, &draft.protected);
-    Ok(ResolvedPolicy {
-        filesystem: FilesystemPolicy::Restricted { rules },
-        network_access: draft.network,
-    })
+    let mut policy = ResolvedPolicy::new(FilesystemPolicy::Restricted { rules }, draft.network);
+    let tmpdir_writable = draft.entries.iter().any(|(path, access)| {
+        *access == Access::Write
+            && matches!(
+                path,
+                EntryPath::Special {
+                    value: SpecialPath::Tmpdir
+                }
+            )
+    });
+    if tmpdir_writable {
+        policy.tmpdir = ctx.tmpdir.as_deref().map(normalize_existing);
+    }
+    Ok(policy)
 }
 
 fn resolve_entry(

@@ -40,6 +40,10 @@ fn read_only_profile_reads_everywhere_and_writes_only_dev_null() {
                 rules: vec![rule("/", Access::Read), rule("/dev/null", Access::Write)],
             },
             network_access: false,
+            hidden: Vec::new(),
+            read_only: Vec::new(),
+            denied_tcp_ports: Vec::new(),
+            tmpdir: None,
         }
     );
     assert!(policy.restricts_filesystem());

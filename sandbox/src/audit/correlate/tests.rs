@@ -22,6 +22,10 @@ fn policy() -> ResolvedPolicy {
             ],
         },
         network_access: false,
+        hidden: Vec::new(),
+        read_only: Vec::new(),
+        denied_tcp_ports: Vec::new(),
+        tmpdir: None,
     }
 }
 

@@ -6,8 +6,6 @@
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
 /// `mount_setattr(2)` attribute: read-only mount.
 pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
@@ -15,19 +13,8 @@ pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
 /// `mount_setattr(2)` attribute: no device access.
 pub const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
-/// `mount_setattr(2)` flag: apply to the whole subtree.
-const AT_RECURSIVE: libc::c_uint = 0x8000;
 /// `landlock_create_ruleset(2)` flag: return the ABI version.
 const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
-
-/// `struct mount_attr` from `<linux/mount.h>` (not in libc yet).
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
 
 /// The running kernel's Landlock ABI version (0 when Landlock is missing or disabled).
 pub fn landlock_abi() -> i32 {
@@ -42,35 +29,6 @@ pub fn landlock_abi() -> i32 {
         )
     };
     i32::try_from(version).unwrap_or(0).max(0)
-}
-
-/// Sets and clears mount attributes on the mount at `path` (and below it when `recursive`).
-pub fn mount_setattr(path: &Path, recursive: bool, set: u64, clear: u64) -> io::Result<()> {
-    let c_path = cstring(path.as_os_str())?;
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: clear,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    let flags = if recursive { AT_RECURSIVE } else { 0 };
-    // SAFETY: `c_path` is a valid NUL-terminated string and `attr` a valid `struct mount_attr`
-    // whose size is passed alongside; both outlive the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            c_path.as_ptr(),
-            flags,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// Closes every descriptor in `first..=last`.
@@ -252,6 +210,15 @@ pub fn can_unshare_user_namespace() -> bool {
     }
 }
 
-fn cstring(value: &OsStr) -> io::Result<CString> {
-    CString::new(value.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-}
+mod mount;
+mod process;
+
+pub use mount::{
+    FsContext, MOUNT_ATTR_NOEXEC, attach_mount, clone_mount_tree, fsmount, mount_setattr_fd,
+    open_no_symlinks,
+};
+pub use process::{
+    clone_into_namespaces, die_of_signal, drop_all_capabilities, execve, exit_now, open_pty_peer,
+    owned_fd, require_no_capabilities, reset_signals_for_exec, set_controlling_terminal,
+    set_dumpable, set_parent_death_signal,
+};

@@ -1,0 +1,108 @@
+//! The report file of `sandbox-run --audit FILE`, opened before the command starts and written
+//! through that descriptor at the end.
+//!
+//! `sandbox-run` often runs as root and writes the report after the command ran; writing by
+//! path then would follow whatever the command planted there (a symlink at `denials.sarif` in
+//! the workspace pointing at a root-owned file outside). So:
+//! - the parent directory is opened once, as the user named it;
+//! - the file is created in it by descriptor, never following a symlink at its name
+//!   (`O_NOFOLLOW`); inside a writable root of the policy it must be created fresh
+//!   (`O_EXCL`, after removing whatever has that name), since only the command could have put it
+//!   there;
+//! - the report is written through that descriptor when the command has ended.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+use crate::policy::ResolvedPolicy;
+use crate::run::RunError;
+
+/// Where the report goes.
+#[derive(Debug)]
+pub enum ReportFile {
+    /// `-`: standard output.
+    Stdout,
+    /// A file created before the command started.
+    File(File),
+}
+
+fn setup(path: &Path, what: impl std::fmt::Display) -> RunError {
+    RunError::Setup(format!("audit report {}: {what}", path.display()))
+}
+
+impl ReportFile {
+    /// Opens (creates) the report file for `path` under `policy`.
+    ///
+    /// # Errors
+    /// [`RunError::Setup`] naming the path: no file name, the parent cannot be opened, or a
+    /// symlink sits at the name outside the writable roots.
+    pub fn open(path: &Path, policy: &ResolvedPolicy) -> Result<Self, RunError> {
+        if path.as_os_str() == "-" {
+            return Ok(Self::Stdout);
+        }
+        let Some(Component::Normal(name)) = path.components().next_back() else {
+            return Err(setup(path, "must name a file"));
+        };
+        let parent = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        let dir: OwnedFd = nix::fcntl::open(
+            &parent,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|err| setup(path, format!("cannot open its directory: {err}")))?;
+        let resolved_parent = std::fs::read_link(format!("/proc/self/fd/{}", {
+            use std::os::fd::AsRawFd;
+            dir.as_raw_fd()
+        }))
+        .map_err(|err| setup(path, format!("cannot resolve its directory: {err}")))?;
+        let inside_writable_root =
+            policy.restricts_filesystem() && policy.can_write(&resolved_parent.join(name));
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let flags = if inside_writable_root {
+            // Only the command (or an earlier one) could have put something here: start fresh.
+            match nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+                Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+                Err(err) => return Err(setup(path, format!("cannot replace it: {err}"))),
+            }
+            flags | OFlag::O_EXCL
+        } else {
+            flags | OFlag::O_TRUNC
+        };
+        let file = nix::fcntl::openat(dir.as_fd(), name, flags, Mode::from_bits_truncate(0o644))
+            .map_err(|err| match err {
+                nix::errno::Errno::ELOOP => setup(
+                    path,
+                    "is a symlink; refusing to write the report through it (remove it or \
+                     choose another path)",
+                ),
+                err => setup(path, format!("cannot create it: {err}")),
+            })?;
+        Ok(Self::File(File::from(file)))
+    }
+
+    /// Writes the whole report.
+    ///
+    /// # Errors
+    /// The write error.
+    pub fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Self::Stdout => {
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(bytes)?;
+                stdout.flush()
+            }
+            Self::File(file) => {
+                file.write_all(bytes)?;
+                file.flush()
+            }
+        }
+    }
+}

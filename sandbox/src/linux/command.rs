@@ -1,0 +1,498 @@
+//! Running a command in a sandbox of its own: `sandbox-run`'s process model.
+//!
+//! ```text
+//! sandbox-run (outer: the host's namespaces; exec-server's child; unconfined, runs no code of
+//!  │           the command; collects the denial audit when asked)
+//!  └─ PID 1    (new user, mount, PID, IPC [, network] namespaces; builds the mount layout,
+//!      │        drops every capability, Landlock, seccomp; forwards signals, reaps orphans)
+//!      └─ the command (its own session; the sandbox's own terminal when the outer has one)
+//! ```
+//!
+//! The outer writes PID 1's uid/gid maps, forwards `SIGINT`, `SIGTERM`, `SIGHUP`, `SIGQUIT`,
+//! `SIGUSR1`, `SIGUSR2` and `SIGCONT` to it, relays the terminal when there is one, and when the
+//! command has ended (PID 1 reports its status, then exits and the kernel ends everything left
+//! in the PID namespace) it returns the command's status; `sandbox-run` then exits with it or
+//! dies of the same signal. If the outer is killed, PID 1 gets `SIGKILL` and the sandbox ends.
+//!
+//! Without the namespace layer (`--no-namespaces`, or best effort where user namespaces are
+//! unavailable) the outer confines itself and `execve`s the command in place, as before; with
+//! the denial audit it forks one child for that instead, because the collector must outlive the
+//! command.
+
+use std::ffi::OsString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigmaskHow, Signal, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use super::init::{self, InitChannels, STATUS_EXITED, STATUS_SIGNALED};
+use super::{EnforceOptions, EnvMode, NamespaceMode, SandboxError, namespaces, pty};
+use crate::policy::ResolvedPolicy;
+
+pub use crate::run::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED};
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Command {
+    /// Program and arguments (the program is searched in the command's `PATH`).
+    pub argv: Vec<OsString>,
+    /// The command's complete environment; `sandbox-run` itself never runs with it.
+    pub env: Vec<(OsString, OsString)>,
+    /// The working directory (absolute).
+    pub cwd: PathBuf,
+}
+
+/// How to run it.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Run even if a layer the policy needs is missing (reported on stderr).
+    pub best_effort: bool,
+    /// Namespace layer.
+    pub namespaces: NamespaceMode,
+    /// The denial audit runs (log denials, refuse nested Landlock/seccomp).
+    pub audit_log: bool,
+    /// Print the enforcement report as JSON on stderr before the command starts.
+    pub report: bool,
+    /// Descriptors besides 0-2 a process confined in place (without namespaces) keeps open
+    /// until it execs.
+    pub keep_fds: Vec<RawFd>,
+}
+
+/// How the command ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// It exited with this status.
+    Exited(i32),
+    /// This signal killed it.
+    Signaled(i32),
+}
+
+impl Ended {
+    /// The shell's view: the status, or 128 + the signal.
+    pub fn code(self) -> i32 {
+        match self {
+            Ended::Exited(code) => code,
+            Ended::Signaled(signal) => 128 + signal,
+        }
+    }
+}
+
+/// Watches the sandbox from the outer process (the denial audit).
+pub trait Observer {
+    /// A descriptor to poll beside the outer's own.
+    fn poll_fd(&self) -> Option<BorrowedFd<'_>>;
+    /// The descriptor is readable.
+    fn readable(&mut self);
+    /// The process that confines itself (and creates the Landlock domain) exists and waits;
+    /// called before it is let go.
+    fn started(&mut self, root: Pid);
+}
+
+/// Why the command could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// Confinement failed.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The outer's own plumbing failed.
+    #[error("{what} failed: {source}")]
+    Plumbing {
+        /// The step.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// `execve` failed (only without the namespace layer; with it, the command's process
+    /// reports this itself and exits 126/127).
+    #[error("cannot execute {program}: {source}")]
+    Exec {
+        /// The program.
+        program: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+fn plumbing(what: &'static str) -> impl Fn(nix::Error) -> CommandError {
+    move |source| CommandError::Plumbing {
+        what,
+        source: source.into(),
+    }
+}
+
+/// Runs `command` under `policy` and returns how it ended.
+///
+/// The caller has closed the descriptors it inherited and does not need
+/// ([`super::hygiene::close_inherited_fds`], first thing in `sandbox-run`); whatever else it opened
+/// must be close-on-exec. PID 1 closes everything but its own channels.
+///
+/// # Errors
+/// [`CommandError`] when the sandbox could not be set up or the command never started.
+pub fn run(
+    policy: &ResolvedPolicy,
+    command: &Command,
+    options: &RunOptions,
+    mut observer: Option<&mut dyn Observer>,
+) -> Result<Ended, CommandError> {
+    if policy.is_unrestricted() {
+        return exec_in_place(command);
+    }
+    nix::sys::prctl::set_no_new_privs().map_err(|source| SandboxError::NoNewPrivs { source })?;
+    if options.namespaces == NamespaceMode::Auto {
+        match run_in_namespaces(policy, command, options, reborrow(&mut observer)) {
+            Err(CommandError::Sandbox(SandboxError::Namespace(
+                err @ namespaces::NamespaceError::Unshare { .. },
+            ))) => {
+                // Nothing changed yet: fall back only where no rule needs the layer.
+                let narrowing = namespaces::rules_needing_namespace(policy);
+                if let Some(rule) = narrowing.first().filter(|_| !options.best_effort) {
+                    return Err(SandboxError::NamespaceRequired {
+                        rule: rule.clone(),
+                        cause: err.to_string(),
+                    }
+                    .into());
+                }
+                if !options.best_effort {
+                    return Err(SandboxError::Namespace(err).into());
+                }
+                eprintln!("sandbox-run: warning: namespace layer not applied: {err}");
+            }
+            other => return other,
+        }
+    }
+    run_without_namespaces(policy, command, options, observer)
+}
+
+/// A shorter borrow of the observer (the trait object's lifetime shrinks with it).
+fn reborrow<'b>(observer: &'b mut Option<&mut dyn Observer>) -> Option<&'b mut dyn Observer> {
+    match observer {
+        Some(observer) => Some(&mut **observer),
+        None => None,
+    }
+}
+
+/// No sandbox at all: `execve` in place with the command's environment.
+fn exec_in_place(command: &Command) -> Result<Ended, CommandError> {
+    use std::os::unix::process::CommandExt;
+    let (program, args) = command.argv.split_first().ok_or(CommandError::Exec {
+        program: String::new(),
+        source: std::io::Error::from_raw_os_error(libc::ENOENT),
+    })?;
+    let source = std::process::Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(command.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&command.cwd)
+        .exec();
+    Err(CommandError::Exec {
+        program: program.to_string_lossy().into_owned(),
+        source,
+    })
+}
+
+/// Landlock and seccomp only: confine this process and exec the command in place, or (with an
+/// observer) in a forked child the outer waits for.
+fn run_without_namespaces(
+    policy: &ResolvedPolicy,
+    command: &Command,
+    options: &RunOptions,
+    observer: Option<&mut dyn Observer>,
+) -> Result<Ended, CommandError> {
+    let enforce = EnforceOptions {
+        best_effort: options.best_effort,
+        keep_fds: {
+            let mut keep = vec![0, 1, 2];
+            keep.extend_from_slice(&options.keep_fds);
+            keep
+        },
+        env: EnvMode::Keep,
+        namespaces: NamespaceMode::Off,
+        audit_log: options.audit_log,
+    };
+    let Some(observer) = observer else {
+        confine_here(policy, command, options, &enforce)?;
+        return exec_in_place(command);
+    };
+    let signals = block_forwarded_signals()?;
+    // SAFETY: sandbox-run is single-threaded; the child confines itself and execs or leaves
+    // through _exit.
+    let child = match unsafe { nix::unistd::fork() }.map_err(plumbing("fork"))? {
+        nix::unistd::ForkResult::Child => {
+            crate::sys::reset_signals_for_exec();
+            if let Err(err) = confine_here(policy, command, options, &enforce) {
+                eprintln!("sandbox-run: {err}");
+                crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
+            }
+            let err = exec_in_place(command);
+            eprintln!(
+                "sandbox-run: {}",
+                err.err().map(|e| e.to_string()).unwrap_or_default()
+            );
+            crate::sys::exit_now(i32::from(EXIT_CANNOT_EXECUTE))
+        }
+        nix::unistd::ForkResult::Parent { child } => child,
+    };
+    observer.started(child);
+    let mut outer = Outer {
+        signals,
+        status: None,
+        relay: None,
+        root: child,
+        reported: None,
+        root_status: None,
+    };
+    Ok(outer.wait(Some(observer)))
+}
+
+fn confine_here(
+    policy: &ResolvedPolicy,
+    command: &Command,
+    options: &RunOptions,
+    enforce: &EnforceOptions,
+) -> Result<(), CommandError> {
+    nix::unistd::chdir(&command.cwd).map_err(|source| SandboxError::Chdir {
+        path: command.cwd.clone(),
+        source: source.into(),
+    })?;
+    let report = super::restrict_current_process(policy, enforce)?;
+    for warning in &report.warnings {
+        eprintln!("sandbox-run: warning: {warning}");
+    }
+    if options.report {
+        eprintln!("{}", serde_json::to_string(&report).unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// Blocks the forwarded signals and `SIGCHLD` and reads them from a signalfd instead.
+fn block_forwarded_signals() -> Result<SignalFd, CommandError> {
+    let set = init::forwarded_signals();
+    let mut with_winch = set;
+    with_winch.add(Signal::SIGWINCH);
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&with_winch), None)
+        .map_err(plumbing("blocking signals"))?;
+    SignalFd::with_flags(&with_winch, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(plumbing("signalfd"))
+}
+
+fn run_in_namespaces(
+    policy: &ResolvedPolicy,
+    command: &Command,
+    options: &RunOptions,
+    observer: Option<&mut dyn Observer>,
+) -> Result<Ended, CommandError> {
+    let relayed = pty::terminal_fds();
+    let (go_read, go_write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(plumbing("pipe"))?;
+    let (status_read, status_write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(plumbing("pipe"))?;
+    let terminal = if relayed.iter().any(|r| *r) {
+        Some(UnixStream::pair().map_err(|source| CommandError::Plumbing {
+            what: "socketpair",
+            source,
+        })?)
+    } else {
+        None
+    };
+    let signals = block_forwarded_signals()?;
+    let flags = namespaces::namespace_flags(policy, true);
+    let cloned = crate::sys::clone_into_namespaces(flags.bits()).map_err(|source| {
+        SandboxError::Namespace(namespaces::NamespaceError::Unshare {
+            flags: format!("{flags:?}"),
+            source,
+        })
+    })?;
+    let Some(root) = cloned else {
+        drop((go_write, status_read, signals));
+        let terminal = terminal.map(|(ours, theirs)| {
+            drop(ours);
+            theirs
+        });
+        init::run_init(
+            policy,
+            command,
+            options,
+            InitChannels {
+                go: go_read,
+                status: status_write,
+                terminal,
+                relayed,
+            },
+        )
+    };
+    drop((go_read, status_write));
+    nix::fcntl::fcntl(
+        &status_read,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .map_err(plumbing("the status channel"))?;
+    let terminal = terminal.map(|(ours, theirs)| {
+        drop(theirs);
+        ours
+    });
+    if let Err(err) = namespaces::write_child_id_maps(root) {
+        let _ = nix::sys::signal::kill(root, Signal::SIGKILL);
+        let _ = waitpid(root, None);
+        return Err(SandboxError::Namespace(err).into());
+    }
+    let mut observer = observer;
+    if let Some(observer) = reborrow(&mut observer) {
+        observer.started(root);
+    }
+    nix::unistd::write(&go_write, &[1]).map_err(plumbing("starting the sandbox"))?;
+    drop(go_write);
+    let relay =
+        match terminal {
+            Some(socket) => match pty::receive_fd(&socket) {
+                Ok(Some(master)) => Some(pty::Relay::new(master, relayed).map_err(|source| {
+                    CommandError::Plumbing {
+                        what: "the terminal relay",
+                        source,
+                    }
+                })?),
+                // PID 1 failed before opening the terminal; its status says why.
+                _ => None,
+            },
+            None => None,
+        };
+    let mut outer = Outer {
+        signals,
+        status: Some(status_read),
+        relay,
+        root,
+        reported: None,
+        root_status: None,
+    };
+    Ok(outer.wait(observer))
+}
+
+/// The outer's state while the sandbox runs.
+struct Outer {
+    signals: SignalFd,
+    /// PID 1's status channel (absent without namespaces: the root is the command itself).
+    status: Option<OwnedFd>,
+    relay: Option<pty::Relay>,
+    root: Pid,
+    reported: Option<Ended>,
+    root_status: Option<Ended>,
+}
+
+impl Outer {
+    /// Forwards signals, relays the terminal and feeds the observer until the command has
+    /// ended and its output is drained.
+    fn wait(&mut self, mut observer: Option<&mut dyn Observer>) -> Ended {
+        loop {
+            if self.root_status.is_some() && self.relay.as_ref().is_none_or(|r| !r.open()) {
+                break;
+            }
+            self.poll_once(observer.as_deref());
+            if let Some(observer) = observer.as_deref_mut() {
+                observer.readable();
+            }
+            self.handle_signals();
+            self.read_status();
+            if let Some(relay) = self.relay.as_mut() {
+                relay.pump();
+            }
+            self.reap_root();
+        }
+        self.read_status();
+        if let Some(relay) = self.relay.as_mut() {
+            relay.restore_terminal();
+        }
+        self.reported
+            .or(self.root_status)
+            .unwrap_or(Ended::Exited(i32::from(EXIT_SETUP_FAILED)))
+    }
+
+    fn poll_once(&self, observer: Option<&dyn Observer>) {
+        let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
+        if let Some(status) = &self.status {
+            fds.push(PollFd::new(status.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(relay) = &self.relay {
+            for (fd, read, write) in relay.interests() {
+                let mut flags = PollFlags::empty();
+                if read {
+                    flags |= PollFlags::POLLIN;
+                }
+                if write {
+                    flags |= PollFlags::POLLOUT;
+                }
+                fds.push(PollFd::new(fd, flags));
+            }
+        }
+        if let Some(fd) = observer.and_then(Observer::poll_fd) {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+        }
+        // The root's exit is announced by SIGCHLD on the signalfd; a timeout only guards
+        // against a lost wakeup.
+        let _ = poll(&mut fds, PollTimeout::from(1000u16));
+    }
+
+    fn handle_signals(&mut self) {
+        while let Ok(Some(info)) = self.signals.read_signal() {
+            let signo = i32::try_from(info.ssi_signo).unwrap_or(0);
+            match Signal::try_from(signo) {
+                Ok(Signal::SIGCHLD) => {}
+                Ok(Signal::SIGWINCH) => {
+                    if let Some(relay) = &self.relay {
+                        pty::copy_window_size(relay.size_source(), relay.master());
+                    }
+                }
+                Ok(signal) => {
+                    let _ = nix::sys::signal::kill(self.root, signal);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Reads PID 1's status message when it is there (the channel is non-blocking).
+    fn read_status(&mut self) {
+        let Some(status) = &self.status else {
+            return;
+        };
+        let mut message = [0u8; 5];
+        let read = loop {
+            match nix::unistd::read(status, &mut message) {
+                Err(nix::errno::Errno::EINTR) => {}
+                other => break other,
+            }
+        };
+        match read {
+            Err(nix::errno::Errno::EAGAIN) => return,
+            // Written in one piece before PID 1 exits (shorter than PIPE_BUF).
+            Ok(5) => {
+                let value = i32::from_le_bytes([message[1], message[2], message[3], message[4]]);
+                self.reported = match message[0] {
+                    STATUS_EXITED => Some(Ended::Exited(value)),
+                    STATUS_SIGNALED => Some(Ended::Signaled(value)),
+                    _ => None,
+                };
+            }
+            // EOF without a message: PID 1 failed; its own exit status says how.
+            _ => {}
+        }
+        self.status = None;
+    }
+
+    fn reap_root(&mut self) {
+        if self.root_status.is_some() {
+            return;
+        }
+        match waitpid(self.root, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => self.root_status = Some(Ended::Exited(code)),
+            Ok(WaitStatus::Signaled(_, signal, _)) => {
+                self.root_status = Some(Ended::Signaled(signal as i32));
+            }
+            Ok(_) => {}
+            Err(_) => self.root_status = Some(Ended::Exited(i32::from(EXIT_SETUP_FAILED))),
+        }
+    }
+}

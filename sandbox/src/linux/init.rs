@@ -1,0 +1,375 @@
+//! PID 1 of a sandbox, and the command it starts.
+//!
+//! PID 1 (cloned by [`super::command::run`] into the new namespaces) waits until its parent has
+//! written its uid/gid maps, leaves the outer terminal's session, builds the mount layout, opens
+//! the sandbox's own terminal when the outer has one, drops every capability and installs
+//! Landlock and seccomp on itself, then forks the command. From then on it only forwards the
+//! signals the outer passes on to the command's process group, reaps every orphan of the
+//! namespace, and when the command ends, reports its status to the outer and exits: the kernel
+//! then kills everything left in the PID namespace, `setsid` daemons and double forks included.
+//!
+//! If the outer dies first (killed with the server), PID 1 gets `SIGKILL` (`PR_SET_PDEATHSIG`)
+//! and the namespace goes with it.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use super::command::{Command, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED, RunOptions};
+use super::{EnforcementReport, SandboxError, landlock, mounts, pty};
+use crate::policy::ResolvedPolicy;
+
+/// Where `execvp` looks when the command's environment has no `PATH`.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// Status message from PID 1 to the outer: kind byte, then the value (little-endian i32).
+pub const STATUS_EXITED: u8 = 1;
+/// The command was killed by a signal.
+pub const STATUS_SIGNALED: u8 = 2;
+
+/// PID 1's ends of the channels to the outer.
+pub struct InitChannels {
+    /// Readable once the outer wrote the maps (one byte), or EOF if it died.
+    pub go: OwnedFd,
+    /// Where the command's status goes.
+    pub status: OwnedFd,
+    /// Where the master of the sandbox's own terminal goes (when the outer has a terminal).
+    pub terminal: Option<UnixStream>,
+    /// Which of stdin, stdout, stderr are terminals.
+    pub relayed: [bool; 3],
+}
+
+/// PID 1. Never returns.
+pub fn run_init(
+    policy: &ResolvedPolicy,
+    command: &Command,
+    options: &RunOptions,
+    channels: InitChannels,
+) -> ! {
+    let _ = crate::sys::set_parent_death_signal(libc::SIGKILL);
+    // Nothing of the outer's (the audit's sockets and report, its signalfd) stays open in the
+    // sandbox; only stdio and PID 1's own channels.
+    let mut keep = vec![
+        0,
+        1,
+        2,
+        channels.go.as_raw_fd(),
+        channels.status.as_raw_fd(),
+    ];
+    keep.extend(channels.terminal.as_ref().map(AsRawFd::as_raw_fd));
+    if super::hygiene::close_inherited_fds(&keep).is_err() {
+        crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
+    }
+    let mut go = [0u8];
+    if nix::unistd::read(&channels.go, &mut go) != Ok(1) {
+        crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
+    }
+    drop(channels.go);
+    let prepared = match prepare(
+        policy,
+        command,
+        options,
+        channels.terminal,
+        channels.relayed,
+    ) {
+        Ok(prepared) => prepared,
+        Err(err) => {
+            eprintln!("sandbox-run: {err}");
+            crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
+        }
+    };
+    for warning in &prepared.report.warnings {
+        eprintln!("sandbox-run: warning: {warning}");
+    }
+    if options.report {
+        eprintln!(
+            "{}",
+            serde_json::to_string(&prepared.report).unwrap_or_default()
+        );
+    }
+    let exec = Exec::new(command);
+    // SAFETY: PID 1 is single-threaded; the child only sets up its session and terminal and
+    // execs (or leaves through _exit).
+    let child = match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(prepared.signals);
+            start_command(&exec, prepared.slave, channels.relayed)
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+        Err(err) => {
+            eprintln!("sandbox-run: cannot start the command: {err}");
+            crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
+        }
+    };
+    drop(prepared.slave);
+    let (kind, value) = supervise(&prepared.signals, child);
+    let mut message = [0u8; 5];
+    message[0] = kind;
+    message[1..].copy_from_slice(&value.to_le_bytes());
+    let _ = nix::unistd::write(&channels.status, &message);
+    crate::sys::exit_now(0)
+}
+
+/// What PID 1 holds once confined.
+struct Prepared {
+    report: EnforcementReport,
+    signals: SignalFd,
+    slave: Option<OwnedFd>,
+}
+
+fn prepare(
+    policy: &ResolvedPolicy,
+    command: &Command,
+    options: &RunOptions,
+    terminal: Option<UnixStream>,
+    relayed: [bool; 3],
+) -> Result<Prepared, SandboxError> {
+    let mut report = EnforcementReport {
+        no_new_privs: true,
+        ..EnforcementReport::default()
+    };
+    report.namespaces.user = true;
+    report.namespaces.pid = true;
+    report.namespaces.ipc = true;
+    report.namespaces.mount = true;
+    report.namespaces.network = !policy.network_allowed();
+    // Leave the outer terminal's session: the command gets a terminal of its own, and the
+    // server's signals to the outer's process group reach only the outer, which forwards them.
+    let _ = nix::unistd::setsid();
+    let layout = command_layout(policy, &command.cwd);
+    let applied = mounts::apply(&mounts::mount_plan(policy, &layout))
+        .map_err(super::namespaces::NamespaceError::from)?;
+    report.namespaces.mounts = applied.ops;
+    report.warnings.extend(applied.warnings);
+    let slave = match terminal {
+        Some(socket) => {
+            let like = relayed
+                .iter()
+                .position(|relayed| *relayed)
+                .map_or(0, |fd| fd as i32);
+            // SAFETY: `like` is one of the standard descriptors, open for the life of PID 1.
+            let like = unsafe { std::os::fd::BorrowedFd::borrow_raw(like) };
+            let terminal_error = |source: std::io::Error| SandboxError::Terminal { source };
+            let (master, slave) = pty::open_inner(like).map_err(terminal_error)?;
+            pty::send_fd(&socket, master.as_fd()).map_err(terminal_error)?;
+            Some(slave)
+        }
+        None => None,
+    };
+    super::enter_directory(&command.cwd)?;
+    let _ = crate::sys::set_dumpable(false);
+    let ttys = if layout.dev {
+        landlock::private_ttys()
+    } else {
+        landlock::session_ttys()
+    };
+    let enforce = super::EnforceOptions {
+        best_effort: options.best_effort,
+        keep_fds: Vec::new(),
+        env: super::EnvMode::Keep,
+        namespaces: super::NamespaceMode::Auto,
+        audit_log: options.audit_log,
+    };
+    super::finish_confinement(policy, &ttys, &enforce, &mut report)?;
+    let signals =
+        SignalFd::with_flags(&forwarded_signals(), SfdFlags::SFD_CLOEXEC).map_err(|source| {
+            SandboxError::Terminal {
+                source: source.into(),
+            }
+        })?;
+    Ok(Prepared {
+        report,
+        signals,
+        slave,
+    })
+}
+
+/// The layout of a command's sandbox: a fresh `/proc` always (its own PID namespace); with a
+/// restricted filesystem also a minimal `/dev` and private `/tmp`, `$TMPDIR` and `/run`, with
+/// the working directory carried in when it lives there.
+pub fn command_layout(policy: &ResolvedPolicy, cwd: &Path) -> mounts::Layout {
+    let restricted = policy.restricts_filesystem();
+    let mut private_dirs = Vec::new();
+    if restricted {
+        private_dirs.push(PathBuf::from("/tmp"));
+        private_dirs.extend(policy.tmpdir.iter().cloned());
+        private_dirs.push(PathBuf::from("/run"));
+        private_dirs.sort();
+        private_dirs.dedup();
+    }
+    let mut carry = vec![cwd.to_owned()];
+    if restricted && policy.network_allowed() {
+        carry.extend(resolver_configuration());
+    }
+    mounts::Layout {
+        proc: true,
+        dev: restricted,
+        private_dirs,
+        carry,
+    }
+}
+
+/// Where `/etc/resolv.conf` points when that is under `/run` (systemd-resolved,
+/// resolvconf): carried into the private `/run` so name resolution keeps working with the
+/// network on.
+fn resolver_configuration() -> Option<PathBuf> {
+    let target = std::fs::canonicalize("/etc/resolv.conf").ok()?;
+    target
+        .starts_with("/run")
+        .then(|| target.parent().map(Path::to_owned))
+        .flatten()
+}
+
+/// The signals the outer forwards and PID 1 passes on to the command's process group, plus
+/// `SIGCHLD`, all blocked and read from a signalfd.
+pub fn forwarded_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for signal in FORWARDED_SIGNALS {
+        set.add(signal);
+    }
+    set.add(Signal::SIGCHLD);
+    set
+}
+
+/// Signals passed on to the command.
+pub const FORWARDED_SIGNALS: [Signal; 7] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGCONT,
+];
+
+/// Forwards signals and reaps until the command ends; returns its status message.
+fn supervise(signals: &SignalFd, command: Pid) -> (u8, i32) {
+    loop {
+        let Ok(Some(info)) = signals.read_signal() else {
+            continue;
+        };
+        let signo = i32::try_from(info.ssi_signo).unwrap_or(0);
+        if signo != libc::SIGCHLD {
+            if let Ok(signal) = Signal::try_from(signo)
+                && nix::sys::signal::killpg(command, signal).is_err()
+            {
+                // The command has not made its own session yet.
+                let _ = nix::sys::signal::kill(command, signal);
+            }
+            continue;
+        }
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == command => {
+                    return (STATUS_EXITED, code);
+                }
+                Ok(WaitStatus::Signaled(pid, signal, _)) if pid == command => {
+                    return (STATUS_SIGNALED, signal as i32);
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+/// The command's `execve` arguments, prepared before the fork.
+struct Exec {
+    program: OsString,
+    candidates: Vec<CString>,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+}
+
+impl Exec {
+    fn new(command: &Command) -> Self {
+        let cstring = |bytes: &[u8]| CString::new(bytes).unwrap_or_default();
+        let program = command.argv.first().cloned().unwrap_or_default();
+        let argv = command.argv.iter().map(|a| cstring(a.as_bytes())).collect();
+        let envp = command
+            .env
+            .iter()
+            .map(|(key, value)| {
+                let mut entry = key.as_bytes().to_vec();
+                entry.push(b'=');
+                entry.extend_from_slice(value.as_bytes());
+                cstring(&entry)
+            })
+            .collect();
+        let path = command
+            .env
+            .iter()
+            .find(|(key, _)| key == "PATH")
+            .map_or(OsStr::new(DEFAULT_PATH), |(_, value)| value.as_os_str());
+        let candidates = search_path(&program, path)
+            .iter()
+            .map(|p| cstring(p.as_os_str().as_bytes()))
+            .collect();
+        Self {
+            program,
+            candidates,
+            argv,
+            envp,
+        }
+    }
+}
+
+/// Where `execvp` would look for `program` along `path`.
+fn search_path(program: &OsStr, path: &OsStr) -> Vec<PathBuf> {
+    if program.as_bytes().contains(&b'/') {
+        return vec![PathBuf::from(program)];
+    }
+    path.as_bytes()
+        .split(|b| *b == b':')
+        .map(|dir| {
+            let dir = if dir.is_empty() { b"." as &[u8] } else { dir };
+            Path::new(OsStr::from_bytes(dir)).join(program)
+        })
+        .collect()
+}
+
+/// The command's process: its own session, the sandbox's terminal as its controlling
+/// terminal, default signals, then `execve`. Never returns.
+fn start_command(exec: &Exec, slave: Option<OwnedFd>, relayed: [bool; 3]) -> ! {
+    crate::sys::reset_signals_for_exec();
+    let _ = nix::unistd::setsid();
+    if let Some(slave) = slave {
+        let _ = crate::sys::set_controlling_terminal(slave.as_fd());
+        for (fd, relayed) in relayed.iter().enumerate() {
+            if *relayed {
+                // SAFETY: dup2 onto 0-2 of this single-threaded child replaces its own stdio.
+                unsafe { libc::dup2(slave.as_raw_fd(), fd as i32) };
+            }
+        }
+    }
+    // As execvp: keep looking after "not there" and "not permitted", report a permission
+    // problem if one was met, stop at any other error.
+    let mut error = std::io::Error::from_raw_os_error(libc::ENOENT);
+    for candidate in &exec.candidates {
+        let failed = crate::sys::execve(candidate, &exec.argv, &exec.envp);
+        match failed.raw_os_error() {
+            Some(libc::ENOENT | libc::ENOTDIR) => {}
+            Some(libc::EACCES) => error = failed,
+            _ => {
+                error = failed;
+                break;
+            }
+        }
+    }
+    eprintln!(
+        "sandbox-run: cannot execute {}: {error}",
+        exec.program.to_string_lossy()
+    );
+    let status = if error.raw_os_error() == Some(libc::ENOENT) {
+        EXIT_NOT_FOUND
+    } else {
+        EXIT_CANNOT_EXECUTE
+    };
+    crate::sys::exit_now(i32::from(status))
+}

@@ -1,0 +1,309 @@
+//! Process-level raw calls: `clone` into new namespaces, dropping every capability, the parent
+//! death signal, dumpability and opening a pseudo-terminal's peer. Each behind a typed safe
+//! wrapper with its `// SAFETY:` note.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::unistd::Pid;
+
+/// `_LINUX_CAPABILITY_VERSION_3`.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+/// Securebits: root gets no capabilities from exec or set*id, and neither can be undone.
+/// `SECBIT_NOROOT | _LOCKED`, `SECBIT_NO_SETUID_FIXUP | _LOCKED`, `SECBIT_KEEP_CAPS_LOCKED`,
+/// `SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED`.
+const LOCKED_SECUREBITS: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80;
+/// Upper bound for capability numbers tried when `cap_last_cap` cannot be read (Linux 6.x has
+/// 41; dropping an unknown number fails with `EINVAL`, which ends the loop).
+const CAP_NUMBER_LIMIT: libc::c_ulong = 64;
+/// `TIOCGPTPEER`: open the peer of a pseudo-terminal master.
+const TIOCGPTPEER: libc::c_ulong = 0x5441;
+
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `clone(2)` with `flags` (namespace flags) and `SIGCHLD`, on the caller's stack like `fork`
+/// (no `CLONE_VM`): returns `None` in the child and the child's pid in the parent.
+///
+/// Must only be called while the process is single-threaded (`sandbox-run` has no threads):
+/// the child is a copy of the caller, so no lock may be held by another thread.
+///
+/// # Errors
+/// The OS error of `clone(2)` (e.g. `EPERM`/`ENOSPC` when a namespace cannot be created).
+pub fn clone_into_namespaces(flags: libc::c_int) -> io::Result<Option<Pid>> {
+    // SAFETY: a raw clone without CLONE_VM and with a null stack behaves like fork: the child
+    // gets a copy-on-write copy of the address space and continues here. The caller is
+    // single-threaded, so the copy holds no lock another thread owned; glibc keeps no pid cache
+    // to go stale.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::c_ulong::try_from(flags | libc::SIGCHLD).unwrap_or(0),
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            std::ptr::null_mut::<libc::c_int>(),
+            0usize,
+        )
+    };
+    match rc {
+        rc if rc < 0 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        pid => Ok(Some(Pid::from_raw(
+            libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::Other))?,
+        ))),
+    }
+}
+
+/// Drops every capability of the calling process for good, whatever its uid: locks the
+/// securebits that would let uid 0 regain capabilities through `execve` or `set*uid`, empties the
+/// bounding and ambient sets, then the effective, permitted and inheritable sets.
+///
+/// Call it after the last privileged step (mounts), before Landlock and seccomp. Needs
+/// `CAP_SETPCAP` in the caller's user namespace for the securebits and the bounding set.
+///
+/// # Errors
+/// The OS error of the step that failed.
+pub fn drop_all_capabilities() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only changes the caller's own security state.
+    let rc = unsafe { libc::prctl(libc::PR_SET_SECUREBITS, LOCKED_SECUREBITS, 0, 0, 0) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|text| text.trim().parse::<libc::c_ulong>().ok())
+        .unwrap_or(CAP_NUMBER_LIMIT);
+    for cap in 0..=last {
+        // SAFETY: as above; each call removes one capability from the bounding set.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINVAL) && cap > 0 {
+                break; // past the kernel's last capability
+            }
+            return Err(err);
+        }
+    }
+    // SAFETY: as above.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let header = CapHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData::default(); 2];
+    // SAFETY: `header` and `data` are valid for the duration of the call; version 3 reads two
+    // `CapData` entries.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// For a process that may not hold `CAP_SETPCAP` (unprivileged, outside any user namespace of
+/// its own): empties the effective, permitted, inheritable and ambient sets, which needs no
+/// privilege, and checks in `/proc/self/status` that they are empty.
+///
+/// # Errors
+/// The OS error of `capset(2)`, or `PermissionDenied` when a set is still not empty.
+pub fn require_no_capabilities() -> io::Result<()> {
+    let header = CapHeader {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [CapData::default(); 2];
+    // SAFETY: as in `drop_all_capabilities`: valid header and two data entries.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: prctl with integer arguments only changes the caller's own state.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    for line in status.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        if matches!(key, "CapInh" | "CapPrm" | "CapEff" | "CapAmb")
+            && u64::from_str_radix(value.trim(), 16).ok() != Some(0)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{key} is still {} after dropping capabilities",
+                    value.trim()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `PR_SET_PDEATHSIG`: the kernel sends `signal` to the caller when its parent thread exits.
+///
+/// # Errors
+/// The OS error of `prctl(2)`.
+pub fn set_parent_death_signal(signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only changes the caller's own state.
+    let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `PR_SET_DUMPABLE`: whether the caller can be ptraced or have its `/proc` files read by
+/// processes of the same uid.
+///
+/// # Errors
+/// The OS error of `prctl(2)`.
+pub fn set_dumpable(dumpable: bool) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only changes the caller's own state.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_DUMPABLE,
+            libc::c_ulong::from(dumpable),
+            0,
+            0,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Opens the peer (slave) of the pseudo-terminal `master` by descriptor (`TIOCGPTPEER`), so no
+/// path under `/dev/pts` is looked up.
+///
+/// # Errors
+/// The OS error of the ioctl.
+pub fn open_pty_peer(master: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: TIOCGPTPEER takes an integer of open flags and returns a new descriptor.
+    let rc = unsafe { libc::ioctl(master.as_raw_fd(), TIOCGPTPEER, flags) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}
+
+/// Takes ownership of a descriptor the kernel installed for us with `SCM_RIGHTS`.
+pub fn owned_fd(fd: RawFd) -> OwnedFd {
+    // SAFETY: recvmsg just installed `fd` in our descriptor table for this message; nothing else
+    // knows the number, so this is its only owner.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Unblocks every signal and resets every catchable one to its default action: what a program
+/// expects to inherit from `execve` (Rust's runtime ignores `SIGPIPE`, and a blocked or ignored
+/// disposition would otherwise leak into the command).
+pub fn reset_signals_for_exec() {
+    // SAFETY: sigprocmask and signal with SIG_DFL only change this process's own signal state;
+    // the process is single-threaded and about to exec.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        for signal in 1..libc::SIGRTMIN() {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+        }
+    }
+}
+
+/// Makes `tty` the controlling terminal of the calling session leader (`TIOCSCTTY`).
+///
+/// # Errors
+/// The OS error of the ioctl.
+pub fn set_controlling_terminal(tty: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: TIOCSCTTY takes an integer argument (0: do not steal).
+    if unsafe { libc::ioctl(tty.as_raw_fd(), libc::TIOCSCTTY, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `execve(2)`: replaces the process image; returns only on failure.
+pub fn execve(
+    program: &std::ffi::CStr,
+    argv: &[std::ffi::CString],
+    envp: &[std::ffi::CString],
+) -> io::Error {
+    let argv: Vec<*const libc::c_char> = argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: Vec<*const libc::c_char> = envp
+        .iter()
+        .map(|e| e.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    // SAFETY: every pointer points into a NUL-terminated CString that outlives the call, and both
+    // arrays end with a null pointer.
+    unsafe { libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+/// Ends the calling process at once with `status`, without running destructors or exit
+/// handlers (a forked child must not flush or free its parent's state).
+pub fn exit_now(status: i32) -> ! {
+    // SAFETY: _exit has no preconditions.
+    unsafe { libc::_exit(status) }
+}
+
+/// Dies of `signal` as the command did, so our parent sees the same wait status: resets its
+/// action to the default, unblocks it, and raises it (core dumps off). Returns if the signal
+/// was not fatal.
+pub fn die_of_signal(signal: libc::c_int) {
+    // SAFETY: setrlimit, signal, sigprocmask and raise only change this process's own state.
+    unsafe {
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+        libc::signal(signal, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(signal);
+    }
+}
