@@ -49,10 +49,8 @@ fn resolve(sandbox: Option<&Value>, denies: &[PathBuf]) -> Result<ResolvedPolicy
     };
     let spec: SandboxSpec = serde_json::from_value(sandbox.clone()).map_err(|e| e.to_string())?;
     let mut policy = spec.resolve().map_err(|e| e.to_string())?;
-    if policy.restricts_filesystem() {
-        for path in denies {
-            policy = policy.with_denied_path(path);
-        }
+    for path in denies {
+        policy = policy.with_hidden_path(path);
     }
     Ok(policy)
 }
@@ -123,7 +121,7 @@ fn too_large() -> RpcError {
     )
 }
 
-/// Serve mode under `sandbox_json`.
+/// Serve mode under `sandbox_json`, resolved here (the helper run on its own).
 ///
 /// # Errors
 /// [`SetupError`] when the policy is invalid or cannot be applied, or stdio fails.
@@ -131,7 +129,43 @@ pub fn run_serve(sandbox_json: &str, denies: &[PathBuf]) -> Result<(), SetupErro
     let sandbox: Value =
         serde_json::from_str(sandbox_json).map_err(|e| SetupError::Policy(e.to_string()))?;
     let policy = resolve(Some(&sandbox), denies).map_err(SetupError::Policy)?;
-    restrict(&policy)?;
+    serve(&policy, Requests::MustMatch(denies))
+}
+
+/// Serve mode under the policy exec-server resolved, read as the first frame on stdin: this
+/// helper resolves nothing, and a request carrying a `sandbox` of its own is refused.
+///
+/// # Errors
+/// [`SetupError`] when the policy frame is missing or malformed, cannot be applied, or stdio
+/// fails.
+pub fn run_serve_resolved() -> Result<(), SetupError> {
+    let mut stdin = std::io::stdin().lock();
+    let mut header = [0u8; 4];
+    stdin.read_exact(&mut header)?;
+    let len = u32::from_be_bytes(header) as usize;
+    if len > MAX_HELPER_REQUEST_BYTES {
+        return Err(SetupError::Policy(
+            "the policy frame is larger than MAX_HELPER_REQUEST_BYTES".to_owned(),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    stdin.read_exact(&mut body)?;
+    drop(stdin);
+    let policy: ResolvedPolicy =
+        serde_json::from_slice(&body).map_err(|e| SetupError::Policy(e.to_string()))?;
+    serve(&policy, Requests::WithoutSandbox)
+}
+
+/// How serve mode treats a request's own `sandbox` member.
+enum Requests<'a> {
+    /// It must resolve (with these denies) to the policy being served.
+    MustMatch(&'a [PathBuf]),
+    /// It must be absent (the server resolved the policy).
+    WithoutSandbox,
+}
+
+fn serve(policy: &ResolvedPolicy, requests: Requests<'_>) -> Result<(), SetupError> {
+    restrict(policy)?;
     let sandboxed = !policy.is_unrestricted();
     let mut stdin = std::io::stdin().lock();
     let stdout = std::io::stdout();
@@ -149,7 +183,7 @@ pub fn run_serve(sandbox_json: &str, denies: &[PathBuf]) -> Result<(), SetupErro
         } else {
             let mut body = vec![0u8; len];
             stdin.read_exact(&mut body)?;
-            serve_one(&body, &policy, denies, sandboxed)
+            serve_one(&body, policy, &requests, sandboxed)
         };
         let body = respond_json(response);
         write_frame(&stdout, &body, file.as_ref())?;
@@ -159,7 +193,7 @@ pub fn run_serve(sandbox_json: &str, denies: &[PathBuf]) -> Result<(), SetupErro
 fn serve_one(
     body: &[u8],
     policy: &ResolvedPolicy,
-    denies: &[PathBuf],
+    requests: &Requests<'_>,
     sandboxed: bool,
 ) -> (Result<Value, RpcError>, Option<std::fs::File>) {
     let request: HelperRequest = match serde_json::from_slice(body) {
@@ -168,6 +202,22 @@ fn serve_one(
             let message = format!(
                 "helper request must be {{\"operation\", \"params\", \"sandbox\"}}: {error}"
             );
+            return (
+                Err(RpcError::invalid_request(
+                    ErrorKind::InvalidRequest,
+                    message,
+                )),
+                None,
+            );
+        }
+    };
+    let denies = match requests {
+        Requests::MustMatch(denies) => *denies,
+        Requests::WithoutSandbox if request.sandbox.as_ref().is_none_or(Value::is_null) => {
+            return execute_one(request, sandboxed);
+        }
+        Requests::WithoutSandbox => {
+            let message = "this helper serves the policy exec-server resolved; a request must not carry a sandbox of its own";
             return (
                 Err(RpcError::invalid_request(
                     ErrorKind::InvalidRequest,
@@ -198,6 +248,13 @@ fn serve_one(
             );
         }
     }
+    execute_one(request, sandboxed)
+}
+
+fn execute_one(
+    request: HelperRequest,
+    sandboxed: bool,
+) -> (Result<Value, RpcError>, Option<std::fs::File>) {
     match execute(&request.operation, request.params, sandboxed) {
         Ok(Outcome::Value(value)) => (Ok(value), None),
         Ok(Outcome::Opened(file, value)) => (Ok(value), Some(file)),

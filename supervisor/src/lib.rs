@@ -24,6 +24,7 @@ pub mod process;
 pub mod relay;
 pub mod rendezvous;
 pub mod rpc;
+pub mod sandboxing;
 pub mod server;
 pub mod session;
 mod sys;

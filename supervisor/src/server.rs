@@ -11,6 +11,7 @@ use crate::limits::{DETACHED_SESSION_TTL, MAX_CONNECTIONS};
 use crate::listen::{ExecServerListenUrlParseError, ListenAddress};
 use crate::paths::ExecServerRuntimePaths;
 use crate::process::guardian::Guardian;
+use crate::sandboxing::Sandboxing;
 use crate::session::SessionRegistry;
 use crate::transport::{BindError, Listener};
 
@@ -27,6 +28,9 @@ pub struct ServerOptions {
     pub detached_session_ttl: Duration,
     /// Start a fresh fs-helper for every sandboxed filesystem request instead of pooling.
     pub one_shot_helpers: bool,
+    /// Files every sandboxed command and helper must not see, besides the server's own socket
+    /// and token file (remote mode adds its identity key).
+    pub protected_files: Vec<PathBuf>,
 }
 
 impl ServerOptions {
@@ -38,6 +42,7 @@ impl ServerOptions {
             auth_token_file: None,
             detached_session_ttl: DETACHED_SESSION_TTL,
             one_shot_helpers: false,
+            protected_files: Vec::new(),
         }
     }
 }
@@ -68,6 +73,9 @@ pub enum ExecServerError {
     /// Signal handler installation failed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// A helper binary is missing.
+    #[error(transparent)]
+    Helper(#[from] crate::sandboxing::HelperOpenError),
     /// The guardian could not start.
     #[error(
         "cannot start the guardian helper {path}: {source}; it must sit next to exec-server (or in --helper-dir)"
@@ -99,8 +107,8 @@ pub struct ServerState {
     pub guardian: Arc<Guardian>,
     /// Pooled fs-helpers for sandboxed filesystem requests.
     pub helpers: Arc<HelperPool>,
-    /// Paths every sandboxed helper and command is denied (the server's own unix socket).
-    pub sandbox_denies: Vec<PathBuf>,
+    /// Policy resolution, protections and helper binaries for sandboxed work.
+    pub sandboxing: Arc<Sandboxing>,
 }
 
 /// A bound server, not yet serving.
@@ -127,12 +135,18 @@ impl BoundServer {
             return Err(ExecServerError::TokenRequired(options.listen_url.clone()));
         }
         let listener = Listener::bind(&address).await?;
-        // Sandboxed code must not reach the server's own socket (Landlock before ABI 9 does not
-        // mediate connecting to a pathname unix socket; the namespace layer masks it).
-        let sandbox_denies = match &address {
-            ListenAddress::Unix(path) => vec![path.clone()],
-            ListenAddress::Tcp(_) => Vec::new(),
-        };
+        // Sandboxed code must not reach the server: its unix socket and token file are hidden
+        // from every sandbox, its TCP port refused (crate::sandboxing).
+        let mut hidden = options.protected_files.clone();
+        if let ListenAddress::Unix(path) = &address {
+            hidden.push(path.clone());
+        }
+        hidden.extend(options.auth_token_file.iter().cloned());
+        let sandboxing = Arc::new(Sandboxing::new(
+            &options.runtime_paths,
+            hidden,
+            listener.tcp_port().into_iter().collect(),
+        )?);
         crate::sys::prepare_server_descriptors();
         let guardian = match Guardian::start(&options.runtime_paths.guardian) {
             Ok(guardian) => Arc::new(guardian),
@@ -143,11 +157,7 @@ impl BoundServer {
                 });
             }
         };
-        let helpers = HelperPool::new(
-            options.runtime_paths.fs_helper.clone(),
-            sandbox_denies.clone(),
-            options.one_shot_helpers,
-        );
+        let helpers = HelperPool::new(sandboxing.clone(), options.one_shot_helpers);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let state = Arc::new(ServerState {
             sessions: Arc::new(SessionRegistry::new(options.detached_session_ttl)),
@@ -157,7 +167,7 @@ impl BoundServer {
             shutdown: shutdown_rx,
             guardian,
             helpers,
-            sandbox_denies,
+            sandboxing,
         });
         Ok(Self {
             listener,

@@ -15,15 +15,21 @@ use clap::Parser;
 ///
 /// Serve (--serve --sandbox JSON): apply one policy once, then answer length-prefixed requests
 /// (4-byte big-endian length + JSON) on stdin/stdout until EOF.
+///
+/// Internal (exec-server): --serve --policy-frame reads the policy exec-server already resolved
+/// as the first frame instead, and resolves nothing itself.
 #[derive(Debug, Parser)]
 #[command(name = "fs-helper", version, about, long_about)]
 struct Cli {
     /// Serve framed requests under one policy until EOF.
-    #[arg(long, requires = "sandbox")]
+    #[arg(long)]
     serve: bool,
     /// The wire sandbox object (JSON) to serve under.
-    #[arg(long, value_name = "JSON")]
+    #[arg(long, value_name = "JSON", conflicts_with = "policy_frame")]
     sandbox: Option<String>,
+    /// Internal: the first frame is the resolved policy to serve under.
+    #[arg(long, hide = true, requires = "serve")]
+    policy_frame: bool,
     /// Extra path to deny (masked) in addition to the policy; repeatable.
     #[arg(long = "deny", value_name = "PATH")]
     denies: Vec<PathBuf>,
@@ -31,9 +37,13 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match (&cli.serve, &cli.sandbox) {
-        (true, Some(sandbox)) => fs_helper::helper::run_serve(sandbox, &cli.denies),
-        _ => fs_helper::helper::run_one_shot(&cli.denies),
+    let result = match (cli.serve, &cli.sandbox, cli.policy_frame) {
+        (true, _, true) => fs_helper::helper::run_serve_resolved(),
+        (true, Some(sandbox), false) => fs_helper::helper::run_serve(sandbox, &cli.denies),
+        (true, None, false) => Err(fs_helper::helper::SetupError::Policy(
+            "--serve needs --sandbox JSON".to_owned(),
+        )),
+        (false, ..) => fs_helper::helper::run_one_shot(&cli.denies),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

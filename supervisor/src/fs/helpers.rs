@@ -8,6 +8,10 @@
 //! - A helper that crashes, hangs past [`HELPER_REQUEST_TIMEOUT`] or answers garbage is killed
 //!   and never reused; its request fails with -32603 carrying the helper's stderr.
 //! - With one-shot helpers (`--one-shot-helpers`) every request gets a fresh helper.
+//! - A helper is started from the server's descriptor of `fs-helper` with
+//!   `--serve --policy-frame`: the first frame it reads is the policy the server resolved (with
+//!   the server's protections); it resolves nothing itself and confines itself before reading
+//!   any request.
 //!
 //! The requests are blocking socket I/O and run on tokio's blocking pool.
 
@@ -15,7 +19,6 @@ use std::collections::HashMap;
 use std::io::{IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,7 +26,10 @@ use std::time::{Duration, Instant};
 use proto::error::{ErrorKind, RpcError};
 use sandbox::ResolvedPolicy;
 use serde_json::Value;
+use std::os::unix::process::CommandExt;
 use tokio::sync::Semaphore;
+
+use crate::sandboxing::Sandboxing;
 
 /// Idle helpers kept per (session, policy).
 pub const MAX_IDLE_HELPERS_PER_POLICY: usize = 4;
@@ -76,19 +82,17 @@ impl Helper {
 
 /// The pool.
 pub struct HelperPool {
-    binary: PathBuf,
-    denies: Vec<PathBuf>,
+    sandboxing: Arc<Sandboxing>,
     one_shot: bool,
     idle: Mutex<HashMap<PoolKey, Vec<Helper>>>,
     live: Arc<Semaphore>,
 }
 
 impl HelperPool {
-    /// A pool running `binary`; `denies` are masked for every helper (the server's own socket).
-    pub fn new(binary: PathBuf, denies: Vec<PathBuf>, one_shot: bool) -> Arc<Self> {
+    /// A pool running `sandboxing`'s fs-helper.
+    pub fn new(sandboxing: Arc<Sandboxing>, one_shot: bool) -> Arc<Self> {
         let pool = Arc::new(Self {
-            binary,
-            denies,
+            sandboxing,
             one_shot,
             idle: Mutex::new(HashMap::new()),
             live: Arc::new(Semaphore::new(MAX_LIVE_HELPERS)),
@@ -111,11 +115,6 @@ impl HelperPool {
         pool
     }
 
-    /// Extra paths every sandboxed helper and command must not reach.
-    pub fn denies(&self) -> &[PathBuf] {
-        &self.denies
-    }
-
     fn take_expired(&self) -> Vec<Helper> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let mut expired = Vec::new();
@@ -130,14 +129,13 @@ impl HelperPool {
         expired
     }
 
-    /// Run one request (`{"operation", "params", "sandbox"}` as JSON bytes) under `key`'s policy.
+    /// Run one request (`{"operation", "params"}` as JSON bytes) under `key`'s policy.
     ///
     /// # Errors
     /// -32603 `helperFailed` when no helper can be started or it fails mid-request.
     pub async fn call(
         self: &Arc<Self>,
         key: PoolKey,
-        sandbox: Value,
         request: Vec<u8>,
     ) -> Result<HelperReply, RpcError> {
         let permit = self
@@ -155,7 +153,7 @@ impl HelperPool {
             };
             let mut helper = match reused {
                 Some(helper) => helper,
-                None => pool.spawn(&sandbox)?,
+                None => pool.spawn(&key.1)?,
             };
             match exchange(&mut helper, &request) {
                 Ok(reply) => {
@@ -202,17 +200,18 @@ impl HelperPool {
         }
     }
 
-    fn spawn(&self, sandbox: &Value) -> Result<Helper, RpcError> {
+    fn spawn(&self, policy: &ResolvedPolicy) -> Result<Helper, RpcError> {
         let (ours, theirs) = UnixStream::pair()
             .map_err(|e| helper_failed(&format!("socketpair failed: {e}"), ""))?;
         let theirs_out = theirs
             .try_clone()
             .map_err(|e| helper_failed(&format!("socket dup failed: {e}"), ""))?;
-        let mut command = Command::new(&self.binary);
+        let binary = &self.sandboxing.fs_helper;
+        let mut command = Command::new(binary.exec_path());
         command
+            .arg0("fs-helper")
             .arg("--serve")
-            .arg("--sandbox")
-            .arg(sandbox.to_string())
+            .arg("--policy-frame")
             .env_clear()
             .envs(
                 HELPER_ENV_ALLOWLIST
@@ -222,11 +221,11 @@ impl HelperPool {
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::from(OwnedFd::from(theirs_out)))
             .stderr(Stdio::piped());
-        for path in &self.denies {
-            command.arg("--deny").arg(path);
-        }
         let mut child = command.spawn().map_err(|e| {
-            helper_failed(&format!("cannot start {}: {e}", self.binary.display()), "")
+            helper_failed(
+                &format!("cannot start {}: {e}", binary.path().display()),
+                "",
+            )
         })?;
         let stderr = Arc::new(Mutex::new(Vec::new()));
         if let Some(mut pipe) = child.stderr.take() {
@@ -243,12 +242,20 @@ impl HelperPool {
         }
         let _ = ours.set_read_timeout(Some(HELPER_REQUEST_TIMEOUT));
         let _ = ours.set_write_timeout(Some(HELPER_REQUEST_TIMEOUT));
-        Ok(Helper {
+        let mut helper = Helper {
             child,
             socket: ours,
             stderr,
             idle_since: Instant::now(),
-        })
+        };
+        let policy = serde_json::to_vec(policy)
+            .map_err(|e| helper_failed(&format!("cannot encode the policy: {e}"), ""))?;
+        if let Err(e) = write_frame(&mut helper.socket, &policy) {
+            let stderr = helper.stderr_text();
+            helper.kill();
+            return Err(helper_failed(&format!("sending the policy: {e}"), &stderr));
+        }
+        Ok(helper)
     }
 }
 
@@ -265,15 +272,19 @@ fn helper_failed(reason: &str, stderr: &str) -> RpcError {
     )
 }
 
+/// Writes one frame: a 4-byte big-endian length, then the bytes.
+fn write_frame(socket: &mut UnixStream, body: &[u8]) -> std::io::Result<()> {
+    let len =
+        u32::try_from(body.len()).map_err(|_| std::io::Error::other("frame longer than 4 GiB"))?;
+    let mut frame = Vec::with_capacity(body.len() + 4);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(body);
+    socket.write_all(&frame)
+}
+
 /// One framed request and response; any failure means the helper is unusable.
 fn exchange(helper: &mut Helper, request: &[u8]) -> Result<HelperReply, String> {
-    let mut frame = Vec::with_capacity(request.len() + 4);
-    frame.extend_from_slice(&(request.len() as u32).to_be_bytes());
-    frame.extend_from_slice(request);
-    helper
-        .socket
-        .write_all(&frame)
-        .map_err(|e| format!("sending the request: {e}"))?;
+    write_frame(&mut helper.socket, request).map_err(|e| format!("sending the request: {e}"))?;
     let (header, file) = read_header(&helper.socket)?;
     let len = u32::from_be_bytes(header) as usize;
     if len > crate::limits::MAX_FRAME_BYTES {

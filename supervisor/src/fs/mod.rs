@@ -18,7 +18,7 @@ use std::sync::Arc;
 use proto::error::{ErrorKind, RpcError};
 use proto::methods::fs::{CloseParams, OpenParams, ReadBlockParams, ReadBlockResult};
 use proto::methods::{self, Empty, parse_params};
-use sandbox::{ResolvedPolicy, SandboxSpec};
+use sandbox::ResolvedPolicy;
 use serde_json::Value;
 
 pub use handles::HandleTable;
@@ -47,23 +47,23 @@ pub enum FsRequestError {
     TooManyHandles(usize),
 }
 
-/// Resolve the request's `sandbox` member. `None` when the filesystem is not restricted.
+/// Resolve the request's `sandbox` member (off the runtime: globs walk the filesystem). `None`
+/// when nothing is restricted.
 ///
 /// # Errors
 /// -32602 when the sandbox object does not parse or resolve (never run unsandboxed instead).
-pub fn restricting_policy(sandbox: Option<&Value>) -> Result<Option<ResolvedPolicy>, RpcError> {
-    let Some(sandbox) = sandbox.filter(|value| !value.is_null()) else {
+async fn restricting_policy(
+    sandboxing: &Arc<crate::sandboxing::Sandboxing>,
+    sandbox: Option<Value>,
+) -> Result<Option<ResolvedPolicy>, RpcError> {
+    if sandbox.as_ref().is_none_or(Value::is_null) {
         return Ok(None);
-    };
-    let spec: SandboxSpec = serde_json::from_value(sandbox.clone()).map_err(|e| {
-        RpcError::invalid_params(format!(
-            "invalid sandbox: {e}; see policies/README.md for the accepted shapes"
-        ))
-    })?;
-    let policy = spec
-        .resolve()
-        .map_err(|e| RpcError::invalid_params(format!("invalid sandbox: {e}")))?;
-    Ok(policy.restricts_filesystem().then_some(policy))
+    }
+    let sandboxing = sandboxing.clone();
+    tokio::task::spawn_blocking(move || sandboxing.resolve(sandbox.as_ref()))
+        .await
+        .map_err(|e| RpcError::internal(format!("policy resolution failed: {e}")))?
+        .map_err(|e| RpcError::invalid_params(e.to_string()))
 }
 
 /// Serve one `fs/*` request.
@@ -101,26 +101,19 @@ pub async fn handle(
         .get("sandbox")
         .cloned()
         .filter(|value| !value.is_null());
-    let outcome = match restricting_policy(sandbox.as_ref())? {
+    let outcome = match restricting_policy(&connection.server.sandboxing, sandbox).await? {
         None => {
             let method = method.to_owned();
             tokio::task::spawn_blocking(move || execute(&method, params, false))
                 .await
                 .map_err(|e| RpcError::internal(format!("filesystem task failed: {e}")))??
         }
-        Some(mut policy) => {
+        Some(policy) => {
             let pool = &connection.server.helpers;
-            for path in pool.denies() {
-                policy = policy.with_denied_path(path);
-            }
-            let sandbox = sandbox.unwrap_or(Value::Null);
-            let request =
-                serde_json::json!({"operation": method, "params": params, "sandbox": sandbox});
+            let request = serde_json::json!({"operation": method, "params": params});
             let request =
                 serde_json::to_vec(&request).map_err(|e| RpcError::internal(e.to_string()))?;
-            let reply = pool
-                .call((session.id.clone(), policy), sandbox, request)
-                .await?;
+            let reply = pool.call((session.id.clone(), policy), request).await?;
             let value = reply.result?;
             match (method == methods::FS_OPEN, reply.file) {
                 (false, _) => Outcome::Value(value),

@@ -50,22 +50,38 @@ pub async fn start(
         )
     });
     let audit = params.audit_denials;
-    let argv = sandboxed_argv(
-        server,
-        params.sandbox.as_ref(),
-        &cwd,
-        params.argv,
-        params.arg0.is_some(),
-        audit,
-    )?;
-    let spec = SpawnSpec {
-        argv,
-        arg0: params.arg0,
-        cwd,
-        env: params.env,
-        pty,
-        pipe_stdin: params.pipe_stdin,
-        audit_pipe: audit,
+    let policy = resolve_sandbox(server, params.sandbox).await?;
+    let spec = match policy {
+        None if audit => {
+            return Err(ProcessError::InvalidParams(
+                "auditDenials needs a restricting sandbox".into(),
+            ));
+        }
+        None => SpawnSpec {
+            argv: params.argv,
+            arg0: params.arg0,
+            cwd,
+            env: params.env,
+            pty,
+            pipe_stdin: params.pipe_stdin,
+            audit_pipe: false,
+            launch: None,
+        },
+        Some(_) if params.arg0.is_some() => {
+            return Err(ProcessError::InvalidParams(
+                "arg0 cannot be combined with a sandbox (the sandbox execs argv[0])".into(),
+            ));
+        }
+        Some(policy) => sandboxed_spec(
+            &server.sandboxing,
+            policy,
+            params.argv,
+            params.env,
+            cwd,
+            pty,
+            params.pipe_stdin,
+            audit,
+        )?,
     };
     let spawned = spawn(&spec)?;
     server.guardian.register(spawned.pid);
@@ -224,63 +240,67 @@ pub async fn terminate_all(processes: Vec<Arc<ManagedProcess>>) {
     }
 }
 
-/// The argv to spawn: `argv` itself, or `sandbox-run` (found next to the server) applying the
-/// request's sandbox and then exec'ing `argv` in place, so pid, exit status and signals are the
-/// program's.
-fn sandboxed_argv(
+/// Resolves the request's `sandbox` once, off the runtime (globs walk the filesystem), with the
+/// server's protections; `None` when nothing is restricted.
+async fn resolve_sandbox(
     server: &ServerState,
-    sandbox: Option<&serde_json::Value>,
-    cwd: &std::path::Path,
+    sandbox: Option<serde_json::Value>,
+) -> Result<Option<sandbox::ResolvedPolicy>, ProcessError> {
+    if sandbox.as_ref().is_none_or(serde_json::Value::is_null) {
+        return Ok(None);
+    }
+    let sandboxing = server.sandboxing.clone();
+    tokio::task::spawn_blocking(move || sandboxing.resolve(sandbox.as_ref()))
+        .await
+        .map_err(|e| ProcessError::InvalidParams(format!("policy resolution failed: {e}")))?
+        .map_err(|e| ProcessError::InvalidParams(e.to_string()))
+}
+
+/// The spawn of a sandboxed command: `sandbox-run` (from the server's own descriptor) with an
+/// empty environment, reading the resolved policy and the command, environment included, from
+/// the launch request on descriptor [`super::spawn::LAUNCH_FD`]; nothing of the request reaches
+/// `sandbox-run` before it is confined.
+#[allow(clippy::too_many_arguments)]
+fn sandboxed_spec(
+    sandboxing: &crate::sandboxing::Sandboxing,
+    policy: sandbox::ResolvedPolicy,
     argv: Vec<String>,
-    has_arg0: bool,
+    env: std::collections::BTreeMap<String, String>,
+    cwd: std::path::PathBuf,
+    pty: Option<(u16, u16)>,
+    pipe_stdin: bool,
     audit: bool,
-) -> Result<Vec<String>, ProcessError> {
-    let needs_sandbox =
-        || ProcessError::InvalidParams("auditDenials needs a restricting sandbox".into());
-    let Some(sandbox) = sandbox.filter(|value| !value.is_null()) else {
-        return if audit {
-            Err(needs_sandbox())
-        } else {
-            Ok(argv)
-        };
+) -> Result<SpawnSpec, ProcessError> {
+    let request = sandbox::launch::LaunchRequest {
+        policy,
+        argv,
+        env: env.into_iter().collect(),
+        cwd: cwd.clone(),
+        best_effort: false,
     };
-    let spec: sandbox::SandboxSpec = serde_json::from_value(sandbox.clone()).map_err(|e| {
-        ProcessError::InvalidParams(format!("invalid sandbox: {e}; see policies/README.md"))
+    let launch = request.to_memfd().map_err(|e| {
+        ProcessError::Spawn(super::spawn::SpawnError::Setup {
+            what: "launch request",
+            source: std::io::Error::other(e.to_string()),
+        })
     })?;
-    let policy = spec
-        .resolve()
-        .map_err(|e| ProcessError::InvalidParams(format!("invalid sandbox: {e}")))?;
-    if policy.is_unrestricted() {
-        return if audit {
-            Err(needs_sandbox())
-        } else {
-            Ok(argv)
-        };
-    }
-    if has_arg0 {
-        return Err(ProcessError::InvalidParams(
-            "arg0 cannot be combined with a sandbox (sandbox-run execs argv[0])".into(),
-        ));
-    }
-    let text = |path: &std::path::Path| path.to_str().map(str::to_owned);
-    let runner = text(&server.runtime_paths.sandbox_run)
-        .ok_or_else(|| ProcessError::Unsupported("the sandbox-run path is not UTF-8".into()))?;
-    let mut wrapped = vec![runner, "--policy-json".to_owned(), sandbox.to_string()];
-    if spec.cwd.is_none() {
-        let cwd = text(cwd).ok_or_else(|| {
-            ProcessError::InvalidParams("cwd must be UTF-8 for a sandboxed start".into())
-        })?;
-        wrapped.extend(["--cwd".to_owned(), cwd]);
-    }
-    for path in &server.sandbox_denies {
-        if let Some(path) = text(path) {
-            wrapped.extend(["--deny".to_owned(), path]);
-        }
-    }
+    let runner = sandboxing.sandbox_run.exec_path().display().to_string();
+    let mut wrapped = vec![
+        runner,
+        "--launch-fd".to_owned(),
+        super::spawn::LAUNCH_FD.to_string(),
+    ];
     if audit {
         wrapped.extend(["--audit-fd".to_owned(), super::spawn::AUDIT_FD.to_string()]);
     }
-    wrapped.push("--".to_owned());
-    wrapped.extend(argv);
-    Ok(wrapped)
+    Ok(SpawnSpec {
+        argv: wrapped,
+        arg0: Some("sandbox-run".to_owned()),
+        cwd,
+        env: std::collections::BTreeMap::new(),
+        pty,
+        pipe_stdin,
+        audit_pipe: audit,
+        launch: Some(launch),
+    })
 }

@@ -25,7 +25,7 @@ use crate::sys::{self, FileAction};
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// What to run.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SpawnSpec {
     /// Program and arguments (non-empty).
     pub argv: Vec<String>,
@@ -39,9 +39,11 @@ pub struct SpawnSpec {
     pub pty: Option<(u16, u16)>,
     /// Keep stdin writable (pipe mode).
     pub pipe_stdin: bool,
-    /// Give the child a pipe as descriptor 3 (`sandbox-run --audit-fd 3` writes denial records
-    /// to it) and return its read end.
+    /// Give the child a pipe as descriptor [`AUDIT_FD`] (`sandbox-run --audit-fd` writes denial
+    /// records to it) and return its read end.
     pub audit_pipe: bool,
+    /// A launch request for `sandbox-run`, given to the child as descriptor [`LAUNCH_FD`].
+    pub launch: Option<OwnedFd>,
 }
 
 /// Why a spawn failed.
@@ -210,9 +212,17 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         source,
     };
     let audit = audit_pipe(spec.audit_pipe)?;
-    let audit_action = audit
-        .as_ref()
-        .map(|(_, write)| FileAction::Dup(write.as_raw_fd(), AUDIT_FD));
+    let mut extra_actions: Vec<FileAction<'_>> = Vec::new();
+    extra_actions.extend(
+        audit
+            .as_ref()
+            .map(|(_, write)| FileAction::Dup(write.as_raw_fd(), AUDIT_FD)),
+    );
+    extra_actions.extend(
+        spec.launch
+            .as_ref()
+            .map(|launch| FileAction::Dup(launch.as_raw_fd(), LAUNCH_FD)),
+    );
     match spec.pty {
         None => {
             let (stdout_read, stdout_write) = pipe_pair()?;
@@ -234,7 +244,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
                 FileAction::Dup(stdout_write.as_raw_fd(), 1),
                 FileAction::Dup(stderr_write.as_raw_fd(), 2),
             ];
-            actions.extend(audit_action);
+            actions.extend(extra_actions);
             let pid = sys::spawn_in_new_session(&program, &argv, &envp, &cwd, &actions)
                 .map_err(exec_error)?;
             // Dropping the write end here leaves the child the only writer.
@@ -270,7 +280,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
                 FileAction::Dup(0, 1),
                 FileAction::Dup(0, 2),
             ];
-            actions.extend(audit_action);
+            actions.extend(extra_actions);
             let pid = sys::spawn_in_new_session(&program, &argv, &envp, &cwd, &actions)
                 .map_err(exec_error)?;
             // Dropping the write end here leaves the child the only writer.
@@ -287,8 +297,10 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
     }
 }
 
+/// The descriptor number the launch request gets in `sandbox-run`.
+pub const LAUNCH_FD: i32 = 3;
 /// The descriptor number the audit pipe gets in the child.
-pub const AUDIT_FD: i32 = 3;
+pub const AUDIT_FD: i32 = 4;
 
 /// A pipe for denial records: the parent's read end (registered with tokio) and the write end
 /// for the child.

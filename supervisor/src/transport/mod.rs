@@ -99,6 +99,14 @@ impl Listener {
         }
     }
 
+    /// The TCP port listened on (`None` for a unix socket).
+    pub fn tcp_port(&self) -> Option<u16> {
+        match self {
+            Self::Tcp(listener) => listener.local_addr().ok().map(|address| address.port()),
+            Self::Unix(..) => None,
+        }
+    }
+
     /// Accept one connection and serve it on its own task.
     pub async fn accept_and_spawn(&self, state: &Arc<ServerState>) {
         let accepted = match self {

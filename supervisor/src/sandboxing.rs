@@ -1,0 +1,171 @@
+//! The server's side of the sandbox: the one trusted resolution of client `sandbox` objects,
+//! the protections every sandbox gets, and the helper binaries it execs.
+//!
+//! - **One resolution.** A `sandbox` object is resolved here, once, from the server's own
+//!   environment (`$TMPDIR` of the server, never of the request's `env`), and the resolved policy
+//!   travels to `sandbox-run` (a launch request in a sealed memfd) and to `fs-helper` (its
+//!   policy in a memfd): neither resolves anything again, so nothing in the command's `env`
+//!   and no symlink planted between the two resolutions can widen it.
+//! - **No way back.** Every sandbox hides the server's own unix socket, its token file and any
+//!   key file it was given ([`ServerOptions::protected_files`](crate::ServerOptions)), keeps the
+//!   directory of the server's binaries and the server's executable read-only, and, with the
+//!   network on, refuses TCP connections to the server's listening port (Landlock); with the
+//!   network off its network namespace has no route to the host at all.
+//! - **Binaries by descriptor.** The helpers are opened once at startup and executed through
+//!   `/proc/self/fd/N`: replacing a file on disk afterwards changes nothing the server runs.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use sandbox::policy::ResolveContext;
+use sandbox::{ResolvedPolicy, SandboxSpec};
+use serde_json::Value;
+
+use crate::paths::ExecServerRuntimePaths;
+
+/// Why a helper binary could not be opened at startup.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot open the {name} helper {path}: {source}; it must sit next to exec-server (or in \
+     --helper-dir)"
+)]
+pub struct HelperOpenError {
+    /// Which helper.
+    pub name: &'static str,
+    /// Where it was expected.
+    pub path: PathBuf,
+    /// The OS error.
+    pub source: std::io::Error,
+}
+
+/// A helper binary, opened once.
+#[derive(Debug)]
+pub struct HelperBinary {
+    file: File,
+    path: PathBuf,
+}
+
+impl HelperBinary {
+    fn open(name: &'static str, path: &Path) -> Result<Self, HelperOpenError> {
+        let error = |source| HelperOpenError {
+            name,
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(error)?;
+        let meta = file.metadata().map_err(error)?;
+        if !meta.is_file() {
+            return Err(error(std::io::Error::other("not a regular file")));
+        }
+        Ok(Self {
+            file,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The path to exec: the server's own descriptor, so the file on disk is not looked up
+    /// again.
+    pub fn exec_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// Where it was found (for messages).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Why a client's `sandbox` object was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxRequestError {
+    /// It does not parse.
+    #[error("invalid sandbox: {0}; see policies/README.md for the accepted shapes")]
+    Shape(String),
+    /// It does not resolve.
+    #[error("invalid sandbox: {0}")]
+    Resolve(#[from] sandbox::PolicyError),
+}
+
+/// Everything the server needs to run work in a sandbox.
+#[derive(Debug)]
+pub struct Sandboxing {
+    context: ResolveContext,
+    hidden: Vec<PathBuf>,
+    read_only: Vec<PathBuf>,
+    tcp_ports: Vec<u16>,
+    /// `sandbox-run`.
+    pub sandbox_run: HelperBinary,
+    /// `fs-helper`.
+    pub fs_helper: HelperBinary,
+}
+
+impl Sandboxing {
+    /// Opens the helpers and records what every sandbox must be kept from: `hidden` files
+    /// (sockets, token and key files), the listening `tcp_ports`; the helpers' directory and
+    /// the server's executable stay read-only.
+    ///
+    /// # Errors
+    /// [`HelperOpenError`] when a helper is missing or unreadable.
+    pub fn new(
+        paths: &ExecServerRuntimePaths,
+        hidden: Vec<PathBuf>,
+        tcp_ports: Vec<u16>,
+    ) -> Result<Self, HelperOpenError> {
+        let sandbox_run = HelperBinary::open("sandbox-run", &paths.sandbox_run)?;
+        let fs_helper = HelperBinary::open("fs-helper", &paths.fs_helper)?;
+        let mut read_only: Vec<PathBuf> = [&paths.sandbox_run, &paths.fs_helper, &paths.guardian]
+            .iter()
+            .filter_map(|path| path.parent())
+            .map(Path::to_owned)
+            .collect();
+        read_only.extend(std::env::current_exe().ok());
+        read_only.sort();
+        read_only.dedup();
+        Ok(Self {
+            context: ResolveContext::from_env(),
+            hidden,
+            read_only,
+            tcp_ports,
+            sandbox_run,
+            fs_helper,
+        })
+    }
+
+    /// Resolves a client's `sandbox` object, with the server's protections added. `None` when
+    /// there is no sandbox (absent, null, or a policy that restricts nothing). A cwd-dependent
+    /// profile must carry its own `cwd`. Walks globs: call it off the async runtime.
+    ///
+    /// # Errors
+    /// [`SandboxRequestError`] when the object does not parse or resolve (the work is then never
+    /// run unsandboxed instead).
+    pub fn resolve(
+        &self,
+        sandbox: Option<&Value>,
+    ) -> Result<Option<ResolvedPolicy>, SandboxRequestError> {
+        let Some(sandbox) = sandbox.filter(|value| !value.is_null()) else {
+            return Ok(None);
+        };
+        let spec: SandboxSpec = serde_json::from_value(sandbox.clone())
+            .map_err(|err| SandboxRequestError::Shape(err.to_string()))?;
+        let policy = spec.resolve_with(&self.context)?;
+        if policy.is_unrestricted() {
+            return Ok(None);
+        }
+        Ok(Some(self.protect(policy)))
+    }
+
+    /// Adds the server's protections to `policy`.
+    pub fn protect(&self, mut policy: ResolvedPolicy) -> ResolvedPolicy {
+        for path in &self.hidden {
+            policy = policy.with_hidden_path(path);
+        }
+        for path in &self.read_only {
+            policy = policy.with_read_only_path(path);
+        }
+        for port in &self.tcp_ports {
+            policy = policy.with_denied_tcp_port(*port);
+        }
+        policy
+    }
+}
