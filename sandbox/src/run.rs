@@ -253,6 +253,11 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
     if let Some(path) = profile_file {
         refuse_writable_profile(&policy, &path)?;
     }
+    policy
+        .refuse_planted_symlink(&cwd)
+        .map_err(|err| RunError::Setup(format!("--cwd: {err}")))?;
+    let cwd = std::fs::canonicalize(&cwd)
+        .map_err(|err| RunError::Setup(format!("--cwd {}: {err}", cwd.display())))?;
     Ok((policy, cwd))
 }
 

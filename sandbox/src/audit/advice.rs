@@ -95,9 +95,13 @@ fn seccomp_reason(syscall: &str) -> String {
             .find(|rule| rule.syscall == syscall)
     };
     if let Some(rule) = rule_in("restrictions") {
+        let when = if rule.args.is_empty() {
+            "under every restricting policy"
+        } else {
+            "with the arguments its rule names"
+        };
         return format!(
-            "none: policies/seccomp/restrictions.json refuses {syscall} under every \
-             restricting policy ({})",
+            "none: policies/seccomp/restrictions.json refuses {syscall} {when} ({})",
             rule.comment
         );
     }
@@ -109,8 +113,7 @@ fn seccomp_reason(syscall: &str) -> String {
     }
     match rule_in("allow") {
         Some(rule) => format!(
-            "none: policies/seccomp/allow.json admits {syscall} only with the arguments it \
-             names ({})",
+            "none: {syscall} is allowed ({}); refused here by another layer",
             rule.comment
         ),
         None => format!(
@@ -202,7 +205,12 @@ mod tests {
             "{rule}"
         );
         let rule = allow_rule(&policy(), Layer::Seccomp, "prlimit64", None);
-        assert!(rule.starts_with("none: policies/seccomp/allow.json admits prlimit64 only"));
+        assert!(
+            rule.starts_with(
+                "none: policies/seccomp/restrictions.json refuses prlimit64 with the arguments"
+            ),
+            "{rule}"
+        );
         let rule = allow_rule(&policy(), Layer::Seccomp, "clone3", None);
         assert!(rule.contains("not on the reviewed allow-list"), "{rule}");
     }

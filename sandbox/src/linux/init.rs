@@ -190,8 +190,8 @@ fn prepare(
     })
 }
 
-/// The layout of a command's sandbox: a fresh `/proc` always (its own PID namespace); with a
-/// restricted filesystem also a minimal `/dev` and private `/tmp`, `$TMPDIR` and `/run`, with
+/// The layout of a command's sandbox: a fresh `/proc` (its own PID namespace) and a minimal
+/// `/dev` always; with a restricted filesystem also private `/tmp`, `$TMPDIR` and `/run`, with
 /// the working directory carried in when it lives there.
 pub fn command_layout(policy: &ResolvedPolicy, cwd: &Path) -> mounts::Layout {
     let restricted = policy.restricts_filesystem();
@@ -209,7 +209,7 @@ pub fn command_layout(policy: &ResolvedPolicy, cwd: &Path) -> mounts::Layout {
     }
     mounts::Layout {
         proc: true,
-        dev: restricted,
+        dev: true,
         private_dirs,
         carry,
     }

@@ -185,10 +185,10 @@ pub enum SandboxError {
 
 /// The layout a helper gets: a private `/dev`, but the host's `/tmp` and `/run` (its file
 /// operations are about the host's files; it connects to no socket).
-fn helper_layout(policy: &ResolvedPolicy) -> mounts::Layout {
+fn helper_layout() -> mounts::Layout {
     mounts::Layout {
         proc: false,
-        dev: policy.restricts_filesystem(),
+        dev: true,
         private_dirs: Vec::new(),
         carry: Vec::new(),
     }
@@ -225,7 +225,7 @@ pub fn restrict_current_process(
     };
     let private_dev = match entered {
         Ok(mut ns) => {
-            let layout = helper_layout(policy);
+            let layout = helper_layout();
             if ns.mount {
                 let applied = mounts::apply(&mounts::mount_plan(policy, &layout))
                     .map_err(namespaces::NamespaceError::from)?;

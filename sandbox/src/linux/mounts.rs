@@ -37,6 +37,11 @@ use crate::sys::{
 
 /// Device nodes the private `/dev` holds, bound from the host's.
 pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// A file of the private `/dev` with mode 0000: what denied files are covered with. Opening it
+/// fails with `EACCES` for every uid (the sandbox holds no `CAP_DAC_OVERRIDE`), so a denied file
+/// is refused rather than silently read as empty. (A detached tmpfs cannot be the source: the
+/// kernel clones only mounts attached in the caller's namespace.)
+const DENIED_FILE: &str = ".execward-denied";
 /// The private `/dev`'s shared-memory directory: a fresh tmpfs like `/tmp`.
 const DEV_SHM: &str = "/dev/shm";
 /// Symlinks of the private `/dev`.
@@ -77,12 +82,12 @@ pub enum MountOp {
     WritableBind(PathBuf),
     /// Bind the path onto itself, read-only.
     ReadOnlyBind(PathBuf),
-    /// Bind a directory onto itself unchanged: it becomes a mount point, which cannot be
-    /// renamed or removed from inside.
+    /// Bind a directory of a writable root onto itself, writable: it becomes a mount point,
+    /// which cannot be renamed or removed from inside.
     Pin(PathBuf),
     /// Cover a directory with an empty, read-only tmpfs.
     MaskDir(PathBuf),
-    /// Cover a file with a read-only bind of `/dev/null`.
+    /// Cover a file with an unreadable (mode 0000), read-only empty file.
     MaskFile(PathBuf),
     /// A fresh tmpfs on the directory.
     PrivateDir(PathBuf),
@@ -199,27 +204,34 @@ pub fn mount_plan(policy: &ResolvedPolicy, layout: &Layout) -> Vec<MountOp> {
     }
     carried.sort();
     carried.dedup_by(|later, earlier| later.0 == earlier.0);
+    // Inside a fresh private directory a host object is visible only if it, or an ancestor
+    // below the private directory, is carried in (bound); `carried` is sorted, so ancestors
+    // come first.
+    let mut bound: Vec<PathBuf> = Vec::new();
     for (path, access) in &carried {
-        if replaced(path) {
+        // A private directory is a fresh tmpfs of its own (PrivateDir), whatever its rule.
+        if replaced(path) || private_dirs.contains(path) {
             continue;
         }
         let Ok(meta) = path.symlink_metadata() else {
             continue;
         };
         let in_private = private(path);
-        let parent = path.parent().map_or(Access::Deny, |p| effective(policy, p));
-        let parent = if in_private && !private_dirs.iter().any(|d| d == path) {
-            // Inside a fresh tmpfs everything is new: the host object must be carried in.
-            Access::Deny
+        let visible_parent = !in_private
+            || bound
+                .iter()
+                .any(|b| path.starts_with(b) && b.as_path() != path.as_path());
+        let parent = if visible_parent {
+            path.parent().map_or(Access::Deny, |p| effective(policy, p))
         } else {
-            parent
+            Access::Deny
         };
         let is_device = meta.file_type().is_char_device() || meta.file_type().is_block_device();
         let op = match access {
             Access::Write if parent != Access::Write && !is_device => {
                 Some(MountOp::WritableBind(path.clone()))
             }
-            Access::Read if parent == Access::Write || (in_private && parent == Access::Deny) => {
+            Access::Read if parent == Access::Write || !visible_parent => {
                 Some(MountOp::ReadOnlyBind(path.clone()))
             }
             Access::Deny if parent.can_read() && meta.is_dir() => {
@@ -228,14 +240,24 @@ pub fn mount_plan(policy: &ResolvedPolicy, layout: &Layout) -> Vec<MountOp> {
             Access::Deny if parent.can_read() => Some(MountOp::MaskFile(path.clone())),
             _ => None,
         };
+        if matches!(
+            op,
+            Some(MountOp::WritableBind(_) | MountOp::ReadOnlyBind(_))
+        ) {
+            bound.push(path.clone());
+        }
         ops.extend(op);
     }
     for pin in pinned_ancestors(policy, &ops) {
         ops.push(MountOp::Pin(pin));
     }
+    // The private /dev and /proc come first (masks use the private /dev's unreadable file),
+    // then shallowest first so deeper steps land on top.
+    let ordinary = |op: &MountOp| !matches!(op, MountOp::PrivateDev | MountOp::Proc);
     ops.sort_by(|a, b| {
-        depth(a.path())
-            .cmp(&depth(b.path()))
+        ordinary(a)
+            .cmp(&ordinary(b))
+            .then(depth(a.path()).cmp(&depth(b.path())))
             .then(a.path().cmp(b.path()))
     });
     ops.dedup_by(|later, earlier| later.path() == earlier.path());
@@ -405,10 +427,8 @@ pub fn apply(plan: &[MountOp]) -> Result<Applied, MountError> {
             }
         }
     }
-    let dev_null = match plan.iter().any(|op| matches!(op, MountOp::MaskFile(_))) {
-        true => Source::open(Path::new("/dev/null"))?,
-        false => None,
-    };
+    // What denied files are covered with: the private /dev's unreadable file (set below).
+    let mut mask_file: Option<OwnedFd> = None;
     let root = sys::open_no_symlinks(None, Path::new("/")).map_err(step(&MountOp::ReadOnlyRoot))?;
     let mut attached: Vec<Attached> = Vec::new();
     let mut applied = Applied::default();
@@ -427,12 +447,21 @@ pub fn apply(plan: &[MountOp]) -> Result<Applied, MountError> {
                     &target,
                     &sources,
                     &devices,
-                    dev_null.as_ref(),
+                    mask_file.as_ref(),
                     &mut applied,
                 )
             }
         };
-        if let Some((mount_root, fresh)) = result.map_err(step(op))? {
+        let result = result.map_err(step(op))?;
+        if *op == MountOp::PrivateDev
+            && let Some((dev, _)) = &result
+        {
+            mask_file = Some(
+                sys::open_no_symlinks(Some(dev.as_fd()), Path::new(DENIED_FILE))
+                    .map_err(step(op))?,
+            );
+        }
+        if let Some((mount_root, fresh)) = result {
             attached.push(Attached {
                 path: op.path().to_owned(),
                 root: mount_root,
@@ -550,7 +579,7 @@ fn build(
     target: &OwnedFd,
     sources: &BTreeMap<PathBuf, Source>,
     devices: &[(&str, Source)],
-    dev_null: Option<&Source>,
+    mask_file: Option<&OwnedFd>,
     applied: &mut Applied,
 ) -> io::Result<Option<(OwnedFd, bool)>> {
     let source = |path: &Path| {
@@ -592,7 +621,10 @@ fn build(
             Ok(Some((tree, false)))
         }
         MountOp::Pin(path) => {
+            // Pins only sit inside writable roots: a writable bind of the directory onto itself.
             let tree = sys::clone_mount_tree(source(path)?.fd.as_fd())?;
+            sys::mount_setattr_fd(tree.as_fd(), true, MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID, 0)?;
+            let _ = sys::mount_setattr_fd(tree.as_fd(), false, 0, MOUNT_ATTR_RDONLY);
             sys::attach_mount(tree.as_fd(), target.as_fd())?;
             Ok(Some((tree, false)))
         }
@@ -609,9 +641,10 @@ fn build(
             Ok(None)
         }
         MountOp::MaskFile(_) => {
-            let null = dev_null.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-            let tree = sys::clone_mount_tree(null.fd.as_fd())?;
-            sys::mount_setattr_fd(tree.as_fd(), false, MOUNT_ATTR_RDONLY, 0)?;
+            let mask = mask_file.ok_or_else(|| {
+                io::Error::other("a denied file needs the private /dev (its unreadable file)")
+            })?;
+            let tree = sys::clone_mount_tree(mask.as_fd())?;
             sys::attach_mount(tree.as_fd(), target.as_fd())?;
             Ok(None)
         }
@@ -656,6 +689,16 @@ fn build_dev(target: &OwnedFd, devices: &[(&str, Source)]) -> io::Result<OwnedFd
     for dir in ["pts", "shm"] {
         nix::sys::stat::mkdirat(dev.as_fd(), dir, Mode::from_bits_truncate(0o755))?;
     }
+    let denied = nix::fcntl::openat(
+        dev.as_fd(),
+        DENIED_FILE,
+        nix::fcntl::OFlag::O_CREAT
+            | nix::fcntl::OFlag::O_EXCL
+            | nix::fcntl::OFlag::O_WRONLY
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    drop(denied);
     for (name, to) in DEV_LINKS {
         nix::unistd::symlinkat(*to, dev.as_fd(), *name)?;
     }
@@ -753,6 +796,37 @@ mod tests {
                 MountOp::WritableBind(ws.clone()),
                 MountOp::ReadOnlyBind(ws.join(".git")),
             ]
+        );
+    }
+
+    #[test]
+    fn a_cwd_in_tmp_that_only_the_tmp_rule_covers_is_carried_with_its_denies() {
+        let dir = tempfile::tempdir_in("/tmp").unwrap();
+        let cwd = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::write(cwd.join("secret"), "k").unwrap();
+        let policy = policy(&[
+            ("/", Access::Read),
+            ("/tmp", Access::Write),
+            (cwd.join("secret").to_str().unwrap(), Access::Deny),
+        ]);
+        let layout = Layout {
+            proc: true,
+            dev: true,
+            private_dirs: vec![PathBuf::from("/tmp")],
+            carry: vec![cwd.clone()],
+        };
+        let plan = mount_plan(&policy, &layout);
+        assert!(
+            plan.contains(&MountOp::WritableBind(cwd.clone())),
+            "{plan:?}"
+        );
+        assert!(
+            plan.contains(&MountOp::MaskFile(cwd.join("secret"))),
+            "{plan:?}"
+        );
+        assert!(
+            !plan.contains(&MountOp::WritableBind(PathBuf::from("/tmp"))),
+            "{plan:?}"
         );
     }
 

@@ -49,6 +49,11 @@ fn expand_within(
         pattern: text.clone().into_owned(),
         message,
     };
+    if text.split('/').any(|c| c == ".." || c == ".") {
+        return Err(fail(
+            "\"..\" and \".\" components are not allowed in a glob; write the path out".to_owned(),
+        ));
+    }
     if max_depth > MAX_GLOB_SCAN_MAX_DEPTH {
         return Err(fail(format!(
             "glob_scan_max_depth {max_depth} exceeds MAX_GLOB_SCAN_MAX_DEPTH ({MAX_GLOB_SCAN_MAX_DEPTH})"
@@ -350,6 +355,14 @@ mod tests {
                 .len(),
             10
         );
+    }
+
+    #[test]
+    fn dot_dot_is_refused_in_a_glob() {
+        for pattern in ["/tmp/../etc/*", "/tmp/*/../x", "/tmp/./*", "/tmp/**/.."] {
+            let err = expand(Path::new(pattern), 4).unwrap_err().to_string();
+            assert!(err.contains("not allowed in a glob"), "{pattern}: {err}");
+        }
     }
 
     #[test]

@@ -360,6 +360,18 @@ pub enum PolicyError {
         /// The subpath given.
         subpath: String,
     },
+    /// A named path passes a symlink a sandbox could have planted.
+    #[error(
+        "{path} resolves through the symlink {link}, which lies in a directory sandboxed commands \
+         can write (an earlier command could have planted it to redirect this path); name the \
+         real path instead"
+    )]
+    PlantedSymlink {
+        /// The path as named.
+        path: PathBuf,
+        /// The symlink on the way.
+        link: PathBuf,
+    },
     /// A glob pattern was malformed or matched too much.
     #[error("glob pattern {pattern:?}: {message}")]
     Glob {

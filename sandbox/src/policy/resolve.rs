@@ -247,7 +247,7 @@ impl ResolvedPolicy {
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect();
-            *rules = protect_subpaths(all, &protected);
+            *rules = protect_subpaths(all, &protected, &[]);
         }
         self
     }
@@ -272,6 +272,7 @@ fn resolve_draft(
         ));
     }
     let mut rules = Vec::new();
+    let mut named: Vec<PathBuf> = cwd.iter().map(|c| c.to_path_buf()).collect();
     for (path, access) in &draft.entries {
         let resolved = resolve_entry(path, *access, cwd, workspace_roots, ctx, draft.glob_depth)?;
         if rules.len() + resolved.len() > MAX_RESOLVED_RULES {
@@ -280,6 +281,9 @@ fn resolve_draft(
             });
         }
         for resolved in resolved {
+            if *access != Access::Deny {
+                named.push(resolved.clone());
+            }
             rules.push(PathRule {
                 path: normalize_existing(&resolved),
                 access: *access,
@@ -293,7 +297,12 @@ fn resolve_draft(
             access: Access::Write,
         });
     }
-    let rules = protect_subpaths(rules, &draft.protected);
+    let tmpdir = ctx.tmpdir.as_deref().map(normalize_existing);
+    let fresh: Vec<PathBuf> = [Some(PathBuf::from("/tmp")), tmpdir.clone()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let rules = protect_subpaths(rules, &draft.protected, &fresh);
     let mut policy = ResolvedPolicy::new(FilesystemPolicy::Restricted { rules }, draft.network);
     let tmpdir_writable = draft.entries.iter().any(|(path, access)| {
         *access == Access::Write
@@ -305,9 +314,66 @@ fn resolve_draft(
             )
     });
     if tmpdir_writable {
-        policy.tmpdir = ctx.tmpdir.as_deref().map(normalize_existing);
+        policy.tmpdir = tmpdir;
+    }
+    for path in &named {
+        policy.refuse_planted_symlink(path)?;
     }
     Ok(policy)
+}
+
+impl ResolvedPolicy {
+    /// Refuses `named` when the way to it passes a symlink in a directory a sandbox under this
+    /// policy can write: an earlier command could have planted it to redirect this root, cwd or
+    /// rule (`workspace/link -> /etc`). Symlinks the sandbox cannot have made (system ones like
+    /// `/lib -> usr/lib`, a user's own in the host's `/tmp`, which every sandbox sees a private
+    /// copy of) are followed.
+    ///
+    /// # Errors
+    /// [`PolicyError::PlantedSymlink`] naming the path and the link.
+    pub fn refuse_planted_symlink(&self, named: &Path) -> Result<(), PolicyError> {
+        let mut at = PathBuf::from("/");
+        for component in named.components() {
+            let Component::Normal(part) = component else {
+                continue;
+            };
+            let candidate = at.join(part);
+            let Ok(meta) = candidate.symlink_metadata() else {
+                return Ok(());
+            };
+            if meta.file_type().is_symlink() {
+                if self.sandbox_can_plant_in(&at) {
+                    return Err(PolicyError::PlantedSymlink {
+                        path: named.to_owned(),
+                        link: candidate,
+                    });
+                }
+                at = std::fs::canonicalize(&candidate).unwrap_or(candidate);
+            } else {
+                at = candidate;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a sandbox under this policy can create entries in the host directory `dir`:
+    /// writable, and not only through the private `/tmp`/`$TMPDIR` every command gets.
+    fn sandbox_can_plant_in(&self, dir: &Path) -> bool {
+        let rules = self.rules();
+        let covering = rules
+            .iter()
+            .filter(|rule| dir.starts_with(&rule.path))
+            .max_by_key(|rule| (rule.path.components().count(), rule.access));
+        match covering {
+            Some(rule) if rule.access == Access::Write => {
+                let private =
+                    rule.path == Path::new("/tmp") || self.tmpdir.as_deref() == Some(&rule.path);
+                !private
+            }
+            Some(_) => false,
+            None => !self.restricts_filesystem(),
+        }
+    }
 }
 
 fn resolve_entry(
@@ -414,30 +480,45 @@ pub(crate) fn normalize_rules(mut rules: Vec<PathRule>) -> Vec<PathRule> {
     rules
 }
 
-/// Normalises `raw` and adds read rules for protected subpaths (`.git`, ...) of every writable
-/// root in it (also roots nested in other writable roots, which normalisation drops), including
-/// the directory a `.git` pointer file names and a symlink's target, where they are otherwise
-/// writable.
-fn protect_subpaths(raw: Vec<PathRule>, protected: &[String]) -> Vec<PathRule> {
+/// Directory entries the search for nested protected names reads per writable root.
+/// Protected names (`.git`, ...) are found at any depth up to this budget and
+/// [`PROTECTED_SCAN_MAX_DEPTH`]; deeper or later ones (and ones created after the sandbox started)
+/// are not protected (README, known limits). About 10 ms of `readdir` per start at the limit.
+pub const PROTECTED_SCAN_MAX_ENTRIES: usize = 10_000;
+/// Directory levels below a writable root searched for nested protected names.
+pub const PROTECTED_SCAN_MAX_DEPTH: usize = 8;
+
+/// Normalises `raw` and adds read rules for protected names (`.git`, ...) found in every
+/// writable root in it (also roots nested in other writable roots, which normalisation drops),
+/// at any depth within [`PROTECTED_SCAN_MAX_ENTRIES`]/[`PROTECTED_SCAN_MAX_DEPTH`] (a vendored
+/// repository's `.git/hooks` runs code outside the sandbox as surely as the top-level one),
+/// including the directory a `.git` pointer file names and a symlink's target, where they are
+/// otherwise writable. `skip` lists writable roots that are the sandbox's own fresh directories
+/// (`/tmp`, `$TMPDIR`), whose host contents no command sees.
+fn protect_subpaths(raw: Vec<PathRule>, protected: &[String], skip: &[PathBuf]) -> Vec<PathRule> {
     let rules = normalize_rules(raw.clone());
     let mut extra = Vec::new();
-    for root in raw.iter().filter(|r| r.access == Access::Write) {
-        for name in protected {
-            let candidate = root.path.join(name);
-            let Ok(meta) = candidate.symlink_metadata() else {
+    if !protected.is_empty() {
+        for root in raw.iter().filter(|r| r.access == Access::Write) {
+            if skip.contains(&root.path) {
                 continue;
-            };
-            let mut targets = vec![candidate.clone()];
-            if meta.file_type().is_symlink() {
-                targets.extend(std::fs::canonicalize(&candidate).ok());
             }
-            if meta.is_file() {
-                targets.extend(gitdir_target(&candidate, &root.path));
+            for found in find_protected(&root.path, protected) {
+                let Ok(meta) = found.symlink_metadata() else {
+                    continue;
+                };
+                let mut targets = vec![found.clone()];
+                if meta.file_type().is_symlink() {
+                    targets.extend(std::fs::canonicalize(&found).ok());
+                }
+                if meta.is_file() {
+                    targets.extend(gitdir_target(&found));
+                }
+                extra.extend(targets.into_iter().map(|path| PathRule {
+                    path: lexical(&path),
+                    access: Access::Read,
+                }));
             }
-            extra.extend(targets.into_iter().map(|path| PathRule {
-                path: lexical(&path),
-                access: Access::Read,
-            }));
         }
     }
     let narrowing: Vec<PathRule> = extra
@@ -452,10 +533,45 @@ fn protect_subpaths(raw: Vec<PathRule>, protected: &[String]) -> Vec<PathRule> {
     normalize_rules(all)
 }
 
-/// The directory a `gitdir: PATH` pointer file names (worktrees, submodules).
-fn gitdir_target(pointer: &Path, root: &Path) -> Option<PathBuf> {
+/// Paths under `root` (breadth first, not following symlinks, not descending into what it
+/// finds) whose name is one of `names`.
+fn find_protected(root: &Path, names: &[String]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut budget = PROTECTED_SCAN_MAX_ENTRIES;
+    let mut level = vec![root.to_path_buf()];
+    for _ in 0..=PROTECTED_SCAN_MAX_DEPTH {
+        let mut next = Vec::new();
+        for dir in level {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if budget == 0 {
+                    return found;
+                }
+                budget -= 1;
+                let name = entry.file_name();
+                let path = entry.path();
+                if names.iter().any(|n| std::ffi::OsStr::new(n) == name) {
+                    found.push(path);
+                } else if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    next.push(path);
+                }
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        level = next;
+    }
+    found
+}
+
+/// The directory a `gitdir: PATH` pointer file names (worktrees, submodules); a relative
+/// `PATH` is relative to the pointer's directory.
+fn gitdir_target(pointer: &Path) -> Option<PathBuf> {
     let text = std::fs::read_to_string(pointer).ok()?;
     let target = text.lines().next()?.strip_prefix("gitdir:")?.trim();
-    let path = root.join(target);
+    let path = pointer.parent()?.join(target);
     Some(std::fs::canonicalize(&path).unwrap_or_else(|_| lexical(&path)))
 }

@@ -28,6 +28,17 @@ fn workspace() -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// A directory outside /tmp and $TMPDIR (which every sandbox sees a private copy of), where a
+/// writable root is a host directory a sandbox can plant symlinks in.
+fn host_workspace() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("policy-test-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let path = std::fs::canonicalize(dir.path()).unwrap();
+    (dir, path)
+}
+
 #[test]
 fn read_only_profile_reads_everywhere_and_writes_only_dev_null() {
     let policy = spec(json!({"profile": "read-only"}))
@@ -370,4 +381,92 @@ fn policy_expanding_past_max_resolved_rules_is_refused_not_resolved() {
     // 20 x 20 = 400 rules is within the limit.
     let policy = project_roots_product(20).resolve_with(&ctx()).unwrap();
     assert!(policy.can_write(Path::new("/execward-no-such-root-3/s7")));
+}
+
+#[test]
+fn protected_names_are_found_at_any_depth_of_a_writable_root() {
+    let (_dir, ws) = workspace();
+    std::fs::create_dir_all(ws.join("vendor/lib/.git/hooks")).unwrap();
+    std::fs::create_dir_all(ws.join("a/b/c/.agents")).unwrap();
+    std::fs::create_dir_all(ws.join("sub")).unwrap();
+    std::fs::create_dir_all(ws.join(".git/modules/sub")).unwrap();
+    std::fs::write(ws.join("sub/.git"), "gitdir: ../.git/modules/sub\n").unwrap();
+    let cwd = format!("file://{}", ws.display());
+    let policy = spec(json!({"profile": "workspace-write", "cwd": cwd}))
+        .resolve_with(&ctx())
+        .unwrap();
+    for protected in [
+        "vendor/lib/.git",
+        "a/b/c/.agents",
+        "sub/.git",
+        ".git",
+        // the submodule's pointer names a directory relative to its own location
+        ".git/modules/sub",
+    ] {
+        let path = ws.join(protected);
+        assert!(!policy.can_write(&path), "{protected} stays writable");
+        assert!(policy.can_read(&path), "{protected} became unreadable");
+    }
+    assert!(policy.can_write(&ws.join("vendor/lib/src.rs")));
+}
+
+#[test]
+fn a_symlink_a_sandbox_could_have_planted_is_refused_in_a_root_or_cwd() {
+    let (_dir, ws) = host_workspace();
+    let (_outside_dir, outside) = host_workspace();
+    std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
+    let link = ws.join("link");
+    // The next command's cwd through the planted link.
+    let err = spec(json!({"profile": "workspace-write", "cwd": link.to_str().unwrap()}))
+        .resolve_with(&ctx());
+    // The cwd itself is the workspace root here, reached through a link in a directory that
+    // is not writable yet: allowed (the user named it). A root inside the workspace is not.
+    assert!(err.is_ok(), "{err:?}");
+    let err = spec(json!({
+        "profile": "workspace-write",
+        "cwd": ws.to_str().unwrap(),
+        "writableRoots": [link.join("sub").to_str().unwrap()],
+    }))
+    .resolve_with(&ctx())
+    .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::PlantedSymlink { link: found, .. } if *found == link),
+        "{err}"
+    );
+    let read_through = spec(json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "path", "path": ws.to_str().unwrap()}, "access": "write"},
+            {"path": {"type": "path", "path": link.to_str().unwrap()}, "access": "read"},
+        ]}}
+    }))
+    .resolve_with(&ctx())
+    .unwrap_err();
+    assert!(
+        matches!(read_through, PolicyError::PlantedSymlink { .. }),
+        "{read_through}"
+    );
+    // A deny rule through the link only narrows: accepted.
+    let deny = spec(json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "path", "path": ws.to_str().unwrap()}, "access": "write"},
+            {"path": {"type": "path", "path": link.to_str().unwrap()}, "access": "deny"},
+        ]}}
+    }))
+    .resolve_with(&ctx());
+    assert!(deny.is_ok(), "{deny:?}");
+}
+
+#[test]
+fn symlinks_no_sandbox_can_write_are_followed() {
+    let (_dir, ws) = workspace();
+    // /proc/self/cwd-like system links and a link in a read-only area resolve as before.
+    let (_links_dir, links) = workspace();
+    std::os::unix::fs::symlink(&ws, links.join("to-ws")).unwrap();
+    let policy = spec(json!({
+        "profile": "workspace-write",
+        "cwd": links.join("to-ws").to_str().unwrap(),
+    }))
+    .resolve_with(&ctx())
+    .unwrap();
+    assert!(policy.can_write(&ws));
 }

@@ -50,7 +50,7 @@ pub async fn start(
         )
     });
     let audit = params.audit_denials;
-    let policy = resolve_sandbox(server, params.sandbox).await?;
+    let policy = resolve_sandbox(server, params.sandbox, &cwd).await?;
     let spec = match policy {
         None if audit => {
             return Err(ProcessError::InvalidParams(
@@ -72,7 +72,7 @@ pub async fn start(
                 "arg0 cannot be combined with a sandbox (the sandbox execs argv[0])".into(),
             ));
         }
-        Some(policy) => sandboxed_spec(
+        Some((policy, cwd)) => sandboxed_spec(
             &server.sandboxing,
             policy,
             params.argv,
@@ -241,19 +241,35 @@ pub async fn terminate_all(processes: Vec<Arc<ManagedProcess>>) {
 }
 
 /// Resolves the request's `sandbox` once, off the runtime (globs walk the filesystem), with the
-/// server's protections; `None` when nothing is restricted.
+/// server's protections, and the command's working directory under it (canonical; refused when
+/// a symlink an earlier command could have planted is on its way); `None` when nothing is
+/// restricted.
 async fn resolve_sandbox(
     server: &ServerState,
     sandbox: Option<serde_json::Value>,
-) -> Result<Option<sandbox::ResolvedPolicy>, ProcessError> {
+    cwd: &std::path::Path,
+) -> Result<Option<(sandbox::ResolvedPolicy, std::path::PathBuf)>, ProcessError> {
     if sandbox.as_ref().is_none_or(serde_json::Value::is_null) {
         return Ok(None);
     }
     let sandboxing = server.sandboxing.clone();
-    tokio::task::spawn_blocking(move || sandboxing.resolve(sandbox.as_ref()))
-        .await
-        .map_err(|e| ProcessError::InvalidParams(format!("policy resolution failed: {e}")))?
-        .map_err(|e| ProcessError::InvalidParams(e.to_string()))
+    let cwd = cwd.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let Some(policy) = sandboxing
+            .resolve(sandbox.as_ref())
+            .map_err(|e| ProcessError::InvalidParams(e.to_string()))?
+        else {
+            return Ok(None);
+        };
+        policy
+            .refuse_planted_symlink(&cwd)
+            .map_err(|e| ProcessError::InvalidParams(format!("cwd: {e}")))?;
+        let cwd =
+            std::fs::canonicalize(&cwd).map_err(|_| ProcessError::CwdMissing { path: cwd })?;
+        Ok(Some((policy, cwd)))
+    })
+    .await
+    .map_err(|e| ProcessError::InvalidParams(format!("policy resolution failed: {e}")))?
 }
 
 /// The spawn of a sandboxed command: `sandbox-run` (from the server's own descriptor) with an

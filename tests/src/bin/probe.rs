@@ -87,6 +87,28 @@ pub fn run_probe(args: &[String]) -> Value {
         "tiocsti" => tiocsti(false),
         "tiocsti-high-bits" => tiocsti(true),
         "x32-getpid" => x32_getpid(),
+        "capabilities" => capabilities(),
+        "open-tree" => open_tree_clone(&arg(1)),
+        "syscall" => raw_syscall(arg(1).parse().unwrap_or(-1)),
+        "sweep" => Ok(sweep(&arg(1))),
+        "chmod-mode" => u32::from_str_radix(&arg(2), 8)
+            .map_err(std::io::Error::other)
+            .and_then(|mode| {
+                std::fs::set_permissions(arg(1), std::fs::Permissions::from_mode(mode))
+            })
+            .map(|()| Value::Null),
+        "create-mode" => create_with_mode(&arg(1), &arg(2)),
+        "set-file-capability" => set_file_capability(&arg(1)),
+        "prlimit" => prlimit_cpu(arg(1).parse().unwrap_or(0)),
+        "setpriority" => set_priority(arg(1).parse().unwrap_or(0)),
+        "sched-setaffinity" => sched_setaffinity(arg(1).parse().unwrap_or(0)),
+        "ioprio-set" => ioprio_set(arg(1).parse().unwrap_or(0)),
+        "shm-read" => shm_read(arg(1).parse().unwrap_or(0)),
+        "open-tty" => std::fs::OpenOptions::new()
+            .read(true)
+            .open(arg(1))
+            .map(|_| Value::Null),
+        "setsid-daemon" => setsid_daemon(&arg(1)),
         _ => Err(std::io::Error::other(format!("unknown probe op {op:?}"))),
     };
     report(op, result)
@@ -179,6 +201,177 @@ fn x32_getpid() -> Result<Value, std::io::Error> {
     // SAFETY: getpid takes no arguments and touches no memory.
     let rc = unsafe { libc::syscall(X32_SYSCALL_BIT | libc::SYS_getpid) };
     syscall_result(rc)
+}
+
+/// The capability sets of this process (`/proc/self/status`), as hex strings.
+fn capabilities() -> Result<Value, std::io::Error> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let mut out = serde_json::Map::new();
+    for line in status.lines() {
+        if let Some((key, value)) = line.split_once(':')
+            && key.starts_with("Cap")
+        {
+            out.insert(key.to_owned(), json!(value.trim()));
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+/// `open_tree(path, OPEN_TREE_CLONE)`: a detached copy of a mount, the first step of making a
+/// read-only mount writable again.
+fn open_tree_clone(path: &str) -> Result<Value, std::io::Error> {
+    let path = std::ffi::CString::new(path)?;
+    // SAFETY: `path` is a valid C string; OPEN_TREE_CLONE (1) | O_CLOEXEC asks for a descriptor.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            1u32 | libc::O_CLOEXEC as u32,
+        )
+    };
+    syscall_result(rc)
+}
+
+/// Syscall `nr` with arguments that make any real call fail harmlessly (bad pointers and
+/// descriptors), so the errno tells "refused by the filter" from "reached the kernel".
+fn raw_syscall(nr: libc::c_long) -> Result<Value, std::io::Error> {
+    const JUNK: libc::c_long = -1;
+    // SAFETY: every argument is -1: an invalid descriptor, pid, flag set and a pointer to the
+    // last page of the address space, which the kernel rejects with EFAULT before touching it.
+    let rc = unsafe { libc::syscall(nr, JUNK, JUNK, JUNK, JUNK, JUNK, JUNK) };
+    syscall_result(rc)
+}
+
+/// Calls every syscall number in `spec` (`FROM-TO` minus a comma list of numbers to skip after
+/// `/`), each with junk arguments, and returns `{nr: errno-name}` for those that were not
+/// refused with ENOSYS or EPERM (the sandbox's two answers).
+fn sweep(spec: &str) -> Value {
+    let (range, skip) = spec.split_once('/').unwrap_or((spec, ""));
+    let (from, to) = range.split_once('-').unwrap_or(("0", "0"));
+    let from: libc::c_long = from.parse().unwrap_or(0);
+    let to: libc::c_long = to.parse().unwrap_or(0);
+    let skip: Vec<libc::c_long> = skip.split(',').filter_map(|n| n.parse().ok()).collect();
+    let mut reached = serde_json::Map::new();
+    for nr in from..=to {
+        if skip.contains(&nr) {
+            continue;
+        }
+        let outcome = match raw_syscall(nr) {
+            Ok(_) => "success".to_owned(),
+            Err(err) => match err.raw_os_error() {
+                Some(libc::ENOSYS | libc::EPERM) => continue,
+                Some(errno) => format!("{:?}", nix::errno::Errno::from_raw(errno)),
+                None => "?".to_owned(),
+            },
+        };
+        reached.insert(nr.to_string(), json!(outcome));
+    }
+    Value::Object(reached)
+}
+
+fn create_with_mode(path: &str, mode: &str) -> Result<Value, std::io::Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mode = u32::from_str_radix(mode, 8).map_err(std::io::Error::other)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map(|_| Value::Null)
+}
+
+/// Gives `path` a file capability (`security.capability`, CAP_SETUID permitted+effective).
+fn set_file_capability(path: &str) -> Result<Value, std::io::Error> {
+    // struct vfs_cap_data v2: magic_etc (VFS_CAP_REVISION_2 | EFFECTIVE), then
+    // {permitted, inheritable} for the low and high 32 capabilities; CAP_SETUID is bit 7.
+    let mut value = Vec::new();
+    value.extend_from_slice(&(0x0200_0000u32 | 1).to_le_bytes());
+    value.extend_from_slice(&(1u32 << 7).to_le_bytes());
+    value.extend_from_slice(&0u32.to_le_bytes());
+    value.extend_from_slice(&0u32.to_le_bytes());
+    value.extend_from_slice(&0u32.to_le_bytes());
+    let path = std::ffi::CString::new(path)?;
+    // SAFETY: valid C strings and a buffer of the given length, all alive for the call.
+    let rc = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            c"security.capability".as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    syscall_result(libc::c_long::from(rc))
+}
+
+fn prlimit_cpu(pid: libc::pid_t) -> Result<Value, std::io::Error> {
+    let limit = libc::rlimit64 {
+        rlim_cur: 1,
+        rlim_max: 1,
+    };
+    // SAFETY: `limit` is a valid rlimit64 for the duration of the call; no old value asked.
+    let rc = unsafe { libc::prlimit64(pid, libc::RLIMIT_CPU, &limit, std::ptr::null_mut()) };
+    syscall_result(libc::c_long::from(rc))
+}
+
+fn set_priority(pid: libc::id_t) -> Result<Value, std::io::Error> {
+    // SAFETY: integer arguments only.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, pid, 19) };
+    syscall_result(libc::c_long::from(rc))
+}
+
+fn sched_setaffinity(pid: libc::pid_t) -> Result<Value, std::io::Error> {
+    // SAFETY: a zeroed cpu_set_t with CPU 0 set, valid for the call.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    syscall_result(libc::c_long::from(rc))
+}
+
+fn ioprio_set(pid: libc::c_int) -> Result<Value, std::io::Error> {
+    const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+    const IOPRIO_IDLE: libc::c_int = 3 << 13;
+    // SAFETY: integer arguments only.
+    let rc = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, pid, IOPRIO_IDLE) };
+    syscall_result(rc)
+}
+
+/// Attaches the System V shared memory segment with `key` and returns its first bytes.
+fn shm_read(key: libc::key_t) -> Result<Value, std::io::Error> {
+    // SAFETY: shmget takes integers; shmat maps the segment read-only at a kernel-chosen address
+    // which is read within its 64 bytes and detached.
+    unsafe {
+        let id = libc::shmget(key, 0, 0);
+        if id < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let addr = libc::shmat(id, std::ptr::null(), libc::SHM_RDONLY);
+        if addr as isize == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let bytes = std::slice::from_raw_parts(addr.cast::<u8>(), 16).to_vec();
+        libc::shmdt(addr);
+        Ok(json!(
+            String::from_utf8_lossy(&bytes).trim_end_matches('\0')
+        ))
+    }
+}
+
+/// Starts `sleep MARKER` in a new session in the background (a daemon that would outlive its
+/// parent) and returns at once.
+fn setsid_daemon(marker: &str) -> Result<Value, std::io::Error> {
+    use std::os::unix::process::CommandExt;
+    let child = std::process::Command::new("/bin/sleep")
+        .arg(marker)
+        .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    Ok(json!(child.id()))
 }
 
 fn abstract_connect(name: &str) -> Result<Value, std::io::Error> {
