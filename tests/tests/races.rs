@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use tests::{Client, ExecServer, SandboxDirs, b64, error_kind, file_uri};
+use tests::{Client, ExecServer, b64, error_kind, file_uri};
 
 /// Rounds per operation and mode.
 const ROUNDS: usize = 1000;
@@ -30,7 +30,7 @@ const ROUNDS: usize = 1000;
 /// operations create several entries per round, so a working attacker lands thousands.
 const MIN_SWAPS: usize = ROUNDS / 10;
 
-/// The attacker's round before the first one starts.
+/// The attacker's round between requests (it sleeps then).
 const NO_ROUND: usize = usize::MAX;
 
 /// Content of every sentinel file: found anywhere in the workspace, it was read through a link.
@@ -110,8 +110,13 @@ fn files_with_marker(root: &Path) -> Vec<PathBuf> {
 }
 
 /// The workspace, the sentinel outside it, and a place for what the attacker moves away.
+///
+/// The workspace lives on the tmpfs `/dev/shm` (writable under workspace-write as the policy's
+/// `cwd`), so thousands of rounds cost CPU time, not journal commits of a shared disk. The
+/// sentinel is in `/var/tmp`, outside every writable root.
 struct Arena {
-    dirs: SandboxDirs,
+    workspace: tempfile::TempDir,
+    _outside: tempfile::TempDir,
     sentinel: PathBuf,
     sentinel_file: PathBuf,
     junk: PathBuf,
@@ -119,8 +124,15 @@ struct Arena {
 
 impl Arena {
     fn new() -> Arena {
-        let dirs = SandboxDirs::new();
-        let sentinel = dirs.outside.path().join("sentinel");
+        let workspace = tempfile::Builder::new()
+            .prefix("ew-race-")
+            .tempdir_in("/dev/shm")
+            .expect("a workspace on /dev/shm");
+        let outside = tempfile::Builder::new()
+            .prefix("ew-race-out-")
+            .tempdir_in("/var/tmp")
+            .expect("a directory under /var/tmp");
+        let sentinel = outside.path().join("sentinel");
         std::fs::create_dir_all(sentinel.join("nested/deeper")).unwrap();
         std::fs::create_dir(sentinel.join("empty")).unwrap();
         let sentinel_file = sentinel.join("file");
@@ -135,10 +147,11 @@ impl Arena {
         for name in ["a", "b", "c", "top", "target", "f1"] {
             std::fs::write(sentinel.join("nested").join(name), marker()).unwrap();
         }
-        let junk = dirs.workspace.path().join("junk");
+        let junk = workspace.path().join("junk");
         std::fs::create_dir(&junk).unwrap();
         Arena {
-            dirs,
+            workspace,
+            _outside: outside,
             sentinel,
             sentinel_file,
             junk,
@@ -146,22 +159,83 @@ impl Arena {
     }
 
     fn ws(&self, name: &str) -> PathBuf {
-        self.dirs.workspace.path().join(name)
+        self.workspace.path().join(name)
     }
 
     fn policy(&self) -> Value {
-        json!({"profile": "workspace-write", "cwd": file_uri(self.dirs.workspace.path())})
+        json!({"profile": "workspace-write", "cwd": file_uri(self.workspace.path())})
     }
 }
 
 /// The attacker: a thread that, for the current round, replaces every existing directory or
-/// file among its targets by a symlink into the sentinel (moving the real one to the junk
-/// directory), and removes the links it finds, so the server may create the entry again and
-/// be raced again.
+/// file among its targets by a symlink into the sentinel, atomically (`renameat2` with
+/// `RENAME_EXCHANGE` against a link made in advance, so the path never goes missing for a
+/// moment), moving the real entry to the junk directory; links it finds at a target are
+/// removed, so the server may create the entry again and be raced again.
 struct Attacker {
     round: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+/// Replaces entries by links into the sentinel (see [`Attacker`]). One link to the sentinel
+/// directory and one to a sentinel file wait in the junk directory, so a swap is one `lstat`
+/// and one `renameat2`.
+struct Swapper {
+    junk: PathBuf,
+    made: usize,
+    swaps: usize,
+    /// (link target, spare link ready in the junk directory) for directories, then files.
+    spares: [(PathBuf, PathBuf); 2],
+}
+
+impl Swapper {
+    fn new(arena: &Arena) -> Swapper {
+        let mut swapper = Swapper {
+            junk: arena.junk.clone(),
+            made: 0,
+            swaps: 0,
+            spares: [
+                (arena.sentinel.clone(), PathBuf::new()),
+                (arena.sentinel_file.clone(), PathBuf::new()),
+            ],
+        };
+        for index in 0..2 {
+            swapper.new_spare(index);
+        }
+        swapper
+    }
+
+    /// Makes a fresh spare link of kind `index` (the previous one now holds a swapped-out
+    /// entry and stays in the junk directory).
+    fn new_spare(&mut self, index: usize) {
+        self.made += 1;
+        let spare = self.junk.join(format!("link-{}", self.made));
+        symlink(&self.spares[index].0, &spare).unwrap();
+        self.spares[index].1 = spare;
+    }
+
+    fn swap(&mut self, path: &Path) {
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            return;
+        };
+        if meta.file_type().is_symlink() {
+            let _ = std::fs::remove_file(path);
+            return;
+        }
+        let index = usize::from(!meta.is_dir());
+        let exchanged = nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            path,
+            nix::fcntl::AT_FDCWD,
+            &self.spares[index].1,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        );
+        if exchanged.is_ok() {
+            self.swaps += 1;
+            self.new_spare(index);
+        }
+    }
 }
 
 impl Attacker {
@@ -172,48 +246,23 @@ impl Attacker {
         targets: impl Fn(usize) -> Vec<PathBuf> + Send + 'static,
         scan_dirs: impl Fn(usize) -> Vec<PathBuf> + Send + 'static,
     ) -> Attacker {
-        // No round yet: nothing is attacked while the first round's tree is being set up.
+        // No round yet: nothing is attacked while a round's tree is being set up.
         let round = Arc::new(AtomicUsize::new(NO_ROUND));
         let stop = Arc::new(AtomicBool::new(false));
-        let (sentinel, sentinel_file, junk) = (
-            arena.sentinel.clone(),
-            arena.sentinel_file.clone(),
-            arena.junk.clone(),
-        );
+        let mut swapper = Swapper::new(arena);
         let thread = {
             let (round, stop) = (round.clone(), stop.clone());
             std::thread::spawn(move || {
-                let mut swaps = 0;
-                let mut moved = 0usize;
-                let mut swap = |path: &Path| {
-                    let Ok(meta) = std::fs::symlink_metadata(path) else {
-                        return;
-                    };
-                    if meta.file_type().is_symlink() {
-                        let _ = std::fs::remove_file(path);
-                        return;
-                    }
-                    moved += 1;
-                    if std::fs::rename(path, junk.join(moved.to_string())).is_err() {
-                        return;
-                    }
-                    let link_to = if meta.is_dir() {
-                        &sentinel
-                    } else {
-                        &sentinel_file
-                    };
-                    if symlink(link_to, path).is_ok() {
-                        swaps += 1;
-                    }
-                };
                 while !stop.load(Ordering::Relaxed) {
                     let current = round.load(Ordering::Acquire);
                     if current == NO_ROUND {
-                        std::hint::spin_loop();
+                        // Between requests: sleep until the next round starts (spurious
+                        // wake-ups only cost one more look at the round).
+                        std::thread::park();
                         continue;
                     }
                     for path in targets(current) {
-                        swap(&path);
+                        swapper.swap(&path);
                     }
                     for dir in scan_dirs(current) {
                         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -225,12 +274,14 @@ impl Attacker {
                                 .to_string_lossy()
                                 .starts_with(fs_helper_temp_prefix())
                             {
-                                swap(&entry.path());
+                                swapper.swap(&entry.path());
                             }
                         }
                     }
+                    // Let the server run where the cores are shared; returns at once otherwise.
+                    std::thread::yield_now();
                 }
-                swaps
+                swapper.swaps
             })
         };
         Attacker {
@@ -240,14 +291,25 @@ impl Attacker {
         }
     }
 
-    fn set_round(&self, round: usize) {
+    /// Attacks `round` until [`Attacker::pause`].
+    fn attack(&self, round: usize) {
         self.round.store(round, Ordering::Release);
+        if let Some(thread) = &self.thread {
+            thread.thread().unpark();
+        }
+    }
+
+    /// Stops attacking until the next [`Attacker::attack`].
+    fn pause(&self) {
+        self.round.store(NO_ROUND, Ordering::Release);
     }
 
     /// Stops the attacker and returns how many swaps it landed.
     fn finish(mut self) -> usize {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().unwrap().join().unwrap()
+        let thread = self.thread.take().unwrap();
+        thread.thread().unpark();
+        thread.join().unwrap()
     }
 }
 
@@ -255,6 +317,7 @@ impl Drop for Attacker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
             let _ = thread.join();
         }
     }
@@ -286,8 +349,10 @@ async fn race(
         if let Some(sandbox) = &sandbox {
             params["sandbox"] = sandbox.clone();
         }
-        attacker.set_round(round);
-        let kind = match client.request(method, params).await {
+        attacker.attack(round);
+        let result = client.request(method, params).await;
+        attacker.pause();
+        let kind = match result {
             Ok(_) => "ok".to_owned(),
             Err(error) => {
                 let kind = error_kind(&error);
@@ -309,13 +374,15 @@ async fn race(
     }
     let swaps = attacker.finish();
     let elapsed = started.elapsed();
-    eprintln!("{what}: {ROUNDS} rounds in {elapsed:?}, {swaps} swaps landed, outcomes {outcomes:?}");
+    eprintln!(
+        "{what}: {ROUNDS} rounds in {elapsed:?}, {swaps} swaps landed, outcomes {outcomes:?}"
+    );
     let after = snapshot(&arena.sentinel);
     assert!(
         before == after,
         "{what}: the sentinel outside the workspace changed:\nbefore {before:#?}\nafter {after:#?}"
     );
-    let leaked = files_with_marker(arena.dirs.workspace.path());
+    let leaked = files_with_marker(arena.workspace.path());
     assert!(
         leaked.is_empty(),
         "{what}: sentinel content was copied into the workspace through a link: {leaked:?}"
@@ -485,6 +552,17 @@ async fn in_place_write_file_under_swaps_writes_nothing_outside_the_named_tree()
     .await;
 }
 
+/// Components `fs/createDirectory` creates per round.
+const MKDIR_DEPTH: usize = 8;
+
+/// `a/b/c/...`, `depth` components.
+fn mkdir_chain(depth: usize) -> PathBuf {
+    (b'a'..)
+        .take(depth)
+        .map(|c| char::from(c).to_string())
+        .collect()
+}
+
 #[tokio::test]
 async fn recursive_create_directory_under_swaps_creates_nothing_outside_the_named_tree() {
     fn base(arena: &Arena, round: usize) -> PathBuf {
@@ -494,7 +572,12 @@ async fn recursive_create_directory_under_swaps_creates_nothing_outside_the_name
         "fs/createDirectory {recursive}",
         |arena, round| {
             let base = base(arena, round);
-            vec![base.join("a"), base.join("a/b"), base.join("a/b/c")]
+            // Every component the call creates, deepest first: each one can only be swapped
+            // in the short time between its creation and the creation of the next.
+            (1..MKDIR_DEPTH)
+                .rev()
+                .map(|depth| base.join(mkdir_chain(depth)))
+                .collect()
         },
         no_scan,
         |arena, _mode, round| {
@@ -502,7 +585,7 @@ async fn recursive_create_directory_under_swaps_creates_nothing_outside_the_name
             std::fs::create_dir(&base).unwrap();
             (
                 "fs/createDirectory",
-                json!({"path": file_uri(base.join("a/b/c/d")), "recursive": true}),
+                json!({"path": file_uri(base.join(mkdir_chain(MKDIR_DEPTH))), "recursive": true}),
             )
         },
     )
