@@ -133,9 +133,11 @@ pub(crate) fn open_below(
         }
         match openat2(dir.as_fd(), name, how) {
             Err(Errno::ENOSYS) => OPENAT2.store(2, Ordering::Relaxed),
-            // RESOLVE_BENEATH refuses with EAGAIN when a concurrent rename elsewhere on the
-            // system might have moved the walk; one component cannot escape, so retry plainly.
-            Err(Errno::EAGAIN) => {}
+            // RESOLVE_BENEATH refuses with EAGAIN when a rename anywhere on the system may
+            // have moved the walk, and with EXDEV when the entry was moved out of `dir` while
+            // it was opened. One checked component cannot escape `dir`: open it plainly (with
+            // O_NOFOLLOW), which sees whatever is at `name` now.
+            Err(Errno::EAGAIN | Errno::EXDEV) => {}
             other => {
                 OPENAT2.store(1, Ordering::Relaxed);
                 return other.map_err(io::Error::from);
