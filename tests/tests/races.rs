@@ -23,12 +23,16 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use tests::{Client, ExecServer, b64, error_kind, file_uri};
 
-/// Rounds per operation and mode.
+/// Rounds per operation and mode, at least.
 const ROUNDS: usize = 1000;
 
-/// Fewest swaps the attacker must land across one run, or the run proved nothing. The
-/// operations create several entries per round, so a working attacker lands thousands.
-const MIN_SWAPS: usize = ROUNDS / 10;
+/// Fewest swaps the attacker must land in one run, or the run proved nothing. How many land
+/// depends on scheduling (a busy machine may run the attacker rarely), so a run goes on past
+/// [`ROUNDS`] until this many landed, up to [`MAX_ROUNDS`].
+const MIN_SWAPS: usize = ROUNDS / 5;
+
+/// Rounds after which a run whose attacker still has not landed [`MIN_SWAPS`] fails.
+const MAX_ROUNDS: usize = 20 * ROUNDS;
 
 /// The attacker's round between requests (it sleeps then).
 const NO_ROUND: usize = usize::MAX;
@@ -175,7 +179,27 @@ impl Arena {
 struct Attacker {
     round: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<usize>>,
+    swaps: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What a target is expected to be when the server has made it: a directory is swapped for a
+/// link to the sentinel directory, a file for a link to a sentinel file.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Dir = 0,
+    File = 1,
+}
+
+/// A path the attacker swaps, and its kind.
+type Target = (PathBuf, Kind);
+
+fn dirs(paths: impl IntoIterator<Item = PathBuf>) -> impl Iterator<Item = Target> {
+    paths.into_iter().map(|path| (path, Kind::Dir))
+}
+
+fn files(paths: impl IntoIterator<Item = PathBuf>) -> impl Iterator<Item = Target> {
+    paths.into_iter().map(|path| (path, Kind::File))
 }
 
 /// Replaces entries by links into the sentinel (see [`Attacker`]). One link to the sentinel
@@ -184,17 +208,17 @@ struct Attacker {
 struct Swapper {
     junk: PathBuf,
     made: usize,
-    swaps: usize,
+    swaps: Arc<AtomicUsize>,
     /// (link target, spare link ready in the junk directory) for directories, then files.
     spares: [(PathBuf, PathBuf); 2],
 }
 
 impl Swapper {
-    fn new(arena: &Arena) -> Swapper {
+    fn new(arena: &Arena, swaps: Arc<AtomicUsize>) -> Swapper {
         let mut swapper = Swapper {
             junk: arena.junk.clone(),
             made: 0,
-            swaps: 0,
+            swaps,
             spares: [
                 (arena.sentinel.clone(), PathBuf::new()),
                 (arena.sentinel_file.clone(), PathBuf::new()),
@@ -215,24 +239,28 @@ impl Swapper {
         self.spares[index].1 = spare;
     }
 
-    fn swap(&mut self, path: &Path) {
-        let Ok(meta) = std::fs::symlink_metadata(path) else {
-            return;
-        };
-        if meta.file_type().is_symlink() {
-            let _ = std::fs::remove_file(path);
-            return;
-        }
-        let index = usize::from(!meta.is_dir());
+    /// Exchanges `path` with the spare link of its kind, blindly (one syscall: the sooner
+    /// after the entry appears, the likelier the server still has a step to take in it).
+    fn swap(&mut self, path: &Path, kind: Kind) {
+        let index = kind as usize;
+        let spare = &self.spares[index].1;
         let exchanged = nix::fcntl::renameat2(
             nix::fcntl::AT_FDCWD,
             path,
             nix::fcntl::AT_FDCWD,
-            &self.spares[index].1,
+            spare,
             nix::fcntl::RenameFlags::RENAME_EXCHANGE,
         );
-        if exchanged.is_ok() {
-            self.swaps += 1;
+        if exchanged.is_err() {
+            return; // not there (yet, or any more)
+        }
+        let swapped_out = std::fs::symlink_metadata(spare);
+        if swapped_out.is_ok_and(|meta| meta.file_type().is_symlink()) {
+            // `path` held one of our links already: remove the one just put there, so the
+            // server may create the entry again and be raced again; the old link is the spare.
+            let _ = std::fs::remove_file(path);
+        } else {
+            self.swaps.fetch_add(1, Ordering::Relaxed);
             self.new_spare(index);
         }
     }
@@ -243,13 +271,14 @@ impl Attacker {
     /// `scan_dirs(round)` whose names start with `.execward-write-` are swapped too.
     fn start(
         arena: &Arena,
-        targets: impl Fn(usize) -> Vec<PathBuf> + Send + 'static,
+        targets: impl Fn(usize) -> Vec<Target> + Send + 'static,
         scan_dirs: impl Fn(usize) -> Vec<PathBuf> + Send + 'static,
     ) -> Attacker {
         // No round yet: nothing is attacked while a round's tree is being set up.
         let round = Arc::new(AtomicUsize::new(NO_ROUND));
         let stop = Arc::new(AtomicBool::new(false));
-        let mut swapper = Swapper::new(arena);
+        let swaps = Arc::new(AtomicUsize::new(0));
+        let mut swapper = Swapper::new(arena, swaps.clone());
         let thread = {
             let (round, stop) = (round.clone(), stop.clone());
             std::thread::spawn(move || {
@@ -261,8 +290,8 @@ impl Attacker {
                         std::thread::park();
                         continue;
                     }
-                    for path in targets(current) {
-                        swapper.swap(&path);
+                    for (path, kind) in targets(current) {
+                        swapper.swap(&path, kind);
                     }
                     for dir in scan_dirs(current) {
                         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -274,19 +303,19 @@ impl Attacker {
                                 .to_string_lossy()
                                 .starts_with(fs_helper_temp_prefix())
                             {
-                                swapper.swap(&entry.path());
+                                swapper.swap(&entry.path(), Kind::File);
                             }
                         }
                     }
                     // Let the server run where the cores are shared; returns at once otherwise.
                     std::thread::yield_now();
                 }
-                swapper.swaps
             })
         };
         Attacker {
             round,
             stop,
+            swaps,
             thread: Some(thread),
         }
     }
@@ -304,12 +333,18 @@ impl Attacker {
         self.round.store(NO_ROUND, Ordering::Release);
     }
 
+    /// How many swaps the attacker landed so far.
+    fn swaps(&self) -> usize {
+        self.swaps.load(Ordering::Relaxed)
+    }
+
     /// Stops the attacker and returns how many swaps it landed.
     fn finish(mut self) -> usize {
         self.stop.store(true, Ordering::Relaxed);
         let thread = self.thread.take().unwrap();
         thread.thread().unpark();
-        thread.join().unwrap()
+        thread.join().unwrap();
+        self.swaps()
     }
 }
 
@@ -331,8 +366,8 @@ fn fs_helper_temp_prefix() -> &'static str {
 /// Outcomes of one run, by `data.kind` (`ok` for success).
 type Outcomes = BTreeMap<String, usize>;
 
-/// Runs `ROUNDS` rounds of one operation under the attacker, in one mode, and checks the
-/// sentinel afterwards. `prepare(round)` sets the round's tree up and returns the request.
+/// Runs at least `ROUNDS` rounds of one operation under the attacker (more until it landed
+/// `MIN_SWAPS`), in one mode, and checks the sentinel afterwards. `prepare(round)` sets the round's tree up and returns the request.
 async fn race(
     arena: &Arena,
     client: &mut Client,
@@ -344,7 +379,8 @@ async fn race(
     let before = snapshot(&arena.sentinel);
     let started = Instant::now();
     let mut outcomes = Outcomes::new();
-    for round in 0..ROUNDS {
+    let mut round = 0;
+    while round < ROUNDS || (attacker.swaps() < MIN_SWAPS && round < MAX_ROUNDS) {
         let (method, mut params) = prepare(round);
         if let Some(sandbox) = &sandbox {
             params["sandbox"] = sandbox.clone();
@@ -371,12 +407,11 @@ async fn race(
             }
         };
         *outcomes.entry(kind).or_default() += 1;
+        round += 1;
     }
     let swaps = attacker.finish();
     let elapsed = started.elapsed();
-    eprintln!(
-        "{what}: {ROUNDS} rounds in {elapsed:?}, {swaps} swaps landed, outcomes {outcomes:?}"
-    );
+    eprintln!("{what}: {round} rounds in {elapsed:?}, {swaps} swaps landed, outcomes {outcomes:?}");
     let after = snapshot(&arena.sentinel);
     assert!(
         before == after,
@@ -389,7 +424,7 @@ async fn race(
     );
     assert!(
         swaps >= MIN_SWAPS,
-        "{what}: the attacker landed only {swaps} swaps in {ROUNDS} rounds; the race was not run"
+        "{what}: the attacker landed only {swaps} swaps in {round} rounds; the race was not run"
     );
     assert!(
         outcomes.get("ok").copied().unwrap_or(0) > 0,
@@ -400,7 +435,7 @@ async fn race(
 /// Both modes of one operation: unsandboxed, then under workspace-write.
 async fn both_modes(
     what: &str,
-    targets: fn(&Arena, usize) -> Vec<PathBuf>,
+    targets: fn(&Arena, usize) -> Vec<Target>,
     scan_dirs: fn(&Arena, usize) -> Vec<PathBuf>,
     prepare: fn(&Arena, &str, usize) -> (&'static str, Value),
 ) {
@@ -441,16 +476,16 @@ async fn recursive_copy_under_swaps_writes_nothing_outside_the_named_tree() {
         "recursive fs/copy",
         |arena, round| {
             let (src, dst) = (source(arena, round), destination(arena, round));
-            vec![
+            dirs([
                 dst.clone(),
                 dst.join("a"),
                 dst.join("a/b"),
                 dst.join("c"),
-                dst.join("top"),
-                dst.join("a/f1"),
                 src.join("a/b"),
                 src.join("c"),
-            ]
+            ])
+            .chain(files([dst.join("top"), dst.join("a/f1")]))
+            .collect()
         },
         no_scan,
         |arena, _mode, round| {
@@ -481,14 +516,14 @@ async fn recursive_remove_under_swaps_removes_nothing_outside_the_named_tree() {
         "recursive fs/remove",
         |arena, round| {
             let tree = tree(arena, round);
-            vec![
+            dirs([
                 tree.join("a/b"),
                 tree.join("a"),
-                tree.join("c/f3"),
                 tree.join("c"),
-                tree.join("top"),
                 tree.clone(),
-            ]
+            ])
+            .chain(files([tree.join("c/f3"), tree.join("top")]))
+            .collect()
         },
         no_scan,
         |arena, _mode, round| {
@@ -511,8 +546,8 @@ fn write_dir(arena: &Arena, round: usize) -> PathBuf {
     arena.ws(&format!("write-{round}"))
 }
 
-fn write_targets(arena: &Arena, round: usize) -> Vec<PathBuf> {
-    vec![write_dir(arena, round).join("target")]
+fn write_targets(arena: &Arena, round: usize) -> Vec<Target> {
+    files([write_dir(arena, round).join("target")]).collect()
 }
 
 fn write_scan(arena: &Arena, round: usize) -> Vec<PathBuf> {
@@ -553,7 +588,7 @@ async fn in_place_write_file_under_swaps_writes_nothing_outside_the_named_tree()
 }
 
 /// Components `fs/createDirectory` creates per round.
-const MKDIR_DEPTH: usize = 8;
+const MKDIR_DEPTH: usize = 16;
 
 /// `a/b/c/...`, `depth` components.
 fn mkdir_chain(depth: usize) -> PathBuf {
@@ -574,10 +609,12 @@ async fn recursive_create_directory_under_swaps_creates_nothing_outside_the_name
             let base = base(arena, round);
             // Every component the call creates, deepest first: each one can only be swapped
             // in the short time between its creation and the creation of the next.
-            (1..MKDIR_DEPTH)
-                .rev()
-                .map(|depth| base.join(mkdir_chain(depth)))
-                .collect()
+            dirs(
+                (1..MKDIR_DEPTH)
+                    .rev()
+                    .map(|depth| base.join(mkdir_chain(depth))),
+            )
+            .collect()
         },
         no_scan,
         |arena, _mode, round| {
