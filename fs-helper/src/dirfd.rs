@@ -182,29 +182,36 @@ pub(crate) fn identity(stat: &FileStat) -> (u64, u64) {
     (stat.st_dev, stat.st_ino)
 }
 
-/// The names in the directory `dir` (any descriptor of it, `O_PATH` included), without `.` and
-/// `..`, each with its type when the filesystem reports it in the listing.
+/// The entries of the directory `dir` (any descriptor of it, `O_PATH` included), without `.`
+/// and `..`, each with its type when the filesystem reports it in the listing.
 ///
-/// Read completely before the caller acts on them, so removing or creating entries cannot
-/// disturb the listing.
-pub(crate) fn list(dir: impl AsFd) -> io::Result<Vec<(OsString, Option<Type>)>> {
+/// The listing reads through a descriptor of its own, streaming: memory stays bounded however
+/// many entries a directory has, and the caller may remove or create entries in `dir` while
+/// it iterates (as std's `remove_dir_all` does; entries added meanwhile may or may not be seen).
+pub(crate) fn list(
+    dir: impl AsFd,
+) -> io::Result<impl Iterator<Item = io::Result<(OsString, Option<Type>)>>> {
     let listing = openat(
         dir,
         ".",
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )?;
-    let mut listing = Dir::from_fd(listing)?;
-    let mut names = Vec::new();
-    for entry in listing.iter() {
-        let entry = entry?;
+    let entries = Dir::from_fd(listing)?.into_iter().filter_map(|entry| {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(errno) => return Some(Err(io::Error::from(errno))),
+        };
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
-            continue;
+            return None;
         }
-        names.push((OsStr::from_bytes(name).to_os_string(), entry.file_type()));
-    }
-    Ok(names)
+        Some(Ok((
+            OsStr::from_bytes(name).to_os_string(),
+            entry.file_type(),
+        )))
+    });
+    Ok(entries)
 }
 
 #[cfg(test)]
@@ -272,8 +279,7 @@ mod tests {
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         let mut names: Vec<_> = list(open_path_dir(dir.path()).unwrap())
             .unwrap()
-            .into_iter()
-            .map(|(name, _)| name)
+            .map(|entry| entry.unwrap().0)
             .collect();
         names.sort();
         assert_eq!(names, ["file", "sub"].map(OsString::from).to_vec());

@@ -143,10 +143,10 @@ pub(crate) fn replace_with(
 /// effort: an entry that cannot be examined or removed (no permission, a read-only directory
 /// under a sandbox) is left alone.
 pub(crate) fn remove_stale(dir: BorrowedFd<'_>) {
-    let Ok(names) = list(dir) else {
+    let Ok(entries) = list(dir) else {
         return;
     };
-    for (name, _) in names {
+    for (name, _) in entries.flatten() {
         if !name
             .as_encoded_bytes()
             .starts_with(ATOMIC_TEMP_PREFIX.as_bytes())

@@ -247,8 +247,8 @@ impl Copy<'_> {
             let target_stat = nix::sys::stat::fstat(&target).map_err(|e| to.error(e))?;
             self.created.insert(identity(&target_stat));
         }
-        let entries = list(&source_dir).map_err(|e| FsError::io(OP, source, e))?;
-        for (name, _) in entries {
+        for entry in list(&source_dir).map_err(|e| FsError::io(OP, source, e))? {
+            let (name, _) = entry.map_err(|e| FsError::io(OP, source, e))?;
             let (source_path, destination_path) = (source.join(&name), to.path.join(&name));
             let result = self.entry(
                 At::new(&source_dir, &name, &source_path),

@@ -172,7 +172,8 @@ pub fn read_directory(path: &Path) -> Result<Vec<DirEntry>, FsError> {
     )
     .map_err(|e| error(e.into()))?;
     let mut entries = Vec::new();
-    for (file_name, file_type) in list(dir.as_fd()).map_err(error)? {
+    for entry in list(dir.as_fd()).map_err(error)? {
+        let (file_name, file_type) = entry.map_err(error)?;
         let file_type = match file_type {
             Some(file_type) => file_type,
             None => match crate::dirfd::stat_nofollow(&dir, &file_name) {

@@ -104,8 +104,8 @@ fn remove_tree(dir: &OwnedFd, name: &OsStr, path: &Path, depth: usize) -> Result
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(error) => return Err(FsError::io(OP, path, error)),
     };
-    let entries = list(child.as_fd()).map_err(|e| FsError::io(OP, path, e))?;
-    for (entry, file_type) in entries {
+    for entry in list(child.as_fd()).map_err(|e| FsError::io(OP, path, e))? {
+        let (entry, file_type) = entry.map_err(|e| FsError::io(OP, path, e))?;
         let entry_path = path.join(&entry);
         let result = if file_type == Some(Type::Directory) {
             remove_tree(&child, &entry, &entry_path, depth + 1)
