@@ -18,7 +18,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
@@ -101,9 +101,9 @@ pub(crate) fn check_name(name: &OsStr) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether `openat2` works here: 0 not probed yet, 1 yes, 2 no (`ENOSYS`: kernel before 5.6,
-/// or a seccomp filter that refuses it).
-static OPENAT2: AtomicU8 = AtomicU8::new(0);
+/// Set once `openat2` answered `ENOSYS` (a kernel before 5.6, or a seccomp filter refusing it):
+/// from then on [`open_below`] goes straight to `openat`.
+static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
 
 /// Opens `name` in `dir` without following a symlink and without leaving `dir`:
 /// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` where the kernel has it, `openat` with
@@ -122,7 +122,7 @@ pub(crate) fn open_below(
     }
     let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let creates = flags.contains(OFlag::O_CREAT) || flags.contains(OFlag::O_TMPFILE);
-    if OPENAT2.load(Ordering::Relaxed) != 2 {
+    if !OPENAT2_MISSING.load(Ordering::Relaxed) {
         let mut how = OpenHow::new().flags(flags).resolve(
             ResolveFlag::RESOLVE_BENEATH
                 | ResolveFlag::RESOLVE_NO_SYMLINKS
@@ -132,16 +132,13 @@ pub(crate) fn open_below(
             how = how.mode(mode);
         }
         match openat2(dir.as_fd(), name, how) {
-            Err(Errno::ENOSYS) => OPENAT2.store(2, Ordering::Relaxed),
+            Err(Errno::ENOSYS) => OPENAT2_MISSING.store(true, Ordering::Relaxed),
             // RESOLVE_BENEATH refuses with EAGAIN when a rename anywhere on the system may
             // have moved the walk, and with EXDEV when the entry was moved out of `dir` while
             // it was opened. One checked component cannot escape `dir`: open it plainly (with
             // O_NOFOLLOW), which sees whatever is at `name` now.
             Err(Errno::EAGAIN | Errno::EXDEV) => {}
-            other => {
-                OPENAT2.store(1, Ordering::Relaxed);
-                return other.map_err(io::Error::from);
-            }
+            other => return other.map_err(io::Error::from),
         }
     }
     openat(dir, name, flags, mode).map_err(io::Error::from)

@@ -113,15 +113,22 @@ pub(crate) fn replace_with(
             lock(&file)?;
             fill(&file, data, mode)?;
             before_install();
+            // ENOENT from linking: `/proc/self/fd` does not resolve here after all (or the
+            // directory is gone, which the named strategy then reports).
+            let unlinkable = |error: io::Error| match error.raw_os_error() {
+                Some(libc::ENOENT) => unsupported(),
+                _ => error,
+            };
             if mode.is_none() {
                 match link_anonymous(&file, dir, name) {
                     Ok(()) => return Ok(()),
                     // Created meanwhile: replace it like an existing target.
                     Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(error) => return Err(error),
+                    Err(error) => return Err(unlinkable(error)),
                 }
             }
-            let temp_name = with_fresh_name(|temp_name| link_anonymous(&file, dir, temp_name))?;
+            let temp_name = with_fresh_name(|temp_name| link_anonymous(&file, dir, temp_name))
+                .map_err(unlinkable)?;
             rename_into_place(dir, &temp_name, name)
         }
         Strategy::Named => {
