@@ -25,7 +25,7 @@ use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, open, openat, openat2};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstatat};
 
-use crate::error::{FsError, FsOperation};
+use crate::error::{Expected, FsError, FsOperation};
 
 /// A client path split into its parent, opened as a descriptor, and its last component.
 #[derive(Debug)]
@@ -142,6 +142,28 @@ pub(crate) fn open_below(
         }
     }
     openat(dir, name, flags, mode).map_err(io::Error::from)
+}
+
+/// The error for an `open_below` of a directory that failed with `error`: when the entry is (by
+/// now) a symlink, [`FsError::SymlinkNotFollowed`] naming `path`; otherwise `error` itself.
+pub(crate) fn directory_open_error(
+    op: FsOperation,
+    path: &Path,
+    dir: impl AsFd,
+    name: &OsStr,
+    error: io::Error,
+) -> FsError {
+    let is_link = matches!(error.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))
+        && stat_nofollow(dir, name).is_ok_and(|stat| kind(&stat) == SFlag::S_IFLNK);
+    if is_link {
+        FsError::SymlinkNotFollowed {
+            op,
+            path: path.to_path_buf(),
+            expected: Expected::Directory,
+        }
+    } else {
+        FsError::io(op, path, error)
+    }
 }
 
 /// `fstatat` without following a symlink in `name`.

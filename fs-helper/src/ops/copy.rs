@@ -34,8 +34,10 @@ use nix::fcntl::{OFlag, copy_file_range, readlinkat};
 use nix::sys::stat::{FileStat, Mode, SFlag, mkdirat};
 use nix::unistd::{UnlinkatFlags, Whence, lseek, symlinkat, unlinkat};
 
-use crate::dirfd::{Named, identity, kind, kind_name, list, open_below, stat_nofollow};
-use crate::error::{Expected, FsError, FsOperation};
+use crate::dirfd::{
+    Named, directory_open_error, identity, kind, kind_name, list, open_below, stat_nofollow,
+};
+use crate::error::{FsError, FsOperation};
 use crate::open::{open_regular_for_read_below, open_regular_for_write_below};
 use crate::ops::MAX_TREE_DEPTH;
 
@@ -180,15 +182,8 @@ fn open_dot(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
 
 fn open_source_dir(from: At<'_>) -> Result<OwnedFd, FsError> {
     let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
-    open_below(from.dir, from.name, flags, Mode::empty()).map_err(|e| match e.raw_os_error() {
-        // Swapped for a link since it was examined: not followed.
-        Some(libc::ELOOP | libc::ENOTDIR) => FsError::SymlinkNotFollowed {
-            op: OP,
-            path: from.path.to_path_buf(),
-            expected: Expected::Directory,
-        },
-        _ => from.error(e),
-    })
+    open_below(from.dir, from.name, flags, Mode::empty())
+        .map_err(|e| directory_open_error(OP, from.path, from.dir, from.name, e))
 }
 
 /// One copy in progress: its inputs (for errors), its byte budget, and the directories it
@@ -464,17 +459,9 @@ fn make_destination_dir(to: At<'_>) -> Result<(OwnedFd, bool), FsError> {
         Err(e) => return Err(to.error(e)),
     };
     let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
-    match open_below(to.dir, to.name, flags, Mode::empty()) {
-        Ok(dir) => Ok((dir, created)),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
-            Err(FsError::SymlinkNotFollowed {
-                op: OP,
-                path: to.path.to_path_buf(),
-                expected: Expected::Directory,
-            })
-        }
-        Err(e) => Err(to.error(e)),
-    }
+    let dir = open_below(to.dir, to.name, flags, Mode::empty())
+        .map_err(|e| directory_open_error(OP, to.path, to.dir, to.name, e))?;
+    Ok((dir, created))
 }
 
 /// Unlinks `at` unless it is a directory (`EISDIR` then).

@@ -19,8 +19,10 @@ use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};
 use nix::sys::stat::{Mode, SFlag, mkdirat};
 
-use crate::dirfd::{Named, kind, list, open_below, open_path_dir, stat_follow};
-use crate::error::{Expected, FsError, FsOperation};
+use crate::dirfd::{
+    Named, directory_open_error, kind, list, open_below, open_path_dir, stat_follow,
+};
+use crate::error::{FsError, FsOperation};
 
 const CREATE: FsOperation = FsOperation::CreateDirectory;
 
@@ -53,8 +55,7 @@ pub fn create_directory(path: &Path, recursive: bool) -> Result<(), FsError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(error(e)),
     }
-    let (mut dir, missing) = deepest_existing(path)?;
-    let mut created = path_of_existing(path, missing.len());
+    let (mut dir, mut created, missing) = deepest_existing(path)?;
     for (index, name) in missing.iter().enumerate() {
         created.push(name);
         match make_directory(&dir, name) {
@@ -71,17 +72,8 @@ pub fn create_directory(path: &Path, recursive: bool) -> Result<(), FsError> {
             };
         }
         let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
-        dir = match open_below(&dir, name, flags, Mode::empty()) {
-            Ok(next) => next,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
-                return Err(FsError::SymlinkNotFollowed {
-                    op: CREATE,
-                    path: created,
-                    expected: Expected::Directory,
-                });
-            }
-            Err(e) => return Err(error(e)),
-        };
+        dir = open_below(&dir, name, flags, Mode::empty())
+            .map_err(|e| directory_open_error(CREATE, &created, &dir, name, e))?;
     }
     Ok(())
 }
@@ -91,9 +83,9 @@ fn make_directory(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
     mkdirat(dir, name, Mode::from_bits_truncate(NEW_DIRECTORY_MODE)).map_err(io::Error::from)
 }
 
-/// The deepest ancestor of `path` that exists, opened (following symlinks), and the names
-/// below it that are missing, in order.
-fn deepest_existing(path: &Path) -> Result<(OwnedFd, Vec<OsString>), FsError> {
+/// The deepest ancestor of `path` that exists, opened (following symlinks), its path, and the
+/// names below it that are missing, in order.
+fn deepest_existing(path: &Path) -> Result<(OwnedFd, PathBuf, Vec<OsString>), FsError> {
     let invalid = |reason| FsError::InvalidPath {
         op: CREATE,
         path: path.to_path_buf(),
@@ -120,7 +112,7 @@ fn deepest_existing(path: &Path) -> Result<(OwnedFd, Vec<OsString>), FsError> {
                         }
                     }
                 }
-                return Ok((dir, missing));
+                return Ok((dir, prefix, missing));
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(FsError::io(CREATE, path, e)),
@@ -131,14 +123,6 @@ fn deepest_existing(path: &Path) -> Result<(OwnedFd, Vec<OsString>), FsError> {
         path,
         io::Error::from_raw_os_error(libc::ENOENT),
     ))
-}
-
-/// The part of `path` that exists when its last `missing` components do not.
-fn path_of_existing(path: &Path, missing: usize) -> PathBuf {
-    let components: Vec<Component<'_>> = path.components().collect();
-    components[..components.len().saturating_sub(missing)]
-        .iter()
-        .collect()
 }
 
 /// One entry of [`read_directory`].
