@@ -210,19 +210,28 @@ pub(crate) fn identity(stat: &FileStat) -> (u64, u64) {
 pub(crate) fn list(
     dir: impl AsFd,
 ) -> io::Result<impl Iterator<Item = io::Result<(OsString, Option<Type>)>>> {
+    list_matching(dir, |_| true)
+}
+
+/// [`list`], keeping only the names for which `keep(name bytes)` is true (checked before a name
+/// is copied, so skipping most entries of a large directory stays cheap).
+pub(crate) fn list_matching(
+    dir: impl AsFd,
+    keep: impl Fn(&[u8]) -> bool + 'static,
+) -> io::Result<impl Iterator<Item = io::Result<(OsString, Option<Type>)>>> {
     let listing = openat(
         dir,
         ".",
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )?;
-    let entries = Dir::from_fd(listing)?.into_iter().filter_map(|entry| {
+    let entries = Dir::from_fd(listing)?.into_iter().filter_map(move |entry| {
         let entry = match entry {
             Ok(entry) => entry,
             Err(errno) => return Some(Err(io::Error::from(errno))),
         };
         let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." {
+        if name == b"." || name == b".." || !keep(name) {
             return None;
         }
         Some(Ok((

@@ -32,7 +32,7 @@ use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, renameat};
 use nix::sys::stat::Mode;
 use nix::unistd::{UnlinkatFlags, linkat, unlinkat};
 
-use crate::dirfd::{identity, list, open_below, stat_nofollow};
+use crate::dirfd::{identity, list_matching, open_below, stat_nofollow};
 
 /// Prefix of the temporary files an atomic write may create next to its target.
 pub const ATOMIC_TEMP_PREFIX: &str = ".execward-write-";
@@ -150,16 +150,11 @@ pub(crate) fn replace_with(
 /// effort: an entry that cannot be examined or removed (no permission, a read-only directory
 /// under a sandbox) is left alone.
 pub(crate) fn remove_stale(dir: BorrowedFd<'_>) {
-    let Ok(entries) = list(dir) else {
+    let ours = |name: &[u8]| name.starts_with(ATOMIC_TEMP_PREFIX.as_bytes());
+    let Ok(entries) = list_matching(dir, ours) else {
         return;
     };
     for (name, _) in entries.flatten() {
-        if !name
-            .as_encoded_bytes()
-            .starts_with(ATOMIC_TEMP_PREFIX.as_bytes())
-        {
-            continue;
-        }
         let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
         // A symlink or anything but a regular file with this name is not ours: left alone.
         let Ok(fd) = open_below(dir, &name, flags, Mode::empty()) else {
