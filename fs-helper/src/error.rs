@@ -155,6 +155,24 @@ impl FsErrorKind {
     }
 }
 
+/// What an operation needed where it found a symlink ([`FsError::SymlinkNotFollowed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expected {
+    /// A directory to create entries in, list or remove.
+    Directory,
+    /// A regular file to write.
+    RegularFile,
+}
+
+impl fmt::Display for Expected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Expected::Directory => "directory",
+            Expected::RegularFile => "regular file",
+        })
+    }
+}
+
 /// An error from one filesystem operation.
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -222,6 +240,54 @@ pub enum FsError {
         op: FsOperation,
         /// The directory.
         path: PathBuf,
+    },
+    /// A symlink where the operation needs a directory or a regular file it may write. Writing
+    /// operations never follow a symlink in the last component or anywhere below the named
+    /// path's parent (docs/protocol.md, "Symlinks"), so a link that was there, or that was
+    /// swapped in while the operation ran, stops it instead of redirecting it.
+    #[error(
+        "{op}: {path} is a symlink where a {expected} was expected; {op} does not follow \
+         symlinks in the last component or below it (name the path the link points to, as \
+         fs/canonicalize reports it)",
+        path = path.display()
+    )]
+    SymlinkNotFollowed {
+        /// The operation that failed.
+        op: FsOperation,
+        /// The symlink's path.
+        path: PathBuf,
+        /// What the operation needed there.
+        expected: Expected,
+    },
+    /// A tree is deeper than [`crate::MAX_TREE_DEPTH`].
+    #[error(
+        "{op}: {path} is more than {limit} directories below the named path (MAX_TREE_DEPTH); \
+         {verb} deeper trees in smaller steps",
+        verb = op.verb(),
+        path = path.display()
+    )]
+    TreeTooDeep {
+        /// The operation that failed.
+        op: FsOperation,
+        /// The first directory past the limit.
+        path: PathBuf,
+        /// The limit in directory levels.
+        limit: usize,
+    },
+    /// A copy would write more than [`crate::COPY_MAX_BYTES`].
+    #[error(
+        "fs/copy: copying {src} to {dst} would write more than {limit} bytes \
+         (COPY_MAX_BYTES); what was copied so far stays; copy larger trees with a command",
+        src = source_path.display(),
+        dst = destination_path.display()
+    )]
+    CopyTooLarge {
+        /// The source path as given.
+        source_path: PathBuf,
+        /// The destination path as given.
+        destination_path: PathBuf,
+        /// The limit in bytes.
+        limit: u64,
     },
     /// A copy whose destination is the source itself or lies inside the source tree.
     #[error(
@@ -293,7 +359,17 @@ impl FsError {
             FsError::NotRegularFile { .. } | FsError::UnsupportedFileType { .. } => {
                 FsErrorKind::NotRegularFile
             }
-            FsError::TooLarge { .. } => FsErrorKind::TooLarge,
+            FsError::SymlinkNotFollowed {
+                expected: Expected::Directory,
+                ..
+            } => FsErrorKind::NotADirectory,
+            FsError::SymlinkNotFollowed {
+                expected: Expected::RegularFile,
+                ..
+            } => FsErrorKind::NotRegularFile,
+            FsError::TooLarge { .. }
+            | FsError::TreeTooDeep { .. }
+            | FsError::CopyTooLarge { .. } => FsErrorKind::TooLarge,
             FsError::IsDirectoryNeedsRecursive { .. } => FsErrorKind::IsADirectory,
             FsError::CopyIntoItself { .. }
             | FsError::InvalidPath { .. }
@@ -313,13 +389,28 @@ impl FsError {
             | FsError::UnsupportedFileType { path, .. }
             | FsError::TooLarge { path, .. }
             | FsError::IsDirectoryNeedsRecursive { path, .. }
+            | FsError::SymlinkNotFollowed { path, .. }
+            | FsError::TreeTooDeep { path, .. }
             | FsError::InvalidPath { path, .. } => Some(path),
             FsError::CopyIntoItself {
+                destination_path, ..
+            }
+            | FsError::CopyTooLarge {
                 destination_path, ..
             } => Some(destination_path),
             FsError::BlockTooLarge { .. }
             | FsError::BlockOutOfRange { .. }
             | FsError::BlockIo { .. } => None,
+        }
+    }
+
+    /// The limit that was exceeded, for the errors of kind [`FsErrorKind::TooLarge`] that come
+    /// from a named limit (bytes, or directory levels for [`FsError::TreeTooDeep`]).
+    pub fn limit(&self) -> Option<u64> {
+        match self {
+            FsError::TooLarge { limit, .. } | FsError::CopyTooLarge { limit, .. } => Some(*limit),
+            FsError::TreeTooDeep { limit, .. } => u64::try_from(*limit).ok(),
+            _ => None,
         }
     }
 
@@ -331,8 +422,10 @@ impl FsError {
             | FsError::UnsupportedFileType { op, .. }
             | FsError::TooLarge { op, .. }
             | FsError::IsDirectoryNeedsRecursive { op, .. }
+            | FsError::SymlinkNotFollowed { op, .. }
+            | FsError::TreeTooDeep { op, .. }
             | FsError::InvalidPath { op, .. } => *op,
-            FsError::CopyIntoItself { .. } => FsOperation::Copy,
+            FsError::CopyIntoItself { .. } | FsError::CopyTooLarge { .. } => FsOperation::Copy,
             FsError::BlockTooLarge { .. }
             | FsError::BlockOutOfRange { .. }
             | FsError::BlockIo { .. } => FsOperation::ReadBlock,

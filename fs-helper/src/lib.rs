@@ -8,28 +8,37 @@
 //! Guarantees every operation keeps:
 //! - **No blocking on special files.** Files are only opened after their type is checked, with
 //!   `O_NONBLOCK`, and checked again with `fstat`; FIFOs, sockets and devices are refused.
-//! - **Symlinks are handled deliberately.** Reads, writes, `create_directory`, `read_directory`
-//!   and `canonicalize` follow them; `remove` and `copy` never follow one in the last component
-//!   (nor inside a tree), and `get_metadata` reports both the link and its target.
+//! - **Writes cannot be redirected.** Writing operations resolve the named path's parent once
+//!   (following symlinks as the client named them) into a directory descriptor and do
+//!   everything below it by descriptor (`openat2`/`O_NOFOLLOW`, `mkdirat`, `unlinkat`,
+//!   `O_EXCL`, `fchmod`), never following a symlink in the last component or inside a tree
+//!   ([`dirfd`] states the rule). A component swapped for a symlink mid-operation stops it.
+//! - **Reads follow symlinks deliberately.** `read_file`, `open_for_streaming`,
+//!   `read_directory` and `canonicalize` follow them; `get_metadata` reports both the link and
+//!   its target.
 //! - **Errors name the operation and its inputs.** [`FsError::kind`] classifies them for the
 //!   wire (`notFound`, `sandboxDenied` from `PermissionDenied`, ...).
 
 #![forbid(unsafe_code)]
 
+mod dirfd;
 mod error;
 pub mod helper;
 mod open;
 mod ops;
+mod temp;
 #[cfg(test)]
 mod test_support;
 pub mod wire;
 
-pub use error::{FsError, FsErrorKind, FsOperation};
-pub use ops::copy::copy;
+pub use error::{Expected, FsError, FsErrorKind, FsOperation};
+pub use ops::MAX_TREE_DEPTH;
+pub use ops::copy::{COPY_MAX_BYTES, copy};
 pub use ops::directory::{DirEntry, create_directory, read_directory};
 pub use ops::metadata::{Metadata, canonicalize, get_metadata};
 pub use ops::read::{
     READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES, open_for_streaming, read_block, read_file,
 };
 pub use ops::remove::remove;
-pub use ops::write::{ATOMIC_TEMP_PREFIX, WriteOptions, write_file};
+pub use ops::write::{WriteOptions, write_file};
+pub use temp::ATOMIC_TEMP_PREFIX;

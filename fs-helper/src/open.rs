@@ -1,5 +1,8 @@
 //! Opening files without blocking and without being fooled about what they are.
 //!
+//! Reads by path ([`open_regular_for_read`]) follow symlinks, as `fs/readFile` and `fs/open`
+//! promise. Opens below a directory descriptor (`*_below`) never follow one.
+//!
 //! Opening a FIFO for reading blocks until a writer appears, and opening one for writing blocks
 //! until a reader appears. Every open here therefore:
 //! 1. checks the path's type first (so a FIFO, socket or device is normally never opened at all),
@@ -9,14 +12,18 @@
 //! 3. checks the type again with `fstat` on the opened descriptor (the answer that counts), and
 //! 4. clears `O_NONBLOCK` again, so the returned [`File`] behaves normally.
 
+use std::ffi::OsStr;
 use std::fs::{self, File, FileType, OpenOptions};
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::sys::stat::{Mode, SFlag};
 
-use crate::error::{FsError, FsOperation};
+use crate::dirfd::{kind, kind_name, open_below, stat_nofollow};
+use crate::error::{Expected, FsError, FsOperation};
 
 /// A human name for a file type, for error messages.
 pub(crate) fn file_type_name(file_type: &FileType) -> &'static str {
@@ -94,49 +101,77 @@ pub(crate) fn open_regular_for_read(op: FsOperation, path: &Path) -> Result<File
     finish_open(op, path, file)
 }
 
-/// How [`open_regular_for_write`] treats a symlink in the last path component.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FinalSymlink {
-    /// Write through the link to its target (like a shell redirection).
-    Follow,
-    /// Fail with `ELOOP` (the caller replaces links itself).
-    Refuse,
-}
-
-/// Opens `path` for writing, creating it with `mode` (before umask) or truncating it, without
-/// ever blocking. The path must be a regular file or not exist.
+/// Opens the regular file `name` in `dir` for reading without following a symlink and without
+/// ever blocking. `path` is the entry's path, for errors only.
 ///
-/// Errors: [`FsError::NotRegularFile`] for directories, FIFOs, sockets and devices;
-/// [`FsError::Io`] otherwise (a missing parent is `ENOENT`).
-pub(crate) fn open_regular_for_write(
+/// Errors: [`FsError::NotRegularFile`] if the entry is (or was swapped for) anything but a
+/// regular file, a symlink included; [`FsError::Io`] when it cannot be opened.
+pub(crate) fn open_regular_for_read_below(
     op: FsOperation,
     path: &Path,
-    mode: u32,
-    final_symlink: FinalSymlink,
+    dir: impl AsFd,
+    name: &OsStr,
 ) -> Result<File, FsError> {
-    let existing = match final_symlink {
-        FinalSymlink::Follow => fs::metadata(path),
-        FinalSymlink::Refuse => fs::symlink_metadata(path),
-    };
-    match existing {
-        Ok(metadata) if metadata.file_type().is_file() || metadata.file_type().is_symlink() => {}
-        Ok(metadata) => return Err(not_regular(op, path, &metadata.file_type())),
+    let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+    match open_below(dir, name, flags, Mode::empty()) {
+        Ok(fd) => finish_open(op, path, File::from(fd)),
+        Err(error) if error.raw_os_error() == Some(libc::ELOOP) => Err(FsError::NotRegularFile {
+            op,
+            path: path.to_path_buf(),
+            file_type: "symlink",
+        }),
+        Err(error) => Err(open_error(op, path, error)),
+    }
+}
+
+/// Opens the regular file `name` in `dir` for writing, creating it with `mode` (before umask),
+/// without following a symlink and without ever blocking. An existing file is not truncated
+/// (the caller does, once it knows which file it opened). `path` is the entry's path, for
+/// errors only.
+///
+/// Errors: [`FsError::SymlinkNotFollowed`] if `name` is a symlink (the caller decides whether
+/// to replace it); [`FsError::NotRegularFile`] for directories, FIFOs, sockets and devices;
+/// [`FsError::Io`] otherwise.
+pub(crate) fn open_regular_for_write_below(
+    op: FsOperation,
+    path: &Path,
+    dir: impl AsFd,
+    name: &OsStr,
+    mode: u32,
+) -> Result<File, FsError> {
+    match stat_nofollow(dir.as_fd(), name) {
+        Ok(stat) if kind(&stat) == SFlag::S_IFREG => {}
+        Ok(stat) if kind(&stat) == SFlag::S_IFLNK => return Err(symlink_refused(op, path)),
+        Ok(stat) => {
+            return Err(FsError::NotRegularFile {
+                op,
+                path: path.to_path_buf(),
+                file_type: kind_name(&stat),
+            });
+        }
         Err(error) if error.kind() == io::ErrorKind::NotFound => {}
         Err(error) => return Err(FsError::io(op, path, error)),
     }
-    let mut flags = nonblocking_flags();
-    if final_symlink == FinalSymlink::Refuse {
-        flags |= libc::O_NOFOLLOW;
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+    match open_below(dir, name, flags, Mode::from_bits_truncate(mode)) {
+        Ok(fd) => finish_open(op, path, File::from(fd)),
+        // Swapped for a symlink after the check above.
+        Err(error) if error.raw_os_error() == Some(libc::ELOOP) => Err(symlink_refused(op, path)),
+        Err(error) if error.raw_os_error() == Some(libc::EISDIR) => Err(FsError::NotRegularFile {
+            op,
+            path: path.to_path_buf(),
+            file_type: "directory",
+        }),
+        Err(error) => Err(open_error(op, path, error)),
     }
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .custom_flags(flags)
-        .open(path)
-        .map_err(|e| open_error(op, path, e))?;
-    finish_open(op, path, file)
+}
+
+fn symlink_refused(op: FsOperation, path: &Path) -> FsError {
+    FsError::SymlinkNotFollowed {
+        op,
+        path: path.to_path_buf(),
+        expected: Expected::RegularFile,
+    }
 }
 
 #[cfg(test)]
@@ -172,15 +207,29 @@ mod tests {
     }
 
     #[test]
-    fn write_open_refusing_symlinks_fails_on_a_link() {
+    fn write_open_below_refuses_a_link_and_leaves_its_target() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("target");
         std::fs::write(&target, b"keep").unwrap();
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        let error = open_regular_for_write(FsOperation::Copy, &link, 0o644, FinalSymlink::Refuse)
-            .unwrap_err();
-        assert_eq!(error.kind(), FsErrorKind::Other, "{error}");
+        let parent = crate::dirfd::open_path_dir(dir.path()).unwrap();
+        let error = open_regular_for_write_below(
+            FsOperation::Copy,
+            &link,
+            &parent,
+            OsStr::new("link"),
+            0o644,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(error, FsError::SymlinkNotFollowed { .. }),
+            "{error:?}"
+        );
         assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        let error =
+            open_regular_for_read_below(FsOperation::Copy, &link, &parent, OsStr::new("link"))
+                .unwrap_err();
+        assert_eq!(error.kind(), FsErrorKind::NotRegularFile, "{error}");
     }
 }

@@ -212,8 +212,8 @@ pub fn fs_error(error: &FsError, sandboxed: bool) -> RpcError {
         error.to_string()
     };
     let mut rpc = RpcError::new(code, kind, message).with_operation(error.operation().as_str());
-    if let (FsError::TooLarge { limit, .. }, Some(data)) = (error, rpc.data.as_mut()) {
-        data.limit = Some(*limit);
+    if let (Some(limit), Some(data)) = (error.limit(), rpc.data.as_mut()) {
+        data.limit = Some(limit);
     }
     if let Some(uri) = error.path().and_then(|path| FileUri::from_path(path).ok()) {
         rpc = rpc.with_path(uri.to_uri_string());

@@ -235,3 +235,102 @@ fn serve_mode_answers_every_frame_under_one_policy() {
     assert!(workspace.join("sub/dir").is_dir());
     assert_eq!(answers[3]["status"], "error", "{}", answers[3]);
 }
+
+/// The uid the root runs of [`writing_operations_work_unprivileged_and_leave_no_temporary_files`]
+/// drop to.
+const NOBODY: u32 = 65534;
+
+/// One-shot request as an unprivileged user: uid 65534 when the test runs as root, the
+/// test's own uid otherwise.
+fn one_shot_unprivileged(request: &Value) -> Value {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(HELPER);
+    command
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if nix::unistd::geteuid().is_root() {
+        // std drops the supplementary groups too when root sets a uid.
+        command.uid(NOBODY).gid(NOBODY);
+    }
+    let mut child = command.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.to_string().as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[test]
+fn writing_operations_work_unprivileged_and_leave_no_temporary_files() {
+    let base = tempfile::Builder::new()
+        .prefix("fs-helper-nobody-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let root = std::fs::canonicalize(base.path()).unwrap();
+    if nix::unistd::geteuid().is_root() {
+        let nobody = Some(nix::unistd::Uid::from_raw(NOBODY));
+        nix::unistd::chown(&root, nobody, Some(nix::unistd::Gid::from_raw(NOBODY))).unwrap();
+    }
+    let ok = |request: Value| {
+        let response = one_shot_unprivileged(&request);
+        assert_eq!(response["status"], "ok", "{request} -> {response}");
+    };
+    // A temporary file of a writer that died (nobody holds its lock), made by the same user.
+    let stale = root.join(".execward-write-dead-writer");
+    ok(json!({"operation": "fs/writeFile",
+              "params": {"path": uri(&stale), "dataBase64": "c3RhbGU="}}));
+    for (mode, sandbox) in [
+        ("none", Value::Null),
+        ("workspace-write", workspace_write(&root)),
+    ] {
+        let dir = root.join(mode);
+        let target = dir.join("tree/file");
+        let requests = [
+            json!({"operation": "fs/createDirectory",
+                   "params": {"path": uri(&dir.join("tree/sub")), "recursive": true}}),
+            json!({"operation": "fs/writeFile",
+                   "params": {"path": uri(&target), "dataBase64": "b25l", "atomic": true}}),
+            json!({"operation": "fs/writeFile",
+                   "params": {"path": uri(&target), "dataBase64": "dHdv", "atomic": true}}),
+            json!({"operation": "fs/writeFile",
+                   "params": {"path": uri(&dir.join("tree/sub/in-place")), "dataBase64": "eA=="}}),
+            json!({"operation": "fs/copy",
+                   "params": {"sourcePath": uri(&dir.join("tree")),
+                              "destinationPath": uri(&dir.join("copy")), "recursive": true}}),
+            json!({"operation": "fs/remove",
+                   "params": {"path": uri(&dir.join("tree/sub")), "recursive": true}}),
+        ];
+        for mut request in requests {
+            request["sandbox"] = sandbox.clone();
+            ok(request);
+        }
+        assert_eq!(std::fs::read(&target).unwrap(), b"two", "{mode}");
+        assert_eq!(
+            std::fs::read(dir.join("copy/sub/in-place")).unwrap(),
+            b"x",
+            "{mode}"
+        );
+        assert!(!dir.join("tree/sub").exists(), "{mode}");
+        let mut names: Vec<_> = std::fs::read_dir(dir.join("tree"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["file"], "{mode}: a temporary file was left behind");
+    }
+    // The first atomic write in the root swept the dead writer's file; nothing else is there.
+    ok(json!({"operation": "fs/writeFile",
+              "params": {"path": uri(&root.join("last")), "dataBase64": "eA==", "atomic": true}}));
+    let mut names: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["last", "none", "workspace-write"]);
+}

@@ -1,29 +1,128 @@
 //! `fs/createDirectory` and `fs/readDirectory`.
+//!
+//! Creating: the deepest existing directory of the named path is resolved once (following
+//! symlinks as named) into a descriptor; every missing component is then created with
+//! `mkdirat` and opened with `O_NOFOLLOW` relative to the one before, so a component swapped
+//! for a symlink while the chain is built stops the call instead of redirecting it.
+//!
+//! Listing follows symlinks (it reads, never writes) and examines every entry relative to the
+//! listed directory's descriptor.
 
-use std::ffi::OsString;
-use std::fs;
+use std::ffi::{OsStr, OsString};
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
+use nix::dir::Type;
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::sys::stat::{Mode, SFlag, mkdirat};
+
+use crate::dirfd::{
+    Named, directory_open_error, kind, list, open_below, open_path_dir, stat_follow,
+};
 use crate::error::{FsError, FsOperation};
+
+const CREATE: FsOperation = FsOperation::CreateDirectory;
+
+/// Mode of a new directory before the umask, as for `mkdir(1)`.
+const NEW_DIRECTORY_MODE: u32 = 0o777;
 
 /// Creates the directory `path`.
 ///
 /// With `recursive`, missing parents are created too and an existing directory (or a symlink to
 /// one) is success. Without it, the parent must exist and an existing path is an error.
+/// Symlinks among the components that exist when the call starts are followed; the components
+/// it creates are never followed.
 ///
 /// # Errors
-/// - [`FsError::Io`] with kind `AlreadyExists` if `path` exists (with `recursive`: exists and is
-///   not a directory), `NotFound` if the parent is missing (without `recursive`),
+/// - [`FsError::Io`] with kind `AlreadyExists` if `path` exists (with `recursive`: exists and
+///   is not a directory), `NotFound` if the parent is missing (without `recursive`),
 ///   `NotADirectory` if a parent is a file, `PermissionDenied` on denial.
+/// - [`FsError::SymlinkNotFollowed`] if a component this call created was replaced by a
+///   symlink before the next one was created in it.
+/// - [`FsError::InvalidPath`] if the path ends in `..`, or has `..` after a missing component.
 pub fn create_directory(path: &Path, recursive: bool) -> Result<(), FsError> {
-    let result = if recursive {
-        fs::create_dir_all(path)
-    } else {
-        fs::create_dir(path)
+    let error = |e: io::Error| FsError::io(CREATE, path, e);
+    if !recursive {
+        let target = Named::resolve(CREATE, path)?;
+        return make_directory(&target.dir, &target.name).map_err(error);
+    }
+    match stat_follow(nix::fcntl::AT_FDCWD, path.as_os_str()) {
+        Ok(stat) if kind(&stat) == SFlag::S_IFDIR => return Ok(()),
+        Ok(_) => return Err(error(io::Error::from_raw_os_error(libc::EEXIST))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(error(e)),
+    }
+    let (mut dir, mut created, missing) = deepest_existing(path)?;
+    for (index, name) in missing.iter().enumerate() {
+        created.push(name);
+        match make_directory(&dir, name) {
+            Ok(()) => {}
+            // Created meanwhile by someone else: fine if it is a directory, checked below.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(error(e)),
+        }
+        if index + 1 == missing.len() {
+            return match stat_follow(&dir, name) {
+                Ok(stat) if kind(&stat) == SFlag::S_IFDIR => Ok(()),
+                Ok(_) => Err(error(io::Error::from_raw_os_error(libc::EEXIST))),
+                Err(e) => Err(error(e)),
+            };
+        }
+        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
+        dir = open_below(&dir, name, flags, Mode::empty())
+            .map_err(|e| directory_open_error(CREATE, &created, &dir, name, e))?;
+    }
+    Ok(())
+}
+
+fn make_directory(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
+    crate::dirfd::check_name(name)?;
+    mkdirat(dir, name, Mode::from_bits_truncate(NEW_DIRECTORY_MODE)).map_err(io::Error::from)
+}
+
+/// The deepest ancestor of `path` that exists, opened (following symlinks), its path, and the
+/// names below it that are missing, in order.
+fn deepest_existing(path: &Path) -> Result<(OwnedFd, PathBuf, Vec<OsString>), FsError> {
+    let invalid = |reason| FsError::InvalidPath {
+        op: CREATE,
+        path: path.to_path_buf(),
+        reason,
     };
-    result.map_err(|e| FsError::io(FsOperation::CreateDirectory, path, e))
+    let components: Vec<Component<'_>> = path.components().collect();
+    for existing in (0..components.len()).rev() {
+        let prefix: PathBuf = components[..existing].iter().collect();
+        let prefix = if prefix.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            prefix
+        };
+        match open_path_dir(&prefix) {
+            Ok(dir) => {
+                let mut missing = Vec::new();
+                for component in &components[existing..] {
+                    match component {
+                        Component::Normal(name) => missing.push(name.to_os_string()),
+                        _ => {
+                            return Err(invalid(
+                                "`..` after a directory that does not exist yet cannot be                                  created; name the directory without `..`",
+                            ));
+                        }
+                    }
+                }
+                return Ok((dir, prefix, missing));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(FsError::io(CREATE, path, e)),
+        }
+    }
+    Err(FsError::io(
+        CREATE,
+        path,
+        io::Error::from_raw_os_error(libc::ENOENT),
+    ))
 }
 
 /// One entry of [`read_directory`].
@@ -50,27 +149,57 @@ pub struct DirEntry {
 /// or an entry cannot be read.
 pub fn read_directory(path: &Path) -> Result<Vec<DirEntry>, FsError> {
     let error = |e: io::Error| FsError::io(FsOperation::ReadDirectory, path, e);
+    let dir = open(
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| error(e.into()))?;
     let mut entries = Vec::new();
-    for entry in fs::read_dir(path).map_err(error)? {
-        let entry = entry.map_err(error)?;
-        let file_type = entry.file_type().map_err(error)?;
-        let (is_directory, is_file) = if file_type.is_symlink() {
-            match fs::metadata(entry.path()) {
-                Ok(target) => (target.is_dir(), target.is_file()),
+    for entry in list(dir.as_fd()).map_err(error)? {
+        let (file_name, file_type) = entry.map_err(error)?;
+        let file_type = match file_type {
+            Some(file_type) => file_type,
+            None => match crate::dirfd::stat_nofollow(&dir, &file_name) {
+                Ok(stat) => type_of(kind(&stat)),
+                // Removed since the listing: not an entry any more.
+                Err(e) if e.raw_os_error() == Some(Errno::ENOENT as i32) => continue,
+                Err(e) => return Err(error(e)),
+            },
+        };
+        let is_symlink = file_type == Type::Symlink;
+        let (is_directory, is_file) = if is_symlink {
+            match stat_follow(&dir, &file_name) {
+                Ok(target) => (
+                    kind(&target) == SFlag::S_IFDIR,
+                    kind(&target) == SFlag::S_IFREG,
+                ),
                 Err(_) => (false, false),
             }
         } else {
-            (file_type.is_dir(), file_type.is_file())
+            (file_type == Type::Directory, file_type == Type::File)
         };
         entries.push(DirEntry {
-            file_name: entry.file_name(),
+            file_name,
             is_directory,
             is_file,
-            is_symlink: file_type.is_symlink(),
+            is_symlink,
         });
     }
     entries.sort_by(|a, b| a.file_name.as_bytes().cmp(b.file_name.as_bytes()));
     Ok(entries)
+}
+
+fn type_of(kind: SFlag) -> Type {
+    match kind {
+        SFlag::S_IFDIR => Type::Directory,
+        SFlag::S_IFREG => Type::File,
+        SFlag::S_IFLNK => Type::Symlink,
+        SFlag::S_IFIFO => Type::Fifo,
+        SFlag::S_IFSOCK => Type::Socket,
+        SFlag::S_IFCHR => Type::CharacterDevice,
+        _ => Type::BlockDevice,
+    }
 }
 
 #[cfg(test)]
@@ -79,6 +208,7 @@ mod tests {
     use crate::error::FsErrorKind;
     use crate::test_support::{make_fifo, non_utf8_name};
     use pretty_assertions::assert_eq;
+    use std::fs;
     use std::os::unix::fs::symlink;
 
     fn entry(name: &str, is_directory: bool, is_file: bool, is_symlink: bool) -> DirEntry {

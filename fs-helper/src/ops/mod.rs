@@ -1,4 +1,8 @@
 //! The operations, one file per concern. Each public function documents its errors.
+//!
+//! Writing operations (`write_file`, `create_directory`, `remove`, `copy`) reach their paths
+//! through [`crate::dirfd`]: the named path's parent is resolved once, following symlinks, and
+//! everything below it is worked by descriptor without following any symlink.
 
 pub mod copy;
 pub mod directory;
@@ -7,54 +11,10 @@ pub mod read;
 pub mod remove;
 pub mod write;
 
-use std::path::{Component, Path, PathBuf};
-
-use crate::error::{FsError, FsOperation};
-
-/// `path` rewritten so its last component is the entry's own name: a trailing `/` or `/.` is
-/// dropped. Operations that must not follow a symlink in the last component need this, because
-/// the kernel resolves `link/` to the link's target.
+/// Deepest directory level below the named path that a recursive `fs/copy` or `fs/remove`
+/// descends to.
 ///
-/// # Errors
-/// [`FsError::InvalidPath`] if the path names no entry of a directory (empty, `/`, or ending in
-/// `..`).
-pub(crate) fn named_entry(op: FsOperation, path: &Path) -> Result<PathBuf, FsError> {
-    match path.components().next_back() {
-        Some(Component::Normal(_)) => Ok(path.components().collect()),
-        _ => Err(FsError::InvalidPath {
-            op,
-            path: path.to_path_buf(),
-            reason: "the path must end in the name of an entry (not empty, `/`, `.` or `..`)",
-        }),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::FsErrorKind;
-    use pretty_assertions::assert_eq;
-
-    #[test]
-    fn named_entry_drops_trailing_slash_and_dot() {
-        for (input, expected) in [
-            ("/a/link/", "/a/link"),
-            ("/a/link/.", "/a/link"),
-            ("/a/./link//", "/a/link"),
-            ("rel/x", "rel/x"),
-        ] {
-            assert_eq!(
-                named_entry(FsOperation::Remove, Path::new(input)).unwrap(),
-                PathBuf::from(expected)
-            );
-        }
-    }
-
-    #[test]
-    fn named_entry_refuses_paths_without_a_name() {
-        for input in ["", "/", "/a/..", ".", "./"] {
-            let error = named_entry(FsOperation::Remove, Path::new(input)).unwrap_err();
-            assert_eq!(error.kind(), FsErrorKind::InvalidInput, "{input:?}");
-        }
-    }
-}
+/// The walk holds one descriptor per level (two for a copy) and one stack frame per level;
+/// bounding it keeps a hostile tree (thousands of nested directories made by a sandboxed
+/// command) from exhausting either. Real trees stay far below it.
+pub const MAX_TREE_DEPTH: usize = 256;

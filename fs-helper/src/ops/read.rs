@@ -8,7 +8,7 @@ use std::path::Path;
 use crate::error::{FsError, FsOperation};
 use crate::open::open_regular_for_read;
 
-/// Default size limit of [`read_file`], in bytes (64 MiB).
+/// Default size limit of [`read_file`], in bytes (32 MiB).
 ///
 /// A whole-file read is held in memory and sent base64-encoded in one JSON-RPC message (a third
 /// larger again), so it must stay bounded; larger files are read with `fs/open` + `fs/readBlock`.

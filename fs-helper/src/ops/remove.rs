@@ -1,11 +1,28 @@
 //! `fs/remove`: remove a file, a symlink or a directory tree, never following symlinks.
+//!
+//! The parent is resolved once (following symlinks as named) into a descriptor; the named
+//! entry and everything below it are removed by descriptor, the way std's `remove_dir_all`
+//! works: each directory is opened with `O_NOFOLLOW` relative to its parent's descriptor,
+//! emptied through its own descriptor, then removed by name from the parent's. A directory
+//! swapped for a symlink at any point is unlinked as a link (its target untouched), and a
+//! directory moved elsewhere while it is being emptied is emptied where it now is: nothing
+//! outside the named tree is ever removed.
 
-use std::fs;
+use std::ffi::OsStr;
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
+use nix::dir::Type;
+use nix::fcntl::OFlag;
+use nix::sys::stat::{Mode, SFlag};
+use nix::unistd::{UnlinkatFlags, unlinkat};
+
+use crate::dirfd::{Named, kind, list, open_below, stat_nofollow};
 use crate::error::{FsError, FsOperation};
-use crate::ops::named_entry;
+use crate::ops::MAX_TREE_DEPTH;
+
+const OP: FsOperation = FsOperation::Remove;
 
 /// Removes `path`.
 ///
@@ -16,31 +33,95 @@ use crate::ops::named_entry;
 ///
 /// # Errors
 /// - [`FsError::InvalidPath`] if the path names no entry (`/`, or ends in `..`).
+/// - [`FsError::TreeTooDeep`] past [`MAX_TREE_DEPTH`] levels (what was removed stays removed).
 /// - [`FsError::Io`] with kind `NotFound` (without `force`), `DirectoryNotEmpty` (a non-empty
-///   directory without `recursive`), `PermissionDenied`, ...
+///   directory without `recursive`, or entries added while it was emptied),
+///   `PermissionDenied`, ...
 pub fn remove(path: &Path, recursive: bool, force: bool) -> Result<(), FsError> {
-    let op = FsOperation::Remove;
-    let entry = named_entry(op, path)?;
-    let ignore_missing = |result: io::Result<()>| match result {
-        Err(error) if force && error.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other.map_err(|e| FsError::io(op, path, e)),
+    let ignore_missing = |result: Result<(), FsError>| match result {
+        Err(FsError::Io { source, .. }) if force && source.kind() == io::ErrorKind::NotFound => {
+            Ok(())
+        }
+        other => other,
     };
-    let metadata = match fs::symlink_metadata(&entry) {
-        Ok(metadata) => metadata,
+    let target = match Named::resolve(OP, path) {
+        Ok(target) => target,
         Err(error) => return ignore_missing(Err(error)),
     };
-    let result = if metadata.file_type().is_dir() {
-        if recursive {
-            // std's remove_dir_all does not follow symlinks inside the tree (it works on
-            // directory descriptors with O_NOFOLLOW), so a link to elsewhere is unlinked only.
-            fs::remove_dir_all(&entry)
-        } else {
-            fs::remove_dir(&entry)
-        }
+    let is_dir = match stat_nofollow(&target.dir, &target.name) {
+        Ok(stat) => kind(&stat) == SFlag::S_IFDIR,
+        Err(error) => return ignore_missing(Err(FsError::io(OP, path, error))),
+    };
+    let result = if !is_dir {
+        unlink_entry(&target.dir, &target.name, path, recursive, 0)
+    } else if recursive {
+        remove_tree(&target.dir, &target.name, path, 0)
     } else {
-        fs::remove_file(&entry)
+        unlinkat(
+            &target.dir,
+            target.name.as_os_str(),
+            UnlinkatFlags::RemoveDir,
+        )
+        .map_err(|e| FsError::io(OP, path, e.into()))
     };
     ignore_missing(result)
+}
+
+/// Unlinks a non-directory. If it turned into a directory meanwhile, removes that as a tree
+/// when `recursive` allows it.
+fn unlink_entry(
+    dir: &OwnedFd,
+    name: &OsStr,
+    path: &Path,
+    recursive: bool,
+    depth: usize,
+) -> Result<(), FsError> {
+    match unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EISDIR) if recursive => remove_tree(dir, name, path, depth),
+        Err(error) => Err(FsError::io(OP, path, error.into())),
+    }
+}
+
+/// Empties and removes the directory `name` of `dir`. `depth` is its level below the named
+/// path (0 for the named directory itself).
+fn remove_tree(dir: &OwnedFd, name: &OsStr, path: &Path, depth: usize) -> Result<(), FsError> {
+    if depth > MAX_TREE_DEPTH {
+        return Err(FsError::TreeTooDeep {
+            op: OP,
+            path: path.to_path_buf(),
+            limit: MAX_TREE_DEPTH,
+        });
+    }
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY;
+    let child = match open_below(dir, name, flags, Mode::empty()) {
+        Ok(child) => child,
+        // Swapped for a symlink or a file after it was seen as a directory: remove that entry
+        // itself, never what a link points to.
+        Err(error) if matches!(error.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+            return unlink_entry(dir, name, path, false, depth);
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(FsError::io(OP, path, error)),
+    };
+    for entry in list(child.as_fd()).map_err(|e| FsError::io(OP, path, e))? {
+        let (entry, file_type) = entry.map_err(|e| FsError::io(OP, path, e))?;
+        let entry_path = path.join(&entry);
+        let result = if file_type == Some(Type::Directory) {
+            remove_tree(&child, &entry, &entry_path, depth + 1)
+        } else {
+            unlink_entry(&child, &entry, &entry_path, true, depth + 1)
+        };
+        match result {
+            // Removed by someone else meanwhile: that is what we wanted.
+            Err(FsError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
+            other => other?,
+        }
+    }
+    match unlinkat(dir, name, UnlinkatFlags::RemoveDir) {
+        Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+        Err(error) => Err(FsError::io(OP, path, error.into())),
+    }
 }
 
 #[cfg(test)]
@@ -50,6 +131,7 @@ mod tests {
     use crate::test_support::{entry_names, make_fifo, non_utf8_name};
     use pretty_assertions::assert_eq;
     use std::ffi::OsString;
+    use std::fs;
     use std::os::unix::fs::symlink;
 
     /// A directory with one file, outside the tree being removed, that must survive.

@@ -1,34 +1,27 @@
 //! `fs/writeFile`: create or truncate a file, in place or atomically.
 //!
+//! The parent directory is resolved once (following symlinks as named) into a descriptor; the
+//! last component is never followed: a symlink there is refused, in both modes, so a link
+//! planted or swapped in by someone else cannot redirect the write.
+//!
 //! An atomic write puts the data in a temporary file in the target's own directory (so the
-//! rename cannot cross filesystems), `fsync`s it, then renames it over the target. Readers see
-//! either the old or the new content, never a half-written file; on any failure the temporary
-//! file is removed and the target is untouched.
+//! rename cannot cross filesystems), `fsync`s it, then renames it over the target
+//! ([`crate::temp`]). Readers see either the old or the new content, never a half-written file;
+//! on any failure the target is untouched and no temporary file remains, even when the writer
+//! is killed.
 
-use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::os::fd::AsFd;
+use std::path::Path;
 
-use crate::error::{FsError, FsOperation};
-use crate::open::{FinalSymlink, file_type_name, open_regular_for_write};
+use nix::sys::stat::SFlag;
 
-/// Most symlinks followed when resolving an atomic write's target, like the kernel's own limit
-/// (`MAXSYMLINKS` is 40 on Linux); a longer chain fails with `ELOOP`.
-const MAX_SYMLINK_HOPS: usize = 40;
+use crate::dirfd::{Named, kind, kind_name, stat_nofollow};
+use crate::error::{Expected, FsError, FsOperation};
+use crate::open::open_regular_for_write_below;
+use crate::temp::{self, NEW_FILE_MODE};
 
-/// Attempts at finding an unused temporary file name before giving up; names include the pid, a
-/// counter and the clock, so a collision means something else is creating the same names.
-const TEMP_NAME_ATTEMPTS: usize = 16;
-
-/// Prefix of the temporary files an atomic write creates next to its target.
-pub const ATOMIC_TEMP_PREFIX: &str = ".execward-write-";
-
-/// Mode of a newly created file before the umask, as for `open(2)` in a shell redirection.
-const NEW_FILE_MODE: u32 = 0o666;
+const OP: FsOperation = FsOperation::WriteFile;
 
 /// Options of [`write_file`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,127 +35,50 @@ pub struct WriteOptions {
 /// Creates or truncates the regular file at `path` and writes `data` to it. Parent directories
 /// are not created.
 ///
-/// Symlinks are followed in both modes: the file the link points to is written (an atomic write
-/// renames over the link's final target, so the link stays a link). An existing file keeps its
+/// Symlinks in the parent path are followed, once, when the call starts; a symlink as the last
+/// component is refused (never written through), in both modes. An existing file keeps its
 /// permission bits (an atomic write copies them onto the new file; owner and group are not
 /// copied). Non-regular targets (directories, FIFOs, sockets, devices) are refused without
 /// blocking and without replacing them.
 ///
 /// # Errors
+/// - [`FsError::SymlinkNotFollowed`] if the last component is a symlink.
 /// - [`FsError::NotRegularFile`] if the path exists and is not a regular file.
+/// - [`FsError::InvalidPath`] if the path names no entry (`/`, or ends in `..`).
 /// - [`FsError::Io`] if the parent is missing, access is denied, or writing fails.
 pub fn write_file(path: &Path, data: &[u8], opts: &WriteOptions) -> Result<(), FsError> {
-    let op = FsOperation::WriteFile;
+    let target = Named::resolve(OP, path)?;
     if !opts.atomic {
-        let mut file = open_regular_for_write(op, path, NEW_FILE_MODE, FinalSymlink::Follow)?;
-        return file.write_all(data).map_err(|e| FsError::io(op, path, e));
+        let mut file =
+            open_regular_for_write_below(OP, path, &target.dir, &target.name, NEW_FILE_MODE)?;
+        return file
+            .set_len(0)
+            .and_then(|()| file.write_all(data))
+            .map_err(|e| FsError::io(OP, path, e));
     }
-    let target = resolve_final_symlinks(path).map_err(|e| FsError::io(op, path, e))?;
-    let mode = match fs::symlink_metadata(&target) {
-        Ok(metadata) if metadata.file_type().is_file() => Some(metadata.permissions().mode()),
-        Ok(metadata) => {
-            return Err(FsError::NotRegularFile {
-                op,
+    let mode = match stat_nofollow(&target.dir, &target.name) {
+        Ok(stat) if kind(&stat) == SFlag::S_IFREG => Some(stat.st_mode & 0o777),
+        Ok(stat) if kind(&stat) == SFlag::S_IFLNK => {
+            return Err(FsError::SymlinkNotFollowed {
+                op: OP,
                 path: path.to_path_buf(),
-                file_type: file_type_name(&metadata.file_type()),
+                expected: Expected::RegularFile,
+            });
+        }
+        Ok(stat) => {
+            return Err(FsError::NotRegularFile {
+                op: OP,
+                path: path.to_path_buf(),
+                file_type: kind_name(&stat),
             });
         }
         Err(error) if error.kind() == io::ErrorKind::NotFound => None,
-        Err(error) => return Err(FsError::io(op, path, error)),
+        Err(error) => return Err(FsError::io(OP, path, error)),
     };
-    atomic_replace(path, &target, data, mode)
-}
-
-/// Follows symlinks in the last component of `path` until it names a non-link or nothing.
-/// A dangling link resolves to the path it points to (the write creates that file, as a
-/// non-atomic `open(O_CREAT)` through the link would).
-fn resolve_final_symlinks(path: &Path) -> io::Result<PathBuf> {
-    let mut current = path.to_path_buf();
-    for _ in 0..MAX_SYMLINK_HOPS {
-        match fs::symlink_metadata(&current) {
-            Ok(metadata) if metadata.file_type().is_symlink() => {
-                let target = fs::read_link(&current)?;
-                current = match current.parent() {
-                    Some(parent) if target.is_relative() => parent.join(target),
-                    _ => target,
-                };
-            }
-            Ok(_) => return Ok(current),
-            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(current),
-            Err(error) => return Err(error),
-        }
-    }
-    Err(io::Error::from_raw_os_error(libc::ELOOP))
-}
-
-/// Writes `data` to a new temporary file beside `target`, syncs it and renames it over
-/// `target`. `mode` is the permission bits to give the new file (`None`: the default mode for a
-/// new file). The temporary file is removed on every failure. Errors name `path`, the path the
-/// caller asked for.
-fn atomic_replace(
-    path: &Path,
-    target: &Path,
-    data: &[u8],
-    mode: Option<u32>,
-) -> Result<(), FsError> {
-    let op = FsOperation::WriteFile;
-    let directory = match target.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    let (temp_path, mut temp_file) =
-        create_temp_file(directory).map_err(|e| FsError::io(op, path, e))?;
-    let written = (|| {
-        if let Some(mode) = mode {
-            temp_file.set_permissions(fs::Permissions::from_mode(mode & 0o777))?;
-        }
-        temp_file.write_all(data)?;
-        temp_file.sync_all()?;
-        fs::rename(&temp_path, target)
-    })();
-    if let Err(error) = written {
-        // Best effort: the write already failed, and that error is the one to report.
-        let _ = fs::remove_file(&temp_path);
-        return Err(FsError::io(op, path, error));
-    }
-    // Make the rename itself durable. The target is already replaced at this point, so a failure
-    // here (some filesystems refuse fsync on directories) is not reported as a failed write.
-    if let Ok(dir) = File::open(directory) {
-        let _ = dir.sync_all();
-    }
-    Ok(())
-}
-
-/// Creates a new, empty temporary file in `directory` with `O_EXCL | O_NOFOLLOW`, so it can
-/// never be a file (or link) that already existed.
-fn create_temp_file(directory: &Path) -> io::Result<(PathBuf, File)> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut last_error = io::Error::from(io::ErrorKind::AlreadyExists);
-    for _ in 0..TEMP_NAME_ATTEMPTS {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let mut name = OsString::from(ATOMIC_TEMP_PREFIX);
-        name.push(format!(
-            "{}-{}-{nanos}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let temp_path = directory.join(name);
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(NEW_FILE_MODE)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temp_path)
-        {
-            Ok(file) => return Ok((temp_path, file)),
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => last_error = error,
-            Err(error) => return Err(error),
-        }
-    }
-    Err(last_error)
+    // If the name is swapped for a symlink or a directory after the check, the rename replaces
+    // the link itself (nothing is written through it) or fails on the directory.
+    temp::replace(target.dir.as_fd(), &target.name, data, mode)
+        .map_err(|e| FsError::io(OP, path, e))
 }
 
 #[cfg(test)]
@@ -171,7 +87,9 @@ mod tests {
     use crate::error::FsErrorKind;
     use crate::test_support::{entry_names, make_fifo, non_utf8_name};
     use pretty_assertions::assert_eq;
-    use std::os::unix::fs::symlink;
+    use std::ffi::OsString;
+    use std::fs;
+    use std::os::unix::fs::{PermissionsExt, symlink};
     use std::time::{Duration, Instant};
 
     const ATOMIC: WriteOptions = WriteOptions { atomic: true };
@@ -217,10 +135,27 @@ mod tests {
         let target = dir.path().join("target");
         fs::create_dir(&target).unwrap();
         fs::write(target.join("keep"), b"old").unwrap();
-        let error = atomic_replace(&target, &target, b"new", None).unwrap_err();
-        assert_eq!(error.operation(), FsOperation::WriteFile);
-        assert_eq!(entry_names(dir.path()), vec![OsString::from("target")]);
-        assert_eq!(fs::read(target.join("keep")).unwrap(), b"old");
+        let parent = crate::dirfd::open_path_dir(dir.path()).unwrap();
+        for strategy in [temp::Strategy::Anonymous, temp::Strategy::Named] {
+            let error = temp::replace_with(
+                parent.as_fd(),
+                std::ffi::OsStr::new("target"),
+                b"new",
+                Some(0o644),
+                strategy,
+                &mut || {},
+            )
+            .unwrap_err();
+            assert!(
+                matches!(
+                    error.raw_os_error(),
+                    Some(libc::EISDIR | libc::ENOTEMPTY | libc::EEXIST)
+                ),
+                "{strategy:?}: {error}"
+            );
+            assert_eq!(entry_names(dir.path()), vec![OsString::from("target")]);
+            assert_eq!(fs::read(target.join("keep")).unwrap(), b"old");
+        }
     }
 
     #[test]
@@ -235,44 +170,64 @@ mod tests {
     }
 
     #[test]
-    fn write_file_writes_through_symlink_in_both_modes() {
+    fn write_file_refuses_a_symlink_as_last_component_in_both_modes() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("target");
-        let link = dir.path().join("link");
-        symlink("target", &link).unwrap();
+        fs::write(&target, b"keep").unwrap();
+        symlink("target", dir.path().join("link")).unwrap();
+        symlink("missing", dir.path().join("dangling")).unwrap();
         for opts in [IN_PLACE, ATOMIC] {
-            let data = format!("atomic={}", opts.atomic);
-            write_file(&link, data.as_bytes(), &opts).unwrap();
-            assert!(
-                fs::symlink_metadata(&link)
-                    .unwrap()
-                    .file_type()
-                    .is_symlink()
-            );
-            assert_eq!(fs::read(&target).unwrap(), data.as_bytes());
+            for name in ["link", "dangling"] {
+                let link = dir.path().join(name);
+                let error = write_file(&link, b"new", &opts).unwrap_err();
+                assert!(
+                    matches!(&error, FsError::SymlinkNotFollowed { path, .. } if path == &link),
+                    "{error:?}"
+                );
+                assert_eq!(error.kind(), FsErrorKind::NotRegularFile);
+                assert!(error.to_string().contains("fs/canonicalize"), "{error}");
+                assert!(
+                    fs::symlink_metadata(&link)
+                        .unwrap()
+                        .file_type()
+                        .is_symlink()
+                );
+            }
         }
+        assert_eq!(fs::read(&target).unwrap(), b"keep");
         assert_eq!(
             entry_names(dir.path()),
-            vec![OsString::from("link"), OsString::from("target")]
+            ["dangling", "link", "target"].map(OsString::from).to_vec()
         );
     }
 
     #[test]
-    fn write_file_through_dangling_symlink_creates_its_target() {
+    fn write_file_follows_symlinks_in_the_parent_path() {
         let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("real")).unwrap();
+        symlink("real", dir.path().join("alias")).unwrap();
         for opts in [IN_PLACE, ATOMIC] {
-            let name = format!("target-{}", opts.atomic);
-            let link = dir.path().join(format!("link-{}", opts.atomic));
-            symlink(&name, &link).unwrap();
-            write_file(&link, b"created", &opts).unwrap();
-            assert_eq!(fs::read(dir.path().join(&name)).unwrap(), b"created");
-            assert!(
-                fs::symlink_metadata(&link)
-                    .unwrap()
-                    .file_type()
-                    .is_symlink()
+            let name = format!("file-{}", opts.atomic);
+            write_file(&dir.path().join("alias").join(&name), b"via", &opts).unwrap();
+            assert_eq!(
+                fs::read(dir.path().join("real").join(&name)).unwrap(),
+                b"via"
             );
         }
+    }
+
+    #[test]
+    fn write_file_trailing_slash_names_the_link_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("real")).unwrap();
+        symlink("real", dir.path().join("link")).unwrap();
+        let mut path = dir.path().join("link").into_os_string();
+        path.push("/");
+        let error = write_file(Path::new(&path), b"x", &ATOMIC).unwrap_err();
+        assert!(
+            matches!(error, FsError::SymlinkNotFollowed { .. }),
+            "{error:?}"
+        );
     }
 
     #[test]
