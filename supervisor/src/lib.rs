@@ -15,8 +15,10 @@
 
 pub mod cli;
 pub mod client;
+pub mod environment;
 pub mod exec_cmd;
 pub mod fs;
+pub mod http;
 pub mod limits;
 pub mod listen;
 pub mod paths;

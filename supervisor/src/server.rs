@@ -101,6 +101,11 @@ pub struct ServerState {
     pub helpers: Arc<HelperPool>,
     /// Paths every sandboxed helper and command is denied (the server's own unix socket).
     pub sandbox_denies: Vec<PathBuf>,
+    /// `http/request`: pooled clients, the server's own listeners (never reachable by default),
+    /// the server-wide slots.
+    pub http: Arc<crate::http::HttpContext>,
+    /// `environment/info`.
+    pub environment: crate::environment::EnvironmentContext,
 }
 
 /// A bound server, not yet serving.
@@ -148,16 +153,24 @@ impl BoundServer {
             sandbox_denies.clone(),
             options.one_shot_helpers,
         );
+        let own_listeners = match &listener {
+            Listener::Tcp(tcp) => tcp.local_addr().into_iter().collect(),
+            Listener::Unix(..) => Vec::new(),
+        };
         let (shutdown, shutdown_rx) = watch::channel(false);
         let state = Arc::new(ServerState {
             sessions: Arc::new(SessionRegistry::new(options.detached_session_ttl)),
-            runtime_paths: options.runtime_paths,
+            runtime_paths: options.runtime_paths.clone(),
             auth_token,
             connection_slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             shutdown: shutdown_rx,
             guardian,
             helpers,
             sandbox_denies,
+            http: Arc::new(crate::http::HttpContext::new(own_listeners)),
+            environment: crate::environment::EnvironmentContext::new(
+                options.runtime_paths.sandbox_run.clone(),
+            ),
         });
         Ok(Self {
             listener,

@@ -1,9 +1,12 @@
 //! Typed params and results of every method, and the method names.
 //!
-//! Params use `camelCase` and reject unknown fields, so a misspelt field is an error that names
-//! it instead of a silently ignored option.
+//! Params use `camelCase`. Unknown top-level fields are tolerated and logged at debug (clients of
+//! the reference protocol add fields over time: the reference client always sends `envPolicy`);
+//! a `sandbox` object is never tolerant, it is parsed strictly where it is resolved.
 
+pub mod environment;
 pub mod fs;
+pub mod http;
 pub mod initialize;
 pub mod process;
 
@@ -53,14 +56,19 @@ pub const FS_OPEN: &str = "fs/open";
 pub const FS_READ_BLOCK: &str = "fs/readBlock";
 /// `fs/close`.
 pub const FS_CLOSE: &str = "fs/close";
+/// `environment/info`.
+pub const ENVIRONMENT_INFO: &str = "environment/info";
+/// `http/request`.
+pub const HTTP_REQUEST: &str = "http/request";
+/// `http/request/bodyDelta` (server notification of a streamed `http/request` body).
+pub const HTTP_REQUEST_BODY_DELTA: &str = "http/request/bodyDelta";
 
-/// An empty result object `{}`.
+/// An empty result object `{}` (or params without fields).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Empty {}
 
 /// Parse a method's params; absent or `null` params are read as `{}` so the error names the
-/// missing field.
+/// missing field. Fields the method does not know are ignored and logged at debug.
 ///
 /// # Errors
 /// -32602 naming the method and what was wrong (`invalidPath` for a bad `file:` URI).
@@ -73,7 +81,16 @@ pub fn parse_params<T: serde::de::DeserializeOwned>(
         None | Some(serde_json::Value::Null) => serde_json::Value::Object(Default::default()),
         Some(params) => params,
     };
-    serde_json::from_value(params).map_err(|error| {
+    let mut ignored = Vec::new();
+    let parsed = serde_ignored::deserialize(params, |path| ignored.push(path.to_string()));
+    if !ignored.is_empty() {
+        tracing::debug!(
+            method,
+            ?ignored,
+            "ignoring params fields this server does not know"
+        );
+    }
+    parsed.map_err(|error| {
         let message = format!("invalid params for {method}: {error}");
         // FileUri's errors all say "file: URI"; classify them so clients can tell a path mistake.
         let kind = if message.contains("file: URI") {

@@ -42,6 +42,8 @@
 //!         rows: None,
 //!         sandbox: None,
 //!         audit_denials: false,
+//!         env_policy: None,
+//!         enforce_managed_network: false,
 //!     })
 //!     .await?;
 //! let output = process.wait().await?;

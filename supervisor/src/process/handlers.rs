@@ -8,13 +8,13 @@ use base64::Engine;
 use nix::sys::signal::Signal;
 use proto::methods::process::{
     OutputChunk, ReadParams, ReadResult, ResizeParams, RunningResult, SignalName, SignalParams,
-    StartParams, StartResult, TerminateParams, WriteParams, WriteResult,
+    StartParams, StartResult, TerminateParams, WriteParams, WriteResult, WriteStatus,
 };
 
-use super::ProcessError;
 use super::managed::{ManagedProcess, Stdin};
 use super::pump::{self, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
+use super::{Lookup, ProcessError, env_policy};
 use crate::limits::{DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS};
 use crate::server::ServerState;
 use crate::session::Session;
@@ -50,6 +50,14 @@ pub async fn start(
         )
     });
     let audit = params.audit_denials;
+    if params.enforce_managed_network {
+        refuse_unmanaged_network(params.sandbox.as_ref())?;
+    }
+    let env = env_policy::child_env(
+        params.env_policy.as_ref(),
+        env_policy::server_env(),
+        params.env,
+    );
     let argv = sandboxed_argv(
         server,
         params.sandbox.as_ref(),
@@ -62,7 +70,7 @@ pub async fn start(
         argv,
         arg0: params.arg0,
         cwd,
-        env: params.env,
+        env,
         pty,
         pipe_stdin: params.pipe_stdin,
         audit_pipe: audit,
@@ -150,21 +158,25 @@ pub async fn read(session: &Session, params: ReadParams) -> Result<ReadResult, P
     })
 }
 
-/// `process/write`.
+/// `process/write`: the state of the process is a status (`unknownProcess`, `starting`,
+/// `stdinClosed`, `accepted`), never an error.
 ///
 /// # Errors
-/// Unknown process, invalid base64, stdin unavailable.
+/// Invalid base64 only.
 pub async fn write(session: &Session, params: WriteParams) -> Result<WriteResult, ProcessError> {
-    let process = session.processes.get(&params.process_id)?;
     let data = base64::engine::general_purpose::STANDARD
         .decode(params.chunk.as_bytes())
         .map_err(|error| ProcessError::InvalidBase64(error.to_string()))?;
-    process
-        .write(&data, params.write_id.as_deref(), params.close)
-        .await?;
-    Ok(WriteResult {
-        status: "accepted".into(),
-    })
+    let status = match session.processes.lookup(&params.process_id) {
+        Lookup::Missing => WriteStatus::UnknownProcess,
+        Lookup::Starting => WriteStatus::Starting,
+        Lookup::Ready(process) => {
+            process
+                .write(&data, params.write_id.as_deref(), params.close)
+                .await
+        }
+    };
+    Ok(WriteResult { status })
 }
 
 /// `process/signal`.
@@ -222,6 +234,36 @@ pub async fn terminate_all(processes: Vec<Arc<ManagedProcess>>) {
             process.signal(Signal::SIGKILL);
         }
     }
+}
+
+/// `enforceManagedNetwork` asks that the command reach the network only through a managed
+/// proxy, which this server cannot enforce: refuse unless the sandbox turns the network off
+/// altogether (stricter than asked), rather than run the command with the network open.
+fn refuse_unmanaged_network(sandbox: Option<&serde_json::Value>) -> Result<(), ProcessError> {
+    let network_off = match sandbox.filter(|value| !value.is_null()) {
+        None => false,
+        Some(sandbox) => {
+            let spec: sandbox::SandboxSpec =
+                serde_json::from_value(sandbox.clone()).map_err(|e| {
+                    ProcessError::InvalidParams(format!(
+                        "invalid sandbox: {e}; see policies/README.md"
+                    ))
+                })?;
+            let policy = spec
+                .resolve()
+                .map_err(|e| ProcessError::InvalidParams(format!("invalid sandbox: {e}")))?;
+            !policy.network_allowed()
+        }
+    };
+    if network_off {
+        return Ok(());
+    }
+    Err(ProcessError::Unsupported(
+        "enforceManagedNetwork: this server cannot confine a command's network to a managed \
+         proxy; send a sandbox whose network is off, or leave enforceManagedNetwork out to run \
+         with the network the sandbox allows"
+            .into(),
+    ))
 }
 
 /// The argv to spawn: `argv` itself, or `sandbox-run` (found next to the server) applying the

@@ -5,6 +5,7 @@
 //! process's log ([`output`]) and notifies the attached connection; after `closed` the process
 //! stays readable for a while, then leaves the table.
 
+pub mod env_policy;
 pub mod guardian;
 pub mod handlers;
 pub mod managed;
@@ -64,14 +65,6 @@ pub enum ProcessError {
     /// The child could not be started.
     #[error(transparent)]
     Spawn(#[from] spawn::SpawnError),
-    /// stdin cannot take the write.
-    #[error("cannot write to process {process_id:?}: {reason}")]
-    StdinUnavailable {
-        /// The id.
-        process_id: String,
-        /// Why.
-        reason: String,
-    },
     /// `chunk` is not base64.
     #[error("chunk is not valid base64: {0}")]
     InvalidBase64(String),
@@ -91,6 +84,16 @@ pub enum ProcessError {
 
 enum Slot {
     Starting,
+    Ready(Arc<ManagedProcess>),
+}
+
+/// What a process id names in a session.
+pub enum Lookup {
+    /// Nothing.
+    Missing,
+    /// A `process/start` with this id is in progress.
+    Starting,
+    /// A started process.
     Ready(Arc<ManagedProcess>),
 }
 
@@ -171,6 +174,15 @@ impl ProcessTable {
             _ => Err(ProcessError::NotFound {
                 process_id: id.to_owned(),
             }),
+        }
+    }
+
+    /// What `id` names, telling a start in progress from an unknown id.
+    pub fn lookup(&self, id: &str) -> Lookup {
+        match self.lock().get(id) {
+            Some(Slot::Ready(process)) => Lookup::Ready(process.clone()),
+            Some(Slot::Starting) => Lookup::Starting,
+            None => Lookup::Missing,
         }
     }
 
