@@ -8,8 +8,9 @@
 //!    for a destination that does not exist yet and sees through symlinked parents.
 //! 4. Symlinks at the destination are never followed: a link where a file, link or directory is
 //!    to be written is replaced, so a copy cannot be redirected outside its destination.
-//! 5. FIFOs, sockets and devices are never opened; one in a tree stops the copy with an error
-//!    naming it. A failure part-way leaves what was already copied in place.
+//! 5. FIFOs, sockets and devices are never opened: inside a recursive copy they are skipped (the
+//!    rest of the tree is copied, as the reference server does); as the top-level source they
+//!    are refused. A failure part-way leaves what was already copied in place.
 
 use std::fs::{self, Metadata};
 use std::io;
@@ -35,7 +36,8 @@ const COPIED_MODE_BITS: u32 = 0o777;
 /// # Errors
 /// - [`FsError::IsDirectoryNeedsRecursive`] for a directory source without `recursive`.
 /// - [`FsError::CopyIntoItself`] if the destination is the source or lies inside it.
-/// - [`FsError::UnsupportedFileType`] for a FIFO, socket or device (top level or in the tree).
+/// - [`FsError::UnsupportedFileType`] for a FIFO, socket or device as the source (inside a
+///   directory tree they are skipped).
 /// - [`FsError::InvalidPath`] if either path names no entry (`/`, or ends in `..`).
 /// - [`FsError::NotRegularFile`] for a file copied onto a directory, FIFO, socket or device.
 /// - [`FsError::Io`] naming the entry that failed, for example `NotFound` for a missing source
@@ -102,6 +104,12 @@ fn copy_entry(source: &Path, destination: &Path, metadata: &Metadata) -> Result<
     }
 }
 
+/// A FIFO, socket or device: skipped inside a recursive copy.
+fn is_special(metadata: &Metadata) -> bool {
+    let file_type = metadata.file_type();
+    !(file_type.is_file() || file_type.is_dir() || file_type.is_symlink())
+}
+
 /// Removes a symlink at `path` (never its target) so something else can be created there.
 fn replace_symlink(path: &Path) -> Result<(), FsError> {
     match fs::symlink_metadata(path) {
@@ -158,6 +166,9 @@ fn copy_directory(source: &Path, destination: &Path, metadata: &Metadata) -> Res
         let child_source = entry.path();
         let child_metadata =
             fs::symlink_metadata(&child_source).map_err(|e| FsError::io(OP, &child_source, e))?;
+        if is_special(&child_metadata) {
+            continue;
+        }
         copy_entry(
             &child_source,
             &destination.join(entry.file_name()),
@@ -390,20 +401,28 @@ mod tests {
     }
 
     #[test]
-    fn copy_tree_with_fifo_fails_naming_the_fifo_without_blocking() {
+    fn copy_tree_skips_fifos_and_sockets_and_copies_the_rest_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let source = dir.path().join("tree");
-        fs::create_dir(&source).unwrap();
-        let fifo = make_fifo(&source, "pipe");
+        fs::create_dir_all(source.join("sub")).unwrap();
+        make_fifo(&source, "pipe");
+        make_fifo(&source.join("sub"), "nested-pipe");
+        let _socket = std::os::unix::net::UnixListener::bind(source.join("socket")).unwrap();
+        fs::write(source.join("file"), b"data").unwrap();
+        fs::write(source.join("sub").join("inner"), b"inner").unwrap();
+        let destination = dir.path().join("copy");
         let started = Instant::now();
-        let error = copy(&source, &dir.path().join("copy"), true).unwrap_err();
+        copy(&source, &destination, true).unwrap();
         assert!(started.elapsed() < Duration::from_secs(5));
-        assert!(
-            matches!(&error, FsError::UnsupportedFileType { path, file_type: "FIFO", .. } if path == &fifo),
-            "{error:?}"
+        assert_eq!(
+            entry_names(&destination),
+            ["file", "sub"].map(OsString::from).to_vec()
         );
-        assert_eq!(error.kind(), FsErrorKind::NotRegularFile);
-        assert!(error.to_string().contains("pipe"), "{error}");
+        assert_eq!(
+            entry_names(&destination.join("sub")),
+            vec![OsString::from("inner")]
+        );
+        assert_eq!(fs::read(destination.join("file")).unwrap(), b"data");
     }
 
     #[test]
