@@ -33,8 +33,8 @@ pub mod transport;
 
 pub use client::{
     CLIENT_EVENT_BUFFER_BYTES, ConnectionState, ExecServerClient, ExecServerClientConnectOptions,
-    ExecServerError, ProcessEvent, ProcessHandle, RelayTransport, RemoteExecServerConnectArgs,
-    RemoteProcess,
+    ExecServerError, HttpBody, HttpRequest, HttpResponseData, HttpStreamResponse, ProcessEvent,
+    ProcessHandle, RelayTransport, RemoteExecServerConnectArgs, RemoteProcess,
 };
 pub use listen::{DEFAULT_LISTEN_URL, ExecServerListenUrlParseError, ListenAddress};
 pub use paths::ExecServerRuntimePaths;

@@ -161,7 +161,8 @@ impl HttpClients {
             })
     }
 
-    /// Resolve `name` and keep the addresses the policy allows; none allowed is a refusal.
+    /// Resolve `name` and check every address; one refused address refuses the name (a name
+    /// that mixes allowed and refused addresses is not trusted to mean the allowed ones).
     async fn resolve_checked(
         &self,
         name: &str,
@@ -176,22 +177,16 @@ impl HttpClients {
                 reason: source.to_string(),
             })?
             .collect();
-        let mut allowed = Vec::new();
-        let mut refused = None;
-        for address in resolved {
-            match self.check(address, url, policy) {
-                Ok(()) => allowed.push(address),
-                Err(error) => refused = Some(error),
-            }
-        }
-        match (allowed.is_empty(), refused) {
-            (false, _) => Ok(allowed),
-            (true, Some(refusal)) => Err(refusal),
-            (true, None) => Err(HttpError::Resolve {
+        if resolved.is_empty() {
+            return Err(HttpError::Resolve {
                 host: name.to_owned(),
                 reason: "the name has no address".into(),
-            }),
+            });
         }
+        for address in &resolved {
+            self.check(*address, url, policy)?;
+        }
+        Ok(resolved)
     }
 
     fn client_for(&self, key: PinKey) -> Result<reqwest::Client, HttpError> {
