@@ -4,6 +4,8 @@
 //! `*SECRET*`, `*TOKEN*`, unless `ignoreDefaultExcludes`) → `exclude` → `set` → `includeOnly`
 //! (when non-empty) → the request's `env` laid over the result. Without a policy the child gets
 //! exactly `env`. Names are matched without regard to ASCII case; values are never looked at.
+//! One addition to the reference: the server's own `EXECWARD_*` variables (its configuration and
+//! credentials) are never inherited, whatever `inherit` and `ignoreDefaultExcludes` say.
 //!
 //! [`child_env`] is pure (the server's variables come in as an argument) so every step can be
 //! tested without touching the process environment.
@@ -21,6 +23,10 @@ pub const CORE_VARIABLES: &[&str] = &[
 /// Names dropped unless `ignoreDefaultExcludes`: the usual shapes of credentials.
 pub const DEFAULT_EXCLUDES: &[&str] = &["*KEY*", "*SECRET*", "*TOKEN*"];
 
+/// The server's own configuration and credentials (`EXECWARD_REGISTRY_TOKEN`, ...): never
+/// inherited, whatever the policy says (a request may still `set` such a name explicitly).
+pub const NEVER_INHERITED: &str = "EXECWARD_*";
+
 /// The child's environment: `env` alone without a policy, else the policy applied to
 /// `server_env` with `env` laid over it.
 pub fn child_env(
@@ -31,11 +37,13 @@ pub fn child_env(
     let Some(policy) = policy else {
         return env;
     };
+    let inheritable = server_env
+        .into_iter()
+        .filter(|(name, _)| !matches_any(name, &[NEVER_INHERITED]));
     let mut result: BTreeMap<String, String> = match policy.inherit {
-        EnvInherit::All => server_env.into_iter().collect(),
+        EnvInherit::All => inheritable.collect(),
         EnvInherit::None => BTreeMap::new(),
-        EnvInherit::Core => server_env
-            .into_iter()
+        EnvInherit::Core => inheritable
             .filter(|(name, _)| {
                 CORE_VARIABLES
                     .iter()
@@ -165,6 +173,24 @@ mod tests {
         };
         let result = child_env(Some(&policy), vars(SERVER), BTreeMap::new());
         assert_eq!(result, vars(SERVER).into_iter().collect());
+    }
+
+    #[test]
+    fn the_servers_own_credentials_are_never_inherited() {
+        let policy = EnvPolicy {
+            inherit: EnvInherit::All,
+            ignore_default_excludes: true,
+            ..EnvPolicy::default()
+        };
+        let server = vars(&[
+            ("EXECWARD_REGISTRY_TOKEN", "t"),
+            ("execward_x", "y"),
+            ("A", "1"),
+        ]);
+        assert_eq!(
+            child_env(Some(&policy), server, BTreeMap::new()),
+            map(&[("A", "1")])
+        );
     }
 
     #[test]

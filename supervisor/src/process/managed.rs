@@ -286,3 +286,24 @@ impl WriteIds {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_ids_remember_the_newest_write_id_memory_ids() {
+        let mut ids = WriteIds::default();
+        for n in 0..=WRITE_ID_MEMORY {
+            ids.remember(&n.to_string());
+        }
+        assert!(!ids.contains("0"), "the oldest id is forgotten");
+        assert!(ids.contains("1"));
+        assert!(ids.contains(&WRITE_ID_MEMORY.to_string()));
+        assert_eq!(ids.order.len(), WRITE_ID_MEMORY);
+        assert_eq!(ids.set.len(), WRITE_ID_MEMORY);
+        // Remembering a known id again does not evict anything.
+        ids.remember("1");
+        assert!(ids.contains("1") && ids.contains("2"));
+    }
+}

@@ -206,3 +206,19 @@ impl ProcessTable {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reserved_id_looks_up_as_starting_until_filled_or_dropped() {
+        let table = ProcessTable::default();
+        assert!(matches!(table.lookup("p"), Lookup::Missing));
+        let reservation = table.reserve("p").unwrap();
+        assert!(matches!(table.lookup("p"), Lookup::Starting));
+        assert!(matches!(table.get("p"), Err(ProcessError::NotFound { .. })));
+        drop(reservation);
+        assert!(matches!(table.lookup("p"), Lookup::Missing));
+    }
+}
