@@ -954,6 +954,93 @@ async fn a_sandbox_with_the_network_off_refuses_http_request() {
     assert_rpc_error(unknown, -32602, "invalidParams");
 }
 
+/// An HTTPS server on 127.0.0.1:0 for `localhost`, with a certificate from a fresh test CA
+/// written to `dir/ca.pem`. Answers every request with `hello over tls`.
+async fn tls_upstream(dir: &Path) -> SocketAddr {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap())
+        .unwrap();
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &*ca)
+        .unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(leaf_key.serialize_der());
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf.der().clone()], key.into())
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                    match tls.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let body = b"hello over tls";
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = tls.write_all(response.as_bytes()).await;
+                let _ = tls.write_all(body).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn https_requests_verify_the_server_against_the_trust_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = tls_upstream(dir.path()).await;
+    let url = format!("https://localhost:{}/", addr.port());
+    let request = json!({"method": "GET", "url": url, "requestId": "tls"});
+
+    let trusting = ExecServer::start_with(&["--listen", "ws://127.0.0.1:0"], |command| {
+        command.env("SSL_CERT_FILE", dir.path().join("ca.pem"));
+    });
+    let mut client = trusting.client().await;
+    let answer = client.call("http/request", request.clone()).await;
+    assert_eq!(answer["status"], json!(200));
+    assert_eq!(
+        unb64(answer["bodyBase64"].as_str().unwrap()),
+        b"hello over tls"
+    );
+
+    // A server that does not trust the test CA refuses the certificate.
+    let other = tempfile::tempdir().unwrap();
+    let elsewhere = tls_upstream(other.path()).await;
+    let untrusted = client
+        .request(
+            "http/request",
+            json!({"method": "GET", "requestId": "tls",
+                   "url": format!("https://localhost:{}/", elsewhere.port())}),
+        )
+        .await;
+    let error = assert_rpc_error(untrusted, -32603, "io");
+    assert!(error.message.contains("certificate"), "{error:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // fs: recursive copy with special files, codes the reference client maps
 // ---------------------------------------------------------------------------------------------
