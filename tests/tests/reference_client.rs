@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::Response;
 use axum::routing::{any, get};
@@ -31,8 +31,8 @@ use tokio::sync::watch;
 
 /// A local HTTP server on 127.0.0.1:0.
 ///
-/// - `/echo` answers `{method, headers: [[name, value]...], bodyBase64}` with two `x-multi`
-///   response headers;
+/// - `/echo` answers `{method, headers: [[name, value]...], bodyBase64, peer}` (`peer`: the
+///   client's address, so connection reuse shows) with two `x-multi` response headers;
 /// - `/gated` sends `part-1\n`, waits until [`Upstream::open_gate`], then `part-2\n` ..
 ///   `part-5\n`; every dropped `/gated` or `/hang-body` body bumps [`Upstream::dropped`];
 /// - `/hang` never answers; `/hang-body` sends its headers and `first`, then never more;
@@ -79,6 +79,7 @@ impl Upstream {
             .with_state(state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         tokio::spawn(async move { axum::serve(listener, app).await });
         Upstream {
             addr,
@@ -104,12 +105,18 @@ impl Upstream {
     }
 }
 
-async fn echo(method: Method, headers: HeaderMap, body: Bytes) -> Response {
+async fn echo(
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    method: Method,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let headers: Vec<Value> = headers
         .iter()
         .map(|(name, value)| json!([name.as_str(), value.to_str().unwrap()]))
         .collect();
-    let text = json!({"method": method.as_str(), "headers": headers, "bodyBase64": b64(&body)});
+    let text = json!({"method": method.as_str(), "headers": headers, "bodyBase64": b64(&body),
+                      "peer": peer.to_string()});
     Response::builder()
         .header("x-multi", "one")
         .header("x-multi", "two")
@@ -179,7 +186,8 @@ fn server() -> ExecServer {
 }
 
 /// Messages in arrival order until `http/request/bodyDelta` of `request_id` says `done`; the
-/// response to `id` and every delta of the request, in the order they came.
+/// response to `id` and every delta of the request, in the order they came. Other messages are
+/// discarded (use it when only this request is active).
 async fn response_and_deltas(client: &mut Client, id: &Value, request_id: &str) -> Vec<Value> {
     let until = tokio::time::Instant::now() + DEADLINE;
     let mut seen = Vec::new();
@@ -800,6 +808,79 @@ async fn a_stream_ends_when_its_connection_ends() {
         )
         .await;
     response_and_deltas(&mut client, &again, "c").await;
+}
+
+/// `MAX_HTTP_REQUESTS_PER_CONNECTION` from docs/protocol.md.
+const MAX_HTTP_REQUESTS_PER_CONNECTION: usize = 32;
+
+#[tokio::test]
+async fn requests_in_flight_are_bounded_per_connection_and_connections_are_pooled() {
+    let upstream = Upstream::start().await;
+    let server = server();
+    let mut client = server.client().await;
+    let mut streams = Vec::new();
+    for n in 0..MAX_HTTP_REQUESTS_PER_CONNECTION {
+        let request_id = format!("s{n}");
+        let id = client
+            .send_request(
+                "http/request",
+                json!({"method": "GET", "url": upstream.url("/gated"), "requestId": request_id,
+                       "streamResponse": true}),
+            )
+            .await;
+        client.response(&id).await.unwrap();
+        streams.push(request_id);
+    }
+    let over = client
+        .request(
+            "http/request",
+            json!({"method": "GET", "url": upstream.url("/echo"), "requestId": "over"}),
+        )
+        .await;
+    let error = assert_rpc_error(over, -32600, "limitExceeded");
+    assert!(
+        error.message.contains("MAX_HTTP_REQUESTS_PER_CONNECTION"),
+        "{error:?}"
+    );
+    // Another connection has its own slots.
+    let mut other = server.client().await;
+    other
+        .call(
+            "http/request",
+            json!({"method": "GET", "url": upstream.url("/echo"), "requestId": "other"}),
+        )
+        .await;
+    upstream.open_gate();
+    let mut done = std::collections::HashSet::new();
+    let until = tokio::time::Instant::now() + DEADLINE;
+    while done.len() < streams.len() {
+        let remaining = until.saturating_duration_since(tokio::time::Instant::now());
+        let message = client.next_message(remaining).await.unwrap_or_else(|| {
+            panic!(
+                "only {} of {} streams done within {DEADLINE:?}",
+                done.len(),
+                streams.len()
+            )
+        });
+        if message["method"] == "http/request/bodyDelta" && message["params"]["done"] == true {
+            assert_eq!(message["params"]["error"], Value::Null, "{message}");
+            done.insert(message["params"]["requestId"].as_str().unwrap().to_owned());
+        }
+    }
+    // Slots are back; sequential requests to one host share a pooled connection.
+    let mut peers = Vec::new();
+    for n in 0..3 {
+        let answer = client
+            .call(
+                "http/request",
+                json!({"method": "GET", "url": upstream.url("/echo"), "requestId": n.to_string()}),
+            )
+            .await;
+        let echoed: Value =
+            serde_json::from_slice(&unb64(answer["bodyBase64"].as_str().unwrap())).unwrap();
+        peers.push(echoed["peer"].as_str().unwrap().to_owned());
+    }
+    assert!(peers.windows(2).all(|pair| pair[0] == pair[1]), "{peers:?}");
 }
 
 #[tokio::test]
