@@ -6,7 +6,6 @@
 //! upstream read instead of growing memory). The last delta has `done: true`, and an `error`
 //! when the body failed (a timeout included). A stream ends silently when its connection ends.
 
-use base64::Engine;
 use proto::jsonrpc::{Message, Notification};
 use proto::methods::HTTP_REQUEST_BODY_DELTA;
 use proto::methods::http::HttpBodyDelta;
@@ -131,7 +130,7 @@ impl BodyStream {
         let delta = HttpBodyDelta {
             request_id: self.request_id.clone(),
             seq,
-            delta_base64: base64::engine::general_purpose::STANDARD.encode(bytes),
+            delta_base64: base64_simd::STANDARD.encode_to_string(bytes),
             done: end.is_some(),
             error: end.flatten(),
         };
