@@ -645,6 +645,22 @@ async fn buffered_http_request_keeps_method_body_header_order_and_repeats() {
     let echoed: Value =
         serde_json::from_slice(&unb64(redirected["bodyBase64"].as_str().unwrap())).unwrap();
     assert_eq!(echoed["method"], "GET");
+    // ... unless redirectPolicy says stop: the redirect itself is the answer.
+    let stopped = client
+        .call(
+            "http/request",
+            json!({"method": "GET", "url": upstream.url("/redirect"), "requestId": "r",
+                   "redirectPolicy": "stop"}),
+        )
+        .await;
+    assert_eq!(stopped["status"], json!(302));
+    assert!(
+        stopped["headers"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "location", "value": "/echo"})),
+        "{stopped}"
+    );
 
     let big = client
         .request(
@@ -726,7 +742,11 @@ async fn a_second_active_stream_with_the_same_request_id_is_invalid_params() {
     client.response(&id).await.unwrap();
     let second = client.request("http/request", stream.clone()).await;
     let error = assert_rpc_error(second, -32602, "invalidParams");
-    assert!(error.message.contains("dup"), "{error:?}");
+    // The reference's words exactly (its tests compare the message).
+    assert_eq!(
+        error.message,
+        "http/request streamResponse requestId `dup` is already active"
+    );
     // Buffered requests do not reserve their id.
     client
         .call(
@@ -754,7 +774,11 @@ async fn timeout_ms_ends_a_hanging_request_and_a_hanging_body() {
         )
         .await;
     let error = assert_rpc_error(hung, -32603, "timedOut");
-    assert!(error.message.contains("300"), "{error:?}");
+    // The reference's tests check this prefix.
+    assert!(
+        error.message.starts_with("http/request failed: ") && error.message.contains("300"),
+        "{error:?}"
+    );
 
     let id = client
         .send_request(
@@ -929,6 +953,16 @@ async fn http_request_validation_errors_are_invalid_params() {
         )
         .await;
     assert_rpc_error(base64, -32602, "invalidBase64");
+    let env_header = client
+        .request(
+            "http/request",
+            json!({"method": "GET", "url": "http://127.0.0.1/", "requestId": "a",
+                   "headers": [{"name": "authorization", "value": "Bearer ",
+                                "valueEnvVar": "HOME"}]}),
+        )
+        .await;
+    let error = assert_rpc_error(env_header, -32600, "unsupported");
+    assert!(error.message.contains("valueEnvVar"), "{error:?}");
 }
 
 #[tokio::test]

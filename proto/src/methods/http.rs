@@ -15,6 +15,21 @@ pub struct HttpHeader {
     pub name: String,
     /// The value (UTF-8; response headers whose value is not UTF-8 are left out).
     pub value: String,
+    /// The reference's "append this executor environment variable to the value". Not
+    /// supported here (a request carrying it is refused rather than sent with a wrong value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_env_var: Option<String>,
+}
+
+/// What to do with a redirect response.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum HttpRedirectPolicy {
+    /// Follow it (at most `MAX_HTTP_REDIRECTS` hops, each checked like the first).
+    #[default]
+    Follow,
+    /// Return the redirect response itself.
+    Stop,
 }
 
 /// Params of `http/request`.
@@ -34,6 +49,9 @@ pub struct HttpRequestParams {
     /// Deadline for the whole exchange, body included, in milliseconds; absent or `null`: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// Follow redirects (default) or return them.
+    #[serde(default)]
+    pub redirect_policy: HttpRedirectPolicy,
     /// Caller-chosen id; a streamed body's notifications carry it. Unique among the
     /// connection's active streamed requests.
     pub request_id: String,

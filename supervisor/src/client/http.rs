@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use futures_util::Stream;
 use proto::methods::environment::EnvironmentInfo;
-use proto::methods::http::{HttpBodyDelta, HttpHeader, HttpRequestParams, HttpResponse};
+use proto::methods::http::{
+    HttpBodyDelta, HttpHeader, HttpRedirectPolicy, HttpRequestParams, HttpResponse,
+};
 use proto::methods::{ENVIRONMENT_INFO, Empty, HTTP_REQUEST, HTTP_REQUEST_BODY_DELTA};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -47,6 +49,8 @@ pub struct HttpRequest {
     pub allow_link_local: bool,
     /// Allow the server's own listeners.
     pub allow_own_listeners: bool,
+    /// Follow redirects (default) or return them.
+    pub redirect_policy: HttpRedirectPolicy,
 }
 
 impl HttpRequest {
@@ -61,6 +65,7 @@ impl HttpRequest {
             sandbox: None,
             allow_link_local: false,
             allow_own_listeners: false,
+            redirect_policy: HttpRedirectPolicy::Follow,
         }
     }
 
@@ -70,6 +75,7 @@ impl HttpRequest {
         self.headers.push(HttpHeader {
             name: name.into(),
             value: value.into(),
+            value_env_var: None,
         });
         self
     }
@@ -102,6 +108,7 @@ impl HttpRequest {
             sandbox: self.sandbox,
             allow_link_local: self.allow_link_local,
             allow_own_listeners: self.allow_own_listeners,
+            redirect_policy: self.redirect_policy,
         }
     }
 }

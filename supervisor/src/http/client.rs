@@ -13,6 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use proto::methods::http::HttpRedirectPolicy;
 use reqwest::header::{AUTHORIZATION, COOKIE, HeaderMap, LOCATION, PROXY_AUTHORIZATION};
 use reqwest::{Method, StatusCode, Url};
 use tokio::time::Instant;
@@ -62,7 +63,8 @@ impl HttpClients {
         }
     }
 
-    /// Send `outgoing` under `policy`, following redirects, within `deadline`.
+    /// Send `outgoing` under `policy`, following redirects unless `redirects` says stop, within
+    /// `deadline`.
     ///
     /// # Errors
     /// [`HttpError`]: a refused target, a failed resolution, a timeout, an upstream failure,
@@ -71,6 +73,7 @@ impl HttpClients {
         &self,
         mut outgoing: Outgoing,
         policy: &TargetPolicy,
+        redirects: HttpRedirectPolicy,
         deadline: Option<Instant>,
         timeout_ms: Option<u64>,
     ) -> Result<reqwest::Response, HttpError> {
@@ -96,8 +99,8 @@ impl HttpClients {
                 .await
                 .map_err(|error| HttpError::upstream(&outgoing.url, &error, timeout_ms))?;
             match redirect(&outgoing, &response) {
-                Some(next) => outgoing = next,
-                None => return Ok(response),
+                Some(next) if redirects == HttpRedirectPolicy::Follow => outgoing = next,
+                _ => return Ok(response),
             }
         }
         Err(HttpError::TooManyRedirects {

@@ -46,11 +46,9 @@ pub enum HttpError {
     /// `bodyBase64` does not decode.
     #[error("bodyBase64 is not valid base64: {0}")]
     InvalidBase64(String),
-    /// A streamed request with this `requestId` is still active on the connection.
-    #[error(
-        "http/request streamResponse requestId {request_id:?} is already active on this connection; \
-         wait for its last http/request/bodyDelta or choose another requestId"
-    )]
+    /// A streamed request with this `requestId` is still active on the connection. (The
+    /// reference's words exactly: its tests compare them.)
+    #[error("http/request streamResponse requestId `{request_id}` is already active")]
     DuplicateStream {
         /// The id.
         request_id: String,
@@ -96,8 +94,14 @@ pub enum HttpError {
         /// Which rule.
         reason: &'static str,
     },
+    /// A header asks for something this server does not do.
+    #[error("http/request: header {name:?} has valueEnvVar, which this server does not support")]
+    ValueEnvVar {
+        /// The header.
+        name: String,
+    },
     /// The host name does not resolve.
-    #[error("http/request: cannot resolve {host}: {reason}")]
+    #[error("http/request failed: cannot resolve {host}: {reason}")]
     Resolve {
         /// The name.
         host: String,
@@ -105,13 +109,13 @@ pub enum HttpError {
         reason: String,
     },
     /// `timeoutMs` passed.
-    #[error("http/request timed out after timeoutMs ({timeout_ms} ms)")]
+    #[error("http/request failed: timed out after timeoutMs ({timeout_ms} ms)")]
     TimedOut {
         /// The timeout.
         timeout_ms: u64,
     },
     /// Connecting, sending or reading failed.
-    #[error("http/request to {url} failed: {reason}")]
+    #[error("http/request failed: {url}: {reason}")]
     Upstream {
         /// The URL.
         url: String,
@@ -119,7 +123,7 @@ pub enum HttpError {
         reason: String,
     },
     /// Redirects did not end.
-    #[error("http/request: more than {limit} redirects (MAX_HTTP_REDIRECTS), last to {url}")]
+    #[error("http/request failed: more than {limit} redirects (MAX_HTTP_REDIRECTS), last to {url}")]
     TooManyRedirects {
         /// The last URL.
         url: String,
@@ -248,7 +252,13 @@ pub async fn request(
     let deadline = client::deadline(params.timeout_ms);
     let mut response = context
         .clients
-        .send(outgoing, &policy, deadline, params.timeout_ms)
+        .send(
+            outgoing,
+            &policy,
+            params.redirect_policy,
+            deadline,
+            params.timeout_ms,
+        )
         .await?;
     let status = response.status().as_u16();
     let headers = response_headers(response.headers());
@@ -315,7 +325,15 @@ fn validate(params: &HttpRequestParams) -> Result<Outgoing, HttpError> {
         ));
     }
     let mut headers = HeaderMap::new();
-    for HttpHeader { name, value } in &params.headers {
+    for HttpHeader {
+        name,
+        value,
+        value_env_var,
+    } in &params.headers
+    {
+        if value_env_var.is_some() {
+            return Err(HttpError::ValueEnvVar { name: name.clone() });
+        }
         let header_name = HeaderName::from_bytes(name.as_bytes()).map_err(|error| {
             HttpError::InvalidParams(format!("header name {name:?} is invalid: {error}"))
         })?;
@@ -406,6 +424,7 @@ fn response_headers(headers: &HeaderMap) -> Vec<HttpHeader> {
             Some(HttpHeader {
                 name: name.as_str().to_owned(),
                 value: value.to_str().ok()?.to_owned(),
+                value_env_var: None,
             })
         })
         .collect()

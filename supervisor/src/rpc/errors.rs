@@ -107,6 +107,9 @@ impl From<HttpError> for RpcError {
                 RpcError::new(codes::INTERNAL_ERROR, ErrorKind::Io, message)
             }
             HttpError::Tls(_) => RpcError::internal(message),
+            HttpError::ValueEnvVar { .. } => {
+                RpcError::invalid_request(ErrorKind::Unsupported, message)
+            }
         };
         rpc.with_operation(proto::methods::HTTP_REQUEST)
     }
