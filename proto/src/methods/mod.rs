@@ -101,3 +101,96 @@ pub fn parse_params<T: serde::de::DeserializeOwned>(
         RpcError::new(INVALID_PARAMS, kind, message)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::INVALID_PARAMS;
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    #[test]
+    fn unknown_top_level_fields_are_ignored_and_missing_ones_still_named() {
+        let params: process::TerminateParams = parse_params(
+            PROCESS_TERMINATE,
+            Some(json!({"processId": "p", "fromANewerClient": {"x": 1}})),
+        )
+        .unwrap();
+        assert_eq!(params.process_id, "p");
+        let error =
+            parse_params::<process::TerminateParams>(PROCESS_TERMINATE, Some(json!({"x": 1})))
+                .unwrap_err();
+        assert_eq!(error.code, INVALID_PARAMS);
+        assert!(error.message.contains("processId"), "{error:?}");
+    }
+
+    #[test]
+    fn start_params_take_a_native_cwd_and_an_env_policy() {
+        let params: process::StartParams = parse_params(
+            PROCESS_START,
+            Some(
+                json!({"processId": "p", "argv": ["true"], "cwd": "/tmp/a%20b",
+                        "envPolicy": {"inherit": "all", "set": {"A": "1"}}}),
+            ),
+        )
+        .unwrap();
+        assert_eq!(params.cwd.as_path(), std::path::Path::new("/tmp/a%20b"));
+        let policy = params.env_policy.unwrap();
+        assert_eq!(policy.inherit, process::EnvInherit::All);
+        assert!(!policy.ignore_default_excludes);
+        assert_eq!(policy.set.get("A").map(String::as_str), Some("1"));
+        let null_policy: process::StartParams = parse_params(
+            PROCESS_START,
+            Some(
+                json!({"processId": "p", "argv": ["true"], "cwd": "file:///tmp/a%20b",
+                        "envPolicy": null}),
+            ),
+        )
+        .unwrap();
+        assert_eq!(null_policy.env_policy, None);
+        assert_eq!(null_policy.cwd.as_path(), std::path::Path::new("/tmp/a b"));
+        let relative = parse_params::<process::StartParams>(
+            PROCESS_START,
+            Some(json!({"processId": "p", "argv": ["true"], "cwd": "tmp"})),
+        )
+        .unwrap_err();
+        assert_eq!(
+            relative.kind(),
+            Some(crate::error::ErrorKind::InvalidPath),
+            "{relative:?}"
+        );
+    }
+
+    #[test]
+    fn body_deltas_always_carry_error_and_write_statuses_are_camel_case() {
+        let delta = http::HttpBodyDelta {
+            request_id: "r".into(),
+            seq: 1,
+            delta_base64: String::new(),
+            done: true,
+            error: None,
+        };
+        assert_eq!(
+            serde_json::to_value(delta).unwrap(),
+            json!({"requestId": "r", "seq": 1, "deltaBase64": "", "done": true, "error": null})
+        );
+        let statuses: Vec<_> = [
+            process::WriteStatus::Accepted,
+            process::WriteStatus::UnknownProcess,
+            process::WriteStatus::StdinClosed,
+            process::WriteStatus::Starting,
+        ]
+        .into_iter()
+        .map(|status| serde_json::to_value(status).unwrap())
+        .collect();
+        assert_eq!(
+            statuses,
+            [
+                json!("accepted"),
+                json!("unknownProcess"),
+                json!("stdinClosed"),
+                json!("starting")
+            ]
+        );
+    }
+}

@@ -1,9 +1,10 @@
 //! Sending one `http/request` exchange: resolve and check the target, send on a pooled client
 //! pinned to the checked addresses, follow redirects hop by hop with the same checks.
 //!
-//! Pinning: a name is resolved here ([`resolve_checked`]) and the reqwest client that carries
-//! the request is built with exactly those addresses (`resolve_to_addrs`); its own resolver
-//! refuses every lookup, so nothing reqwest does can reach an address that was not checked.
+//! Pinning: a name is resolved here (`HttpClients::resolve_checked`) and the reqwest client
+//! that carries the request is built with exactly those addresses (`resolve_to_addrs`); its own
+//! resolver refuses every lookup, so nothing reqwest does can reach an address that was not
+//! checked.
 //! Clients are cached per (host, checked addresses), so connections are pooled across requests
 //! to the same server, and a name that starts resolving elsewhere gets a fresh check and a fresh
 //! client. Redirects are followed here, not by reqwest, so every hop is checked the same way.
