@@ -51,6 +51,22 @@
 //! # Ok(()) }
 //! ```
 //!
+//! An HTTP request made by the server, its body streamed as it arrives:
+//! ```no_run
+//! # async fn demo(client: supervisor::ExecServerClient) -> Result<(), Box<dyn std::error::Error>> {
+//! use futures_util::StreamExt;
+//! use supervisor::HttpRequest;
+//! let shell = client.environment_info().await?.shell;
+//! println!("the server runs {} ({})", shell.name, shell.path);
+//! let mut response = client
+//!     .http_request_stream(HttpRequest::new("GET", "http://127.0.0.1:8080/events"))
+//!     .await?;
+//! while let Some(chunk) = response.body.next().await {
+//!     print!("{}", String::from_utf8_lossy(&chunk?));
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! Streaming a large remote file:
 //! ```no_run
 //! # async fn demo(client: supervisor::ExecServerClient) -> Result<(), Box<dyn std::error::Error>> {
