@@ -206,6 +206,11 @@ pub fn fs_error(error: &FsError, sandboxed: bool) -> RpcError {
         FsErrorKind::InvalidInput => (codes::INVALID_PARAMS, ErrorKind::InvalidParams),
         FsErrorKind::Other => (codes::INTERNAL_ERROR, ErrorKind::Io),
     };
+    // The reference client maps -32600 to InvalidInput; a copy into itself is that.
+    let (code, kind) = match error {
+        FsError::CopyIntoItself { .. } => (codes::INVALID_REQUEST, ErrorKind::InvalidRequest),
+        _ => (code, kind),
+    };
     let message = if kind == ErrorKind::SandboxDenied {
         format!("sandbox denied: {error}")
     } else {

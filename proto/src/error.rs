@@ -68,6 +68,8 @@ pub enum ErrorKind {
     Unsupported,
     /// A sandbox helper failed to set itself up or crashed.
     HelperFailed,
+    /// A deadline the request set (`timeoutMs`) passed.
+    TimedOut,
     /// An operating-system error with no more specific kind.
     Io,
     /// A bug or an unexpected state in the server.

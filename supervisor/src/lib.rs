@@ -15,8 +15,10 @@
 
 pub mod cli;
 pub mod client;
+pub mod environment;
 pub mod exec_cmd;
 pub mod fs;
+pub mod http;
 pub mod limits;
 pub mod listen;
 pub mod paths;
@@ -32,8 +34,8 @@ pub mod transport;
 
 pub use client::{
     CLIENT_EVENT_BUFFER_BYTES, ConnectionState, ExecServerClient, ExecServerClientConnectOptions,
-    ExecServerError, ProcessEvent, ProcessHandle, RelayTransport, RemoteExecServerConnectArgs,
-    RemoteProcess,
+    ExecServerError, HttpBody, HttpRequest, HttpResponseData, HttpStreamResponse, ProcessEvent,
+    ProcessHandle, RelayTransport, RemoteExecServerConnectArgs, RemoteProcess,
 };
 pub use listen::{DEFAULT_LISTEN_URL, ExecServerListenUrlParseError, ListenAddress};
 pub use paths::ExecServerRuntimePaths;

@@ -38,8 +38,9 @@ pub const MAX_WAIT_MS: u64 = 60_000;
 pub const MAX_PROCESSES_PER_SESSION: usize = 2048;
 /// Longest `processId`, in bytes.
 pub const MAX_PROCESS_ID_BYTES: usize = 128;
-/// `writeId`s remembered per process to deduplicate retried writes.
-pub const WRITE_ID_MEMORY: usize = 1024;
+/// `writeId`s remembered per process to deduplicate retried writes (the reference server
+/// remembers as many, so a client retrying within its window sees the same behaviour).
+pub const WRITE_ID_MEMORY: usize = 4096;
 /// Denial records kept per audited process (`auditDenials`) for `process/read`.
 pub const MAX_DENIALS_RETAINED: usize = 1024;
 /// Longest denial record line accepted from `sandbox-run --audit-fd`.
@@ -63,3 +64,32 @@ pub const MAX_HANDLE_ID_BYTES: usize = 32;
 pub const DEFAULT_PTY_COLS: u16 = 80;
 /// Default PTY size.
 pub const DEFAULT_PTY_ROWS: u16 = 24;
+/// Largest `http/request` request body (decoded): the largest file `fs/writeFile` takes, so a
+/// request fits one frame in base64.
+pub const MAX_HTTP_REQUEST_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Largest body a buffered `http/request` returns (decoded); larger bodies are refused with
+/// `limitExceeded` (stream them with `streamResponse`). The answer is one JSON message held in
+/// memory, so it is bounded like `fs/readFile`.
+pub const MAX_HTTP_RESPONSE_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Largest body slice in one `http/request/bodyDelta` (decoded). Upstream chunks are passed on as
+/// they arrive (an event stream must not wait for more data) and split past this size.
+pub const HTTP_BODY_DELTA_BYTES: usize = 256 * 1024;
+/// `http/request` calls in flight on one connection, buffered or streaming (a stream counts
+/// until its last delta). More are refused with `limitExceeded`, not queued.
+pub const MAX_HTTP_REQUESTS_PER_CONNECTION: usize = 32;
+/// `http/request` calls in flight in the whole server: bounds the sockets and buffers the server
+/// holds for clients however many connections they open.
+pub const MAX_HTTP_REQUESTS: usize = 256;
+/// Longest `requestId`, in bytes.
+pub const MAX_HTTP_REQUEST_ID_BYTES: usize = 128;
+/// Redirects an `http/request` follows (each hop checked like the first) before failing.
+pub const MAX_HTTP_REDIRECTS: usize = 10;
+/// Pooled HTTP clients kept, one per (host, checked addresses); the least recently used is
+/// dropped first, with its idle connections.
+pub const HTTP_CLIENT_CACHE_ENTRIES: usize = 64;
+/// Idle pooled connections per host and client.
+pub const HTTP_POOL_MAX_IDLE_PER_HOST: usize = 8;
+/// How long an idle pooled connection is kept.
+pub const HTTP_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long `environment/info` waits for `sandbox-run --explain` to describe the host.
+pub const SANDBOX_PROBE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -109,6 +109,11 @@ pub struct ServerState {
     pub helpers: Arc<HelperPool>,
     /// Policy resolution, protections and helper binaries for sandboxed work.
     pub sandboxing: Arc<Sandboxing>,
+    /// `http/request`: pooled clients, the server's own listeners (never reachable by default),
+    /// the server-wide slots.
+    pub http: Arc<crate::http::HttpContext>,
+    /// `environment/info`.
+    pub environment: crate::environment::EnvironmentContext,
 }
 
 /// A bound server, not yet serving.
@@ -158,15 +163,23 @@ impl BoundServer {
             }
         };
         let helpers = HelperPool::new(sandboxing.clone(), options.one_shot_helpers);
+        let own_listeners = match &listener {
+            Listener::Tcp(tcp) => tcp.local_addr().into_iter().collect(),
+            Listener::Unix(..) => Vec::new(),
+        };
         let (shutdown, shutdown_rx) = watch::channel(false);
         let state = Arc::new(ServerState {
             sessions: Arc::new(SessionRegistry::new(options.detached_session_ttl)),
-            runtime_paths: options.runtime_paths,
+            runtime_paths: options.runtime_paths.clone(),
             auth_token,
             connection_slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             shutdown: shutdown_rx,
             guardian,
             helpers,
+            http: Arc::new(crate::http::HttpContext::new(own_listeners)),
+            environment: crate::environment::EnvironmentContext::new(
+                sandboxing.sandbox_run.exec_path(),
+            ),
             sandboxing,
         });
         Ok(Self {

@@ -1340,6 +1340,8 @@ pub fn start_params(process_id: &str, argv: &[&str]) -> proto::methods::process:
         rows: None,
         sandbox: None,
         audit_denials: false,
+        env_policy: None,
+        enforce_managed_network: false,
     }
 }
 

@@ -33,13 +33,18 @@ async fn empty_argv_is_invalid_params() {
     );
 }
 
+/// `cwd` takes an absolute native path as the reference server does (`fs/*` paths do not).
 #[tokio::test]
-async fn native_cwd_is_invalid_path() {
+async fn native_cwd_is_accepted_and_a_relative_cwd_is_invalid_path() {
     let server = server();
     let mut client = server.client().await;
+    let out = client
+        .run("p", &["/bin/pwd"], json!({"cwd": "/usr/bin"}))
+        .await;
+    assert_eq!(out.stdout_text(), "/usr/bin\n");
     assert_rpc_error(
         client
-            .start("p", &["/bin/true"], json!({"cwd": "/tmp"}))
+            .start("q", &["/bin/true"], json!({"cwd": "tmp"}))
             .await,
         -32602,
         "invalidPath",
@@ -498,22 +503,21 @@ async fn stdin_is_dev_null_without_pipe_stdin() {
 }
 
 #[tokio::test]
-async fn write_without_pipe_stdin_is_stdin_unavailable() {
+async fn write_without_pipe_stdin_answers_stdin_closed() {
     let server = server();
     let mut client = server.client().await;
     client
         .start("s", &["/bin/sleep", "1000"], json!({}))
         .await
         .unwrap();
-    assert_rpc_error(
+    assert_eq!(
         client
-            .request(
+            .call(
                 "process/write",
                 json!({"processId": "s", "chunk": b64("x")}),
             )
             .await,
-        -32600,
-        "stdinUnavailable",
+        json!({"status": "stdinClosed"})
     );
     client
         .call("process/terminate", json!({"processId": "s"}))
@@ -521,7 +525,7 @@ async fn write_without_pipe_stdin_is_stdin_unavailable() {
 }
 
 #[tokio::test]
-async fn write_after_stdin_closed_or_exit_is_stdin_unavailable() {
+async fn write_after_stdin_closed_or_exit_answers_stdin_closed() {
     let server = server();
     let mut client = server.client().await;
     client
@@ -538,15 +542,14 @@ async fn write_after_stdin_closed_or_exit_is_stdin_unavailable() {
             json!({"processId": "c", "chunk": "", "close": true}),
         )
         .await;
-    assert_rpc_error(
+    assert_eq!(
         client
-            .request(
+            .call(
                 "process/write",
                 json!({"processId": "c", "chunk": b64("x")}),
             )
             .await,
-        -32600,
-        "stdinUnavailable",
+        json!({"status": "stdinClosed"})
     );
     client
         .call("process/terminate", json!({"processId": "c"}))
@@ -555,31 +558,29 @@ async fn write_after_stdin_closed_or_exit_is_stdin_unavailable() {
     client
         .run("exited", &["/bin/true"], json!({"pipeStdin": true}))
         .await;
-    assert_rpc_error(
+    assert_eq!(
         client
-            .request(
+            .call(
                 "process/write",
                 json!({"processId": "exited", "chunk": b64("x")}),
             )
             .await,
-        -32600,
-        "stdinUnavailable",
+        json!({"status": "stdinClosed"})
     );
 }
 
 #[tokio::test]
-async fn write_to_unknown_process_is_not_found() {
+async fn write_to_unknown_process_answers_unknown_process() {
     let server = server();
     let mut client = server.client().await;
-    assert_rpc_error(
+    assert_eq!(
         client
-            .request(
+            .call(
                 "process/write",
                 json!({"processId": "ghost", "chunk": b64("x")}),
             )
             .await,
-        -32004,
-        "notFound",
+        json!({"status": "unknownProcess"})
     );
 }
 

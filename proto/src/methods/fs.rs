@@ -12,7 +12,7 @@ fn default_true() -> bool {
 
 /// Params of `fs/readFile`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ReadFileParams {
     /// A regular file.
     pub path: FileUri,
@@ -31,7 +31,7 @@ pub struct ReadFileResult {
 
 /// Params of `fs/writeFile`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct WriteFileParams {
     /// Target file (created or truncated; its directory must exist).
     pub path: FileUri,
@@ -48,7 +48,7 @@ pub struct WriteFileParams {
 
 /// Params of `fs/createDirectory`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct CreateDirectoryParams {
     /// The directory.
     pub path: FileUri,
@@ -62,7 +62,7 @@ pub struct CreateDirectoryParams {
 
 /// Params of `fs/getMetadata`, `fs/canonicalize` and `fs/readDirectory`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PathParams {
     /// The path.
     pub path: FileUri,
@@ -123,7 +123,7 @@ pub struct ReadDirectoryResult {
 
 /// Params of `fs/remove`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RemoveParams {
     /// The path; a symlink is removed itself, never followed.
     pub path: FileUri,
@@ -140,7 +140,7 @@ pub struct RemoveParams {
 
 /// Params of `fs/copy`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct CopyParams {
     /// What to copy.
     pub source_path: FileUri,
@@ -156,7 +156,7 @@ pub struct CopyParams {
 
 /// Params of `fs/open`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct OpenParams {
     /// Caller-chosen handle id (1 to 32 bytes), unique on the connection.
     pub handle_id: String,
@@ -177,7 +177,7 @@ pub struct OpenResult {
 
 /// Params of `fs/readBlock`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ReadBlockParams {
     /// An open handle.
     pub handle_id: String,
@@ -199,7 +199,7 @@ pub struct ReadBlockResult {
 
 /// Params of `fs/close`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct CloseParams {
     /// The handle to close.
     pub handle_id: String,

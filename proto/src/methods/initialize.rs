@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// Params of `initialize`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct InitializeParams {
     /// A name for logs.
     pub client_name: String,

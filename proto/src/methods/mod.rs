@@ -1,9 +1,12 @@
 //! Typed params and results of every method, and the method names.
 //!
-//! Params use `camelCase` and reject unknown fields, so a misspelt field is an error that names
-//! it instead of a silently ignored option.
+//! Params use `camelCase`. Unknown top-level fields are tolerated and logged at debug (clients of
+//! the reference protocol add fields over time: the reference client always sends `envPolicy`);
+//! a `sandbox` object is never tolerant, it is parsed strictly where it is resolved.
 
+pub mod environment;
 pub mod fs;
+pub mod http;
 pub mod initialize;
 pub mod process;
 
@@ -53,14 +56,19 @@ pub const FS_OPEN: &str = "fs/open";
 pub const FS_READ_BLOCK: &str = "fs/readBlock";
 /// `fs/close`.
 pub const FS_CLOSE: &str = "fs/close";
+/// `environment/info`.
+pub const ENVIRONMENT_INFO: &str = "environment/info";
+/// `http/request`.
+pub const HTTP_REQUEST: &str = "http/request";
+/// `http/request/bodyDelta` (server notification of a streamed `http/request` body).
+pub const HTTP_REQUEST_BODY_DELTA: &str = "http/request/bodyDelta";
 
-/// An empty result object `{}`.
+/// An empty result object `{}` (or params without fields).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Empty {}
 
 /// Parse a method's params; absent or `null` params are read as `{}` so the error names the
-/// missing field.
+/// missing field. Fields the method does not know are ignored and logged at debug.
 ///
 /// # Errors
 /// -32602 naming the method and what was wrong (`invalidPath` for a bad `file:` URI).
@@ -73,7 +81,16 @@ pub fn parse_params<T: serde::de::DeserializeOwned>(
         None | Some(serde_json::Value::Null) => serde_json::Value::Object(Default::default()),
         Some(params) => params,
     };
-    serde_json::from_value(params).map_err(|error| {
+    let mut ignored = Vec::new();
+    let parsed = serde_ignored::deserialize(params, |path| ignored.push(path.to_string()));
+    if !ignored.is_empty() {
+        tracing::debug!(
+            method,
+            ?ignored,
+            "ignoring params fields this server does not know"
+        );
+    }
+    parsed.map_err(|error| {
         let message = format!("invalid params for {method}: {error}");
         // FileUri's errors all say "file: URI"; classify them so clients can tell a path mistake.
         let kind = if message.contains("file: URI") {
@@ -83,4 +100,97 @@ pub fn parse_params<T: serde::de::DeserializeOwned>(
         };
         RpcError::new(INVALID_PARAMS, kind, message)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::INVALID_PARAMS;
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    #[test]
+    fn unknown_top_level_fields_are_ignored_and_missing_ones_still_named() {
+        let params: process::TerminateParams = parse_params(
+            PROCESS_TERMINATE,
+            Some(json!({"processId": "p", "fromANewerClient": {"x": 1}})),
+        )
+        .unwrap();
+        assert_eq!(params.process_id, "p");
+        let error =
+            parse_params::<process::TerminateParams>(PROCESS_TERMINATE, Some(json!({"x": 1})))
+                .unwrap_err();
+        assert_eq!(error.code, INVALID_PARAMS);
+        assert!(error.message.contains("processId"), "{error:?}");
+    }
+
+    #[test]
+    fn start_params_take_a_native_cwd_and_an_env_policy() {
+        let params: process::StartParams = parse_params(
+            PROCESS_START,
+            Some(
+                json!({"processId": "p", "argv": ["true"], "cwd": "/tmp/a%20b",
+                        "envPolicy": {"inherit": "all", "set": {"A": "1"}}}),
+            ),
+        )
+        .unwrap();
+        assert_eq!(params.cwd.as_path(), std::path::Path::new("/tmp/a%20b"));
+        let policy = params.env_policy.unwrap();
+        assert_eq!(policy.inherit, process::EnvInherit::All);
+        assert!(!policy.ignore_default_excludes);
+        assert_eq!(policy.set.get("A").map(String::as_str), Some("1"));
+        let null_policy: process::StartParams = parse_params(
+            PROCESS_START,
+            Some(
+                json!({"processId": "p", "argv": ["true"], "cwd": "file:///tmp/a%20b",
+                        "envPolicy": null}),
+            ),
+        )
+        .unwrap();
+        assert_eq!(null_policy.env_policy, None);
+        assert_eq!(null_policy.cwd.as_path(), std::path::Path::new("/tmp/a b"));
+        let relative = parse_params::<process::StartParams>(
+            PROCESS_START,
+            Some(json!({"processId": "p", "argv": ["true"], "cwd": "tmp"})),
+        )
+        .unwrap_err();
+        assert_eq!(
+            relative.kind(),
+            Some(crate::error::ErrorKind::InvalidPath),
+            "{relative:?}"
+        );
+    }
+
+    #[test]
+    fn body_deltas_always_carry_error_and_write_statuses_are_camel_case() {
+        let delta = http::HttpBodyDelta {
+            request_id: "r".into(),
+            seq: 1,
+            delta_base64: String::new(),
+            done: true,
+            error: None,
+        };
+        assert_eq!(
+            serde_json::to_value(delta).unwrap(),
+            json!({"requestId": "r", "seq": 1, "deltaBase64": "", "done": true, "error": null})
+        );
+        let statuses: Vec<_> = [
+            process::WriteStatus::Accepted,
+            process::WriteStatus::UnknownProcess,
+            process::WriteStatus::StdinClosed,
+            process::WriteStatus::Starting,
+        ]
+        .into_iter()
+        .map(|status| serde_json::to_value(status).unwrap())
+        .collect();
+        assert_eq!(
+            statuses,
+            [
+                json!("accepted"),
+                json!("unknownProcess"),
+                json!("stdinClosed"),
+                json!("starting")
+            ]
+        );
+    }
 }

@@ -9,15 +9,22 @@ use crate::uri::FileUri;
 
 /// Params of `process/start`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct StartParams {
     /// Caller-chosen id, unique within the session.
     pub process_id: String,
     /// Program and arguments; must be non-empty.
     pub argv: Vec<String>,
-    /// Working directory: a `file:` URI of an existing directory.
+    /// Working directory: a `file:` URI of an existing directory, or an absolute native path
+    /// (`/srv/project`), as the reference server accepts. Always sent as a `file:` URI.
+    #[serde(deserialize_with = "uri_or_native_path")]
     pub cwd: FileUri,
-    /// Exactly the child's environment (nothing is inherited from the server).
+    /// How to build the child's base environment from the server's own (absent: the child gets
+    /// exactly `env`, nothing is inherited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_policy: Option<EnvPolicy>,
+    /// The child's environment: all of it without `envPolicy`, laid over the policy's result
+    /// with one.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Run under a pseudo-terminal (output stream `pty`).
@@ -43,6 +50,70 @@ pub struct StartParams {
     /// say the audit is unavailable).
     #[serde(default)]
     pub audit_denials: bool,
+    /// The reference client's request that the command's network go only through a managed
+    /// proxy. This server cannot enforce that, so a start asking for it is refused unless its
+    /// sandbox turns the network off (see docs/protocol.md, compatibility).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub enforce_managed_network: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+/// Accept a `file:` URI or an absolute native path.
+fn uri_or_native_path<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<FileUri, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    if text.starts_with('/') {
+        return FileUri::from_path(&text).map_err(serde::de::Error::custom);
+    }
+    FileUri::parse(&text).map_err(|error| {
+        serde::de::Error::custom(format!(
+            "{error}; an absolute native path such as \"/tmp\" is accepted too"
+        ))
+    })
+}
+
+/// `envPolicy` of `process/start`: the child's base environment, built from the server's own.
+///
+/// Steps, in order: take the server's variables per `inherit`; unless `ignoreDefaultExcludes`,
+/// drop names matching `*KEY*`, `*SECRET*` or `*TOKEN*`; drop names matching `exclude`; add
+/// `set`; when `includeOnly` is non-empty keep only names matching it; then lay `env` over the
+/// result. Patterns are globs (`*`, `?`) matched without regard to ASCII case.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvPolicy {
+    /// Which of the server's variables to start from (default `core`).
+    #[serde(default)]
+    pub inherit: EnvInherit,
+    /// Keep names matching `*KEY*`, `*SECRET*`, `*TOKEN*`.
+    #[serde(default)]
+    pub ignore_default_excludes: bool,
+    /// More names to drop (globs).
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Variables to add (after the excludes).
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    /// When non-empty, keep only names matching one of these globs (applied after `set`).
+    #[serde(default)]
+    pub include_only: Vec<String>,
+}
+
+/// `envPolicy.inherit`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvInherit {
+    /// `PATH SHELL TMPDIR TEMP TMP HOME LANG LC_ALL LC_CTYPE LOGNAME USER` (names matched
+    /// without regard to case).
+    #[default]
+    Core,
+    /// Every variable of the server.
+    All,
+    /// Nothing.
+    None,
 }
 
 /// Result of `process/start`.
@@ -55,7 +126,7 @@ pub struct StartResult {
 
 /// Params of `process/read`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ReadParams {
     /// The process.
     pub process_id: String,
@@ -151,7 +222,7 @@ pub struct DeniedNotification {
 
 /// Params of `process/write`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct WriteParams {
     /// The process.
     pub process_id: String,
@@ -165,12 +236,28 @@ pub struct WriteParams {
     pub close: bool,
 }
 
-/// Result of `process/write`.
+/// Result of `process/write`: a status, never an error for the process's state (the reference
+/// client turns `stdinClosed` into "its stdin is closed" but an error into "the process failed").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WriteResult {
-    /// Always `"accepted"` (also for a deduplicated retry).
-    pub status: String,
+    /// What became of the write.
+    pub status: WriteStatus,
+}
+
+/// `process/write` statuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WriteStatus {
+    /// Written (also a deduplicated retry of an applied `writeId`).
+    Accepted,
+    /// No process with this id in the session.
+    UnknownProcess,
+    /// The process cannot take input: started without `pipeStdin` or a PTY, stdin closed
+    /// (`close: true` or by the process), or the process exited.
+    StdinClosed,
+    /// A `process/start` with this id is still in progress.
+    Starting,
 }
 
 /// Signals a client may send.
@@ -189,7 +276,7 @@ pub enum SignalName {
 
 /// Params of `process/signal`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SignalParams {
     /// The process.
     pub process_id: String,
@@ -199,7 +286,7 @@ pub struct SignalParams {
 
 /// Params of `process/resize`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ResizeParams {
     /// The process (must be PTY-backed).
     pub process_id: String,
@@ -211,7 +298,7 @@ pub struct ResizeParams {
 
 /// Params of `process/terminate`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct TerminateParams {
     /// The process.
     pub process_id: String,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proto::jsonrpc::Notification;
 use proto::methods::process::{ClosedNotification, ExitedNotification, OutputNotification};
-use proto::methods::{PROCESS_CLOSED, PROCESS_EXITED, PROCESS_OUTPUT};
+use proto::methods::{HTTP_REQUEST_BODY_DELTA, PROCESS_CLOSED, PROCESS_EXITED, PROCESS_OUTPUT};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -108,6 +108,8 @@ pub(crate) struct Inner {
     pub state: watch::Sender<ConnectionState>,
     processes: Mutex<HashMap<String, ProcessEntry>>,
     pub starts_in_flight: watch::Sender<usize>,
+    /// Open `http/request` body streams.
+    pub http_streams: super::http::HttpStreams,
     next_request_id: AtomicI64,
     next_generation: AtomicU64,
 }
@@ -122,6 +124,7 @@ impl Inner {
             state: watch::channel(ConnectionState::Recovering { lost_generation: 0 }).0,
             processes: Mutex::new(HashMap::new()),
             starts_in_flight: watch::channel(0).0,
+            http_streams: super::http::HttpStreams::default(),
             next_request_id: AtomicI64::new(1),
             next_generation: AtomicU64::new(1),
         })
@@ -163,6 +166,7 @@ impl Inner {
             connection.shutdown();
         }
         self.state.send_replace(state);
+        self.http_streams.fail_all(&error);
         let entries: Vec<ProcessEntry> = self.lock_processes().drain().map(|(_, e)| e).collect();
         for entry in entries {
             let _ = entry.events.send(ProcessEvent::Failed {
@@ -320,13 +324,19 @@ impl Inner {
 }
 
 impl ConnectionEvents for Inner {
-    fn notification(&self, _generation: u64, notification: Notification) {
+    fn notification(&self, generation: u64, notification: Notification) {
+        if notification.method == HTTP_REQUEST_BODY_DELTA {
+            // A body belongs to the connection that carried its request.
+            self.http_streams.deliver(generation, notification.params);
+            return;
+        }
         // Events carry their seq, so a late notification from an older connection is merged
         // (or dropped as a repeat) like any other.
         self.on_notification(notification);
     }
 
     fn disconnected(self: Arc<Self>, generation: u64) {
+        self.http_streams.connection_lost(generation);
         self.connection_lost(generation);
     }
 }

@@ -5,6 +5,16 @@ use std::time::Duration;
 
 use proto::RpcError;
 use proto::error::{ErrorKind, NOT_FOUND, SESSION_ATTACHED};
+use proto::methods::process::WriteStatus;
+
+fn describe_write_status(status: WriteStatus) -> &'static str {
+    match status {
+        WriteStatus::Accepted => "accepted",
+        WriteStatus::UnknownProcess => "the server knows no such process (unknownProcess)",
+        WriteStatus::StdinClosed => "its stdin is closed (stdinClosed)",
+        WriteStatus::Starting => "the process is still starting (starting)",
+    }
+}
 
 /// Why a client call failed.
 ///
@@ -84,6 +94,14 @@ pub enum ExecServerError {
     StreamInterrupted {
         /// The file.
         path: String,
+    },
+    /// `process/write` was answered with a status other than `accepted`.
+    #[error("process/write to {process_id:?} was not accepted: {}", describe_write_status(*.status))]
+    WriteNotAccepted {
+        /// The process.
+        process_id: String,
+        /// The server's status.
+        status: WriteStatus,
     },
     /// The server sent something this client cannot interpret.
     #[error("unexpected reply to {method}: {reason}")]

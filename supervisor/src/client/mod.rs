@@ -42,10 +42,28 @@
 //!         rows: None,
 //!         sandbox: None,
 //!         audit_denials: false,
+//!         env_policy: None,
+//!         enforce_managed_network: false,
 //!     })
 //!     .await?;
 //! let output = process.wait().await?;
 //! assert_eq!((output.stdout.as_slice(), output.exit_code), (&b"hi\n"[..], 3));
+//! # Ok(()) }
+//! ```
+//!
+//! An HTTP request made by the server, its body streamed as it arrives:
+//! ```no_run
+//! # async fn demo(client: supervisor::ExecServerClient) -> Result<(), Box<dyn std::error::Error>> {
+//! use futures_util::StreamExt;
+//! use supervisor::HttpRequest;
+//! let shell = client.environment_info().await?.shell;
+//! println!("the server runs {} ({})", shell.name, shell.path);
+//! let mut response = client
+//!     .http_request_stream(HttpRequest::new("GET", "http://127.0.0.1:8080/events"))
+//!     .await?;
+//! while let Some(chunk) = response.body.next().await {
+//!     print!("{}", String::from_utf8_lossy(&chunk?));
+//! }
 //! # Ok(()) }
 //! ```
 //!
@@ -65,6 +83,7 @@ mod core;
 pub mod error;
 pub mod events;
 mod fs;
+pub mod http;
 pub mod process;
 pub mod recovery;
 pub mod remote;
@@ -84,6 +103,7 @@ pub use self::core::ConnectionState;
 use self::core::{Inner, Settings, from_result, to_params};
 pub use error::ExecServerError;
 pub use events::ProcessEvent;
+pub use http::{HttpBody, HttpRequest, HttpResponseData, HttpStreamResponse};
 pub use process::{ProcessEvents, ProcessHandle, ProcessOutput, RemoteProcess};
 pub use recovery::RECOVERY_DEADLINE;
 pub use remote::{RelayTransport, RemoteExecServerConnectArgs};

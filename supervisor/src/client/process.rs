@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 
 use proto::methods::process::{
     OutputStream, ReadParams, ReadResult, ResizeParams, RunningResult, SignalName, SignalParams,
-    StartParams, StartResult, TerminateParams, WriteParams, WriteResult,
+    StartParams, StartResult, TerminateParams, WriteParams, WriteResult, WriteStatus,
 };
 use proto::methods::{
     Empty, PROCESS_READ, PROCESS_RESIZE, PROCESS_SIGNAL, PROCESS_START, PROCESS_TERMINATE,
@@ -150,7 +150,8 @@ impl RemoteProcess {
     /// by a lost connection is safely sent again after recovery: the server applies it once.
     ///
     /// # Errors
-    /// -32600 `stdinUnavailable` (no `pipeStdin`, closed, or exited), -32004 unknown process.
+    /// [`ExecServerError::WriteNotAccepted`] with the server's status (`stdinClosed`: no
+    /// `pipeStdin`, closed, or exited; `unknownProcess`).
     pub async fn write(&self, data: &[u8]) -> Result<(), ExecServerError> {
         self.write_with_id(data, &uuid::Uuid::new_v4().to_string(), false)
             .await
@@ -189,11 +190,17 @@ impl RemoteProcess {
             write_id: Some(write_id.to_owned()),
             close,
         };
-        let _: WriteResult = self
+        let result: WriteResult = self
             .inner
             .call(PROCESS_WRITE, &params, Replay::Safe)
             .await?;
-        Ok(())
+        match result.status {
+            WriteStatus::Accepted => Ok(()),
+            status => Err(ExecServerError::WriteNotAccepted {
+                process_id: self.id.clone(),
+                status,
+            }),
+        }
     }
 
     /// Send `signal` to the process group. Returns whether the process was still running.

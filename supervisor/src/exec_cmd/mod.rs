@@ -235,6 +235,8 @@ pub fn start_params(
             .map(|profile| serde_json::json!({ "profile": profile, "cwd": cwd.to_uri_string() })),
         cwd,
         audit_denials: false,
+        env_policy: None,
+        enforce_managed_network: false,
     })
 }
 

@@ -54,10 +54,10 @@ impl HandleTable {
     /// Invalid or duplicate id, or the connection's handles are exhausted.
     pub fn reserve(&self, id: &str) -> Result<HandleReservation<'_>, FsRequestError> {
         if id.is_empty() || id.len() > MAX_HANDLE_ID_BYTES {
-            return Err(FsRequestError::InvalidParams(format!(
-                "handleId must be 1 to {MAX_HANDLE_ID_BYTES} bytes (MAX_HANDLE_ID_BYTES), got {}",
-                id.len()
-            )));
+            return Err(FsRequestError::HandleIdLength {
+                length: id.len(),
+                limit: MAX_HANDLE_ID_BYTES,
+            });
         }
         let mut slots = self.lock();
         if slots.contains_key(id) {

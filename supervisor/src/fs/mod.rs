@@ -34,6 +34,15 @@ pub enum FsRequestError {
     /// A param is out of its domain.
     #[error("{0}")]
     InvalidParams(String),
+    /// `handleId` is empty or longer than [`crate::limits::MAX_HANDLE_ID_BYTES`] (-32600, as the
+    /// reference client maps it to `InvalidInput`).
+    #[error("handleId must be 1 to {limit} bytes (MAX_HANDLE_ID_BYTES), got {length}")]
+    HandleIdLength {
+        /// Its length.
+        length: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// No such handle.
     #[error("unknown handle {0:?}; open it with fs/open first")]
     UnknownHandle(String),

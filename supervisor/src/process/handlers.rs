@@ -8,13 +8,13 @@ use base64::Engine;
 use nix::sys::signal::Signal;
 use proto::methods::process::{
     OutputChunk, ReadParams, ReadResult, ResizeParams, RunningResult, SignalName, SignalParams,
-    StartParams, StartResult, TerminateParams, WriteParams, WriteResult,
+    StartParams, StartResult, TerminateParams, WriteParams, WriteResult, WriteStatus,
 };
 
-use super::ProcessError;
 use super::managed::{ManagedProcess, Stdin};
 use super::pump::{self, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
+use super::{Lookup, ProcessError, env_policy};
 use crate::limits::{DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS};
 use crate::server::ServerState;
 use crate::session::Session;
@@ -50,7 +50,21 @@ pub async fn start(
         )
     });
     let audit = params.audit_denials;
+    let env = env_policy::child_env(
+        params.env_policy.as_ref(),
+        env_policy::server_env(),
+        params.env,
+    );
     let policy = resolve_sandbox(server, params.sandbox, &cwd).await?;
+    if params.enforce_managed_network && policy.as_ref().is_none_or(|(p, _)| p.network_allowed()) {
+        // A managed proxy is what was asked for; running with the network open would give more.
+        return Err(ProcessError::Unsupported(
+            "enforceManagedNetwork: this server cannot confine a command's network to a managed \
+             proxy; send a sandbox whose network is off, or leave enforceManagedNetwork out to \
+             run with the network the sandbox allows"
+                .into(),
+        ));
+    }
     let spec = match policy {
         None if audit => {
             return Err(ProcessError::InvalidParams(
@@ -61,7 +75,7 @@ pub async fn start(
             argv: params.argv,
             arg0: params.arg0,
             cwd,
-            env: params.env,
+            env,
             pty,
             pipe_stdin: params.pipe_stdin,
             audit_pipe: false,
@@ -76,7 +90,7 @@ pub async fn start(
             &server.sandboxing,
             policy,
             params.argv,
-            params.env,
+            env,
             cwd,
             pty,
             params.pipe_stdin,
@@ -166,21 +180,25 @@ pub async fn read(session: &Session, params: ReadParams) -> Result<ReadResult, P
     })
 }
 
-/// `process/write`.
+/// `process/write`: the state of the process is a status (`unknownProcess`, `starting`,
+/// `stdinClosed`, `accepted`), never an error.
 ///
 /// # Errors
-/// Unknown process, invalid base64, stdin unavailable.
+/// Invalid base64 only.
 pub async fn write(session: &Session, params: WriteParams) -> Result<WriteResult, ProcessError> {
-    let process = session.processes.get(&params.process_id)?;
     let data = base64::engine::general_purpose::STANDARD
         .decode(params.chunk.as_bytes())
         .map_err(|error| ProcessError::InvalidBase64(error.to_string()))?;
-    process
-        .write(&data, params.write_id.as_deref(), params.close)
-        .await?;
-    Ok(WriteResult {
-        status: "accepted".into(),
-    })
+    let status = match session.processes.lookup(&params.process_id) {
+        Lookup::Missing => WriteStatus::UnknownProcess,
+        Lookup::Starting => WriteStatus::Starting,
+        Lookup::Ready(process) => {
+            process
+                .write(&data, params.write_id.as_deref(), params.close)
+                .await
+        }
+    };
+    Ok(WriteResult { status })
 }
 
 /// `process/signal`.

@@ -12,6 +12,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 use tokio::sync::watch;
 
+use proto::methods::process::WriteStatus;
+
 use super::ProcessError;
 use super::output::{Exit, LogRead, OutputLog};
 use crate::limits::{
@@ -174,16 +176,11 @@ impl ManagedProcess {
         }
     }
 
-    /// Write to stdin (and optionally close it). A repeated `write_id` is applied once.
-    ///
-    /// # Errors
-    /// [`ProcessError::StdinUnavailable`] when stdin is not writable or the write fails.
-    pub async fn write(
-        &self,
-        data: &[u8],
-        write_id: Option<&str>,
-        close: bool,
-    ) -> Result<(), ProcessError> {
+    /// Write to stdin (and optionally close it). A repeated `write_id` is applied once (the
+    /// last [`WRITE_ID_MEMORY`] ids are remembered). Returns [`WriteStatus::Accepted`], or
+    /// [`WriteStatus::StdinClosed`] when stdin cannot take the bytes (never requested, closed
+    /// with `close`, closed by the process, or the process exited).
+    pub async fn write(&self, data: &[u8], write_id: Option<&str>, close: bool) -> WriteStatus {
         let mut stdin = self.stdin.lock().await;
         if let Some(id) = write_id
             && self
@@ -192,21 +189,21 @@ impl ManagedProcess {
                 .unwrap_or_else(|p| p.into_inner())
                 .contains(id)
         {
-            return Ok(());
+            return WriteStatus::Accepted;
         }
-        let unavailable = |reason: String| ProcessError::StdinUnavailable {
-            process_id: self.id.clone(),
-            reason,
-        };
         if self.exit().is_some() && !matches!(*stdin, Stdin::Unavailable(_)) {
             *stdin = Stdin::Unavailable("the process has exited");
         }
+        let closed = |reason: &dyn std::fmt::Display| {
+            tracing::debug!(process_id = %self.id, %reason, "process/write: stdin closed");
+            WriteStatus::StdinClosed
+        };
         match &mut *stdin {
-            Stdin::Unavailable(reason) => return Err(unavailable((*reason).to_owned())),
+            Stdin::Unavailable(reason) => return closed(reason),
             Stdin::Pipe(pipe) => {
                 if let Err(error) = pipe.write_all(data).await {
                     *stdin = Stdin::Unavailable("stdin was closed by the process");
-                    return Err(unavailable(format!("writing stdin failed: {error}")));
+                    return closed(&format!("writing stdin failed: {error}"));
                 }
                 if close {
                     let _ = pipe.shutdown().await;
@@ -214,9 +211,9 @@ impl ManagedProcess {
                 }
             }
             Stdin::Pty(master) => {
-                write_all_pty(master, data)
-                    .await
-                    .map_err(|e| unavailable(format!("writing the terminal failed: {e}")))?;
+                if let Err(error) = write_all_pty(master, data).await {
+                    return closed(&format!("writing the terminal failed: {error}"));
+                }
                 if close {
                     *stdin = Stdin::Unavailable("stdin was closed with close: true");
                 }
@@ -228,7 +225,7 @@ impl ManagedProcess {
                 .unwrap_or_else(|p| p.into_inner())
                 .remember(id);
         }
-        Ok(())
+        WriteStatus::Accepted
     }
 
     /// Resize the PTY.
@@ -287,5 +284,26 @@ impl WriteIds {
                 self.set.remove(&old);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_ids_remember_the_newest_write_id_memory_ids() {
+        let mut ids = WriteIds::default();
+        for n in 0..=WRITE_ID_MEMORY {
+            ids.remember(&n.to_string());
+        }
+        assert!(!ids.contains("0"), "the oldest id is forgotten");
+        assert!(ids.contains("1"));
+        assert!(ids.contains(&WRITE_ID_MEMORY.to_string()));
+        assert_eq!(ids.order.len(), WRITE_ID_MEMORY);
+        assert_eq!(ids.set.len(), WRITE_ID_MEMORY);
+        // Remembering a known id again does not evict anything.
+        ids.remember("1");
+        assert!(ids.contains("1") && ids.contains("2"));
     }
 }

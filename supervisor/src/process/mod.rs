@@ -5,6 +5,7 @@
 //! process's log ([`output`]) and notifies the attached connection; after `closed` the process
 //! stays readable for a while, then leaves the table.
 
+pub mod env_policy;
 pub mod guardian;
 pub mod handlers;
 pub mod managed;
@@ -64,14 +65,6 @@ pub enum ProcessError {
     /// The child could not be started.
     #[error(transparent)]
     Spawn(#[from] spawn::SpawnError),
-    /// stdin cannot take the write.
-    #[error("cannot write to process {process_id:?}: {reason}")]
-    StdinUnavailable {
-        /// The id.
-        process_id: String,
-        /// Why.
-        reason: String,
-    },
     /// `chunk` is not base64.
     #[error("chunk is not valid base64: {0}")]
     InvalidBase64(String),
@@ -91,6 +84,16 @@ pub enum ProcessError {
 
 enum Slot {
     Starting,
+    Ready(Arc<ManagedProcess>),
+}
+
+/// What a process id names in a session.
+pub enum Lookup {
+    /// Nothing.
+    Missing,
+    /// A `process/start` with this id is in progress.
+    Starting,
+    /// A started process.
     Ready(Arc<ManagedProcess>),
 }
 
@@ -174,6 +177,15 @@ impl ProcessTable {
         }
     }
 
+    /// What `id` names, telling a start in progress from an unknown id.
+    pub fn lookup(&self, id: &str) -> Lookup {
+        match self.lock().get(id) {
+            Some(Slot::Ready(process)) => Lookup::Ready(process.clone()),
+            Some(Slot::Starting) => Lookup::Starting,
+            None => Lookup::Missing,
+        }
+    }
+
     /// Every started process.
     pub fn all(&self) -> Vec<Arc<ManagedProcess>> {
         self.lock()
@@ -192,5 +204,21 @@ impl ProcessTable {
         {
             slots.remove(&process.id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reserved_id_looks_up_as_starting_until_filled_or_dropped() {
+        let table = ProcessTable::default();
+        assert!(matches!(table.lookup("p"), Lookup::Missing));
+        let reservation = table.reserve("p").unwrap();
+        assert!(matches!(table.lookup("p"), Lookup::Starting));
+        assert!(matches!(table.get("p"), Err(ProcessError::NotFound { .. })));
+        drop(reservation);
+        assert!(matches!(table.lookup("p"), Lookup::Missing));
     }
 }

@@ -44,6 +44,8 @@ pub struct Connection {
     session: Mutex<Option<Arc<Session>>>,
     /// Open `fs/open` handles.
     pub handles: HandleTable,
+    /// `http/request` slots and active stream ids.
+    pub http: crate::http::ConnectionHttp,
     /// Flips to true when the connection ends (cancels long-polls).
     pub closed: watch::Receiver<bool>,
 }
@@ -166,6 +168,7 @@ where
         outbound,
         session: Mutex::new(None),
         handles: HandleTable::default(),
+        http: crate::http::ConnectionHttp::default(),
         closed,
     });
     let slots = Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS));
@@ -239,14 +242,7 @@ async fn handle_payload(connection: &Arc<Connection>, slots: &Arc<Semaphore>, pa
             };
             let connection = connection.clone();
             tokio::spawn(async move {
-                let reply = super::dispatch::dispatch(
-                    &connection,
-                    &session,
-                    &request.method,
-                    request.params,
-                )
-                .await;
-                connection.send(reply_message(request.id, reply)).await;
+                super::dispatch::respond(&connection, &session, request).await;
                 drop(slot);
             });
         }
@@ -302,7 +298,7 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
     })
 }
 
-fn reply_message(id: RequestId, reply: Result<serde_json::Value, RpcError>) -> Message {
+pub(super) fn reply_message(id: RequestId, reply: Result<serde_json::Value, RpcError>) -> Message {
     match reply {
         Ok(result) => Message::Response(Response { id, result }),
         Err(error) => Message::Error(ErrorResponse { id, error }),

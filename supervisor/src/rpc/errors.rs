@@ -3,6 +3,7 @@
 use proto::error::{self as codes, ErrorKind, RpcError};
 
 use crate::fs::FsRequestError;
+use crate::http::HttpError;
 use crate::process::ProcessError;
 use crate::process::spawn::SpawnError;
 use crate::session::SessionError;
@@ -22,9 +23,6 @@ impl From<ProcessError> for RpcError {
             }
             ProcessError::CwdNotDirectory { .. } => {
                 (codes::INVALID_REQUEST, ErrorKind::NotADirectory)
-            }
-            ProcessError::StdinUnavailable { .. } => {
-                (codes::INVALID_REQUEST, ErrorKind::StdinUnavailable)
             }
             ProcessError::NotPty { .. } | ProcessError::Unsupported(_) => {
                 (codes::INVALID_REQUEST, ErrorKind::Unsupported)
@@ -70,6 +68,9 @@ impl From<FsRequestError> for RpcError {
         let message = error.to_string();
         match error {
             FsRequestError::InvalidParams(_) => RpcError::invalid_params(message),
+            FsRequestError::HandleIdLength { limit, .. } => {
+                RpcError::limit_exceeded(message, limit as u64)
+            }
             FsRequestError::UnknownHandle(_) => RpcError::not_found(message),
             FsRequestError::DuplicateHandle(_) => {
                 RpcError::invalid_request(ErrorKind::AlreadyExists, message)
@@ -78,5 +79,38 @@ impl From<FsRequestError> for RpcError {
                 RpcError::limit_exceeded(message, limit as u64)
             }
         }
+    }
+}
+
+impl From<HttpError> for RpcError {
+    fn from(error: HttpError) -> Self {
+        let message = error.to_string();
+        let rpc = match &error {
+            HttpError::InvalidParams(_)
+            | HttpError::DuplicateStream { .. }
+            | HttpError::InvalidSandbox(_) => RpcError::invalid_params(message),
+            HttpError::InvalidBase64(_) => {
+                RpcError::new(codes::INVALID_PARAMS, ErrorKind::InvalidBase64, message)
+            }
+            HttpError::TooLarge { limit, .. } | HttpError::TooMany { limit, .. } => {
+                RpcError::limit_exceeded(message, *limit as u64)
+            }
+            HttpError::NetworkOff { .. } | HttpError::TargetRefused { .. } => {
+                RpcError::invalid_request(ErrorKind::SandboxDenied, message)
+            }
+            HttpError::TimedOut { .. } => {
+                RpcError::new(codes::INTERNAL_ERROR, ErrorKind::TimedOut, message)
+            }
+            HttpError::Resolve { .. }
+            | HttpError::Upstream { .. }
+            | HttpError::TooManyRedirects { .. } => {
+                RpcError::new(codes::INTERNAL_ERROR, ErrorKind::Io, message)
+            }
+            HttpError::Tls(_) => RpcError::internal(message),
+            HttpError::ValueEnvVar { .. } => {
+                RpcError::invalid_request(ErrorKind::Unsupported, message)
+            }
+        };
+        rpc.with_operation(proto::methods::HTTP_REQUEST)
     }
 }

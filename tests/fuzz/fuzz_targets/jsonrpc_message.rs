@@ -17,6 +17,7 @@ use proto::methods::fs::{
     CloseParams, CopyParams, CreateDirectoryParams, OpenParams, PathParams, ReadBlockParams,
     ReadFileParams, RemoveParams, WriteFileParams,
 };
+use proto::methods::http::HttpRequestParams;
 use proto::methods::initialize::InitializeParams;
 use proto::methods::process::{
     ReadParams, ResizeParams, SignalParams, StartParams, TerminateParams, WriteParams,
@@ -102,6 +103,10 @@ fn dispatch(params: &Option<Value>) {
     }
     check::<ReadBlockParams>(methods::FS_READ_BLOCK, params);
     check::<CloseParams>(methods::FS_CLOSE, params);
+    check::<Empty>(methods::ENVIRONMENT_INFO, params);
+    if let Some(p) = check::<HttpRequestParams>(methods::HTTP_REQUEST, params) {
+        check_sandbox(&p.sandbox);
+    }
 }
 
 fuzz_target!(|data: &[u8]| {

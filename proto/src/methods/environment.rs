@@ -1,0 +1,65 @@
+//! `environment/info`: what a harness needs to know about the machine before it runs anything.
+//!
+//! `shell` is the reference protocol's answer (the reference harness runs commands with the
+//! local user's shell and refuses a requested shell when this call fails); every other field is
+//! this server's addition, absent from the reference, and ignored by its client.
+
+use serde::{Deserialize, Serialize};
+
+use crate::uri::FileUri;
+
+/// Result of `environment/info` (params absent, `null` or `{}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvironmentInfo {
+    /// The server user's login shell.
+    pub shell: ShellInfo,
+    /// The server's working directory, as a `file:` URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<FileUri>,
+    /// Operating system, as Rust names it (`linux`, `macos`).
+    #[serde(default)]
+    pub os: String,
+    /// CPU architecture, as Rust names it (`x86_64`, `aarch64`).
+    #[serde(default)]
+    pub arch: String,
+    /// What this host's sandbox can enforce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxSupport>,
+}
+
+/// The shell of `environment/info`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShellInfo {
+    /// Short name: `bash`, `zsh`, `sh`, `fish`, ... (the executable's file name).
+    pub name: String,
+    /// The shell's native absolute path (not a URI, as in the reference).
+    pub path: String,
+}
+
+/// What a `sandbox` on this host can enforce, as `sandbox-run --explain` reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxSupport {
+    /// `sandbox-run` was found and answered; when false the other fields say nothing and
+    /// `error` says why.
+    pub available: bool,
+    /// The running kernel's Landlock ABI version (0: no Landlock).
+    #[serde(default)]
+    pub landlock_abi: u32,
+    /// Unprivileged user namespaces work here (mount, PID, IPC and network namespaces, read-only
+    /// re-binds of protected paths).
+    #[serde(default)]
+    pub user_namespaces: bool,
+    /// `auditDenials` can report denials (the kernel audit log is readable: the server runs as
+    /// root).
+    #[serde(default)]
+    pub audit_denials: bool,
+    /// The network modes a `sandbox` may ask for (`off`, `on`).
+    #[serde(default)]
+    pub network_modes: Vec<String>,
+    /// Why the probe failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}

@@ -1,0 +1,498 @@
+//! `http/request`: the executor makes an HTTP request for the harness.
+//!
+//! Order of a request:
+//! 1. params are validated (method, `http`/`https` URL, headers, body, `requestId`): -32602;
+//! 2. a `sandbox` whose network is off refuses the request (-32600 `sandboxDenied`);
+//! 3. a slot is taken: at most [`MAX_HTTP_REQUESTS_PER_CONNECTION`] per connection and
+//!    [`MAX_HTTP_REQUESTS`] in the server, buffered and streaming alike (-32600
+//!    `limitExceeded`); a streamed request also reserves its `requestId` on the connection
+//!    (a second active stream with the id: -32602);
+//! 4. the target is resolved and checked ([`targets`]), the request sent on a client pinned to
+//!    the checked addresses, redirects followed with the same checks ([`client`]);
+//! 5. buffered: the body is read (at most [`MAX_HTTP_RESPONSE_BODY_BYTES`]) and returned;
+//!    streamed: status and headers are returned, then [`body::BodyStream`] sends the body as
+//!    `http/request/bodyDelta` notifications once the answer is queued. The slot and the
+//!    `requestId` are held until the last delta is sent or the connection ends.
+
+pub mod body;
+pub mod client;
+pub mod targets;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+use proto::methods::http::{HttpHeader, HttpRequestParams, HttpResponse};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, Url};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+pub use body::BodyStream;
+use client::{HttpClients, Outgoing};
+use targets::TargetPolicy;
+
+use crate::limits::{
+    MAX_HTTP_REQUEST_BODY_BYTES, MAX_HTTP_REQUEST_ID_BYTES, MAX_HTTP_REQUESTS,
+    MAX_HTTP_REQUESTS_PER_CONNECTION, MAX_HTTP_RESPONSE_BODY_BYTES,
+};
+
+/// Why an `http/request` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// A param is malformed.
+    #[error("invalid params for http/request: {0}")]
+    InvalidParams(String),
+    /// `bodyBase64` does not decode.
+    #[error("bodyBase64 is not valid base64: {0}")]
+    InvalidBase64(String),
+    /// A streamed request with this `requestId` is still active on the connection. (The
+    /// reference's words exactly: its tests compare them.)
+    #[error("http/request streamResponse requestId `{request_id}` is already active")]
+    DuplicateStream {
+        /// The id.
+        request_id: String,
+    },
+    /// A body is larger than its limit.
+    #[error("{what} is larger than {limit_name} ({limit} bytes){hint}")]
+    TooLarge {
+        /// Which body.
+        what: &'static str,
+        /// The constant's name.
+        limit_name: &'static str,
+        /// The limit.
+        limit: usize,
+        /// What to do instead.
+        hint: &'static str,
+    },
+    /// Too many requests in flight.
+    #[error(
+        "{limit} http/request calls are already in flight ({limit_name}); retry when one finishes"
+    )]
+    TooMany {
+        /// The constant's name.
+        limit_name: &'static str,
+        /// The limit.
+        limit: usize,
+    },
+    /// The request's sandbox turns the network off.
+    #[error("sandbox denied: http/request to {url}: the request's sandbox turns the network off")]
+    NetworkOff {
+        /// The URL.
+        url: String,
+    },
+    /// The sandbox object does not parse or resolve.
+    #[error("invalid sandbox: {0}; see policies/README.md for the accepted shapes")]
+    InvalidSandbox(String),
+    /// The target address is refused.
+    #[error("sandbox denied: http/request to {url}: {address} is {reason}")]
+    TargetRefused {
+        /// The URL.
+        url: String,
+        /// The refused address.
+        address: SocketAddr,
+        /// Which rule.
+        reason: &'static str,
+    },
+    /// A header asks for something this server does not do.
+    #[error("http/request: header {name:?} has valueEnvVar, which this server does not support")]
+    ValueEnvVar {
+        /// The header.
+        name: String,
+    },
+    /// The host name does not resolve.
+    #[error("http/request failed: cannot resolve {host}: {reason}")]
+    Resolve {
+        /// The name.
+        host: String,
+        /// Why.
+        reason: String,
+    },
+    /// `timeoutMs` passed.
+    #[error("http/request failed: timed out after timeoutMs ({timeout_ms} ms)")]
+    TimedOut {
+        /// The timeout.
+        timeout_ms: u64,
+    },
+    /// Connecting, sending or reading failed.
+    #[error("http/request failed: {url}: {reason}")]
+    Upstream {
+        /// The URL.
+        url: String,
+        /// The error chain.
+        reason: String,
+    },
+    /// Redirects did not end.
+    #[error("http/request failed: more than {limit} redirects (MAX_HTTP_REDIRECTS), last to {url}")]
+    TooManyRedirects {
+        /// The last URL.
+        url: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// TLS could not be set up.
+    #[error("http/request: {0}")]
+    Tls(String),
+}
+
+impl HttpError {
+    /// A reqwest failure: a timeout, or an upstream error with its whole cause chain.
+    pub fn upstream(url: &Url, error: &reqwest::Error, timeout_ms: Option<u64>) -> Self {
+        if error.is_timeout() {
+            return HttpError::TimedOut {
+                timeout_ms: timeout_ms.unwrap_or(0),
+            };
+        }
+        let mut reason = error.to_string();
+        let mut source = std::error::Error::source(error);
+        while let Some(cause) = source {
+            reason.push_str(": ");
+            reason.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        HttpError::Upstream {
+            url: url.to_string(),
+            reason,
+        }
+    }
+}
+
+/// Server-wide state of `http/request`.
+pub struct HttpContext {
+    clients: HttpClients,
+    slots: Arc<Semaphore>,
+}
+
+impl HttpContext {
+    /// The context of a server listening on `listeners` (never reachable without
+    /// `allowOwnListeners`).
+    pub fn new(listeners: Vec<SocketAddr>) -> Self {
+        Self {
+            clients: HttpClients::new(listeners),
+            slots: Arc::new(Semaphore::new(MAX_HTTP_REQUESTS)),
+        }
+    }
+}
+
+/// One connection's `http/request` state: its slots and its active stream ids.
+pub struct ConnectionHttp {
+    slots: Arc<Semaphore>,
+    streams: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Default for ConnectionHttp {
+    fn default() -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(MAX_HTTP_REQUESTS_PER_CONNECTION)),
+            streams: Arc::default(),
+        }
+    }
+}
+
+/// The slots a request holds (connection and server), released on drop.
+pub struct Slots {
+    _connection: OwnedSemaphorePermit,
+    _server: OwnedSemaphorePermit,
+}
+
+/// A reserved stream id, freed on drop.
+pub struct StreamReservation {
+    streams: Arc<Mutex<HashSet<String>>>,
+    request_id: String,
+}
+
+impl Drop for StreamReservation {
+    fn drop(&mut self) {
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.request_id);
+    }
+}
+
+/// The answer of an `http/request`, and for a streamed one the body still to send.
+pub struct Started {
+    /// The JSON-RPC result.
+    pub result: HttpResponse,
+    /// The body of a streamed request: run it after the result is queued.
+    pub body: Option<BodyStream>,
+}
+
+/// `http/request`.
+///
+/// # Errors
+/// See [`HttpError`].
+pub async fn request(
+    context: &HttpContext,
+    connection: &ConnectionHttp,
+    params: HttpRequestParams,
+) -> Result<Started, HttpError> {
+    let outgoing = validate(&params)?;
+    if let Some(sandbox) = params.sandbox.as_ref().filter(|value| !value.is_null()) {
+        let spec: sandbox::SandboxSpec = serde_json::from_value(sandbox.clone())
+            .map_err(|error| HttpError::InvalidSandbox(error.to_string()))?;
+        let policy = spec
+            .resolve()
+            .map_err(|error| HttpError::InvalidSandbox(error.to_string()))?;
+        if !policy.network_allowed() {
+            return Err(HttpError::NetworkOff {
+                url: params.url.clone(),
+            });
+        }
+    }
+    let slots = take_slots(context, connection)?;
+    let reservation = params
+        .stream_response
+        .then(|| reserve_stream(connection, &params.request_id))
+        .transpose()?;
+    let policy = TargetPolicy {
+        allow_link_local: params.allow_link_local,
+        allow_own_listeners: params.allow_own_listeners,
+    };
+    let deadline = client::deadline(params.timeout_ms);
+    let mut response = context
+        .clients
+        .send(
+            outgoing,
+            &policy,
+            params.redirect_policy,
+            deadline,
+            params.timeout_ms,
+        )
+        .await?;
+    let status = response.status().as_u16();
+    let headers = response_headers(response.headers());
+    match reservation {
+        Some(reservation) => Ok(Started {
+            result: HttpResponse {
+                status,
+                headers,
+                body_base64: String::new(),
+            },
+            body: Some(BodyStream::new(
+                params.request_id,
+                response,
+                slots,
+                reservation,
+                params.timeout_ms,
+            )),
+        }),
+        None => {
+            let body = body::read_bounded(
+                &mut response,
+                MAX_HTTP_RESPONSE_BODY_BYTES,
+                params.timeout_ms,
+            )
+            .await?;
+            drop(slots);
+            Ok(Started {
+                result: HttpResponse {
+                    status,
+                    headers,
+                    body_base64: base64_simd::STANDARD.encode_to_string(body),
+                },
+                body: None,
+            })
+        }
+    }
+}
+
+/// Params → the first hop, or -32602 naming what is wrong.
+fn validate(params: &HttpRequestParams) -> Result<Outgoing, HttpError> {
+    let invalid = |message: String| Err(HttpError::InvalidParams(message));
+    if params.request_id.is_empty() || params.request_id.len() > MAX_HTTP_REQUEST_ID_BYTES {
+        return invalid(format!(
+            "requestId must be 1 to {MAX_HTTP_REQUEST_ID_BYTES} bytes (MAX_HTTP_REQUEST_ID_BYTES), got {}",
+            params.request_id.len()
+        ));
+    }
+    let method = Method::from_bytes(params.method.as_bytes()).map_err(|error| {
+        HttpError::InvalidParams(format!("method {:?} is invalid: {error}", params.method))
+    })?;
+    if method == Method::CONNECT {
+        return invalid("method CONNECT is not supported (it would open a tunnel)".into());
+    }
+    let url = Url::parse(&params.url).map_err(|error| {
+        HttpError::InvalidParams(format!(
+            "url {:?} is invalid: {error}; send an absolute http:// or https:// URL",
+            params.url
+        ))
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return invalid(format!(
+            "only http and https URLs are supported, got scheme {:?}",
+            url.scheme()
+        ));
+    }
+    let mut headers = HeaderMap::new();
+    for HttpHeader {
+        name,
+        value,
+        value_env_var,
+    } in &params.headers
+    {
+        if value_env_var.is_some() {
+            return Err(HttpError::ValueEnvVar { name: name.clone() });
+        }
+        let header_name = HeaderName::from_bytes(name.as_bytes()).map_err(|error| {
+            HttpError::InvalidParams(format!("header name {name:?} is invalid: {error}"))
+        })?;
+        let header_value = HeaderValue::from_str(value).map_err(|error| {
+            HttpError::InvalidParams(format!("the value of header {name:?} is invalid: {error}"))
+        })?;
+        headers.append(header_name, header_value);
+    }
+    let body = match &params.body_base64 {
+        None => None,
+        Some(text) => {
+            // base64 is 4 characters per 3 bytes: refuse before decoding what cannot fit.
+            if text.len() / 4 * 3 > MAX_HTTP_REQUEST_BODY_BYTES + 3 {
+                return Err(request_body_too_large());
+            }
+            let body = base64::engine::general_purpose::STANDARD
+                .decode(text.as_bytes())
+                .map_err(|error| HttpError::InvalidBase64(error.to_string()))?;
+            if body.len() > MAX_HTTP_REQUEST_BODY_BYTES {
+                return Err(request_body_too_large());
+            }
+            Some(body)
+        }
+    };
+    Ok(Outgoing {
+        method,
+        url,
+        headers,
+        body,
+    })
+}
+
+fn request_body_too_large() -> HttpError {
+    HttpError::TooLarge {
+        what: "the request body",
+        limit_name: "MAX_HTTP_REQUEST_BODY_BYTES",
+        limit: MAX_HTTP_REQUEST_BODY_BYTES,
+        hint: "",
+    }
+}
+
+fn take_slots(context: &HttpContext, connection: &ConnectionHttp) -> Result<Slots, HttpError> {
+    let connection_slot =
+        connection
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| HttpError::TooMany {
+                limit_name: "MAX_HTTP_REQUESTS_PER_CONNECTION",
+                limit: MAX_HTTP_REQUESTS_PER_CONNECTION,
+            })?;
+    let server_slot =
+        context
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| HttpError::TooMany {
+                limit_name: "MAX_HTTP_REQUESTS",
+                limit: MAX_HTTP_REQUESTS,
+            })?;
+    Ok(Slots {
+        _connection: connection_slot,
+        _server: server_slot,
+    })
+}
+
+fn reserve_stream(
+    connection: &ConnectionHttp,
+    request_id: &str,
+) -> Result<StreamReservation, HttpError> {
+    let mut streams = connection.streams.lock().unwrap_or_else(|p| p.into_inner());
+    if !streams.insert(request_id.to_owned()) {
+        return Err(HttpError::DuplicateStream {
+            request_id: request_id.to_owned(),
+        });
+    }
+    Ok(StreamReservation {
+        streams: connection.streams.clone(),
+        request_id: request_id.to_owned(),
+    })
+}
+
+/// Response headers in order; values that are not UTF-8 are left out (as the reference does).
+fn response_headers(headers: &HeaderMap) -> Vec<HttpHeader> {
+    headers
+        .iter()
+        .filter_map(|(name, value)| {
+            Some(HttpHeader {
+                name: name.as_str().to_owned(),
+                value: value.to_str().ok()?.to_owned(),
+                value_env_var: None,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn params(extra: serde_json::Value) -> HttpRequestParams {
+        let mut value = json!({"method": "GET", "url": "http://127.0.0.1:1/", "requestId": "r"});
+        for (key, field) in extra.as_object().unwrap() {
+            value[key] = field.clone();
+        }
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn invalid(extra: serde_json::Value) -> String {
+        match validate(&params(extra)) {
+            Err(HttpError::InvalidParams(message)) => message,
+            other => panic!("expected InvalidParams, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn validation_names_what_is_wrong() {
+        assert!(invalid(json!({"url": "ftp://x/"})).contains("\"ftp\""));
+        assert!(invalid(json!({"url": "/relative"})).contains("absolute"));
+        assert!(invalid(json!({"method": "GE T"})).contains("method"));
+        assert!(invalid(json!({"method": "CONNECT"})).contains("CONNECT"));
+        assert!(invalid(json!({"requestId": ""})).contains("requestId"));
+        assert!(
+            invalid(json!({"headers": [{"name": "bad name", "value": "v"}]})).contains("bad name")
+        );
+        assert!(invalid(json!({"headers": [{"name": "x", "value": "a\nb"}]})).contains("\"x\""));
+        assert!(matches!(
+            validate(&params(json!({"bodyBase64": "!!"}))),
+            Err(HttpError::InvalidBase64(_))
+        ));
+    }
+
+    #[test]
+    fn headers_keep_order_and_repeats() {
+        let outgoing = validate(&params(json!({"headers": [
+            {"name": "X-A", "value": "1"}, {"name": "x-b", "value": "2"}, {"name": "x-a", "value": "3"}
+        ]})))
+        .unwrap();
+        let seen: Vec<_> = outgoing
+            .headers
+            .get_all("x-a")
+            .iter()
+            .map(|value| value.to_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(seen, ["1", "3"]);
+        assert_eq!(outgoing.headers.len(), 3);
+    }
+
+    #[test]
+    fn a_second_active_stream_with_one_id_is_refused_until_the_first_ends() {
+        let connection = ConnectionHttp::default();
+        let first = reserve_stream(&connection, "s").unwrap();
+        assert!(matches!(
+            reserve_stream(&connection, "s"),
+            Err(HttpError::DuplicateStream { .. })
+        ));
+        let _other = reserve_stream(&connection, "t").unwrap();
+        drop(first);
+        reserve_stream(&connection, "s").unwrap();
+    }
+}

@@ -1,0 +1,281 @@
+//! Which addresses an `http/request` may connect to.
+//!
+//! Refused unless the request explicitly allows them:
+//! - link-local addresses (169.254.0.0/16, fe80::/10), which hold the cloud metadata services,
+//!   and the metadata addresses outside that range ([`METADATA_ADDRESSES`]); NAT64
+//!   (64:ff9b::/96) and IPv4-mapped forms are looked through;
+//! - the server's own listeners: the same port on the listening address, on any address of this
+//!   host when the listener is bound to the unspecified address, and on `0.0.0.0`/`::` (which
+//!   Linux connects to loopback).
+//!
+//! Everything else stays reachable, loopback included (local services are a legitimate target).
+//! Names are resolved here, every address is checked, and the connection is pinned to the
+//! checked addresses ([`super::client`]), so a name that resolves differently the second time
+//! (DNS rebinding) cannot slip past the check.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Cloud metadata services outside the link-local ranges: AWS's IPv6 endpoint and Alibaba
+/// Cloud's. Refused like link-local addresses.
+pub const METADATA_ADDRESSES: &[IpAddr] = &[
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+];
+
+/// Why an address was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A link-local or metadata address.
+    LinkLocal,
+    /// One of the server's own listeners.
+    OwnListener,
+}
+
+impl Refusal {
+    /// What was refused and which param allows it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Refusal::LinkLocal => {
+                "a link-local or cloud metadata address (allowed only with allowLinkLocal: true)"
+            }
+            Refusal::OwnListener => {
+                "this exec-server's own listener (allowed only with allowOwnListeners: true)"
+            }
+        }
+    }
+}
+
+/// The checks of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetPolicy {
+    /// Allow link-local and metadata addresses.
+    pub allow_link_local: bool,
+    /// Allow the server's own listeners.
+    pub allow_own_listeners: bool,
+}
+
+/// What the policy needs to know about this host.
+pub trait HostFacts {
+    /// The server's TCP listeners.
+    fn own_listeners(&self) -> &[SocketAddr];
+    /// Whether `ip` is an address of this host (loopback is checked separately).
+    fn is_host_address(&self, ip: IpAddr) -> bool;
+}
+
+impl TargetPolicy {
+    /// `Err` when `target` may not be connected to.
+    ///
+    /// # Errors
+    /// The [`Refusal`].
+    pub fn check(&self, target: SocketAddr, host: &impl HostFacts) -> Result<(), Refusal> {
+        let ip = canonical(target.ip());
+        if !self.allow_link_local && is_link_local_or_metadata(ip) {
+            return Err(Refusal::LinkLocal);
+        }
+        if !self.allow_own_listeners && is_own_listener(ip, target.port(), host) {
+            return Err(Refusal::OwnListener);
+        }
+        Ok(())
+    }
+}
+
+/// IPv4-mapped and NAT64 (64:ff9b::/96) addresses as the IPv4 address they carry.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => {
+            let segments = v6.segments();
+            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let [.., a, b] = segments;
+                let [a1, a2] = a.to_be_bytes();
+                let [b1, b2] = b.to_be_bytes();
+                return IpAddr::V4(Ipv4Addr::new(a1, a2, b1, b2));
+            }
+            v6.to_canonical()
+        }
+        v4 => v4,
+    }
+}
+
+fn is_link_local_or_metadata(ip: IpAddr) -> bool {
+    let link_local = match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
+    };
+    link_local || METADATA_ADDRESSES.contains(&ip)
+}
+
+/// Linux connects to loopback when asked for the unspecified address.
+fn effective(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        other => other,
+    }
+}
+
+fn is_own_listener(ip: IpAddr, port: u16, host: &impl HostFacts) -> bool {
+    let target = effective(ip);
+    host.own_listeners().iter().any(|listener| {
+        if listener.port() != port {
+            return false;
+        }
+        let bound = canonical(listener.ip());
+        if bound.is_unspecified() {
+            target.is_loopback() || host.is_host_address(target)
+        } else {
+            effective(bound) == target
+        }
+    })
+}
+
+/// The running host: the server's listeners and the interface addresses from `getifaddrs`
+/// (read at each check: addresses come and go).
+#[derive(Debug, Clone, Default)]
+pub struct RunningHost {
+    listeners: Vec<SocketAddr>,
+}
+
+impl RunningHost {
+    /// A host whose server listens on `listeners`.
+    pub fn new(listeners: Vec<SocketAddr>) -> Self {
+        Self { listeners }
+    }
+}
+
+impl HostFacts for RunningHost {
+    fn own_listeners(&self) -> &[SocketAddr] {
+        &self.listeners
+    }
+
+    fn is_host_address(&self, ip: IpAddr) -> bool {
+        let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
+            // Unknown: count it as ours, so a listener on the unspecified address stays
+            // unreachable (fail closed).
+            return true;
+        };
+        interfaces
+            .filter_map(|interface| interface.address)
+            .any(|address| {
+                let found = address
+                    .as_sockaddr_in()
+                    .map(|v4| IpAddr::V4(v4.ip()))
+                    .or_else(|| address.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())));
+                found.is_some_and(|found| canonical(found) == ip)
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct FakeHost {
+        listeners: Vec<SocketAddr>,
+        addresses: Vec<IpAddr>,
+    }
+
+    impl HostFacts for FakeHost {
+        fn own_listeners(&self) -> &[SocketAddr] {
+            &self.listeners
+        }
+        fn is_host_address(&self, ip: IpAddr) -> bool {
+            self.addresses.contains(&ip)
+        }
+    }
+
+    fn strict() -> TargetPolicy {
+        TargetPolicy {
+            allow_link_local: false,
+            allow_own_listeners: false,
+        }
+    }
+
+    fn addr(text: &str) -> SocketAddr {
+        text.parse().unwrap()
+    }
+
+    fn host(listener: &str) -> FakeHost {
+        FakeHost {
+            listeners: vec![addr(listener)],
+            addresses: vec!["10.0.0.5".parse().unwrap()],
+        }
+    }
+
+    #[test]
+    fn link_local_and_metadata_addresses_are_refused_in_every_spelling() {
+        let host = host("127.0.0.1:4000");
+        for target in [
+            "169.254.169.254:80",
+            "169.254.0.1:8080",
+            "[fe80::1]:80",
+            "[::ffff:169.254.169.254]:80",
+            "[64:ff9b::a9fe:a9fe]:80",
+            "[fd00:ec2::254]:80",
+            "100.100.100.200:80",
+        ] {
+            assert_eq!(
+                strict().check(addr(target), &host),
+                Err(Refusal::LinkLocal),
+                "{target}"
+            );
+            let allowed = TargetPolicy {
+                allow_link_local: true,
+                ..strict()
+            };
+            assert_eq!(allowed.check(addr(target), &host), Ok(()), "{target}");
+        }
+    }
+
+    #[test]
+    fn a_loopback_listener_is_refused_on_its_port_only() {
+        let host = host("127.0.0.1:4000");
+        for target in ["127.0.0.1:4000", "0.0.0.0:4000", "[::ffff:127.0.0.1]:4000"] {
+            assert_eq!(
+                strict().check(addr(target), &host),
+                Err(Refusal::OwnListener),
+                "{target}"
+            );
+        }
+        for target in [
+            "127.0.0.1:4001",
+            "127.0.0.2:4000",
+            "10.0.0.5:4000",
+            "[::1]:4000",
+            "93.184.216.34:4000",
+        ] {
+            assert_eq!(strict().check(addr(target), &host), Ok(()), "{target}");
+        }
+        let allowed = TargetPolicy {
+            allow_own_listeners: true,
+            ..strict()
+        };
+        assert_eq!(allowed.check(addr("127.0.0.1:4000"), &host), Ok(()));
+    }
+
+    #[test]
+    fn an_unspecified_listener_is_refused_on_every_local_address() {
+        let host = host("0.0.0.0:4000");
+        for target in [
+            "127.0.0.1:4000",
+            "127.8.9.10:4000",
+            "10.0.0.5:4000",
+            "0.0.0.0:4000",
+            "[::1]:4000",
+        ] {
+            assert_eq!(
+                strict().check(addr(target), &host),
+                Err(Refusal::OwnListener),
+                "{target}"
+            );
+        }
+        for target in ["10.0.0.6:4000", "10.0.0.5:4001"] {
+            assert_eq!(strict().check(addr(target), &host), Ok(()), "{target}");
+        }
+    }
+
+    #[test]
+    fn the_running_host_knows_its_loopback_interface() {
+        assert!(RunningHost::default().is_host_address("127.0.0.1".parse().unwrap()));
+        assert!(!RunningHost::default().is_host_address("192.0.2.1".parse().unwrap()));
+    }
+}
