@@ -531,3 +531,23 @@ fn audit_state_is_restored_after_the_run() {
         "audit enabled flag changed"
     );
 }
+
+#[test]
+fn a_report_to_a_device_writes_it_and_never_replaces_the_device() {
+    let _guard = require_audit();
+    let fx = Fixture::new(None);
+    let out = Command::new(common::sandbox_run_exe())
+        .args(["--policy", "workspace-write", "--audit", "/dev/null", "--"])
+        .args(["/bin/true"])
+        .current_dir(&fx.ws)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", context(&out));
+    let meta = std::fs::symlink_metadata("/dev/null").unwrap();
+    assert!(
+        std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type()),
+        "/dev/null is no longer a device: {meta:?}"
+    );
+}

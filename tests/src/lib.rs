@@ -1039,11 +1039,48 @@ pub async fn read_until_closed(
         .unwrap_or_else(|_| panic!("the server did not close the connection within {deadline:?}"))
 }
 
+/// The binaries an `exec-server` runs with (itself and the helpers it execs from beside itself),
+/// plus the in-sandbox `probe`.
+pub const INSTALLED_BINARIES: &[&str] = &[
+    SERVER_BINARY,
+    "exec-guardian",
+    "fs-helper",
+    "sandbox-run",
+    "probe",
+];
+
+/// Copies [`INSTALLED_BINARIES`] from the target directory into `dir` (mode 0755), as an install
+/// would, and returns the path of the copied `exec-server`.
+pub fn install_binaries(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let from = exec_server_binary()
+        .parent()
+        .expect("exec-server has a directory")
+        .to_path_buf();
+    std::fs::create_dir_all(dir).expect("create the install directory");
+    for name in INSTALLED_BINARIES {
+        let to = dir.join(name);
+        std::fs::copy(from.join(name), &to)
+            .unwrap_or_else(|e| panic!("copy {name} to {}: {e}", dir.display()));
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    dir.join(SERVER_BINARY)
+}
+
 impl ExecServer {
     /// Start `exec-server` with `args` after `configure` adjusted the command (environment,
     /// resource limits through `pre_exec`), and wait for the URL it prints.
     pub fn start_with(args: &[&str], configure: impl FnOnce(&mut Command)) -> ExecServer {
-        let mut command = Command::new(exec_server_binary());
+        Self::start_binary(&exec_server_binary(), args, configure)
+    }
+
+    /// [`Self::start_with`] for an `exec-server` binary at `binary` (an installed copy).
+    pub fn start_binary(
+        binary: &Path,
+        args: &[&str],
+        configure: impl FnOnce(&mut Command),
+    ) -> ExecServer {
+        let mut command = Command::new(binary);
         command
             .args(args)
             .stdin(Stdio::null())
