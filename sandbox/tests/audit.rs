@@ -546,8 +546,16 @@ fn a_report_to_a_device_writes_it_and_never_replaces_the_device() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", context(&out));
     let meta = std::fs::symlink_metadata("/dev/null").unwrap();
-    assert!(
-        std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type()),
-        "/dev/null is no longer a device: {meta:?}"
-    );
+    let still_a_device = std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type());
+    if !still_a_device {
+        // Put the machine right before failing, so the rest of the suite is not broken too.
+        let _ = std::fs::remove_file("/dev/null");
+        let _ = nix::sys::stat::mknod(
+            "/dev/null",
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(1, 3),
+        );
+    }
+    assert!(still_a_device, "/dev/null was replaced by the report: {meta:?}");
 }
