@@ -7,8 +7,9 @@
 use prost::Message as _;
 
 use super::limits::{
-    MAX_HANDSHAKE_BYTES, MAX_RELAY_FRAME_BYTES, MAX_RESET_REASON_BYTES, MAX_SEGMENT_PAYLOAD_BYTES,
-    MAX_SEGMENTS_PER_MESSAGE, MAX_STREAM_ID_BYTES, RELAY_PROTOCOL_VERSION,
+    ACK_AUTH_BYTES, MAX_DATA_SEQ, MAX_HANDSHAKE_BYTES, MAX_RELAY_FRAME_BYTES,
+    MAX_RESET_REASON_BYTES, MAX_SEGMENT_PAYLOAD_BYTES, MAX_SEGMENTS_PER_MESSAGE,
+    MAX_STREAM_ID_BYTES, RELAY_PROTOCOL_VERSION,
 };
 use super::pb;
 
@@ -21,6 +22,12 @@ pub struct Frame {
     pub ack: Option<u64>,
     /// Bit i acknowledges seq `ack + 1 + i` (`i` when `ack` is `None`).
     pub ack_bits: u32,
+    /// Authentication of the ack fields (empty, or [`ACK_AUTH_BYTES`]); see
+    /// [`crate::relay::reliability`].
+    pub ack_auth: Vec<u8>,
+    /// The harness socket the rendezvous received this frame from (0: unknown). Meaningful
+    /// only on frames an executor receives; see [`append_source`].
+    pub source: u64,
     /// What the frame carries.
     pub body: Body,
 }
@@ -115,9 +122,16 @@ pub enum FrameError {
         /// The seq.
         seq: u64,
     },
-    /// `seq` is `u64::MAX` (the Noise nonce reserved for rekeying).
-    #[error("seq {0} is out of range")]
+    /// `seq` is above [`MAX_DATA_SEQ`] (higher nonces authenticate acks, and `u64::MAX` is
+    /// reserved by Noise).
+    #[error("seq {0} is out of range (at most {MAX_DATA_SEQ})")]
     SeqOutOfRange(u64),
+    /// `ack_auth` is neither empty nor [`ACK_AUTH_BYTES`] long.
+    #[error("ack_auth of {len} bytes must be empty or {ACK_AUTH_BYTES} bytes")]
+    AckAuthLength {
+        /// Its size.
+        len: usize,
+    },
     /// Data payload too large.
     #[error(
         "data payload of {len} bytes exceeds MAX_SEGMENT_PAYLOAD_BYTES ({MAX_SEGMENT_PAYLOAD_BYTES})"
@@ -165,6 +179,8 @@ impl Frame {
             stream_id: stream_id.into(),
             ack: None,
             ack_bits: 0,
+            ack_auth: Vec::new(),
+            source: 0,
             body,
         }
     }
@@ -192,6 +208,11 @@ impl Frame {
             return Err(FrameError::Version { got: raw.version });
         }
         validate_stream_id(&raw.stream_id)?;
+        if !raw.ack_auth.is_empty() && raw.ack_auth.len() != ACK_AUTH_BYTES {
+            return Err(FrameError::AckAuthLength {
+                len: raw.ack_auth.len(),
+            });
+        }
         let body = match raw.body.ok_or(FrameError::MissingBody)? {
             B::Data(data) => {
                 let count = data.segment_count;
@@ -210,7 +231,7 @@ impl Frame {
                         seq: data.seq,
                     });
                 }
-                if data.seq == u64::MAX {
+                if data.seq > MAX_DATA_SEQ {
                     return Err(FrameError::SeqOutOfRange(data.seq));
                 }
                 if data.payload.len() > MAX_SEGMENT_PAYLOAD_BYTES {
@@ -253,6 +274,8 @@ impl Frame {
             stream_id: raw.stream_id,
             ack: raw.ack,
             ack_bits: raw.ack_bits,
+            ack_auth: raw.ack_auth,
+            source: raw.source,
             body,
         })
     }
@@ -285,6 +308,8 @@ impl Frame {
             stream_id: self.stream_id,
             ack: self.ack,
             ack_bits: self.ack_bits,
+            ack_auth: self.ack_auth,
+            source: self.source,
             body: Some(body),
         }
     }
@@ -329,6 +354,20 @@ pub fn route_stream_id(bytes: &[u8]) -> Result<String, FrameError> {
     }
     validate_stream_id(&header.stream_id)?;
     Ok(header.stream_id)
+}
+
+/// Protobuf key of `RelayMessageFrame.source` (field 6, varint).
+const SOURCE_FIELD_KEY: u8 = 6 << 3;
+
+/// Tag an encoded frame with the harness socket it came from, as the rendezvous does before it
+/// hands the frame to the executor: the field is appended, and since the last occurrence of a
+/// protobuf scalar wins, whatever the sender put there is overridden. Costs one copy.
+pub fn append_source(frame: &[u8], source: u64) -> Vec<u8> {
+    let mut tagged = Vec::with_capacity(frame.len() + 11);
+    tagged.extend_from_slice(frame);
+    tagged.push(SOURCE_FIELD_KEY);
+    prost::encoding::encode_varint(source, &mut tagged);
+    tagged
 }
 
 fn truncate_reason(reason: &str) -> String {
@@ -457,6 +496,15 @@ mod tests {
         for (raw, expected) in cases {
             assert_eq!(Frame::decode(&raw.encode_to_vec()), Err(expected));
         }
+    }
+
+    #[test]
+    fn the_appended_source_overrides_the_senders() {
+        let mut frame = Frame::new("s-1", Body::Heartbeat);
+        frame.source = 99;
+        let tagged = append_source(&frame.encode(), 7);
+        assert_eq!(Frame::decode(&tagged).map(|f| f.source), Ok(7));
+        assert_eq!(route_stream_id(&tagged), Ok("s-1".to_owned()));
     }
 
     #[test]
