@@ -66,6 +66,9 @@ pub enum ExecCommandError {
         "--remote needs the registry's bearer token: set ${REGISTRY_TOKEN_ENV} or pass --token-file"
     )]
     MissingRegistryToken,
+    /// `--executor-key` is not a base64 public key.
+    #[error("--executor-key: {0}")]
+    ExecutorKey(String),
     /// Neither `--connect` nor `--remote` (clap normally refuses this first).
     #[error("pass --connect URL or --remote REGISTRY_URL --environment-id ID")]
     NoServer,
@@ -172,13 +175,21 @@ pub fn exec_target(
                         .filter(|token| !token.is_empty())
                 })
                 .ok_or(ExecCommandError::MissingRegistryToken)?;
+            let executor_key = args
+                .executor_key
+                .as_deref()
+                .map(crate::relay::registry::decode_public_key)
+                .transpose()
+                .map_err(ExecCommandError::ExecutorKey)?;
             Ok(ExecTarget::Remote(
                 RemoteExecServerConnectArgs::new(
                     registry_url.clone(),
                     environment_id.clone(),
                     token,
                 )
-                .with_client_name(CLIENT_NAME),
+                .with_client_name(CLIENT_NAME)
+                .with_ca_file(args.ca_file.clone())
+                .with_executor_key(executor_key),
             ))
         }
         _ => Err(ExecCommandError::NoServer),
