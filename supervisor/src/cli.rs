@@ -137,6 +137,11 @@ pub struct ExecArgs {
     #[arg(long, value_name = "PEM", requires = "remote")]
     pub ca_file: Option<PathBuf>,
 
+    /// Remote mode: seconds to wait for an environment the registry does not know yet (its
+    /// executor may be starting); then exec fails with 255.
+    #[arg(long, value_name = "SECONDS", requires = "remote", default_value_t = crate::relay::REGISTRATION_WAIT.as_secs_f64())]
+    pub registration_wait: f64,
+
     /// Run the command under a remote pseudo-terminal; the local terminal goes to raw mode.
     #[arg(long)]
     pub tty: bool,

@@ -614,3 +614,54 @@ pub async fn remote_library_client(
     .unwrap_or_else(|_| panic!("connecting to {environment_id} took over {DEADLINE:?}"))
     .unwrap_or_else(|e| panic!("connect to {environment_id}: {e}"))
 }
+
+/// A throwaway CA and a server certificate it signed for `localhost` and `127.0.0.1`, as PEM
+/// files in a temporary directory (generated with rcgen for each test).
+pub struct TestCa {
+    /// The directory holding the files.
+    pub dir: tempfile::TempDir,
+    /// The CA certificate (what clients pass as --ca-file).
+    pub ca_file: std::path::PathBuf,
+    /// The server's certificate chain.
+    pub cert_file: std::path::PathBuf,
+    /// The server's private key.
+    pub key_file: std::path::PathBuf,
+}
+
+impl TestCa {
+    /// Generate the CA and the server certificate.
+    pub fn generate() -> TestCa {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+        };
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "execward test CA");
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let server_key = KeyPair::generate().unwrap();
+        let mut server_params =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+        server_params
+            .distinguished_name
+            .push(DnType::CommonName, "execward test rendezvous");
+        let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        let cert_file = dir.path().join("rendezvous.pem");
+        let key_file = dir.path().join("rendezvous-key.pem");
+        std::fs::write(&ca_file, ca_cert.pem()).unwrap();
+        std::fs::write(&cert_file, server_cert.pem()).unwrap();
+        std::fs::write(&key_file, server_key.serialize_pem()).unwrap();
+        TestCa {
+            dir,
+            ca_file,
+            cert_file,
+            key_file,
+        }
+    }
+}

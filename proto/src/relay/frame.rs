@@ -325,13 +325,51 @@ impl Frame {
     }
 }
 
-/// The envelope fields a router needs; prost skips the body without copying it.
+/// The envelope fields a router needs; prost skips the body without copying it (a handshake
+/// body's payload included: [`RouteHandshake`] declares no field).
 #[derive(Clone, PartialEq, prost::Message)]
 struct RouteHeader {
     #[prost(uint32, tag = "1")]
     version: u32,
     #[prost(string, tag = "2")]
     stream_id: String,
+    #[prost(message, optional, tag = "15")]
+    handshake: Option<RouteHandshake>,
+}
+
+/// A handshake body, seen only for being one.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RouteHandshake {}
+
+/// What a router may know of a frame: its stream, and whether it is a handshake (which costs
+/// the executor a Noise operation, so routers bound their rate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The stream id.
+    pub stream_id: String,
+    /// The body is a handshake message.
+    pub handshake: bool,
+}
+
+/// [`route_stream_id`] plus whether the body is a handshake.
+///
+/// # Errors
+/// As [`route_stream_id`].
+pub fn route(bytes: &[u8]) -> Result<Route, FrameError> {
+    if bytes.len() > MAX_RELAY_FRAME_BYTES {
+        return Err(FrameError::TooLarge { len: bytes.len() });
+    }
+    let header = RouteHeader::decode(bytes).map_err(|e| FrameError::Decode(e.to_string()))?;
+    if header.version != RELAY_PROTOCOL_VERSION {
+        return Err(FrameError::Version {
+            got: header.version,
+        });
+    }
+    validate_stream_id(&header.stream_id)?;
+    Ok(Route {
+        stream_id: header.stream_id,
+        handshake: header.handshake.is_some(),
+    })
 }
 
 /// Only the stream id of an encoded frame, for routers that must not look further (the
@@ -343,17 +381,7 @@ struct RouteHeader {
 /// [`FrameError::TooLarge`], [`FrameError::Decode`], [`FrameError::Version`],
 /// [`FrameError::BlankStreamId`] or [`FrameError::BadStreamId`].
 pub fn route_stream_id(bytes: &[u8]) -> Result<String, FrameError> {
-    if bytes.len() > MAX_RELAY_FRAME_BYTES {
-        return Err(FrameError::TooLarge { len: bytes.len() });
-    }
-    let header = RouteHeader::decode(bytes).map_err(|e| FrameError::Decode(e.to_string()))?;
-    if header.version != RELAY_PROTOCOL_VERSION {
-        return Err(FrameError::Version {
-            got: header.version,
-        });
-    }
-    validate_stream_id(&header.stream_id)?;
-    Ok(header.stream_id)
+    route(bytes).map(|route| route.stream_id)
 }
 
 /// Protobuf key of `RelayMessageFrame.source` (field 6, varint).
@@ -423,7 +451,13 @@ mod tests {
             assert_eq!(Frame::decode(&frame.encode()), Ok(frame.clone()));
             let encoded = frame.clone().into_encoded();
             assert_eq!(encoded, frame.encode());
-            assert_eq!(route_stream_id(&encoded), Ok(frame.stream_id));
+            assert_eq!(
+                route(&encoded),
+                Ok(Route {
+                    stream_id: frame.stream_id.clone(),
+                    handshake: matches!(frame.body, Body::Handshake(_)),
+                })
+            );
         }
     }
 

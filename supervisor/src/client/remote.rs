@@ -220,6 +220,15 @@ impl RemoteExecServerConnectArgs {
         self
     }
 
+    /// Wait this long for an environment the registry does not know yet; the connect timeout
+    /// grows to keep [`DEFAULT_CONNECT_TIMEOUT`] beyond it.
+    #[must_use]
+    pub fn with_registration_wait(mut self, wait: Duration) -> Self {
+        self.relay = self.relay.with_registration_wait(wait);
+        self.connect_timeout = DEFAULT_CONNECT_TIMEOUT.saturating_add(wait);
+        self
+    }
+
     /// Resume an existing detached session.
     #[must_use]
     pub fn with_resume_session_id(mut self, session_id: Option<String>) -> Self {

@@ -66,6 +66,9 @@ pub enum ExecCommandError {
         "--remote needs the registry's bearer token: set ${REGISTRY_TOKEN_ENV} or pass --token-file"
     )]
     MissingRegistryToken,
+    /// `--registration-wait` is not a number of seconds.
+    #[error("--registration-wait {0} must be a non-negative number of seconds")]
+    RegistrationWait(f64),
     /// `--executor-key` is not a base64 public key.
     #[error("--executor-key: {0}")]
     ExecutorKey(String),
@@ -175,6 +178,8 @@ pub fn exec_target(
                         .filter(|token| !token.is_empty())
                 })
                 .ok_or(ExecCommandError::MissingRegistryToken)?;
+            let registration_wait = std::time::Duration::try_from_secs_f64(args.registration_wait)
+                .map_err(|_| ExecCommandError::RegistrationWait(args.registration_wait))?;
             let executor_key = args
                 .executor_key
                 .as_deref()
@@ -189,7 +194,8 @@ pub fn exec_target(
                 )
                 .with_client_name(CLIENT_NAME)
                 .with_ca_file(args.ca_file.clone())
-                .with_executor_key(executor_key),
+                .with_executor_key(executor_key)
+                .with_registration_wait(registration_wait),
             ))
         }
         _ => Err(ExecCommandError::NoServer),

@@ -228,23 +228,59 @@ struct Executor {
     reconnects: watch::Receiver<u64>,
 }
 
+/// A remote environment checked and ready to serve: key loaded, registry client built.
+pub struct PreparedEnvironment {
+    config: RemoteEnvironmentConfig,
+    registry: RegistryClient,
+    tls: Arc<rustls::ClientConfig>,
+    keypair: StaticKeypair,
+}
+
+impl PreparedEnvironment {
+    /// Check the config (environment id, registry URL, TLS files) and load or create the key,
+    /// so that a mistake fails at start-up, before anything is served.
+    ///
+    /// # Errors
+    /// [`RemoteError`] naming what is unusable.
+    pub fn new(config: RemoteEnvironmentConfig) -> Result<Self, RemoteError> {
+        registry::validate_environment_id(&config.environment_id)
+            .map_err(RemoteError::EnvironmentId)?;
+        let tls = super::tls::client_config_for(&config.registry_url, config.ca_file.as_deref())
+            .map_err(RegistryError::from)?;
+        let registry = RegistryClient::new(&config.registry_url, &tls)?;
+        let keypair = config.keypair()?;
+        Ok(Self {
+            config,
+            registry,
+            tls,
+            keypair,
+        })
+    }
+}
+
 /// Serve harness streams through the registry and rendezvous until the server shuts down.
 ///
 /// Runs beside the local listener (see [`crate::server::BoundServer::state`]); connection
 /// failures are logged and retried with backoff, never returned.
 ///
 /// # Errors
-/// [`RemoteError`] when the config is unusable or the key cannot be generated.
+/// [`RemoteError`] when the config is unusable or the key cannot be loaded or generated.
 pub async fn run_remote_environment(
     config: RemoteEnvironmentConfig,
     server: Arc<ServerState>,
 ) -> Result<(), RemoteError> {
-    registry::validate_environment_id(&config.environment_id)
-        .map_err(RemoteError::EnvironmentId)?;
-    let keypair = config.keypair()?;
-    let tls = super::tls::client_config_for(&config.registry_url, config.ca_file.as_deref())
-        .map_err(RegistryError::from)?;
-    let registry = RegistryClient::new(&config.registry_url, &tls)?;
+    serve_prepared(PreparedEnvironment::new(config)?, server).await;
+    Ok(())
+}
+
+/// [`run_remote_environment`] for a config already checked.
+pub async fn serve_prepared(prepared: PreparedEnvironment, server: Arc<ServerState>) {
+    let PreparedEnvironment {
+        config,
+        registry,
+        tls,
+        keypair,
+    } = prepared;
     let (outbox, mut outbox_rx) = mpsc::channel(SOCKET_OUTBOX_FRAMES);
     let (finished, mut finished_rx) = mpsc::channel(MAX_RELAY_STREAMS);
     let (reconnect_tx, reconnects) = watch::channel(0u64);
@@ -292,7 +328,6 @@ pub async fn run_remote_environment(
         }
         backoff = next_backoff(backoff);
     }
-    Ok(())
 }
 
 /// Resolves once shutdown started (without holding the watch guard).
@@ -393,7 +428,7 @@ impl Executor {
     /// Drop a stream from this side: tell the harness, forget it (its task ends when its inbox
     /// closes).
     fn drop_stream(&mut self, id: &str, reason: String) {
-        tracing::info!(stream = %id, %reason, "relay stream dropped");
+        tracing::debug!(stream = %id, %reason, "relay stream dropped");
         self.reply_reset(id, reason);
         self.forget(id.to_owned());
     }
@@ -564,7 +599,7 @@ impl Executor {
 
     fn spawn_stream(&mut self, stream: SecureStream, source: u64, opened: Instant) {
         let id = stream.stream_id().to_owned();
-        tracing::info!(stream = %id, "relay stream opened");
+        tracing::debug!(stream = %id, "relay stream opened");
         let (inbox_tx, inbox) = mpsc::channel(STREAM_INBOX_FRAMES);
         let (to_app, app_rx) = mpsc::channel::<Vec<u8>>(APP_QUEUE_MESSAGES);
         let (app_tx, from_app) = mpsc::channel::<AppOut>(APP_QUEUE_MESSAGES);
@@ -624,14 +659,13 @@ pub async fn run_main_remote(
     options: crate::server::ServerOptions,
     config: RemoteEnvironmentConfig,
 ) -> Result<(), RemoteError> {
-    registry::validate_environment_id(&config.environment_id)
-        .map_err(RemoteError::EnvironmentId)?;
+    let prepared = PreparedEnvironment::new(config)?;
     let signals = |e| RemoteError::Server(crate::server::ExecServerError::Signals(e));
     let shutdown = crate::server::ShutdownSignals::install().map_err(signals)?;
     let server = crate::server::BoundServer::bind(options).await?;
     crate::server::announce_url(&server.url())
         .map_err(|e| RemoteError::Server(crate::server::ExecServerError::Stdout(e)))?;
-    let remote = tokio::spawn(run_remote_environment(config, server.state()));
+    let remote = tokio::spawn(serve_prepared(prepared, server.state()));
     server.serve_until(shutdown.recv()).await;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), remote).await;
     Ok(())

@@ -158,17 +158,17 @@ impl RemoteConnectArgs {
                 .await
             {
                 Ok(info) => break info,
-                Err(RegistryError::Status { status: 404, .. })
-                    if Instant::now() + pause < deadline =>
-                {
-                    tokio::time::sleep(pause).await;
-                    pause = next_backoff(pause);
-                }
                 Err(RegistryError::Status { status: 404, .. }) => {
-                    return Err(HarnessError::NotRegistered {
-                        environment_id: self.environment_id.clone(),
-                        waited: self.registration_wait,
-                    });
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(HarnessError::NotRegistered {
+                            environment_id: self.environment_id.clone(),
+                            waited: self.registration_wait,
+                        });
+                    }
+                    // The last lookup happens at the deadline, not a backoff before it.
+                    tokio::time::sleep(pause.min(deadline - now)).await;
+                    pause = next_backoff(pause);
                 }
                 Err(error) => return Err(error.into()),
             }

@@ -44,10 +44,12 @@ pub const MAX_PENDING_HANDSHAKES: usize = 32;
 /// Pending handshakes one harness socket may hold; more are refused with a reset.
 pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = 4;
 /// Handshake attempts (valid or not) one harness socket may make per second once its burst is
-/// spent; more are dropped unanswered, so garbage costs no DH and no reset frame.
-pub const HANDSHAKES_PER_SOURCE_PER_SECOND: f64 = 16.0;
+/// spent; more are dropped unanswered, so garbage costs no DH and no reset frame. The same as
+/// the reference rendezvous's own limit, which is the first line; this one holds behind any
+/// rendezvous.
+pub const HANDSHAKES_PER_SOURCE_PER_SECOND: f64 = 8.0;
 /// Handshake attempts one harness socket may make at once (token bucket size).
-pub const HANDSHAKES_PER_SOURCE_BURST: f64 = 32.0;
+pub const HANDSHAKES_PER_SOURCE_BURST: f64 = 16.0;
 /// How often the executor looks for unconfirmed streams older than
 /// [`proto::relay::limits::UNCONFIRMED_STREAM_TIMEOUT`].
 pub const UNCONFIRMED_SWEEP_INTERVAL: Duration = Duration::from_secs(1);

@@ -10,9 +10,10 @@
 //! - Frames from a harness go to the environment's current executor socket, tagged with the
 //!   harness socket's id as `source` ([`append_source`]); frames from the executor go to the
 //!   socket owning their stream. No route, or a full queue: dropped.
-//! - One harness socket cannot crowd others out: it opens at most
-//!   [`NEW_STREAMS_PER_SOCKET_BURST`] streams at once and [`NEW_STREAMS_PER_SOCKET_PER_SECOND`]
-//!   after that, and owns at most [`MAX_STREAMS_PER_SOCKET`]; frames beyond are dropped here,
+//! - One harness socket cannot crowd others out: it sends at most
+//!   [`NEW_STREAMS_PER_SOCKET_BURST`] handshakes or new streams at once and
+//!   [`NEW_STREAMS_PER_SOCKET_PER_SECOND`] after that (a harness sends message 1 a few times per
+//!   stream), and owns at most [`MAX_STREAMS_PER_SOCKET`]; frames beyond are dropped here,
 //!   so a flood never reaches (or costs) the executor, and the executor's one socket is never
 //!   closed over one party's frames.
 //! - Only the envelope is decoded (for `stream_id`); payloads are never inspected.
@@ -23,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use futures_util::StreamExt;
-use proto::relay::frame::{append_source, route_stream_id};
+use proto::relay::frame::{append_source, route, route_stream_id};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
@@ -39,10 +40,11 @@ pub const MAX_STREAMS_PER_ENVIRONMENT: usize = 4096;
 /// Streams one harness socket may own (a harness opens one socket per stream; 64 is far more
 /// than a well-behaved one needs, and 4096 / 64 sockets are needed to fill an environment).
 pub const MAX_STREAMS_PER_SOCKET: usize = 64;
-/// New streams a harness socket may open at once (token bucket size).
+/// Handshake frames (or new streams) a harness socket may send at once (token bucket size).
 pub const NEW_STREAMS_PER_SOCKET_BURST: f64 = 16.0;
-/// New streams a harness socket may open per second once its burst is spent. Each costs the
-/// executor a Noise handshake (three X25519 operations); a flood of them is dropped here.
+/// Handshake frames (or new streams) a harness socket may send per second once its burst is
+/// spent. Each costs the executor a Noise operation (four X25519 for a new stream) or an
+/// answer; a flood of them is dropped here.
 pub const NEW_STREAMS_PER_SOCKET_PER_SECOND: f64 = 8.0;
 /// Frames queued for one socket; more are dropped (the endpoints retransmit).
 pub const SOCKET_QUEUE_FRAMES: usize = 4096;
@@ -237,26 +239,37 @@ impl Router {
         limiter: &mut NewStreamLimiter,
         frame: Bytes,
     ) {
-        let Ok(stream_id) = route_stream_id(&frame) else {
+        let Ok(route) = route(&frame) else {
             return;
         };
+        // A handshake costs the executor a Noise operation: limited before the table is
+        // even locked, so a flood of them costs one envelope decode each.
+        if route.handshake && !limiter.allow(Instant::now()) {
+            return;
+        }
         let mut table = self.table();
         let Some(env) = table.get_mut(environment) else {
             return;
         };
         let owned = env
             .streams
-            .get(&stream_id)
+            .get(&route.stream_id)
             .is_some_and(|(owner, _)| *owner == socket_id);
         if !owned {
-            let known = env.streams.contains_key(&stream_id);
+            let known = env.streams.contains_key(&route.stream_id);
             if !known && env.streams.len() >= MAX_STREAMS_PER_ENVIRONMENT {
                 return;
             }
-            if !limiter.allow(Instant::now(), || owned_by(env, socket_id)) {
+            // Opening (or taking over) a stream: a handshake already paid; anything else pays.
+            if !route.handshake && !limiter.allow(Instant::now()) {
                 return;
             }
-            env.streams.insert(stream_id, (socket_id, queue.clone()));
+            if owned_by(env, socket_id) >= MAX_STREAMS_PER_SOCKET {
+                limiter.dropped += 1;
+                return;
+            }
+            env.streams
+                .insert(route.stream_id, (socket_id, queue.clone()));
         }
         if let Some((_, executor)) = &env.executor
             && executor
@@ -298,14 +311,13 @@ impl NewStreamLimiter {
         }
     }
 
-    /// May this socket open (or take over) one more stream now? `owned` counts its streams
-    /// (only asked once the bucket has a token, so a flood costs no table scan).
-    fn allow(&mut self, now: Instant, owned: impl FnOnce() -> usize) -> bool {
+    /// May this socket send one more handshake, or open one more stream, now?
+    fn allow(&mut self, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(self.refilled);
         self.refilled = now;
         self.tokens = (self.tokens + elapsed.as_secs_f64() * NEW_STREAMS_PER_SOCKET_PER_SECOND)
             .min(NEW_STREAMS_PER_SOCKET_BURST);
-        if self.tokens < 1.0 || owned() >= MAX_STREAMS_PER_SOCKET {
+        if self.tokens < 1.0 {
             self.dropped += 1;
             return false;
         }
