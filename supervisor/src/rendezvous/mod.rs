@@ -27,7 +27,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -344,11 +343,33 @@ async fn register(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     caller: Option<axum::Extension<Caller>>,
-    body: Bytes,
+    request: Request,
 ) -> Response {
     if let Some(response) = refusal(caller.as_deref(), Role::Executor, &id) {
         return response;
     }
+    // Read only once authorised, bounded in size and in time (a trickled body must not hold
+    // a connection).
+    let body = match tokio::time::timeout(
+        UPGRADE_HEAD_TIMEOUT,
+        axum::body::to_bytes(request.into_body(), MAX_REQUEST_BODY_BYTES),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => {
+            return text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("body over MAX_REQUEST_BODY_BYTES ({MAX_REQUEST_BODY_BYTES})\n"),
+            );
+        }
+        Err(_) => {
+            return text(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!("body not received within {UPGRADE_HEAD_TIMEOUT:?}\n"),
+            );
+        }
+    };
     let registration: RegisterRequest = match serde_json::from_slice(&body) {
         Ok(registration) => registration,
         Err(error) => {
