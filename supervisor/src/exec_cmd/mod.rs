@@ -63,7 +63,7 @@ pub enum ExecCommandError {
     },
     /// `--remote` was given without a token.
     #[error(
-        "--remote needs the registry's bearer token: set ${REGISTRY_TOKEN_ENV} or pass --token-file"
+        "--remote needs a harness credential of the registry: set ${REGISTRY_TOKEN_ENV} or pass --token-file"
     )]
     MissingRegistryToken,
     /// `--registration-wait` is not a number of seconds.
