@@ -28,8 +28,8 @@ struct Cli {
         default_value = "127.0.0.1:0"
     )]
     listen: String,
-    /// The credentials file (TOML: [[executor]], [[harness]], [[admin]] tokens, optional
-    /// [[environment]] key pins). See docs/remote.md.
+    /// The credentials file (TOML: `[[executor]]`, `[[harness]]`, `[[admin]]` tokens,
+    /// optional `[[environment]]` key pins). See docs/remote.md.
     #[arg(long, value_name = "FILE")]
     credentials: PathBuf,
     /// Serve TLS (https:// and wss://) with this PEM certificate chain.
@@ -38,8 +38,8 @@ struct Cli {
     /// The PEM private key of --tls-cert.
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Base ws(s):// URL handed to endpoints for their websockets (default: ws://<listen
-    /// address>, wss:// with TLS).
+    /// Base ws(s):// URL handed to endpoints for their websockets (default: ws:// and the
+    /// listen address, wss:// with TLS).
     #[arg(long, value_name = "URL")]
     public_url: Option<String>,
 }

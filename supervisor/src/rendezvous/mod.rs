@@ -58,7 +58,7 @@ pub const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from
 pub struct RendezvousOptions {
     /// Address to bind (port 0 picks one).
     pub listen: SocketAddr,
-    /// The credentials file (TOML; reloaded by [`Rendezvous::reload_credentials`], which the
+    /// The credentials file (TOML; reloaded by [`CredentialsReloader::reload`], which the
     /// binary calls on SIGHUP).
     pub credentials_file: PathBuf,
     /// Serve TLS with this PEM certificate chain and PEM private key.
