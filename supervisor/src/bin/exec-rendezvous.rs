@@ -21,7 +21,7 @@ use supervisor::server::{ShutdownSignals, announce_url};
 #[command(name = "exec-rendezvous", version, about, long_about)]
 struct Cli {
     /// Where to listen: IP:PORT, http://IP:PORT, or https://IP:PORT (needs --tls-cert and
-    /// --tls-key; IP:PORT serves TLS too when they are given). Port 0 picks a free port.
+    /// --tls-key; a bare IP:PORT serves TLS when they are given). Port 0 picks a free port.
     #[arg(
         long,
         value_name = "[http[s]://]IP:PORT",
@@ -56,15 +56,16 @@ fn main() -> ExitCode {
     }
 }
 
-/// `IP:PORT`, `http://IP:PORT` or `https://IP:PORT`: the address, and whether TLS was asked for.
-fn parse_listen(listen: &str) -> anyhow::Result<(SocketAddr, bool)> {
+/// `IP:PORT`, `http://IP:PORT` or `https://IP:PORT`: the address, and the scheme asked for
+/// (`None` for a bare address).
+fn parse_listen(listen: &str) -> anyhow::Result<(SocketAddr, Option<bool>)> {
     let (rest, https) = match listen.split_once("://") {
-        Some(("http", rest)) => (rest, false),
-        Some(("https", rest)) => (rest, true),
+        Some(("http", rest)) => (rest, Some(false)),
+        Some(("https", rest)) => (rest, Some(true)),
         Some((scheme, _)) => {
             anyhow::bail!("--listen {listen:?}: scheme {scheme:?} is not http or https")
         }
-        None => (listen, false),
+        None => (listen, None),
     };
     let address = rest.trim_end_matches('/').parse().map_err(|e| {
         anyhow::anyhow!(
@@ -77,8 +78,15 @@ fn parse_listen(listen: &str) -> anyhow::Result<(SocketAddr, bool)> {
 fn run(cli: Cli) -> anyhow::Result<()> {
     let (listen, https) = parse_listen(&cli.listen)?;
     let tls = cli.tls_cert.zip(cli.tls_key);
-    if https && tls.is_none() {
-        anyhow::bail!("--listen {} needs --tls-cert and --tls-key", cli.listen);
+    match (https, tls.is_some()) {
+        (Some(true), false) => {
+            anyhow::bail!("--listen {} needs --tls-cert and --tls-key", cli.listen)
+        }
+        (Some(false), true) => anyhow::bail!(
+            "--listen {} is plain HTTP but --tls-cert was given; use https://IP:PORT",
+            cli.listen
+        ),
+        _ => {}
     }
     let options = RendezvousOptions {
         listen,
