@@ -376,12 +376,12 @@ async fn library_client_reports_a_wrong_token_and_an_unknown_environment() {
         .err()
         .unwrap();
     assert!(refused.to_string().contains("401"), "{refused}");
-    let unknown = within(supervisor::ExecServerClient::connect_remote(
-        tests::relay::remote_client_args(&rendezvous.first_line, "env-unknown"),
-    ))
-    .await
-    .err()
-    .unwrap();
+    let mut unknown = tests::relay::remote_client_args(&rendezvous.first_line, "env-unknown");
+    unknown.relay.registration_wait = Duration::from_millis(300);
+    let unknown = within(supervisor::ExecServerClient::connect_remote(unknown))
+        .await
+        .err()
+        .unwrap();
     assert!(unknown.to_string().contains("404"), "{unknown}");
 }
 

@@ -45,11 +45,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .build()?;
     match (cli.remote, cli.environment_id) {
         (Some(registry_url), Some(environment_id)) => {
-            let config = supervisor::relay::RemoteEnvironmentConfig::from_env(
+            let mut config = supervisor::relay::RemoteEnvironmentConfig::from_token_source(
                 registry_url,
                 environment_id,
                 cli.name,
+                cli.token_file.as_deref(),
             )?;
+            // Sandboxed commands must never read the executor's key or credential.
+            options
+                .protected_files
+                .extend(cli.identity_file.iter().chain(cli.token_file.iter()).cloned());
+            config.identity_file = cli.identity_file;
+            config.ca_file = cli.ca_file;
             runtime.block_on(supervisor::relay::run_main_remote(options, config))?;
         }
         _ => runtime.block_on(run_main_with_options(options))?,

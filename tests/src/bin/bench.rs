@@ -527,20 +527,24 @@ async fn main() {
 // in the transport: one websocket vs. harness -> rendezvous -> executor with Noise and the
 // endpoints' reliability layer.
 
-/// Bearer token of the bench's own rendezvous (handed to its children through the environment).
-const BENCH_REGISTRY_TOKEN: &str = "execward-bench-registry-token";
+/// Harness credential of the bench's own rendezvous (handed to its children through the
+/// environment).
+const BENCH_REGISTRY_TOKEN: &str = "execward-bench-harness-token";
+/// Executor credential of the bench's own rendezvous.
+const BENCH_EXECUTOR_TOKEN: &str = "execward-bench-executor-token";
 /// Environment id the bench's executor registers as.
 const BENCH_ENVIRONMENT: &str = "bench";
 /// How long the executor may take to register.
 const REGISTRATION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Start `binary` (next to this executable) with the bench token; its first stdout line is its
-/// URL.
+/// Start `binary` (next to this executable) with the bench credentials; its first stdout line
+/// is its URL.
 fn start_with_registry_token(binary: &str, args: &[&str]) -> Server {
     Server::spawn(
         Command::new(bin_dir().join(binary))
             .args(args)
-            .env(supervisor::relay::REGISTRY_TOKEN_ENV, BENCH_REGISTRY_TOKEN),
+            .env(supervisor::relay::REGISTRY_TOKEN_ENV, BENCH_REGISTRY_TOKEN)
+            .env(supervisor::relay::EXECUTOR_TOKEN_ENV, BENCH_EXECUTOR_TOKEN),
     )
 }
 
@@ -549,10 +553,29 @@ struct RemoteSetup {
     _rendezvous: Server,
     executor: Server,
     registry: String,
+    _dir: tempfile::TempDir,
 }
 
 async fn remote_setup() -> RemoteSetup {
-    let rendezvous = start_with_registry_token("exec-rendezvous", &["--listen", "127.0.0.1:0"]);
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = dir.path().join("credentials.toml");
+    std::fs::write(
+        &credentials,
+        format!(
+            "[[executor]]\ntoken = \"{BENCH_EXECUTOR_TOKEN}\"\nenvironments = [\"{BENCH_ENVIRONMENT}\"]\n\n[[harness]]\ntoken = \"{BENCH_REGISTRY_TOKEN}\"\nenvironments = [\"{BENCH_ENVIRONMENT}\"]\n"
+        ),
+    )
+    .unwrap();
+    let identity = dir.path().join("identity");
+    let rendezvous = start_with_registry_token(
+        "exec-rendezvous",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--credentials",
+            credentials.to_str().unwrap(),
+        ],
+    );
     let registry = rendezvous.url.clone();
     let executor = start_with_registry_token(
         "exec-server",
@@ -563,10 +586,15 @@ async fn remote_setup() -> RemoteSetup {
             &registry,
             "--environment-id",
             BENCH_ENVIRONMENT,
+            "--identity-file",
+            identity.to_str().unwrap(),
         ],
     );
+    let tls = supervisor::relay::tls::client_config_for(&registry, None).unwrap();
+    let client = supervisor::relay::registry::RegistryClient::new(&registry, &tls).unwrap();
     let deadline = Instant::now() + REGISTRATION_DEADLINE;
-    while supervisor::relay::registry::connect(&registry, BENCH_ENVIRONMENT, BENCH_REGISTRY_TOKEN)
+    while client
+        .connect(BENCH_ENVIRONMENT, BENCH_REGISTRY_TOKEN)
         .await
         .is_err()
     {
@@ -580,6 +608,7 @@ async fn remote_setup() -> RemoteSetup {
         _rendezvous: rendezvous,
         executor,
         registry,
+        _dir: dir,
     }
 }
 
