@@ -557,5 +557,8 @@ fn a_report_to_a_device_writes_it_and_never_replaces_the_device() {
             nix::sys::stat::makedev(1, 3),
         );
     }
-    assert!(still_a_device, "/dev/null was replaced by the report: {meta:?}");
+    assert!(
+        still_a_device,
+        "/dev/null was replaced by the report: {meta:?}"
+    );
 }

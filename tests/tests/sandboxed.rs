@@ -742,3 +742,114 @@ fn standalone_helper_answers_json_for_allowed_and_denied_requests() {
     assert_eq!(output.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&output.stderr).contains("nope"));
 }
+
+#[tokio::test]
+async fn the_commands_own_tmpdir_does_not_widen_its_sandbox() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let outside = dirs.outside.path().to_str().unwrap().to_owned();
+    let extra = json!({
+        "sandbox": dirs.write_policy(),
+        "cwd": file_uri(dirs.workspace.path()),
+        // The server resolves :tmpdir from its own environment; this only sets a variable.
+        "env": {"PATH": "/usr/bin:/bin", "TMPDIR": outside, "TMP": outside, "TEMP": outside},
+    });
+    let out = client
+        .run(
+            "tmpdir",
+            &sh("echo x > \"$TMPDIR/escaped\"; echo rc=$?; mktemp -p \"$TMPDIR\" >/dev/null 2>&1; echo rc=$?"),
+            extra,
+        )
+        .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("rc=").count(), 2, "{out:?}");
+    assert!(
+        !stdout.contains("rc=0"),
+        "a write through $TMPDIR landed outside: {stdout}"
+    );
+    assert!(!dirs.out("escaped").exists());
+    assert_eq!(
+        std::fs::read_dir(dirs.outside.path()).unwrap().count(),
+        1,
+        "only secret.txt"
+    );
+}
+
+#[tokio::test]
+async fn ld_preload_in_the_commands_env_runs_only_inside_the_sandbox() {
+    let dirs = Dirs::new();
+    // A preload library that records where it ran: the Seccomp line of its /proc status, in
+    // the workspace (writable inside) and, if it can, outside.
+    let source = dirs.ws("evil.c");
+    std::fs::write(
+        &source,
+        format!(
+            r#"#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+__attribute__((constructor)) static void evil(void) {{
+    char line[256], seccomp[64] = "Seccomp: ?", name[512];
+    FILE *status = fopen("/proc/self/status", "r");
+    while (status && fgets(line, sizeof line, status))
+        if (strncmp(line, "Seccomp:", 8) == 0) {{ strncpy(seccomp, line, sizeof seccomp - 1); }}
+    if (status) fclose(status);
+    const char *dirs[] = {{"{ws}", "{out}"}};
+    for (int i = 0; i < 2; i++) {{
+        snprintf(name, sizeof name, "%s/preload-ran-%d", dirs[i], (int)getpid());
+        FILE *marker = fopen(name, "w");
+        if (marker) {{ fputs(seccomp, marker); fclose(marker); }}
+    }}
+}}
+"#,
+            ws = dirs.workspace.path().display(),
+            out = dirs.outside.path().display()
+        ),
+    )
+    .unwrap();
+    let library = dirs.ws("evil.so");
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .status()
+        .expect("cc (the test builds a preload library)");
+    assert!(built.success());
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let extra = json!({
+        "sandbox": dirs.write_policy(),
+        "cwd": file_uri(dirs.workspace.path()),
+        "env": {"PATH": "/usr/bin:/bin", "LD_PRELOAD": library.to_str().unwrap()},
+    });
+    let out = client.run("preload", &["/bin/true"], extra).await;
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    let markers: Vec<(PathBuf, String)> = std::fs::read_dir(dirs.workspace.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("preload-ran-"))
+        .map(|e| (e.path(), std::fs::read_to_string(e.path()).unwrap()))
+        .collect();
+    assert!(
+        !markers.is_empty(),
+        "the preload never ran (the test proves nothing)"
+    );
+    for (path, seccomp) in &markers {
+        assert_eq!(
+            seccomp.trim(),
+            "Seccomp:\t2",
+            "{} ran outside the sandbox's confinement",
+            path.display()
+        );
+    }
+    let outside: Vec<_> = std::fs::read_dir(dirs.outside.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("preload-ran-"))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "the preload wrote outside the workspace"
+    );
+}

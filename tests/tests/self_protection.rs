@@ -168,14 +168,24 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_tcp_or_read_its_token(
                 }
             }
             // Control: unsandboxed, the same probe reaches the server and reads the token.
-            let control =
-                probe_through(&mut client, &setup, "control", None, &["tcp-connect", &address])
-                    .await;
+            let control = probe_through(
+                &mut client,
+                &setup,
+                "control",
+                None,
+                &["tcp-connect", &address],
+            )
+            .await;
             assert_eq!(control["ok"], true, "control connect: {control}");
             if token {
-                let control =
-                    probe_through(&mut client, &setup, "control-token", None, &["read", &token_path])
-                        .await;
+                let control = probe_through(
+                    &mut client,
+                    &setup,
+                    "control-token",
+                    None,
+                    &["read", &token_path],
+                )
+                .await;
                 assert_eq!(control["ok"], true, "control read: {control}");
             }
         }
@@ -207,9 +217,14 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_a_unix_socket() {
                 .await;
                 assert_refused(&result, &format!("{shape}, socket in {dir:?}, as {uid:?}"));
             }
-            let control =
-                probe_through(&mut client, &setup, "control", None, &["unix-connect", &socket_path])
-                    .await;
+            let control = probe_through(
+                &mut client,
+                &setup,
+                "control",
+                None,
+                &["unix-connect", &socket_path],
+            )
+            .await;
             assert_eq!(control["ok"], true, "control: {control}");
         }
     }
@@ -256,7 +271,11 @@ async fn the_servers_binaries_inside_the_workspace_cannot_be_modified_or_swapped
             !stdout.contains("rc1=0") && !stdout.contains("rc2=0") && !stdout.contains("rc3=0"),
             "a sandboxed command changed the server's binaries (as {uid:?}): {stdout}"
         );
-        assert_eq!(std::fs::read(&runner).unwrap(), original, "sandbox-run changed on disk");
+        assert_eq!(
+            std::fs::read(&runner).unwrap(),
+            original,
+            "sandbox-run changed on disk"
+        );
         // Replaced on disk all the same (by someone outside any sandbox): the server still
         // executes what it opened at startup.
         let marker = setup.workspace.join("replaced-ran");
@@ -275,7 +294,14 @@ async fn the_servers_binaries_inside_the_workspace_cannot_be_modified_or_swapped
                 json!({"sandbox": sandbox, "cwd": file_uri(&setup.workspace)}),
             )
             .await;
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "still-sandboxed\n", "{out:?}");
-        assert!(!marker.exists(), "the replaced sandbox-run ran (as {uid:?})");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "still-sandboxed\n",
+            "{out:?}"
+        );
+        assert!(
+            !marker.exists(),
+            "the replaced sandbox-run ran (as {uid:?})"
+        );
     }
 }

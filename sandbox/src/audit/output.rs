@@ -66,11 +66,8 @@ impl ReportFile {
         .map_err(|err| setup(path, format!("cannot resolve its directory: {err}")))?;
         let inside_writable_root =
             policy.restricts_filesystem() && policy.can_write(&resolved_parent.join(name));
-        let existing = nix::sys::stat::fstatat(
-            &dir,
-            name,
-            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-        );
+        let existing =
+            nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW);
         let kind = existing.as_ref().ok().map(|st| st.st_mode & libc::S_IFMT);
         let base = OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let flags = match kind {

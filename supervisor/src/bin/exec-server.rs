@@ -52,9 +52,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 cli.token_file.as_deref(),
             )?;
             // Sandboxed commands must never read the executor's key or credential.
-            options
-                .protected_files
-                .extend(cli.identity_file.iter().chain(cli.token_file.iter()).cloned());
+            options.protected_files.extend(
+                cli.identity_file
+                    .iter()
+                    .chain(cli.token_file.iter())
+                    .cloned(),
+            );
             config.identity_file = cli.identity_file;
             config.ca_file = cli.ca_file;
             runtime.block_on(supervisor::relay::run_main_remote(options, config))?;
