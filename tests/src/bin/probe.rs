@@ -87,6 +87,7 @@ pub fn run_probe(args: &[String]) -> Value {
         "tiocsti" => tiocsti(false),
         "tiocsti-high-bits" => tiocsti(true),
         "x32-getpid" => x32_getpid(),
+        "int80-getpid" => int80_getpid(),
         "capabilities" => capabilities(),
         "open-tree" => open_tree_clone(&arg(1)),
         "syscall" => raw_syscall(arg(1).parse().unwrap_or(-1)),
@@ -372,6 +373,22 @@ fn setsid_daemon(marker: &str) -> Result<Value, std::io::Error> {
         .stderr(std::process::Stdio::null())
         .spawn()?;
     Ok(json!(child.id()))
+}
+
+/// `getpid` through the i386 entry (`int 0x80`, syscall 20): the foreign-architecture path the
+/// x32 guard kills.
+#[cfg(target_arch = "x86_64")]
+fn int80_getpid() -> Result<Value, std::io::Error> {
+    let mut ret: i64 = 20;
+    // SAFETY: i386 getpid takes no arguments and touches no memory; int 0x80 clobbers nothing
+    // but eax on return.
+    unsafe { std::arch::asm!("int 0x80", inlateout("rax") ret, options(nostack)) };
+    syscall_result(ret as libc::c_long)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn int80_getpid() -> Result<Value, std::io::Error> {
+    Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
 fn abstract_connect(name: &str) -> Result<Value, std::io::Error> {
