@@ -73,7 +73,40 @@ pub fn seatbelt_profile(policy: &ResolvedPolicy) -> Option<SeatbeltProfile> {
         text.push('\n');
         text.push_str(NETWORK_SBPL);
     }
+    protections(policy, &mut text, &mut params);
     Some(SeatbeltProfile { text, params })
+}
+
+/// The supervisor's protections, last so they win over the allows above: hidden paths are
+/// neither readable nor writable, read-only paths not writable, denied ports not reachable.
+fn protections(policy: &ResolvedPolicy, text: &mut String, params: &mut Vec<(String, PathBuf)>) {
+    if policy.hidden_paths().is_empty()
+        && policy.read_only_paths().is_empty()
+        && policy.denied_tcp_ports.is_empty()
+    {
+        return;
+    }
+    text.push_str("\n; The supervisor's own files, binaries and port.\n");
+    for (index, path) in policy.hidden_paths().iter().enumerate() {
+        let name = format!("HIDDEN_{index}");
+        params.push((name.clone(), path.clone()));
+        text.push_str(&format!(
+            "(deny file-read* file-write* (subpath (param \"{name}\")))\n"
+        ));
+    }
+    for (index, path) in policy.read_only_paths().iter().enumerate() {
+        let name = format!("READ_ONLY_{index}");
+        params.push((name.clone(), path.clone()));
+        text.push_str(&format!("(deny file-write* (subpath (param \"{name}\")))\n"));
+    }
+    if policy.network_allowed() {
+        // Port numbers are integers, not paths: nothing a client names reaches the text.
+        for port in &policy.denied_tcp_ports {
+            text.push_str(&format!(
+                "(deny network-outbound (remote tcp \"*:{port}\"))\n"
+            ));
+        }
+    }
 }
 
 /// Params for the deeper rules under `rule` whose access matches `narrower`.
