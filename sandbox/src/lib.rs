@@ -18,6 +18,8 @@ mod sys;
 
 pub mod macos;
 pub mod run;
+/// Syscall numbers and names of the supported architectures.
+pub mod syscall_table;
 
 pub use policy::{
     Access, FilesystemPolicy, PathRule, PolicyError, ResolvedPolicy, SandboxSpec, WritableRoot,

@@ -35,16 +35,66 @@ fn setup_failure_exits_125_with_the_reason() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown sandbox profile"));
     let out = sandbox_run(
-        &["--policy", "{\"profile\":\"workspace-write\"}"],
+        &["--cwd", "/nonexistent/dir", "--policy", "workspace-write"],
         &["/bin/true"],
         None,
         &fx.ws,
     );
     assert_eq!(out.status.code(), Some(125));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("no cwd"),
+        String::from_utf8_lossy(&out.stderr).contains("--cwd /nonexistent/dir does not exist"),
         "{out:?}"
     );
+}
+
+#[test]
+fn a_json_policy_without_cwd_uses_the_current_directory_as_its_workspace() {
+    let fx = Fixture::new(None);
+    let out = sandbox_run(
+        &["--policy", "{\"profile\":\"workspace-write\"}"],
+        &["/bin/sh", "-c", "pwd; echo in > made.txt"],
+        None,
+        &fx.ws,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        fx.ws.to_str().unwrap()
+    );
+    assert!(fx.ws.join("made.txt").exists());
+}
+
+#[test]
+fn cwd_changes_the_commands_directory_and_is_its_workspace() {
+    let fx = Fixture::new(None);
+    let sub = fx.ws.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let out = sandbox_run(
+        &[
+            "--policy",
+            "workspace-write",
+            "--cwd",
+            sub.to_str().unwrap(),
+        ],
+        &[
+            "/bin/sh",
+            "-c",
+            "pwd; echo x > here.txt; echo y > ../up.txt; echo rc=$?",
+        ],
+        None,
+        &fx.outside,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with(&format!("{}\n", sub.display())),
+        "{out:?}"
+    );
+    assert!(sub.join("here.txt").exists());
+    assert!(
+        !stdout.contains("rc=0"),
+        "the write above --cwd landed: {out:?}"
+    );
+    assert!(!fx.ws.join("up.txt").exists());
 }
 
 #[test]
