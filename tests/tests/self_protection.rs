@@ -58,7 +58,11 @@ impl Setup {
 
     fn start(&self, uid: Option<u32>, args: &[&str]) -> ExecServer {
         ExecServer::start_binary(&self.bin.join("exec-server"), args, |command| {
-            command.env_clear().env("PATH", "/usr/bin:/bin");
+            command
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                // Every accepted connection is logged at debug: the attacks must leave none.
+                .env("RUST_LOG", "supervisor=debug");
             if let Some(uid) = uid {
                 command.uid(uid).gid(uid);
             }
@@ -120,6 +124,31 @@ fn assert_refused(result: &Value, context: &str) {
     assert_eq!(result["ok"], false, "{context}: reached it: {result}");
 }
 
+/// What the server logs for a connection it accepted, upgraded or not.
+const CONNECTION_LOG_LINES: [&str; 3] = [
+    "dropping connection before upgrade",
+    "connection open",
+    "initialized",
+];
+
+fn connection_lines(log: &str) -> usize {
+    log.lines()
+        .filter(|line| CONNECTION_LOG_LINES.iter().any(|l| line.contains(l)))
+        .count()
+}
+
+/// Waits (bounded) for the server to log one more connection than `before`.
+fn wait_for_connection_line(server: &ExecServer, before: usize) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if connection_lines(&server.stderr()) > before {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20)); // polling interval
+    }
+    false
+}
+
 #[tokio::test]
 async fn a_sandboxed_command_cannot_reach_its_server_over_tcp_or_read_its_token() {
     for uid in identities() {
@@ -144,6 +173,7 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_tcp_or_read_its_token(
             } else {
                 server.client().await
             };
+            let logged = connection_lines(&server.stderr());
             for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
                 let context = format!("{shape}, token {token}, server as {uid:?}");
                 let connect = probe_through(
@@ -206,6 +236,7 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_a_unix_socket() {
             let server = setup.start(uid, &["--listen", &listen]);
             let mut client = server.client().await;
             let socket_path = socket.to_str().unwrap().to_owned();
+            let logged = connection_lines(&server.stderr());
             for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
                 let result = probe_through(
                     &mut client,
