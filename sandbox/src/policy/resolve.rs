@@ -398,7 +398,7 @@ fn resolve_entry(
             } else {
                 need_cwd(&format!("glob {pattern:?}"))?.join(pattern)
             };
-            glob::expand(&absolute, glob_depth)?
+            glob::expand(&absolute, glob_depth, access == Access::Deny)?
         }
         EntryPath::Special { value } => match value {
             SpecialPath::Root => vec![PathBuf::from("/")],
