@@ -517,21 +517,32 @@ fn github_format_annotates_each_distinct_denial() {
 fn audit_state_is_restored_after_the_run() {
     let _guard = require_audit();
     let mut control = sandbox::audit::netlink::Control::open().unwrap();
-    let before = control.status().unwrap().enabled;
+    let original = control.status().unwrap().enabled != 0;
     let fx = Fixture::new(None);
-    let out = run_probe_tree(
-        &["--policy", "read-only", "--audit", "/dev/null"],
-        &["uid"],
-        1,
-        &fx.ws,
-        None,
-    );
-    assert!(out.status.success(), "{}", context(&out));
-    assert_eq!(
-        control.status().unwrap().enabled,
-        before,
-        "audit enabled flag changed"
-    );
+    // From both starting states, so the check is never vacuous: a run that leaves auditing on
+    // (or switches it off when it was on) fails one of the two.
+    for before in [false, true] {
+        control.set_enabled(before).unwrap();
+        let report = fx.ws.join(format!("../audit-{before}.jsonl"));
+        let outside_file = s(&fx.outside_file);
+        let out = run_probe_tree(
+            &["--policy", "read-only", "--audit", s(&report)],
+            &["write", outside_file],
+            1,
+            &fx.ws,
+            None,
+        );
+        let enabled_after = control.status().unwrap().enabled != 0;
+        control.set_enabled(original).unwrap();
+        assert!(out.status.success(), "{}", context(&out));
+        assert_eq!(enabled_after, before, "audit enabled flag changed");
+        // Auditing was really on during the run: the denial is in the report.
+        let (denials, _) = read_jsonl(&report);
+        assert!(
+            denials.iter().any(|d| d["path"] == outside_file),
+            "starting from enabled={before} the run recorded {denials:?}"
+        );
+    }
 }
 
 #[test]

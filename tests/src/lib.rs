@@ -382,6 +382,10 @@ impl ProcessOutput {
     pub fn stdout_text(&self) -> String {
         String::from_utf8_lossy(&self.stdout).into_owned()
     }
+    /// stderr as text.
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
     /// pty output as text.
     pub fn pty_text(&self) -> String {
         String::from_utf8_lossy(&self.pty).into_owned()

@@ -232,6 +232,10 @@ async fn git_inside_the_workspace_stays_read_only() {
     )
     .await;
     assert_denied(r, "fs/writeFile", &dirs.ws(".git/hooks-new"));
+    assert!(
+        !dirs.ws(".git/hooks-new").exists(),
+        "the denied write landed"
+    );
     let r = fs_call(
         &mut client,
         "fs/remove",
@@ -328,6 +332,7 @@ async fn read_only_reads_everything_and_writes_nothing() {
     )
     .await;
     assert_denied(r, "fs/createDirectory", &dirs.ws("nd"));
+    assert!(!dirs.ws("nd").exists(), "the denied directory was created");
     let r = fs_call(
         &mut client,
         "fs/remove",
@@ -339,6 +344,7 @@ async fn read_only_reads_everything_and_writes_nothing() {
     assert!(dirs.ws("in.txt").exists());
     let r = fs_call(&mut client, "fs/copy", json!({"sourcePath": file_uri(dirs.ws("in.txt")), "destinationPath": file_uri(dirs.ws("c.txt"))}), read_only()).await;
     assert_denied(r, "fs/copy", &dirs.ws("c.txt"));
+    assert!(!dirs.ws("c.txt").exists(), "the denied copy landed");
 }
 
 #[tokio::test]
@@ -372,12 +378,7 @@ async fn deny_entries_block_reads_listing_and_copy_sources_also_through_symlinks
             policy.clone(),
         )
         .await;
-        let error = r.expect_err("reading a denied path must fail");
-        let kind = tests::error_kind(&error);
-        assert!(
-            ["sandboxDenied", "notFound"].contains(&kind.as_str()),
-            "{error:?}"
-        );
+        assert_denied(r, "fs/readFile", &path);
     }
     let r = fs_call(
         &mut client,
@@ -386,15 +387,9 @@ async fn deny_entries_block_reads_listing_and_copy_sources_also_through_symlinks
         policy.clone(),
     )
     .await;
-    match r {
-        Err(_) => {}
-        Ok(listing) => assert!(
-            listing["entries"].as_array().unwrap().is_empty(),
-            "a masked directory shows nothing: {listing}"
-        ),
-    }
+    assert_denied(r, "fs/readDirectory", dirs.outside.path());
     let r = fs_call(&mut client, "fs/copy", json!({"sourcePath": file_uri(dirs.ws("escape/secret.txt")), "destinationPath": file_uri(dirs.ws("stolen.txt"))}), policy.clone()).await;
-    assert!(r.is_err(), "copying a denied source must fail");
+    assert_denied(r, "fs/copy", &dirs.ws("escape/secret.txt"));
     assert!(!dirs.ws("stolen.txt").exists());
 }
 
@@ -443,7 +438,7 @@ async fn sandboxed_streaming_read_works_through_a_passed_descriptor() {
         policy,
     )
     .await;
-    assert!(r.is_err(), "a denied path cannot be opened");
+    assert_denied(r, "fs/open", &dirs.out("secret.txt"));
     let r = client
         .request(
             "fs/readBlock",
@@ -656,19 +651,37 @@ async fn sandboxed_process_keeps_the_requested_env_and_cwd_and_has_no_network() 
     let dirs = Dirs::new();
     let server = ExecServer::start(&[]);
     let mut client = server.client().await;
-    let script = "pwd; echo FOO=$FOO; (exec 3<>/dev/tcp/127.0.0.1/9) 2>/dev/null && echo net=yes || echo net=no";
+    // A live listener on the host's loopback: the control run reaches it, the sandboxed one
+    // must not (a dead port would "refuse" with or without a sandbox).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!(
+        "pwd; echo FOO=$FOO; (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo net=yes || echo net=no"
+    );
+    let argv = ["/bin/bash", "--noprofile", "--norc", "-c", script.as_str()];
+    let env = json!({"PATH": "/usr/bin:/bin", "FOO": "bar"});
+    let control = client
+        .run(
+            "control",
+            &argv,
+            json!({"cwd": file_uri(dirs.workspace.path()), "env": env}),
+        )
+        .await;
+    assert!(
+        control.stdout_text().contains("net=yes"),
+        "the control run reaches the listener: {}",
+        control.stdout_text()
+    );
+    let accepted = std::iter::from_fn(|| listener.accept().ok()).count();
+    assert_eq!(accepted, 1, "the control run's connection arrived");
+
     let extra = json!({
         "sandbox": dirs.write_policy(),
         "cwd": file_uri(dirs.workspace.path()),
-        "env": {"PATH": "/usr/bin:/bin", "FOO": "bar"},
+        "env": env,
     });
-    let out = client
-        .run(
-            "e",
-            &["/bin/bash", "--noprofile", "--norc", "-c", script],
-            extra,
-        )
-        .await;
+    let out = client.run("e", &argv, extra).await;
     let text = out.stdout_text();
     assert!(
         text.starts_with(&format!("{}\n", dirs.workspace.path().display())),
@@ -676,6 +689,10 @@ async fn sandboxed_process_keeps_the_requested_env_and_cwd_and_has_no_network() 
     );
     assert!(text.contains("FOO=bar"), "{text}");
     assert!(text.contains("net=no"), "{text}");
+    assert!(
+        listener.accept().is_err(),
+        "a connection from the sandbox reached the host's listener"
+    );
 }
 
 #[test]
