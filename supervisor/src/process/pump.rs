@@ -2,10 +2,9 @@
 //! notifications. A single task per process is what keeps notifications in seq order across
 //! stdout, stderr and exit.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Weak};
 
-use futures_util::FutureExt;
 use proto::jsonrpc::{Message, Notification};
 use proto::methods::process::{
     ClosedNotification, DeniedNotification, ExitedNotification, OutputStream,
@@ -70,20 +69,13 @@ pub async fn run(
                         exited = true;
                         // Output the child wrote before exiting is already in the pipes: emit it
                         // first, so `exited` follows it (only later writes by grandchildren can
-                        // still come after `exited`).
-                        while out_open {
-                            match read_some(&mut stdout, &mut out_buf).now_or_never() {
-                                Some(Some(n)) => emitter.output(OutputStream::Stdout, &out_buf[..n]).await,
-                                Some(None) => out_open = false,
-                                None => break,
-                            }
+                        // still come after `exited`). Read the descriptors directly: the
+                        // reactor may not have seen them become readable yet.
+                        if out_open {
+                            out_open = drain(&emitter, OutputStream::Stdout, stdout.as_fd(), &mut out_buf).await;
                         }
-                        while err_open {
-                            match read_some(&mut stderr, &mut err_buf).now_or_never() {
-                                Some(Some(n)) => emitter.output(OutputStream::Stderr, &err_buf[..n]).await,
-                                Some(None) => err_open = false,
-                                None => break,
-                            }
+                        if err_open {
+                            err_open = drain(&emitter, OutputStream::Stderr, stderr.as_fd(), &mut err_buf).await;
                         }
                         emitter.exit(status).await;
                     }
@@ -101,12 +93,8 @@ pub async fn run(
                     },
                     status = exit.wait(), if !exited => {
                         exited = true;
-                        while open {
-                            match read_pty(&master, &mut buf).now_or_never() {
-                                Some(Some(n)) => emitter.output(OutputStream::Pty, &buf[..n]).await,
-                                Some(None) => open = false,
-                                None => break,
-                            }
+                        if open {
+                            open = drain(&emitter, OutputStream::Pty, master.get_ref().as_fd(), &mut buf).await;
                         }
                         emitter.exit(status).await;
                     }
@@ -183,6 +171,35 @@ async fn read_some<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut [u8]) -> Opti
         Ok(n) => Some(n),
     }
 }
+
+/// Emits what `fd` (non-blocking) holds right now, reading it directly rather than waiting for
+/// the reactor to report it readable; at most [`EXIT_DRAIN_LIMIT`] bytes, so a grandchild that
+/// keeps writing cannot hold `exited` back. `false` when the stream reached end of file (for a
+/// PTY master, EIO: every slave descriptor closed).
+async fn drain(
+    emitter: &Emitter<'_>,
+    stream: OutputStream,
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> bool {
+    let mut drained = 0;
+    while drained < EXIT_DRAIN_LIMIT {
+        match nix::unistd::read(fd, buf) {
+            Ok(0) => return false,
+            Ok(n) => {
+                drained += n;
+                emitter.output(stream, &buf[..n]).await;
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(nix::errno::Errno::EAGAIN) => return true,
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// How much output [`drain`] takes from one stream when the child exits.
+const EXIT_DRAIN_LIMIT: usize = 4 * 1024 * 1024;
 
 /// Read the PTY master; EIO (every slave descriptor closed) is end of file.
 async fn read_pty(master: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> Option<usize> {
