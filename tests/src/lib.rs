@@ -321,6 +321,24 @@ pub fn process_is_dead(pid: i32) -> bool {
     }
 }
 
+/// The live processes whose parent is `parent`.
+pub fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| stat_field(&stat, 4))
+                .and_then(|ppid| ppid.parse::<i32>().ok())
+                == Some(parent)
+        })
+        .collect()
+}
+
 /// Field `n` (1-based, as in proc(5)) of a `/proc/<pid>/stat` line.
 pub fn stat_field(stat: &str, n: usize) -> Option<String> {
     let after_comm = &stat[stat.rfind(')')? + 2..];

@@ -870,3 +870,202 @@ __attribute__((constructor)) static void evil(void) {{
         "the preload wrote outside the workspace"
     );
 }
+
+/// The descriptors `pid` has open, by number.
+fn open_fds(pid: i32) -> Vec<i32> {
+    let mut fds: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+        .collect();
+    fds.sort_unstable();
+    fds
+}
+
+/// `KEY=value` entries of `pid`'s initial environment.
+fn environ(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| String::from_utf8_lossy(entry).into_owned())
+        .collect()
+}
+
+/// A server started with a secret in its environment and a descriptor (9) it inherited
+/// without close-on-exec: neither may reach a helper.
+fn leaky_server() -> (ExecServer, std::fs::File) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let leaked = std::fs::File::open("/etc/hostname").unwrap();
+    let raw = leaked.as_raw_fd();
+    let server = ExecServer::start_with(&[], |command| {
+        command
+            .env("SECRET_TOKEN", "hunter2")
+            .env("LD_LIBRARY_PATH", "/nonexistent");
+        // SAFETY: dup2 is async-signal-safe; the closure touches nothing else.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::dup2(raw, 9) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    });
+    assert!(
+        open_fds(server.pid()).contains(&9),
+        "the server really inherited descriptor 9"
+    );
+    assert!(
+        environ(server.pid()).contains(&"SECRET_TOKEN=hunter2".to_owned()),
+        "the server really has the secret"
+    );
+    (server, leaked)
+}
+
+#[tokio::test]
+async fn the_fs_helper_starts_with_a_cleared_environment_and_only_its_own_descriptors() {
+    let dirs = Dirs::new();
+    let (server, _leaked) = leaky_server();
+    let mut client = server.client().await;
+    fs_call(
+        &mut client,
+        "fs/readFile",
+        json!({"path": file_uri(dirs.ws("in.txt"))}),
+        read_only(),
+    )
+    .await
+    .unwrap();
+    let helpers = helper_pids(server.pid());
+    assert_eq!(helpers.len(), 1, "one pooled helper after one request");
+    let helper = helpers[0];
+    let env = environ(helper);
+    for entry in &env {
+        let key = entry.split('=').next().unwrap();
+        assert!(
+            ["PATH", "TMPDIR", "TMP", "TEMP"].contains(&key),
+            "the helper's environment holds {entry}: {env:?}"
+        );
+    }
+    assert_eq!(
+        open_fds(helper),
+        vec![0, 1, 2],
+        "the helper holds only its socket (0, 1) and stderr (2)"
+    );
+}
+
+#[tokio::test]
+async fn sandbox_run_and_its_command_start_with_only_what_the_request_gives() {
+    let dirs = Dirs::new();
+    let (server, _leaked) = leaky_server();
+    let mut client = server.client().await;
+    client
+        .start(
+            "sleeper",
+            &sh("ls /proc/self/fd; env; echo READY; exec /bin/sleep 30"),
+            json!({
+                "sandbox": dirs.write_policy(),
+                "cwd": file_uri(dirs.workspace.path()),
+                "env": {"PATH": "/usr/bin:/bin", "ASKED": "yes"},
+            }),
+        )
+        .await
+        .unwrap();
+    // sandbox-run is the server's child; find it once the command is running.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let runner = loop {
+        let found = tests::children_of(server.pid()).into_iter().find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .starts_with(b"sandbox-run")
+        });
+        if let Some(pid) = found {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no sandbox-run child appeared");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let text = client.wait_for_output("sleeper", "READY").await;
+    assert_eq!(
+        environ(runner),
+        Vec::<String>::new(),
+        "sandbox-run's environment"
+    );
+    let fds = open_fds(runner);
+    assert!(
+        !fds.contains(&9),
+        "sandbox-run inherited the server's descriptor 9: {fds:?}"
+    );
+    client
+        .call("process/terminate", json!({"processId": "sleeper"}))
+        .await;
+    client.collect("sleeper").await;
+    // `ls /proc/self/fd` lists 0, 1, 2 and ls's own directory descriptor (3).
+    let fd_lines: Vec<&str> = text
+        .lines()
+        .take_while(|l| l.parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(
+        fd_lines,
+        ["0", "1", "2", "3"],
+        "the command's descriptors: {text}"
+    );
+    assert!(text.contains("ASKED=yes"), "{text}");
+    assert!(!text.contains("SECRET_TOKEN"), "{text}");
+    assert!(!text.contains("LD_LIBRARY_PATH"), "{text}");
+}
+
+#[tokio::test]
+async fn the_pool_never_serves_a_request_with_another_sessions_or_policys_helper() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut alice = server.client().await;
+    let mut bob = server.client().await;
+    let secret = dirs.out("secret.txt");
+    let read = json!({"path": file_uri(&secret)});
+    let denying = json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+            {"path": {"type": "path", "path": dirs.outside.path()}, "access": "deny"}
+        ]}},
+        "cwd": file_uri(dirs.workspace.path())
+    });
+    let mut seen = std::collections::BTreeSet::new();
+    let mut helpers_after = |label: &str, expected: usize| {
+        seen.extend(helper_pids(server.pid()));
+        assert_eq!(
+            seen.len(),
+            expected,
+            "helpers started after {label}: {seen:?}"
+        );
+    };
+    fs_call(&mut alice, "fs/readFile", read.clone(), read_only())
+        .await
+        .unwrap();
+    helpers_after("alice read-only", 1);
+    fs_call(&mut alice, "fs/readFile", read.clone(), read_only())
+        .await
+        .unwrap();
+    helpers_after("alice read-only again (reused)", 1);
+    fs_call(&mut bob, "fs/readFile", read.clone(), read_only())
+        .await
+        .unwrap();
+    helpers_after("bob read-only (his own)", 2);
+    let r = fs_call(&mut alice, "fs/readFile", read.clone(), denying.clone()).await;
+    assert_denied(r, "fs/readFile", &secret);
+    helpers_after("alice with a deny (a third)", 3);
+    // Interleaved, each policy keeps its own answer: the read-only helper still reads, the
+    // denying one still denies.
+    for _ in 0..3 {
+        fs_call(&mut alice, "fs/readFile", read.clone(), read_only())
+            .await
+            .unwrap();
+        let r = fs_call(&mut alice, "fs/readFile", read.clone(), denying.clone()).await;
+        assert_denied(r, "fs/readFile", &secret);
+        fs_call(&mut bob, "fs/readFile", read.clone(), read_only())
+            .await
+            .unwrap();
+    }
+    helpers_after("interleaving", 3);
+}
