@@ -238,3 +238,102 @@ fn documented_limits_hold_as_documented() {
         assert!(file.exists());
     }
 }
+
+#[test]
+fn an_extra_writable_root_is_writable_and_keeps_its_git_read_only() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let extra = fx.outside.join("extra");
+        std::fs::create_dir_all(extra.join(".git")).unwrap();
+        chown_to(uid, &[&extra, &extra.join(".git")]);
+        let args = ["--policy", "workspace-write", "--writable-root", s(&extra)];
+        let inside = extra.join("built.o");
+        assert_allowed(
+            &probe(&args, &["write", s(&inside)], uid, &fx.ws),
+            &format!("write in --writable-root as {uid:?}"),
+        );
+        assert!(inside.exists(), "the write in the extra root landed");
+        let git = extra.join(".git/config");
+        assert_blocked(
+            &probe(&args, &["write", s(&git)], uid, &fx.ws),
+            &[],
+            &format!("--writable-root's .git as {uid:?}"),
+        );
+        assert!(!git.exists());
+        // Its parent (the outside directory) is not widened.
+        std::fs::remove_file(&inside).unwrap();
+        std::fs::remove_dir_all(&extra).unwrap();
+        std::fs::create_dir_all(&extra).unwrap();
+        chown_to(uid, &[&extra]);
+        let beside = fx.outside.join("beside.txt");
+        assert_blocked(
+            &probe(&args, &["write", s(&beside)], uid, &fx.ws),
+            &[],
+            &format!("beside --writable-root as {uid:?}"),
+        );
+        assert!(!beside.exists());
+        // Without the flag the extra root is as read-only as any outside path.
+        assert_blocked(
+            &probe(WW, &["write", s(&inside)], uid, &fx.ws),
+            &[],
+            &format!("the same write without --writable-root as {uid:?}"),
+        );
+        assert!(!inside.exists());
+    }
+}
+
+#[test]
+fn explain_prints_the_policy_and_its_layers_and_runs_nothing() {
+    let fx = Fixture::new(None);
+    let extra = fx.outside.join("extra");
+    std::fs::create_dir(&extra).unwrap();
+    let marker = fx.ws.join("ran");
+    let out = sandbox_run(
+        &[
+            "--policy",
+            "workspace-write",
+            "--writable-root",
+            s(&extra),
+            "--deny",
+            s(&fx.outside_file),
+            "--explain",
+        ],
+        &["/usr/bin/touch", s(&marker)],
+        None,
+        &fx.ws,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!marker.exists(), "--explain ran the command");
+    let explain: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rules = explain["policy"]["filesystem"]["rules"].as_array().unwrap();
+    let access_of = |path: &std::path::Path| {
+        rules
+            .iter()
+            .find(|rule| rule["path"] == s(path))
+            .map(|rule| rule["access"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(access_of(&fx.ws).as_deref(), Some("write"), "{explain}");
+    assert_eq!(access_of(&extra).as_deref(), Some("write"), "{explain}");
+    assert_eq!(
+        access_of(&fx.ws.join(".git")).as_deref(),
+        Some("read"),
+        "{explain}"
+    );
+    assert_eq!(
+        explain["command"],
+        serde_json::json!(["/usr/bin/touch", s(&marker)])
+    );
+    assert_eq!(explain["cwd"], s(&fx.ws));
+    assert!(
+        explain["layers"]["landlock"]["abi"].as_u64().unwrap_or(0) >= 1,
+        "{explain}"
+    );
+    assert!(
+        explain.to_string().contains(s(&fx.outside_file)),
+        "the denied path is listed: {explain}"
+    );
+}

@@ -1069,3 +1069,54 @@ async fn the_pool_never_serves_a_request_with_another_sessions_or_policys_helper
     }
     helpers_after("interleaving", 3);
 }
+
+#[tokio::test]
+async fn helper_dir_chooses_where_the_helpers_come_from_and_a_missing_one_refuses_the_start() {
+    let dirs = Dirs::new();
+    let install = tests::scratch::scratch_dir("helpers-");
+    let helper_dir = std::fs::canonicalize(install.path()).unwrap().join("bin");
+    tests::install_binaries(&helper_dir);
+    let server = ExecServer::start(&["--helper-dir", helper_dir.to_str().unwrap()]);
+    let mut client = server.client().await;
+    fs_call(
+        &mut client,
+        "fs/readFile",
+        json!({"path": file_uri(dirs.ws("in.txt"))}),
+        read_only(),
+    )
+    .await
+    .unwrap();
+    let helper = helper_pids(server.pid())[0];
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{helper}/exe")).unwrap(),
+        helper_dir.join("fs-helper"),
+        "the pooled helper runs from --helper-dir"
+    );
+    let out = client
+        .run(
+            "p",
+            &["/bin/true"],
+            json!({"sandbox": dirs.write_policy(), "cwd": file_uri(dirs.workspace.path())}),
+        )
+        .await;
+    assert_eq!(out.exit_code, Some(0));
+    drop(client);
+    drop(server);
+
+    // A directory without the helpers: the server refuses to start and names what is missing.
+    let empty = tests::scratch::scratch_dir("no-helpers-");
+    let refused = ExecServer::run_expecting_exit(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--helper-dir",
+        empty.path().to_str().unwrap(),
+    ]);
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(
+        refused.stderr.contains(empty.path().to_str().unwrap())
+            && (refused.stderr.contains("sandbox-run") || refused.stderr.contains("fs-helper")),
+        "the error names the helper and where it was looked for: {}",
+        refused.stderr
+    );
+    assert_eq!(refused.stdout, "", "no URL was printed");
+}
