@@ -16,7 +16,7 @@
 //!    private `/tmp`, `/run`, `/dev` and `/proc`; built from descriptors, so a path swapped
 //!    for a symlink cannot redirect it; then back into the working directory, which now
 //!    resolves through the new mounts;
-//! 4. every capability dropped for good ([`crate::sys::drop_all_capabilities`]), whoever runs
+//! 4. every capability dropped for good (`drop_all_capabilities`), whoever runs
 //!    the sandbox;
 //! 5. Landlock ([`landlock`]): every filesystem right of the running ABI, TCP (all ports with
 //!    the network off; the supervisor's own ports with it on), signal and abstract-socket

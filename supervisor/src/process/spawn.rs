@@ -4,7 +4,7 @@
 //! missing program is an error here, never a process that "started" and exited 127.
 //!
 //! Every descriptor the server holds is close-on-exec (see
-//! [`sys::prepare_server_descriptors`]); the child's stdio is placed with `dup2` file actions. A
+//! `sys::prepare_server_descriptors`); the child's stdio is placed with `dup2` file actions. A
 //! PTY slave is opened by path in the child after `setsid`, which makes it the controlling
 //! terminal. Dying with the server is the guardian's job (`exec-guardian`).
 
@@ -55,7 +55,7 @@ pub enum SpawnError {
     /// The program was not found.
     #[error("program {program:?} not found (searched PATH={path})")]
     NotFound {
-        /// argv[0].
+        /// `argv[0]`.
         program: String,
         /// The PATH searched.
         path: String,
@@ -71,7 +71,7 @@ pub enum SpawnError {
     /// exec failed.
     #[error("cannot start {program:?}: {source}")]
     Exec {
-        /// argv[0].
+        /// `argv[0]`.
         program: String,
         /// The OS error.
         source: std::io::Error,
