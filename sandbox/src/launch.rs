@@ -35,7 +35,10 @@ pub struct LaunchRequest {
     pub best_effort: bool,
     /// Rlimits for the command and its wall-clock time (the server's cgroup bounds memory and
     /// processes).
-    #[serde(default, skip_serializing_if = "crate::limits::CommandLimits::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "crate::limits::CommandLimits::is_empty"
+    )]
     pub limits: crate::limits::CommandLimits,
 }
 

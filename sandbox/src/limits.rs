@@ -139,6 +139,9 @@ mod tests {
     #[test]
     fn unknown_fields_are_refused() {
         let parsed = serde_json::from_str::<CommandLimits>(r#"{"cpu_secs": 1}"#);
-        assert!(parsed.is_err(), "a misspelt limit must not silently not apply");
+        assert!(
+            parsed.is_err(),
+            "a misspelt limit must not silently not apply"
+        );
     }
 }

@@ -11,9 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use proto::FileUri;
-use proto::methods::environment::{
-    ContainmentSupport, EnvironmentInfo, SandboxSupport, ShellInfo,
-};
+use proto::methods::environment::{ContainmentSupport, EnvironmentInfo, SandboxSupport, ShellInfo};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 

@@ -310,9 +310,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         reset_signal_dispositions();
         for action in plan.actions {
             let ok = match action {
-                FileAction::Dup(from, to) if from == to => {
-                    libc::fcntl(*to, libc::F_SETFD, 0) == 0
-                }
+                FileAction::Dup(from, to) if from == to => libc::fcntl(*to, libc::F_SETFD, 0) == 0,
                 FileAction::Dup(from, to) => libc::dup2(*from, *to) == *to,
                 FileAction::OpenReadWrite(to, path) => {
                     let fd = libc::open(path.as_ptr(), libc::O_RDWR);

@@ -33,7 +33,9 @@ fn unescape(field: &str) -> String {
         let octal = bytes
             .get(i + 1..i + 4)
             .filter(|digits| bytes[i] == b'\\' && digits.iter().all(|d| (b'0'..=b'7').contains(d)))
-            .map(|d| u32::from(d[0] - b'0') * 64 + u32::from(d[1] - b'0') * 8 + u32::from(d[2] - b'0'))
+            .map(|d| {
+                u32::from(d[0] - b'0') * 64 + u32::from(d[1] - b'0') * 8 + u32::from(d[2] - b'0')
+            })
             .and_then(|value| u8::try_from(value).ok());
         match octal {
             Some(value) => {
@@ -152,8 +154,14 @@ mod tests {
             found.v1.get("memory"),
             Some(&PathBuf::from("/sys/fs/cgroup/memory/process_api/ca88"))
         );
-        assert_eq!(found.v1.get("pids"), Some(&PathBuf::from("/sys/fs/cgroup/pids")));
-        assert_eq!(found.v1.get("cpu"), Some(&PathBuf::from("/sys/fs/cgroup/cpu")));
+        assert_eq!(
+            found.v1.get("pids"),
+            Some(&PathBuf::from("/sys/fs/cgroup/pids"))
+        );
+        assert_eq!(
+            found.v1.get("cpu"),
+            Some(&PathBuf::from("/sys/fs/cgroup/cpu"))
+        );
     }
 
     #[test]

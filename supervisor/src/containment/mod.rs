@@ -337,10 +337,13 @@ impl Containment {
 
     /// The server's base in a v1 hierarchy, created on first use.
     fn v1_base(&self, controller: &str) -> Result<&CgroupDir, ContainmentError> {
-        let hierarchy = self.v1.get(controller).ok_or_else(|| ContainmentError::Create {
-            path: PathBuf::from(controller),
-            source: std::io::Error::from_raw_os_error(libc::ENOENT),
-        })?;
+        let hierarchy = self
+            .v1
+            .get(controller)
+            .ok_or_else(|| ContainmentError::Create {
+                path: PathBuf::from(controller),
+                source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            })?;
         let mut created = hierarchy
             .created
             .lock()

@@ -88,7 +88,12 @@ pub enum PlanError {
     },
 }
 
-fn applied(value: u64, enforcement: Enforcement, scope: LimitScope, detail: String) -> AppliedLimit {
+fn applied(
+    value: u64,
+    enforcement: Enforcement,
+    scope: LimitScope,
+    detail: String,
+) -> AppliedLimit {
     AppliedLimit {
         value,
         enforcement,
@@ -115,7 +120,12 @@ pub fn plan(limits: &Limits, caps: Capabilities) -> Result<Plan, PlanError> {
         let detail = match caps.memory {
             Some(version @ CgroupVersion::V2) => {
                 plan.memory = Some((version, bytes));
-                applied(bytes, version.enforcement(), Tree, "memory.max + memory.swap.max".into())
+                applied(
+                    bytes,
+                    version.enforcement(),
+                    Tree,
+                    "memory.max + memory.swap.max".into(),
+                )
             }
             Some(version @ CgroupVersion::V1) => {
                 plan.memory = Some((version, bytes));
@@ -177,7 +187,12 @@ pub fn plan(limits: &Limits, caps: Capabilities) -> Result<Plan, PlanError> {
                     .into(),
             )
         } else {
-            applied(seconds, Rlimit, Process, "RLIMIT_CPU (SIGXCPU, SIGKILL a second later)".into())
+            applied(
+                seconds,
+                Rlimit,
+                Process,
+                "RLIMIT_CPU (SIGXCPU, SIGKILL a second later)".into(),
+            )
         };
         plan.applied.set(LimitName::CpuSeconds, detail);
     }
@@ -191,12 +206,19 @@ pub fn plan(limits: &Limits, caps: Capabilities) -> Result<Plan, PlanError> {
         plan.wall = Some(Duration::from_secs(seconds));
         plan.rlimits.wall_seconds = Some(seconds);
         let detail = "the server kills the tree when it runs out";
-        plan.applied
-            .set(LimitName::WallSeconds, applied(seconds, Timer, Tree, detail.into()));
+        plan.applied.set(
+            LimitName::WallSeconds,
+            applied(seconds, Timer, Tree, detail.into()),
+        );
     }
     if let Some(bytes) = limits.file_size_bytes {
         plan.rlimits.file_size_bytes = Some(bytes);
-        let detail = applied(bytes, Rlimit, Process, "RLIMIT_FSIZE (writes past it fail with EFBIG)".into());
+        let detail = applied(
+            bytes,
+            Rlimit,
+            Process,
+            "RLIMIT_FSIZE (writes past it fail with EFBIG)".into(),
+        );
         plan.applied.set(LimitName::FileSizeBytes, detail);
     }
     if let Some(count) = limits.open_files {
@@ -248,7 +270,11 @@ pub struct DefaultLimitsError {
 /// [`DefaultLimitsError`] naming the item.
 pub fn parse_default_limits(text: &str) -> Result<Limits, DefaultLimitsError> {
     let mut limits = Limits::default();
-    for item in text.split(',').map(str::trim).filter(|item| !item.is_empty()) {
+    for item in text
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
         let error = |problem| DefaultLimitsError {
             item: item.to_owned(),
             problem,
@@ -371,18 +397,35 @@ mod tests {
         let caps = Capabilities::default();
         let error = plan(&limits(serde_json::json!({"processes": 64})), caps).unwrap_err();
         assert!(
-            matches!(error, PlanError::Unenforceable { limit: LimitName::Processes, value: 64, .. }),
+            matches!(
+                error,
+                PlanError::Unenforceable {
+                    limit: LimitName::Processes,
+                    value: 64,
+                    ..
+                }
+            ),
             "{error:?}"
         );
-        assert!(error.to_string().contains("limits.processes (64)"), "{error}");
+        assert!(
+            error.to_string().contains("limits.processes (64)"),
+            "{error}"
+        );
         let error = plan(&limits(serde_json::json!({"memoryBytes": 1024})), caps).unwrap_err();
         assert!(error.to_string().contains("limits.memoryBytes"), "{error}");
 
-        let best = limits(serde_json::json!({"memoryBytes": 1024, "processes": 64, "bestEffort": true}));
+        let best =
+            limits(serde_json::json!({"memoryBytes": 1024, "processes": 64, "bestEffort": true}));
         let plan = plan(&best, caps).unwrap();
         assert_eq!(plan.rlimits.address_space_bytes, Some(1024));
-        assert_eq!(plan.applied.memory_bytes.unwrap().enforcement, Enforcement::Rlimit);
-        assert_eq!(plan.applied.processes.unwrap().enforcement, Enforcement::None);
+        assert_eq!(
+            plan.applied.memory_bytes.unwrap().enforcement,
+            Enforcement::Rlimit
+        );
+        assert_eq!(
+            plan.applied.processes.unwrap().enforcement,
+            Enforcement::None
+        );
         assert_eq!(plan.pids, None);
     }
 
@@ -396,7 +439,10 @@ mod tests {
             })
         );
         assert!(matches!(
-            plan(&limits(serde_json::json!({"wallSeconds": MAX_WALL_SECONDS + 1})), caps),
+            plan(
+                &limits(serde_json::json!({"wallSeconds": MAX_WALL_SECONDS + 1})),
+                caps
+            ),
             Err(PlanError::WallTooLong { .. })
         ));
     }
@@ -434,7 +480,13 @@ mod tests {
                 "memoryBytes": 2u64 << 30, "processes": 512, "fileSizeBytes": 10240, "bestEffort": true
             }))
         );
-        for bad in ["memory=1", "processes", "processes=1G", "openFiles=0", "cpuSeconds=x"] {
+        for bad in [
+            "memory=1",
+            "processes",
+            "processes=1G",
+            "openFiles=0",
+            "cpuSeconds=x",
+        ] {
             let error = parse_default_limits(bad).unwrap_err();
             assert_eq!(error.item, bad);
         }
@@ -447,16 +499,43 @@ mod tests {
             signal: Some(libc::SIGKILL),
             ..ExitFacts::default()
         };
-        assert_eq!(exit_reason(&ExitFacts { terminated: true, ..killed }), ExitReason::Terminated);
-        assert_eq!(exit_reason(&ExitFacts { wall_fired: true, ..killed }), ExitReason::WallTimeout);
-        assert_eq!(exit_reason(&ExitFacts { oom_kills: 1, ..killed }), ExitReason::Oom);
         assert_eq!(
-            exit_reason(&ExitFacts { oom_kills: 1, code: 0, signal: None, ..killed }),
+            exit_reason(&ExitFacts {
+                terminated: true,
+                ..killed
+            }),
+            ExitReason::Terminated
+        );
+        assert_eq!(
+            exit_reason(&ExitFacts {
+                wall_fired: true,
+                ..killed
+            }),
+            ExitReason::WallTimeout
+        );
+        assert_eq!(
+            exit_reason(&ExitFacts {
+                oom_kills: 1,
+                ..killed
+            }),
+            ExitReason::Oom
+        );
+        assert_eq!(
+            exit_reason(&ExitFacts {
+                oom_kills: 1,
+                code: 0,
+                signal: None,
+                ..killed
+            }),
             ExitReason::Exit,
             "a process that succeeded despite an OOM kill below it exited"
         );
         assert_eq!(
-            exit_reason(&ExitFacts { code: 152, signal: Some(libc::SIGXCPU), ..killed }),
+            exit_reason(&ExitFacts {
+                code: 152,
+                signal: Some(libc::SIGXCPU),
+                ..killed
+            }),
             ExitReason::CpuLimit
         );
         let past_cpu = ExitFacts {
@@ -472,6 +551,12 @@ mod tests {
         };
         assert_eq!(exit_reason(&past_wall), ExitReason::WallTimeout);
         assert_eq!(exit_reason(&killed), ExitReason::Signal);
-        assert_eq!(exit_reason(&ExitFacts { code: 3, ..ExitFacts::default() }), ExitReason::Exit);
+        assert_eq!(
+            exit_reason(&ExitFacts {
+                code: 3,
+                ..ExitFacts::default()
+            }),
+            ExitReason::Exit
+        );
     }
 }

@@ -36,8 +36,7 @@ impl Reaper {
             leaders: Mutex::new(HashSet::new()),
             server_session: nix::unistd::getsid(None).map_or(0, nix::unistd::Pid::as_raw),
         });
-        let mut children =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+        let mut children = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
         let weak = Arc::downgrade(&reaper);
         tokio::spawn(async move {
             while children.recv().await.is_some() {
@@ -114,7 +113,10 @@ fn children_of_self() -> Vec<i32> {
     let mut children = Vec::new();
     for task in tasks.flatten() {
         if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
-            children.extend(list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            children.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
         }
     }
     children

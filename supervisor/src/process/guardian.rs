@@ -138,7 +138,11 @@ pub fn serve(socket: &impl AsFd) {
                 if let Ok(cmsgs) = message.cmsgs() {
                     for cmsg in cmsgs {
                         if let ControlMessageOwned::ScmRights(received) = cmsg {
-                            fds.extend(received.into_iter().map(crate::sys::owned_fd_from_scm_rights));
+                            fds.extend(
+                                received
+                                    .into_iter()
+                                    .map(crate::sys::owned_fd_from_scm_rights),
+                            );
                         }
                     }
                 }
@@ -149,7 +153,12 @@ pub fn serve(socket: &impl AsFd) {
             break;
         }
         let record = &buffer[..length];
-        let pid = || record.get(1..5).and_then(|b| b.try_into().ok()).map(i32::from_le_bytes);
+        let pid = || {
+            record
+                .get(1..5)
+                .and_then(|b| b.try_into().ok())
+                .map(i32::from_le_bytes)
+        };
         let path = || PathBuf::from(std::ffi::OsString::from_vec(record[1..].to_vec()));
         match record[0] {
             b'k' => duties.kill.push(path()),

@@ -123,7 +123,9 @@ pub async fn start(
     // Without a cgroup the guardian kills the leader's group through its pidfd.
     let registered = !tree.tracked();
     if registered {
-        server.guardian.register(spawned.pid, spawned.leader.pidfd());
+        server
+            .guardian
+            .register(spawned.pid, spawned.leader.pidfd());
     }
     let (stdin, pty_master, pump_io) = match spawned.io {
         ChildIo::Pipes {
@@ -157,7 +159,11 @@ pub async fn start(
     reservation.fill(process.clone());
     if let Some(wall) = plan.wall {
         // A sandboxed command's own sandbox-run ends it first, draining its terminal.
-        let backstop = if sandboxed { WALL_BACKSTOP_GRACE } else { Duration::ZERO };
+        let backstop = if sandboxed {
+            WALL_BACKSTOP_GRACE
+        } else {
+            Duration::ZERO
+        };
         watch::watch_wall_clock(process.clone(), wall + backstop);
     }
     if let Some(budget) = plan.cpu_budget {

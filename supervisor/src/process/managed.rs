@@ -183,7 +183,11 @@ impl ManagedProcess {
         if self.exit().is_some() {
             return false;
         }
-        let leader = self.leader.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let leader = self
+            .leader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         leader.is_some_and(|leader| leader.signal_group(signal))
     }
 

@@ -65,7 +65,11 @@ impl PumpContext {
     }
 
     /// Why the process ended.
-    fn reason(&self, process: &ManagedProcess, exit: ChildExit) -> proto::methods::process::ExitReason {
+    fn reason(
+        &self,
+        process: &ManagedProcess,
+        exit: ChildExit,
+    ) -> proto::methods::process::ExitReason {
         exit_reason(&ExitFacts {
             code: exit.code,
             signal: exit.signal,

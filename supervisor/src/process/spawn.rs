@@ -94,7 +94,7 @@ pub enum SpawnError {
         /// argv[0].
         program: String,
         /// The limits asked for.
-        limits: CommandLimits,
+        limits: Box<CommandLimits>,
         /// The OS error.
         source: std::io::Error,
     },
@@ -273,7 +273,7 @@ pub fn spawn(spec: &SpawnSpec, reaper: Option<&Reaper>) -> Result<Spawned, Spawn
         },
         ChildStep::Rlimit => SpawnError::Rlimit {
             program: program_name.clone(),
-            limits: spec.rlimits.clone(),
+            limits: Box::new(spec.rlimits.clone()),
             source: failure.error,
         },
         ChildStep::Exec => SpawnError::Exec {

@@ -2,9 +2,9 @@
 
 use proto::error::{self as codes, ErrorKind, RpcError};
 
+use crate::containment::plan::PlanError;
 use crate::fs::FsRequestError;
 use crate::http::HttpError;
-use crate::containment::plan::PlanError;
 use crate::process::ProcessError;
 use crate::process::spawn::SpawnError;
 use crate::session::SessionError;
