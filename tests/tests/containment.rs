@@ -694,6 +694,7 @@ async fn a_recycled_leader_pid_survives_the_servers_exit(args: &[&str]) {
             break;
         }
     }
+    let _cleanup = KillMarked(daemon_mark.clone());
     let Some(mut victim) = victim else {
         println!("skipped: pid {leader} was taken by another process 50 times in a row");
         return;
@@ -737,6 +738,17 @@ async fn a_reaped_leaders_recycled_pid_survives_the_servers_exit_without_cgroups
 // Without cgroups
 // ---------------------------------------------------------------------------------------------
 
+/// Kills every `sleep MARK` on drop.
+struct KillMarked(String);
+
+impl Drop for KillMarked {
+    fn drop(&mut self) {
+        for pid in sleeping(&self.0) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
 #[tokio::test]
 async fn without_cgroups_orphans_come_back_to_the_server_and_die_at_its_shutdown() {
     let mut server = ExecServer::start(&["--no-cgroups"]);
@@ -748,6 +760,8 @@ async fn without_cgroups_orphans_come_back_to_the_server_and_die_at_its_shutdown
         .unwrap();
     client.wait_for_output("p", "ready").await;
     let daemon = wait_for_daemon(&mark);
+    // Without a cgroup a failed test would leave the daemon behind: kill it then.
+    let _cleanup = KillMarked(mark.clone());
     assert!(
         descendants(server.pid()).contains(&daemon),
         "the orphan was re-parented to the server (child subreaper)"

@@ -599,3 +599,62 @@ pub struct ClosedNotification {
     /// Event sequence number.
     pub seq: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_without_limits_parses_and_serializes_without_them() {
+        let params: StartParams = serde_json::from_value(serde_json::json!({
+            "processId": "p", "argv": ["true"], "cwd": "/tmp"
+        }))
+        .unwrap();
+        assert_eq!(params.limits, None);
+        assert!(
+            serde_json::to_value(&params)
+                .unwrap()
+                .get("limits")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn limits_refuse_unknown_keys_and_lay_over_defaults_key_by_key() {
+        let misspelt = serde_json::from_value::<Limits>(serde_json::json!({"memoryByte": 1}));
+        assert!(
+            misspelt.is_err(),
+            "a misspelt limit must not silently not apply"
+        );
+        let defaults: Limits =
+            serde_json::from_value(serde_json::json!({"memoryBytes": 100, "processes": 10}))
+                .unwrap();
+        let asked: Limits =
+            serde_json::from_value(serde_json::json!({"processes": 5, "bestEffort": true}))
+                .unwrap();
+        let merged = asked.over(&defaults);
+        assert_eq!(
+            (merged.memory_bytes, merged.processes, merged.best_effort),
+            (Some(100), Some(5), true)
+        );
+        assert!(Limits::default().is_empty() && !merged.is_empty());
+    }
+
+    #[test]
+    fn exit_reasons_use_their_wire_names() {
+        let exited = ExitedNotification {
+            process_id: "p".into(),
+            seq: 2,
+            exit_code: 137,
+            signal: Some(9),
+            reason: Some(ExitReason::WallTimeout),
+        };
+        assert_eq!(
+            serde_json::to_value(&exited).unwrap()["reason"],
+            serde_json::json!("wallTimeout")
+        );
+        for name in LimitName::ALL {
+            assert_eq!(serde_json::to_value(name).unwrap(), name.as_str());
+        }
+    }
+}

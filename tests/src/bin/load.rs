@@ -302,7 +302,10 @@ async fn start_sleeps(args: &[&str], count: usize) -> (Duration, usize) {
         .filter(|pid| tests::cmdline(*pid) == "/bin/sleep 1000")
         .filter_map(|pid| {
             let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-            let leaf = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?.to_owned();
+            let leaf = cgroup
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))?
+                .to_owned();
             leaf.contains("/execward-").then_some(leaf)
         })
         .collect();
