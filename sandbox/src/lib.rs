@@ -6,9 +6,11 @@
 //!   ([`linux::restrict_current_process`]).
 //! - [`macos`]: Seatbelt profile text (plain Rust, tested on every platform).
 //! - [`run`]: the `sandbox-run` command line.
+//! - [`limits`]: the rlimits and wall-clock time of a sandboxed command.
 
 pub mod audit;
 pub mod launch;
+pub mod limits;
 pub mod policy;
 
 #[cfg(target_os = "linux")]

@@ -78,9 +78,25 @@ pub struct Cli {
     /// Print the enforcement report as JSON on stderr before running the program.
     #[arg(long)]
     pub report: bool,
+    /// Address space per process (RLIMIT_AS), e.g. 512M or 2G (suffixes K, M, G: powers of
+    /// 1024). Bounds each process, not the tree: exec-server bounds a tree's memory with a
+    /// cgroup instead.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// Processes of the sandbox's user (RLIMIT_NPROC, counted in the sandbox's own user
+    /// namespace). The kernel exempts uid 0, so as root this needs --best-effort (exec-server
+    /// bounds a tree with a pids cgroup instead).
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// CPU seconds per process (RLIMIT_CPU: SIGXCPU at the limit, SIGKILL a second later).
+    #[arg(long, value_name = "SECONDS")]
+    pub cpu_time: Option<u64>,
+    /// Wall-clock seconds; then the whole sandbox is killed (its output so far is delivered).
+    #[arg(long, value_name = "SECONDS")]
+    pub wall_time: Option<u64>,
     /// Internal (exec-server): read the resolved policy and the command from inherited
     /// descriptor N instead of the options above.
-    #[arg(long, value_name = "N", hide = true, conflicts_with_all = ["policy_json", "cwd", "writable_roots", "denies", "allow_network", "explain"])]
+    #[arg(long, value_name = "N", hide = true, conflicts_with_all = ["policy_json", "cwd", "writable_roots", "denies", "allow_network", "explain", "memory", "pids", "cpu_time", "wall_time"])]
     pub launch_fd: Option<i32>,
     /// The program and its arguments.
     #[arg(
@@ -133,6 +149,8 @@ pub struct Prepared {
     pub cwd: PathBuf,
     /// Best effort was asked.
     pub best_effort: bool,
+    /// The command's rlimits and wall-clock time.
+    pub limits: crate::limits::CommandLimits,
 }
 
 /// Resolves what the command line (or exec-server's launch request) asks for.
@@ -153,6 +171,7 @@ pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
                 .collect(),
             cwd: request.cwd,
             best_effort: request.best_effort || cli.best_effort,
+            limits: request.limits,
         });
     }
     let (policy, cwd) = resolve_cli_policy(cli)?;
@@ -162,7 +181,56 @@ pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
         env: std::env::vars_os().collect(),
         cwd,
         best_effort: cli.best_effort,
+        limits: cli_limits(cli)?,
     })
+}
+
+/// The limits `--memory`, `--pids`, `--cpu-time` and `--wall-time` ask for.
+///
+/// # Errors
+/// [`RunError::Setup`] for `--pids` as root without `--best-effort` (RLIMIT_NPROC does not bind
+/// uid 0, so the limit would silently not apply).
+fn cli_limits(cli: &Cli) -> Result<crate::limits::CommandLimits, RunError> {
+    #[cfg(target_os = "linux")]
+    if cli.pids.is_some() && !cli.best_effort && nix::unistd::geteuid().is_root() {
+        return Err(RunError::Setup(
+            "--pids cannot be enforced: it is RLIMIT_NPROC, which the kernel does not apply to \
+             uid 0; run sandbox-run as another user or under exec-server (whose pids cgroup \
+             bounds the tree), or pass --best-effort to run without it"
+                .to_owned(),
+        ));
+    }
+    Ok(crate::limits::CommandLimits {
+        cpu_seconds: cli.cpu_time,
+        file_size_bytes: None,
+        open_files: None,
+        address_space_bytes: cli.memory,
+        processes: cli.pids,
+        wall_seconds: cli.wall_time,
+    })
+}
+
+/// `--memory`'s value: bytes, or a number with a K, M or G suffix (powers of 1024).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().last() {
+        Some((at, suffix)) if suffix.is_ascii_alphabetic() => {
+            let unit: u64 = match suffix.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("unknown size suffix {suffix:?} (use K, M or G)")),
+            };
+            (&text[..at], unit)
+        }
+        _ => (text, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|bytes| *bytes > 0)
+        .ok_or_else(|| format!("{text:?} is not a size (a positive number of bytes, or 512M, 2G)"))
 }
 
 /// An existing directory for `--cwd`/`--writable-root`, created when asked; absolute.
@@ -387,6 +455,7 @@ pub fn command_of(prepared: &Prepared) -> crate::linux::command::Command {
         argv: prepared.argv.clone(),
         env: prepared.env.clone(),
         cwd: prepared.cwd.clone(),
+        limits: prepared.limits.clone(),
     }
 }
 

@@ -1401,6 +1401,7 @@ pub fn start_params(process_id: &str, argv: &[&str]) -> proto::methods::process:
         audit_denials: false,
         env_policy: None,
         enforce_managed_network: false,
+        limits: None,
     }
 }
 

@@ -45,6 +45,8 @@ pub struct Command {
     pub env: Vec<(OsString, OsString)>,
     /// The working directory (absolute).
     pub cwd: PathBuf,
+    /// Its rlimits (set right before `execve`) and wall-clock time.
+    pub limits: crate::limits::CommandLimits,
 }
 
 /// How to run it.
@@ -176,13 +178,24 @@ fn reborrow<'b>(observer: &'b mut Option<&mut dyn Observer>) -> Option<&'b mut d
     }
 }
 
-/// No sandbox at all: `execve` in place with the command's environment.
+/// No sandbox at all: `execve` in place with the command's environment and limits (the wall
+/// clock through `alarm(2)`, as no process of ours outlives the exec to watch it).
 fn exec_in_place(command: &Command) -> Result<Ended, CommandError> {
     use std::os::unix::process::CommandExt;
     let (program, args) = command.argv.split_first().ok_or(CommandError::Exec {
         program: String::new(),
         source: std::io::Error::from_raw_os_error(libc::ENOENT),
     })?;
+    command
+        .limits
+        .apply_rlimits_to_current_process()
+        .map_err(|err| CommandError::Plumbing {
+            what: "setting the command's limits",
+            source: std::io::Error::other(err.to_string()),
+        })?;
+    if let Some(seconds) = command.limits.wall_seconds {
+        nix::unistd::alarm::set(u32::try_from(seconds).unwrap_or(u32::MAX));
+    }
     let source = std::process::Command::new(program)
         .args(args)
         .env_clear()
@@ -245,6 +258,7 @@ fn run_without_namespaces(
         root: child,
         reported: None,
         root_status: None,
+        deadline: wall_deadline(&command.limits),
     };
     Ok(outer.wait(Some(observer)))
 }
@@ -367,6 +381,7 @@ fn run_in_namespaces(
         root,
         reported: None,
         root_status: None,
+        deadline: wall_deadline(&command.limits),
     };
     Ok(outer.wait(observer))
 }
@@ -380,6 +395,15 @@ struct Outer {
     root: Pid,
     reported: Option<Ended>,
     root_status: Option<Ended>,
+    /// When the wall-clock limit kills the sandbox (taken once it fired).
+    deadline: Option<std::time::Instant>,
+}
+
+/// When `limits.wall_seconds` runs out, counted from now.
+fn wall_deadline(limits: &crate::limits::CommandLimits) -> Option<std::time::Instant> {
+    limits
+        .wall_seconds
+        .map(|seconds| std::time::Instant::now() + std::time::Duration::from_secs(seconds))
 }
 
 impl Outer {
@@ -395,6 +419,7 @@ impl Outer {
                 observer.readable();
             }
             self.handle_signals();
+            self.enforce_wall_clock();
             self.read_status();
             if let Some(relay) = self.relay.as_mut() {
                 relay.pump();
@@ -431,8 +456,27 @@ impl Outer {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         // The root's exit is announced by SIGCHLD on the signalfd; a timeout only guards
-        // against a lost wakeup.
-        let _ = poll(&mut fds, PollTimeout::from(1000u16));
+        // against a lost wakeup (and wakes us for the wall-clock limit).
+        let wait_ms = self.deadline.map_or(1000, |deadline| {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            u16::try_from(left.as_millis().min(1000)).unwrap_or(1000)
+        });
+        let _ = poll(&mut fds, PollTimeout::from(wait_ms));
+    }
+
+    /// Past the wall-clock limit: kill the sandbox's root (with namespaces, PID 1, whose end
+    /// takes the whole PID namespace along). The terminal relay keeps draining what the
+    /// command wrote before.
+    fn enforce_wall_clock(&mut self) {
+        if self.root_status.is_some()
+            || self
+                .deadline
+                .is_none_or(|deadline| std::time::Instant::now() < deadline)
+        {
+            return;
+        }
+        self.deadline = None;
+        let _ = nix::sys::signal::kill(self.root, Signal::SIGKILL);
     }
 
     fn handle_signals(&mut self) {

@@ -285,6 +285,7 @@ struct Exec {
     candidates: Vec<CString>,
     argv: Vec<CString>,
     envp: Vec<CString>,
+    limits: crate::limits::CommandLimits,
 }
 
 impl Exec {
@@ -316,6 +317,7 @@ impl Exec {
             candidates,
             argv,
             envp,
+            limits: command.limits.clone(),
         }
     }
 }
@@ -335,7 +337,7 @@ fn search_path(program: &OsStr, path: &OsStr) -> Vec<PathBuf> {
 }
 
 /// The command's process: its own session, the sandbox's terminal as its controlling
-/// terminal, default signals, then `execve`. Never returns.
+/// terminal, default signals, its rlimits, then `execve`. Never returns.
 fn start_command(exec: &Exec, slave: Option<OwnedFd>, relayed: [bool; 3]) -> ! {
     crate::sys::reset_signals_for_exec();
     let _ = nix::unistd::setsid();
@@ -347,6 +349,11 @@ fn start_command(exec: &Exec, slave: Option<OwnedFd>, relayed: [bool; 3]) -> ! {
                 unsafe { libc::dup2(slave.as_raw_fd(), fd as i32) };
             }
         }
+    }
+    // Last, so nothing of the setup above counts against them (and PID 1 never has them).
+    if let Err(err) = exec.limits.apply_rlimits_to_current_process() {
+        eprintln!("sandbox-run: {err}");
+        crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
     }
     // As execvp: keep looking after "not there" and "not permitted", report a permission
     // problem if one was met, stop at any other error.
