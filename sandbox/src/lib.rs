@@ -6,8 +6,10 @@
 //!   ([`linux::restrict_current_process`]).
 //! - [`macos`]: Seatbelt profile text (plain Rust, tested on every platform).
 //! - [`run`]: the `sandbox-run` command line.
+//! - [`egress`]: the egress proxy of a sandbox whose network is an allowlist.
 
 pub mod audit;
+pub mod egress;
 pub mod launch;
 pub mod policy;
 

@@ -50,7 +50,7 @@ fn read_only_profile_reads_everywhere_and_writes_only_dev_null() {
             filesystem: FilesystemPolicy::Restricted {
                 rules: vec![rule("/", Access::Read), rule("/dev/null", Access::Write)],
             },
-            network_access: false,
+            network: NetworkPolicy::Off,
             hidden: Vec::new(),
             read_only: Vec::new(),
             denied_tcp_ports: Vec::new(),
