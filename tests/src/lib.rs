@@ -1046,6 +1046,7 @@ pub const INSTALLED_BINARIES: &[&str] = &[
     "exec-guardian",
     "fs-helper",
     "sandbox-run",
+    "egress-proxy",
     "probe",
 ];
 
