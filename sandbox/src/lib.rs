@@ -24,7 +24,8 @@ pub mod run;
 pub mod syscall_table;
 
 pub use policy::{
-    Access, FilesystemPolicy, PathRule, PolicyError, ResolvedPolicy, SandboxSpec, WritableRoot,
+    Access, EgressRules, FilesystemPolicy, NetworkPolicy, PathRule, PolicyError, ResolvedPolicy,
+    SandboxSpec, WritableRoot,
 };
 
 /// Dies of `signal` (default action, unblocked, no core dump); returns if it was not fatal.
