@@ -484,6 +484,13 @@ pub fn from_command_error(err: crate::linux::command::CommandError) -> RunError 
 #[cfg(target_os = "macos")]
 pub fn run(cli: &Cli) -> Result<std::convert::Infallible, RunError> {
     let prepared = prepare(cli)?;
+    if prepared.policy.egress().is_some() && !cli.explain {
+        return Err(RunError::Setup(
+            "network allowlists need the egress proxy, which sandbox-run runs on Linux only; \
+             use the network on or off here"
+                .to_owned(),
+        ));
+    }
     if cli.explain {
         let profile = crate::macos::seatbelt_profile(&prepared.policy);
         println!("{}", profile.map(|p| p.text).unwrap_or_default());

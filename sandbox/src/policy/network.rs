@@ -78,8 +78,8 @@ impl NetworkPolicy {
                 "on" | "enabled" => Ok(Self::On),
                 other => Err(PolicyError::Network {
                     message: format!(
-                        "network must be \"off\", \"on\" or {{\"allow\": [...], \"deny\": [...]}} \
-                         (got {other:?})"
+                        "network {other:?} is unknown (expected \"off\", \"on\" or \
+                         {{\"allow\": [...], \"deny\": [...]}})"
                     ),
                 }),
             },

@@ -436,8 +436,8 @@ fn network_value(value: Value) -> Result<super::NetworkPolicy, PolicyError> {
     let setting: super::network::NetworkSetting =
         serde_json::from_value(value.clone()).map_err(|_| PolicyError::Network {
             message: format!(
-                "network must be \"off\", \"on\" or {{\"allow\": [PATTERN, ...], \"deny\": \
-                 [PATTERN, ...]}} with no other keys (got {value})"
+                "network is malformed (expected \"off\", \"on\" or {{\"allow\": [PATTERN, ...], \"deny\": \
+                 [PATTERN, ...]}} with no other keys; got {value})"
             ),
         })?;
     super::NetworkPolicy::from_setting(setting)
