@@ -1068,6 +1068,7 @@ pub const INSTALLED_BINARIES: &[&str] = &[
     "exec-guardian",
     "fs-helper",
     "sandbox-run",
+    "egress-proxy",
     "probe",
 ];
 

@@ -63,6 +63,11 @@ pub struct RunOptions {
     /// Descriptors besides 0-2 a process confined in place (without namespaces) keeps open
     /// until it execs.
     pub keep_fds: Vec<RawFd>,
+    /// Names the egress proxy resolves without DNS (hosts-file mapping; allowlist only).
+    pub egress_hosts: Vec<(String, std::net::IpAddr)>,
+    /// Where every egress decision (allowed ones too) goes as a JSON line, opened before the
+    /// command starts.
+    pub egress_log: Option<std::sync::Arc<std::fs::File>>,
 }
 
 /// How the command ended.
@@ -93,6 +98,10 @@ pub trait Observer {
     /// The process that confines itself (and creates the Landlock domain) exists and waits;
     /// called before it is let go.
     fn started(&mut self, root: Pid);
+    /// A denial the outer saw directly (the egress proxy's refusals).
+    fn denial(&mut self, denial: crate::audit::Denial) {
+        let _ = denial;
+    }
 }
 
 /// Why the command could not be started.
@@ -145,8 +154,23 @@ pub fn run(
         return exec_in_place(command);
     }
     nix::sys::prctl::set_no_new_privs().map_err(|source| SandboxError::NoNewPrivs { source })?;
+    if options.namespaces == NamespaceMode::Off && policy.egress().is_some() {
+        return Err(SandboxError::EgressNeedsNamespace {
+            cause: "--no-namespaces".to_owned(),
+        }
+        .into());
+    }
     if options.namespaces == NamespaceMode::Auto {
         match run_in_namespaces(policy, command, options, reborrow(&mut observer)) {
+            Err(CommandError::Sandbox(SandboxError::Namespace(
+                err @ namespaces::NamespaceError::Unshare { .. },
+            ))) if policy.egress().is_some() => {
+                // Without its own network namespace the command would reach everything.
+                return Err(SandboxError::EgressNeedsNamespace {
+                    cause: err.to_string(),
+                }
+                .into());
+            }
             Err(CommandError::Sandbox(SandboxError::Namespace(
                 err @ namespaces::NamespaceError::Unshare { .. },
             ))) => {
@@ -226,6 +250,7 @@ fn run_without_namespaces(
         env: EnvMode::Keep,
         namespaces: NamespaceMode::Off,
         audit_log: options.audit_log,
+        egress_port: None,
     };
     let Some(observer) = observer else {
         confine_here(policy, command, options, &enforce)?;
@@ -259,6 +284,8 @@ fn run_without_namespaces(
         reported: None,
         root_status: None,
         deadline: wall_deadline(&command.limits),
+        proxy: None,
+        egress_log: None,
     };
     Ok(outer.wait(Some(observer)))
 }
@@ -313,6 +340,14 @@ fn run_in_namespaces(
     } else {
         None
     };
+    let egress = if policy.egress().is_some() {
+        Some(UnixStream::pair().map_err(|source| CommandError::Plumbing {
+            what: "socketpair",
+            source,
+        })?)
+    } else {
+        None
+    };
     let signals = block_forwarded_signals()?;
     let flags = namespaces::namespace_flags(policy, true);
     let cloned = crate::sys::clone_into_namespaces(flags.bits()).map_err(|source| {
@@ -327,6 +362,10 @@ fn run_in_namespaces(
             drop(ours);
             theirs
         });
+        let egress = egress.map(|(ours, theirs)| {
+            drop(ours);
+            theirs
+        });
         init::run_init(
             policy,
             command,
@@ -336,6 +375,7 @@ fn run_in_namespaces(
                 status: status_write,
                 terminal,
                 relayed,
+                egress,
             },
         )
     };
@@ -346,6 +386,10 @@ fn run_in_namespaces(
     )
     .map_err(plumbing("the status channel"))?;
     let terminal = terminal.map(|(ours, theirs)| {
+        drop(theirs);
+        ours
+    });
+    let egress = egress.map(|(ours, theirs)| {
         drop(theirs);
         ours
     });
@@ -374,6 +418,10 @@ fn run_in_namespaces(
             },
             None => None,
         };
+    let proxy = match (egress, policy.egress()) {
+        (Some(socket), Some(rules)) => start_proxy(&socket, policy, rules, options, root)?,
+        _ => None,
+    };
     let mut outer = Outer {
         signals,
         status: Some(status_read),
@@ -382,8 +430,42 @@ fn run_in_namespaces(
         reported: None,
         root_status: None,
         deadline: wall_deadline(&command.limits),
+        proxy,
+        egress_log: options.egress_log.clone(),
     };
     Ok(outer.wait(observer))
+}
+
+/// Receives the listening socket PID 1 made in the sandbox's network namespace and execs the
+/// egress proxy on it. `None` when PID 1 failed before sending it (its status says why). A
+/// proxy that cannot start ends the sandbox: its command would have no network at all, and
+/// could not be told why.
+fn start_proxy(
+    socket: &UnixStream,
+    policy: &ResolvedPolicy,
+    rules: &crate::policy::EgressRules,
+    options: &RunOptions,
+    root: Pid,
+) -> Result<Option<crate::egress::launch::ProxyProcess>, CommandError> {
+    let Ok(Some(listener)) = pty::receive_fd(socket) else {
+        return Ok(None);
+    };
+    let config = crate::egress::ProxyConfig {
+        rules: rules.clone(),
+        denied_ports: policy.denied_tcp_ports.clone(),
+        hosts: options.egress_hosts.clone(),
+    };
+    match crate::egress::launch::ProxyProcess::spawn(listener, &config) {
+        Ok(proxy) => Ok(Some(proxy)),
+        Err(err) => {
+            let _ = nix::sys::signal::kill(root, Signal::SIGKILL);
+            let _ = waitpid(root, None);
+            Err(CommandError::Plumbing {
+                what: "the egress proxy",
+                source: std::io::Error::other(err.to_string()),
+            })
+        }
+    }
 }
 
 /// The outer's state while the sandbox runs.
@@ -397,6 +479,10 @@ struct Outer {
     root_status: Option<Ended>,
     /// When the wall-clock limit kills the sandbox (taken once it fired).
     deadline: Option<std::time::Instant>,
+    /// The egress proxy (network allowlist only), stopped when the sandbox has ended.
+    proxy: Option<crate::egress::launch::ProxyProcess>,
+    /// Where egress decisions are logged.
+    egress_log: Option<std::sync::Arc<std::fs::File>>,
 }
 
 /// When `limits.wall_seconds` runs out, counted from now.
@@ -418,6 +504,10 @@ impl Outer {
             if let Some(observer) = observer.as_deref_mut() {
                 observer.readable();
             }
+            if let Some(proxy) = self.proxy.as_mut() {
+                let events = proxy.read_events();
+                self.egress_events(events, &mut observer);
+            }
             self.handle_signals();
             self.enforce_wall_clock();
             self.read_status();
@@ -427,12 +517,41 @@ impl Outer {
             self.reap_root();
         }
         self.read_status();
+        if let Some(proxy) = self.proxy.take() {
+            let events = proxy.stop();
+            self.egress_events(events, &mut observer);
+        }
         if let Some(relay) = self.relay.as_mut() {
             relay.restore_terminal();
         }
         self.reported
             .or(self.root_status)
             .unwrap_or(Ended::Exited(i32::from(EXIT_SETUP_FAILED)))
+    }
+
+    /// Logs the proxy's decisions and reports its refusals: to the observer (the denial
+    /// audit) when there is one, else on stderr.
+    fn egress_events(
+        &mut self,
+        events: Vec<crate::egress::EgressEvent>,
+        observer: &mut Option<&mut dyn Observer>,
+    ) {
+        use std::io::Write;
+        for event in events {
+            if let Some(log) = self.egress_log.as_deref() {
+                let mut line = serde_json::to_string(&event).unwrap_or_default();
+                line.push('\n');
+                let mut log = log;
+                let _ = log.write_all(line.as_bytes());
+            }
+            if event.allowed {
+                continue;
+            }
+            match observer {
+                Some(observer) => observer.denial(event.to_denial()),
+                None => eprintln!("sandbox-run: {}", event.describe()),
+            }
+        }
     }
 
     fn poll_once(&self, observer: Option<&dyn Observer>) {
@@ -453,6 +572,9 @@ impl Outer {
             }
         }
         if let Some(fd) = observer.and_then(Observer::poll_fd) {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+        }
+        if let Some(fd) = self.proxy.as_ref().and_then(|p| p.events_fd()) {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         // The root's exit is announced by SIGCHLD on the signalfd; a timeout only guards

@@ -115,7 +115,7 @@ pub fn namespace_flags(policy: &ResolvedPolicy, pid: bool) -> CloneFlags {
     if needs_mount_namespace(policy) || pid {
         flags |= CloneFlags::CLONE_NEWNS;
     }
-    if !policy.network_allowed() {
+    if policy.needs_network_namespace() {
         flags |= CloneFlags::CLONE_NEWNET;
     }
     if pid {

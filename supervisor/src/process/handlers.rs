@@ -59,12 +59,13 @@ pub async fn start(
         params.env,
     );
     let policy = resolve_sandbox(server, params.sandbox, &cwd).await?;
-    if params.enforce_managed_network && policy.as_ref().is_none_or(|(p, _)| p.network_allowed()) {
+    if params.enforce_managed_network && policy.as_ref().is_none_or(|(p, _)| p.network_fully_on()) {
         // A managed proxy is what was asked for; running with the network open would give more.
         return Err(ProcessError::Unsupported(
-            "enforceManagedNetwork: this server cannot confine a command's network to a managed \
-             proxy; send a sandbox whose network is off, or leave enforceManagedNetwork out to \
-             run with the network the sandbox allows"
+            "enforceManagedNetwork: the sandbox's network is fully on, so it does not go through \
+             a managed proxy; send a sandbox whose network is off or an allowlist \
+             (\"network\": {\"allow\": [...]}), or leave enforceManagedNetwork out to run with \
+             the network the sandbox allows"
                 .into(),
         ));
     }

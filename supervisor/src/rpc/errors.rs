@@ -104,7 +104,9 @@ impl From<HttpError> for RpcError {
             HttpError::TooLarge { limit, .. } | HttpError::TooMany { limit, .. } => {
                 RpcError::limit_exceeded(message, *limit as u64)
             }
-            HttpError::NetworkOff { .. } | HttpError::TargetRefused { .. } => {
+            HttpError::NetworkOff { .. }
+            | HttpError::TargetRefused { .. }
+            | HttpError::NotInAllowlist { .. } => {
                 RpcError::invalid_request(ErrorKind::SandboxDenied, message)
             }
             HttpError::TimedOut { .. } => {
