@@ -18,7 +18,7 @@ use std::path::Path;
 use crate::audit::denial::{Denial, Layer};
 use crate::audit::limits::{
     EXAMPLES_PER_GROUP, MAX_ALLOW_RULE_BYTES, MAX_FOLDED_GROUPS, MAX_GROUPS, MAX_PATH_FIELD_BYTES,
-    MAX_TEXT_FIELD_BYTES, cap_field, cap_opt,
+    MAX_TEXT_FIELD_BYTES, cap_cow, cap_field, cap_opt,
 };
 
 /// The prefix of folded groups (any path beyond [`MAX_GROUPS`] groups).
@@ -74,8 +74,10 @@ pub struct Example {
 #[derive(Clone, Debug, Default)]
 pub struct Aggregate {
     groups: Vec<Group>,
-    index: HashMap<(Layer, String, String), usize>,
-    folded: HashMap<(Layer, String), usize>,
+    /// `layer \0 operation \0 prefix` → group (one string: looked up without copies).
+    index: HashMap<String, usize>,
+    /// `layer \0 operation` → folded group.
+    folded: HashMap<String, usize>,
     prefixed_groups: usize,
     total: u64,
     listed: u64,
@@ -96,12 +98,13 @@ impl Aggregate {
         advise: impl FnOnce(&Denial) -> String,
     ) -> Option<(usize, &Denial)> {
         self.total += 1;
-        let operation = cap_field(&denial.operation, MAX_TEXT_FIELD_BYTES);
-        let prefix = cap_field(&group_prefix(&denial), MAX_PATH_FIELD_BYTES);
-        let at = self.group_for(denial.layer, operation, prefix, &denial.time);
+        let operation = cap_cow(&denial.operation, MAX_TEXT_FIELD_BYTES);
+        let prefix = group_prefix(&denial);
+        let prefix = cap_cow(&prefix, MAX_PATH_FIELD_BYTES);
+        let at = self.group_for(denial.layer, &operation, &prefix, &denial.time);
         let group = &mut self.groups[at];
         group.count += 1;
-        let limit = if group.folded() || group.operation == CATCH_ALL_OPERATION {
+        let limit = if group.folded() {
             1
         } else {
             EXAMPLES_PER_GROUP
@@ -140,39 +143,39 @@ impl Aggregate {
         group.examples.last().map(|e| (id, &e.denial))
     }
 
-    fn group_for(&mut self, layer: Layer, operation: String, prefix: String, time: &str) -> usize {
-        if let Some(at) = self.index.get(&(layer, operation.clone(), prefix.clone())) {
+    fn group_for(&mut self, layer: Layer, operation: &str, prefix: &str, time: &str) -> usize {
+        let key = format!("{}\0{operation}\0{prefix}", layer.as_str());
+        if let Some(at) = self.index.get(&key) {
             return *at;
         }
         if self.prefixed_groups < MAX_GROUPS {
             self.prefixed_groups += 1;
-            let at = self.push_group(layer, operation.clone(), prefix.clone(), time);
-            self.index.insert((layer, operation, prefix), at);
+            let at = self.push_group(layer, operation, prefix, time);
+            self.index.insert(key, at);
             return at;
         }
-        let operation = if self.folded.len() < MAX_FOLDED_GROUPS
-            || self.folded.contains_key(&(layer, operation.clone()))
-        {
-            operation
-        } else {
-            CATCH_ALL_OPERATION.to_owned()
-        };
-        if let Some(at) = self.folded.get(&(layer, operation.clone())) {
+        let mut key = format!("{}\0{operation}", layer.as_str());
+        let mut operation = operation;
+        if self.folded.len() >= MAX_FOLDED_GROUPS && !self.folded.contains_key(&key) {
+            operation = CATCH_ALL_OPERATION;
+            key = format!("{}\0{operation}", layer.as_str());
+        }
+        if let Some(at) = self.folded.get(&key) {
             return *at;
         }
-        let at = self.push_group(layer, operation.clone(), FOLDED_PREFIX.to_owned(), time);
-        self.folded.insert((layer, operation), at);
+        let at = self.push_group(layer, operation, FOLDED_PREFIX, time);
+        self.folded.insert(key, at);
         at
     }
 
-    fn push_group(&mut self, layer: Layer, operation: String, prefix: String, time: &str) -> usize {
+    fn push_group(&mut self, layer: Layer, operation: &str, prefix: &str, time: &str) -> usize {
         let id = self.groups.len();
         let time = cap_field(time, MAX_TEXT_FIELD_BYTES);
         self.groups.push(Group {
             id,
             layer,
-            operation,
-            prefix,
+            operation: operation.to_owned(),
+            prefix: prefix.to_owned(),
             count: 0,
             first_seen: time.clone(),
             last_seen: time,

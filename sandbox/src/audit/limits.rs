@@ -77,6 +77,15 @@ pub fn cap_field(text: &str, max: usize) -> String {
     out
 }
 
+/// [`cap_field`] without a copy when `text` is short enough.
+pub fn cap_cow(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max / 6 || json_len(text) <= max {
+        std::borrow::Cow::Borrowed(text)
+    } else {
+        std::borrow::Cow::Owned(cap_field(text, max))
+    }
+}
+
 /// Caps an optional field.
 pub fn cap_opt(text: Option<String>, max: usize) -> Option<String> {
     text.map(|t| {
