@@ -26,6 +26,8 @@ use crate::policy::{Access, PathRule, ResolvedPolicy};
 pub struct Advisor {
     policy: ResolvedPolicy,
     filters: Vec<(String, Filter)>,
+    /// Hidden paths that came from `sandbox-run --deny` (the rest are the supervisor's own).
+    cli_denied: Vec<PathBuf>,
 }
 
 impl Advisor {
@@ -38,7 +40,16 @@ impl Advisor {
         Self {
             policy,
             filters: seccomp::filters_for(variant).unwrap_or_default(),
+            cli_denied: Vec::new(),
         }
+    }
+
+    /// Says which hidden paths of the policy are `sandbox-run --deny PATH`s (absolute, as the
+    /// policy holds them) rather than the supervisor's own files: their advice is to drop the
+    /// flag.
+    pub fn with_cli_denied(mut self, paths: Vec<PathBuf>) -> Self {
+        self.cli_denied = paths;
+        self
     }
 
     /// The policy the advice is about.
@@ -57,7 +68,7 @@ impl Advisor {
     ) -> String {
         let policy = &self.policy;
         if layer == Layer::Unexplained {
-            return unexplained_reason(policy, operation, path, errno);
+            return unexplained_reason(policy, &self.cli_denied, operation, path, errno);
         }
         if operation.starts_with("net.") || operation == "socket" || operation == "socketpair" {
             return "network = true (sandbox-run --allow-network)".to_owned();
@@ -73,7 +84,7 @@ impl Advisor {
         let Some(path) = path.map(PathBuf::from) else {
             return "unknown: the kernel record names no path".to_owned();
         };
-        path_reason(policy, operation, &path)
+        path_reason(policy, &self.cli_denied, operation, &path)
     }
 
     fn seccomp_reason(&self, syscall: &str) -> String {
@@ -116,7 +127,12 @@ impl Advisor {
 }
 
 /// Advice for a filesystem denial of `operation` on `path`.
-fn path_reason(policy: &ResolvedPolicy, operation: &str, path: &Path) -> String {
+fn path_reason(
+    policy: &ResolvedPolicy,
+    cli_denied: &[PathBuf],
+    operation: &str,
+    path: &Path,
+) -> String {
     let wants_write = !matches!(
         operation,
         "fs.read_file" | "fs.read_dir" | "fs.execute" | "fs.ioctl_dev"
@@ -129,6 +145,13 @@ fn path_reason(policy: &ResolvedPolicy, operation: &str, path: &Path) -> String 
         path.parent().map_or(path.to_path_buf(), Path::to_path_buf)
     };
     if let Some(hidden) = covering(policy.hidden_paths(), path) {
+        if cli_denied.iter().any(|denied| denied == hidden) {
+            return format!(
+                "remove --deny {h} (sandbox-run's command line hides {h}, which covers {p})",
+                h = hidden.display(),
+                p = path.display()
+            );
+        }
         return format!(
             "none: {} is hidden from every sandbox (the supervisor's own socket, token or key \
              file, added to every policy it resolves); no policy exposes it",
@@ -161,7 +184,7 @@ fn path_reason(policy: &ResolvedPolicy, operation: &str, path: &Path) -> String 
         }
         None => "none: the policy restricts no path; refused by another cause".to_owned(),
         Some(rule) if rule.access == Access::Deny => format!(
-            "remove the deny entry \"{r}\" = \"deny\" (or --deny {r}) that covers {p}",
+            "remove the deny entry \"{r}\" = \"deny\" of the policy, which covers {p}",
             r = rule.path.display(),
             p = path.display()
         ),
@@ -200,6 +223,7 @@ fn path_reason(policy: &ResolvedPolicy, operation: &str, path: &Path) -> String 
 /// Advice for a refusal no layer logged.
 fn unexplained_reason(
     policy: &ResolvedPolicy,
+    cli_denied: &[PathBuf],
     syscall: &str,
     path: Option<&str>,
     errno: Option<&str>,
@@ -214,7 +238,7 @@ fn unexplained_reason(
         (_, Some(path)) if !policy.can_read(Path::new(path)) => format!(
             "the policy does not grant {path} either, so a Landlock layer that did not log (a \
              kernel without Landlock audit) is possible; {}",
-            path_reason(policy, "fs.read_file", Path::new(path))
+            path_reason(policy, cli_denied, "fs.read_file", Path::new(path))
         ),
         (_, Some(path)) => format!(
             "most often the file's own mode or owner ({path}; the sandbox holds no \
@@ -353,8 +377,25 @@ mod tests {
         let rule = advice(policy(), Layer::Mount, "fs.read_file", "/ws/secret/k");
         assert_eq!(
             rule,
-            "remove the deny entry \"/ws/secret\" = \"deny\" (or --deny /ws/secret) that covers \
+            "remove the deny entry \"/ws/secret\" = \"deny\" of the policy, which covers \
              /ws/secret/k"
+        );
+    }
+
+    #[test]
+    fn a_path_hidden_by_the_deny_flag_asks_to_drop_the_flag() {
+        let rule = Advisor::new(policy())
+            .with_cli_denied(vec![PathBuf::from("/srv/run/exec.sock")])
+            .allow_rule(
+                Layer::Mount,
+                "fs.read_file",
+                Some("/srv/run/exec.sock"),
+                None,
+            );
+        assert_eq!(
+            rule,
+            "remove --deny /srv/run/exec.sock (sandbox-run's command line hides \
+             /srv/run/exec.sock, which covers /srv/run/exec.sock)"
         );
     }
 
@@ -373,6 +414,15 @@ mod tests {
             "none: /srv/run/exec.sock is hidden from every sandbox (the supervisor's own socket, \
              token or key file, added to every policy it resolves); no policy exposes it"
         );
+        let rule = Advisor::new(policy())
+            .with_cli_denied(vec![PathBuf::from("/other")])
+            .allow_rule(
+                Layer::Mount,
+                "fs.read_file",
+                Some("/srv/run/exec.sock"),
+                None,
+            );
+        assert!(rule.contains("the supervisor's own socket"), "{rule}");
         let rule = advice(
             policy(),
             Layer::Mount,

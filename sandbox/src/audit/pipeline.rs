@@ -89,6 +89,13 @@ impl Pipeline {
         }
     }
 
+    /// Tells the advice which hidden paths are `sandbox-run --deny` paths (see
+    /// [`Advisor::with_cli_denied`]).
+    pub fn with_cli_denied(mut self, paths: Vec<std::path::PathBuf>) -> Self {
+        self.advisor = self.advisor.with_cli_denied(paths);
+        self
+    }
+
     /// Takes one record.
     pub fn record(&mut self, record: Record) {
         let found = self.correlator.push(record);

@@ -20,13 +20,15 @@ use crate::audit::limits::{EXAMPLES_PER_GROUP, printable};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Format {
-    /// One JSON object per line: `{"kind":"denial",...}` per denial, then one
-    /// `{"kind":"coverage",...}` line.
+    /// One JSON object per line: `{"kind":"denial",...}` per listed denial (up to 4
+    /// distinct examples per group, streamed as they arrive), one `{"kind":"group",...}` line
+    /// per (layer, operation, path prefix) with its count, then one `{"kind":"coverage",...}`
+    /// line with the totals.
     #[default]
     Jsonl,
-    /// SARIF 2.1.0, one result per distinct denial.
+    /// SARIF 2.1.0, one result per group of denials.
     Sarif,
-    /// GitHub Actions workflow commands (`::warning ...`), one per distinct denial.
+    /// GitHub Actions workflow commands (`::warning ...`), one per group of denials.
     Github,
 }
 

@@ -13,6 +13,7 @@
 
 use std::fs::File;
 use std::os::fd::BorrowedFd;
+use std::path::PathBuf;
 
 use nix::unistd::Pid;
 
@@ -36,6 +37,8 @@ struct AuditObserver {
     collector: Option<Collector>,
     session: Option<u32>,
     policy: ResolvedPolicy,
+    /// `sandbox-run --deny` paths, absolute (for the advice).
+    cli_denied: Vec<PathBuf>,
     pipeline: Option<Pipeline>,
     /// The streams, until the pipeline exists.
     streams: Vec<Stream>,
@@ -64,16 +67,32 @@ impl Observer for AuditObserver {
         if in_another_pid_namespace(root_pid) {
             own_pids.push(root_pid);
         }
-        self.pipeline = Some(Pipeline::new(
-            Target {
-                root_pid,
-                session: self.session,
-                own_pids,
-            },
-            self.policy.clone(),
-            std::mem::take(&mut self.streams),
-        ));
+        self.pipeline = Some(
+            Pipeline::new(
+                Target {
+                    root_pid,
+                    session: self.session,
+                    own_pids,
+                },
+                self.policy.clone(),
+                std::mem::take(&mut self.streams),
+            )
+            .with_cli_denied(std::mem::take(&mut self.cli_denied)),
+        );
     }
+}
+
+/// `paths` as the policy holds them: relative to the current directory, symlinks resolved
+/// (as far as they exist).
+fn absolute_paths(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let current = std::env::current_dir().unwrap_or_default();
+    paths
+        .iter()
+        .map(|path| {
+            let joined = current.join(path);
+            std::fs::canonicalize(&joined).unwrap_or(joined)
+        })
+        .collect()
 }
 
 /// Whether `pid` lives in a PID namespace other than ours (PID 1 of the sandbox does).
@@ -84,6 +103,8 @@ fn in_another_pid_namespace(pid: u32) -> bool {
 }
 
 /// Runs the prepared command under the denial audit; returns the exit status to use.
+/// `cli_denied` are the `--deny` paths of the command line (the advice for a path they hide is
+/// to drop the flag, not "the supervisor's own file").
 ///
 /// # Errors
 /// [`RunError::Setup`] when the report cannot be opened or the sandbox not set up. Audit
@@ -93,6 +114,7 @@ pub fn run_audited(
     options: &command::RunOptions,
     print_report: bool,
     args: &AuditArgs,
+    cli_denied: &[PathBuf],
 ) -> Result<u8, RunError> {
     let _ = print_report;
     // The report's file is opened now, by descriptor, before the command can plant anything
@@ -134,6 +156,7 @@ pub fn run_audited(
         collector,
         session,
         policy: prepared.policy.clone(),
+        cli_denied: absolute_paths(cli_denied),
         pipeline: None,
         streams,
     };

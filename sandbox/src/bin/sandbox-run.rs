@@ -40,8 +40,14 @@ fn run(cli: &Cli, audit: &audit_flags::AuditArgs) -> ExitCode {
             Err(err) => return fail(err),
         };
         let options = sandbox::run::run_options(cli, &prepared, true, Vec::new());
-        return match sandbox::audit::supervise::run_audited(&prepared, &options, cli.report, audit)
-        {
+        let audited = sandbox::audit::supervise::run_audited(
+            &prepared,
+            &options,
+            cli.report,
+            audit,
+            &cli.denies,
+        );
+        return match audited {
             Ok(code) => ExitCode::from(code),
             Err(err) => fail(err),
         };
