@@ -313,7 +313,7 @@ mod tests {
                     rule("/srv/run/exec.sock", Access::Deny),
                 ],
             },
-            network_access: false,
+            network: crate::policy::NetworkPolicy::Off,
             hidden: vec![PathBuf::from("/srv/run/exec.sock")],
             read_only: vec![PathBuf::from("/opt/execward/bin")],
             denied_tcp_ports: Vec::new(),

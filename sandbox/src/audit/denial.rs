@@ -15,6 +15,8 @@ pub enum Layer {
     Mount,
     /// A sandboxed helper (`fs-helper`) reported the denial itself.
     Helper,
+    /// The egress proxy refused a connection (network allowlist).
+    Proxy,
     /// A syscall of the command tree failed with `EACCES` or `EPERM` and no layer's record
     /// accounts for it: a file's own mode or owner, a capability the sandbox does not grant,
     /// or a layer the audit cannot see. Reported because the audit cannot tell them apart.
@@ -29,6 +31,7 @@ impl Layer {
             Layer::Seccomp => "seccomp",
             Layer::Mount => "mount",
             Layer::Helper => "helper",
+            Layer::Proxy => "proxy",
             Layer::Unexplained => "unexplained",
         }
     }

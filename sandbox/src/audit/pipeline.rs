@@ -102,6 +102,12 @@ impl Pipeline {
         self.take(found);
     }
 
+    /// Takes a denial seen directly, not through the kernel audit (the egress proxy's): it
+    /// comes with its own advice.
+    pub fn denial(&mut self, denial: crate::audit::Denial) {
+        self.take(vec![denial]);
+    }
+
     /// Completes the pending events and returns the findings.
     pub fn finish(mut self) -> Findings {
         let found = self.correlator.finish();
@@ -117,7 +123,11 @@ impl Pipeline {
         for denial in found {
             let advisor = &self.advisor;
             let listed = self.aggregate.add(denial, |d| {
-                advisor.allow_rule(d.layer, &d.operation, d.path.as_deref(), d.errno.as_deref())
+                if d.allow_rule.is_empty() {
+                    advisor.allow_rule(d.layer, &d.operation, d.path.as_deref(), d.errno.as_deref())
+                } else {
+                    d.allow_rule.clone()
+                }
             });
             if let Some((group, denial)) = listed {
                 let line = report::denial_line(group, denial);

@@ -20,7 +20,7 @@ use nix::unistd::Pid;
 use crate::audit::cli::{AuditArgs, EXIT_AUDIT_BLIND, EXIT_DENIED};
 use crate::audit::collect::{Collector, session_of, start_audit_session};
 use crate::audit::correlate::{Evasion, Target};
-use crate::audit::denial::Coverage;
+use crate::audit::denial::{Coverage, Denial};
 use crate::audit::output::ReportFile;
 use crate::audit::pipeline::{Findings, Pipeline, Stream};
 use crate::audit::report::{self, Format, RunAudit};
@@ -53,6 +53,13 @@ impl Observer for AuditObserver {
         if let (Some(collector), Some(pipeline)) = (self.collector.as_mut(), self.pipeline.as_mut())
         {
             collector.read_available(&mut |record| pipeline.record(record));
+        }
+    }
+
+    fn denial(&mut self, denial: Denial) {
+        // Only the command causes denials, and it runs only after `started` made the pipeline.
+        if let Some(pipeline) = self.pipeline.as_mut() {
+            pipeline.denial(denial);
         }
     }
 

@@ -1,6 +1,6 @@
 //! Syscall numbers to names for the running architecture (audit records carry numbers).
 //!
-//! The table ([`super::syscall_table`]) holds every syscall the supported architectures had in
+//! The table ([`crate::syscall_table`]) holds every syscall the supported architectures had in
 //! Linux 6.12: the allow-list refuses anything it does not name, so a denial record may carry
 //! any number. Newer numbers render as `syscall_N`.
 

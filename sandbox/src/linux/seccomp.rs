@@ -1,6 +1,6 @@
 //! The seccomp layer: an allow-list generated from `policies/seccomp/*.json` (firecracker's
 //! JSON shape; every rule and every argument condition carries a `comment`, which
-//! [`seccomp_policy::parse`](super::seccomp_policy::parse) requires).
+//! [`super::seccomp_policy::parse`] requires).
 //!
 //! One program is installed, chained from these parts (the first part that refuses decides):
 //! - `x32_guard` (x86_64 only, hand-written BPF): kills any other architecture (`int 0x80`
@@ -22,7 +22,7 @@
 //!   kernel): `clone3` among them, whose flags live in memory a filter cannot read.
 //!
 //! `build.rs` compiles the JSON to BPF for the target architecture at build time ([`compiled`]);
-//! [`install`] chains the parts into one program ([`chain`]) and makes one `seccomp(2)` call, so
+//! [`install_on_current_thread`] chains the parts into one program ([`chain`]) and makes one `seccomp(2)` call, so
 //! nothing is parsed or compiled on the way to `execve`. The JSON is still parsed by
 //! [`filters_for`] for `--explain` and the golden rule lists, and a test checks that a fresh
 //! compile of it equals the embedded bytecode.
@@ -293,7 +293,7 @@ pub fn compiled_parts(
     Ok(parts)
 }
 
-/// The program [`install`] applies: `x32_guard` (x86_64) and the compiled parts of `variant`,
+/// The program [`install_on_current_thread`] applies: `x32_guard` (x86_64) and the compiled parts of `variant`,
 /// chained into one, with the names of its parts.
 ///
 /// # Errors

@@ -24,7 +24,7 @@ fn policy() -> ResolvedPolicy {
                 rule("/ws/secret", Access::Deny),
             ],
         },
-        network_access: false,
+        network: crate::policy::NetworkPolicy::Off,
         hidden: Vec::new(),
         read_only: Vec::new(),
         denied_tcp_ports: Vec::new(),
