@@ -218,7 +218,7 @@ pub fn summary(audit: &RunAudit) -> String {
         );
     }
     for gap in &coverage.gaps {
-        let _ = writeln!(out, "sandbox-run: audit: not observed: {}", printable(gap));
+        let _ = writeln!(out, "sandbox-run: audit: gap: {}", printable(gap));
     }
     out
 }
@@ -420,7 +420,7 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("not observed: the command tried"), "{text}");
+        assert!(text.contains("gap: the command tried"), "{text}");
         assert_eq!(
             github(&audit, true),
             "::error title=Sandbox audit incomplete::the command tried to stack a seccomp filter \
