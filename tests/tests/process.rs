@@ -466,6 +466,12 @@ async fn terminate_kills_a_child_that_ignores_sigterm_after_the_grace() {
         "SIGKILL came before the grace period: {:?}",
         started.elapsed()
     );
+    // TERMINATE_GRACE is 2 s (docs/protocol.md): the kill must not wait much longer than that.
+    assert!(
+        started.elapsed() < Duration::from_secs(2) + Duration::from_secs(3),
+        "SIGKILL came {:?} after terminate, long past the 2 s grace",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
