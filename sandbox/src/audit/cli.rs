@@ -15,7 +15,8 @@ pub const EXIT_AUDIT_BLIND: u8 = 4;
 #[command(next_help_heading = "Denial audit")]
 pub struct AuditArgs {
     /// Collect every denial of the sandboxed command tree (kernel audit: Landlock, seccomp,
-    /// read-only mounts) and write the report to FILE at exit ('-' for stdout). A summary
+    /// read-only mounts, and EACCES/EPERM no layer logged) and write the report to FILE
+    /// (JSON lines are streamed as denials arrive; '-' for stdout, written at exit). A summary
     /// goes to stderr. Needs root (CAP_AUDIT_READ/CONTROL); otherwise says it is blind.
     #[arg(long, value_name = "FILE")]
     pub audit: Option<PathBuf>,
@@ -27,8 +28,9 @@ pub struct AuditArgs {
     #[arg(long, value_name = "N")]
     pub audit_fd: Option<i32>,
     /// Exit 3 when anything was denied (the program's own status otherwise); exit 4 when
-    /// the audit could not observe every layer and saw nothing, since "no denials" cannot be
-    /// confirmed then.
+    /// nothing was but the report is not complete (a layer unobserved, records lost, or the
+    /// command tried to stack its own Landlock domain or seccomp filter, which is itself a
+    /// denial and so exits 3), since "no denials" cannot be confirmed then.
     #[arg(long)]
     pub fail_on_denial: bool,
 }

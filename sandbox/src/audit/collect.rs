@@ -17,14 +17,23 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::audit::denial::Coverage;
 use crate::audit::enable::{self, EnableGuard};
-use crate::audit::netlink::{Control, MulticastReader, RECV_BUFFER_BYTES, session_exit_rule};
+use crate::audit::netlink::{
+    Control, MulticastReader, RECV_BUFFER_BYTES, Status, session_exit_rule,
+};
 use crate::audit::records::{AUDIT_TRUSTED_APP, Record};
 
 /// Failed syscalls of the session that get a `SYSCALL` record: `EROFS` (the read-only mount
-/// layer, which Landlock never sees) and `EACCES` (pid, exe and syscall of Landlock denials).
-/// Not `EPERM`: a syscall seccomp refuses never enters syscall auditing, so its `SECCOMP`
-/// record stands alone (it has pid and exe, but no arguments).
-const SESSION_RULE_ERRNOS: [i32; 2] = [libc::EROFS, libc::EACCES];
+/// layer, which Landlock never sees), `EACCES` (pid, exe and syscall of Landlock denials; the
+/// mount layer's masks) and `EPERM` (Landlock's scopes). An `EACCES`/`EPERM` that no layer's
+/// record accounts for is reported as unexplained: it is how a layer that does not log (a
+/// Landlock domain stacked with logging off) would show. A syscall seccomp refuses never
+/// enters syscall auditing: its `SECCOMP` record stands alone.
+const SESSION_RULE_ERRNOS: [i32; 3] = [libc::EROFS, libc::EACCES, libc::EPERM];
+/// Where the kernel says which seccomp actions are logged.
+const SECCOMP_ACTIONS_LOGGED: &str = "/proc/sys/kernel/seccomp/actions_logged";
+/// The actions the sandbox's filter returns that must be logged: `errno` (every refusal) and
+/// `kill_process` (the foreign-architecture guard).
+const SECCOMP_ACTIONS_NEEDED: [&str; 2] = ["errno", "kill_process"];
 /// How long [`Collector::drain`] waits for its marker record.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 /// `/proc/*/sessionid` and `loginuid` value meaning "unset".
@@ -39,6 +48,7 @@ pub struct Collector {
     rules: Vec<Vec<u8>>,
     rules_ok: bool,
     lost_records: bool,
+    status_before: Status,
     marker_seen: bool,
     gaps: Vec<String>,
     buf: Vec<u8>,
@@ -72,6 +82,7 @@ impl Collector {
             rules: Vec::new(),
             rules_ok: false,
             lost_records: false,
+            status_before: status,
             marker_seen: false,
             gaps: Vec::new(),
             buf: vec![0; RECV_BUFFER_BYTES],
@@ -84,8 +95,9 @@ impl Collector {
         let Some(session) = session else {
             self.gaps.push(
                 "no fresh audit session could be started for the command (loginuid is \
-                 immutable or not writable): read-only-mount (EROFS) denials are not observed \
-                 and seccomp denials are attributed only to the first process"
+                 immutable or not writable): read-only-mount (EROFS) denials and unexplained \
+                 EACCES/EPERM refusals are not observed, and seccomp denials are attributed only \
+                 to the first process"
                     .to_owned(),
             );
             return false;
@@ -97,7 +109,8 @@ impl Collector {
                 Err(err) => {
                     self.gaps.push(format!(
                         "adding the audit rule for session {session} failed ({err}): \
-                         read-only-mount (EROFS) denials are not observed"
+                         read-only-mount (EROFS) denials and unexplained EACCES/EPERM refusals \
+                         are not observed"
                     ));
                     return false;
                 }
@@ -194,15 +207,65 @@ impl Collector {
             self.gaps
                 .push("the drain marker did not come back: late records may be missing".to_owned());
         }
+        let kernel_dropped = match self.control.status() {
+            Ok(now) => {
+                let lost = now.lost.wrapping_sub(self.status_before.lost);
+                let ours_possible =
+                    self.status_before.may_drop_waiting_records() || now.may_drop_waiting_records();
+                if lost > 0 && ours_possible {
+                    self.gaps.push(format!(
+                        "the kernel dropped {lost} audit record(s) during the run (rate limit \
+                         {} records/s; possibly another process's): the list may be incomplete",
+                        now.rate_limit
+                    ));
+                    true
+                } else {
+                    false
+                }
+            }
+            Err(err) => {
+                self.gaps.push(format!(
+                    "reading the kernel's count of dropped records failed ({err}): the list may \
+                     be incomplete"
+                ));
+                true
+            }
+        };
+        let seccomp_gap = seccomp_logging_gap(
+            &std::fs::read_to_string(SECCOMP_ACTIONS_LOGGED).unwrap_or_default(),
+        );
+        if let Some(gap) = &seccomp_gap {
+            self.gaps.push(gap.clone());
+        }
         Coverage {
             audit: true,
             landlock: landlock_logged,
-            seccomp: seccomp_logged,
+            seccomp: seccomp_logged && seccomp_gap.is_none(),
             mount: mount_observed && self.rules_ok,
-            complete: self.marker_seen && !self.lost_records,
+            unexplained: mount_observed && self.rules_ok,
+            complete: self.marker_seen && !self.lost_records && !kernel_dropped,
             gaps: std::mem::take(&mut self.gaps),
         }
     }
+}
+
+/// The gap when `actions_logged` (the text of [`SECCOMP_ACTIONS_LOGGED`]) lacks an action the
+/// sandbox's filter returns: the kernel then logs none of those refusals.
+pub fn seccomp_logging_gap(actions_logged: &str) -> Option<String> {
+    let logged: Vec<&str> = actions_logged.split_whitespace().collect();
+    let missing: Vec<&str> = SECCOMP_ACTIONS_NEEDED
+        .iter()
+        .copied()
+        .filter(|action| !logged.contains(action))
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "{SECCOMP_ACTIONS_LOGGED} does not list {} (it holds {:?}): seccomp refusals are not \
+             logged",
+            missing.join(", "),
+            actions_logged.trim()
+        )
+    })
 }
 
 impl Drop for Collector {
@@ -245,4 +308,19 @@ fn nanos() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seccomp_logging_must_include_errno_and_kill_process() {
+        let default = "kill_process kill_thread trap errno user_notif trace log\n";
+        assert_eq!(seccomp_logging_gap(default), None);
+        let gap = seccomp_logging_gap("kill_process kill_thread log\n").unwrap();
+        assert!(gap.contains("does not list errno"), "{gap}");
+        let gap = seccomp_logging_gap("").unwrap();
+        assert!(gap.contains("errno, kill_process"), "{gap}");
+    }
 }

@@ -17,6 +17,10 @@ pub enum Layer {
     Helper,
     /// The egress proxy refused a connection (network allowlist).
     Proxy,
+    /// A syscall of the command tree failed with `EACCES` or `EPERM` and no layer's record
+    /// accounts for it: a file's own mode or owner, a capability the sandbox does not grant,
+    /// or a layer the audit cannot see. Reported because the audit cannot tell them apart.
+    Unexplained,
 }
 
 impl Layer {
@@ -28,6 +32,7 @@ impl Layer {
             Layer::Mount => "mount",
             Layer::Helper => "helper",
             Layer::Proxy => "proxy",
+            Layer::Unexplained => "unexplained",
         }
     }
 }
@@ -54,21 +59,15 @@ pub struct Denial {
     pub address: Option<String>,
     /// The syscall, when known.
     pub syscall: Option<String>,
-    /// The policy rule that would allow it, or why none would.
+    /// The error the syscall returned (`EACCES`, `EPERM`, `EROFS`), when the kernel recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errno: Option<String>,
+    /// The policy rule that would allow it, or why none would. Filled in by
+    /// [`super::aggregate::Aggregate`] for the denials it keeps (it costs a policy lookup).
     pub allow_rule: String,
 }
 
 impl Denial {
-    /// The identity of a distinct denial (what SARIF and the summary de-duplicate on).
-    pub fn key(&self) -> (Layer, &str, Option<&str>, Option<&str>) {
-        (
-            self.layer,
-            self.operation.as_str(),
-            self.path.as_deref(),
-            self.address.as_deref(),
-        )
-    }
-
     /// `path`, else `address`, else `-`.
     pub fn target(&self) -> &str {
         self.path
@@ -89,7 +88,13 @@ pub struct Coverage {
     pub seccomp: bool,
     /// Read-only-mount (`EROFS`) denials are observed.
     pub mount: bool,
-    /// Every record up to the end of the run arrived (drain marker seen, nothing dropped).
+    /// `EACCES`/`EPERM` failures of the command tree that no layer logged are observed (and
+    /// reported as layer `unexplained`).
+    #[serde(default)]
+    pub unexplained: bool,
+    /// Nothing could have been hidden: every record up to the end of the run arrived (drain
+    /// marker seen, nothing dropped by the socket or the kernel) and the command did not try
+    /// to stack a Landlock domain or seccomp filter of its own.
     pub complete: bool,
     /// Why something above is false, in plain words.
     pub gaps: Vec<String>,
@@ -106,6 +111,11 @@ impl Coverage {
 
     /// True when every layer was observed completely.
     pub fn is_full(&self) -> bool {
-        self.audit && self.landlock && self.seccomp && self.mount && self.complete
+        self.audit
+            && self.landlock
+            && self.seccomp
+            && self.mount
+            && self.unexplained
+            && self.complete
     }
 }

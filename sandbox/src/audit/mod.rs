@@ -13,12 +13,20 @@
 //! Honesty: when collection is impossible the reports say so ([`Coverage`]) and never look
 //! like an empty, clean list.
 //!
+//! A command cannot hide its own denials: under the audit it may not stack a Landlock domain or
+//! seccomp filter of its own (`policies/seccomp/audit.json`; a refused attempt makes the report
+//! incomplete), and every `EACCES`/`EPERM` of the tree that no layer logged is reported as
+//! unexplained. The cost is bounded whatever the command does ([`limits`]).
+//!
 //! Module map: [`netlink`] (socket and messages), [`records`] (record text), [`correlate`]
 //! (records → denials, sans-I/O), [`advice`] (the rule that would allow a denial),
-//! [`report`]/[`sarif`] (renderings), [`collect`] + [`enable`] (the privileged collector
-//! lifecycle), [`supervise`] (`sandbox-run --audit`: fork, confine, collect, report).
+//! [`aggregate`] (groups, counts, examples), [`pipeline`] (records → aggregate + streamed
+//! lines), [`report`]/[`sarif`] (renderings), [`collect`] + [`enable`] (the privileged collector
+//! lifecycle), [`supervise`] (`sandbox-run --audit`: collect, report), [`limits`] (the bounds).
 
+pub mod aggregate;
 pub mod denial;
+pub mod limits;
 pub mod records;
 pub mod report;
 pub mod sarif;
@@ -38,6 +46,8 @@ pub mod netlink;
 #[cfg(target_os = "linux")]
 pub mod output;
 #[cfg(target_os = "linux")]
+pub mod pipeline;
+#[cfg(target_os = "linux")]
 pub mod supervise;
 #[cfg(target_os = "linux")]
 pub(crate) mod sys;
@@ -45,4 +55,5 @@ pub(crate) mod sys;
 pub mod syscalls;
 
 pub use denial::{Coverage, Denial, Layer};
+pub use limits::RECORD_LINE_MAX_BYTES;
 pub use report::{Format, RunAudit};

@@ -158,12 +158,18 @@ pub struct Status {
     pub enabled: u32,
     /// The pid of the audit daemon (0: none).
     pub daemon_pid: u32,
-    /// Records the kernel lost so far.
+    /// Records per second above which the kernel drops records (0: no limit).
+    pub rate_limit: u32,
+    /// Records the kernel lost so far (any process's).
     pub lost: u32,
+    /// How long a process that logs waits for room in the backlog before its record is
+    /// dropped (jiffies; 0: never waits). `None` on kernels whose status lacks it.
+    pub backlog_wait_time: Option<u32>,
 }
 
 impl Status {
-    /// Decodes a `struct audit_status` payload.
+    /// Decodes a `struct audit_status` payload (`mask, enabled, failure, pid, rate_limit,
+    /// backlog_limit, lost, backlog, version, backlog_wait_time, ...`).
     pub fn decode(payload: &[u8]) -> Option<Self> {
         let word = |i: usize| {
             payload
@@ -173,8 +179,17 @@ impl Status {
         Some(Self {
             enabled: word(1)?,
             daemon_pid: word(3)?,
+            rate_limit: word(4)?,
             lost: word(6)?,
+            backlog_wait_time: word(9),
         })
+    }
+
+    /// Whether the kernel may drop a record of a process that can wait (the command tree's):
+    /// only with a rate limit, or when loggers never wait for room in the backlog. Otherwise
+    /// `lost` grows only for records nobody waits for (or that no daemon takes), never ours.
+    pub fn may_drop_waiting_records(&self) -> bool {
+        self.rate_limit != 0 || self.backlog_wait_time.is_none_or(|wait| wait == 0)
     }
 }
 
@@ -433,10 +448,21 @@ mod tests {
     }
 
     #[test]
-    fn status_decodes_enabled_pid_and_lost() {
+    fn status_decodes_enabled_pid_limits_and_lost() {
         let mut payload = set_enabled_payload(1);
         payload[12..16].copy_from_slice(&77u32.to_ne_bytes());
+        payload[24..28].copy_from_slice(&5u32.to_ne_bytes());
+        payload[36..40].copy_from_slice(&60_000u32.to_ne_bytes());
         let status = Status::decode(&payload).unwrap();
-        assert_eq!((status.enabled, status.daemon_pid), (1, 77));
+        assert_eq!((status.enabled, status.daemon_pid, status.lost), (1, 77, 5));
+        assert_eq!(status.backlog_wait_time, Some(60_000));
+        assert!(!status.may_drop_waiting_records());
+        let limited = Status {
+            rate_limit: 100,
+            ..status
+        };
+        assert!(limited.may_drop_waiting_records());
+        let old_kernel = Status::decode(&payload[..36]).unwrap();
+        assert!(old_kernel.may_drop_waiting_records());
     }
 }

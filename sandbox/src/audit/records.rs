@@ -3,8 +3,10 @@
 //! Pure functions over bytes the kernel sent; no I/O. Untrusted strings (paths, `exe`, `comm`,
 //! `name`, `cwd`, `proctitle`) arrive either quoted or hex-encoded when they contain spaces,
 //! quotes or control characters ([`Record::text`] decodes both).
-
-use std::collections::BTreeMap;
+//!
+//! A record keeps its text and the byte ranges of its fields (found in one pass): the collector
+//! reads every record of a flood, and a map of owned strings per record would cost more than
+//! everything else it does.
 
 /// `AUDIT_TRUSTED_APP`: the user-space message type the collector sends as a drain marker.
 pub const AUDIT_TRUSTED_APP: u16 = 1121;
@@ -46,12 +48,17 @@ pub struct Record {
     pub millis: u32,
     /// Event serial; all records of one event share it.
     pub serial: u64,
-    fields: BTreeMap<String, Field>,
+    /// The `key=value ...` text after the header.
+    body: String,
+    /// Where each field's key and value are in `body`.
+    spans: Vec<Span>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Field {
-    value: String,
+/// One field's place in a record's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    key: (u32, u32),
+    value: (u32, u32),
     quoted: bool,
 }
 
@@ -72,7 +79,7 @@ impl Record {
     /// # Errors
     /// [`ParseError::Header`] when the text does not start with `audit(S.M:N):`.
     pub fn parse(kind: u16, payload: &[u8]) -> Result<Self, ParseError> {
-        let text = String::from_utf8_lossy(payload);
+        let text = utf8_lossy(payload);
         let text = text.trim_end_matches('\0').trim();
         let header_err = || ParseError::Header {
             text: text.chars().take(60).collect(),
@@ -81,34 +88,46 @@ impl Record {
         let (stamp, body) = rest.split_once("):").ok_or_else(header_err)?;
         let (time, serial) = stamp.split_once(':').ok_or_else(header_err)?;
         let (secs, millis) = time.split_once('.').ok_or_else(header_err)?;
+        let body = body.trim_start().to_owned();
+        let spans = spans(&body);
         Ok(Self {
             kind,
             secs: secs.parse().map_err(|_| header_err())?,
             millis: millis.parse().map_err(|_| header_err())?,
             serial: serial.parse().map_err(|_| header_err())?,
-            fields: parse_fields(body),
+            body,
+            spans,
         })
+    }
+
+    /// The first field named `key`: its value (quotes removed) and whether it was quoted.
+    fn field(&self, key: &str) -> Option<(&str, bool)> {
+        let at = |(from, to): (u32, u32)| self.body.get(from as usize..to as usize);
+        self.spans
+            .iter()
+            .find(|span| at(span.key) == Some(key))
+            .and_then(|span| Some((at(span.value)?, span.quoted)))
     }
 
     /// The raw value of `key` as it appeared (quotes removed, hex not decoded).
     pub fn raw(&self, key: &str) -> Option<&str> {
-        self.fields.get(key).map(|f| f.value.as_str())
+        self.field(key).map(|(value, _)| value)
     }
 
     /// The value of `key` as text: quoted values as they are, hex-encoded untrusted strings
     /// decoded (lossily for non-UTF-8 bytes). `(null)` counts as absent.
     pub fn text(&self, key: &str) -> Option<String> {
-        let field = self.fields.get(key)?;
-        if field.value == "(null)" || field.value == "?" {
+        let (value, quoted) = self.field(key)?;
+        if value == "(null)" || value == "?" {
             return None;
         }
-        if !field.quoted
+        if !quoted
             && UNTRUSTED_FIELDS.contains(&key)
-            && let Some(bytes) = decode_hex(&field.value)
+            && let Some(bytes) = decode_hex(value)
         {
-            return Some(String::from_utf8_lossy(&bytes).into_owned());
+            return Some(utf8_lossy(&bytes).into_owned());
         }
-        Some(field.value.clone())
+        Some(value.to_owned())
     }
 
     /// The value of `key` parsed as a decimal number.
@@ -123,8 +142,25 @@ impl Record {
     }
 }
 
-fn parse_fields(body: &str) -> BTreeMap<String, Field> {
-    let mut fields = BTreeMap::new();
+/// `bytes` as UTF-8 (invalid sequences replaced), without a copy when valid.
+fn utf8_lossy(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(bytes),
+    }
+}
+
+/// The fields of `body`, in order. A key containing a space means the text lost sync (free
+/// text before it); its last word is the key.
+fn spans(body: &str) -> Vec<Span> {
+    let offset = |part: &str| {
+        let from = part.as_ptr() as usize - body.as_ptr() as usize;
+        (
+            u32::try_from(from).unwrap_or(u32::MAX),
+            u32::try_from(from + part.len()).unwrap_or(u32::MAX),
+        )
+    };
+    let mut out = Vec::with_capacity(24);
     let mut rest = body.trim_start();
     while !rest.is_empty() {
         let Some(eq) = rest.find('=') else { break };
@@ -136,31 +172,36 @@ fn parse_fields(body: &str) -> BTreeMap<String, Field> {
                 None => (&after[1..], true, ""),
             },
             _ => {
-                let end = after.find(char::is_whitespace).unwrap_or(after.len());
+                let end = after
+                    .find(|c: char| c.is_ascii_whitespace())
+                    .unwrap_or(after.len());
                 (&after[..end], false, &after[end..])
             }
         };
-        // A key containing a space means we lost sync (e.g. free text); keep the last word.
         let key = key.rsplit(' ').next().unwrap_or(key);
-        fields.entry(key.to_owned()).or_insert(Field {
-            value: value.to_owned(),
+        out.push(Span {
+            key: offset(key),
+            value: offset(value),
             quoted,
         });
         rest = remaining.trim_start();
     }
-    fields
+    out
 }
 
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if text.is_empty()
-        || !text.len().is_multiple_of(2)
-        || !text.bytes().all(|b| b.is_ascii_hexdigit())
-    {
+    let nibble = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    };
+    if text.is_empty() || !text.len().is_multiple_of(2) {
         return None;
     }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok())
+    text.as_bytes()
+        .chunks_exact(2)
+        .map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?))
         .collect()
 }
 

@@ -1,120 +1,140 @@
 //! Rendering a run's denials: JSON lines, the human summary, GitHub workflow annotations.
 //! Pure functions; SARIF is in [`super::sarif`].
 //!
+//! The JSON-lines report (and the `--audit-fd` stream) is: one `denial` line per listed denial
+//! (the examples of each group, written as they arrive), then one `group` line per group with
+//! its count, then one `coverage` line with the totals (`denials`, `listed`, `aggregated`).
+//!
 //! Every rendering says what the collector could not see ([`Coverage::gaps`]), so an empty
 //! list never reads as "nothing was denied" when the collector was blind.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::audit::aggregate::Aggregate;
 use crate::audit::denial::{Coverage, Denial, Layer};
+use crate::audit::limits::{EXAMPLES_PER_GROUP, printable};
 
 /// Report format of `--audit FILE`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Format {
-    /// One JSON object per line: `{"kind":"denial",...}` per denial, then one
-    /// `{"kind":"coverage",...}` line.
+    /// One JSON object per line: `{"kind":"denial",...}` per listed denial (up to 4
+    /// distinct examples per group, streamed as they arrive), one `{"kind":"group",...}` line
+    /// per (layer, operation, path prefix) with its count, then one `{"kind":"coverage",...}`
+    /// line with the totals.
     #[default]
     Jsonl,
-    /// SARIF 2.1.0, one result per distinct denial.
+    /// SARIF 2.1.0, one result per group of denials.
     Sarif,
-    /// GitHub Actions workflow commands (`::warning ...`), one per distinct denial.
+    /// GitHub Actions workflow commands (`::warning ...`), one per group of denials.
     Github,
 }
 
 /// Everything a report needs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct RunAudit {
     /// The command that ran.
     pub command: Vec<String>,
     /// Its exit status (as `sandbox-run` reports it: 128+N for a signal).
     pub exit_status: i32,
-    /// The denials, in the order the kernel logged them.
-    pub denials: Vec<Denial>,
+    /// The denials, aggregated.
+    pub aggregate: Aggregate,
     /// What could be observed.
     pub coverage: Coverage,
 }
 
-/// A line of the JSON-lines report.
+/// Most groups the stderr summary lists one by one (the report has all of them).
+const SUMMARY_MAX_GROUPS: usize = 40;
+
+/// A line of the JSON-lines report (and of the `--audit-fd` stream).
 #[derive(Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 enum Line<'a> {
-    Denial(&'a Denial),
+    /// A listed denial (an example of its group), written as it arrives.
+    Denial {
+        group: usize,
+        #[serde(flatten)]
+        denial: &'a Denial,
+    },
+    /// A group's count, at the end.
+    Group {
+        group: usize,
+        layer: Layer,
+        operation: &'a str,
+        prefix: &'a str,
+        count: u64,
+        listed: usize,
+        first_seen: &'a str,
+        last_seen: &'a str,
+        allow_rule: &'a str,
+    },
+    /// What was observed and the totals, last.
     Coverage {
         #[serde(flatten)]
         coverage: &'a Coverage,
-        denials: usize,
+        denials: u64,
+        groups: usize,
+        listed: u64,
+        aggregated: u64,
+        folded_groups: usize,
         exit_status: i32,
     },
 }
 
-/// The JSON-lines report.
-pub fn jsonl(audit: &RunAudit) -> String {
+fn line(line: &Line<'_>) -> String {
+    let mut text = serde_json::to_string(line).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// One JSON line for a listed denial of group `group` (what is streamed while the command runs).
+pub fn denial_line(group: usize, denial: &Denial) -> String {
+    line(&Line::Denial { group, denial })
+}
+
+/// The lines written after the command ended: one `group` line per group, then the
+/// `coverage` line.
+pub fn closing_lines(audit: &RunAudit) -> String {
+    let aggregate = &audit.aggregate;
     let mut out = String::new();
-    let lines = audit
-        .denials
-        .iter()
-        .map(Line::Denial)
-        .chain([Line::Coverage {
-            coverage: &audit.coverage,
-            denials: audit.denials.len(),
-            exit_status: audit.exit_status,
-        }]);
-    for line in lines {
-        out.push_str(&serde_json::to_string(&line).unwrap_or_default());
-        out.push('\n');
+    for group in aggregate.groups() {
+        out.push_str(&line(&Line::Group {
+            group: group.id,
+            layer: group.layer,
+            operation: &group.operation,
+            prefix: &group.prefix,
+            count: group.count,
+            listed: group.examples.len(),
+            first_seen: &group.first_seen,
+            last_seen: &group.last_seen,
+            allow_rule: group.allow_rule(),
+        }));
     }
+    out.push_str(&line(&Line::Coverage {
+        coverage: &audit.coverage,
+        denials: aggregate.total(),
+        groups: aggregate.groups().len(),
+        listed: aggregate.listed(),
+        aggregated: aggregate.aggregated(),
+        folded_groups: aggregate.folded_groups(),
+        exit_status: audit.exit_status,
+    }));
     out
 }
 
-/// One JSON line for a single denial (what `--audit-fd` streams while the command runs).
-pub fn denial_line(denial: &Denial) -> String {
-    let mut line = serde_json::to_string(&Line::Denial(denial)).unwrap_or_default();
-    line.push('\n');
-    line
-}
-
-/// Distinct denials with their counts, in first-seen order.
-pub fn distinct(denials: &[Denial]) -> Vec<(&Denial, usize)> {
-    let mut order: Vec<(&Denial, usize)> = Vec::new();
-    for denial in denials {
-        match order.iter_mut().find(|(d, _)| d.key() == denial.key()) {
-            Some((_, count)) => *count += 1,
-            None => order.push((denial, 1)),
-        }
+/// The whole JSON-lines report: the listed denials in arrival order, the groups, the coverage.
+pub fn jsonl(audit: &RunAudit) -> String {
+    let mut out = String::new();
+    for (group, denial) in audit.aggregate.examples() {
+        out.push_str(&denial_line(group, denial));
     }
-    order
+    out.push_str(&closing_lines(audit));
+    out
 }
 
-/// The prefix a denial is grouped under in the summary: the directory for file paths (Landlock
-/// already names the directory for make/remove operations), the address otherwise.
-fn group_prefix(denial: &Denial) -> String {
-    match denial.path.as_deref() {
-        Some(path) => {
-            let names_dir = denial.operation.starts_with("fs.make_")
-                || denial.operation.starts_with("fs.remove_")
-                || denial.operation == "fs.refer";
-            let dir = if names_dir {
-                Path::new(path)
-            } else {
-                Path::new(path).parent().unwrap_or(Path::new(path))
-            };
-            let dir = dir.display().to_string();
-            if dir.ends_with('/') {
-                dir
-            } else {
-                format!("{dir}/")
-            }
-        }
-        None => denial.address.clone().unwrap_or_else(|| "-".to_owned()),
-    }
-}
-
-/// The human summary printed on stderr at exit.
+/// The human summary printed on stderr at exit (control characters of paths shown escaped).
 pub fn summary(audit: &RunAudit) -> String {
     let mut out = String::new();
     let coverage = &audit.coverage;
@@ -122,7 +142,7 @@ pub fn summary(audit: &RunAudit) -> String {
         let _ = writeln!(
             out,
             "sandbox-run: audit: UNAVAILABLE, denials were not observed. {}",
-            coverage.gaps.join("; ")
+            printable(&coverage.gaps.join("; "))
         );
         let _ = writeln!(
             out,
@@ -131,47 +151,80 @@ pub fn summary(audit: &RunAudit) -> String {
         );
         return out;
     }
-    let layers: Vec<&str> = {
-        let mut layers: Vec<Layer> = audit.denials.iter().map(|d| d.layer).collect();
-        layers.sort();
-        layers.dedup();
-        layers.into_iter().map(Layer::as_str).collect()
-    };
-    if audit.denials.is_empty() {
-        let _ = writeln!(out, "sandbox-run: audit: no denials observed");
+    let aggregate = &audit.aggregate;
+    if aggregate.total() == 0 {
+        if coverage.is_full() {
+            let _ = writeln!(out, "sandbox-run: audit: no denials observed");
+        } else {
+            let _ = writeln!(
+                out,
+                "sandbox-run: audit: no denials observed, but the audit is INCOMPLETE (below): \
+                 this is not a clean report"
+            );
+        }
     } else {
+        let layers: Vec<&str> = aggregate.layers().into_iter().map(Layer::as_str).collect();
+        let total = aggregate.total();
+        let groups = aggregate.groups().len();
         let _ = writeln!(
             out,
-            "sandbox-run: audit: {} denial{} ({} distinct) by {}",
-            audit.denials.len(),
-            if audit.denials.len() == 1 { "" } else { "s" },
-            distinct(&audit.denials).len(),
+            "sandbox-run: audit: {total} denial{} in {groups} group{} by {}",
+            if total == 1 { "" } else { "s" },
+            if groups == 1 { "" } else { "s" },
             layers.join(", ")
         );
-        let mut groups: BTreeMap<(String, String), (usize, String)> = BTreeMap::new();
-        for denial in &audit.denials {
-            let entry = groups
-                .entry((denial.operation.clone(), group_prefix(denial)))
-                .or_insert((0, denial.allow_rule.clone()));
-            entry.0 += 1;
-        }
-        let width = groups.keys().map(|(op, _)| op.len()).max().unwrap_or(0);
-        let pwidth = groups.keys().map(|(_, p)| p.len()).max().unwrap_or(0);
-        for ((op, prefix), (count, rule)) in &groups {
+        let mut rows: Vec<(String, String, u64, String)> = aggregate
+            .groups()
+            .iter()
+            .map(|g| {
+                (
+                    printable(&g.operation),
+                    printable(&g.prefix),
+                    g.count,
+                    printable(g.allow_rule()),
+                )
+            })
+            .collect();
+        rows.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        let shown = &rows[..rows.len().min(SUMMARY_MAX_GROUPS)];
+        let width = shown.iter().map(|r| r.0.chars().count()).max().unwrap_or(0);
+        let pwidth = shown.iter().map(|r| r.1.chars().count()).max().unwrap_or(0);
+        for (op, prefix, count, rule) in shown {
             let _ = writeln!(
                 out,
                 "  {op:width$}  {prefix:pwidth$}  {count:>4}   allow: {rule}"
             );
         }
+        if rows.len() > shown.len() {
+            let _ = writeln!(
+                out,
+                "  ... and {} more groups (see the report)",
+                rows.len() - shown.len()
+            );
+        }
+        if aggregate.aggregated() > 0 {
+            let _ = writeln!(
+                out,
+                "sandbox-run: audit: {} of them aggregated (counted in their group, not listed: \
+                 the report lists up to {EXAMPLES_PER_GROUP} distinct examples per group)",
+                aggregate.aggregated()
+            );
+        }
+    }
+    if !coverage.complete {
+        let _ = writeln!(
+            out,
+            "sandbox-run: audit: INCOMPLETE: denials may have been hidden or lost (reasons below)"
+        );
     }
     for gap in &coverage.gaps {
-        let _ = writeln!(out, "sandbox-run: audit: not observed: {gap}");
+        let _ = writeln!(out, "sandbox-run: audit: gap: {}", printable(gap));
     }
     out
 }
 
-/// GitHub workflow commands: one annotation per distinct denial (`error` when the run fails on
-/// denials, else `warning`), or one warning saying the audit was blind.
+/// GitHub workflow commands: one annotation per group (`error` when the run fails on denials,
+/// else `warning`), one per coverage gap, or one warning saying the audit was blind.
 pub fn github(audit: &RunAudit, fail_on_denial: bool) -> String {
     let mut out = String::new();
     let level = if fail_on_denial { "error" } else { "warning" };
@@ -186,21 +239,30 @@ pub fn github(audit: &RunAudit, fail_on_denial: bool) -> String {
             ))
         );
         // Denials seen without the kernel audit (the egress proxy's) are still listed.
-        if audit.denials.is_empty() {
+        if audit.aggregate.total() == 0 {
             return out;
         }
     }
-    for (denial, count) in distinct(&audit.denials) {
+    for group in audit.aggregate.groups() {
         let title = format!(
             "Sandbox denied {} ({})",
-            denial.operation,
-            denial.layer.as_str()
+            group.operation,
+            group.layer.as_str()
         );
-        let mut message = format!("{} denied {count}x", denial.target());
-        if let Some(exe) = &denial.exe {
+        let targets: Vec<&str> = group.examples.iter().map(|e| e.denial.target()).collect();
+        let mut message = match targets.as_slice() {
+            [one] if !group.folded() => format!("{one} denied {}x", group.count),
+            _ => format!(
+                "{} denied {}x (e.g. {})",
+                group.prefix,
+                group.count,
+                targets.join(", ")
+            ),
+        };
+        if let Some(exe) = group.examples.first().and_then(|e| e.denial.exe.as_deref()) {
             let _ = write!(message, " to {exe}");
         }
-        let _ = write!(message, "; allow: {}", denial.allow_rule);
+        let _ = write!(message, "; allow: {}", group.allow_rule());
         let _ = writeln!(
             out,
             "::{level} title={}::{}",
@@ -208,10 +270,16 @@ pub fn github(audit: &RunAudit, fail_on_denial: bool) -> String {
             escape_data(&message)
         );
     }
+    let gap_level = if fail_on_denial && !audit.coverage.is_full() {
+        "error"
+    } else {
+        "warning"
+    };
+    // Blind: the gaps were said once above.
     for gap in audit.coverage.gaps.iter().filter(|_| audit.coverage.audit) {
         let _ = writeln!(
             out,
-            "::warning title={}::{}",
+            "::{gap_level} title={}::{}",
             escape_property("Sandbox audit incomplete"),
             escape_data(gap)
         );
@@ -232,6 +300,7 @@ fn escape_property(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::audit::limits::RECORD_LINE_MAX_BYTES;
     use pretty_assertions::assert_eq;
 
     fn denial(op: &str, path: Option<&str>, layer: Layer) -> Denial {
@@ -244,7 +313,8 @@ mod tests {
             path: path.map(str::to_owned),
             address: None,
             syscall: Some("openat".to_owned()),
-            allow_rule: "\"/out\" = \"write\"".to_owned(),
+            errno: None,
+            allow_rule: String::new(),
         }
     }
 
@@ -254,39 +324,116 @@ mod tests {
             landlock: true,
             seccomp: true,
             mount: true,
+            unexplained: true,
             complete: true,
             gaps: Vec::new(),
         }
     }
 
-    #[test]
-    fn summary_groups_by_operation_and_directory() {
-        let audit = RunAudit {
+    fn run(denials: Vec<Denial>, coverage: Coverage) -> RunAudit {
+        let mut aggregate = Aggregate::new();
+        for d in denials {
+            aggregate.add(d, |_| "\"/out\" = \"write\"".to_owned());
+        }
+        RunAudit {
             command: vec!["make".to_owned()],
             exit_status: 0,
-            denials: vec![
+            aggregate,
+            coverage,
+        }
+    }
+
+    #[test]
+    fn summary_groups_by_operation_and_directory() {
+        let audit = run(
+            vec![
                 denial("fs.write_file", Some("/out/a"), Layer::Mount),
                 denial("fs.write_file", Some("/out/b"), Layer::Mount),
                 denial("fs.make_dir", Some("/out"), Layer::Landlock),
             ],
-            coverage: full(),
-        };
+            full(),
+        );
         let text = summary(&audit);
         assert!(
-            text.starts_with("sandbox-run: audit: 3 denials (3 distinct) by landlock, mount\n")
+            text.starts_with("sandbox-run: audit: 3 denials in 2 groups by landlock, mount\n"),
+            "{text}"
         );
         assert!(text.contains("fs.write_file  /out/     2"), "{text}");
         assert!(text.contains("fs.make_dir    /out/     1"), "{text}");
+        assert!(!text.contains("INCOMPLETE"), "{text}");
+    }
+
+    #[test]
+    fn jsonl_lists_examples_then_groups_then_totals() {
+        let mut denials = Vec::new();
+        for i in 0..10 {
+            denials.push(denial(
+                "fs.write_file",
+                Some(&format!("/out/{}", i % 5)),
+                Layer::Mount,
+            ));
+        }
+        let audit = run(denials, full());
+        let lines: Vec<serde_json::Value> = jsonl(&audit)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            ["denial", "denial", "denial", "denial", "group", "coverage"]
+        );
+        assert_eq!(lines[0]["group"], 0);
+        assert_eq!(lines[0]["path"], "/out/0");
+        assert_eq!(lines[4]["count"], 10);
+        assert_eq!(lines[4]["listed"], 4);
+        assert_eq!(lines[4]["prefix"], "/out/");
+        let coverage = &lines[5];
+        assert_eq!(
+            (
+                &coverage["denials"],
+                &coverage["listed"],
+                &coverage["aggregated"]
+            ),
+            (
+                &serde_json::json!(10),
+                &serde_json::json!(4),
+                &serde_json::json!(6)
+            )
+        );
+        assert_eq!(coverage["complete"], true);
+        assert!(summary(&audit).contains("6 of them aggregated"));
+    }
+
+    #[test]
+    fn incomplete_reports_never_read_as_clean() {
+        let coverage = Coverage {
+            complete: false,
+            gaps: vec!["the command tried to stack a seccomp filter of its own".to_owned()],
+            ..full()
+        };
+        let audit = run(Vec::new(), coverage);
+        let text = summary(&audit);
+        assert!(
+            text.starts_with(
+                "sandbox-run: audit: no denials observed, but the audit is INCOMPLETE"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("gap: the command tried"), "{text}");
+        assert_eq!(
+            github(&audit, true),
+            "::error title=Sandbox audit incomplete::the command tried to stack a seccomp filter \
+             of its own\n"
+        );
     }
 
     #[test]
     fn blind_reports_say_so_in_every_format() {
-        let audit = RunAudit {
-            command: vec!["make".to_owned()],
-            exit_status: 0,
-            denials: Vec::new(),
-            coverage: Coverage::blind("joining the audit multicast group failed"),
-        };
+        let audit = run(
+            Vec::new(),
+            Coverage::blind("joining the audit multicast group failed"),
+        );
         assert!(summary(&audit).contains("UNAVAILABLE"));
         assert!(!summary(&audit).contains("no denials"));
         assert!(github(&audit, true).starts_with("::warning title=Sandbox audit unavailable::"));
@@ -298,17 +445,53 @@ mod tests {
 
     #[test]
     fn github_annotations_escape_their_properties() {
-        let audit = RunAudit {
-            command: Vec::new(),
-            exit_status: 0,
-            denials: vec![denial("fs.write_file", Some("/out/a,b"), Layer::Landlock)],
-            coverage: full(),
-        };
+        let audit = run(
+            vec![denial("fs.write_file", Some("/out/a,b"), Layer::Landlock)],
+            full(),
+        );
         let text = github(&audit, false);
         assert_eq!(
             text,
             "::warning title=Sandbox denied fs.write_file (landlock)::/out/a,b denied 1x to \
              /usr/bin/touch; allow: \"/out\" = \"write\"\n"
         );
+    }
+
+    #[test]
+    fn a_path_of_control_characters_cannot_forge_summary_lines() {
+        let path = "/out/x\nsandbox-run: audit: no denials observed\u{1b}[1A";
+        let audit = run(
+            vec![denial("fs.write_file", Some(path), Layer::Mount)],
+            full(),
+        );
+        let text = summary(&audit);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(!text.contains('\u{1b}'), "{text}");
+    }
+
+    #[test]
+    fn every_line_stays_under_the_shared_cap_whatever_the_command_chose() {
+        let evil = "\u{1}".repeat(100_000);
+        let mut d = denial(&evil, Some(&format!("/{evil}/{evil}")), Layer::Unexplained);
+        d.exe = Some(evil.clone());
+        d.syscall = Some(evil.clone());
+        d.address = Some(evil.clone());
+        d.errno = Some(evil.clone());
+        d.time = evil.clone();
+        let mut aggregate = Aggregate::new();
+        aggregate.add(d, |d| format!("{} {:?}", evil, d.path));
+        let coverage = Coverage {
+            gaps: vec!["x".repeat(400); 8],
+            ..full()
+        };
+        let audit = RunAudit {
+            command: vec![evil.clone()],
+            exit_status: 0,
+            aggregate,
+            coverage,
+        };
+        for line in jsonl(&audit).split_inclusive('\n') {
+            assert!(line.len() <= RECORD_LINE_MAX_BYTES, "{} bytes", line.len());
+        }
     }
 }

@@ -1,12 +1,14 @@
-//! SARIF 2.1.0 rendering: one result per distinct denial, one rule per layer + operation.
+//! SARIF 2.1.0 rendering: one result per group of denials (layer, operation, path prefix) with
+//! its count, one rule per layer + operation.
 //!
-//! Paths become absolute `file://` URIs (percent-encoded by `proto::FileUri`). The invocation records whether the
-//! collector could see (`executionSuccessful`) and each coverage gap as a notification, so a
-//! code-scanning UI never shows a blind run as clean.
+//! Paths become absolute `file://` URIs (percent-encoded by `proto::FileUri`); a result's
+//! locations are its group's listed examples. The invocation records whether the audit saw
+//! everything (`executionSuccessful` is false when it was blind or incomplete) and each coverage
+//! gap as a notification, so a code-scanning UI never shows a blind or incomplete run as clean.
 
 use serde_json::{Value, json};
 
-use crate::audit::report::{RunAudit, distinct};
+use crate::audit::report::RunAudit;
 
 /// The schema URI written into `$schema`.
 pub const SARIF_SCHEMA_URI: &str = "https://json.schemastore.org/sarif-2.1.0.json";
@@ -16,8 +18,8 @@ pub fn sarif(audit: &RunAudit, fail_on_denial: bool) -> Value {
     let level = if fail_on_denial { "error" } else { "warning" };
     let mut rule_ids: Vec<String> = Vec::new();
     let mut results = Vec::new();
-    for (denial, count) in distinct(&audit.denials) {
-        let rule_id = format!("{}/{}", denial.layer.as_str(), denial.operation);
+    for group in audit.aggregate.groups() {
+        let rule_id = format!("{}/{}", group.layer.as_str(), group.operation);
         let rule_index = match rule_ids.iter().position(|r| *r == rule_id) {
             Some(i) => i,
             None => {
@@ -25,33 +27,44 @@ pub fn sarif(audit: &RunAudit, fail_on_denial: bool) -> Value {
                 rule_ids.len() - 1
             }
         };
+        let targets: Vec<&str> = group.examples.iter().map(|e| e.denial.target()).collect();
+        let first = group.examples.first().map(|e| &e.denial);
         let mut result = json!({
             "ruleId": rule_id,
             "ruleIndex": rule_index,
             "level": level,
             "message": {"text": format!(
-                "The sandbox ({}) denied {} on {} ({count}x). Allow: {}",
-                denial.layer.as_str(), denial.operation, denial.target(), denial.allow_rule
+                "The sandbox ({}) denied {} under {} ({}x; e.g. {}). Allow: {}",
+                group.layer.as_str(), group.operation, group.prefix, group.count,
+                targets.join(", "), group.allow_rule()
             )},
             "partialFingerprints": {
-                "execwardDenial/v1": format!("{}|{}|{}", denial.layer.as_str(), denial.operation, denial.target())
+                "execwardDenial/v2": format!("{}|{}|{}", group.layer.as_str(), group.operation, group.prefix)
             },
             "properties": {
-                "layer": denial.layer.as_str(),
-                "operation": denial.operation,
-                "count": count,
-                "pid": denial.pid,
-                "exe": denial.exe,
-                "syscall": denial.syscall,
-                "address": denial.address,
-                "allowRule": denial.allow_rule,
-                "firstSeen": denial.time,
+                "layer": group.layer.as_str(),
+                "operation": group.operation,
+                "prefix": group.prefix,
+                "count": group.count,
+                "listed": group.examples.len(),
+                "examples": targets,
+                "pid": first.and_then(|d| d.pid),
+                "exe": first.and_then(|d| d.exe.as_deref()),
+                "syscall": first.and_then(|d| d.syscall.as_deref()),
+                "errno": first.and_then(|d| d.errno.as_deref()),
+                "allowRule": group.allow_rule(),
+                "firstSeen": group.first_seen,
+                "lastSeen": group.last_seen,
             },
         });
-        if let Some(path) = &denial.path {
-            result["locations"] = json!([{
-                "physicalLocation": {"artifactLocation": {"uri": file_uri(path)}}
-            }]);
+        let locations: Vec<Value> = group
+            .examples
+            .iter()
+            .filter_map(|e| e.denial.path.as_deref())
+            .map(|path| json!({"physicalLocation": {"artifactLocation": {"uri": file_uri(path)}}}))
+            .collect();
+        if !locations.is_empty() {
+            result["locations"] = Value::Array(locations);
         }
         results.push(result);
     }
@@ -70,12 +83,18 @@ pub fn sarif(audit: &RunAudit, fail_on_denial: bool) -> Value {
             })
         })
         .collect();
-    let notifications: Vec<Value> = audit
-        .coverage
+    let coverage = &audit.coverage;
+    let gap_level = if coverage.is_full() {
+        "warning"
+    } else {
+        "error"
+    };
+    let notifications: Vec<Value> = coverage
         .gaps
         .iter()
-        .map(|gap| json!({"level": "warning", "message": {"text": gap}}))
+        .map(|gap| json!({"level": gap_level, "message": {"text": gap}}))
         .collect();
+    let aggregate = &audit.aggregate;
     json!({
         "$schema": SARIF_SCHEMA_URI,
         "version": "2.1.0",
@@ -86,11 +105,17 @@ pub fn sarif(audit: &RunAudit, fail_on_denial: bool) -> Value {
                 "rules": rules,
             }},
             "invocations": [{
-                "executionSuccessful": audit.coverage.audit,
+                "executionSuccessful": coverage.is_full(),
                 "commandLine": audit.command.join(" "),
                 "exitCode": audit.exit_status,
                 "toolExecutionNotifications": notifications,
-                "properties": {"coverage": audit.coverage},
+                "properties": {
+                    "coverage": coverage,
+                    "denials": aggregate.total(),
+                    "groups": aggregate.groups().len(),
+                    "listed": aggregate.listed(),
+                    "aggregated": aggregate.aggregated(),
+                },
             }],
             "results": results,
         }],

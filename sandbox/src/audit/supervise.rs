@@ -12,16 +12,17 @@
 //!    written through the descriptor opened before the command started.
 
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::BorrowedFd;
+use std::path::PathBuf;
 
 use nix::unistd::Pid;
 
 use crate::audit::cli::{AuditArgs, EXIT_AUDIT_BLIND, EXIT_DENIED};
 use crate::audit::collect::{Collector, session_of, start_audit_session};
-use crate::audit::correlate::{Correlator, Target};
+use crate::audit::correlate::{Evasion, Target};
 use crate::audit::denial::{Coverage, Denial};
-use crate::audit::records::Record;
+use crate::audit::output::ReportFile;
+use crate::audit::pipeline::{Findings, Pipeline, Stream};
 use crate::audit::report::{self, Format, RunAudit};
 use crate::audit::sarif::sarif;
 use crate::linux::command::{self, Ended, Observer};
@@ -31,13 +32,16 @@ use crate::run::{EXIT_SETUP_FAILED, Prepared, RunError};
 /// Landlock ABI that has `LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON`.
 const LANDLOCK_AUDIT_ABI: i32 = 7;
 
-/// The collector and the correlator, fed by the outer's wait loop.
+/// The collector and the pipeline, fed by the outer's wait loop.
 struct AuditObserver {
     collector: Option<Collector>,
     session: Option<u32>,
     policy: ResolvedPolicy,
-    sink: Option<Sink>,
-    live: Option<File>,
+    /// `sandbox-run --deny` paths, absolute (for the advice).
+    cli_denied: Vec<PathBuf>,
+    pipeline: Option<Pipeline>,
+    /// The streams, until the pipeline exists.
+    streams: Vec<Stream>,
 }
 
 impl Observer for AuditObserver {
@@ -46,14 +50,16 @@ impl Observer for AuditObserver {
     }
 
     fn readable(&mut self) {
-        if let (Some(collector), Some(sink)) = (self.collector.as_mut(), self.sink.as_mut()) {
-            collector.read_available(&mut |record| sink.record(record));
+        if let (Some(collector), Some(pipeline)) = (self.collector.as_mut(), self.pipeline.as_mut())
+        {
+            collector.read_available(&mut |record| pipeline.record(record));
         }
     }
 
     fn denial(&mut self, denial: Denial) {
-        if let Some(sink) = self.sink.as_mut() {
-            sink.emit(vec![denial]);
+        // Only the command causes denials, and it runs only after `started` made the pipeline.
+        if let Some(pipeline) = self.pipeline.as_mut() {
+            pipeline.denial(denial);
         }
     }
 
@@ -61,21 +67,51 @@ impl Observer for AuditObserver {
         if let Some(collector) = self.collector.as_mut() {
             collector.attach(self.session);
         }
-        self.sink = Some(Sink {
-            correlator: Correlator::new(
+        let root_pid = u32::try_from(root.as_raw()).unwrap_or(0);
+        // The collector is in the session too; so is PID 1, which runs only sandbox-run's code
+        // (without namespaces the root is the command itself).
+        let mut own_pids = vec![std::process::id()];
+        if in_another_pid_namespace(root_pid) {
+            own_pids.push(root_pid);
+        }
+        self.pipeline = Some(
+            Pipeline::new(
                 Target {
-                    root_pid: u32::try_from(root.as_raw()).unwrap_or(0),
+                    root_pid,
                     session: self.session,
+                    own_pids,
                 },
                 self.policy.clone(),
-            ),
-            denials: Vec::new(),
-            live: self.live.take(),
-        });
+                std::mem::take(&mut self.streams),
+            )
+            .with_cli_denied(std::mem::take(&mut self.cli_denied)),
+        );
     }
 }
 
+/// `paths` as the policy holds them: relative to the current directory, symlinks resolved
+/// (as far as they exist).
+fn absolute_paths(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let current = std::env::current_dir().unwrap_or_default();
+    paths
+        .iter()
+        .map(|path| {
+            let joined = current.join(path);
+            std::fs::canonicalize(&joined).unwrap_or(joined)
+        })
+        .collect()
+}
+
+/// Whether `pid` lives in a PID namespace other than ours (PID 1 of the sandbox does).
+fn in_another_pid_namespace(pid: u32) -> bool {
+    let ours = std::fs::read_link("/proc/self/ns/pid");
+    let theirs = std::fs::read_link(format!("/proc/{pid}/ns/pid"));
+    matches!((ours, theirs), (Ok(ours), Ok(theirs)) if ours != theirs)
+}
+
 /// Runs the prepared command under the denial audit; returns the exit status to use.
+/// `cli_denied` are the `--deny` paths of the command line (the advice for a path they hide is
+/// to drop the flag, not "the supervisor's own file").
 ///
 /// # Errors
 /// [`RunError::Setup`] when the report cannot be opened or the sandbox not set up. Audit
@@ -85,17 +121,30 @@ pub fn run_audited(
     options: &command::RunOptions,
     print_report: bool,
     args: &AuditArgs,
+    cli_denied: &[PathBuf],
 ) -> Result<u8, RunError> {
     let _ = print_report;
     // The report's file is opened now, by descriptor, before the command can plant anything
     // at its path (crate::audit::output).
-    let mut output = match &args.audit {
-        Some(path) => Some(crate::audit::output::ReportFile::open(
-            path,
-            &prepared.policy,
-        )?),
+    let output = match &args.audit {
+        Some(path) => Some(ReportFile::open(path, &prepared.policy)?),
         None => None,
     };
+    // JSON lines to a file are streamed as they arrive; stdout is the command's too, so the
+    // report goes there (like SARIF and GitHub annotations) only once the command has ended.
+    let mut streams = Vec::new();
+    let (report_stream, mut final_output) = match (args.audit_format, output) {
+        (Format::Jsonl, Some(ReportFile::File(file))) => {
+            streams.push(Stream::new(Box::new(file)));
+            (Some(0), None)
+        }
+        (_, output) => (None, output),
+    };
+    streams.extend(
+        args.audit_fd
+            .and_then(open_inherited_fd)
+            .map(|file| Stream::new(Box::new(file))),
+    );
     let (collector, blind_reason) = match Collector::open() {
         Ok(collector) => (Some(collector), None),
         Err(reason) => (None, Some(reason)),
@@ -114,23 +163,25 @@ pub fn run_audited(
         collector,
         session,
         policy: prepared.policy.clone(),
-        sink: None,
-        live: args.audit_fd.and_then(open_inherited_fd),
+        cli_denied: absolute_paths(cli_denied),
+        pipeline: None,
+        streams,
     };
     let command = crate::run::command_of(prepared);
     let ended = command::run(&prepared.policy, &command, &options, Some(&mut observer))
         .map_err(crate::run::from_command_error)?;
-    let mut sink = observer.sink.take();
-    let coverage = match observer.collector.take() {
+    let mut pipeline = observer.pipeline.take();
+    let mut coverage = match observer.collector.take() {
         Some(mut collector) => {
-            if let Some(sink) = sink.as_mut() {
-                collector.drain(&mut |record| sink.record(record));
+            if let Some(pipeline) = pipeline.as_mut() {
+                collector.drain(&mut |record| pipeline.record(record));
             }
             let mount = session.is_some();
             let mut coverage = collector.close(abi >= LANDLOCK_AUDIT_ABI, true, mount);
             if abi < LANDLOCK_AUDIT_ABI {
                 coverage.gaps.push(format!(
-                    "Landlock ABI {abi} cannot log denials after execve (needs ABI {LANDLOCK_AUDIT_ABI})"
+                    "Landlock ABI {abi} cannot log denials after execve (needs ABI \
+                     {LANDLOCK_AUDIT_ABI}); its refusals show as unexplained EACCES"
                 ));
             }
             coverage
@@ -140,7 +191,22 @@ pub fn run_audited(
             blind_reason.unwrap_or_default()
         )),
     };
-    let denials = sink.map(Sink::finish).unwrap_or_default();
+    let Findings {
+        aggregate,
+        evasion,
+        mut streams,
+    } = match pipeline {
+        Some(pipeline) => pipeline.finish(),
+        None => Findings {
+            aggregate: Default::default(),
+            evasion: Evasion::default(),
+            streams: std::mem::take(&mut observer.streams),
+        },
+    };
+    if !evasion.is_empty() {
+        coverage.complete = false;
+        coverage.gaps.extend(evasion.gaps());
+    }
     let audit = RunAudit {
         command: prepared
             .argv
@@ -148,11 +214,19 @@ pub fn run_audited(
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
         exit_status: ended.code(),
-        denials,
+        aggregate,
         coverage,
     };
     eprint!("{}", report::summary(&audit));
-    if let Some(output) = output.as_mut() {
+    let closing = report::closing_lines(&audit);
+    for stream in &mut streams {
+        stream.write(closing.as_bytes());
+    }
+    let mut failed = report_stream
+        .and_then(|at| streams.get(at))
+        .and_then(Stream::error)
+        .map(ToString::to_string);
+    if let Some(output) = final_output.as_mut() {
         let text = match args.audit_format {
             Format::Jsonl => report::jsonl(&audit),
             Format::Sarif => {
@@ -164,9 +238,12 @@ pub fn run_audited(
             Format::Github => report::github(&audit, args.fail_on_denial),
         };
         if let Err(err) = output.write(text.as_bytes()) {
-            eprintln!("sandbox-run: audit: writing the report failed: {err}");
-            return Ok(EXIT_SETUP_FAILED);
+            failed = Some(err.to_string());
         }
+    }
+    if let Some(err) = failed {
+        eprintln!("sandbox-run: audit: writing the report failed: {err}");
+        return Ok(EXIT_SETUP_FAILED);
     }
     let code = exit_code(&audit, args.fail_on_denial);
     if code == own_code(&audit)
@@ -182,51 +259,20 @@ fn own_code(audit: &RunAudit) -> u8 {
     u8::try_from(audit.exit_status).unwrap_or(EXIT_SETUP_FAILED)
 }
 
-/// The exit status: the program's, or 3 (denied) / 4 (blind) under `--fail-on-denial`.
+/// The exit status: the program's, or under `--fail-on-denial` 3 when something was denied and
+/// 4 when nothing was but the audit could not see everything (blind, a layer unobserved, or
+/// incomplete: records lost, or the command tried to hide its denials).
 pub fn exit_code(audit: &RunAudit, fail_on_denial: bool) -> u8 {
     let own = own_code(audit);
     if !fail_on_denial {
         return own;
     }
-    if !audit.denials.is_empty() {
+    if audit.aggregate.total() > 0 {
         EXIT_DENIED
     } else if !audit.coverage.is_full() {
         EXIT_AUDIT_BLIND
     } else {
         own
-    }
-}
-
-/// Where records go: the correlator, the list, and the live descriptor.
-struct Sink {
-    correlator: Correlator,
-    denials: Vec<Denial>,
-    live: Option<File>,
-}
-
-impl Sink {
-    fn record(&mut self, record: Record) {
-        let found = self.correlator.push(record);
-        self.emit(found);
-    }
-
-    fn finish(mut self) -> Vec<Denial> {
-        let found = self.correlator.finish();
-        self.emit(found);
-        self.denials
-    }
-
-    fn emit(&mut self, found: Vec<Denial>) {
-        for denial in found {
-            if let Some(live) = self.live.as_mut()
-                && live
-                    .write_all(report::denial_line(&denial).as_bytes())
-                    .is_err()
-            {
-                self.live = None;
-            }
-            self.denials.push(denial);
-        }
     }
 }
 
@@ -247,5 +293,70 @@ fn open_inherited_fd(fd: i32) -> Option<File> {
             eprintln!("sandbox-run: audit: --audit-fd {fd} is not usable: {err}");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::aggregate::Aggregate;
+    use crate::audit::denial::{Denial, Layer};
+
+    fn audit(denials: usize, coverage: Coverage) -> RunAudit {
+        let mut aggregate = Aggregate::new();
+        for _ in 0..denials {
+            aggregate.add(
+                Denial {
+                    time: String::new(),
+                    pid: None,
+                    exe: None,
+                    layer: Layer::Seccomp,
+                    operation: "socket".to_owned(),
+                    path: None,
+                    address: None,
+                    syscall: None,
+                    errno: None,
+                    allow_rule: String::new(),
+                },
+                |_| String::new(),
+            );
+        }
+        RunAudit {
+            command: Vec::new(),
+            exit_status: 7,
+            aggregate,
+            coverage,
+        }
+    }
+
+    fn full() -> Coverage {
+        Coverage {
+            audit: true,
+            landlock: true,
+            seccomp: true,
+            mount: true,
+            unexplained: true,
+            complete: true,
+            gaps: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn fail_on_denial_fails_on_denials_and_on_incomplete_coverage() {
+        assert_eq!(exit_code(&audit(0, full()), true), 7);
+        assert_eq!(exit_code(&audit(0, full()), false), 7);
+        assert_eq!(exit_code(&audit(2, full()), true), EXIT_DENIED);
+        assert_eq!(exit_code(&audit(2, full()), false), 7);
+        let incomplete = Coverage {
+            complete: false,
+            ..full()
+        };
+        assert_eq!(
+            exit_code(&audit(0, incomplete.clone()), true),
+            EXIT_AUDIT_BLIND
+        );
+        assert_eq!(exit_code(&audit(1, incomplete), true), EXIT_DENIED);
+        let blind = Coverage::blind("no CAP_AUDIT_READ");
+        assert_eq!(exit_code(&audit(0, blind), true), EXIT_AUDIT_BLIND);
     }
 }

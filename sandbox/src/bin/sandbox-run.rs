@@ -43,8 +43,14 @@ fn run(cli: &Cli, audit: &audit_flags::AuditArgs) -> ExitCode {
             Ok(options) => options,
             Err(err) => return fail(err),
         };
-        return match sandbox::audit::supervise::run_audited(&prepared, &options, cli.report, audit)
-        {
+        let audited = sandbox::audit::supervise::run_audited(
+            &prepared,
+            &options,
+            cli.report,
+            audit,
+            &cli.denies,
+        );
+        return match audited {
             Ok(code) => ExitCode::from(code),
             Err(err) => fail(err),
         };

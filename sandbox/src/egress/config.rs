@@ -116,6 +116,7 @@ impl EgressEvent {
             path: None,
             address: Some(self.address()),
             syscall: None,
+            errno: None,
             allow_rule: self.rule.clone(),
         }
     }

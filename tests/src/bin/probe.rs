@@ -124,6 +124,10 @@ pub fn run_probe(args: &[String]) -> Value {
             .open(arg(1))
             .map(|_| Value::Null),
         "setsid-daemon" => setsid_daemon(&arg(1)),
+        "landlock-nest" => landlock_nest(),
+        "seccomp-nest" => seccomp_nest(false),
+        "prctl-seccomp-nest" => seccomp_nest(true),
+        "repeat" => Ok(repeat(arg(1).parse().unwrap_or(0), &args[2..])),
         _ => Err(std::io::Error::other(format!("unknown probe op {op:?}"))),
     };
     report(op, result)
@@ -435,6 +439,94 @@ fn int80_getpid() -> Result<Value, std::io::Error> {
 #[cfg(not(target_arch = "x86_64"))]
 fn int80_getpid() -> Result<Value, std::io::Error> {
     Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
+}
+
+/// Stacks a Landlock domain of its own that refuses every file read, with logging of this
+/// exec's denials off (`LANDLOCK_RESTRICT_SELF_LOG_SAME_EXEC_OFF`, or no flag before ABI 7):
+/// what a command hiding its denials from the audit would do.
+fn landlock_nest() -> Result<Value, std::io::Error> {
+    const LANDLOCK_ACCESS_FS_READ_FILE: u64 = 1 << 2;
+    const LOG_SAME_EXEC_OFF: u32 = 1 << 0;
+    let attr: [u64; 1] = [LANDLOCK_ACCESS_FS_READ_FILE];
+    // SAFETY: `attr` is a valid `struct landlock_ruleset_attr` prefix (handled_access_fs) of
+    // the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr),
+            0u32,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: restrict_self takes a ruleset descriptor and flags, no pointers.
+    let mut rc = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd, LOG_SAME_EXEC_OFF) };
+    if rc < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // SAFETY: as above.
+        rc = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) };
+    }
+    let result = syscall_result(rc);
+    // SAFETY: `fd` is the ruleset descriptor created above, closed once.
+    unsafe { libc::close(fd as i32) };
+    result
+}
+
+/// Installs a seccomp filter of its own, without `SECCOMP_FILTER_FLAG_LOG`, that answers
+/// `socket()` with `EACCES` (through `seccomp(2)` or `prctl(PR_SET_SECCOMP)`): its refusals
+/// would win over the sandbox's and leave no record.
+fn seccomp_nest(through_prctl: bool) -> Result<Value, std::io::Error> {
+    const BPF_LD_W_ABS: u16 = 0x20;
+    const BPF_JEQ_K: u16 = 0x15;
+    const BPF_RET_K: u16 = 0x06;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    let insn = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let mut program = [
+        insn(BPF_LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+        insn(BPF_JEQ_K, 0, 1, libc::SYS_socket as u32),
+        insn(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | libc::EACCES as u32),
+        insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_mut_ptr(),
+    };
+    let rc = if through_prctl {
+        // SAFETY: `prog` points at `program`, valid for the call; the kernel copies it.
+        unsafe {
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            )
+        }
+        .into()
+    } else {
+        // SAFETY: as above, through seccomp(SECCOMP_SET_MODE_FILTER, 0, &prog).
+        unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0u32,
+                &prog as *const libc::sock_fprog,
+            )
+        }
+    };
+    syscall_result(rc)
+}
+
+/// `repeat N OP [ARGS]`: runs one operation N times (a flood of denials) and counts the
+/// outcomes: `{"runs": N, "outcomes": {"EPERM": N, ...}}` (`ok` for successes).
+fn repeat(times: u64, op: &[String]) -> Value {
+    let mut outcomes = std::collections::BTreeMap::<String, u64>::new();
+    for _ in 0..times {
+        let result = run_probe(op);
+        let key = result["error"].as_str().unwrap_or("ok").to_owned();
+        *outcomes.entry(key).or_default() += 1;
+    }
+    json!({"runs": times, "outcomes": outcomes})
 }
 
 fn abstract_connect(name: &str) -> Result<Value, std::io::Error> {
