@@ -13,6 +13,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod budget;
 pub mod cli;
 pub mod client;
 pub mod environment;
@@ -31,6 +32,7 @@ pub mod server;
 pub mod session;
 mod sys;
 pub mod transport;
+pub mod untrusted;
 
 pub use client::{
     CLIENT_EVENT_BUFFER_BYTES, ConnectionState, ExecServerClient, ExecServerClientConnectOptions,
