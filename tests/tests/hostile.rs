@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// `MAX_FRAME_BYTES`: larger messages or frames close the connection with 1009.
 const MAX_FRAME_BYTES: u64 = 64 * 1024 * 1024;
 /// `UPGRADE_HEAD_TIMEOUT`: the whole HTTP head must arrive within this.
-const UPGRADE_HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+const UPGRADE_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// `MAX_UPGRADE_HEAD_BYTES`.
 const MAX_UPGRADE_HEAD_BYTES: usize = 16 * 1024;
 /// `READ_BLOCK_MAX_BYTES`.
@@ -397,13 +397,13 @@ async fn slowloris_upgrade_is_dropped_at_the_head_timeout_while_others_are_serve
     let others = async {
         // Meanwhile other clients connect, initialize and run processes as usual.
         let mut served = 0;
-        while connected.elapsed() < Duration::from_secs(8) {
+        while connected.elapsed() < UPGRADE_HEAD_TIMEOUT - Duration::from_millis(500) {
             let mut client = server.client().await;
             assert_serving(&mut client).await;
             let out = client.run("p", &sh("echo ok"), json!({})).await;
             assert_eq!(out.stdout_text(), "ok\n");
             served += 1;
-            tokio::time::sleep(Duration::from_millis(500)).await; // pacing, not a wait
+            tokio::time::sleep(Duration::from_millis(100)).await; // pacing, not a wait
         }
         served
     };
@@ -418,7 +418,7 @@ async fn slowloris_upgrade_is_dropped_at_the_head_timeout_while_others_are_serve
             && dropped_after <= UPGRADE_HEAD_TIMEOUT + Duration::from_secs(2),
         "dropped after {dropped_after:?}; expected about {UPGRADE_HEAD_TIMEOUT:?}"
     );
-    assert!(served >= 5, "only {served} clients were served meanwhile");
+    assert!(served >= 3, "only {served} clients were served meanwhile");
 }
 
 #[tokio::test]

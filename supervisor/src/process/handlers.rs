@@ -341,6 +341,13 @@ async fn resolve_sandbox(
                 .map_err(|e| ProcessError::InvalidParams(format!("cwd: {e}")))?;
             let cwd =
                 std::fs::canonicalize(&cwd).map_err(|_| ProcessError::CwdMissing { path: cwd })?;
+            if cwd.to_str().is_none() {
+                return Err(ProcessError::InvalidParams(format!(
+                    "cwd {} is not valid UTF-8: a sandboxed command's working directory travels \
+                     to sandbox-run as text; run it from a directory with a UTF-8 path",
+                    crate::untrusted::Untrusted(&cwd.to_string_lossy())
+                )));
+            }
             Ok(Some((policy, cwd)))
         })
         .await?
