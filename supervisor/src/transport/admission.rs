@@ -219,7 +219,11 @@ mod tests {
         let mut other = admission.admit(ip("192.0.2.7"));
         let mut flood: Vec<_> = (0..20).map(|_| admission.admit(ip("127.0.0.1"))).collect();
         assert!(!is_evicted(&mut other), "another source keeps its place");
-        let alive = flood.iter_mut().map(is_evicted).filter(|gone| !gone).count();
+        let alive = flood
+            .iter_mut()
+            .map(is_evicted)
+            .filter(|gone| !gone)
+            .count();
         assert_eq!(alive, 2);
         assert_eq!(admission.pending(), 3);
     }
