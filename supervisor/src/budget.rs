@@ -13,20 +13,26 @@
 //!   `limitExceeded` instead, so one client's load never queues another's requests behind it.
 //! - **Small work is never refused.** Each connection's first [`CONNECTION_MEMORY_ALLOWANCE`]
 //!   bytes are its own; only what lies beyond draws on the shared memory budget.
+//! - **In flight is not the same as backed.** The reader counts the worst case of an answer in
+//!   the connection's in-flight bytes (so one connection holds at most
+//!   [`MAX_INFLIGHT_BYTES_PER_CONNECTION`] whatever it pipelines), but memory from the
+//!   allowance or the server budget backs only what the work turns out to need (a 4 KiB file's
+//!   read is never refused because a 32 MiB one could have been).
 //! - **Blocking work is bounded twice.** At most [`MAX_BLOCKING_TASKS`] run server-wide and
-//!   [`MAX_BLOCKING_TASKS_PER_CONNECTION`] per connection; CPU-bound policy resolution has its own
-//!   smaller server-wide bound ([`MAX_POLICY_RESOLUTIONS`]).
+//!   [`MAX_BLOCKING_TASKS_PER_CONNECTION`] per connection; CPU-bound work goes to the
+//!   low-priority [`CpuPool`] (one thread per core) within the same per-connection slots.
 
 use std::sync::Arc;
 
 use proto::error::RpcError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::cpu_pool::CpuPool;
 use crate::limits::{
     CONNECTION_MEMORY_ALLOWANCE, DESCRIPTOR_RESERVE, MAX_BLOCKING_TASKS,
     MAX_BLOCKING_TASKS_PER_CONNECTION, MAX_CLIENT_DESCRIPTORS, MAX_CONNECTIONS, MAX_HTTP_REQUESTS,
     MAX_INFLIGHT_BYTES_PER_CONNECTION, MAX_LIVE_PROCESSES, MAX_PENDING_CONNECTIONS,
-    MAX_POLICY_RESOLUTIONS, MEMORY_BUDGET_BYTES,
+    MEMORY_BUDGET_BYTES,
 };
 
 /// The smallest client descriptor budget the server starts with, whatever the open-file limit
@@ -99,7 +105,7 @@ pub struct Budgets {
     descriptor_limit: usize,
     processes: Arc<Semaphore>,
     blocking: Arc<Semaphore>,
-    resolutions: Arc<Semaphore>,
+    cpu: CpuPool,
 }
 
 impl Budgets {
@@ -115,7 +121,7 @@ impl Budgets {
             descriptor_limit,
             processes: Arc::new(Semaphore::new(MAX_LIVE_PROCESSES)),
             blocking: Arc::new(Semaphore::new(MAX_BLOCKING_TASKS)),
-            resolutions: Arc::new(Semaphore::new(MAX_POLICY_RESOLUTIONS)),
+            cpu: CpuPool::new(),
         }
     }
 
@@ -230,44 +236,46 @@ impl ConnectionBudget {
         &self.budgets
     }
 
-    /// Reserve `bytes` (at least 1, at most [`MAX_INFLIGHT_BYTES_PER_CONNECTION`]): wait until
-    /// the connection's in-flight bytes have room, then take them from its allowance or, beyond
-    /// it, from the server's memory budget.
+    /// Count `inflight` bytes (at least 1, at most [`MAX_INFLIGHT_BYTES_PER_CONNECTION`]) in the
+    /// connection's in-flight bytes, waiting until they fit, and back the first `backed` of them
+    /// with memory now: from the connection's allowance or, beyond it, the server's budget.
+    /// The rest is backed later, once the work knows what it needs ([`MemoryCharge::back`]).
     ///
     /// # Errors
-    /// [`BudgetError::Memory`] when the server's budget cannot take them now;
+    /// [`BudgetError::Memory`] when the server's budget cannot take `backed` bytes now;
     /// [`BudgetError::Closed`] when the connection's budget was closed.
-    pub async fn reserve(&self, bytes: usize) -> Result<MemoryCharge, BudgetError> {
-        let bytes = clamp_bytes(bytes);
+    pub async fn reserve(
+        &self,
+        inflight: usize,
+        backed: usize,
+    ) -> Result<MemoryCharge, BudgetError> {
         let inflight = self
             .inflight
             .clone()
-            .acquire_many_owned(bytes)
+            .acquire_many_owned(clamp_bytes(inflight))
             .await
             .map_err(|_| BudgetError::Closed)?;
-        let (allowance, server) = match self.allowance.clone().try_acquire_many_owned(bytes) {
-            Ok(permit) => (Some(permit), None),
-            Err(_) => (None, Some(self.budgets.reserve_memory(bytes)?)),
-        };
-        Ok(MemoryCharge {
+        let mut charge = MemoryCharge {
             inflight: Some(inflight),
-            allowance,
-            server,
-        })
+            allowance: None,
+            server: None,
+        };
+        charge.back(self, backed)?;
+        Ok(charge)
     }
 
-    /// Reserve `bytes` more for work already running, without waiting: from the connection's
-    /// allowance or, beyond it, the server's memory budget (not from the connection's in-flight
-    /// bytes, which only the reader waits for; waiting here could queue behind it).
+    /// Back `bytes` more with memory, without waiting: from the connection's allowance or,
+    /// beyond it, the server's memory budget. (Not counted in the in-flight bytes, which only
+    /// the reader waits for: waiting here could queue behind it.)
     ///
     /// # Errors
     /// [`BudgetError::Memory`] when the server's budget cannot take them now.
-    pub fn overdraft(&self, bytes: usize) -> Result<MemoryCharge, BudgetError> {
+    fn overdraft(&self, bytes: usize) -> Result<MemoryCharge, BudgetError> {
         let refused = || BudgetError::Memory {
             needed: bytes,
             limit: MEMORY_BUDGET_BYTES,
         };
-        let permits = u32::try_from(bytes.max(1)).map_err(|_| refused())?;
+        let permits = u32::try_from(bytes).map_err(|_| refused())?;
         let (allowance, server) = match self.allowance.clone().try_acquire_many_owned(permits) {
             Ok(permit) => (Some(permit), None),
             Err(_) => (None, Some(self.budgets.reserve_memory(permits)?)),
@@ -279,23 +287,8 @@ impl ConnectionBudget {
         })
     }
 
-    /// Grow `charge` to `bytes` without waiting (an answer turned out larger than reserved),
-    /// as [`Self::overdraft`] does.
-    ///
-    /// # Errors
-    /// [`BudgetError::Memory`] when the server's budget cannot take the difference now.
-    pub fn grow(&self, charge: &mut MemoryCharge, bytes: usize) -> Result<(), BudgetError> {
-        match bytes.checked_sub(charge.bytes()) {
-            Some(more) if more > 0 => {
-                charge.merge(self.overdraft(more)?);
-                Ok(())
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Run `work` on the blocking pool once this connection and the server have a free slot
-    /// (waits for both).
+    /// Run `work` on tokio's blocking pool (I/O: filesystem calls, helper exchanges, spawning)
+    /// once this connection and the server have a free slot (waits for both).
     ///
     /// # Errors
     /// [`BudgetError::Closed`] at shutdown, [`BudgetError::TaskFailed`] when `work` panicked.
@@ -304,12 +297,7 @@ impl ConnectionBudget {
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
     {
-        let _own = self
-            .blocking
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| BudgetError::Closed)?;
+        let _own = self.own_slot().await?;
         let _server = self
             .budgets
             .blocking
@@ -322,24 +310,30 @@ impl ConnectionBudget {
             .map_err(|error| BudgetError::TaskFailed(error.to_string()))
     }
 
-    /// [`Self::blocking`] for CPU-bound policy resolution: also waits for one of the
-    /// [`MAX_POLICY_RESOLUTIONS`] server-wide slots.
+    /// Run CPU-bound `work` (parsing, encoding, policy resolution) on the low-priority
+    /// [`CpuPool`] within this connection's slots. Never for work that starts a process.
     ///
     /// # Errors
-    /// As [`Self::blocking`].
-    pub async fn resolve<F, R>(&self, work: F) -> Result<R, BudgetError>
+    /// [`BudgetError::Closed`] at shutdown, [`BudgetError::TaskFailed`] when `work` panicked.
+    pub async fn cpu<F, R>(&self, work: F) -> Result<R, BudgetError>
     where
         F: FnOnce() -> R + Send + 'static,
         R: Send + 'static,
     {
-        let _resolution = self
-            .budgets
-            .resolutions
+        let _own = self.own_slot().await?;
+        self.budgets
+            .cpu
+            .run(work)
+            .await
+            .map_err(|error| BudgetError::TaskFailed(error.to_string()))
+    }
+
+    async fn own_slot(&self) -> Result<OwnedSemaphorePermit, BudgetError> {
+        self.blocking
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| BudgetError::Closed)?;
-        self.blocking(work).await
+            .map_err(|_| BudgetError::Closed)
     }
 }
 
@@ -348,9 +342,9 @@ fn clamp_bytes(bytes: usize) -> u32 {
     bytes.clamp(1, MAX_INFLIGHT_BYTES_PER_CONNECTION) as u32
 }
 
-/// Bytes reserved on a connection, backed by its allowance and the server's memory budget, and
-/// (for what the reader reserved) counted in its in-flight bytes. Dropping it gives everything
-/// back.
+/// Memory reserved on a connection: bytes counted in its in-flight share (what its reader waits
+/// for) and bytes backed by its allowance or the server's budget (what the process really may
+/// hold). Dropping it gives everything back.
 #[derive(Debug)]
 pub struct MemoryCharge {
     inflight: Option<OwnedSemaphorePermit>,
@@ -359,33 +353,55 @@ pub struct MemoryCharge {
 }
 
 impl MemoryCharge {
-    /// The bytes reserved.
+    /// The bytes backed by memory.
     pub fn bytes(&self) -> usize {
         permits(&self.allowance) + permits(&self.server)
     }
 
-    /// Split off `bytes` into a charge of its own (`None` when this one holds no more than
-    /// that, or `bytes` is 0).
-    pub fn split(&mut self, bytes: usize) -> Option<MemoryCharge> {
-        if bytes == 0 || bytes >= self.bytes() {
-            return None;
+    /// The bytes counted in the connection's in-flight share.
+    pub fn inflight_bytes(&self) -> usize {
+        permits(&self.inflight)
+    }
+
+    /// Make sure at least `bytes` are backed, drawing on `budget` without waiting.
+    ///
+    /// # Errors
+    /// [`BudgetError::Memory`] when the server's budget cannot take the difference now.
+    pub fn back(&mut self, budget: &ConnectionBudget, bytes: usize) -> Result<(), BudgetError> {
+        let more = bytes.saturating_sub(self.bytes());
+        if more > 0 {
+            self.merge(budget.overdraft(more)?);
         }
+        Ok(())
+    }
+
+    /// Split off `bytes` of the in-flight share and `bytes` of the backing (as far as each
+    /// holds them) into a charge of their own.
+    pub fn split(&mut self, bytes: usize) -> MemoryCharge {
         let inflight = split_permit(&mut self.inflight, bytes);
         // Give back the server's bytes first: the allowance is the connection's own.
         let from_server = permits(&self.server).min(bytes);
         let server = split_permit(&mut self.server, from_server);
-        let allowance = split_permit(&mut self.allowance, bytes - from_server);
-        Some(MemoryCharge {
+        let from_allowance = permits(&self.allowance).min(bytes - from_server);
+        let allowance = split_permit(&mut self.allowance, from_allowance);
+        MemoryCharge {
             inflight,
             allowance,
             server,
-        })
+        }
     }
 
-    /// Give back everything beyond `bytes` (at least one byte stays reserved).
+    /// Give back everything beyond `bytes`, of the in-flight share and of the backing.
     pub fn shrink_to(&mut self, bytes: usize) {
-        let excess = self.bytes().saturating_sub(bytes.max(1));
-        drop(self.split(excess));
+        let inflight_excess = self.inflight_bytes().saturating_sub(bytes);
+        drop(split_permit(&mut self.inflight, inflight_excess));
+        let backing_excess = self.bytes().saturating_sub(bytes);
+        let from_server = permits(&self.server).min(backing_excess);
+        drop(split_permit(&mut self.server, from_server));
+        drop(split_permit(
+            &mut self.allowance,
+            backing_excess - from_server,
+        ));
     }
 
     /// Add `other`'s bytes to this charge.
@@ -410,8 +426,8 @@ fn merge_permit(slot: &mut Option<OwnedSemaphorePermit>, other: Option<OwnedSema
 
 /// Split `n` permits off `slot` (all of it when it holds no more).
 fn split_permit(slot: &mut Option<OwnedSemaphorePermit>, n: usize) -> Option<OwnedSemaphorePermit> {
-    let held = slot.as_ref()?.num_permits();
-    if n == 0 {
+    let held = permits(slot);
+    if n == 0 || held == 0 {
         None
     } else if n >= held {
         slot.take()
@@ -423,6 +439,10 @@ fn split_permit(slot: &mut Option<OwnedSemaphorePermit>, n: usize) -> Option<Own
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn budgets() -> Arc<Budgets> {
+        Arc::new(Budgets::new(0, 0))
+    }
 
     #[test]
     fn descriptor_budget_leaves_the_reserve_and_connection_descriptors_free() {
@@ -438,7 +458,7 @@ mod tests {
 
     #[test]
     fn descriptors_are_refused_past_the_budget_and_given_back_on_drop() {
-        let budgets = Budgets::new(0, 0);
+        let budgets = budgets();
         let all = budgets.descriptors(MIN_CLIENT_DESCRIPTORS).unwrap();
         assert!(matches!(
             budgets.descriptors(1),
@@ -452,17 +472,15 @@ mod tests {
 
     #[tokio::test]
     async fn small_reservations_use_the_allowance_and_large_ones_the_server_budget() {
-        let budgets = Arc::new(Budgets::new(0, 0));
+        let budgets = budgets();
         let connection = ConnectionBudget::new(budgets.clone());
-        let small = connection.reserve(1000).await.unwrap();
+        let small = connection.reserve(1000, 1000).await.unwrap();
         assert_eq!(budgets.memory.available_permits(), MEMORY_BUDGET_BYTES);
-        let large = connection
-            .reserve(CONNECTION_MEMORY_ALLOWANCE * 4)
-            .await
-            .unwrap();
+        let large_bytes = CONNECTION_MEMORY_ALLOWANCE * 4;
+        let large = connection.reserve(large_bytes, large_bytes).await.unwrap();
         assert_eq!(
             budgets.memory.available_permits(),
-            MEMORY_BUDGET_BYTES - CONNECTION_MEMORY_ALLOWANCE * 4
+            MEMORY_BUDGET_BYTES - large_bytes
         );
         drop((small, large));
         assert_eq!(budgets.memory.available_permits(), MEMORY_BUDGET_BYTES);
@@ -470,53 +488,71 @@ mod tests {
 
     #[tokio::test]
     async fn the_server_budget_refuses_instead_of_waiting() {
-        let budgets = Arc::new(Budgets::new(0, 0));
+        let budgets = budgets();
         let mut held = Vec::new();
         let big = MAX_INFLIGHT_BYTES_PER_CONNECTION;
         for _ in 0..MEMORY_BUDGET_BYTES / big {
             let connection = ConnectionBudget::new(budgets.clone());
-            held.push(connection.reserve(big).await.unwrap());
+            held.push(connection.reserve(big, big).await.unwrap());
         }
         let other = ConnectionBudget::new(budgets.clone());
+        let needed = CONNECTION_MEMORY_ALLOWANCE + MEMORY_BUDGET_BYTES % big + 1;
         let refused = tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            other.reserve(CONNECTION_MEMORY_ALLOWANCE + MEMORY_BUDGET_BYTES % big + 1),
+            other.reserve(needed, needed),
         )
         .await
         .expect("a refusal, not a wait");
         assert!(matches!(refused, Err(BudgetError::Memory { .. })));
         // Small work on the same connection is still served from its allowance.
-        other.reserve(64 * 1024).await.unwrap();
+        other.reserve(64 * 1024, 64 * 1024).await.unwrap();
     }
 
     #[tokio::test]
-    async fn a_connection_waits_for_its_own_in_flight_bytes() {
-        let budgets = Arc::new(Budgets::new(0, 0));
-        let connection = ConnectionBudget::new(budgets);
+    async fn a_connection_waits_for_its_own_in_flight_bytes_whatever_is_backed() {
+        let connection = ConnectionBudget::new(budgets());
+        // The worst case of an answer counts in flight before any memory backs it.
         let first = connection
-            .reserve(MAX_INFLIGHT_BYTES_PER_CONNECTION)
+            .reserve(MAX_INFLIGHT_BYTES_PER_CONNECTION, 0)
             .await
             .unwrap();
-        let waiting =
-            tokio::time::timeout(std::time::Duration::from_millis(50), connection.reserve(1)).await;
+        assert_eq!(first.bytes(), 0);
+        let waiting = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            connection.reserve(1, 1),
+        )
+        .await;
         assert!(waiting.is_err(), "the second reservation must wait");
         drop(first);
-        connection.reserve(1).await.unwrap();
+        connection.reserve(1, 1).await.unwrap();
     }
 
     #[tokio::test]
-    async fn split_and_shrink_give_back_what_is_not_kept() {
-        let budgets = Arc::new(Budgets::new(0, 0));
+    async fn split_back_and_shrink_give_back_what_is_not_kept() {
+        let budgets = budgets();
         let connection = ConnectionBudget::new(budgets.clone());
-        let mut charge = connection.reserve(10 * 1024 * 1024).await.unwrap();
-        let request = charge.split(4 * 1024 * 1024).unwrap();
-        assert_eq!(charge.bytes(), 6 * 1024 * 1024);
+        let mib = 1024 * 1024;
+        let mut charge = connection.reserve(10 * mib, 4 * mib).await.unwrap();
+        let request = charge.split(4 * mib);
+        assert_eq!(
+            (request.inflight_bytes(), request.bytes()),
+            (4 * mib, 4 * mib)
+        );
+        assert_eq!((charge.inflight_bytes(), charge.bytes()), (6 * mib, 0));
         drop(request);
+        charge.back(&connection, 3 * mib).unwrap();
+        assert_eq!(charge.bytes(), 3 * mib);
         charge.shrink_to(1000);
-        assert_eq!(charge.bytes(), 1000);
-        connection.grow(&mut charge, 3 * 1024 * 1024).unwrap();
-        assert_eq!(charge.bytes(), 3 * 1024 * 1024);
+        assert_eq!((charge.inflight_bytes(), charge.bytes()), (1000, 1000));
         drop(charge);
         assert_eq!(budgets.memory.available_permits(), MEMORY_BUDGET_BYTES);
+        assert_eq!(
+            connection.inflight.available_permits(),
+            MAX_INFLIGHT_BYTES_PER_CONNECTION
+        );
+        assert_eq!(
+            connection.allowance.available_permits(),
+            CONNECTION_MEMORY_ALLOWANCE
+        );
     }
 }

@@ -85,9 +85,9 @@ pub const MAX_BLOCKING_TASKS: usize = 32;
 /// Blocking work one connection may have running at once; its further requests wait, so one
 /// connection cannot take every blocking slot.
 pub const MAX_BLOCKING_TASKS_PER_CONNECTION: usize = 4;
-/// Sandbox policies being resolved at once across the server (glob walks are CPU-bound: more
-/// than the cores would only slow the async workers). More wait their turn.
-pub const MAX_POLICY_RESOLUTIONS: usize = 2;
+/// Threads for CPU-bound request work (large parses and encodings, policy resolution): one per
+/// core, at most this many, at a lower priority than the async workers.
+pub use crate::cpu_pool::{CPU_POOL_NICE, MAX_CPU_POOL_THREADS};
 /// Longest `argv` element or environment value, in bytes: the kernel's `MAX_ARG_STRLEN`
 /// (longer ones fail exec with E2BIG anyway).
 pub const MAX_ARG_BYTES: usize = 128 * 1024;

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tests::siege::Siege;
 use tests::{
     Client, DEADLINE, ExecServer, RawEnd, assert_rpc_error, b64, fd_count, file_uri, opcode,
     raw_websocket, read_raw_frame, read_until_closed, rss_kib, sh, unb64, ws_frame,
@@ -28,6 +29,13 @@ const READ_BLOCK_MAX_BYTES: u64 = 1024 * 1024;
 
 fn server() -> ExecServer {
     ExecServer::start(&["--listen", "ws://127.0.0.1:0"])
+}
+
+/// A server for a case measured beside a neighbour (see `tests::siege::isolate_from_host_load`).
+fn besieged_server(args: &[&str]) -> ExecServer {
+    let mut all = vec!["--listen", "ws://127.0.0.1:0"];
+    all.extend_from_slice(args);
+    ExecServer::start_with(&all, tests::siege::isolate_from_host_load)
 }
 
 /// One round trip that touches the filesystem: the server is alive and serving `client`.
@@ -946,4 +954,295 @@ async fn absurd_block_terminal_and_signal_parameters_get_clear_errors() {
         .call("process/terminate", json!({"processId": "tty"}))
         .await;
     assert_serving(&mut client).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Budgets: each case runs beside a neighbour session (tests::siege) whose requests must all
+// succeed with a p99 under 50 ms, with the server in a memory cgroup where the host allows, its
+// RSS under the bound the case states, and its descriptors back to their baseline afterwards.
+// ---------------------------------------------------------------------------------------------
+
+/// `READ_FILE_MAX_BYTES`.
+const READ_FILE_MAX_BYTES: usize = 32 * 1024 * 1024;
+/// `MAX_INFLIGHT_BYTES_PER_CONNECTION`: requests and unwritten answers one connection holds.
+const MAX_INFLIGHT_BYTES_PER_CONNECTION: u64 = 160 * 1024 * 1024;
+/// `OUTBOUND_QUEUE_BYTES`: queued notifications per connection.
+const OUTBOUND_QUEUE_BYTES: u64 = 8 * 1024 * 1024;
+/// `MEMORY_BUDGET_BYTES`: requests and answers across all connections.
+const MEMORY_BUDGET_BYTES: u64 = 1024 * 1024 * 1024;
+/// `CONNECTION_MEMORY_ALLOWANCE`: what each connection holds outside the memory budget.
+const CONNECTION_MEMORY_ALLOWANCE: u64 = 2 * 1024 * 1024;
+/// Allocator slack, thread stacks and transient copies (an answer is serialized while its value
+/// still exists; the websocket writer copies a frame into its buffer).
+const RSS_SLACK: u64 = 64 * 1024 * 1024;
+/// How long a case watches the server under attack.
+const ATTACK_WINDOW: Duration = Duration::from_secs(3);
+
+fn kib(bytes: u64) -> u64 {
+    bytes / 1024
+}
+
+/// A raw websocket with `initialize` answered: the hostile client controls every byte.
+async fn raw_session(
+    server: &ExecServer,
+) -> (
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::net::tcp::OwnedWriteHalf,
+) {
+    let stream = raw_websocket(server.addr()).await;
+    let (mut reader, mut writer) = stream.into_split();
+    let init = r#"{"id":0,"method":"initialize","params":{"clientName":"hostile"}}"#;
+    writer
+        .write_all(&ws_frame(true, opcode::TEXT, init.as_bytes()))
+        .await
+        .unwrap();
+    let (_, answer) = tokio::time::timeout(DEADLINE, read_raw_frame(&mut reader))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        response_id(&answer),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    (reader, writer)
+}
+
+/// Watch for `window` (the attack is underway meanwhile; the siege samples RSS).
+async fn under_attack_for(window: Duration) {
+    tokio::time::sleep(window).await; // observation window, not a wait for a condition
+}
+
+fn big_file(dir: &Path) -> PathBuf {
+    let file = dir.join("32m");
+    std::fs::write(&file, garbage(11, READ_FILE_MAX_BYTES)).unwrap();
+    file
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_large_reads_of_a_client_that_stops_reading_hold_one_connection_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_uri(big_file(dir.path()));
+    let server = besieged_server(&[]);
+    let bound = MAX_INFLIGHT_BYTES_PER_CONNECTION + OUTBOUND_QUEUE_BYTES + RSS_SLACK;
+    let siege = Siege::begin(&server, "40 pipelined fs/readFile", bound * 3).await;
+    let (reader, mut writer) = raw_session(&server).await;
+    let frames: Vec<u8> = (1..=40)
+        .flat_map(|id| {
+            let request = json!({"id": id, "method": "fs/readFile", "params": {"path": file}});
+            ws_frame(true, opcode::TEXT, request.to_string().as_bytes())
+        })
+        .collect();
+    writer.write_all(&frames).await.unwrap();
+    under_attack_for(ATTACK_WINDOW).await;
+    drop((reader, writer));
+    siege
+        .end(&server)
+        .await
+        .assert_held("40 pipelined 32 MiB reads, never read", kib(bound));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_connections_of_large_reads_meet_the_server_memory_budget() {
+    const CONNECTIONS: u64 = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let file = file_uri(big_file(dir.path()));
+    let server = besieged_server(&[]);
+    // Eight connections could hold 8 x MAX_INFLIGHT_BYTES_PER_CONNECTION (1.25 GiB); the
+    // memory budget refuses what is past MEMORY_BUDGET_BYTES.
+    let bound = MEMORY_BUDGET_BYTES
+        + CONNECTIONS * (CONNECTION_MEMORY_ALLOWANCE + OUTBOUND_QUEUE_BYTES)
+        + RSS_SLACK;
+    let siege = Siege::begin(&server, "8 connections of reads", bound + RSS_SLACK).await;
+    let mut hostile = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (reader, mut writer) = raw_session(&server).await;
+        let frames: Vec<u8> = (1..=5)
+            .flat_map(|id| {
+                let request = json!({"id": id, "method": "fs/readFile", "params": {"path": file}});
+                ws_frame(true, opcode::TEXT, request.to_string().as_bytes())
+            })
+            .collect();
+        writer.write_all(&frames).await.unwrap();
+        hostile.push((reader, writer));
+    }
+    under_attack_for(ATTACK_WINDOW).await;
+    // A client asking for a large read now gets the file or a retryable refusal that names
+    // the budget, never a hang or a dead server.
+    let (mut reader, mut writer) = raw_session(&server).await;
+    let request = json!({"id": 1, "method": "fs/readFile", "params": {"path": file}});
+    writer
+        .write_all(&ws_frame(
+            true,
+            opcode::TEXT,
+            request.to_string().as_bytes(),
+        ))
+        .await
+        .unwrap();
+    let (_, answer) = tokio::time::timeout(DEADLINE, read_raw_frame(&mut reader))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    if let Some(error) = answer.get("error") {
+        assert_eq!(error["data"]["kind"], "limitExceeded", "{error}");
+        assert_eq!(error["data"]["retryable"], true, "{error}");
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap()
+                .contains("MEMORY_BUDGET_BYTES"),
+            "{error}"
+        );
+    } else {
+        assert_eq!(
+            answer["result"]["dataBase64"].as_str().unwrap().len(),
+            READ_FILE_MAX_BYTES.div_ceil(3) * 4
+        );
+    }
+    drop((reader, writer, hostile));
+    siege
+        .end(&server)
+        .await
+        .assert_held("8 connections x 5 pipelined 32 MiB reads", kib(bound));
+}
+
+/// Start `sleep` with a stdin nobody reads: writes to it block once the pipe is full.
+async fn blocked_stdin(client: &mut Client, id: &str) {
+    client
+        .start(id, &["/bin/sleep", "1000"], json!({"pipeStdin": true}))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_writes_hold_at_most_one_connection_budget_of_payload() {
+    const WRITES: usize = 12;
+    // Built before the siege starts: the test's own CPU work must not slow its neighbour.
+    let chunk = b64(vec![b'w'; 30 * 1024 * 1024]);
+    let frames: Vec<Vec<u8>> = (1..=WRITES)
+        .map(|id| {
+            let request = json!({"id": id, "method": "process/write",
+                                 "params": {"processId": "stuck", "chunk": chunk}});
+            ws_frame(true, opcode::TEXT, request.to_string().as_bytes())
+        })
+        .collect();
+    drop(chunk);
+    let server = besieged_server(&[]);
+    let bound = MAX_INFLIGHT_BYTES_PER_CONNECTION + RSS_SLACK;
+    let siege = Siege::begin(&server, "blocked writes", bound * 2).await;
+    let mut owner = server.connect().await;
+    let session = owner.initialize().await;
+    blocked_stdin(&mut owner, "stuck").await;
+    // The hostile connection resumes nothing; it writes to the same session's process from a
+    // second connection after the first detaches.
+    owner.close().await;
+    let stream = raw_websocket(server.addr()).await;
+    let (mut reader, mut writer) = stream.into_split();
+    let resume = json!({"id": 0, "method": "initialize",
+                        "params": {"clientName": "hostile", "resumeSessionId": session}});
+    let mut resumed = false;
+    let started = Instant::now();
+    while !resumed {
+        writer
+            .write_all(&ws_frame(true, opcode::TEXT, resume.to_string().as_bytes()))
+            .await
+            .unwrap();
+        let (_, answer) = tokio::time::timeout(DEADLINE, read_raw_frame(&mut reader))
+            .await
+            .unwrap()
+            .unwrap();
+        resumed = !String::from_utf8_lossy(&answer).contains("\"error\"");
+        assert!(started.elapsed() < DEADLINE, "cannot resume the session");
+    }
+    // 12 writes of 30 MiB each: the first fills the pipe and blocks, the rest wait behind it.
+    let upload = tokio::spawn(async move {
+        for frame in frames {
+            if writer.write_all(&frame).await.is_err() {
+                break;
+            }
+        }
+        writer
+    });
+    under_attack_for(ATTACK_WINDOW).await;
+    // Killing the process unblocks the writes; the connection then reads and answers the rest.
+    let mut killer = server.connect().await;
+    killer.initialize().await;
+    drop(killer);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(
+            *tests::descendants(server.pid())
+                .iter()
+                .find(|pid| tests::cmdline(**pid).starts_with("/bin/sleep 1000"))
+                .expect("the sleep"),
+        ),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let mut answered = HashSet::new();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while answered.len() < WRITES {
+            let (_, payload) = read_raw_frame(&mut reader).await.expect("connection open");
+            if let Some(id) = response_id(&payload) {
+                answered.insert(id);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("only {} of {WRITES} writes were answered", answered.len()));
+    drop(tokio::time::timeout(DEADLINE, upload).await);
+    drop(reader);
+    siege
+        .end(&server)
+        .await
+        .assert_held("12 blocked process/write of 30 MiB", kib(bound));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_write_ids_are_refused_before_any_work() {
+    // Built before the siege starts: the test's own CPU work must not slow its neighbour.
+    let long_id = "i".repeat(30 * 1024 * 1024);
+    let requests: Vec<(i64, String)> = (0..10)
+        .map(|n| {
+            let id = 1000 + n;
+            let request = json!({"id": id, "method": "process/write", "params":
+                {"processId": "cat", "chunk": b64("x\n"), "writeId": format!("{n}{long_id}")}});
+            (id, request.to_string())
+        })
+        .collect();
+    drop(long_id);
+    let server = besieged_server(&[]);
+    let siege = Siege::begin(&server, "long writeIds", 1024 * 1024 * 1024).await;
+    let mut client = server.client().await;
+    start_echo(&mut client, "cat").await;
+    for (id, request) in requests {
+        client.send_text(request).await;
+        let r = client.response(&json!(id)).await;
+        let error = assert_rpc_error(r, -32600, "limitExceeded");
+        assert!(error.message.contains("MAX_WRITE_ID_BYTES"), "{error:?}");
+        assert!(error.message.len() < 4096, "the id is not echoed back");
+    }
+    // Nothing was written: the echo holds only the valid write below.
+    client
+        .call(
+            "process/write",
+            json!({"processId": "cat", "chunk": b64("valid\n"), "writeId": "w-1"}),
+        )
+        .await;
+    let echoed = client.wait_for_output("cat", "valid\n").await;
+    assert_eq!(echoed, "valid\n");
+    client
+        .call(
+            "process/write",
+            json!({"processId": "cat", "chunk": "", "close": true}),
+        )
+        .await;
+    client.collect("cat").await;
+    client.close().await;
+    // Ten 30 MiB ids at rest were 696 MiB before; now nothing of them stays.
+    siege.end(&server).await.assert_held(
+        "ten 30 MiB writeIds",
+        kib(MAX_INFLIGHT_BYTES_PER_CONNECTION + RSS_SLACK),
+    );
 }

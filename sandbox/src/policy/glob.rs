@@ -39,6 +39,7 @@ pub fn is_glob(text: &str) -> bool {
 /// [`PolicyError::Glob`] when `max_depth` exceeds [`MAX_GLOB_SCAN_MAX_DEPTH`], or the pattern
 /// matches more than [`MAX_GLOB_MATCHES`] paths, or the walk would read more than
 /// [`MAX_GLOB_SCANNED_ENTRIES`] directory entries.
+#[cfg(test)]
 pub fn expand(pattern: &Path, max_depth: usize) -> Result<Vec<PathBuf>, PolicyError> {
     expand_within(pattern, max_depth, &mut GlobBudget::new())
 }

@@ -149,8 +149,8 @@ impl HelperPool {
         expired
     }
 
-    /// Run one request (`{"operation", "params"}` as JSON bytes) under `key`'s policy, on the
-    /// blocking pool within `budget`'s share.
+    /// Run one request (`{"operation", "params"}`) under `key`'s policy, on the blocking pool
+    /// within `budget`'s share (where it is also serialized).
     ///
     /// # Errors
     /// -32603 `helperFailed` when no helper can be started or it fails mid-request; -32600
@@ -159,7 +159,7 @@ impl HelperPool {
         self: &Arc<Self>,
         budget: &ConnectionBudget,
         key: PoolKey,
-        request: Vec<u8>,
+        request: Value,
     ) -> Result<HelperReply, RpcError> {
         let reused = if self.one_shot {
             None
@@ -176,6 +176,8 @@ impl HelperPool {
         let pool = self.clone();
         budget
             .blocking(move || {
+                let request = serde_json::to_vec(&request)
+                    .map_err(|e| RpcError::internal(format!("cannot encode the request: {e}")))?;
                 let mut helper = match start {
                     Start::Reused(helper) => helper,
                     Start::New(live, descriptors) => pool.spawn(&key.1, live, descriptors)?,
@@ -318,6 +320,9 @@ impl HelperPool {
                 "",
             )
         })?;
+        // A helper moves file contents for clients: CPU work that must not take the CPU from
+        // the async workers (it is single-threaded, so its pid names its only thread).
+        crate::sys::lower_thread_priority(child.id(), crate::cpu_pool::CPU_POOL_NICE);
         let stderr = Arc::new(Mutex::new(Vec::new()));
         if let Some(mut pipe) = child.stderr.take() {
             let sink = stderr.clone();

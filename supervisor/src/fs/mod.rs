@@ -23,7 +23,7 @@ use serde_json::Value;
 
 pub use handles::HandleTable;
 
-use crate::budget::ConnectionBudget;
+use crate::budget::{ConnectionBudget, MemoryCharge};
 use crate::rpc::connection::Connection;
 use crate::rpc::dispatch::to_value;
 use crate::session::Session;
@@ -75,7 +75,7 @@ async fn restricting_policy(
     }
     let sandboxing = sandboxing.clone();
     budget
-        .resolve(move || sandboxing.resolve(sandbox.as_ref()))
+        .cpu(move || sandboxing.resolve(sandbox.as_ref()))
         .await?
         .map_err(|e| RpcError::invalid_params(e.to_string()))
 }
@@ -89,6 +89,7 @@ pub async fn handle(
     session: &Session,
     method: &str,
     params: Option<Value>,
+    answer: &mut MemoryCharge,
 ) -> Result<Value, RpcError> {
     match method {
         methods::FS_READ_BLOCK => {
@@ -116,18 +117,29 @@ pub async fn handle(
         .cloned()
         .filter(|value| !value.is_null());
     let budget = &connection.budget;
+    // Moving megabytes (encoding a large file's contents, decoding a large write) is CPU work:
+    // it goes to the low-priority CPU pool, so it cannot take the CPU from quick requests.
+    let bulk = match method {
+        methods::FS_READ_FILE => back_read_file_answer(budget, &params, answer).await? > BULK_BYTES,
+        methods::FS_WRITE_FILE => params
+            .get("dataBase64")
+            .and_then(Value::as_str)
+            .is_some_and(|data| data.len() as u64 > BULK_BYTES),
+        _ => false,
+    };
     let outcome = match restricting_policy(budget, &connection.server.sandboxing, sandbox).await? {
         None => {
             let method = method.to_owned();
-            budget
-                .blocking(move || execute(&method, params, false))
-                .await??
+            let work = move || execute(&method, params, false);
+            if bulk {
+                budget.cpu(work).await??
+            } else {
+                budget.blocking(work).await??
+            }
         }
         Some(policy) => {
             let pool = &connection.server.helpers;
             let request = serde_json::json!({"operation": method, "params": params});
-            let request =
-                serde_json::to_vec(&request).map_err(|e| RpcError::internal(e.to_string()))?;
             let reply = pool
                 .call(budget, (session.id.clone(), policy), request)
                 .await?;
@@ -155,6 +167,34 @@ pub async fn handle(
             "a file was opened for a method other than fs/open",
         )),
     }
+}
+
+/// File contents past this size are encoded or decoded on the CPU pool (unsandboxed requests;
+/// sandboxed ones run in a helper, which runs at the CPU pool's priority).
+const BULK_BYTES: u64 = 1024 * 1024;
+
+/// Back the answer of an `fs/readFile` with memory for the file's current size (capped at
+/// `READ_FILE_MAX_BYTES`) before it is read; returns that size. The size is only used for this
+/// budget and for choosing where to do the work, never returned; a file that cannot be examined
+/// is budgeted as empty (its read will fail, or be backed when its answer is sent).
+async fn back_read_file_answer(
+    budget: &ConnectionBudget,
+    params: &Value,
+    answer: &mut MemoryCharge,
+) -> Result<u64, RpcError> {
+    let Some(path) = params
+        .get("path")
+        .and_then(Value::as_str)
+        .and_then(|uri| proto::FileUri::parse(uri).ok())
+    else {
+        return Ok(0);
+    };
+    let size = budget
+        .blocking(move || std::fs::metadata(path.as_path()).map_or(0, |meta| meta.len()))
+        .await?
+        .min(fs_helper::READ_FILE_MAX_BYTES);
+    answer.back(budget, crate::rpc::connection::content_answer_bytes(size))?;
+    Ok(size)
 }
 
 async fn read_block(

@@ -229,7 +229,11 @@ pub async fn read(
 ///
 /// # Errors
 /// Invalid base64 only.
-pub async fn write(session: &Session, params: WriteParams) -> Result<WriteResult, ProcessError> {
+pub async fn write(
+    session: &Session,
+    budget: &ConnectionBudget,
+    params: WriteParams,
+) -> Result<WriteResult, ProcessError> {
     if let Some(write_id) = &params.write_id
         && write_id.len() > MAX_WRITE_ID_BYTES
     {
@@ -240,9 +244,18 @@ pub async fn write(session: &Session, params: WriteParams) -> Result<WriteResult
             limit_name: "MAX_WRITE_ID_BYTES",
         });
     }
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(params.chunk.as_bytes())
-        .map_err(|error| ProcessError::InvalidBase64(error.to_string()))?;
+    let decode = |chunk: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(chunk.as_bytes())
+            .map_err(|error| ProcessError::InvalidBase64(error.to_string()))
+    };
+    // Decoding megabytes takes milliseconds: not on an async worker.
+    let data = if params.chunk.len() > LARGE_CHUNK_BYTES {
+        let chunk = params.chunk;
+        budget.cpu(move || decode(&chunk)).await??
+    } else {
+        decode(&params.chunk)?
+    };
     let status = match session.processes.lookup(&params.process_id) {
         Lookup::Missing => WriteStatus::UnknownProcess,
         Lookup::Starting => WriteStatus::Starting,
@@ -254,6 +267,9 @@ pub async fn write(session: &Session, params: WriteParams) -> Result<WriteResult
     };
     Ok(WriteResult { status })
 }
+
+/// `process/write` chunks larger than this (base64) are decoded on the blocking pool.
+const LARGE_CHUNK_BYTES: usize = 256 * 1024;
 
 /// `process/signal`.
 ///
@@ -328,7 +344,7 @@ async fn resolve_sandbox(
     let sandboxing = server.sandboxing.clone();
     let cwd = cwd.to_owned();
     budget
-        .resolve(move || {
+        .cpu(move || {
             directory_check(&cwd)?;
             let Some(policy) = sandboxing
                 .resolve(sandbox.as_ref())

@@ -84,20 +84,29 @@ impl Connection {
     /// connection's in-flight bytes, not for the server budget); one the server budget cannot
     /// take is replaced by a retryable `limitExceeded` error.
     pub async fn send_answer(&self, message: Message, mut charge: MemoryCharge) {
-        let text = match serde_json::to_string(&message) {
+        let id = match &message {
+            Message::Response(response) => Some(response.id.clone()),
+            Message::Error(error) => Some(error.id.clone()),
+            _ => None,
+        };
+        // A large answer (file contents) is serialized off the async workers.
+        let serialized = if is_large(&message) {
+            self.budget
+                .cpu(move || serde_json::to_string(&message))
+                .await
+                .map_err(|error| error.to_string())
+                .and_then(|text| text.map_err(|error| error.to_string()))
+        } else {
+            serde_json::to_string(&message).map_err(|error| error.to_string())
+        };
+        let text = match serialized {
             Ok(text) => text,
             Err(error) => {
                 tracing::error!(%error, "cannot serialize an outgoing message");
                 return;
             }
         };
-        let id = match &message {
-            Message::Response(response) => Some(response.id.clone()),
-            Message::Error(error) => Some(error.id.clone()),
-            _ => None,
-        };
-        drop(message);
-        let text = match self.budget.grow(&mut charge, text.len()) {
+        let text = match charge.back(&self.budget, text.len()) {
             Ok(()) => text,
             Err(error) => {
                 let refusal = RpcError::from(error);
@@ -134,6 +143,10 @@ pub enum OutboundFrame {
     /// Close with this code and reason (a websocket close frame; a relay reset).
     Close(CloseCode, String),
 }
+
+/// Messages (in or out) larger than this are parsed or serialized on the blocking pool: a few
+/// hundred microseconds of work at most stays on an async worker.
+const LARGE_MESSAGE_BYTES: usize = 256 * 1024;
 
 /// Serve one upgraded websocket until it closes.
 pub async fn serve<S>(websocket: WebSocketStream<S>, server: Arc<ServerState>)
@@ -327,6 +340,39 @@ async fn evicted(pending: &mut Option<PendingTicket>) {
     }
 }
 
+/// Whether `message` serializes to more than [`LARGE_MESSAGE_BYTES`] (roughly: the strings it
+/// holds; the walk stops as soon as the answer is known).
+fn is_large(message: &Message) -> bool {
+    fn size(value: &serde_json::Value, budget: &mut usize) {
+        if *budget == 0 {
+            return;
+        }
+        let own = match value {
+            serde_json::Value::String(text) => text.len(),
+            serde_json::Value::Array(items) => {
+                items.iter().for_each(|item| size(item, budget));
+                items.len()
+            }
+            serde_json::Value::Object(map) => {
+                map.iter().for_each(|(key, item)| {
+                    *budget = budget.saturating_sub(key.len());
+                    size(item, budget);
+                });
+                map.len()
+            }
+            _ => 8,
+        };
+        *budget = budget.saturating_sub(own);
+    }
+    let mut left = LARGE_MESSAGE_BYTES;
+    match message {
+        Message::Response(response) => size(&response.result, &mut left),
+        Message::Error(error) => left = left.saturating_sub(error.error.message.len()),
+        _ => {}
+    }
+    left == 0
+}
+
 /// Whether the reader goes on after a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flow {
@@ -340,14 +386,29 @@ async fn handle_payload(
     payload: Vec<u8>,
 ) -> Flow {
     let payload_bytes = payload.len();
-    let message = match Message::from_slice(&payload) {
+    // Parsing a large message takes milliseconds: not on an async worker.
+    let parsed = if payload_bytes > LARGE_MESSAGE_BYTES {
+        match connection
+            .budget
+            .cpu(move || Message::from_slice(&payload))
+            .await
+        {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                tracing::warn!(connection = connection.id, %error, "cannot parse a message");
+                return Flow::Close;
+            }
+        }
+    } else {
+        Message::from_slice(&payload)
+    };
+    let message = match parsed {
         Ok(message) => message,
         Err(error) => {
             connection.send(Message::Error(error.to_response())).await;
             return Flow::Continue;
         }
     };
-    drop(payload);
     match message {
         Message::Request(request) if request.method == proto::methods::INITIALIZE => {
             let id = request.id.clone();
@@ -377,13 +438,14 @@ async fn handle_payload(
             let Ok(slot) = slots.clone().acquire_owned().await else {
                 return Flow::Continue;
             };
-            // Reserve the payload's memory and the worst case of the answer before any work;
-            // waits (and so stops reading) while this connection's in-flight bytes are full.
+            // Count the payload and the worst case of the answer in this connection's in-flight
+            // bytes before any work (waiting, and so not reading, while they are full), and back
+            // the payload with memory now; the answer is backed once its size is known.
             let request_bytes = 2 * payload_bytes;
             let answer_bytes = answer_reservation(&request);
             let mut charge = match connection
                 .budget
-                .reserve(request_bytes + answer_bytes)
+                .reserve(request_bytes + answer_bytes, request_bytes)
                 .await
             {
                 Ok(charge) => charge,
@@ -436,28 +498,39 @@ async fn handle_payload(
     }
 }
 
-/// Bytes reserved for the answer of `request` before it runs: twice the largest answer its
-/// method can produce for the content-bearing methods (the answer is built once as a value and
-/// once as text), [`SMALL_RESPONSE_BYTES`] for the rest. `process/read` reserves more itself
+/// Bytes counted in flight for the answer of `request` before it runs: twice the largest answer
+/// its method can produce for the content-bearing methods (the answer is built once as a value
+/// and once as text), [`SMALL_RESPONSE_BYTES`] for the rest. `process/read` backs what it needs
 /// once it knows there is output to return; other answers that turn out larger draw on the
 /// budgets when they are sent.
-fn answer_reservation(request: &Request) -> usize {
-    let base64 = |bytes: usize| bytes.div_ceil(3) * 4;
-    let content = |bytes: usize| 2 * base64(bytes) + SMALL_RESPONSE_BYTES;
+pub(super) fn answer_reservation(request: &Request) -> usize {
     let params = request.params.as_ref();
     match request.method.as_str() {
-        proto::methods::FS_READ_FILE => content(READ_FILE_MAX_BYTES as usize),
-        proto::methods::FS_READ_BLOCK => content(READ_BLOCK_MAX_BYTES),
+        proto::methods::FS_READ_FILE => content_answer_bytes(READ_FILE_MAX_BYTES),
+        proto::methods::FS_READ_BLOCK => content_answer_bytes(
+            params
+                .and_then(|params| params.get("len"))
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0)
+                .min(READ_BLOCK_MAX_BYTES as u64),
+        ),
         proto::methods::HTTP_REQUEST
             if !params
                 .and_then(|params| params.get("streamResponse"))
                 .and_then(serde_json::Value::as_bool)
                 .unwrap_or(false) =>
         {
-            content(MAX_HTTP_RESPONSE_BODY_BYTES)
+            content_answer_bytes(MAX_HTTP_RESPONSE_BODY_BYTES as u64)
         }
         _ => SMALL_RESPONSE_BYTES,
     }
+}
+
+/// What an answer carrying `data` bytes as base64 costs while it is built: the base64 text
+/// once in the answer's value and once serialized, plus the rest of the answer.
+pub fn content_answer_bytes(data: u64) -> usize {
+    let base64 = usize::try_from(data.div_ceil(3) * 4).unwrap_or(usize::MAX / 4);
+    2 * base64 + SMALL_RESPONSE_BYTES
 }
 
 fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::Value, RpcError> {

@@ -24,10 +24,21 @@ pub async fn respond(
     connection: &Arc<Connection>,
     session: &Arc<Session>,
     request: Request,
-    request_charge: Option<MemoryCharge>,
+    request_charge: MemoryCharge,
     mut answer: MemoryCharge,
 ) {
     let Request { id, method, params } = request;
+    // Answers whose size is known from the request are backed before the work starts.
+    let known = match method.as_str() {
+        FS_READ_BLOCK | HTTP_REQUEST => answer.inflight_bytes(),
+        _ => 0,
+    };
+    if let Err(error) = answer.back(&connection.budget, known) {
+        connection
+            .send_answer(reply_message(id, Err(error.into())), answer)
+            .await;
+        return;
+    }
     if method == HTTP_REQUEST {
         let started = match parse_params(&method, params) {
             Ok(params) => http::request(&connection.server.http, &connection.http, params)
@@ -81,12 +92,7 @@ pub async fn dispatch(
         PROCESS_READ => {
             let params = parse_params(method, params)?;
             let mut closed = connection.closed.clone();
-            let reserve = |bytes: usize| {
-                connection
-                    .budget
-                    .overdraft(bytes)
-                    .map(|charge| answer.merge(charge))
-            };
+            let reserve = |bytes: usize| answer.back(&connection.budget, bytes);
             tokio::select! {
                 result = handlers::read(session, params, reserve) => to_value(result?),
                 _ = closed.wait_for(|closed| *closed) => Err(RpcError::invalid_request(
@@ -95,7 +101,9 @@ pub async fn dispatch(
                 )),
             }
         }
-        PROCESS_WRITE => to_value(handlers::write(session, parse_params(method, params)?).await?),
+        PROCESS_WRITE => to_value(
+            handlers::write(session, &connection.budget, parse_params(method, params)?).await?,
+        ),
         PROCESS_SIGNAL => to_value(handlers::signal(session, parse_params(method, params)?)?),
         PROCESS_RESIZE => {
             handlers::resize(session, parse_params(method, params)?)?;
@@ -107,7 +115,7 @@ pub async fn dispatch(
             to_value(environment::info(&connection.server.environment).await)
         }
         method if method.starts_with("fs/") => {
-            fs::handle(connection, session, method, params).await
+            fs::handle(connection, session, method, params, answer).await
         }
         _ => Err(RpcError::method_not_found(method)),
     }
