@@ -1246,3 +1246,127 @@ async fn long_write_ids_are_refused_before_any_work() {
         kib(MAX_INFLIGHT_BYTES_PER_CONNECTION + RSS_SLACK),
     );
 }
+
+/// `MAX_PENDING_CONNECTIONS`: connections not yet initialized, server-wide.
+const MAX_PENDING_CONNECTIONS: usize = 64;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sockets_cannot_lock_out_clients_that_speak() {
+    // The number: 1,030 silent sockets filled every slot of the old server.
+    const SILENT: usize = 1030;
+    let server = besieged_server(&[]);
+    let siege = Siege::begin(&server, "silent sockets", 512 * 1024 * 1024).await;
+    let mut silent = Vec::with_capacity(SILENT);
+    for _ in 0..SILENT {
+        silent.push(tokio::net::TcpStream::connect(server.addr()).await.unwrap());
+    }
+    // Far more silent sockets than the pending pool holds: a new client still gets in, again
+    // and again, while they stay connected.
+    assert!(SILENT > 10 * MAX_PENDING_CONNECTIONS);
+    for _ in 0..5 {
+        let started = Instant::now();
+        let mut client = server.client().await;
+        assert_serving(&mut client).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "a speaking client waited {:?} behind silent sockets",
+            started.elapsed()
+        );
+        client.close().await;
+    }
+    // The server holds at most the pending pool of them; the rest were closed (oldest first).
+    let mut closed = 0;
+    for stream in &mut silent {
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(1), stream.read(&mut byte)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= SILENT - MAX_PENDING_CONNECTIONS - 5,
+        "only {closed} of {SILENT} silent sockets were closed"
+    );
+    drop(silent);
+    siege
+        .end(&server)
+        .await
+        .assert_held("1,030 silent sockets", 64 * 1024);
+}
+
+#[tokio::test]
+async fn a_client_name_cannot_forge_log_lines_or_reach_the_terminal() {
+    let server = server();
+    let forged = "2026-01-01T00:00:00.000000Z  INFO supervisor::server: forged line";
+    let name = format!("evil\n{forged}\r\u{1b}]0;pwned\u{7}\u{9b}31m");
+    let mut client = server.connect().await;
+    client.call("initialize", json!({"clientName": name})).await;
+    assert_serving(&mut client).await;
+    client.close().await;
+    let log = server.stderr();
+    assert!(
+        log.lines().any(|line| line.contains("forged line")),
+        "the name is logged (escaped): {log}"
+    );
+    assert!(
+        !log.lines().any(|line| line.starts_with(forged)),
+        "a clientName forged a log line: {log}"
+    );
+    assert!(
+        !log.contains("\u{1b}]"),
+        "an OSC sequence reached the log: {log:?}"
+    );
+    assert!(!log.contains('\u{9b}'), "a C1 CSI reached the log: {log:?}");
+    // Past MAX_CLIENT_NAME_BYTES the name is refused, not logged.
+    let mut long = server.connect().await;
+    let r = long
+        .request("initialize", json!({"clientName": "n".repeat(10_000)}))
+        .await;
+    let error = assert_rpc_error(r, -32600, "limitExceeded");
+    assert!(error.message.contains("MAX_CLIENT_NAME_BYTES"), "{error:?}");
+    assert!(!server.stderr().contains(&"n".repeat(300)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_path_and_environment_are_refused_before_any_search() {
+    let server = besieged_server(&[]);
+    let siege = Siege::begin(&server, "huge PATH", 512 * 1024 * 1024).await;
+    let mut client = server.client().await;
+    // 6 MB of PATH entries (the attack stalled every session for 7.6 s): refused as an
+    // oversized environment value, without echoing it.
+    let huge: String = (0..600_000)
+        .map(|n| format!("/x{n:07}:"))
+        .collect::<String>();
+    for (id, path, limit) in [
+        ("huge", huge.as_str(), "MAX_ARG_BYTES"),
+        ("long", &huge[..64 * 1024], "MAX_PATH_SEARCH_BYTES"),
+    ] {
+        let started = Instant::now();
+        let r = client
+            .start(id, &["no-such-program"], json!({"env": {"PATH": path}}))
+            .await;
+        let error = assert_rpc_error(r, -32600, "limitExceeded");
+        assert!(error.message.contains(limit), "{error:?}");
+        assert!(error.message.len() < 4096, "the PATH is not echoed back");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "refusing took {:?}",
+            started.elapsed()
+        );
+    }
+    // A PATH under the caps is searched as before.
+    let out = client
+        .run(
+            "ok",
+            &["true"],
+            json!({"env": {"PATH": "/usr/bin:/bin:/usr/bin"}}),
+        )
+        .await;
+    assert_eq!(out.exit_code, Some(0));
+    client.close().await;
+    siege.end(&server).await.assert_held(
+        "6 MB PATH",
+        kib(MAX_INFLIGHT_BYTES_PER_CONNECTION + RSS_SLACK),
+    );
+}
