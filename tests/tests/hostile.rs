@@ -1370,3 +1370,105 @@ async fn huge_path_and_environment_are_refused_before_any_search() {
         kib(MAX_INFLIGHT_BYTES_PER_CONNECTION + RSS_SLACK),
     );
 }
+
+/// Start a server with an open-file limit of `limit` (and at the siege's priority).
+fn server_with_open_file_limit(limit: u64) -> ExecServer {
+    ExecServer::start_with(&["--listen", "ws://127.0.0.1:0"], move |command| {
+        tests::siege::isolate_from_host_load(command);
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: setrlimit in the child between fork and exec; async-signal-safe.
+        unsafe {
+            command.pre_exec(move || {
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_NOFILE,
+                    limit,
+                    limit,
+                )
+                .map_err(std::io::Error::from)
+            });
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handles_of_many_connections_meet_the_global_descriptor_budget() {
+    // 4096 descriptors: the client budget is what DESCRIPTOR_RESERVE (2048) and one per possible
+    // connection leave, about 1450; 16 connections of MAX_OPEN_HANDLES (128) ask for 2048.
+    const CONNECTIONS: usize = 16;
+    const HANDLES: usize = 128;
+    let server = server_with_open_file_limit(4096);
+    let siege = Siege::begin(&server, "handles", 512 * 1024 * 1024).await;
+    let mut hostile = Vec::new();
+    let (mut opened, mut refused) = (0, 0);
+    for _ in 0..CONNECTIONS {
+        let (mut reader, mut writer) = raw_session(&server).await;
+        let frames: Vec<u8> = (1..=HANDLES)
+            .flat_map(|id| {
+                let request = json!({"id": id, "method": "fs/open",
+                                     "params": {"handleId": format!("h{id}"), "path": "file:///etc/hostname"}});
+                ws_frame(true, opcode::TEXT, request.to_string().as_bytes())
+            })
+            .collect();
+        writer.write_all(&frames).await.unwrap();
+        let mut answered = 0;
+        while answered < HANDLES {
+            let (_, payload) = tokio::time::timeout(DEADLINE, read_raw_frame(&mut reader))
+                .await
+                .expect("fs/open answered")
+                .expect("connection open");
+            let answer: Value = serde_json::from_slice(&payload).unwrap();
+            if answer.get("id").is_none() {
+                continue;
+            }
+            answered += 1;
+            match answer.get("error") {
+                None => opened += 1,
+                Some(error) => {
+                    assert_eq!(error["data"]["kind"], "limitExceeded", "{error}");
+                    assert_eq!(error["data"]["retryable"], true, "{error}");
+                    refused += 1;
+                }
+            }
+        }
+        hostile.push((reader, writer));
+    }
+    assert!(
+        refused > 0 && opened < CONNECTIONS * HANDLES,
+        "{opened} opened, {refused} refused"
+    );
+    assert!(opened >= 1000, "only {opened} handles opened");
+    eprintln!("fs/open: {opened} handles opened, {refused} refused");
+    // With the client budget spent, the server still accepts, initializes and reads files
+    // (the reserve); a spawn is refused with a retryable error, never EMFILE.
+    let mut other = server.client().await;
+    assert_serving(&mut other).await;
+    let r = other.start("late", &["/bin/true"], json!({})).await;
+    if let Err(error) = &r {
+        assert_eq!(
+            error.kind(),
+            Some(proto::error::ErrorKind::LimitExceeded),
+            "{error:?}"
+        );
+    }
+    drop(hostile);
+    // The handles go with their connections: processes start again.
+    let started = Instant::now();
+    loop {
+        match other.start("after", &["/bin/true"], json!({})).await {
+            Ok(_) => break,
+            Err(error) => {
+                assert!(
+                    started.elapsed() < DEADLINE,
+                    "spawns stay refused: {error:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await; // retry interval
+            }
+        }
+    }
+    other.collect("after").await;
+    other.close().await;
+    siege
+        .end(&server)
+        .await
+        .assert_held("16 connections x 128 handles", 64 * 1024);
+}
