@@ -1472,3 +1472,72 @@ async fn handles_of_many_connections_meet_the_global_descriptor_budget() {
         .await
         .assert_held("16 connections x 128 handles", 64 * 1024);
 }
+
+/// `MAX_LIVE_HELPERS`: fs-helpers alive at once, idle ones included.
+const MAX_LIVE_HELPERS: usize = 64;
+
+fn live_helpers(server: &ExecServer) -> usize {
+    tests::descendants(server.pid())
+        .into_iter()
+        .filter(|pid| tests::cmdline(*pid).contains("fs-helper"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_policies_in_two_sessions_keep_helpers_within_the_global_cap() {
+    // The case: 100 policies in each of 2 sessions left 200 helpers alive.
+    const POLICIES: usize = 100;
+    let dirs: Vec<tempfile::TempDir> = (0..POLICIES)
+        .map(|_| tempfile::tempdir().unwrap())
+        .collect();
+    let server = besieged_server(&[]);
+    let siege = Siege::begin(&server, "many policies", 1024 * 1024 * 1024).await;
+    let mut sessions = vec![server.client().await, server.client().await];
+    let mut most = 0;
+    for (n, dir) in dirs.iter().enumerate() {
+        for client in &mut sessions {
+            // A policy of its own per directory: its writable roots differ.
+            let sandbox = json!({"profile": "workspace-write", "cwd": file_uri(dir.path()),
+                                 "writableRoots": [file_uri(dir.path())], "excludeSlashTmp": true,
+                                 "excludeTmpdirEnvVar": true});
+            client
+                .call(
+                    "fs/writeFile",
+                    json!({"path": file_uri(dir.path().join("f")), "dataBase64": b64("x"),
+                           "sandbox": sandbox}),
+                )
+                .await;
+        }
+        if n % 10 == 9 {
+            let live = live_helpers(&server);
+            most = most.max(live);
+            assert!(
+                live <= MAX_LIVE_HELPERS,
+                "{live} helpers alive after {} policies in 2 sessions",
+                n + 1
+            );
+        }
+    }
+    eprintln!(
+        "helpers alive at most {most} (sampled) for {} policies",
+        2 * POLICIES
+    );
+    assert!(most > 0, "the requests ran in helpers");
+    // A session's helpers are retired with it.
+    for client in sessions {
+        client.close().await;
+    }
+    let started = Instant::now();
+    while live_helpers(&server) > 0 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{} helpers outlive their sessions",
+            live_helpers(&server)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await; // polling interval
+    }
+    siege
+        .end(&server)
+        .await
+        .assert_held("100 policies x 2 sessions", 64 * 1024);
+}
