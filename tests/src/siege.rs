@@ -374,8 +374,12 @@ impl Drop for MemoryCgroup {
     }
 }
 
+/// One siege at a time in a test binary: two attacks at once would measure each other.
+static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
 /// One hostile case around a server: a neighbour, the server's RSS and descriptors watched.
 pub struct Siege {
+    _turn: tokio::sync::SemaphorePermit<'static>,
     neighbour: Neighbour,
     rss: PeakRss,
     rss_before: u64,
@@ -405,6 +409,10 @@ impl Siege {
     /// Put the server in a memory cgroup of `memory_limit_bytes` (when the host allows), start
     /// a neighbour, and take the baselines.
     pub async fn begin(server: &ExecServer, what: &'static str, memory_limit_bytes: u64) -> Siege {
+        let turn = ONE_AT_A_TIME
+            .acquire()
+            .await
+            .expect("the siege semaphore is never closed");
         let cgroup = MemoryCgroup::try_new("hostile", memory_limit_bytes);
         if let Some(group) = &cgroup {
             group.add(server.pid());
@@ -415,6 +423,7 @@ impl Siege {
         let fds_before = fd_count(server.pid());
         let rss_before = rss_kib(server.pid());
         Siege {
+            _turn: turn,
             neighbour,
             rss: PeakRss::start(server.pid()),
             rss_before,

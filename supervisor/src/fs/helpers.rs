@@ -205,7 +205,7 @@ impl HelperPool {
     }
 
     /// A place for one more helper: a free one, else the least recently used idle helper's
-    /// (retired in the background), else wait until a busy helper is done.
+    /// (once it has exited: the cap counts processes), else wait until a busy helper is done.
     async fn live_slot(&self) -> Result<OwnedSemaphorePermit, RpcError> {
         if let Ok(permit) = self.live.clone().try_acquire_owned() {
             return Ok(permit);
@@ -213,7 +213,9 @@ impl HelperPool {
         if let Some(mut victim) = self.take_least_recently_used()
             && let Some(permit) = victim.live.take()
         {
-            tokio::task::spawn_blocking(move || victim.retire());
+            tokio::task::spawn_blocking(move || victim.retire())
+                .await
+                .map_err(|e| helper_failed(&format!("retiring an idle helper: {e}"), ""))?;
             return Ok(permit);
         }
         self.live
