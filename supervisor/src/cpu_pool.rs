@@ -7,7 +7,8 @@
 //! workers first. There are as many threads as cores (at most [`MAX_CPU_POOL_THREADS`]), so
 //! CPU-bound requests beyond that wait in a queue instead of multiplying threads.
 //!
-//! Never run anything here that starts a process: children inherit the thread's priority.
+//! Never run anything here that starts a process: children inherit the thread's priority, nor
+//! free large buffers here: hand them back to be freed with [`free_off_runtime`].
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -107,6 +108,18 @@ impl CpuPool {
             Err(_) => Err(CpuPoolError::Closed),
         }
     }
+}
+
+/// Free `value` (a large buffer) on tokio's blocking pool, at the server's own priority, and
+/// give the memory back to the system ([`crate::sys::release_free_memory`]): not on an async
+/// worker (that takes milliseconds) and not on a [`CpuPool`] thread, where the kernel's lock on
+/// the address space would be held by a low-priority thread that the host's other work can
+/// keep off the CPU while every server thread waits for that lock.
+pub fn free_off_runtime<T: Send + 'static>(value: T) {
+    drop(tokio::task::spawn_blocking(move || {
+        drop(value);
+        crate::sys::release_free_memory();
+    }));
 }
 
 impl Default for CpuPool {

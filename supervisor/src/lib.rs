@@ -32,7 +32,6 @@ pub mod sandboxing;
 pub mod server;
 pub mod session;
 mod sys;
-pub use sys::return_large_allocations_to_the_system;
 pub mod transport;
 pub mod untrusted;
 

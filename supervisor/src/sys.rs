@@ -244,21 +244,18 @@ pub fn lower_thread_priority(tid: libc::id_t, nice: libc::c_int) -> bool {
     unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) == 0 }
 }
 
-/// Allocations of at least this many bytes get their own mapping, unmapped when freed.
-const LARGE_ALLOCATION_MMAP_BYTES: libc::c_int = 1024 * 1024;
-
-/// Make the allocator give large buffers (messages, file contents) back to the system when they
-/// are freed. glibc otherwise raises its mmap threshold after the first large free (up to 32
-/// MiB), so later buffers of a few MiB come from per-thread arenas that keep their memory: after
-/// a burst of large requests the server's RSS stays at the sum of the arenas' peaks instead of
-/// falling back, and the memory budget stops describing what the process holds. Setting the
-/// threshold fixes it at [`LARGE_ALLOCATION_MMAP_BYTES`]. Call once, before threads start.
-/// Whether it took effect (always false off glibc).
-pub fn return_large_allocations_to_the_system() -> bool {
+/// Give the allocator's free memory back to the system, now: after a large buffer was freed,
+/// glibc keeps it in the freeing thread's arena (above its mmap threshold, which it raises
+/// after the first large free), so a burst of large requests would leave the server's RSS at
+/// the sum of the arenas' peaks and the memory budget would stop describing the process.
+/// `malloc_trim` returns free pages with `madvise`, under the address space's read lock (unlike
+/// `munmap`, which would make every thread's page faults wait). Blocking: call it on the
+/// blocking pool. Whether memory was released (always false off glibc).
+pub fn release_free_memory() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        // SAFETY: mallopt only changes the allocator's tuning; called before other threads run.
-        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE_ALLOCATION_MMAP_BYTES) == 1 }
+        // SAFETY: malloc_trim only releases memory the allocator holds free.
+        unsafe { libc::malloc_trim(0) == 1 }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {

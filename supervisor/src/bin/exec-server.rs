@@ -19,9 +19,6 @@ fn main() -> ExitCode {
         };
     }
     supervisor::cli::init_logging();
-    if !supervisor::return_large_allocations_to_the_system() {
-        tracing::debug!("the allocator keeps freed large buffers (not glibc)");
-    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

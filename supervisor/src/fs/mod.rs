@@ -117,25 +117,17 @@ pub async fn handle(
         .cloned()
         .filter(|value| !value.is_null());
     let budget = &connection.budget;
-    // Moving megabytes (encoding a large file's contents, decoding a large write) is CPU work:
-    // it goes to the low-priority CPU pool, so it cannot take the CPU from quick requests.
-    let bulk = match method {
-        methods::FS_READ_FILE => back_read_file_answer(budget, &params, answer).await? > BULK_BYTES,
-        methods::FS_WRITE_FILE => params
-            .get("dataBase64")
-            .and_then(Value::as_str)
-            .is_some_and(|data| data.len() as u64 > BULK_BYTES),
-        _ => false,
-    };
+    if method == methods::FS_READ_FILE {
+        back_read_file_answer(budget, &params, answer).await?;
+    }
     let outcome = match restricting_policy(budget, &connection.server.sandboxing, sandbox).await? {
         None => {
             let method = method.to_owned();
-            let work = move || execute(&method, params, false);
-            if bulk {
-                budget.cpu(work).await??
-            } else {
-                budget.blocking(work).await??
-            }
+            // On the blocking pool even when it moves megabytes: it frees them too, and a
+            // low-priority thread must not hold the address space's lock (see cpu_pool).
+            budget
+                .blocking(move || execute(&method, params, false))
+                .await??
         }
         Some(policy) => {
             let pool = &connection.server.helpers;
@@ -169,32 +161,28 @@ pub async fn handle(
     }
 }
 
-/// File contents past this size are encoded or decoded on the CPU pool (unsandboxed requests;
-/// sandboxed ones run in a helper, which runs at the CPU pool's priority).
-const BULK_BYTES: u64 = 1024 * 1024;
-
 /// Back the answer of an `fs/readFile` with memory for the file's current size (capped at
-/// `READ_FILE_MAX_BYTES`) before it is read; returns that size. The size is only used for this
-/// budget and for choosing where to do the work, never returned; a file that cannot be examined
+/// `READ_FILE_MAX_BYTES`) before it is read. The size is only used for this budget, never
+/// returned; a file that cannot be examined
 /// is budgeted as empty (its read will fail, or be backed when its answer is sent).
 async fn back_read_file_answer(
     budget: &ConnectionBudget,
     params: &Value,
     answer: &mut MemoryCharge,
-) -> Result<u64, RpcError> {
+) -> Result<(), RpcError> {
     let Some(path) = params
         .get("path")
         .and_then(Value::as_str)
         .and_then(|uri| proto::FileUri::parse(uri).ok())
     else {
-        return Ok(0);
+        return Ok(());
     };
     let size = budget
         .blocking(move || std::fs::metadata(path.as_path()).map_or(0, |meta| meta.len()))
         .await?
         .min(fs_helper::READ_FILE_MAX_BYTES);
     answer.back(budget, crate::rpc::connection::content_answer_bytes(size))?;
-    Ok(size)
+    Ok(())
 }
 
 async fn read_block(

@@ -252,7 +252,9 @@ pub async fn write(
     // Decoding megabytes takes milliseconds: not on an async worker.
     let data = if params.chunk.len() > LARGE_CHUNK_BYTES {
         let chunk = params.chunk;
-        budget.cpu(move || decode(&chunk)).await??
+        let (data, chunk) = budget.cpu(move || (decode(&chunk), chunk)).await?;
+        crate::cpu_pool::free_off_runtime(chunk);
+        data?
     } else {
         decode(&params.chunk)?
     };

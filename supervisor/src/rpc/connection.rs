@@ -92,10 +92,16 @@ impl Connection {
         // A large answer (file contents) is serialized off the async workers.
         let serialized = if is_large(&message) {
             self.budget
-                .cpu(move || serde_json::to_string(&message))
+                .cpu(move || {
+                    let text = serde_json::to_string(&message);
+                    (text, message)
+                })
                 .await
                 .map_err(|error| error.to_string())
-                .and_then(|text| text.map_err(|error| error.to_string()))
+                .and_then(|(text, message)| {
+                    crate::cpu_pool::free_off_runtime(message);
+                    text.map_err(|error| error.to_string())
+                })
         } else {
             serde_json::to_string(&message).map_err(|error| error.to_string())
         };
@@ -390,10 +396,13 @@ async fn handle_payload(
     let parsed = if payload_bytes > LARGE_MESSAGE_BYTES {
         match connection
             .budget
-            .cpu(move || Message::from_slice(&payload))
+            .cpu(move || (Message::from_slice(&payload), payload))
             .await
         {
-            Ok(parsed) => parsed,
+            Ok((parsed, payload)) => {
+                crate::cpu_pool::free_off_runtime(payload);
+                parsed
+            }
             Err(error) => {
                 tracing::warn!(connection = connection.id, %error, "cannot parse a message");
                 return Flow::Close;
