@@ -1,5 +1,5 @@
-//! A hostile client's case run against a real server beside a neighbour: the pieces the hostile
-//! suite (`tests/tests/hostile.rs`) and the `load` binary share.
+//! A hostile client's case run against a real server beside a neighbour, for the hostile suite
+//! (`tests/tests/hostile.rs`); the `load` binary does not use it yet.
 //!
 //! - [`Neighbour`]: an ordinary session with its own connection and a live `cat`, keeping a
 //!   request loop going (`fs/getMetadata`, a small `fs/readFile`, `process/write` and
