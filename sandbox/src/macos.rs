@@ -18,6 +18,10 @@ pub const BASE_SBPL: &str = include_str!("../../policies/macos/base.sbpl");
 /// Appended when the network is allowed (`policies/macos/network.sbpl`).
 pub const NETWORK_SBPL: &str = include_str!("../../policies/macos/network.sbpl");
 
+/// Appended when the network is an allowlist (`policies/macos/egress.sbpl`), with
+/// `EGRESS_PORT` replaced by the egress proxy's port.
+pub const EGRESS_SBPL: &str = include_str!("../../policies/macos/egress.sbpl");
+
 /// A profile and the parameter values it refers to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeatbeltProfile {
@@ -42,8 +46,19 @@ impl SeatbeltProfile {
     }
 }
 
-/// Builds the Seatbelt profile for `policy`. `None` when the policy restricts nothing.
+/// Builds the Seatbelt profile for `policy`. `None` when the policy restricts nothing. A
+/// network allowlist gets no network here (its proxy's port is not known yet): see
+/// [`seatbelt_profile_with_egress`].
 pub fn seatbelt_profile(policy: &ResolvedPolicy) -> Option<SeatbeltProfile> {
+    seatbelt_profile_with_egress(policy, None)
+}
+
+/// [`seatbelt_profile`] for a command whose egress proxy listens on loopback `egress_port`:
+/// with a network allowlist, that port is the only network destination allowed.
+pub fn seatbelt_profile_with_egress(
+    policy: &ResolvedPolicy,
+    egress_port: Option<u16>,
+) -> Option<SeatbeltProfile> {
     if policy.is_unrestricted() {
         return None;
     }
@@ -69,11 +84,49 @@ pub fn seatbelt_profile(policy: &ResolvedPolicy) -> Option<SeatbeltProfile> {
     } else {
         text.push_str("\n(allow file-read* file-write*)\n");
     }
-    if policy.network_allowed() {
+    if policy.network_fully_on() {
         text.push('\n');
         text.push_str(NETWORK_SBPL);
+    } else if let (Some(_), Some(port)) = (policy.egress(), egress_port) {
+        text.push('\n');
+        text.push_str(&EGRESS_SBPL.replace("EGRESS_PORT", &port.to_string()));
     }
+    protections(policy, &mut text, &mut params);
     Some(SeatbeltProfile { text, params })
+}
+
+/// The supervisor's protections, last so they win over the allows above: hidden paths are
+/// neither readable nor writable, read-only paths not writable, denied ports not reachable.
+fn protections(policy: &ResolvedPolicy, text: &mut String, params: &mut Vec<(String, PathBuf)>) {
+    if policy.hidden_paths().is_empty()
+        && policy.read_only_paths().is_empty()
+        && policy.denied_tcp_ports.is_empty()
+    {
+        return;
+    }
+    text.push_str("\n; The supervisor's own files, binaries and port.\n");
+    for (index, path) in policy.hidden_paths().iter().enumerate() {
+        let name = format!("HIDDEN_{index}");
+        params.push((name.clone(), path.clone()));
+        text.push_str(&format!(
+            "(deny file-read* file-write* (subpath (param \"{name}\")))\n"
+        ));
+    }
+    for (index, path) in policy.read_only_paths().iter().enumerate() {
+        let name = format!("READ_ONLY_{index}");
+        params.push((name.clone(), path.clone()));
+        text.push_str(&format!(
+            "(deny file-write* (subpath (param \"{name}\")))\n"
+        ));
+    }
+    if policy.network_allowed() {
+        // Port numbers are integers, not paths: nothing a client names reaches the text.
+        for port in &policy.denied_tcp_ports {
+            text.push_str(&format!(
+                "(deny network-outbound (remote tcp \"*:{port}\"))\n"
+            ));
+        }
+    }
 }
 
 /// Params for the deeper rules under `rule` whose access matches `narrower`.

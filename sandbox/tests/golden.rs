@@ -46,7 +46,11 @@ fn render(spec: &SandboxSpec, ws: &Path) -> String {
     let ctx = ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
     };
-    let policy = spec.resolve_with(&ctx).unwrap();
+    render_policy(&spec.resolve_with(&ctx).unwrap(), ws)
+}
+
+fn render_policy(policy: &sandbox::ResolvedPolicy, ws: &Path) -> String {
+    let policy = policy.clone();
     let mut out = String::from("# resolved rules\n");
     for rule in policy.rules() {
         out.push_str(&format!("{:?} {}\n", rule.access, rule.path.display()));
@@ -56,6 +60,15 @@ fn render(spec: &SandboxSpec, ws: &Path) -> String {
         policy.restricts_filesystem(),
         policy.network_allowed()
     ));
+    for path in policy.hidden_paths() {
+        out.push_str(&format!("hidden {}\n", path.display()));
+    }
+    for path in policy.read_only_paths() {
+        out.push_str(&format!("read-only {}\n", path.display()));
+    }
+    for port in &policy.denied_tcp_ports {
+        out.push_str(&format!("denied tcp port {port}\n"));
+    }
     #[cfg(target_os = "linux")]
     {
         use sandbox::linux::{command_layout, landlock, mounts};
@@ -118,6 +131,58 @@ fn permissions_profile_with_deny_golden() {
     });
     let spec: SandboxSpec = serde_json::from_value(json).unwrap();
     golden("permissions-deny.txt", &render(&spec, &ws));
+}
+
+#[test]
+fn supervisor_protections_golden() {
+    let (_dir, ws) = workspace();
+    std::fs::create_dir(ws.join("tools")).unwrap();
+    std::fs::write(ws.join("token"), "t").unwrap();
+    let ctx = ResolveContext {
+        tmpdir: Some(PathBuf::from("/var/tmp")),
+    };
+    let json = serde_json::json!({
+        "profile": "workspace-write", "cwd": ws.display().to_string(), "networkAccess": true,
+    });
+    let spec: SandboxSpec = serde_json::from_value(json).unwrap();
+    let policy = spec
+        .resolve_with(&ctx)
+        .unwrap()
+        .with_hidden_path(&ws.join("token"))
+        .with_read_only_path(&ws.join("tools"))
+        .with_denied_tcp_port(4000);
+    golden("supervisor-protections.txt", &render_policy(&policy, &ws));
+}
+
+#[test]
+fn network_allowlist_golden() {
+    let (_dir, ws) = workspace();
+    let json = serde_json::json!({
+        "profile": "workspace-write", "cwd": ws.display().to_string(),
+        "network": {"allow": ["pypi.org", "*.crates.io", "127.0.0.1:8080"], "deny": ["evil.crates.io"]},
+    });
+    let spec: SandboxSpec = serde_json::from_value(json).unwrap();
+    let ctx = ResolveContext {
+        tmpdir: Some(PathBuf::from("/var/tmp")),
+    };
+    let policy = spec.resolve_with(&ctx).unwrap().with_denied_tcp_port(4000);
+    let mut out = format!(
+        "# network
+{}
+
+",
+        serde_json::to_string_pretty(&policy.network).unwrap()
+    );
+    out.push_str(
+        "# seatbelt with the egress proxy on loopback port 41000
+",
+    );
+    let profile = sandbox::macos::seatbelt_profile_with_egress(&policy, Some(41000)).unwrap();
+    out.push_str(&profile.text);
+    golden(
+        "network-allowlist.txt",
+        &out.replace(&ws.display().to_string(), "$WS"),
+    );
 }
 
 #[cfg(target_os = "linux")]

@@ -43,15 +43,44 @@ pub struct Cli {
     #[arg(long)]
     pub one_shot_helpers: bool,
 
+    /// Limits of every process/start that does not set its own, as comma-separated NAME=VALUE
+    /// items: memoryBytes, processes, cpuSeconds, wallSeconds, fileSizeBytes, openFiles (byte
+    /// sizes may end in K, M or G), and optionally bestEffort. The server refuses to start when
+    /// one cannot be enforced here (unless bestEffort). Example:
+    /// memoryBytes=4G,processes=1024,wallSeconds=3600
+    #[arg(long, value_name = "LIST", value_parser = parse_default_limits)]
+    pub default_limits: Option<proto::methods::process::Limits>,
+
+    /// Do not use cgroups: track process trees by process group (the server becomes a child
+    /// subreaper) and enforce limits with rlimits only, as on a host without cgroup access. For
+    /// comparison and for hosts where creating cgroups is unwanted.
+    #[arg(long)]
+    pub no_cgroups: bool,
+
     /// Seconds a detached session (its connection lost) keeps its processes for a resume.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::limits::DETACHED_SESSION_TTL.as_secs_f64())]
     pub detached_session_ttl: f64,
 
-    /// Remote mode: register with the registry at this URL (http://HOST:PORT) and serve harness
-    /// streams through the rendezvous it names, beside the local listener. The bearer token is
-    /// read from $EXECWARD_REGISTRY_TOKEN. See docs/remote.md.
-    #[arg(long, value_name = "URL", requires = "environment_id")]
+    /// Remote mode: register with the registry at this URL (https://HOST:PORT, or http:// on
+    /// loopback only) and serve harness streams through the rendezvous it names, beside the
+    /// local listener. The executor credential is --token-file's content or else
+    /// $EXECWARD_EXECUTOR_TOKEN. See docs/remote.md.
+    #[arg(long, value_name = "URL", requires_all = ["environment_id", "identity_file"])]
     pub remote: Option<String>,
+
+    /// Remote mode: the executor's persistent Noise key, created (mode 0600) if missing. The
+    /// registry binds the environment id to it; its public half is logged at start for
+    /// harnesses to pin (--executor-key).
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub identity_file: Option<PathBuf>,
+
+    /// Remote mode: file holding the executor credential (surrounding whitespace removed).
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub token_file: Option<PathBuf>,
+
+    /// Remote mode: also trust the CA certificates of this PEM file for https:// and wss://.
+    #[arg(long, value_name = "PEM", requires = "remote")]
+    pub ca_file: Option<PathBuf>,
 
     /// Remote mode: the environment id harnesses connect to (A-Z a-z 0-9 . _ -).
     #[arg(long, value_name = "ID", requires = "remote")]
@@ -104,10 +133,11 @@ pub struct ExecArgs {
     )]
     pub connect: Option<String>,
 
-    /// Remote mode: the registry (http://HOST:PORT) of a rendezvous; the command runs on the
-    /// executor registered as --environment-id, through an end-to-end encrypted relay stream.
-    /// The bearer token is --token-file's content or else $EXECWARD_REGISTRY_TOKEN.
-    /// See docs/remote.md.
+    /// Remote mode: the registry (https://HOST:PORT, or http:// on loopback only) of a
+    /// rendezvous; the command runs on the executor registered as --environment-id, through an
+    /// end-to-end encrypted relay stream. The harness credential is --token-file's content or
+    /// else $EXECWARD_REGISTRY_TOKEN. An environment that is not registered yet is waited for
+    /// up to 10 s. See docs/remote.md.
     #[arg(long, value_name = "REGISTRY_URL", requires = "environment_id")]
     pub remote: Option<String>,
 
@@ -118,6 +148,20 @@ pub struct ExecArgs {
     /// File holding the bearer token (surrounding whitespace removed).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+
+    /// Remote mode: the executor's Noise public key (base64, as its log prints it); the
+    /// connection fails if the registry hands out another.
+    #[arg(long, value_name = "BASE64", requires = "remote")]
+    pub executor_key: Option<String>,
+
+    /// Remote mode: also trust the CA certificates of this PEM file for https:// and wss://.
+    #[arg(long, value_name = "PEM", requires = "remote")]
+    pub ca_file: Option<PathBuf>,
+
+    /// Remote mode: seconds to wait for an environment the registry does not know yet (its
+    /// executor may be starting); then exec fails with 255.
+    #[arg(long, value_name = "SECONDS", requires = "remote", default_value_t = crate::relay::REGISTRATION_WAIT.as_secs_f64())]
+    pub registration_wait: f64,
 
     /// Run the command under a remote pseudo-terminal; the local terminal goes to raw mode.
     #[arg(long)]
@@ -150,6 +194,10 @@ pub struct ExecArgs {
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]
     pub command: Vec<String>,
+}
+
+fn parse_default_limits(text: &str) -> Result<proto::methods::process::Limits, String> {
+    crate::containment::plan::parse_default_limits(text).map_err(|error| error.to_string())
 }
 
 /// Log to stderr (never stdout, which carries the URL line) at `RUST_LOG`, `info` by default.

@@ -16,6 +16,7 @@
 pub mod budget;
 pub mod cli;
 pub mod client;
+pub mod containment;
 pub mod cpu_pool;
 pub mod environment;
 pub mod exec_cmd;

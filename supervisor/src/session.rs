@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::fs::helpers::HelperPool;
 use crate::limits::{MAX_DETACHED_SESSIONS, MAX_SESSIONS};
 use crate::process::ProcessTable;
-use crate::process::handlers::terminate_all;
+use crate::process::handlers::terminate_sessions;
 use crate::rpc::connection::OutboundSender;
 
 /// Which connection (if any) receives a session's notifications.
@@ -202,7 +202,7 @@ impl SessionRegistry {
             };
             if expired {
                 tracing::info!(session_id = %session.id, "detached session expired; terminating its processes");
-                terminate_all(session.processes.all()).await;
+                terminate_sessions(std::slice::from_ref(&session.processes)).await;
             }
         });
     }
@@ -239,7 +239,9 @@ impl SessionRegistry {
             "more than MAX_DETACHED_SESSIONS ({MAX_DETACHED_SESSIONS}) detached sessions: \
              expiring the oldest now and terminating its processes"
         );
-        tokio::spawn(terminate_all(oldest.processes.all()));
+        tokio::spawn(async move {
+            terminate_sessions(std::slice::from_ref(&oldest.processes)).await;
+        });
     }
 
     /// Every session (for shutdown).

@@ -322,6 +322,24 @@ pub fn process_is_dead(pid: i32) -> bool {
     }
 }
 
+/// The live processes whose parent is `parent`.
+pub fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| stat_field(&stat, 4))
+                .and_then(|ppid| ppid.parse::<i32>().ok())
+                == Some(parent)
+        })
+        .collect()
+}
+
 /// Field `n` (1-based, as in proc(5)) of a `/proc/<pid>/stat` line.
 pub fn stat_field(stat: &str, n: usize) -> Option<String> {
     let after_comm = &stat[stat.rfind(')')? + 2..];
@@ -382,6 +400,10 @@ impl ProcessOutput {
     /// stdout as text.
     pub fn stdout_text(&self) -> String {
         String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    /// stderr as text.
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
     }
     /// pty output as text.
     pub fn pty_text(&self) -> String {
@@ -1040,11 +1062,49 @@ pub async fn read_until_closed(
         .unwrap_or_else(|_| panic!("the server did not close the connection within {deadline:?}"))
 }
 
+/// The binaries an `exec-server` runs with (itself and the helpers it execs from beside itself),
+/// plus the in-sandbox `probe`.
+pub const INSTALLED_BINARIES: &[&str] = &[
+    SERVER_BINARY,
+    "exec-guardian",
+    "fs-helper",
+    "sandbox-run",
+    "egress-proxy",
+    "probe",
+];
+
+/// Copies [`INSTALLED_BINARIES`] from the target directory into `dir` (mode 0755), as an install
+/// would, and returns the path of the copied `exec-server`.
+pub fn install_binaries(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let from = exec_server_binary()
+        .parent()
+        .expect("exec-server has a directory")
+        .to_path_buf();
+    std::fs::create_dir_all(dir).expect("create the install directory");
+    for name in INSTALLED_BINARIES {
+        let to = dir.join(name);
+        std::fs::copy(from.join(name), &to)
+            .unwrap_or_else(|e| panic!("copy {name} to {}: {e}", dir.display()));
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    dir.join(SERVER_BINARY)
+}
+
 impl ExecServer {
     /// Start `exec-server` with `args` after `configure` adjusted the command (environment,
     /// resource limits through `pre_exec`), and wait for the URL it prints.
     pub fn start_with(args: &[&str], configure: impl FnOnce(&mut Command)) -> ExecServer {
-        let mut command = Command::new(exec_server_binary());
+        Self::start_binary(&exec_server_binary(), args, configure)
+    }
+
+    /// [`Self::start_with`] for an `exec-server` binary at `binary` (an installed copy).
+    pub fn start_binary(
+        binary: &Path,
+        args: &[&str],
+        configure: impl FnOnce(&mut Command),
+    ) -> ExecServer {
+        let mut command = Command::new(binary);
         command
             .args(args)
             .stdin(Stdio::null())
@@ -1343,6 +1403,7 @@ pub fn start_params(process_id: &str, argv: &[&str]) -> proto::methods::process:
         audit_denials: false,
         env_policy: None,
         enforce_managed_network: false,
+        limits: None,
     }
 }
 

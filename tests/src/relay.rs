@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
+use supervisor::relay::registry::RegistryClient;
 use supervisor::relay::{RelayHarnessConnection, RemoteConnectArgs};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -20,11 +21,51 @@ use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 
 use crate::{DEADLINE, exec_server_binary};
 
-/// The bearer token every remote test uses.
-pub const TOKEN: &str = "relay-test-token";
+/// The harness credential every remote test uses (granted every environment).
+pub const TOKEN: &str = "relay-test-harness-token";
+/// The executor credential every remote test uses (granted every environment).
+pub const EXECUTOR_TOKEN: &str = "relay-test-executor-token";
+/// The admin credential (releases key bindings).
+pub const ADMIN_TOKEN: &str = "relay-test-admin-token";
+/// An executor credential granted only `env-narrow` (403 elsewhere).
+pub const NARROW_EXECUTOR_TOKEN: &str = "relay-test-narrow-executor";
+
+/// The credentials file of every test rendezvous.
+pub fn credentials_toml() -> String {
+    format!(
+        r#"[[executor]]
+token = "{EXECUTOR_TOKEN}"
+environments = ["*"]
+
+[[executor]]
+token = "{NARROW_EXECUTOR_TOKEN}"
+environments = ["env-narrow"]
+
+[[harness]]
+token = "{TOKEN}"
+environments = ["*"]
+
+[[admin]]
+token = "{ADMIN_TOKEN}"
+"#
+    )
+}
 
 fn binary(name: &str) -> std::path::PathBuf {
     exec_server_binary().with_file_name(name)
+}
+
+/// The TLS client settings of the test registries: system roots plus `ca_file`.
+pub fn client_tls(
+    registry_url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> std::sync::Arc<rustls::ClientConfig> {
+    supervisor::relay::tls::client_config_for(registry_url, ca_file).unwrap()
+}
+
+/// A registry client for a test registry (plain loopback, or TLS trusting `ca_file`).
+pub fn registry_client(registry_url: &str, ca_file: Option<&std::path::Path>) -> RegistryClient {
+    RegistryClient::new(registry_url, &client_tls(registry_url, ca_file)).unwrap()
 }
 
 /// A child process killed on drop, its first stdout line captured.
@@ -33,13 +74,17 @@ pub struct Process {
     /// First stdout line.
     pub first_line: String,
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// Files the process uses (credentials, identity), removed after it.
+    pub dir: Option<tempfile::TempDir>,
 }
 
 impl Process {
-    fn start(program: &str, args: &[&str]) -> Process {
+    /// Start `program` (next to exec-server) with the test credentials in its environment.
+    pub fn start(program: &str, args: &[&str]) -> Process {
         let mut child = Command::new(binary(program))
             .args(args)
             .env(supervisor::relay::REGISTRY_TOKEN_ENV, TOKEN)
+            .env(supervisor::relay::EXECUTOR_TOKEN_ENV, EXECUTOR_TOKEN)
             .env(
                 "RUST_LOG",
                 std::env::var("RELAY_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -92,7 +137,13 @@ impl Process {
             child,
             first_line,
             stderr,
+            dir: None,
         }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Everything printed on stderr so far.
@@ -113,42 +164,86 @@ impl Drop for Process {
     }
 }
 
-/// Start `exec-rendezvous` (`listen` e.g. `127.0.0.1:0`; `public_url` for a proxy).
+/// Start `exec-rendezvous` (`listen` e.g. `127.0.0.1:0`; `public_url` for a proxy) with the
+/// test credentials.
 pub fn start_rendezvous(listen: &str, public_url: Option<&str>) -> Process {
-    let mut args = vec!["--listen", listen];
+    start_rendezvous_with(listen, public_url, &[])
+}
+
+/// [`start_rendezvous`] with extra arguments (`--tls-cert`, ...).
+pub fn start_rendezvous_with(listen: &str, public_url: Option<&str>, extra: &[&str]) -> Process {
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = dir.path().join("credentials.toml");
+    std::fs::write(&credentials, credentials_toml()).unwrap();
+    let mut args = vec![
+        "--listen",
+        listen,
+        "--credentials",
+        credentials.to_str().unwrap(),
+    ];
     if let Some(url) = public_url {
         args.extend(["--public-url", url]);
     }
-    Process::start("exec-rendezvous", &args)
+    args.extend_from_slice(extra);
+    let mut process = Process::start("exec-rendezvous", &args);
+    process.dir = Some(dir);
+    process
 }
 
-/// Start `exec-server --remote` and wait until the registry knows it.
+/// Start `exec-server --remote` (identity in a fresh directory) and wait until the registry
+/// knows it.
 pub async fn start_executor(registry_url: &str, environment_id: &str) -> Process {
-    let process = Process::start(
-        "exec-server",
-        &[
-            "--listen",
-            "ws://127.0.0.1:0",
-            "--remote",
-            registry_url,
-            "--environment-id",
-            environment_id,
-            "--name",
-            "test environment",
-        ],
-    );
+    let dir = tempfile::tempdir().unwrap();
+    let identity = dir.path().join("identity");
+    let process = start_executor_with(registry_url, environment_id, &identity, &[]);
     wait_registered(registry_url, environment_id, &process).await;
+    let mut process = process;
+    process.dir = Some(dir);
     process
+}
+
+/// Start `exec-server --remote` with this identity file and extra arguments; does not wait.
+pub fn start_executor_with(
+    registry_url: &str,
+    environment_id: &str,
+    identity: &std::path::Path,
+    extra: &[&str],
+) -> Process {
+    let mut args = vec![
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--remote",
+        registry_url,
+        "--environment-id",
+        environment_id,
+        "--name",
+        "test environment",
+        "--identity-file",
+        identity.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Process::start("exec-server", &args)
 }
 
 /// Wait (within [`DEADLINE`]) until the registry has `environment_id`.
 pub async fn wait_registered(registry_url: &str, environment_id: &str, process: &Process) {
+    wait_registered_with(
+        &registry_client(registry_url, None),
+        environment_id,
+        process,
+    )
+    .await;
+}
+
+/// [`wait_registered`] through a given registry client (TLS).
+pub async fn wait_registered_with(
+    registry: &RegistryClient,
+    environment_id: &str,
+    process: &Process,
+) {
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
-        if supervisor::relay::registry::connect(registry_url, environment_id, TOKEN)
-            .await
-            .is_ok()
-        {
+        if registry.connect(environment_id, TOKEN).await.is_ok() {
             return;
         }
         assert!(
@@ -162,11 +257,7 @@ pub async fn wait_registered(registry_url: &str, environment_id: &str, process: 
 
 /// Connection arguments for the test token.
 pub fn connect_args(registry_url: &str, environment_id: &str) -> RemoteConnectArgs {
-    RemoteConnectArgs {
-        registry_url: registry_url.to_owned(),
-        environment_id: environment_id.to_owned(),
-        bearer_token: TOKEN.to_owned(),
-    }
+    RemoteConnectArgs::new(registry_url, environment_id, TOKEN)
 }
 
 /// A JSON-RPC client over one relay stream.
@@ -183,13 +274,15 @@ pub struct RemoteClient {
 impl RemoteClient {
     /// Connect and initialize.
     pub async fn connect(registry_url: &str, environment_id: &str) -> RemoteClient {
-        let connection = tokio::time::timeout(
-            DEADLINE,
-            RelayHarnessConnection::connect(&connect_args(registry_url, environment_id)),
-        )
-        .await
-        .expect("relay connect deadline")
-        .expect("relay connect");
+        Self::connect_with(&connect_args(registry_url, environment_id)).await
+    }
+
+    /// Connect with these arguments and initialize.
+    pub async fn connect_with(args: &RemoteConnectArgs) -> RemoteClient {
+        let connection = tokio::time::timeout(DEADLINE, RelayHarnessConnection::connect(args))
+            .await
+            .expect("relay connect deadline")
+            .expect("relay connect");
         let mut client = RemoteClient {
             connection,
             next_id: 1,
@@ -403,8 +496,10 @@ async fn proxy_connection(
         return;
     };
     let token = auth.strip_prefix("Bearer ").unwrap_or_default().to_owned();
+    let tls = client_tls("http://127.0.0.1:1", None);
     let Ok(upstream) =
-        supervisor::relay::driver::connect_socket(&format!("ws://{upstream}{path}"), &token).await
+        supervisor::relay::driver::connect_socket(&format!("ws://{upstream}{path}"), &token, &tls)
+            .await
     else {
         return;
     };
@@ -518,4 +613,55 @@ pub async fn remote_library_client(
     .await
     .unwrap_or_else(|_| panic!("connecting to {environment_id} took over {DEADLINE:?}"))
     .unwrap_or_else(|e| panic!("connect to {environment_id}: {e}"))
+}
+
+/// A throwaway CA and a server certificate it signed for `localhost` and `127.0.0.1`, as PEM
+/// files in a temporary directory (generated with rcgen for each test).
+pub struct TestCa {
+    /// The directory holding the files.
+    pub dir: tempfile::TempDir,
+    /// The CA certificate (what clients pass as --ca-file).
+    pub ca_file: std::path::PathBuf,
+    /// The server's certificate chain.
+    pub cert_file: std::path::PathBuf,
+    /// The server's private key.
+    pub key_file: std::path::PathBuf,
+}
+
+impl TestCa {
+    /// Generate the CA and the server certificate.
+    pub fn generate() -> TestCa {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+        };
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "execward test CA");
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let server_key = KeyPair::generate().unwrap();
+        let mut server_params =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+        server_params
+            .distinguished_name
+            .push(DnType::CommonName, "execward test rendezvous");
+        let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        let cert_file = dir.path().join("rendezvous.pem");
+        let key_file = dir.path().join("rendezvous-key.pem");
+        std::fs::write(&ca_file, ca_cert.pem()).unwrap();
+        std::fs::write(&cert_file, server_cert.pem()).unwrap();
+        std::fs::write(&key_file, server_key.serialize_pem()).unwrap();
+        TestCa {
+            dir,
+            ca_file,
+            cert_file,
+            key_file,
+        }
+    }
 }

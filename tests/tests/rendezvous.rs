@@ -7,7 +7,7 @@ use base64::Engine as _;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tests::DEADLINE;
-use tests::relay::{TOKEN, start_rendezvous};
+use tests::relay::{ADMIN_TOKEN, EXECUTOR_TOKEN, TOKEN, start_rendezvous};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A response: status code and body.
@@ -25,7 +25,7 @@ impl Answer {
 }
 
 /// Send one request (`token` as `Authorization: Bearer`, `extra` headers verbatim) and read the
-/// whole response (the rendezvous closes after each), or only the head of a `101` upgrade.
+/// whole response (`Connection: close`), or only the head of a `101` upgrade.
 async fn http(
     registry: &str,
     method: &str,
@@ -40,6 +40,9 @@ async fn http(
         "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !extra.iter().any(|h| h.starts_with("Connection:")) {
+        head.push_str("Connection: close\r\n");
+    }
     if let Some(token) = token {
         head.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }
@@ -153,12 +156,12 @@ async fn an_unknown_environment_is_404_for_lookups_and_sockets() {
         (lookup.status, lookup.body.as_str()),
         (404, "environment not registered\n")
     );
-    for socket in ["executor", "harness"] {
+    for (socket, token) in [("executor", EXECUTOR_TOKEN), ("harness", TOKEN)] {
         let answer = http(
             registry,
             "GET",
             &format!("/v1/environments/nobody/{socket}"),
-            Some(TOKEN),
+            Some(token),
             &UPGRADE,
             "",
         )
@@ -173,7 +176,7 @@ async fn an_unknown_environment_is_404_for_lookups_and_sockets() {
 }
 
 #[tokio::test]
-async fn register_then_connect_hands_out_the_socket_urls_and_the_latest_key() {
+async fn register_then_connect_hands_out_the_socket_urls_and_the_bound_key() {
     let rendezvous = start_rendezvous("127.0.0.1:0", None);
     let registry = &rendezvous.first_line;
     let ws_base = registry.replacen("http://", "ws://", 1);
@@ -181,7 +184,7 @@ async fn register_then_connect_hands_out_the_socket_urls_and_the_latest_key() {
         registry,
         "POST",
         "/v1/environments/env.http_1",
-        Some(TOKEN),
+        Some(EXECUTOR_TOKEN),
         &[],
         &json!({"name": "my laptop", "publicKey": public_key(1)}).to_string(),
     )
@@ -209,25 +212,74 @@ async fn register_then_connect_hands_out_the_socket_urls_and_the_latest_key() {
             "name": "my laptop",
         })
     );
-    // A re-registration (an executor restarted with a new key) wins.
+    // A re-registration with the same key (an executor reconnecting) may rename it.
     let again = http(
         registry,
         "POST",
         "/v1/environments/env.http_1",
-        Some(TOKEN),
+        Some(EXECUTOR_TOKEN),
         &[],
-        &json!({"name": "renamed", "publicKey": public_key(2)}).to_string(),
+        &json!({"name": "renamed", "publicKey": public_key(1)}).to_string(),
     )
     .await;
-    assert_eq!(again.status, 200);
+    assert_eq!(again.status, 200, "{again:?}");
+    // Another key is refused while the binding stands, and changes nothing.
+    let other_key = http(
+        registry,
+        "POST",
+        "/v1/environments/env.http_1",
+        Some(EXECUTOR_TOKEN),
+        &[],
+        &json!({"name": "impostor", "publicKey": public_key(2)}).to_string(),
+    )
+    .await;
+    assert_eq!(other_key.status, 409, "{other_key:?}");
+    assert!(
+        other_key.body.contains("bound to another public key"),
+        "{other_key:?}"
+    );
     // The library's registry client reads the same answer.
-    let info = supervisor::relay::registry::connect(registry, "env.http_1", TOKEN)
-        .await
-        .unwrap();
+    let client = tests::relay::registry_client(registry, None);
+    let info = client.connect("env.http_1", TOKEN).await.unwrap();
     assert_eq!(
         (info.name.as_str(), info.public_key_bytes().unwrap()),
-        ("renamed", vec![2u8; 32])
+        ("renamed", vec![1u8; 32])
     );
+    // Only an admin credential releases the binding; then a new key may register.
+    for token in [TOKEN, EXECUTOR_TOKEN] {
+        let refused = http(
+            registry,
+            "DELETE",
+            "/v1/environments/env.http_1",
+            Some(token),
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(refused.status, 403, "{refused:?}");
+    }
+    let released = http(
+        registry,
+        "DELETE",
+        "/v1/environments/env.http_1",
+        Some(ADMIN_TOKEN),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(released.status, 200, "{released:?}");
+    let rebound = http(
+        registry,
+        "POST",
+        "/v1/environments/env.http_1",
+        Some(EXECUTOR_TOKEN),
+        &[],
+        &json!({"name": "rotated", "publicKey": public_key(2)}).to_string(),
+    )
+    .await;
+    assert_eq!(rebound.status, 200, "{rebound:?}");
+    let info = client.connect("env.http_1", TOKEN).await.unwrap();
+    assert_eq!(info.public_key_bytes().unwrap(), vec![2u8; 32]);
     // A registered environment's harness endpoint upgrades.
     let upgraded = http(
         registry,
@@ -271,7 +323,7 @@ async fn malformed_registrations_and_ids_are_400_and_register_nothing() {
             registry,
             "POST",
             "/v1/environments/env-bad",
-            Some(TOKEN),
+            Some(EXECUTOR_TOKEN),
             &[],
             &body,
         )
@@ -305,10 +357,141 @@ async fn malformed_registrations_and_ids_are_400_and_register_nothing() {
         registry,
         "POST",
         "/v1/environments/env-big",
+        Some(EXECUTOR_TOKEN),
+        &[],
+        &"x".repeat(17 * 1024),
+    )
+    .await;
+    assert_eq!(oversized.status, 413, "{oversized:?}");
+}
+
+#[tokio::test]
+async fn each_credential_may_do_only_what_its_role_allows() {
+    let rendezvous = start_rendezvous("127.0.0.1:0", None);
+    let registry = &rendezvous.first_line;
+    let register = json!({"name": "n", "publicKey": public_key(1)}).to_string();
+    // A harness credential can never register, nor open an executor socket.
+    let by_harness = http(
+        registry,
+        "POST",
+        "/v1/environments/env-a",
         Some(TOKEN),
-        &["Content-Length: 17408"],
+        &[],
+        &register,
+    )
+    .await;
+    assert_eq!(by_harness.status, 403, "{by_harness:?}");
+    assert!(
+        by_harness.body.contains("needs an executor credential"),
+        "{by_harness:?}"
+    );
+    // An executor credential registers; it is not a harness credential.
+    let by_executor = http(
+        registry,
+        "POST",
+        "/v1/environments/env-a",
+        Some(EXECUTOR_TOKEN),
+        &[],
+        &register,
+    )
+    .await;
+    assert_eq!(by_executor.status, 200, "{by_executor:?}");
+    let socket = http(
+        registry,
+        "GET",
+        "/v1/environments/env-a/executor",
+        Some(TOKEN),
+        &UPGRADE,
         "",
     )
     .await;
-    assert_eq!(oversized.status, 400, "{oversized:?}");
+    assert_eq!(socket.status, 403, "{socket:?}");
+    let lookup = http(
+        registry,
+        "POST",
+        "/v1/environments/env-a/connect",
+        Some(EXECUTOR_TOKEN),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(lookup.status, 403, "{lookup:?}");
+    // A credential granted one environment is refused another.
+    let narrow = http(
+        registry,
+        "POST",
+        "/v1/environments/env-a",
+        Some(tests::relay::NARROW_EXECUTOR_TOKEN),
+        &[],
+        &register,
+    )
+    .await;
+    assert_eq!(narrow.status, 403, "{narrow:?}");
+    assert!(narrow.body.contains("not granted"), "{narrow:?}");
+}
+
+#[tokio::test]
+async fn sighup_rereads_the_credentials_file() {
+    let rendezvous = start_rendezvous("127.0.0.1:0", None);
+    let registry = rendezvous.first_line.clone();
+    let path = rendezvous
+        .dir
+        .as_ref()
+        .unwrap()
+        .path()
+        .join("credentials.toml");
+    let new_token = "relay-test-rotated-harness";
+    let lookup = |token: &'static str| {
+        let registry = registry.clone();
+        async move {
+            http(
+                &registry,
+                "POST",
+                "/v1/environments/x/connect",
+                Some(token),
+                &[],
+                "",
+            )
+            .await
+            .status
+        }
+    };
+    assert_eq!(lookup(new_token).await, 401);
+    std::fs::write(
+        &path,
+        tests::relay::credentials_toml().replace(TOKEN, new_token),
+    )
+    .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(rendezvous.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let until = tokio::time::Instant::now() + DEADLINE;
+    while lookup(new_token).await != 404 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "SIGHUP did not reload:\n{}",
+            rendezvous.stderr()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(lookup(TOKEN).await, 401, "the replaced token still works");
+    // A broken file is refused and the credentials in force stay.
+    std::fs::write(&path, "not toml [").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(rendezvous.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let until = tokio::time::Instant::now() + DEADLINE;
+    while !rendezvous.stderr().contains("credentials not reloaded") {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{}",
+            rendezvous.stderr()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(lookup(new_token).await, 404);
 }

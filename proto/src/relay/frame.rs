@@ -7,8 +7,9 @@
 use prost::Message as _;
 
 use super::limits::{
-    MAX_HANDSHAKE_BYTES, MAX_RELAY_FRAME_BYTES, MAX_RESET_REASON_BYTES, MAX_SEGMENT_PAYLOAD_BYTES,
-    MAX_SEGMENTS_PER_MESSAGE, MAX_STREAM_ID_BYTES, RELAY_PROTOCOL_VERSION,
+    ACK_AUTH_BYTES, MAX_DATA_SEQ, MAX_HANDSHAKE_BYTES, MAX_RELAY_FRAME_BYTES,
+    MAX_RESET_REASON_BYTES, MAX_SEGMENT_PAYLOAD_BYTES, MAX_SEGMENTS_PER_MESSAGE,
+    MAX_STREAM_ID_BYTES, RELAY_PROTOCOL_VERSION,
 };
 use super::pb;
 
@@ -21,6 +22,12 @@ pub struct Frame {
     pub ack: Option<u64>,
     /// Bit i acknowledges seq `ack + 1 + i` (`i` when `ack` is `None`).
     pub ack_bits: u32,
+    /// Authentication of the ack fields (empty, or [`ACK_AUTH_BYTES`]); see
+    /// [`crate::relay::reliability`].
+    pub ack_auth: Vec<u8>,
+    /// The harness socket the rendezvous received this frame from (0: unknown). Meaningful
+    /// only on frames an executor receives; see [`append_source`].
+    pub source: u64,
     /// What the frame carries.
     pub body: Body,
 }
@@ -115,9 +122,16 @@ pub enum FrameError {
         /// The seq.
         seq: u64,
     },
-    /// `seq` is `u64::MAX` (the Noise nonce reserved for rekeying).
-    #[error("seq {0} is out of range")]
+    /// `seq` is above [`MAX_DATA_SEQ`] (higher nonces authenticate acks, and `u64::MAX` is
+    /// reserved by Noise).
+    #[error("seq {0} is out of range (at most {MAX_DATA_SEQ})")]
     SeqOutOfRange(u64),
+    /// `ack_auth` is neither empty nor [`ACK_AUTH_BYTES`] long.
+    #[error("ack_auth of {len} bytes must be empty or {ACK_AUTH_BYTES} bytes")]
+    AckAuthLength {
+        /// Its size.
+        len: usize,
+    },
     /// Data payload too large.
     #[error(
         "data payload of {len} bytes exceeds MAX_SEGMENT_PAYLOAD_BYTES ({MAX_SEGMENT_PAYLOAD_BYTES})"
@@ -165,6 +179,8 @@ impl Frame {
             stream_id: stream_id.into(),
             ack: None,
             ack_bits: 0,
+            ack_auth: Vec::new(),
+            source: 0,
             body,
         }
     }
@@ -192,6 +208,11 @@ impl Frame {
             return Err(FrameError::Version { got: raw.version });
         }
         validate_stream_id(&raw.stream_id)?;
+        if !raw.ack_auth.is_empty() && raw.ack_auth.len() != ACK_AUTH_BYTES {
+            return Err(FrameError::AckAuthLength {
+                len: raw.ack_auth.len(),
+            });
+        }
         let body = match raw.body.ok_or(FrameError::MissingBody)? {
             B::Data(data) => {
                 let count = data.segment_count;
@@ -210,7 +231,7 @@ impl Frame {
                         seq: data.seq,
                     });
                 }
-                if data.seq == u64::MAX {
+                if data.seq > MAX_DATA_SEQ {
                     return Err(FrameError::SeqOutOfRange(data.seq));
                 }
                 if data.payload.len() > MAX_SEGMENT_PAYLOAD_BYTES {
@@ -253,6 +274,8 @@ impl Frame {
             stream_id: raw.stream_id,
             ack: raw.ack,
             ack_bits: raw.ack_bits,
+            ack_auth: raw.ack_auth,
+            source: raw.source,
             body,
         })
     }
@@ -285,6 +308,8 @@ impl Frame {
             stream_id: self.stream_id,
             ack: self.ack,
             ack_bits: self.ack_bits,
+            ack_auth: self.ack_auth,
+            source: self.source,
             body: Some(body),
         }
     }
@@ -300,13 +325,51 @@ impl Frame {
     }
 }
 
-/// The envelope fields a router needs; prost skips the body without copying it.
+/// The envelope fields a router needs; prost skips the body without copying it (a handshake
+/// body's payload included: [`RouteHandshake`] declares no field).
 #[derive(Clone, PartialEq, prost::Message)]
 struct RouteHeader {
     #[prost(uint32, tag = "1")]
     version: u32,
     #[prost(string, tag = "2")]
     stream_id: String,
+    #[prost(message, optional, tag = "15")]
+    handshake: Option<RouteHandshake>,
+}
+
+/// A handshake body, seen only for being one.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RouteHandshake {}
+
+/// What a router may know of a frame: its stream, and whether it is a handshake (which costs
+/// the executor a Noise operation, so routers bound their rate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The stream id.
+    pub stream_id: String,
+    /// The body is a handshake message.
+    pub handshake: bool,
+}
+
+/// [`route_stream_id`] plus whether the body is a handshake.
+///
+/// # Errors
+/// As [`route_stream_id`].
+pub fn route(bytes: &[u8]) -> Result<Route, FrameError> {
+    if bytes.len() > MAX_RELAY_FRAME_BYTES {
+        return Err(FrameError::TooLarge { len: bytes.len() });
+    }
+    let header = RouteHeader::decode(bytes).map_err(|e| FrameError::Decode(e.to_string()))?;
+    if header.version != RELAY_PROTOCOL_VERSION {
+        return Err(FrameError::Version {
+            got: header.version,
+        });
+    }
+    validate_stream_id(&header.stream_id)?;
+    Ok(Route {
+        stream_id: header.stream_id,
+        handshake: header.handshake.is_some(),
+    })
 }
 
 /// Only the stream id of an encoded frame, for routers that must not look further (the
@@ -318,17 +381,21 @@ struct RouteHeader {
 /// [`FrameError::TooLarge`], [`FrameError::Decode`], [`FrameError::Version`],
 /// [`FrameError::BlankStreamId`] or [`FrameError::BadStreamId`].
 pub fn route_stream_id(bytes: &[u8]) -> Result<String, FrameError> {
-    if bytes.len() > MAX_RELAY_FRAME_BYTES {
-        return Err(FrameError::TooLarge { len: bytes.len() });
-    }
-    let header = RouteHeader::decode(bytes).map_err(|e| FrameError::Decode(e.to_string()))?;
-    if header.version != RELAY_PROTOCOL_VERSION {
-        return Err(FrameError::Version {
-            got: header.version,
-        });
-    }
-    validate_stream_id(&header.stream_id)?;
-    Ok(header.stream_id)
+    route(bytes).map(|route| route.stream_id)
+}
+
+/// Protobuf key of `RelayMessageFrame.source` (field 6, varint).
+const SOURCE_FIELD_KEY: u8 = 6 << 3;
+
+/// Tag an encoded frame with the harness socket it came from, as the rendezvous does before it
+/// hands the frame to the executor: the field is appended, and since the last occurrence of a
+/// protobuf scalar wins, whatever the sender put there is overridden. Costs one copy.
+pub fn append_source(frame: &[u8], source: u64) -> Vec<u8> {
+    let mut tagged = Vec::with_capacity(frame.len() + 11);
+    tagged.extend_from_slice(frame);
+    tagged.push(SOURCE_FIELD_KEY);
+    prost::encoding::encode_varint(source, &mut tagged);
+    tagged
 }
 
 fn truncate_reason(reason: &str) -> String {
@@ -384,7 +451,13 @@ mod tests {
             assert_eq!(Frame::decode(&frame.encode()), Ok(frame.clone()));
             let encoded = frame.clone().into_encoded();
             assert_eq!(encoded, frame.encode());
-            assert_eq!(route_stream_id(&encoded), Ok(frame.stream_id));
+            assert_eq!(
+                route(&encoded),
+                Ok(Route {
+                    stream_id: frame.stream_id.clone(),
+                    handshake: matches!(frame.body, Body::Handshake(_)),
+                })
+            );
         }
     }
 
@@ -457,6 +530,15 @@ mod tests {
         for (raw, expected) in cases {
             assert_eq!(Frame::decode(&raw.encode_to_vec()), Err(expected));
         }
+    }
+
+    #[test]
+    fn the_appended_source_overrides_the_senders() {
+        let mut frame = Frame::new("s-1", Body::Heartbeat);
+        frame.source = 99;
+        let tagged = append_source(&frame.encode(), 7);
+        assert_eq!(Frame::decode(&tagged).map(|f| f.source), Ok(7));
+        assert_eq!(route_stream_id(&tagged), Ok("s-1".to_owned()));
     }
 
     #[test]

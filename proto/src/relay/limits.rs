@@ -27,6 +27,21 @@ pub const MAX_SEGMENTS_PER_MESSAGE: u32 =
 pub const MAX_HANDSHAKE_BYTES: usize = 1024;
 /// Longest `RelayReset.reason`, in bytes; longer reasons are truncated when sent.
 pub const MAX_RESET_REASON_BYTES: usize = 512;
+/// Highest data seq: nonces above it authenticate acks ([`ACK_NONCE_BASE`]), and Noise reserves
+/// `u64::MAX`. At one segment per microsecond a stream would need 290,000 years to get there.
+pub const MAX_DATA_SEQ: u64 = (1 << 63) - 1;
+/// Nonce of ack authentication record c: `ACK_NONCE_BASE + c`, disjoint from data seqs.
+pub const ACK_NONCE_BASE: u64 = 1 << 63;
+/// Plaintext of an ack authentication record: ack present (1), ack (8), ack_bits (4), body
+/// kind (1), resume next_seq (8).
+pub const ACK_RECORD_BYTES: usize = 22;
+/// `RelayMessageFrame.ack_auth`: counter (8) + sealed record + Noise tag.
+pub const ACK_AUTH_BYTES: usize = 8 + ACK_RECORD_BYTES + NOISE_TAG_BYTES;
+/// A responder's stream whose initiator has not proven it holds the transport keys (sent an
+/// authenticated frame) within this time is dropped: a half-open handshake holds a slot no
+/// longer. The initiator confirms at once with an ack, and its heartbeat follows within
+/// [`HEARTBEAT_INTERVAL`] even if that ack is lost.
+pub const UNCONFIRMED_STREAM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest encoded frame, in bytes: a full segment plus room for the envelope. Checked before
 /// decoding, so a hostile frame costs at most this much memory.
 pub const MAX_RELAY_FRAME_BYTES: usize = MAX_SEGMENT_PAYLOAD_BYTES + 1024;

@@ -78,6 +78,29 @@ impl StaticKeypair {
     pub fn public(&self) -> &[u8] {
         &self.public
     }
+
+    /// The private key, to persist it (an identity file); never log it.
+    pub fn private_for_storage(&self) -> &[u8] {
+        &self.private
+    }
+
+    /// A keypair read back from storage. The halves are checked against each other with a
+    /// handshake of the keypair with itself, so a file whose public half was edited is caught.
+    ///
+    /// # Errors
+    /// [`NoiseError::PublicKeyLength`] for a wrong length, [`NoiseError::Handshake`] when the
+    /// halves do not belong together.
+    pub fn from_stored(private: Vec<u8>, public: Vec<u8>) -> Result<Self, NoiseError> {
+        if private.len() != PUBLIC_KEY_BYTES {
+            return Err(NoiseError::PublicKeyLength(private.len()));
+        }
+        let keypair = Self { private, public };
+        let (_, message) = Initiator::start("self-check", "self-check", &keypair.public)?;
+        respond(&keypair, "self-check", "self-check", &message).map_err(|_| {
+            NoiseError::Handshake("the stored public key does not belong to the private key".into())
+        })?;
+        Ok(keypair)
+    }
 }
 
 /// The prologue both sides mix in: binds the environment and the stream.
@@ -259,6 +282,24 @@ mod tests {
         assert!(respond(&keys, "other-env", "s1", &m1).is_err());
         let stranger = StaticKeypair::generate().unwrap();
         assert!(respond(&stranger, "env", "s1", &m1).is_err());
+    }
+
+    #[test]
+    fn a_stored_keypair_is_checked_for_consistency() {
+        let keys = StaticKeypair::generate().unwrap();
+        let back =
+            StaticKeypair::from_stored(keys.private_for_storage().to_vec(), keys.public().to_vec())
+                .unwrap();
+        assert_eq!(back.public(), keys.public());
+        let other = StaticKeypair::generate().unwrap();
+        assert!(
+            StaticKeypair::from_stored(
+                keys.private_for_storage().to_vec(),
+                other.public().to_vec()
+            )
+            .is_err()
+        );
+        assert!(StaticKeypair::from_stored(vec![1; 31], keys.public().to_vec()).is_err());
     }
 
     #[test]

@@ -21,17 +21,26 @@
 //!   [`MAX_UNDELIVERED_BYTES`] waiting for the application, [`MAX_MESSAGE_BYTES`] per message.
 //!   A segment over a receive limit is dropped unacknowledged and arrives again later.
 //! - Any protocol violation by the peer resets the stream (a `reset` frame goes out).
+//! - Acks are authenticated: every frame this stream sends carries `ack_auth`, the ack fields,
+//!   the body's kind and a resume's `next_seq` sealed by the cipher under nonce
+//!   [`ACK_NONCE_BASE`] + a per-direction counter. A frame whose `ack_auth` is missing while it
+//!   carries ack fields or a resume (resets excepted), does not open, or does not match the
+//!   frame's clear fields is forged: the stream is reset. A counter not above the highest one accepted is a replay (or a
+//!   reordered duplicate): its ack and resume are ignored and counted, the data it carries is
+//!   still considered (data authenticates itself). Only an authenticated frame counts as
+//!   hearing from the peer (liveness, [`ReliableStream::peer_authenticated`]). A cipher that
+//!   does not authenticate ([`PlaintextCipher`]) uses the clear fields.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::frame::{Body, Data, Frame};
 use super::limits::{
-    ACK_BITS_SPAN, FAST_RETRANSMIT_SACKS, HEARTBEAT_INTERVAL, INITIAL_RTO, LIVENESS_TIMEOUT,
-    MAX_AUTH_FAILURES, MAX_MESSAGE_BYTES, MAX_OUT_OF_ORDER_BYTES, MAX_RTO,
-    MAX_SEGMENT_PLAINTEXT_BYTES, MAX_SEND_QUEUE_BYTES, MAX_UNACKED_BYTES, MAX_UNACKED_SEGMENTS,
-    MAX_UNDELIVERED_BYTES, MIN_RTO, RECEIVE_WINDOW_SEGMENTS, REORDERING_WINDOW_MIN,
-    SEGMENT_HEADER_BYTES,
+    ACK_AUTH_BYTES, ACK_BITS_SPAN, ACK_NONCE_BASE, ACK_RECORD_BYTES, FAST_RETRANSMIT_SACKS,
+    HEARTBEAT_INTERVAL, INITIAL_RTO, LIVENESS_TIMEOUT, MAX_AUTH_FAILURES, MAX_DATA_SEQ,
+    MAX_MESSAGE_BYTES, MAX_OUT_OF_ORDER_BYTES, MAX_RTO, MAX_SEGMENT_PLAINTEXT_BYTES,
+    MAX_SEND_QUEUE_BYTES, MAX_UNACKED_BYTES, MAX_UNACKED_SEGMENTS, MAX_UNDELIVERED_BYTES, MIN_RTO,
+    RECEIVE_WINDOW_SEGMENTS, REORDERING_WINDOW_MIN, SEGMENT_HEADER_BYTES,
 };
 
 /// Seals and opens segments; `seq` is the nonce. Implemented by the Noise transport keys
@@ -47,6 +56,11 @@ pub trait SegmentCipher {
     /// # Errors
     /// [`CipherError`] when authentication fails.
     fn open(&mut self, seq: u64, ciphertext: &[u8]) -> Result<Vec<u8>, CipherError>;
+    /// Whether [`Self::open`] authenticates (false only for [`PlaintextCipher`]); acks are
+    /// authenticated only with a cipher that does.
+    fn authenticates(&self) -> bool {
+        true
+    }
 }
 
 /// A cipher refused a segment.
@@ -69,6 +83,9 @@ impl SegmentCipher for PlaintextCipher {
     }
     fn open(&mut self, _seq: u64, ciphertext: &[u8]) -> Result<Vec<u8>, CipherError> {
         Ok(ciphertext.to_vec())
+    }
+    fn authenticates(&self) -> bool {
+        false
     }
 }
 
@@ -193,6 +210,8 @@ pub struct StreamStats {
     pub dropped_over_limit: u64,
     /// Data segments that failed authentication.
     pub auth_failures: u32,
+    /// Authenticated acks ignored because their counter was not new (replayed or reordered).
+    pub replayed_acks: u64,
 }
 
 /// One direction pair of a relay stream; see the module docs.
@@ -230,6 +249,13 @@ pub struct ReliableStream<C> {
     last_sent: Instant,
     last_received: Instant,
     stats: StreamStats,
+    // Ack authentication.
+    /// Counter of the next `ack_auth` sent.
+    ack_counter: u64,
+    /// Highest `ack_auth` counter accepted from the peer.
+    peer_ack_counter: Option<u64>,
+    /// The peer sent a frame that authenticated (it holds the transport keys).
+    peer_authenticated: bool,
 }
 
 impl<C: SegmentCipher> ReliableStream<C> {
@@ -265,6 +291,23 @@ impl<C: SegmentCipher> ReliableStream<C> {
             last_sent: now,
             last_received: now,
             stats: StreamStats::default(),
+            ack_counter: 0,
+            peer_ack_counter: None,
+            peer_authenticated: false,
+        }
+    }
+
+    /// True once the peer sent a frame that authenticated with the stream's keys (always, with
+    /// a cipher that does not authenticate, once any frame arrived).
+    pub fn peer_authenticated(&self) -> bool {
+        self.peer_authenticated
+    }
+
+    /// Send an ack-only frame on the next poll (key confirmation, or an answer to a repeated
+    /// handshake message).
+    pub fn request_ack(&mut self) {
+        if self.closed.is_none() {
+            self.ack_pending = true;
         }
     }
 
@@ -377,11 +420,21 @@ impl<C: SegmentCipher> ReliableStream<C> {
         if self.closed.is_some() {
             return;
         }
-        self.last_received = now;
-        self.heard_since_timeout = true;
-        if let Err(reason) = self.apply_ack(frame.ack, frame.ack_bits, now) {
-            self.fail(reason, false);
-            return;
+        let fresh = match self.check_ack_auth(&frame) {
+            Ok(fresh) => fresh,
+            Err(reason) => {
+                self.fail(reason, false);
+                return;
+            }
+        };
+        if fresh {
+            self.peer_authenticated = true;
+            self.last_received = now;
+            self.heard_since_timeout = true;
+            if let Err(reason) = self.apply_ack(frame.ack, frame.ack_bits, now) {
+                self.fail(reason, false);
+                return;
+            }
         }
         match frame.body {
             Body::Data(data) => {
@@ -389,6 +442,7 @@ impl<C: SegmentCipher> ReliableStream<C> {
                     self.fail(reason, false);
                 }
             }
+            Body::Resume { .. } if !fresh => {}
             Body::Resume { next_seq } => {
                 if next_seq < self.expected {
                     self.fail(
@@ -440,12 +494,85 @@ impl<C: SegmentCipher> ReliableStream<C> {
         self.last_sent = now;
         self.ack_pending = false;
         let (ack, ack_bits) = self.ack_fields();
+        let ack_auth = self.seal_ack(ack, ack_bits, &body);
         Some(Frame {
             stream_id: self.stream_id.clone(),
             ack,
             ack_bits,
+            ack_auth,
+            source: 0,
             body,
         })
+    }
+
+    /// `ack_auth` for a frame with these fields (empty when the cipher does not authenticate,
+    /// or when sealing failed: the peer then treats the frame as forged and resets).
+    fn seal_ack(&mut self, ack: Option<u64>, ack_bits: u32, body: &Body) -> Vec<u8> {
+        if !self.cipher.authenticates() || self.ack_counter >= MAX_DATA_SEQ {
+            return Vec::new();
+        }
+        let counter = self.ack_counter;
+        self.ack_counter += 1;
+        let record = ack_record(ack, ack_bits, body);
+        match self.cipher.seal(ACK_NONCE_BASE + counter, &record) {
+            Ok(sealed) => {
+                let mut auth = Vec::with_capacity(ACK_AUTH_BYTES);
+                auth.extend_from_slice(&counter.to_be_bytes());
+                auth.extend_from_slice(&sealed);
+                auth
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Check a frame's `ack_auth`: `Ok(true)` when its ack fields (and resume) may be applied,
+    /// `Ok(false)` when they must be ignored (a replay, or a reset without them), `Err` when the
+    /// frame is forged.
+    fn check_ack_auth(&mut self, frame: &Frame) -> Result<bool, String> {
+        if !self.cipher.authenticates() {
+            self.peer_authenticated = true;
+            return Ok(true);
+        }
+        if frame.ack_auth.is_empty() {
+            // A frame that claims nothing (a reset from outside the stream, or one injected by
+            // the relay) is not forged, only unauthenticated: it confirms and refreshes nothing.
+            let claims = frame.ack.is_some()
+                || frame.ack_bits != 0
+                || matches!(frame.body, Body::Resume { .. });
+            if !claims || matches!(frame.body, Body::Reset { .. }) {
+                return Ok(false);
+            }
+            return Err(format!(
+                "forged ack: ack fields or resume without ack_auth (ack {:?}, ack_bits {:#x})",
+                frame.ack, frame.ack_bits
+            ));
+        }
+        let (counter_bytes, sealed) = frame.ack_auth.split_at(8);
+        let mut counter = [0u8; 8];
+        counter.copy_from_slice(counter_bytes);
+        let counter = u64::from_be_bytes(counter);
+        if counter >= MAX_DATA_SEQ {
+            return Err(format!("forged ack: counter {counter} out of range"));
+        }
+        let record = self
+            .cipher
+            .open(ACK_NONCE_BASE + counter, sealed)
+            .map_err(|e| format!("forged ack: ack_auth {counter} does not authenticate ({e})"))?;
+        if record != ack_record(frame.ack, frame.ack_bits, &frame.body) {
+            return Err(format!(
+                "forged ack: ack {:?} / ack_bits {:#x} differ from what ack_auth {counter} authenticates",
+                frame.ack, frame.ack_bits
+            ));
+        }
+        if self
+            .peer_ack_counter
+            .is_some_and(|highest| counter <= highest)
+        {
+            self.stats.replayed_acks += 1;
+            return Ok(false);
+        }
+        self.peer_ack_counter = Some(counter);
+        Ok(true)
     }
 
     fn next_body(&mut self, now: Instant) -> Option<Body> {
@@ -883,4 +1010,23 @@ impl<C: SegmentCipher> ReliableStream<C> {
         self.events
             .push_back(StreamEvent::Closed { reason, by_peer });
     }
+}
+
+/// The fields `ack_auth` covers, in a fixed layout ([`ACK_RECORD_BYTES`]).
+fn ack_record(ack: Option<u64>, ack_bits: u32, body: &Body) -> Vec<u8> {
+    let mut record = Vec::with_capacity(ACK_RECORD_BYTES);
+    record.push(u8::from(ack.is_some()));
+    record.extend_from_slice(&ack.unwrap_or(0).to_be_bytes());
+    record.extend_from_slice(&ack_bits.to_be_bytes());
+    let (kind, next_seq) = match body {
+        Body::Data(_) => (1u8, 0),
+        Body::Ack => (2, 0),
+        Body::Resume { next_seq } => (3, *next_seq),
+        Body::Reset { .. } => (4, 0),
+        Body::Heartbeat => (5, 0),
+        Body::Handshake(_) => (6, 0),
+    };
+    record.push(kind);
+    record.extend_from_slice(&next_seq.to_be_bytes());
+    record
 }

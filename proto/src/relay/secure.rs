@@ -3,7 +3,9 @@
 //!
 //! Handshake reliability: the harness resends message 1 (same bytes) with backoff until message
 //! 2 arrives or [`HANDSHAKE_TIMEOUT`] passes; the environment answers a repeated message 1 with
-//! the same message 2 until the harness proves it has the keys (any other frame arrives).
+//! the same message 2 until the harness proves it has the keys (a frame authenticated with
+//! them arrives; the harness sends an ack at once for that). A repeated message 2 makes the
+//! harness confirm again.
 //! Messages queued before the handshake finishes wait, within [`MAX_SEND_QUEUE_BYTES`].
 
 use std::collections::VecDeque;
@@ -140,8 +142,8 @@ impl SecureStream {
         }
     }
 
-    /// Responder: true once the initiator showed it holds the transport keys. Initiator: true
-    /// once established.
+    /// Responder: true once the initiator showed it holds the transport keys (a frame of the
+    /// stream authenticated). Initiator: true once established.
     pub fn is_confirmed(&self) -> bool {
         matches!(&self.state, State::Established { reply: None, .. })
     }
@@ -200,6 +202,13 @@ impl SecureStream {
         }
     }
 
+    /// Send an ack-only frame on the next poll, once established.
+    pub fn request_ack(&mut self) {
+        if let State::Established { stream, .. } = &mut self.state {
+            stream.request_ack();
+        }
+    }
+
     /// Reset from this side.
     pub fn reset(&mut self, reason: impl Into<String>) {
         let reason = reason.into();
@@ -255,6 +264,9 @@ impl SecureStream {
                                 // Within limits: checked when queued.
                                 let _ = stream.send_message(message);
                             }
+                            // Key confirmation: the responder counts this stream as a pending
+                            // handshake until an authenticated frame arrives.
+                            stream.request_ack();
                             self.state = State::Established {
                                 stream: Box::new(stream),
                                 reply: None,
@@ -275,23 +287,20 @@ impl SecureStream {
                 resend_reply,
             } => {
                 if let Body::Handshake(message) = &frame.body {
-                    if reply.as_ref().is_some_and(|(first, _)| first == message) {
-                        *resend_reply = true;
+                    match reply {
+                        // Responder: message 1 again, so message 2 was lost.
+                        Some((first, _)) if first == message => *resend_reply = true,
+                        Some(_) => {}
+                        // Initiator: message 2 again, so our confirmation was lost.
+                        None => stream.request_ack(),
                     }
-                    stream.handle_frame(
-                        Frame {
-                            body: Body::Heartbeat,
-                            ..frame
-                        },
-                        now,
-                    );
                     return;
                 }
-                if !matches!(frame.body, Body::Reset { .. }) {
+                stream.handle_frame(frame, now);
+                if stream.peer_authenticated() {
                     *reply = None;
                     *resend_reply = false;
                 }
-                stream.handle_frame(frame, now);
             }
         }
     }

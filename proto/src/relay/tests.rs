@@ -409,6 +409,8 @@ fn timers_resend_only_the_part_of_the_window_acks_can_describe() {
             stream_id: "s".into(),
             ack: Some(9),
             ack_bits: 0,
+            ack_auth: Vec::new(),
+            source: 0,
             body: Body::Ack,
         },
         acked,
@@ -441,6 +443,8 @@ fn a_segment_that_waited_for_a_hole_is_not_a_round_trip_sample() {
         stream_id: "s".into(),
         ack: Some(ack),
         ack_bits: 0,
+        ack_auth: Vec::new(),
+        source: 0,
         body: Body::Ack,
     };
     // Seq 0 comes back after 1 ms: the RTO drops to its floor.
@@ -470,6 +474,8 @@ fn a_segment_sent_before_an_acknowledged_one_is_resent_at_once_even_twice() {
         stream_id: "s".into(),
         ack: Some(0),
         ack_bits,
+        ack_auth: Vec::new(),
+        source: 0,
         body: Body::Ack,
     };
     a.send_message(vec![0]).unwrap();
@@ -510,6 +516,8 @@ fn after_a_reconnect_the_whole_window_is_resent_as_the_front_moves() {
             stream_id: "s".into(),
             ack: Some(ACK_BITS_SPAN - 1),
             ack_bits: 0,
+            ack_auth: Vec::new(),
+            source: 0,
             body: Body::Ack,
         },
         acked,
@@ -532,6 +540,8 @@ fn a_peer_that_keeps_talking_gets_resends_without_backoff() {
                 stream_id: "s".into(),
                 ack: None,
                 ack_bits: 0,
+                ack_auth: Vec::new(),
+                source: 0,
                 body: Body::Heartbeat,
             },
             at,
@@ -806,6 +816,125 @@ fn tampered_segments_are_dropped_then_the_stream_is_reset() {
         environment.handle_frame(forged, now);
     }
     assert!(environment.is_closed());
+}
+
+/// Two established encrypted ends whose first data segment (harness -> environment) was
+/// delivered, so the environment holds data to acknowledge.
+fn established_pair(now: Instant) -> (SecureStream, SecureStream) {
+    let (mut harness, mut environment) = secure_pair(now);
+    let second = environment.poll_transmit(now).unwrap();
+    harness.handle_frame(second, now);
+    harness.send_message(b"hello".to_vec()).unwrap();
+    while let Some(frame) = harness.poll_transmit(now) {
+        environment.handle_frame(frame, now);
+    }
+    while environment.poll_event().is_some() {}
+    while harness.poll_event().is_some() {}
+    assert!(environment.is_confirmed());
+    (harness, environment)
+}
+
+/// The environment's next frame, which acknowledges the harness's data.
+fn ack_from(environment: &mut SecureStream, now: Instant) -> Frame {
+    environment.request_ack();
+    let frame = environment.poll_transmit(now).unwrap();
+    assert_eq!(frame.ack, Some(0), "{frame:?}");
+    assert!(!frame.ack_auth.is_empty());
+    frame
+}
+
+fn closed_reason(stream: &mut SecureStream) -> Option<String> {
+    while let Some(event) = stream.poll_event() {
+        if let StreamEvent::Closed { reason, .. } = event {
+            return Some(reason);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_forged_or_altered_ack_resets_the_stream() {
+    let now = Instant::now();
+    type Forgery = fn(&mut Frame);
+    let forgeries: [(&str, Forgery); 4] = [
+        ("ack moved", |frame| frame.ack = Some(7)),
+        ("ack_bits set", |frame| frame.ack_bits = 0b100),
+        ("tag stripped", |frame| frame.ack_auth.clear()),
+        ("tag corrupted", |frame| {
+            let last = frame.ack_auth.len() - 1;
+            frame.ack_auth[last] ^= 1;
+        }),
+    ];
+    for (what, forge) in forgeries {
+        let (mut harness, mut environment) = established_pair(now);
+        let mut frame = ack_from(&mut environment, now);
+        forge(&mut frame);
+        // Across the wire, as a relay would send it.
+        harness.handle_frame(Frame::decode(&frame.encode()).unwrap(), now);
+        assert!(harness.is_closed(), "{what}: the forged ack was accepted");
+        let reason = closed_reason(&mut harness).unwrap();
+        assert!(reason.contains("forged"), "{what}: {reason}");
+        assert!(
+            matches!(
+                harness.poll_transmit(now),
+                Some(Frame {
+                    body: Body::Reset { .. },
+                    ..
+                })
+            ),
+            "{what}: no reset sent"
+        );
+    }
+    // Ack fields on a frame that never had them (an injected heartbeat) are forged too.
+    let (mut harness, _environment) = established_pair(now);
+    let mut injected = Frame::new("s", Body::Heartbeat);
+    injected.ack = Some(0);
+    harness.handle_frame(injected, now);
+    assert!(harness.is_closed());
+}
+
+#[test]
+fn a_replayed_ack_is_detected_and_ignored() {
+    let now = Instant::now();
+    let (mut harness, mut environment) = established_pair(now);
+    // The harness sends a second segment; the environment's old ack (for seq 0) is replayed
+    // after its newer ack (for seq 1): the replay must not count as hearing from the peer.
+    let old = ack_from(&mut environment, now);
+    harness.handle_frame(old.clone(), now);
+    harness.send_message(b"second".to_vec()).unwrap();
+    let data = harness.poll_transmit(now).unwrap();
+    environment.handle_frame(data, now);
+    let newer = environment.poll_transmit(now).unwrap();
+    assert_eq!(newer.ack, Some(1));
+    harness.handle_frame(newer, now);
+    assert!(harness.is_idle());
+    for _ in 0..3 {
+        harness.handle_frame(old.clone(), now);
+    }
+    assert!(!harness.is_closed());
+    let stats = harness.reliable().unwrap().stats();
+    assert_eq!(stats.replayed_acks, 3);
+    // A replay does not keep a silent peer alive: liveness still runs from the last fresh frame.
+    harness.handle_frame(old, now + LIVENESS_TIMEOUT);
+    harness.handle_timeout(now + LIVENESS_TIMEOUT);
+    assert!(harness.is_closed());
+}
+
+#[test]
+fn a_responder_is_confirmed_only_by_an_authenticated_frame() {
+    let now = Instant::now();
+    let (mut harness, mut environment) = secure_pair(now);
+    // A frame injected by the relay does not confirm the stream (nor reset it: a reset from
+    // outside the stream is always possible).
+    environment.handle_frame(Frame::new("s", Body::Heartbeat), now);
+    assert!(!environment.is_confirmed());
+    let second = environment.poll_transmit(now).unwrap();
+    harness.handle_frame(second, now);
+    // The harness confirms at once, before it has anything to send.
+    let confirmation = harness.poll_transmit(now).unwrap();
+    assert_eq!(confirmation.body, Body::Ack);
+    environment.handle_frame(confirmation, now);
+    assert!(environment.is_confirmed());
 }
 
 #[test]

@@ -6,9 +6,10 @@
 //! the workspace pointing at a root-owned file outside). So:
 //! - the parent directory is opened once, as the user named it;
 //! - the file is created in it by descriptor, never following a symlink at its name
-//!   (`O_NOFOLLOW`); inside a writable root of the policy it must be created fresh
-//!   (`O_EXCL`, after removing whatever has that name), since only the command could have put it
-//!   there;
+//!   (`O_NOFOLLOW`); inside a writable root of the policy a regular file or symlink already
+//!   there is removed and the report created fresh (`O_EXCL`), since only the command could have
+//!   put it there; a device or FIFO (`/dev/null`, `/dev/stdout`) is written as it is, never
+//!   removed;
 //! - the report is written through that descriptor when the command has ended.
 
 use std::fs::File;
@@ -65,16 +66,31 @@ impl ReportFile {
         .map_err(|err| setup(path, format!("cannot resolve its directory: {err}")))?;
         let inside_writable_root =
             policy.restricts_filesystem() && policy.can_write(&resolved_parent.join(name));
-        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let flags = if inside_writable_root {
-            // Only the command (or an earlier one) could have put something here: start fresh.
-            match nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
-                Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
-                Err(err) => return Err(setup(path, format!("cannot replace it: {err}"))),
+        let existing =
+            nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW);
+        let kind = existing.as_ref().ok().map(|st| st.st_mode & libc::S_IFMT);
+        let base = OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let flags = match kind {
+            None => base | OFlag::O_CREAT | OFlag::O_EXCL,
+            Some(libc::S_IFDIR) => return Err(setup(path, "is a directory")),
+            Some(libc::S_IFLNK) if !inside_writable_root => {
+                return Err(setup(
+                    path,
+                    "is a symlink; refusing to write the report through it (remove it or \
+                     choose another path)",
+                ));
             }
-            flags | OFlag::O_EXCL
-        } else {
-            flags | OFlag::O_TRUNC
+            // Only the command (or an earlier one) could have put a file or link here: start
+            // fresh. Never anything else: a device (/dev/null) or a FIFO is written as it is.
+            Some(libc::S_IFLNK | libc::S_IFREG) if inside_writable_root => {
+                match nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+                    Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+                    Err(err) => return Err(setup(path, format!("cannot replace it: {err}"))),
+                }
+                base | OFlag::O_CREAT | OFlag::O_EXCL
+            }
+            Some(libc::S_IFREG) => base | OFlag::O_TRUNC,
+            Some(_) => base,
         };
         let file = nix::fcntl::openat(dir.as_fd(), name, flags, Mode::from_bits_truncate(0o644))
             .map_err(|err| match err {
@@ -82,6 +98,10 @@ impl ReportFile {
                     path,
                     "is a symlink; refusing to write the report through it (remove it or \
                      choose another path)",
+                ),
+                nix::errno::Errno::EEXIST => setup(
+                    path,
+                    "appeared while it was being created; refusing to write through it",
                 ),
                 err => setup(path, format!("cannot create it: {err}")),
             })?;

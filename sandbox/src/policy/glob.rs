@@ -39,9 +39,17 @@ pub fn is_glob(text: &str) -> bool {
 /// [`PolicyError::Glob`] when `max_depth` exceeds [`MAX_GLOB_SCAN_MAX_DEPTH`], or the pattern
 /// matches more than [`MAX_GLOB_MATCHES`] paths, or the walk would read more than
 /// [`MAX_GLOB_SCANNED_ENTRIES`] directory entries.
+///
+/// `for_deny`: the pattern denies what it matches, so it fails closed: a directory the walk
+/// cannot read is an error (a file there could match and would stay readable), never a skipped
+/// subtree. An allowing pattern just matches less.
 #[cfg(test)]
-pub fn expand(pattern: &Path, max_depth: usize) -> Result<Vec<PathBuf>, PolicyError> {
-    expand_within(pattern, max_depth, &mut GlobBudget::new())
+pub fn expand(
+    pattern: &Path,
+    max_depth: usize,
+    for_deny: bool,
+) -> Result<Vec<PathBuf>, PolicyError> {
+    expand_within(pattern, max_depth, &mut GlobBudget::new(), for_deny)
 }
 
 /// What is left of one policy's glob work ([`MAX_GLOB_SCANNED_ENTRIES`] directory entries and
@@ -81,6 +89,7 @@ pub fn expand_within(
     pattern: &Path,
     max_depth: usize,
     budget: &mut GlobBudget,
+    for_deny: bool,
 ) -> Result<Vec<PathBuf>, PolicyError> {
     let text = pattern.to_string_lossy();
     let fail = |message: String| PolicyError::Glob {
@@ -134,9 +143,18 @@ pub fn expand_within(
         found: Vec::new(),
         entries_left: budget.entries_left,
         exhausted: false,
+        strict: for_deny,
+        unreadable: None,
     };
     walk.walk(&base, &components[literal..], max_depth);
     budget.entries_left = walk.entries_left;
+    if let Some((dir, err)) = walk.unreadable {
+        return Err(fail(format!(
+            "cannot read {} ({err}); a deny pattern must see every directory it could match in, \
+             or a matching file there would stay readable",
+            dir.display()
+        )));
+    }
     if walk.exhausted {
         return Err(fail(
             "the policy's globs together read more than MAX_GLOB_SCANNED_ENTRIES \
@@ -222,6 +240,10 @@ struct Walk {
     entries_left: usize,
     /// An entry was left unread because the budget ran out.
     exhausted: bool,
+    /// Unreadable directories are an error (deny patterns).
+    strict: bool,
+    /// The first directory that could not be read, under `strict`.
+    unreadable: Option<(PathBuf, std::io::Error)>,
 }
 
 impl Walk {
@@ -248,10 +270,13 @@ impl Walk {
             return;
         }
         for (path, is_dir) in self.read_dir(dir) {
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            // Names that are not UTF-8 are matched on their lossy form: a literal in the
+            // pattern never matches a replacement character, and `*` still spans it, so
+            // `*.pem` matches `\xff.pem` (a deny must not miss it).
+            let Some(name) = path.file_name().map(|n| n.to_string_lossy()) else {
                 continue;
             };
-            if !matches_tokens(first, name) {
+            if !matches_tokens(first, &name) {
                 continue;
             }
             if tail.is_empty() {
@@ -262,14 +287,32 @@ impl Walk {
         }
     }
 
-    /// Directory entries as `(path, is_real_directory)`, charged to the budget; unreadable
-    /// directories yield nothing.
+    /// Directory entries as `(path, is_real_directory)`, charged to the budget; an unreadable
+    /// directory yields nothing (and is recorded under `strict`; a missing one is fine).
     fn read_dir(&mut self, dir: &Path) -> Vec<(PathBuf, bool)> {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return Vec::new();
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(err) => {
+                if self.strict
+                    && err.kind() != std::io::ErrorKind::NotFound
+                    && self.unreadable.is_none()
+                {
+                    self.unreadable = Some((dir.to_owned(), err));
+                }
+                return Vec::new();
+            }
         };
         let mut out = Vec::new();
-        for entry in entries.filter_map(Result::ok) {
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(err) => {
+                    if self.strict && self.unreadable.is_none() {
+                        self.unreadable = Some((dir.to_owned(), err));
+                    }
+                    continue;
+                }
+            };
             if self.entries_left == 0 {
                 self.exhausted = true;
                 break;
@@ -370,7 +413,8 @@ mod tests {
     #[test]
     fn a_walk_over_budget_or_too_deep_is_an_error_not_a_truncation() {
         let dir = tempfile::tempdir().unwrap();
-        let too_deep = expand(&dir.path().join("**/x"), MAX_GLOB_SCAN_MAX_DEPTH + 1).unwrap_err();
+        let too_deep =
+            expand(&dir.path().join("**/x"), MAX_GLOB_SCAN_MAX_DEPTH + 1, false).unwrap_err();
         assert!(
             too_deep.to_string().contains("MAX_GLOB_SCAN_MAX_DEPTH"),
             "{too_deep}"
@@ -385,22 +429,27 @@ mod tests {
             }
         }
         let budget = |entries| GlobBudget::with_entries(entries);
-        let error =
-            expand_within(&dir.path().join("*/nothing-matches"), 8, &mut budget(500)).unwrap_err();
+        let error = expand_within(
+            &dir.path().join("*/nothing-matches"),
+            8,
+            &mut budget(500),
+            false,
+        )
+        .unwrap_err();
         assert!(
             error.to_string().contains("MAX_GLOB_SCANNED_ENTRIES"),
             "{error}"
         );
         // Reading exactly the budget is within it (d0 holds 100 entries).
         assert_eq!(
-            expand_within(&dir.path().join("d0/*"), 8, &mut budget(100))
+            expand_within(&dir.path().join("d0/*"), 8, &mut budget(100), false)
                 .unwrap()
                 .len(),
             100
         );
         // Starting deeper stays within the budget.
         assert_eq!(
-            expand_within(&dir.path().join("d0/f1?"), 8, &mut budget(500))
+            expand_within(&dir.path().join("d0/f1?"), 8, &mut budget(500), false)
                 .unwrap()
                 .len(),
             10
@@ -417,24 +466,56 @@ mod tests {
         // fourth does not, although each alone would.
         let mut budget = GlobBudget::with_entries(300);
         for suffix in ["1", "2", "3"] {
-            expand_within(&dir.path().join(format!("*{suffix}")), 8, &mut budget).unwrap();
+            expand_within(
+                &dir.path().join(format!("*{suffix}")),
+                8,
+                &mut budget,
+                false,
+            )
+            .unwrap();
         }
-        let error = expand_within(&dir.path().join("*4"), 8, &mut budget).unwrap_err();
+        let error = expand_within(&dir.path().join("*4"), 8, &mut budget, false).unwrap_err();
         assert!(error.to_string().contains("together"), "{error}");
         // The number of patterns is bounded too, even when they read nothing.
         let mut budget = GlobBudget::new();
         let missing = dir.path().join("missing");
         for i in 0..MAX_GLOB_PATTERNS {
-            expand_within(&missing.join(format!("{i}/*")), 8, &mut budget).unwrap();
+            expand_within(&missing.join(format!("{i}/*")), 8, &mut budget, false).unwrap();
         }
-        let error = expand_within(&missing.join("last/*"), 8, &mut budget).unwrap_err();
+        let error = expand_within(&missing.join("last/*"), 8, &mut budget, false).unwrap_err();
         assert!(error.to_string().contains("MAX_GLOB_PATTERNS"), "{error}");
+    }
+
+    #[test]
+    fn a_deny_pattern_fails_closed_on_an_unreadable_directory_and_sees_non_utf8_names() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let odd = std::ffi::OsStr::from_bytes(b"\xffkey.pem");
+        std::fs::write(dir.path().join(odd), "k").unwrap();
+        let found = expand(&dir.path().join("*.pem"), 4, true).unwrap();
+        assert_eq!(found, vec![dir.path().join(odd)]);
+        if nix::unistd::geteuid().is_root() {
+            // Root reads any directory; an unreadable one needs an unprivileged walker.
+            return;
+        }
+        let locked = dir.path().join("locked");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let err = expand(&dir.path().join("**/*.pem"), 4, true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot read"), "{err}");
+        assert!(expand(&dir.path().join("**/*.pem"), 4, false).is_ok());
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
     #[test]
     fn dot_dot_is_refused_in_a_glob() {
         for pattern in ["/tmp/../etc/*", "/tmp/*/../x", "/tmp/./*", "/tmp/**/.."] {
-            let err = expand(Path::new(pattern), 4).unwrap_err().to_string();
+            let err = expand(Path::new(pattern), 4, false)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("not allowed in a glob"), "{pattern}: {err}");
         }
     }
@@ -446,7 +527,7 @@ mod tests {
         std::fs::write(dir.path().join("a/top.pem"), "").unwrap();
         std::fs::write(dir.path().join("a/b/c/deep.pem"), "").unwrap();
         let pattern = dir.path().join("**/*.pem");
-        let all = expand(&pattern, 8).unwrap();
+        let all = expand(&pattern, 8, false).unwrap();
         assert_eq!(
             all,
             vec![
@@ -454,7 +535,7 @@ mod tests {
                 dir.path().join("a/top.pem")
             ]
         );
-        let shallow = expand(&pattern, 1).unwrap();
+        let shallow = expand(&pattern, 1, false).unwrap();
         assert_eq!(shallow, vec![dir.path().join("a/top.pem")]);
     }
 }

@@ -40,16 +40,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     options.auth_token_file = cli.auth_token_file;
     options.one_shot_helpers = cli.one_shot_helpers;
     options.detached_session_ttl = Duration::from_secs_f64(cli.detached_session_ttl);
+    options.use_cgroups = !cli.no_cgroups;
+    options.default_limits = cli.default_limits.unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     match (cli.remote, cli.environment_id) {
         (Some(registry_url), Some(environment_id)) => {
-            let config = supervisor::relay::RemoteEnvironmentConfig::from_env(
+            let mut config = supervisor::relay::RemoteEnvironmentConfig::from_token_source(
                 registry_url,
                 environment_id,
                 cli.name,
+                cli.token_file.as_deref(),
             )?;
+            // Sandboxed commands must never read the executor's key or credential.
+            options.protected_files.extend(
+                cli.identity_file
+                    .iter()
+                    .chain(cli.token_file.iter())
+                    .cloned(),
+            );
+            config.identity_file = cli.identity_file;
+            config.ca_file = cli.ca_file;
             runtime.block_on(supervisor::relay::run_main_remote(options, config))?;
         }
         _ => runtime.block_on(run_main_with_options(options))?,

@@ -28,7 +28,7 @@ use super::{
     DEFAULT_INITIALIZE_TIMEOUT, ExecServerClient, ExecServerClientConnectOptions, ExecServerError,
     RECOVERY_DEADLINE,
 };
-use crate::relay::{CLOSE_LINGER, RelayHarnessConnection, RemoteConnectArgs};
+use crate::relay::{CLOSE_LINGER, REGISTRATION_WAIT, RelayHarnessConnection, RemoteConnectArgs};
 
 /// Extra time, beyond [`CLOSE_LINGER`], that closing an abandoned stream may take before its
 /// tasks are simply dropped (the executor then notices through the liveness timeout).
@@ -166,7 +166,7 @@ fn serve(mut connection: RelayHarnessConnection, open: OpenStream) -> TransportC
 /// [`ExecServerClientConnectOptions`].
 #[derive(Debug, Clone)]
 pub struct RemoteExecServerConnectArgs {
-    /// Registry URL, environment id and bearer token.
+    /// Registry URL, environment id, harness credential, trust settings.
     pub relay: RemoteConnectArgs,
     /// `clientName` of `initialize` (shows in server logs).
     pub client_name: String,
@@ -181,22 +181,19 @@ pub struct RemoteExecServerConnectArgs {
 }
 
 impl RemoteExecServerConnectArgs {
-    /// Defaults: client name `execward-client`, 10 s connect and initialize timeouts,
-    /// [`RECOVERY_DEADLINE`].
+    /// Defaults: client name `execward-client`, a connect timeout of 10 s plus
+    /// [`REGISTRATION_WAIT`] (an environment that is not registered yet is waited for), 10 s
+    /// initialize timeout, [`RECOVERY_DEADLINE`], system roots, no pinned key.
     pub fn new(
         registry_url: impl Into<String>,
         environment_id: impl Into<String>,
         bearer_token: impl Into<String>,
     ) -> Self {
         Self {
-            relay: RemoteConnectArgs {
-                registry_url: registry_url.into(),
-                environment_id: environment_id.into(),
-                bearer_token: bearer_token.into(),
-            },
+            relay: RemoteConnectArgs::new(registry_url, environment_id, bearer_token),
             client_name: "execward-client".into(),
             resume_session_id: None,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT.saturating_add(REGISTRATION_WAIT),
             initialize_timeout: DEFAULT_INITIALIZE_TIMEOUT,
             recovery_timeout: RECOVERY_DEADLINE,
         }
@@ -206,6 +203,29 @@ impl RemoteExecServerConnectArgs {
     #[must_use]
     pub fn with_client_name(mut self, name: impl Into<String>) -> Self {
         self.client_name = name.into();
+        self
+    }
+
+    /// Also trust the CA certificates of this PEM file (for `https://` and `wss://`).
+    #[must_use]
+    pub fn with_ca_file(mut self, ca_file: Option<std::path::PathBuf>) -> Self {
+        self.relay = self.relay.with_ca_file(ca_file);
+        self
+    }
+
+    /// Refuse to connect unless the registry hands out this executor public key.
+    #[must_use]
+    pub fn with_executor_key(mut self, key: Option<Vec<u8>>) -> Self {
+        self.relay = self.relay.with_executor_key(key);
+        self
+    }
+
+    /// Wait this long for an environment the registry does not know yet; the connect timeout
+    /// grows to keep [`DEFAULT_CONNECT_TIMEOUT`] beyond it.
+    #[must_use]
+    pub fn with_registration_wait(mut self, wait: Duration) -> Self {
+        self.relay = self.relay.with_registration_wait(wait);
+        self.connect_timeout = DEFAULT_CONNECT_TIMEOUT.saturating_add(wait);
         self
     }
 

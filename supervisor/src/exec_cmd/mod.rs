@@ -64,9 +64,15 @@ pub enum ExecCommandError {
     },
     /// `--remote` was given without a token.
     #[error(
-        "--remote needs the registry's bearer token: set ${REGISTRY_TOKEN_ENV} or pass --token-file"
+        "--remote needs a harness credential of the registry: set ${REGISTRY_TOKEN_ENV} or pass --token-file"
     )]
     MissingRegistryToken,
+    /// `--registration-wait` is not a number of seconds.
+    #[error("--registration-wait {0} must be a non-negative number of seconds")]
+    RegistrationWait(f64),
+    /// `--executor-key` is not a base64 public key.
+    #[error("--executor-key: {0}")]
+    ExecutorKey(String),
     /// Neither `--connect` nor `--remote` (clap normally refuses this first).
     #[error("pass --connect URL or --remote REGISTRY_URL --environment-id ID")]
     NoServer,
@@ -174,13 +180,24 @@ pub fn exec_target(
                         .filter(|token| !token.is_empty())
                 })
                 .ok_or(ExecCommandError::MissingRegistryToken)?;
+            let registration_wait = std::time::Duration::try_from_secs_f64(args.registration_wait)
+                .map_err(|_| ExecCommandError::RegistrationWait(args.registration_wait))?;
+            let executor_key = args
+                .executor_key
+                .as_deref()
+                .map(crate::relay::registry::decode_public_key)
+                .transpose()
+                .map_err(ExecCommandError::ExecutorKey)?;
             Ok(ExecTarget::Remote(
                 RemoteExecServerConnectArgs::new(
                     registry_url.clone(),
                     environment_id.clone(),
                     token,
                 )
-                .with_client_name(CLIENT_NAME),
+                .with_client_name(CLIENT_NAME)
+                .with_ca_file(args.ca_file.clone())
+                .with_executor_key(executor_key)
+                .with_registration_wait(registration_wait),
             ))
         }
         _ => Err(ExecCommandError::NoServer),
@@ -239,6 +256,7 @@ pub fn start_params(
         audit_denials: false,
         env_policy: None,
         enforce_managed_network: false,
+        limits: None,
     })
 }
 

@@ -9,25 +9,108 @@
 //! - When the application closes, the stream lingers up to [`CLOSE_LINGER`] for its last
 //!   messages to be acknowledged, then resets.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::SinkExt;
 use proto::relay::limits::MAX_RELAY_FRAME_BYTES;
 use proto::relay::{Frame, SecureStream, StreamEvent};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::CLOSE_LINGER;
+use super::tls::{Scheme, TlsError, check_url};
+use super::{CLOSE_LINGER, REGISTRY_TIMEOUT};
 
 /// A websocket to the rendezvous.
-pub type RelaySocket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+pub type RelaySocket = WebSocketStream<RelayIo>;
+
+/// The byte stream under a [`RelaySocket`]: TCP, or TLS over TCP for `wss://`.
+pub enum RelayIo {
+    /// `ws://` (loopback only).
+    Plain(TcpStream),
+    /// `wss://`.
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for RelayIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            RelayIo::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            RelayIo::Tls(io) => Pin::new(io).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for RelayIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            RelayIo::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            RelayIo::Tls(io) => Pin::new(io).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            RelayIo::Plain(io) => Pin::new(io).poll_flush(cx),
+            RelayIo::Tls(io) => Pin::new(io).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            RelayIo::Plain(io) => Pin::new(io).poll_shutdown(cx),
+            RelayIo::Tls(io) => Pin::new(io).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Why a rendezvous websocket could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    /// The URL is unusable, or plain text to a non-loopback host.
+    #[error(transparent)]
+    Url(#[from] TlsError),
+    /// The URL has no host or port.
+    #[error("websocket URL {url:?} has no host")]
+    NoHost {
+        /// The URL.
+        url: String,
+    },
+    /// TCP connect failed or took too long.
+    #[error("connecting to {address}: {source}")]
+    Connect {
+        /// host:port.
+        address: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The TLS handshake failed (untrusted certificate, wrong name, ...).
+    #[error("TLS with {host}: {source}")]
+    Tls {
+        /// The host name checked against the certificate.
+        host: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The websocket handshake failed (401, 403, 404, ...).
+    #[error("websocket handshake: {0}")]
+    Handshake(Box<tokio_tungstenite::tungstenite::Error>),
+}
 
 /// From the application to its stream.
 #[derive(Debug)]
@@ -63,24 +146,73 @@ pub fn relay_websocket_config() -> WebSocketConfig {
         .max_frame_size(Some(MAX_RELAY_FRAME_BYTES))
 }
 
-/// Open a websocket to the rendezvous with the bearer token.
+/// Open a websocket to the rendezvous with the bearer token: `wss://` through `tls`, or
+/// `ws://` to a loopback host only.
 ///
 /// # Errors
-/// The websocket error (bad URL, refused, rejected upgrade).
+/// [`SocketError`] naming the step that failed.
 pub async fn connect_socket(
     url: &str,
     token: &str,
-) -> Result<RelaySocket, tokio_tungstenite::tungstenite::Error> {
-    let mut request = url.into_client_request()?;
+    tls: &Arc<rustls::ClientConfig>,
+) -> Result<RelaySocket, SocketError> {
+    let scheme = check_url(url, ["ws", "wss"])?;
+    let handshake = |e| SocketError::Handshake(Box::new(e));
+    let mut request = url.into_client_request().map_err(handshake)?;
     let value = format!("Bearer {token}").parse().map_err(|_| {
-        tokio_tungstenite::tungstenite::Error::Url(
+        handshake(tokio_tungstenite::tungstenite::Error::Url(
             tokio_tungstenite::tungstenite::error::UrlError::UnsupportedUrlScheme,
-        )
+        ))
     })?;
     request.headers_mut().insert("authorization", value);
+    let no_host = || SocketError::NoHost {
+        url: url.to_owned(),
+    };
+    let host = request.uri().host().ok_or_else(no_host)?.to_owned();
+    let port = request
+        .uri()
+        .port_u16()
+        .unwrap_or(if scheme == Scheme::Tls { 443 } else { 80 });
+    let bare_host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let address = format!("{host}:{port}");
+    let connect = |source| SocketError::Connect {
+        address: address.clone(),
+        source,
+    };
+    let tcp = tokio::time::timeout(
+        REGISTRY_TIMEOUT,
+        TcpStream::connect((bare_host.as_str(), port)),
+    )
+    .await
+    .map_err(|_| connect(std::io::ErrorKind::TimedOut.into()))?
+    .map_err(connect)?;
+    let _ = tcp.set_nodelay(true);
+    let io = match scheme {
+        Scheme::Plain => RelayIo::Plain(tcp),
+        Scheme::Tls => {
+            let tls_error = |source| SocketError::Tls {
+                host: bare_host.clone(),
+                source,
+            };
+            let name = rustls_pki_types::ServerName::try_from(bare_host.clone())
+                .map_err(|e| tls_error(std::io::Error::other(e)))?;
+            let stream = tokio::time::timeout(
+                REGISTRY_TIMEOUT,
+                tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp),
+            )
+            .await
+            .map_err(|_| tls_error(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(tls_error)?;
+            RelayIo::Tls(Box::new(stream))
+        }
+    };
     let (socket, _) =
-        tokio_tungstenite::connect_async_with_config(request, Some(relay_websocket_config()), true)
-            .await?;
+        tokio_tungstenite::client_async_with_config(request, io, Some(relay_websocket_config()))
+            .await
+            .map_err(handshake)?;
     Ok(socket)
 }
 

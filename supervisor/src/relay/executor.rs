@@ -4,30 +4,40 @@
 //! Ordering rules:
 //! - Every (re)connection registers first (the registry may have restarted and forgotten us),
 //!   then opens the websocket it was given; only then are streams told to resume.
-//! - A new `stream_id` must open with a handshake; it is refused with a reset when
-//!   [`MAX_RELAY_STREAMS`] streams exist or [`MAX_PENDING_HANDSHAKES`] are unconfirmed.
-//!   More than [`MAX_HANDSHAKE_FAILURES_PER_SOCKET`] failed handshakes close the socket.
+//! - The static key is the persistent identity ([`super::identity`]), so the registry's binding
+//!   of the environment id to it survives restarts; a registry that refuses it (409: bound to
+//!   another key) is reported at error level on every retry.
+//! - A new `stream_id` must open with a handshake. Accounting is per harness socket (the
+//!   rendezvous tags every frame with its `source`): [`HANDSHAKES_PER_SOURCE_PER_SECOND`]
+//!   attempts, [`MAX_PENDING_HANDSHAKES_PER_SOURCE`] pending and [`MAX_STREAMS_PER_SOURCE`] open
+//!   per source; [`MAX_RELAY_STREAMS`] open and [`MAX_PENDING_HANDSHAKES`] pending in all, the
+//!   oldest pending handshake of the busiest source giving way to a newcomer. A stream not
+//!   confirmed within [`UNCONFIRMED_STREAM_TIMEOUT`] is dropped. Failed handshakes are answered
+//!   with a reset and never close the shared socket.
 //! - Streams outlive sockets: they keep their state across a reconnect and end only by reset,
 //!   liveness timeout, or the server's shutdown.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use base64::Engine as _;
 use futures_util::StreamExt;
+use proto::relay::limits::UNCONFIRMED_STREAM_TIMEOUT;
 use proto::relay::noise::StaticKeypair;
 use proto::relay::{Body, Frame, SecureStream};
 use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 use super::driver::{AppOut, StreamChannels, connect_socket, run_stream, send_batch};
-use super::registry::{self, RegisterRequest};
+use super::registry::{self, RegisterRequest, RegistryClient, RegistryError};
 use super::{
-    APP_QUEUE_MESSAGES, MAX_HANDSHAKE_FAILURES_PER_SOCKET, MAX_PENDING_HANDSHAKES,
-    MAX_RELAY_STREAMS, RECENTLY_CLOSED_STREAMS, RECONNECT_BACKOFF_INITIAL, REGISTRY_TOKEN_ENV,
-    SOCKET_OUTBOX_FRAMES, STREAM_INBOX_FRAMES, next_backoff,
+    APP_QUEUE_MESSAGES, EXECUTOR_TOKEN_ENV, HANDSHAKES_PER_SOURCE_BURST,
+    HANDSHAKES_PER_SOURCE_PER_SECOND, MAX_PENDING_HANDSHAKES, MAX_PENDING_HANDSHAKES_PER_SOURCE,
+    MAX_RELAY_STREAMS, MAX_STREAMS_PER_SOURCE, RECENTLY_CLOSED_STREAMS, RECONNECT_BACKOFF_INITIAL,
+    SOCKET_OUTBOX_FRAMES, STREAM_INBOX_FRAMES, UNCONFIRMED_SWEEP_INTERVAL, next_backoff,
 };
 use crate::rpc::connection::{Inbound, OutboundFrame, serve_transport};
 use crate::server::ServerState;
@@ -35,14 +45,19 @@ use crate::server::ServerState;
 /// Where and as what an environment registers.
 #[derive(Clone)]
 pub struct RemoteEnvironmentConfig {
-    /// `http://HOST:PORT` of the registry.
+    /// `https://HOST:PORT` of the registry (`http://` to a loopback host only).
     pub registry_url: String,
     /// The environment id harnesses connect to.
     pub environment_id: String,
     /// Display name.
     pub name: String,
-    /// Bearer token for the registry and the rendezvous.
+    /// The executor credential for the registry and the rendezvous.
     pub bearer_token: String,
+    /// The persistent identity file (created 0600 if missing); `None`: a fresh key per run,
+    /// which a registry that bound the id to an earlier key refuses.
+    pub identity_file: Option<PathBuf>,
+    /// Extra trusted CA certificates (PEM) besides the system's.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for RemoteEnvironmentConfig {
@@ -52,6 +67,8 @@ impl std::fmt::Debug for RemoteEnvironmentConfig {
             .field("environment_id", &self.environment_id)
             .field("name", &self.name)
             .field("bearer_token", &"<redacted>")
+            .field("identity_file", &self.identity_file)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -59,12 +76,28 @@ impl std::fmt::Debug for RemoteEnvironmentConfig {
 /// Why remote mode cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
-    /// No token in the environment.
-    #[error("remote mode needs the registry's bearer token in ${REGISTRY_TOKEN_ENV}")]
+    /// No executor credential.
+    #[error(
+        "remote mode needs the executor credential: pass --token-file FILE or set ${EXECUTOR_TOKEN_ENV}"
+    )]
     MissingToken,
+    /// The token file is unreadable or empty.
+    #[error("--token-file {path}: {reason}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// Bad environment id.
     #[error("{0}")]
     EnvironmentId(String),
+    /// The identity file is unusable.
+    #[error(transparent)]
+    Identity(#[from] super::identity::IdentityError),
+    /// The registry URL or TLS settings are unusable.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
     /// The static key could not be generated.
     #[error(transparent)]
     Noise(#[from] proto::relay::noise::NoiseError),
@@ -74,7 +107,8 @@ pub enum RemoteError {
 }
 
 impl RemoteEnvironmentConfig {
-    /// A config with an explicit token (for embedding and tests); the name defaults to the id.
+    /// A config with an explicit token (for embedding and tests); the name defaults to the id,
+    /// no identity file (a fresh key), system roots.
     pub fn with_bearer_token(
         registry_url: impl Into<String>,
         environment_id: impl Into<String>,
@@ -86,47 +120,142 @@ impl RemoteEnvironmentConfig {
             name: environment_id.clone(),
             environment_id,
             bearer_token: bearer_token.into(),
+            identity_file: None,
+            ca_file: None,
         }
     }
 
-    /// A config whose token comes from `$EXECWARD_REGISTRY_TOKEN`.
+    /// A config whose token is `token_file`'s content (surrounding whitespace removed), or else
+    /// `$EXECWARD_EXECUTOR_TOKEN`'s.
     ///
     /// # Errors
-    /// [`RemoteError::MissingToken`] when the variable is unset or blank.
-    pub fn from_env(
+    /// [`RemoteError::TokenFile`] for an unreadable or empty file, [`RemoteError::MissingToken`]
+    /// when there is no token at all.
+    pub fn from_token_source(
         registry_url: impl Into<String>,
         environment_id: impl Into<String>,
         name: Option<String>,
+        token_file: Option<&std::path::Path>,
     ) -> Result<Self, RemoteError> {
-        let token = std::env::var(REGISTRY_TOKEN_ENV).unwrap_or_default();
-        let token = token.trim();
-        if token.is_empty() {
-            return Err(RemoteError::MissingToken);
-        }
+        let token = match token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| RemoteError::TokenFile {
+                    path: path.to_owned(),
+                    reason: e.to_string(),
+                })?;
+                let token = text.trim().to_owned();
+                if token.is_empty() {
+                    return Err(RemoteError::TokenFile {
+                        path: path.to_owned(),
+                        reason: "the file is empty".into(),
+                    });
+                }
+                token
+            }
+            None => {
+                let token = std::env::var(EXECUTOR_TOKEN_ENV).unwrap_or_default();
+                let token = token.trim().to_owned();
+                if token.is_empty() {
+                    return Err(RemoteError::MissingToken);
+                }
+                token
+            }
+        };
         let mut config = Self::with_bearer_token(registry_url, environment_id, token);
         if let Some(name) = name {
             config.name = name;
         }
         Ok(config)
     }
+
+    /// The keypair: the identity file's (created if missing), or a fresh one.
+    ///
+    /// # Errors
+    /// [`RemoteError::Identity`] or [`RemoteError::Noise`].
+    pub fn keypair(&self) -> Result<StaticKeypair, RemoteError> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        match &self.identity_file {
+            Some(path) => {
+                let (keypair, created) = super::identity::load_or_create(path)?;
+                tracing::info!(
+                    path = %path.display(),
+                    created,
+                    public_key = %b64.encode(keypair.public()),
+                    "executor identity"
+                );
+                Ok(keypair)
+            }
+            None => {
+                let keypair = StaticKeypair::generate()?;
+                tracing::warn!(
+                    public_key = %b64.encode(keypair.public()),
+                    "no --identity-file: this executor's key changes on every start, so a restart cannot re-register the same environment id"
+                );
+                Ok(keypair)
+            }
+        }
+    }
 }
 
 struct StreamHandle {
     inbox: mpsc::Sender<Frame>,
     confirmed: Arc<AtomicBool>,
+    /// The harness socket that opened it.
+    source: u64,
+    opened: Instant,
+}
+
+/// Handshake attempts of one harness socket (token bucket).
+struct SourceBudget {
+    tokens: f64,
+    refilled: Instant,
+    refused: u64,
 }
 
 /// Everything the socket loop needs across reconnects.
 struct Executor {
     config: RemoteEnvironmentConfig,
+    registry: RegistryClient,
+    tls: Arc<rustls::ClientConfig>,
     keypair: StaticKeypair,
     server: Arc<ServerState>,
     streams: HashMap<String, StreamHandle>,
+    budgets: HashMap<u64, SourceBudget>,
     recently_closed: VecDeque<String>,
     recently_closed_set: HashSet<String>,
     outbox: mpsc::Sender<Vec<u8>>,
     finished: mpsc::Sender<String>,
     reconnects: watch::Receiver<u64>,
+}
+
+/// A remote environment checked and ready to serve: key loaded, registry client built.
+pub struct PreparedEnvironment {
+    config: RemoteEnvironmentConfig,
+    registry: RegistryClient,
+    tls: Arc<rustls::ClientConfig>,
+    keypair: StaticKeypair,
+}
+
+impl PreparedEnvironment {
+    /// Check the config (environment id, registry URL, TLS files) and load or create the key,
+    /// so that a mistake fails at start-up, before anything is served.
+    ///
+    /// # Errors
+    /// [`RemoteError`] naming what is unusable.
+    pub fn new(config: RemoteEnvironmentConfig) -> Result<Self, RemoteError> {
+        registry::validate_environment_id(&config.environment_id)
+            .map_err(RemoteError::EnvironmentId)?;
+        let tls = super::tls::client_config_for(&config.registry_url, config.ca_file.as_deref())
+            .map_err(RegistryError::from)?;
+        let registry = RegistryClient::new(&config.registry_url, &tls)?;
+        let keypair = config.keypair()?;
+        Ok(Self {
+            config,
+            registry,
+            tls,
+            keypair,
+        })
+    }
 }
 
 /// Serve harness streams through the registry and rendezvous until the server shuts down.
@@ -135,23 +264,35 @@ struct Executor {
 /// failures are logged and retried with backoff, never returned.
 ///
 /// # Errors
-/// [`RemoteError`] when the config is unusable or the key cannot be generated.
+/// [`RemoteError`] when the config is unusable or the key cannot be loaded or generated.
 pub async fn run_remote_environment(
     config: RemoteEnvironmentConfig,
     server: Arc<ServerState>,
 ) -> Result<(), RemoteError> {
-    registry::validate_environment_id(&config.environment_id)
-        .map_err(RemoteError::EnvironmentId)?;
-    let keypair = StaticKeypair::generate()?;
+    serve_prepared(PreparedEnvironment::new(config)?, server).await;
+    Ok(())
+}
+
+/// [`run_remote_environment`] for a config already checked.
+pub async fn serve_prepared(prepared: PreparedEnvironment, server: Arc<ServerState>) {
+    let PreparedEnvironment {
+        config,
+        registry,
+        tls,
+        keypair,
+    } = prepared;
     let (outbox, mut outbox_rx) = mpsc::channel(SOCKET_OUTBOX_FRAMES);
     let (finished, mut finished_rx) = mpsc::channel(MAX_RELAY_STREAMS);
     let (reconnect_tx, reconnects) = watch::channel(0u64);
     let mut shutdown = server.shutdown.clone();
     let mut executor = Executor {
         config,
+        registry,
+        tls,
         keypair,
         server,
         streams: HashMap::new(),
+        budgets: HashMap::new(),
         recently_closed: VecDeque::new(),
         recently_closed_set: HashSet::new(),
         outbox,
@@ -187,7 +328,6 @@ pub async fn run_remote_environment(
         }
         backoff = next_backoff(backoff);
     }
-    Ok(())
 }
 
 /// Resolves once shutdown started (without holding the watch guard).
@@ -201,17 +341,30 @@ impl Executor {
             name: self.config.name.clone(),
             public_key: base64::engine::general_purpose::STANDARD.encode(self.keypair.public()),
         };
-        let registered = registry::register(
-            &self.config.registry_url,
-            &self.config.environment_id,
-            &request,
+        let registered = self
+            .registry
+            .register(
+                &self.config.environment_id,
+                &request,
+                &self.config.bearer_token,
+            )
+            .await
+            .map_err(|e| {
+                if let RegistryError::Status { status, .. } = &e
+                    && matches!(status, 401 | 403 | 409)
+                {
+                    tracing::error!(error = %e, "the registry refuses this executor; an operator must fix the credential or the key binding");
+                }
+                e.to_string()
+            })?;
+        tracing::info!(environment = %self.config.environment_id, "registered");
+        connect_socket(
+            &registered.rendezvous_url,
             &self.config.bearer_token,
+            &self.tls,
         )
         .await
-        .map_err(|e| e.to_string())?;
-        connect_socket(&registered.rendezvous_url, &self.config.bearer_token)
-            .await
-            .map_err(|e| format!("rendezvous {}: {e}", registered.rendezvous_url))
+        .map_err(|e| format!("rendezvous {}: {e}", registered.rendezvous_url))
     }
 
     async fn serve_socket(
@@ -222,16 +375,12 @@ impl Executor {
         shutdown: &mut watch::Receiver<bool>,
     ) {
         let (mut sink, mut incoming) = socket.split();
-        let mut failures = 0u32;
+        let mut sweep = tokio::time::interval(UNCONFIRMED_SWEEP_INTERVAL);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 message = incoming.next() => match message {
-                    Some(Ok(WsMessage::Binary(bytes))) => {
-                        if !self.route(&bytes, &mut failures) {
-                            tracing::warn!(failures, "too many failed handshakes on this socket; closing it");
-                            return;
-                        }
-                    }
+                    Some(Ok(WsMessage::Binary(bytes))) => self.route(&bytes),
                     Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => return,
                     Some(Ok(_)) => {}
                 },
@@ -246,6 +395,7 @@ impl Executor {
                         self.forget(id);
                     }
                 }
+                _ = sweep.tick() => self.expire_unconfirmed(Instant::now()),
                 () = stopped(shutdown) => {
                     use futures_util::SinkExt;
                     let _ = sink.close().await;
@@ -264,6 +414,10 @@ impl Executor {
         }
         self.recently_closed_set.insert(id.clone());
         self.recently_closed.push_back(id);
+        let sources: HashSet<u64> = self.streams.values().map(|s| s.source).collect();
+        self.budgets.retain(|source, budget| {
+            sources.contains(source) || budget.tokens < HANDSHAKES_PER_SOURCE_BURST
+        });
     }
 
     fn reply_reset(&self, stream_id: &str, reason: String) {
@@ -271,54 +425,163 @@ impl Executor {
         let _ = self.outbox.try_send(frame.into_encoded());
     }
 
-    /// Route one frame; false when the socket must be closed.
-    fn route(&mut self, bytes: &[u8], failures: &mut u32) -> bool {
+    /// Drop a stream from this side: tell the harness, forget it (its task ends when its inbox
+    /// closes).
+    fn drop_stream(&mut self, id: &str, reason: String) {
+        tracing::debug!(stream = %id, %reason, "relay stream dropped");
+        self.reply_reset(id, reason);
+        self.forget(id.to_owned());
+    }
+
+    /// Drop streams whose harness never proved it holds the keys.
+    fn expire_unconfirmed(&mut self, now: Instant) {
+        let stale: Vec<String> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| {
+                !s.confirmed.load(Ordering::Relaxed)
+                    && now.saturating_duration_since(s.opened) >= UNCONFIRMED_STREAM_TIMEOUT
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in stale {
+            self.drop_stream(
+                &id,
+                format!(
+                    "handshake not confirmed within UNCONFIRMED_STREAM_TIMEOUT ({UNCONFIRMED_STREAM_TIMEOUT:?})"
+                ),
+            );
+        }
+    }
+
+    /// Take one handshake attempt from `source`'s budget; false when it is spent.
+    fn spend_handshake(&mut self, source: u64, now: Instant) -> bool {
+        let budget = self.budgets.entry(source).or_insert(SourceBudget {
+            tokens: HANDSHAKES_PER_SOURCE_BURST,
+            refilled: now,
+            refused: 0,
+        });
+        let elapsed = now.saturating_duration_since(budget.refilled);
+        budget.refilled = now;
+        budget.tokens = (budget.tokens + elapsed.as_secs_f64() * HANDSHAKES_PER_SOURCE_PER_SECOND)
+            .min(HANDSHAKES_PER_SOURCE_BURST);
+        if budget.tokens < 1.0 {
+            budget.refused += 1;
+            if budget.refused.is_power_of_two() {
+                tracing::warn!(
+                    source,
+                    refused = budget.refused,
+                    "a harness socket exceeds its handshake rate; dropping its handshakes"
+                );
+            }
+            return false;
+        }
+        budget.tokens -= 1.0;
+        true
+    }
+
+    fn pending(&self) -> impl Iterator<Item = (&String, &StreamHandle)> {
+        self.streams
+            .iter()
+            .filter(|(_, s)| !s.confirmed.load(Ordering::Relaxed))
+    }
+
+    /// Make room for one more pending handshake from `source`: refuse (a message) when the
+    /// source is at its own limit, or evict the oldest pending handshake of the source holding
+    /// the most when everything is full.
+    fn admit_pending(&mut self, source: u64) -> Result<(), String> {
+        let mut per_source: HashMap<u64, usize> = HashMap::new();
+        for (_, handle) in self.pending() {
+            *per_source.entry(handle.source).or_default() += 1;
+        }
+        let own = per_source.get(&source).copied().unwrap_or(0);
+        if own >= MAX_PENDING_HANDSHAKES_PER_SOURCE {
+            return Err(format!(
+                "too many handshakes pending on this connection: MAX_PENDING_HANDSHAKES_PER_SOURCE ({MAX_PENDING_HANDSHAKES_PER_SOURCE})"
+            ));
+        }
+        let total: usize = per_source.values().sum();
+        if total < MAX_PENDING_HANDSHAKES {
+            return Ok(());
+        }
+        let Some((&busiest, &count)) = per_source.iter().max_by_key(|(_, count)| **count) else {
+            return Ok(());
+        };
+        if count <= own + 1 {
+            return Err(format!(
+                "environment busy: MAX_PENDING_HANDSHAKES ({MAX_PENDING_HANDSHAKES}) handshakes pending"
+            ));
+        }
+        let oldest = self
+            .pending()
+            .filter(|(_, handle)| handle.source == busiest)
+            .min_by_key(|(_, handle)| handle.opened)
+            .map(|(id, _)| id.clone());
+        if let Some(id) = oldest {
+            self.drop_stream(
+                &id,
+                "handshake evicted: this connection holds the most pending handshakes".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Route one frame from the rendezvous.
+    fn route(&mut self, bytes: &[u8]) {
         let frame = match Frame::decode(bytes) {
             Ok(frame) => frame,
             Err(error) => {
                 tracing::debug!(%error, "dropping a malformed relay frame");
-                return true;
+                return;
             }
         };
         if let Some(handle) = self.streams.get(&frame.stream_id) {
             if handle.inbox.try_send(frame).is_err() {
                 tracing::debug!("stream inbox full: frame dropped");
             }
-            return true;
+            return;
         }
         match &frame.body {
             Body::Handshake(_) => {}
-            Body::Reset { .. } => return true,
+            Body::Reset { .. } => return,
             _ => {
                 self.reply_reset(
                     &frame.stream_id,
                     "unknown stream: open it with a handshake".into(),
                 );
-                return true;
+                return;
             }
+        }
+        let now = Instant::now();
+        if !self.spend_handshake(frame.source, now) {
+            return;
         }
         if self.recently_closed_set.contains(&frame.stream_id) {
             self.reply_reset(&frame.stream_id, "stream already closed".into());
-            return true;
+            return;
+        }
+        let from_source = self
+            .streams
+            .values()
+            .filter(|s| s.source == frame.source)
+            .count();
+        if from_source >= MAX_STREAMS_PER_SOURCE {
+            self.reply_reset(
+                &frame.stream_id,
+                format!("too many streams on this connection: MAX_STREAMS_PER_SOURCE ({MAX_STREAMS_PER_SOURCE})"),
+            );
+            return;
         }
         if self.streams.len() >= MAX_RELAY_STREAMS {
             self.reply_reset(
                 &frame.stream_id,
                 format!("environment busy: MAX_RELAY_STREAMS ({MAX_RELAY_STREAMS}) streams open"),
             );
-            return true;
+            return;
         }
-        let pending = self
-            .streams
-            .values()
-            .filter(|handle| !handle.confirmed.load(Ordering::Relaxed))
-            .count();
-        if pending >= MAX_PENDING_HANDSHAKES {
-            self.reply_reset(
-                &frame.stream_id,
-                format!("environment busy: MAX_PENDING_HANDSHAKES ({MAX_PENDING_HANDSHAKES}) handshakes pending"),
-            );
-            return true;
+        if let Err(reason) = self.admit_pending(frame.source) {
+            self.reply_reset(&frame.stream_id, reason);
+            return;
         }
         match SecureStream::accept(
             &self.keypair,
@@ -326,22 +589,17 @@ impl Executor {
             &frame,
             Instant::now(),
         ) {
-            Ok(stream) => {
-                self.spawn_stream(stream);
-                true
-            }
+            Ok(stream) => self.spawn_stream(stream, frame.source, now),
             Err(error) => {
-                *failures += 1;
-                tracing::warn!(stream = %frame.stream_id, %error, "relay handshake failed");
+                tracing::debug!(stream = %frame.stream_id, source = frame.source, %error, "relay handshake failed");
                 self.reply_reset(&frame.stream_id, format!("handshake failed: {error}"));
-                *failures <= MAX_HANDSHAKE_FAILURES_PER_SOCKET
             }
         }
     }
 
-    fn spawn_stream(&mut self, stream: SecureStream) {
+    fn spawn_stream(&mut self, stream: SecureStream, source: u64, opened: Instant) {
         let id = stream.stream_id().to_owned();
-        tracing::info!(stream = %id, "relay stream opened");
+        tracing::debug!(stream = %id, "relay stream opened");
         let (inbox_tx, inbox) = mpsc::channel(STREAM_INBOX_FRAMES);
         let (to_app, app_rx) = mpsc::channel::<Vec<u8>>(APP_QUEUE_MESSAGES);
         let (app_tx, from_app) = mpsc::channel::<AppOut>(APP_QUEUE_MESSAGES);
@@ -351,6 +609,8 @@ impl Executor {
             StreamHandle {
                 inbox: inbox_tx,
                 confirmed: confirmed.clone(),
+                source,
+                opened,
             },
         );
         let channels = StreamChannels {
@@ -399,14 +659,13 @@ pub async fn run_main_remote(
     options: crate::server::ServerOptions,
     config: RemoteEnvironmentConfig,
 ) -> Result<(), RemoteError> {
-    registry::validate_environment_id(&config.environment_id)
-        .map_err(RemoteError::EnvironmentId)?;
+    let prepared = PreparedEnvironment::new(config)?;
     let signals = |e| RemoteError::Server(crate::server::ExecServerError::Signals(e));
     let shutdown = crate::server::ShutdownSignals::install().map_err(signals)?;
     let server = crate::server::BoundServer::bind(options).await?;
     crate::server::announce_url(&server.url())
         .map_err(|e| RemoteError::Server(crate::server::ExecServerError::Stdout(e)))?;
-    let remote = tokio::spawn(run_remote_environment(config, server.state()));
+    let remote = tokio::spawn(serve_prepared(prepared, server.state()));
     server.serve_until(shutdown.recv()).await;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), remote).await;
     Ok(())

@@ -2,15 +2,20 @@
 //! through the registry and the rendezvous, that survives rendezvous reconnects.
 //!
 //! [`RelayHarnessConnection::connect`] asks the registry for the rendezvous URL and the
-//! environment's public key, picks a UUIDv4 `stream_id`, opens the websocket and finishes the
+//! environment's public key (waiting a bounded time for an environment that has not registered
+//! yet, and checking the key against a pinned one), picks a UUIDv4 `stream_id`, opens the websocket and finishes the
 //! Noise handshake before returning. Afterwards a socket task reconnects with backoff whenever
 //! the socket drops and the stream resumes; the caller sees one uninterrupted message stream.
 //! A JSON-RPC client (`ExecServerClient`) can use [`RelayHarnessConnection::send`] and
 //! [`RelayHarnessConnection::recv`] as its transport.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use tokio::sync::OnceCell;
 
 use futures_util::StreamExt;
 use proto::relay::limits::HANDSHAKE_TIMEOUT;
@@ -19,8 +24,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
-use super::driver::{AppOut, RelaySocket, StreamChannels, connect_socket, run_stream, send_batch};
-use super::registry::{self, RegistryError};
+use super::driver::{
+    AppOut, RelaySocket, SocketError, StreamChannels, connect_socket, run_stream, send_batch,
+};
+use super::registry::{ConnectResponse, RegistryClient, RegistryError};
+use super::tls::client_config_for;
 use super::{
     APP_QUEUE_MESSAGES, RECONNECT_BACKOFF_INITIAL, SOCKET_OUTBOX_FRAMES, STREAM_INBOX_FRAMES,
     next_backoff,
@@ -29,15 +37,41 @@ use super::{
 /// Longest wait in [`RelayHarnessConnection::close`] for the socket to send the final reset.
 pub const SOCKET_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Where to connect.
+/// How long [`RelayHarnessConnection::connect`] waits, by default, for an environment the
+/// registry does not know (404) to register: an executor started at the same moment as its
+/// first harness registers within a second or two.
+pub const REGISTRATION_WAIT: Duration = Duration::from_secs(10);
+/// First pause between lookups of an environment that is not registered yet (doubled each time
+/// up to [`super::RECONNECT_BACKOFF_MAX`]).
+pub const REGISTRATION_POLL_INITIAL: Duration = Duration::from_millis(50);
+
+/// Where to connect, and how much to trust.
+///
+/// Clones share one registry client and TLS configuration, built at the first connection.
 #[derive(Clone)]
 pub struct RemoteConnectArgs {
-    /// `http://HOST:PORT` of the registry.
+    /// `https://HOST:PORT` of the registry (`http://` to a loopback host only).
     pub registry_url: String,
     /// The environment.
     pub environment_id: String,
-    /// Bearer token for the registry and the rendezvous.
+    /// The harness credential for the registry and the rendezvous.
     pub bearer_token: String,
+    /// Extra trusted CA certificates (PEM) besides the system's, for `https://` and `wss://`.
+    pub ca_file: Option<PathBuf>,
+    /// The executor's Noise public key the registry must hand out; a different one fails the
+    /// connection ([`HarnessError::KeyMismatch`]).
+    pub executor_key: Option<Vec<u8>>,
+    /// How long to wait for an environment the registry does not know yet
+    /// ([`REGISTRATION_WAIT`] by default).
+    pub registration_wait: Duration,
+    clients: Arc<OnceCell<Clients>>,
+}
+
+/// The shared registry client and TLS settings of one [`RemoteConnectArgs`].
+#[derive(Clone)]
+struct Clients {
+    registry: RegistryClient,
+    tls: Arc<rustls::ClientConfig>,
 }
 
 impl std::fmt::Debug for RemoteConnectArgs {
@@ -46,7 +80,110 @@ impl std::fmt::Debug for RemoteConnectArgs {
             .field("registry_url", &self.registry_url)
             .field("environment_id", &self.environment_id)
             .field("bearer_token", &"<redacted>")
+            .field("ca_file", &self.ca_file)
+            .field(
+                "executor_key",
+                &self.executor_key.as_deref().map(encode_key),
+            )
+            .field("registration_wait", &self.registration_wait)
             .finish()
+    }
+}
+
+fn encode_key(key: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(key)
+}
+
+impl RemoteConnectArgs {
+    /// Connect to `environment_id` through the registry at `registry_url` with a harness
+    /// credential; system roots, no pinned key, [`REGISTRATION_WAIT`].
+    pub fn new(
+        registry_url: impl Into<String>,
+        environment_id: impl Into<String>,
+        bearer_token: impl Into<String>,
+    ) -> Self {
+        Self {
+            registry_url: registry_url.into(),
+            environment_id: environment_id.into(),
+            bearer_token: bearer_token.into(),
+            ca_file: None,
+            executor_key: None,
+            registration_wait: REGISTRATION_WAIT,
+            clients: Arc::default(),
+        }
+    }
+
+    /// Also trust the CA certificates in this PEM file.
+    #[must_use]
+    pub fn with_ca_file(mut self, ca_file: Option<PathBuf>) -> Self {
+        self.ca_file = ca_file;
+        self.clients = Arc::default();
+        self
+    }
+
+    /// Require this executor public key.
+    #[must_use]
+    pub fn with_executor_key(mut self, key: Option<Vec<u8>>) -> Self {
+        self.executor_key = key;
+        self
+    }
+
+    /// Wait this long for an unregistered environment (zero: fail at once on 404).
+    #[must_use]
+    pub fn with_registration_wait(mut self, wait: Duration) -> Self {
+        self.registration_wait = wait;
+        self
+    }
+
+    async fn clients(&self) -> Result<Clients, HarnessError> {
+        self.clients
+            .get_or_try_init(|| async {
+                let tls = client_config_for(&self.registry_url, self.ca_file.as_deref())
+                    .map_err(RegistryError::from)?;
+                let registry = RegistryClient::new(&self.registry_url, &tls)?;
+                Ok::<_, HarnessError>(Clients { registry, tls })
+            })
+            .await
+            .cloned()
+    }
+
+    /// Look the environment up, waiting up to [`Self::registration_wait`] while the registry
+    /// answers 404, and check the pinned key.
+    async fn lookup(&self, registry: &RegistryClient) -> Result<ConnectResponse, HarnessError> {
+        let deadline = Instant::now() + self.registration_wait;
+        let mut pause = REGISTRATION_POLL_INITIAL;
+        let info = loop {
+            match registry
+                .connect(&self.environment_id, &self.bearer_token)
+                .await
+            {
+                Ok(info) => break info,
+                Err(RegistryError::Status { status: 404, .. }) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(HarnessError::NotRegistered {
+                            environment_id: self.environment_id.clone(),
+                            waited: self.registration_wait,
+                        });
+                    }
+                    // The last lookup happens at the deadline, not a backoff before it.
+                    tokio::time::sleep(pause.min(deadline - now)).await;
+                    pause = next_backoff(pause);
+                }
+                Err(error) => return Err(error.into()),
+            }
+        };
+        let key = info.public_key_bytes()?;
+        if let Some(expected) = &self.executor_key
+            && *expected != key
+        {
+            return Err(HarnessError::KeyMismatch {
+                environment_id: self.environment_id.clone(),
+                expected: encode_key(expected),
+                got: encode_key(&key),
+            });
+        }
+        Ok(info)
     }
 }
 
@@ -56,6 +193,28 @@ pub enum HarnessError {
     /// The registry call failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// The environment never registered within the wait.
+    #[error(
+        "environment {environment_id:?} is not registered: the registry answered 404 for {waited:?} (is its executor running, with the same environment id?)"
+    )]
+    NotRegistered {
+        /// The environment.
+        environment_id: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The registry handed out another key than the pinned one.
+    #[error(
+        "environment {environment_id:?} presents executor key {got}, but --executor-key pins {expected}: refusing to connect (the executor was replaced or its key rotated)"
+    )]
+    KeyMismatch {
+        /// The environment.
+        environment_id: String,
+        /// The pinned key (base64).
+        expected: String,
+        /// The key the registry handed out (base64).
+        got: String,
+    },
     /// The environment's key is unusable.
     #[error(transparent)]
     Noise(#[from] proto::relay::noise::NoiseError),
@@ -65,7 +224,7 @@ pub enum HarnessError {
         /// The URL.
         url: String,
         /// The error.
-        source: Box<tokio_tungstenite::tungstenite::Error>,
+        source: Box<SocketError>,
     },
     /// The handshake failed or the stream was reset before it finished.
     #[error("relay stream {stream_id} could not be opened: {reason}")]
@@ -102,8 +261,8 @@ impl RelayHarnessConnection {
     /// # Errors
     /// [`HarnessError`] naming the step that failed.
     pub async fn connect(args: &RemoteConnectArgs) -> Result<Self, HarnessError> {
-        let info =
-            registry::connect(&args.registry_url, &args.environment_id, &args.bearer_token).await?;
+        let clients = args.clients().await?;
+        let info = args.lookup(&clients.registry).await?;
         let public_key = info.public_key_bytes()?;
         let stream_id = uuid::Uuid::new_v4().to_string();
         let stream = SecureStream::initiate(
@@ -112,7 +271,7 @@ impl RelayHarnessConnection {
             &public_key,
             Instant::now(),
         )?;
-        let socket = connect_socket(&info.rendezvous_url, &args.bearer_token)
+        let socket = connect_socket(&info.rendezvous_url, &args.bearer_token, &clients.tls)
             .await
             .map_err(|source| HarnessError::Socket {
                 url: info.rendezvous_url.clone(),
@@ -128,6 +287,7 @@ impl RelayHarnessConnection {
             socket,
             url: info.rendezvous_url,
             token: args.bearer_token.clone(),
+            tls: clients.tls,
             stream_id: stream_id.clone(),
             inbox: inbox_tx,
             outbox: outbox_rx,
@@ -231,6 +391,7 @@ struct SocketLoop {
     socket: RelaySocket,
     url: String,
     token: String,
+    tls: Arc<rustls::ClientConfig>,
     stream_id: String,
     inbox: mpsc::Sender<Frame>,
     outbox: mpsc::Receiver<Vec<u8>>,
@@ -253,7 +414,7 @@ async fn socket_loop(mut state: SocketLoop) {
         }
         tokio::time::sleep(backoff).await;
         backoff = next_backoff(backoff);
-        match connect_socket(&state.url, &state.token).await {
+        match connect_socket(&state.url, &state.token, &state.tls).await {
             Ok(reconnected) => {
                 state.reconnects.send_modify(|generation| *generation += 1);
                 socket = Some(reconnected);

@@ -5,7 +5,9 @@
 //!   relay stream, reconnect with backoff and resume every stream.
 //! - [`harness`]: the client end of one stream ([`harness::RelayHarnessConnection`]).
 //! - [`driver`]: the per-stream task both ends share (timers, frames in and out).
-//! - [`registry`]: the small HTTP client for the registry's register/connect endpoints.
+//! - [`registry`]: the HTTP client for the registry's register/connect endpoints.
+//! - [`tls`]: rustls settings, and the rule that a token never crosses the network in clear.
+//! - [`identity`]: the executor's persistent Noise key (`--identity-file`).
 //!
 //! Ordering rules: a stream task owns its [`proto::relay::SecureStream`]; the socket task only
 //! decodes frames and routes them by `stream_id` into bounded inboxes (a full inbox drops the
@@ -14,23 +16,43 @@
 pub mod driver;
 pub mod executor;
 pub mod harness;
+pub mod identity;
 pub mod registry;
+pub mod tls;
 
 use std::time::Duration;
 
 pub use executor::{RemoteEnvironmentConfig, RemoteError, run_main_remote, run_remote_environment};
-pub use harness::{RelayHarnessConnection, RemoteConnectArgs};
+pub use harness::{REGISTRATION_WAIT, RelayHarnessConnection, RemoteConnectArgs};
 
-/// Environment variable holding the registry's bearer token (executor and harness).
+/// Environment variable holding a harness's credential (`exec --remote` without
+/// `--token-file`).
 pub const REGISTRY_TOKEN_ENV: &str = "EXECWARD_REGISTRY_TOKEN";
+/// Environment variable holding an executor's credential (`exec-server --remote` without
+/// `--token-file`).
+pub const EXECUTOR_TOKEN_ENV: &str = "EXECWARD_EXECUTOR_TOKEN";
 /// Relay streams one executor serves at once; handshakes beyond this are answered with a reset.
 pub const MAX_RELAY_STREAMS: usize = 256;
-/// Streams whose handshake was answered but whose harness has not yet proven it holds the keys.
-/// Bounds the work (one DH each) a flood of handshakes can cause before they are refused.
+/// Streams one harness socket (one `source`) may have open on an executor. A harness opens one
+/// socket per stream; this only stops one party from taking every slot.
+pub const MAX_STREAMS_PER_SOURCE: usize = 32;
+/// Streams whose handshake was answered but whose harness has not yet proven it holds the keys,
+/// over all harnesses. Bounds the work (one DH each) pending handshakes hold. When full, the
+/// oldest pending handshake of the harness socket with the most is dropped for a newcomer, so a
+/// flood from one party never locks others out.
 pub const MAX_PENDING_HANDSHAKES: usize = 32;
-/// Failed handshakes tolerated on one rendezvous socket; one more closes the socket (it is
-/// reopened after the reconnect backoff).
-pub const MAX_HANDSHAKE_FAILURES_PER_SOCKET: u32 = 16;
+/// Pending handshakes one harness socket may hold; more are refused with a reset.
+pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = 4;
+/// Handshake attempts (valid or not) one harness socket may make per second once its burst is
+/// spent; more are dropped unanswered, so garbage costs no DH and no reset frame. The same as
+/// the reference rendezvous's own limit, which is the first line; this one holds behind any
+/// rendezvous.
+pub const HANDSHAKES_PER_SOURCE_PER_SECOND: f64 = 8.0;
+/// Handshake attempts one harness socket may make at once (token bucket size).
+pub const HANDSHAKES_PER_SOURCE_BURST: f64 = 16.0;
+/// How often the executor looks for unconfirmed streams older than
+/// [`proto::relay::limits::UNCONFIRMED_STREAM_TIMEOUT`].
+pub const UNCONFIRMED_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Frames queued for one stream task; more are dropped (and retransmitted by the peer).
 pub const STREAM_INBOX_FRAMES: usize = 1024;
 /// Frames queued for the rendezvous socket; more are dropped (and retransmitted).

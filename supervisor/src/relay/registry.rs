@@ -1,14 +1,19 @@
-//! The registry's two calls, over plain HTTP/1.1 (`http://HOST:PORT`), bounded in size and time.
+//! The registry's two calls through one shared HTTP client ([`RegistryClient`], reqwest over
+//! rustls), bounded in size and time:
 //!
 //! - `POST /v1/environments/{id}` `{"name", "publicKey"}` → `{"rendezvousUrl"}` (executor).
 //! - `POST /v1/environments/{id}/connect` → `{"rendezvousUrl", "publicKey", "name"}` (harness).
 //!
-//! Both carry `Authorization: Bearer <token>`. The public key is base64 (standard alphabet).
+//! Both carry `Authorization: Bearer <token>`, so the URL must be `https://` unless its host is
+//! loopback ([`super::tls::check_url`]); redirects are never followed. The public key is base64
+//! (standard alphabet).
+
+use std::sync::Arc;
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::tls::{Scheme, check_url};
 use super::{MAX_REGISTRY_RESPONSE_BYTES, REGISTRY_TIMEOUT};
 
 /// Characters of an error response's body kept in [`RegistryError::Status`] (enough for a
@@ -51,25 +56,44 @@ impl ConnectResponse {
     /// # Errors
     /// [`RegistryError::Response`] when it is not base64.
     pub fn public_key_bytes(&self) -> Result<Vec<u8>, RegistryError> {
-        base64::engine::general_purpose::STANDARD
-            .decode(&self.public_key)
-            .map_err(|e| RegistryError::Response(format!("publicKey is not base64: {e}")))
+        decode_public_key(&self.public_key).map_err(RegistryError::Response)
     }
+}
+
+/// Decode a base64 Noise public key and check its length.
+///
+/// # Errors
+/// A message saying what is expected.
+pub fn decode_public_key(text: &str) -> Result<Vec<u8>, String> {
+    use proto::relay::noise::PUBLIC_KEY_BYTES;
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|e| format!("publicKey must be base64: {e}"))?;
+    if key.len() != PUBLIC_KEY_BYTES {
+        return Err(format!(
+            "publicKey must be {PUBLIC_KEY_BYTES} bytes (got {})",
+            key.len()
+        ));
+    }
+    Ok(key)
 }
 
 /// Why a registry call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    /// The URL is not `http://HOST:PORT[/...]`, or the environment id is unusable.
+    /// The URL is unusable (or plain text to a non-loopback host), or the environment id is.
     #[error("{0}")]
     Url(String),
+    /// TLS settings are unusable.
+    #[error(transparent)]
+    Tls(#[from] super::tls::TlsError),
     /// Connecting or exchanging failed.
-    #[error("registry {url}: {source}")]
-    Io {
+    #[error("registry {url}: {reason}")]
+    Http {
         /// The URL.
         url: String,
-        /// The error.
-        source: std::io::Error,
+        /// The error, with its causes.
+        reason: String,
     },
     /// No answer in time.
     #[error("registry {0} did not answer within {REGISTRY_TIMEOUT:?}")]
@@ -89,34 +113,160 @@ pub enum RegistryError {
     Response(String),
 }
 
-/// Register an environment.
-///
-/// # Errors
-/// [`RegistryError`] for a bad URL, an I/O failure, a non-200 answer or an unreadable body.
-pub async fn register(
-    registry_url: &str,
-    environment_id: &str,
-    request: &RegisterRequest,
-    token: &str,
-) -> Result<RegisterResponse, RegistryError> {
-    let body = serde_json::to_vec(request).map_err(|e| RegistryError::Response(e.to_string()))?;
-    validate_environment_id(environment_id).map_err(RegistryError::Url)?;
-    let path = format!("/v1/environments/{environment_id}");
-    post(registry_url, &path, &body, token).await
+/// The registry's HTTP client: one reqwest client (connection pool, TLS settings) for every
+/// call to one registry. Cheap to clone.
+#[derive(Clone)]
+pub struct RegistryClient {
+    base: String,
+    http: reqwest::Client,
 }
 
-/// Look up an environment to connect to.
-///
-/// # Errors
-/// [`RegistryError`] as for [`register`]; 404 when the environment is not registered.
-pub async fn connect(
-    registry_url: &str,
-    environment_id: &str,
-    token: &str,
-) -> Result<ConnectResponse, RegistryError> {
-    validate_environment_id(environment_id).map_err(RegistryError::Url)?;
-    let path = format!("/v1/environments/{environment_id}/connect");
-    post(registry_url, &path, b"{}", token).await
+impl std::fmt::Debug for RegistryClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryClient")
+            .field("base", &self.base)
+            .finish()
+    }
+}
+
+impl RegistryClient {
+    /// A client for the registry at `registry_url` (`https://HOST:PORT`, or `http://` to a
+    /// loopback host), trusting `tls`'s roots.
+    ///
+    /// # Errors
+    /// [`RegistryError::Url`] for a URL that is not allowed, [`RegistryError::Http`] when the
+    /// client cannot be built.
+    pub fn new(registry_url: &str, tls: &Arc<rustls::ClientConfig>) -> Result<Self, RegistryError> {
+        check_url(registry_url, ["http", "https"])
+            .map_err(|e| RegistryError::Url(e.to_string()))?;
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(rustls::ClientConfig::clone(tls))
+            .timeout(REGISTRY_TIMEOUT)
+            .connect_timeout(REGISTRY_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()
+            .map_err(|e| RegistryError::Http {
+                url: registry_url.to_owned(),
+                reason: error_chain(&e),
+            })?;
+        Ok(Self {
+            base: registry_url.trim_end_matches('/').to_owned(),
+            http,
+        })
+    }
+
+    /// Whether the registry is reached over TLS.
+    pub fn is_tls(&self) -> bool {
+        matches!(check_url(&self.base, ["http", "https"]), Ok(Scheme::Tls))
+    }
+
+    /// The registry URL.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// Register an environment.
+    ///
+    /// # Errors
+    /// [`RegistryError`] for an I/O failure, a non-200 answer (401 unknown token, 403 a
+    /// credential that may not register this id, 409 the id is bound to another key) or an
+    /// unreadable body.
+    pub async fn register(
+        &self,
+        environment_id: &str,
+        request: &RegisterRequest,
+        token: &str,
+    ) -> Result<RegisterResponse, RegistryError> {
+        let body =
+            serde_json::to_vec(request).map_err(|e| RegistryError::Response(e.to_string()))?;
+        validate_environment_id(environment_id).map_err(RegistryError::Url)?;
+        self.post(&format!("/v1/environments/{environment_id}"), body, token)
+            .await
+    }
+
+    /// Look up an environment to connect to.
+    ///
+    /// # Errors
+    /// [`RegistryError`] as for [`Self::register`]; 404 when the environment is not registered.
+    pub async fn connect(
+        &self,
+        environment_id: &str,
+        token: &str,
+    ) -> Result<ConnectResponse, RegistryError> {
+        validate_environment_id(environment_id).map_err(RegistryError::Url)?;
+        self.post(
+            &format!("/v1/environments/{environment_id}/connect"),
+            b"{}".to_vec(),
+            token,
+        )
+        .await
+    }
+
+    async fn post<T: for<'de> Deserialize<'de>>(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        token: &str,
+    ) -> Result<T, RegistryError> {
+        let url = format!("{}{path}", self.base);
+        let failed = |e: reqwest::Error| {
+            if e.is_timeout() {
+                RegistryError::Timeout(self.base.clone())
+            } else {
+                RegistryError::Http {
+                    url: self.base.clone(),
+                    reason: error_chain(&e),
+                }
+            }
+        };
+        let mut response = self
+            .http
+            .post(&url)
+            .bearer_auth(token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(failed)?;
+        let status = response.status().as_u16();
+        // Chunked or not, read at most MAX_REGISTRY_RESPONSE_BYTES.
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(failed)? {
+            if bytes.len() + chunk.len() > MAX_REGISTRY_RESPONSE_BYTES {
+                return Err(RegistryError::Response(format!(
+                    "larger than {MAX_REGISTRY_RESPONSE_BYTES} bytes"
+                )));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        if status != 200 {
+            // Characters, not bytes: a byte cut could split one.
+            let text: String = String::from_utf8_lossy(&bytes)
+                .trim_end()
+                .chars()
+                .take(MAX_STATUS_BODY_CHARS)
+                .collect();
+            return Err(RegistryError::Status {
+                status,
+                path: path.to_owned(),
+                body: text,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| RegistryError::Response(e.to_string()))
+    }
+}
+
+/// An error and its causes on one line (reqwest's own message is only the outermost).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Longest environment id, in bytes.
@@ -140,78 +290,4 @@ pub fn validate_environment_id(id: &str) -> Result<(), String> {
             "environment id must be 1..={MAX_ENVIRONMENT_ID_BYTES} characters of A-Z a-z 0-9 . _ - (got {id:?})"
         ))
     }
-}
-
-fn bad_url(url: &str) -> impl FnOnce() -> RegistryError + '_ {
-    move || {
-        RegistryError::Url(format!(
-            "registry URL must look like http://HOST:PORT (got {url:?})"
-        ))
-    }
-}
-
-fn host_port(url: &str) -> Result<String, RegistryError> {
-    let rest = url.strip_prefix("http://").ok_or_else(bad_url(url))?;
-    let host = rest.split('/').next().unwrap_or_default();
-    if host.is_empty() || !host.contains(':') {
-        return Err(bad_url(url)());
-    }
-    Ok(host.to_owned())
-}
-
-async fn post<T: for<'de> Deserialize<'de>>(
-    registry_url: &str,
-    path: &str,
-    body: &[u8],
-    token: &str,
-) -> Result<T, RegistryError> {
-    let host = host_port(registry_url)?;
-    let io = |source| RegistryError::Io {
-        url: registry_url.to_owned(),
-        source,
-    };
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(&host).await.map_err(io)?;
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).await.map_err(io)?;
-        stream.write_all(body).await.map_err(io)?;
-        let mut response = Vec::new();
-        let mut limited = (&mut stream).take(MAX_REGISTRY_RESPONSE_BYTES as u64 + 1);
-        limited.read_to_end(&mut response).await.map_err(io)?;
-        Ok::<_, RegistryError>(response)
-    };
-    let response = tokio::time::timeout(REGISTRY_TIMEOUT, exchange)
-        .await
-        .map_err(|_| RegistryError::Timeout(registry_url.to_owned()))??;
-    if response.len() > MAX_REGISTRY_RESPONSE_BYTES {
-        return Err(RegistryError::Response(format!(
-            "larger than {MAX_REGISTRY_RESPONSE_BYTES} bytes"
-        )));
-    }
-    let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut parsed = httparse::Response::new(&mut headers);
-    let head_len = match parsed.parse(&response) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Err(RegistryError::Response("truncated".into())),
-        Err(e) => return Err(RegistryError::Response(e.to_string())),
-    };
-    let status = parsed.code.unwrap_or(0);
-    let body = &response[head_len..];
-    if status != 200 {
-        // Characters, not bytes: a byte cut could split one (and `String::truncate` would panic).
-        let text: String = String::from_utf8_lossy(body)
-            .trim_end()
-            .chars()
-            .take(MAX_STATUS_BODY_CHARS)
-            .collect();
-        return Err(RegistryError::Status {
-            status,
-            path: path.to_owned(),
-            body: text,
-        });
-    }
-    serde_json::from_slice(body).map_err(|e| RegistryError::Response(e.to_string()))
 }

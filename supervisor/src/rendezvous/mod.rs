@@ -1,106 +1,170 @@
-//! The reference registry + rendezvous (`exec-rendezvous`): small, in memory, one process.
+//! The reference registry + rendezvous (`exec-rendezvous`): small, in memory, one process; HTTP
+//! through axum on hyper 1, TLS through rustls when given a certificate.
 //!
-//! HTTP (every request needs `Authorization: Bearer <token>`, compared in constant time):
-//! - `POST /v1/environments/{id}` `{"name","publicKey"}` → `{"rendezvousUrl"}`: an executor
-//!   registers (again after every reconnect; the last registration wins).
-//! - `POST /v1/environments/{id}/connect` → `{"rendezvousUrl","publicKey","name"}`: a harness
-//!   looks an environment up (404 when unknown).
-//! - `GET /v1/environments/{id}/executor` (websocket): the executor's socket; a new one replaces
-//!   the old.
-//! - `GET /v1/environments/{id}/harness` (websocket): a harness socket; it may carry many streams.
-//! - `GET /readyz` → 200 without auth.
+//! Every request but `GET /readyz` needs `Authorization: Bearer <token>` naming a credential of
+//! the credentials file ([`credentials`]); each endpoint needs one role:
+//! - `POST /v1/environments/{id}` `{"name","publicKey"}` → `{"rendezvousUrl"}` (executor): an
+//!   executor registers (again after every reconnect). The first registration binds the id to
+//!   its key; another key is refused with 409 while the binding stands.
+//! - `DELETE /v1/environments/{id}` (admin): release the binding; the executor socket and the
+//!   streams of the environment close.
+//! - `POST /v1/environments/{id}/connect` → `{"rendezvousUrl","publicKey","name"}` (harness): a
+//!   harness looks an environment up (404 when unknown).
+//! - `GET /v1/environments/{id}/executor` (websocket, executor): the executor's socket; a new one
+//!   replaces the old.
+//! - `GET /v1/environments/{id}/harness` (websocket, harness): a harness socket; it may carry
+//!   many streams.
 //!
+//! An unknown token is 401; a known one of the wrong role, or not granted the id, is 403.
 //! Routing ([`router`]) reads only a frame's envelope for its `stream_id`; payloads are opaque
 //! (Noise ciphertext) and never inspected. Reliability is the endpoints' job: a frame with no
 //! route, or for a full socket queue, is dropped.
 
-pub mod http;
+pub mod credentials;
 pub mod router;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 
-use tokio::net::{TcpListener, TcpStream};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
 use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role as WsRole;
 
+use crate::limits::{MAX_UPGRADE_HEAD_BYTES, UPGRADE_HEAD_TIMEOUT};
 use crate::relay::driver::relay_websocket_config;
 use crate::relay::registry::{
     ConnectResponse, RegisterRequest, RegisterResponse, validate_environment_id,
 };
-use http::{Request, Response};
-use router::Router;
+use credentials::{Caller, Credentials, CredentialsError, Role};
+use router::{RegisterError, Router};
 
 /// Simultaneous TCP connections (HTTP and websockets); more are closed right after accept.
 pub const MAX_RENDEZVOUS_CONNECTIONS: usize = 4096;
+/// Largest request body (a registration is a few hundred bytes); larger ones are 413.
+pub const MAX_REQUEST_BODY_BYTES: usize = 16 * 1024;
+/// Time for a TLS handshake after accept.
+pub const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How the rendezvous runs.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct RendezvousOptions {
     /// Address to bind (port 0 picks one).
     pub listen: SocketAddr,
-    /// The bearer token every request must carry.
-    pub token: String,
-    /// Base `ws://HOST:PORT` handed out in `rendezvousUrl` (default: the bound address). Lets a
-    /// proxy sit between endpoints and the rendezvous.
+    /// The credentials file (TOML; reloaded by [`CredentialsReloader::reload`], which the
+    /// binary calls on SIGHUP).
+    pub credentials_file: PathBuf,
+    /// Serve TLS with this PEM certificate chain and PEM private key.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Base `ws(s)://HOST:PORT` handed out in `rendezvousUrl` (default: the bound address, with
+    /// `wss` when serving TLS). Lets a proxy sit between endpoints and the rendezvous.
     pub public_url: Option<String>,
 }
 
-impl std::fmt::Debug for RendezvousOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RendezvousOptions")
-            .field("listen", &self.listen)
-            .field("token", &"<redacted>")
-            .field("public_url", &self.public_url)
-            .finish()
-    }
+/// Why the rendezvous cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum RendezvousError {
+    /// The credentials file is unusable.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    /// The TLS certificate or key is unusable.
+    #[error(transparent)]
+    Tls(#[from] crate::relay::tls::TlsError),
+    /// Binding failed.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
 }
 
 /// A bound rendezvous.
 pub struct Rendezvous {
     listener: TcpListener,
-    state: Arc<State>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    state: Arc<AppState>,
 }
 
-struct State {
-    token: Vec<u8>,
+struct AppState {
+    credentials_file: PathBuf,
+    credentials: RwLock<Arc<Credentials>>,
     public_url: String,
     router: Router,
-    slots: Arc<tokio::sync::Semaphore>,
+    sockets: Arc<tokio::sync::Semaphore>,
+}
+
+impl AppState {
+    fn credentials(&self) -> Arc<Credentials> {
+        self.credentials
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 impl Rendezvous {
-    /// Bind.
+    /// Read the credentials (and TLS files), then bind.
     ///
     /// # Errors
-    /// The bind error.
-    pub async fn bind(options: RendezvousOptions) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(options.listen).await?;
-        let address = listener.local_addr()?;
+    /// [`RendezvousError`] naming what is unusable.
+    pub async fn bind(options: RendezvousOptions) -> Result<Self, RendezvousError> {
+        let credentials = Credentials::load(&options.credentials_file)?;
+        let tls = match &options.tls {
+            Some((cert, key)) => Some(tokio_rustls::TlsAcceptor::from(
+                crate::relay::tls::server_config(cert, key)?,
+            )),
+            None => None,
+        };
+        let bind = |source| RendezvousError::Bind {
+            address: options.listen,
+            source,
+        };
+        let listener = TcpListener::bind(options.listen).await.map_err(bind)?;
+        let address = listener.local_addr().map_err(bind)?;
+        let scheme = if tls.is_some() { "wss" } else { "ws" };
         let public_url = options
             .public_url
-            .unwrap_or_else(|| format!("ws://{address}"));
+            .unwrap_or_else(|| format!("{scheme}://{address}"));
         Ok(Self {
             listener,
-            state: Arc::new(State {
-                token: options.token.into_bytes(),
+            tls,
+            state: Arc::new(AppState {
+                credentials_file: options.credentials_file,
+                credentials: RwLock::new(Arc::new(credentials)),
                 public_url: public_url.trim_end_matches('/').to_owned(),
                 router: Router::default(),
-                slots: Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS)),
+                sockets: Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS)),
             }),
         })
     }
 
-    /// `http://HOST:PORT` of the registry endpoints.
+    /// `http(s)://HOST:PORT` of the registry endpoints.
     pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         match self.listener.local_addr() {
-            Ok(address) => format!("http://{address}"),
-            Err(_) => "http://unknown".into(),
+            Ok(address) => format!("{scheme}://{address}"),
+            Err(_) => format!("{scheme}://unknown"),
         }
+    }
+
+    /// A handle that rereads the credentials file.
+    pub fn reloader(&self) -> CredentialsReloader {
+        CredentialsReloader(self.state.clone())
     }
 
     /// Serve until `stop` resolves.
     pub async fn serve_until(self, stop: impl std::future::Future<Output = ()>) {
+        let app = app(self.state.clone());
+        let connections = Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS));
         tokio::pin!(stop);
         loop {
             tokio::select! {
@@ -108,12 +172,22 @@ impl Rendezvous {
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         let _ = stream.set_nodelay(true);
-                        let Ok(permit) = self.state.slots.clone().try_acquire_owned() else {
+                        let Ok(permit) = connections.clone().try_acquire_owned() else {
                             continue;
                         };
-                        let state = self.state.clone();
+                        let app = app.clone();
+                        let tls = self.tls.clone();
                         tokio::spawn(async move {
-                            handle(stream, state).await;
+                            match tls {
+                                None => serve_connection(stream, app).await,
+                                Some(acceptor) => {
+                                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                                        Ok(Ok(stream)) => serve_connection(stream, app).await,
+                                        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                                    }
+                                }
+                            }
                             drop(permit);
                         });
                     }
@@ -127,125 +201,314 @@ impl Rendezvous {
     }
 }
 
-async fn handle(mut stream: TcpStream, state: Arc<State>) {
-    let request = match http::read_request(&mut stream).await {
-        Ok(request) => request,
+/// Rereads the credentials file of a running rendezvous.
+#[derive(Clone)]
+pub struct CredentialsReloader(Arc<AppState>);
+
+impl CredentialsReloader {
+    /// Reread the file; on error the credentials in force stay.
+    ///
+    /// # Errors
+    /// [`CredentialsError`] naming what is wrong with the file.
+    pub fn reload(&self) -> Result<(), CredentialsError> {
+        let fresh = Credentials::load(&self.0.credentials_file)?;
+        *self
+            .0
+            .credentials
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
+        Ok(())
+    }
+}
+
+async fn serve_connection<S>(stream: S, app: axum::Router)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let result = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(UPGRADE_HEAD_TIMEOUT)
+        .max_buf_size(MAX_UPGRADE_HEAD_BYTES.max(8192))
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades()
+        .await;
+    if let Err(error) = result {
+        tracing::debug!(%error, "HTTP connection ended with an error");
+    }
+}
+
+fn app(state: Arc<AppState>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/environments/{id}", post(register).delete(unbind))
+        .route("/v1/environments/{id}/connect", post(connect))
+        .route("/v1/environments/{id}/executor", get(executor_socket))
+        .route("/v1/environments/{id}/harness", get(harness_socket))
+        .fallback(|| async { text(StatusCode::NOT_FOUND, "no such endpoint\n") })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BODY_BYTES))
+        .route("/readyz", get(|| async { text(StatusCode::OK, "ready\n") }))
+        .with_state(state)
+}
+
+/// A plain-text response; a refusal also closes the connection (a client that was refused
+/// has nothing more to say on it, and a refused upgrade must not linger).
+fn text(status: StatusCode, body: &str) -> Response {
+    let mut response = (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body.to_owned(),
+    )
+        .into_response();
+    if status.is_client_error() || status.is_server_error() {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(error) => text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{error}\n")),
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .as_bytes()
+        .strip_prefix(b"Bearer ")
+}
+
+/// Every request past this point carries a known credential ([`Caller`] in its extensions).
+async fn authenticate(
+    State(state): State<Arc<AppState>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let caller =
+        bearer(request.headers()).and_then(|token| state.credentials().authenticate(token));
+    match caller {
+        Some(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        None => text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n"),
+    }
+}
+
+/// Check the caller for `role` and `id`: `Some(response)` to send when refused.
+fn refusal(request_caller: Option<&Caller>, role: Role, id: &str) -> Option<Response> {
+    let Some(caller) = request_caller else {
+        return Some(text(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token\n",
+        ));
+    };
+    if let Err(reason) = validate_environment_id(id) {
+        return Some(text(StatusCode::BAD_REQUEST, &format!("{reason}\n")));
+    }
+    if caller.role != role {
+        tracing::info!(credential = %caller.label, environment = id, "refused: wrong role");
+        return Some(text(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "this {} credential may not do this; it needs an {} credential\n",
+                caller.role.name(),
+                role.name()
+            ),
+        ));
+    }
+    if !caller.covers(id) {
+        tracing::info!(credential = %caller.label, environment = id, "refused: environment not granted");
+        return Some(text(
+            StatusCode::FORBIDDEN,
+            &format!("this credential is not granted environment {id:?}\n"),
+        ));
+    }
+    None
+}
+
+async fn register(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    caller: Option<axum::Extension<Caller>>,
+    request: Request,
+) -> Response {
+    if let Some(response) = refusal(caller.as_deref(), Role::Executor, &id) {
+        return response;
+    }
+    // Read only once authorised, bounded in size and in time (a trickled body must not hold
+    // a connection).
+    let body = match tokio::time::timeout(
+        UPGRADE_HEAD_TIMEOUT,
+        axum::body::to_bytes(request.into_body(), MAX_REQUEST_BODY_BYTES),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => {
+            return text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("body over MAX_REQUEST_BODY_BYTES ({MAX_REQUEST_BODY_BYTES})\n"),
+            );
+        }
+        Err(_) => {
+            return text(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!("body not received within {UPGRADE_HEAD_TIMEOUT:?}\n"),
+            );
+        }
+    };
+    let registration: RegisterRequest = match serde_json::from_slice(&body) {
+        Ok(registration) => registration,
         Err(error) => {
-            tracing::debug!(%error, "dropping a connection with an unreadable request");
-            let _ = http::write_response(
-                &mut stream,
-                &Response::text(400, "Bad Request", &error.to_string()),
-            )
-            .await;
-            return;
+            return text(
+                StatusCode::BAD_REQUEST,
+                &format!("body must be {{\"name\", \"publicKey\"}}: {error}\n"),
+            );
         }
     };
-    if request.method == "GET" && request.path == "/readyz" {
-        let _ = http::write_response(&mut stream, &Response::text(200, "OK", "ready\n")).await;
-        return;
-    }
-    if !request.bearer_matches(&state.token) {
-        let response = Response::text(401, "Unauthorized", "missing or wrong bearer token\n");
-        let _ = http::write_response(&mut stream, &response).await;
-        return;
-    }
-    match route(&request, &state) {
-        Routed::Respond(response) => {
-            let _ = http::write_response(&mut stream, &response).await;
-        }
-        Routed::Socket {
-            environment,
-            executor,
-        } => {
-            let Some(key) = request.websocket_key.clone() else {
-                let response = Response::text(400, "Bad Request", "expected a websocket upgrade\n");
-                let _ = http::write_response(&mut stream, &response).await;
-                return;
-            };
-            if crate::transport::http::write_upgrade(&mut stream, &key)
-                .await
-                .is_err()
-            {
-                return;
-            }
-            let socket = WebSocketStream::from_partially_read(
-                stream,
-                request.leftover,
-                Role::Server,
-                Some(relay_websocket_config()),
-            )
-            .await;
-            if executor {
-                state.router.serve_executor(&environment, socket).await;
-            } else {
-                state.router.serve_harness(&environment, socket).await;
-            }
-        }
-    }
-}
-
-enum Routed {
-    Respond(Response),
-    Socket { environment: String, executor: bool },
-}
-
-fn route(request: &Request, state: &State) -> Routed {
-    let segments: Vec<&str> = request.path.trim_start_matches('/').split('/').collect();
-    let (method, rest) = match segments.as_slice() {
-        ["v1", "environments", id, rest @ ..] => {
-            if let Err(reason) = validate_environment_id(id) {
-                return Routed::Respond(Response::text(400, "Bad Request", &reason));
-            }
-            ((request.method.as_str(), *id), rest)
-        }
-        _ => return Routed::Respond(Response::text(404, "Not Found", "no such endpoint\n")),
-    };
-    let id = method.1;
-    match (method.0, rest) {
-        ("POST", []) => {
-            let registration: RegisterRequest = match serde_json::from_slice(&request.body) {
-                Ok(registration) => registration,
-                Err(error) => {
-                    return Routed::Respond(Response::text(
-                        400,
-                        "Bad Request",
-                        &format!("body must be {{\"name\", \"publicKey\"}}: {error}"),
-                    ));
-                }
-            };
-            if let Err(reason) = state.router.register(id, registration) {
-                return Routed::Respond(Response::text(400, "Bad Request", &reason));
-            }
-            tracing::info!(environment = id, "environment registered");
-            Routed::Respond(Response::json(&RegisterResponse {
+    let credentials = state.credentials();
+    match state
+        .router
+        .register(&id, registration, credentials.pinned_key(&id))
+    {
+        Ok(()) => {
+            tracing::info!(environment = %id, "environment registered");
+            json(&RegisterResponse {
                 rendezvous_url: format!("{}/v1/environments/{id}/executor", state.public_url),
-            }))
+            })
         }
-        ("POST", ["connect"]) => match state.router.lookup(id) {
-            Some((name, public_key)) => Routed::Respond(Response::json(&ConnectResponse {
-                rendezvous_url: format!("{}/v1/environments/{id}/harness", state.public_url),
-                public_key,
-                name,
-            })),
-            None => Routed::Respond(Response::text(
-                404,
-                "Not Found",
-                "environment not registered\n",
-            )),
-        },
-        ("GET", ["executor"]) | ("GET", ["harness"]) => {
-            if state.router.lookup(id).is_none() {
-                return Routed::Respond(Response::text(
-                    404,
-                    "Not Found",
-                    "environment not registered\n",
-                ));
-            }
-            Routed::Socket {
-                environment: id.to_owned(),
-                executor: rest == ["executor"],
-            }
+        Err(error @ RegisterError::KeyConflict { .. }) => {
+            tracing::warn!(environment = %id, "registration with another key refused");
+            text(StatusCode::CONFLICT, &format!("{error}\n"))
         }
-        _ => Routed::Respond(Response::text(404, "Not Found", "no such endpoint\n")),
+        Err(error) => text(StatusCode::BAD_REQUEST, &format!("{error}\n")),
     }
+}
+
+async fn unbind(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    caller: Option<axum::Extension<Caller>>,
+) -> Response {
+    if let Some(response) = refusal(caller.as_deref(), Role::Admin, &id) {
+        return response;
+    }
+    if state.router.unbind(&id) {
+        tracing::info!(environment = %id, "binding released by an operator");
+        text(StatusCode::OK, "binding released\n")
+    } else {
+        text(StatusCode::NOT_FOUND, "environment not registered\n")
+    }
+}
+
+async fn connect(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    caller: Option<axum::Extension<Caller>>,
+) -> Response {
+    if let Some(response) = refusal(caller.as_deref(), Role::Harness, &id) {
+        return response;
+    }
+    match state.router.lookup(&id) {
+        Some((name, public_key)) => json(&ConnectResponse {
+            rendezvous_url: format!("{}/v1/environments/{id}/harness", state.public_url),
+            public_key,
+            name,
+        }),
+        None => text(StatusCode::NOT_FOUND, "environment not registered\n"),
+    }
+}
+
+async fn executor_socket(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    caller: Option<axum::Extension<Caller>>,
+    request: Request,
+) -> Response {
+    if let Some(response) = refusal(caller.as_deref(), Role::Executor, &id) {
+        return response;
+    }
+    upgrade(state, id, true, request)
+}
+
+async fn harness_socket(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    caller: Option<axum::Extension<Caller>>,
+    request: Request,
+) -> Response {
+    if let Some(response) = refusal(caller.as_deref(), Role::Harness, &id) {
+        return response;
+    }
+    upgrade(state, id, false, request)
+}
+
+/// Answer a websocket upgrade with 101 and serve the socket once hyper hands it over.
+fn upgrade(state: Arc<AppState>, id: String, executor: bool, mut request: Request) -> Response {
+    if state.router.lookup(&id).is_none() {
+        return text(StatusCode::NOT_FOUND, "environment not registered\n");
+    }
+    let headers = request.headers();
+    let is_upgrade = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY).cloned() else {
+        return text(StatusCode::BAD_REQUEST, "expected a websocket upgrade\n");
+    };
+    if !is_upgrade {
+        return text(StatusCode::BAD_REQUEST, "expected a websocket upgrade\n");
+    }
+    let Ok(permit) = state.sockets.clone().try_acquire_owned() else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "too many sockets: MAX_RENDEZVOUS_CONNECTIONS ({MAX_RENDEZVOUS_CONNECTIONS})\n"
+            ),
+        );
+    };
+    let on_upgrade = hyper::upgrade::on(&mut request);
+    tokio::spawn(async move {
+        let upgraded = match on_upgrade.await {
+            Ok(upgraded) => upgraded,
+            Err(error) => {
+                tracing::debug!(%error, "websocket upgrade failed");
+                return;
+            }
+        };
+        let socket = WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            WsRole::Server,
+            Some(relay_websocket_config()),
+        )
+        .await;
+        if executor {
+            state.router.serve_executor(&id, socket).await;
+        } else {
+            state.router.serve_harness(&id, socket).await;
+        }
+        drop(permit);
+    });
+    let accept = derive_accept_key(key.as_bytes());
+    let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(value) = HeaderValue::from_str(&accept) {
+        headers.insert(header::SEC_WEBSOCKET_ACCEPT, value);
+    }
+    response
 }

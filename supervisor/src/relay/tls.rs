@@ -1,0 +1,236 @@
+//! TLS for remote mode (rustls with the ring provider, no OpenSSL) and the rule for plain text.
+//!
+//! - Clients trust the system's roots plus an optional `--ca-file` (PEM), for `https://`
+//!   registry calls and `wss://` rendezvous sockets alike.
+//! - A bearer token never crosses the network in clear: a client refuses `http://` and `ws://`
+//!   URLs whose host is not loopback ([`check_url`]), before it connects.
+//! - The rendezvous serves TLS from a PEM certificate chain and key ([`server_config`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::RootCertStore;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Why a TLS setting or a URL is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file could not be read or holds nothing usable.
+    #[error("cannot read {what} from {path}: {reason}")]
+    Pem {
+        /// What was expected (certificates, a private key).
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// rustls refused the configuration.
+    #[error("TLS configuration refused: {0}")]
+    Config(String),
+    /// The URL is not one this client may use.
+    #[error("{0}")]
+    Url(String),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Read every certificate of a PEM file.
+///
+/// # Errors
+/// [`TlsError::Pem`] when the file is unreadable or holds no certificate.
+pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = |reason: String| TlsError::Pem {
+        what: "PEM certificates",
+        path: path.to_owned(),
+        reason,
+    };
+    let certificates = CertificateDer::pem_file_iter(path)
+        .map_err(|e| pem(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem(e.to_string()))?;
+    if certificates.is_empty() {
+        return Err(pem("no CERTIFICATE block found".into()));
+    }
+    Ok(certificates)
+}
+
+/// The client's TLS settings: the system's roots plus `ca_file`'s certificates.
+///
+/// # Errors
+/// [`TlsError`] when `ca_file` is unusable or no root at all could be loaded.
+pub fn client_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for error in &native.errors {
+        tracing::debug!(%error, "a system root certificate could not be loaded");
+    }
+    let (_, ignored) = roots.add_parsable_certificates(native.certs);
+    if ignored > 0 {
+        tracing::debug!(ignored, "system root certificates rustls cannot use");
+    }
+    if let Some(path) = ca_file {
+        for certificate in read_certificates(path)? {
+            roots.add(certificate).map_err(|e| TlsError::Pem {
+                what: "a CA certificate",
+                path: path.to_owned(),
+                reason: e.to_string(),
+            })?;
+        }
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Config(
+            "no trusted root certificates: the system store is empty; pass --ca-file".into(),
+        ));
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The client's TLS settings for a registry URL: [`client_config`], except that a plain
+/// (loopback) registry without a `ca_file` gets no roots at all (nothing to verify, and no
+/// system store to read).
+///
+/// # Errors
+/// As [`client_config`].
+pub fn client_config_for(
+    registry_url: &str,
+    ca_file: Option<&Path>,
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let plain = matches!(
+        check_url(registry_url, ["http", "https"]),
+        Ok(Scheme::Plain)
+    );
+    if plain && ca_file.is_none() {
+        let config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_root_certificates(RootCertStore::empty())
+            .with_no_client_auth();
+        return Ok(Arc::new(config));
+    }
+    client_config(ca_file)
+}
+
+/// The rendezvous's TLS settings from a PEM certificate chain and its PEM private key.
+///
+/// # Errors
+/// [`TlsError`] when either file is unusable or the key does not match the certificate.
+pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let certificates = read_certificates(cert)?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Pem {
+        what: "a PEM private key",
+        path: key.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certificates, key)
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Whether a URL is encrypted (`https`/`wss`), plain (`http`/`ws`), or neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// `https://` or `wss://`.
+    Tls,
+    /// `http://` or `ws://`.
+    Plain,
+}
+
+/// Check a registry or rendezvous URL before anything (a token above all) is sent to it: the
+/// scheme must be one of `allowed` (`http`/`https` for the registry, `ws`/`wss` for sockets),
+/// and a plain one is allowed only towards a loopback host (`localhost`, 127.0.0.0/8, `::1`).
+///
+/// # Errors
+/// [`TlsError::Url`] saying what is wrong and what to use instead.
+pub fn check_url(url: &str, allowed: [&str; 2]) -> Result<Scheme, TlsError> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| {
+        TlsError::Url(format!(
+            "{url:?} is not a URL ({e}); expected {}://HOST:PORT or {}://HOST:PORT",
+            allowed[1], allowed[0]
+        ))
+    })?;
+    let scheme = if parsed.scheme() == allowed[1] {
+        Scheme::Tls
+    } else if parsed.scheme() == allowed[0] {
+        Scheme::Plain
+    } else {
+        return Err(TlsError::Url(format!(
+            "{url:?} must start with {}:// (or {}:// on loopback only)",
+            allowed[1], allowed[0]
+        )));
+    };
+    if scheme == Scheme::Plain && !is_loopback(&parsed) {
+        return Err(TlsError::Url(format!(
+            "refusing to send a bearer token over plain {}:// to {:?}, which is not loopback; use {}://",
+            allowed[0],
+            parsed.host_str().unwrap_or_default(),
+            allowed[1]
+        )));
+    }
+    Ok(scheme)
+}
+
+fn is_loopback(url: &reqwest::Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_urls_are_allowed_only_to_loopback() {
+        let http = ["http", "https"];
+        for ok in [
+            "http://127.0.0.1:7700",
+            "http://localhost:1",
+            "http://[::1]:9/x",
+            "http://127.3.4.5:80",
+        ] {
+            assert_eq!(check_url(ok, http).unwrap(), Scheme::Plain, "{ok}");
+        }
+        assert_eq!(
+            check_url("https://rendezvous.example:443", http).unwrap(),
+            Scheme::Tls
+        );
+        for refused in [
+            "http://10.0.0.1:7700",
+            "http://rendezvous.example:80",
+            "http://localhost.example:80",
+            "http://[::2]:80",
+        ] {
+            let error = check_url(refused, http).unwrap_err().to_string();
+            assert!(error.contains("not loopback"), "{refused}: {error}");
+        }
+        let ws = ["ws", "wss"];
+        assert!(check_url("ws://192.168.1.2:1/v1", ws).is_err());
+        assert_eq!(
+            check_url("wss://192.168.1.2:1/v1", ws).unwrap(),
+            Scheme::Tls
+        );
+        assert!(check_url("ftp://127.0.0.1:1", http).is_err());
+        assert!(check_url("127.0.0.1:7700", http).is_err());
+    }
+}

@@ -1,0 +1,370 @@
+//! The supervisor cannot be reached, borrowed or swapped from inside a sandbox (issue 12): under
+//! every policy shape (filesystem restricted or not, network on or off), for `ws://` and `unix:`
+//! listeners, with and without a token file, and with the server run as root and as uid 65534,
+//! a sandboxed command can neither connect to its server nor read its credentials; with the
+//! server's binaries inside the workspace it cannot modify them, and a file replaced on disk is
+//! not what the server executes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use tests::{ExecServer, file_uri, install_binaries, scratch};
+
+/// The unprivileged identity the server also runs as.
+const NOBODY: u32 = 65534;
+
+fn identities() -> Vec<Option<u32>> {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests run the server as root and as uid {NOBODY}; run them as root"
+    );
+    vec![None, Some(NOBODY)]
+}
+
+/// A workspace, an install of the binaries and a token file, owned by `uid`.
+struct Setup {
+    _base: tempfile::TempDir,
+    workspace: PathBuf,
+    bin: PathBuf,
+    token_file: PathBuf,
+}
+
+impl Setup {
+    fn new(uid: Option<u32>) -> Self {
+        let base = scratch::scratch_dir("self-protection-");
+        let root = std::fs::canonicalize(base.path()).unwrap();
+        let workspace = root.join("ws");
+        std::fs::create_dir(&workspace).unwrap();
+        let bin = root.join("bin");
+        install_binaries(&bin);
+        let token_file = root.join("token");
+        std::fs::write(&token_file, "s3cret-token\n").unwrap();
+        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if let Some(uid) = uid {
+            for path in [&workspace, &token_file] {
+                std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+            }
+        }
+        Self {
+            _base: base,
+            workspace,
+            bin,
+            token_file,
+        }
+    }
+
+    fn start(&self, uid: Option<u32>, args: &[&str]) -> ExecServer {
+        ExecServer::start_binary(&self.bin.join("exec-server"), args, |command| {
+            command
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                // Every accepted connection is logged at debug: the attacks must leave none.
+                .env("RUST_LOG", "supervisor=debug");
+            if let Some(uid) = uid {
+                command.uid(uid).gid(uid);
+            }
+        })
+    }
+
+    fn probe(&self) -> String {
+        self.bin.join("probe").to_str().unwrap().to_owned()
+    }
+}
+
+/// The policy shapes a sandboxed command can have (a policy that restricts nothing is no
+/// sandbox at all).
+fn policy_shapes(workspace: &Path) -> Vec<(&'static str, Value)> {
+    let cwd = file_uri(workspace);
+    vec![
+        (
+            "filesystem restricted, network off",
+            json!({"profile": "workspace-write", "cwd": cwd}),
+        ),
+        (
+            "filesystem restricted, network on",
+            json!({"profile": "workspace-write", "cwd": cwd, "networkAccess": true}),
+        ),
+        (
+            "filesystem unrestricted, network off",
+            json!({"type": "external-sandbox"}),
+        ),
+    ]
+}
+
+/// Runs the probe under `sandbox` through the server; returns its JSON report.
+async fn probe_through(
+    client: &mut tests::Client,
+    setup: &Setup,
+    id: &str,
+    sandbox: Option<&Value>,
+    op: &[&str],
+) -> Value {
+    let mut argv = vec![setup.probe()];
+    argv.extend(op.iter().map(|s| (*s).to_owned()));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut extra = json!({"cwd": file_uri(&setup.workspace)});
+    if let Some(sandbox) = sandbox {
+        extra["sandbox"] = sandbox.clone();
+    }
+    let out = client.run(id, &argv, extra).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "probe {op:?} printed no report ({e}): stdout {stdout:?} stderr {:?} exit {:?}",
+            String::from_utf8_lossy(&out.stderr),
+            out.exit_code
+        )
+    })
+}
+
+fn assert_refused(result: &Value, context: &str) {
+    assert_eq!(result["ok"], false, "{context}: reached it: {result}");
+}
+
+/// What the server logs for a connection it accepted, upgraded or not.
+const CONNECTION_LOG_LINES: [&str; 3] = [
+    "dropping connection before upgrade",
+    "connection open",
+    "initialized",
+];
+
+fn connection_lines(log: &str) -> usize {
+    log.lines()
+        .filter(|line| CONNECTION_LOG_LINES.iter().any(|l| line.contains(l)))
+        .count()
+}
+
+/// The count of connection lines once the test's own client is logged as initialized.
+fn settled_connection_lines(server: &ExecServer) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !server.stderr().contains("initialized") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20)); // polling interval
+    }
+    connection_lines(&server.stderr())
+}
+
+/// Waits (bounded) for the server to log one more connection than `before`.
+fn wait_for_connection_line(server: &ExecServer, before: usize) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if connection_lines(&server.stderr()) > before {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20)); // polling interval
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_sandboxed_command_cannot_reach_its_server_over_tcp_or_read_its_token() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        for token in [false, true] {
+            let mut args = vec!["--listen", "ws://127.0.0.1:0"];
+            let token_path = setup.token_file.to_str().unwrap().to_owned();
+            if token {
+                args.extend(["--auth-token-file", &token_path]);
+            }
+            let server = setup.start(uid, &args);
+            let address = server.url().strip_prefix("ws://").unwrap().to_owned();
+            let mut client = if token {
+                let mut client = tests::Client::connect_with_headers(
+                    server.url(),
+                    &[("Authorization", "Bearer s3cret-token")],
+                )
+                .await
+                .unwrap();
+                client.initialize().await;
+                client
+            } else {
+                server.client().await
+            };
+            let logged = settled_connection_lines(&server);
+            for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
+                let context = format!("{shape}, token {token}, server as {uid:?}");
+                let connect = probe_through(
+                    &mut client,
+                    &setup,
+                    &format!("tcp-{n}"),
+                    Some(sandbox),
+                    &["tcp-connect", &address],
+                )
+                .await;
+                assert_refused(&connect, &format!("tcp connect: {context}"));
+                if token {
+                    let read = probe_through(
+                        &mut client,
+                        &setup,
+                        &format!("token-{n}"),
+                        Some(sandbox),
+                        &["read", &token_path],
+                    )
+                    .await;
+                    assert_refused(&read, &format!("token read: {context}"));
+                }
+            }
+            // Let the server log anything it accepted, then check it accepted nothing.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert_eq!(
+                connection_lines(&server.stderr()),
+                logged,
+                "the server logged a connection from a sandbox (token {token}, as {uid:?}):\n{}",
+                server.stderr()
+            );
+            // Control: unsandboxed, the same probe reaches the server (and is logged) and reads
+            // the token.
+            let control = probe_through(
+                &mut client,
+                &setup,
+                "control",
+                None,
+                &["tcp-connect", &address],
+            )
+            .await;
+            assert_eq!(control["ok"], true, "control connect: {control}");
+            assert!(
+                wait_for_connection_line(&server, logged),
+                "control: the server's log shows accepted connections"
+            );
+            if token {
+                let control = probe_through(
+                    &mut client,
+                    &setup,
+                    "control-token",
+                    None,
+                    &["read", &token_path],
+                )
+                .await;
+                assert_eq!(control["ok"], true, "control read: {control}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_sandboxed_command_cannot_reach_its_server_over_a_unix_socket() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        // The socket in a directory the sandbox can otherwise read (and, for the second, write).
+        for dir in [setup.bin.clone(), setup.workspace.clone()] {
+            let socket = dir.join("exec.sock");
+            let listen = format!("unix:{}", socket.display());
+            if uid.is_some() {
+                std::os::unix::fs::chown(&dir, uid, uid).unwrap();
+            }
+            let server = setup.start(uid, &["--listen", &listen]);
+            let mut client = server.client().await;
+            let socket_path = socket.to_str().unwrap().to_owned();
+            let logged = settled_connection_lines(&server);
+            for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
+                let result = probe_through(
+                    &mut client,
+                    &setup,
+                    &format!("unix-{n}"),
+                    Some(sandbox),
+                    &["unix-connect", &socket_path],
+                )
+                .await;
+                assert_refused(&result, &format!("{shape}, socket in {dir:?}, as {uid:?}"));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert_eq!(
+                connection_lines(&server.stderr()),
+                logged,
+                "the server logged a connection from a sandbox (socket in {dir:?}, as {uid:?})"
+            );
+            let control = probe_through(
+                &mut client,
+                &setup,
+                "control",
+                None,
+                &["unix-connect", &socket_path],
+            )
+            .await;
+            assert_eq!(control["ok"], true, "control: {control}");
+            assert!(
+                wait_for_connection_line(&server, logged),
+                "control is logged"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_servers_binaries_inside_the_workspace_cannot_be_modified_or_swapped() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        // The install lives inside the workspace the sandbox may write.
+        let bin = setup.workspace.join("tools");
+        install_binaries(&bin);
+        if let Some(uid) = uid {
+            std::os::unix::fs::chown(&bin, Some(uid), Some(uid)).unwrap();
+            for entry in std::fs::read_dir(&bin).unwrap() {
+                std::os::unix::fs::chown(entry.unwrap().path(), Some(uid), Some(uid)).unwrap();
+            }
+        }
+        let server = ExecServer::start_binary(&bin.join("exec-server"), &[], |command| {
+            command.env_clear().env("PATH", "/usr/bin:/bin");
+            if let Some(uid) = uid {
+                command.uid(uid).gid(uid);
+            }
+        });
+        let mut client = server.client().await;
+        let sandbox = json!({"profile": "workspace-write", "cwd": file_uri(&setup.workspace)});
+        let runner = bin.join("sandbox-run");
+        let original = std::fs::read(&runner).unwrap();
+        let script = format!(
+            "echo evil > {r}; echo rc1=$?; cp /bin/true {d}/new && mv -f {d}/new {r}; echo rc2=$?; \
+             rm -f {r}; echo rc3=$?",
+            r = runner.display(),
+            d = bin.display()
+        );
+        let out = client
+            .run(
+                "swap",
+                &["/bin/sh", "-c", &script],
+                json!({"sandbox": sandbox, "cwd": file_uri(&setup.workspace)}),
+            )
+            .await;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !stdout.contains("rc1=0") && !stdout.contains("rc2=0") && !stdout.contains("rc3=0"),
+            "a sandboxed command changed the server's binaries (as {uid:?}): {stdout}"
+        );
+        assert_eq!(
+            std::fs::read(&runner).unwrap(),
+            original,
+            "sandbox-run changed on disk"
+        );
+        // Replaced on disk all the same (by someone outside any sandbox): the server still
+        // executes what it opened at startup.
+        let marker = setup.workspace.join("replaced-ran");
+        let evil = bin.join("evil");
+        std::fs::write(
+            &evil,
+            format!("#!/bin/sh\ntouch {}\nexec \"$@\"\n", marker.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&evil, &runner).unwrap();
+        let out = client
+            .run(
+                "after-swap",
+                &["/bin/sh", "-c", "echo still-sandboxed"],
+                json!({"sandbox": sandbox, "cwd": file_uri(&setup.workspace)}),
+            )
+            .await;
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "still-sandboxed\n",
+            "{out:?}"
+        );
+        assert!(
+            !marker.exists(),
+            "the replaced sandbox-run ran (as {uid:?})"
+        );
+    }
+}
