@@ -374,8 +374,19 @@ impl Drop for MemoryCgroup {
     }
 }
 
-/// One siege at a time in a test binary: two attacks at once would measure each other.
-static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+/// Turns of the tests of one binary: a siege takes all of them (it measures latency, so it
+/// runs alone: two attacks, or an ordinary test's load on a 2-core machine, would be measured
+/// with it), an ordinary test one ([`beside_sieges`]).
+const TURNS: u32 = 1024;
+static TURN: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(TURNS as usize);
+
+/// For a test that runs in the same binary as sieges: wait until no siege runs, and keep them
+/// from starting while the returned turn is held (ordinary tests still run in parallel).
+pub async fn beside_sieges() -> tokio::sync::SemaphorePermit<'static> {
+    TURN.acquire()
+        .await
+        .expect("the siege semaphore is never closed")
+}
 
 /// One hostile case around a server: a neighbour, the server's RSS and descriptors watched.
 pub struct Siege {
@@ -409,8 +420,8 @@ impl Siege {
     /// Put the server in a memory cgroup of `memory_limit_bytes` (when the host allows), start
     /// a neighbour, and take the baselines.
     pub async fn begin(server: &ExecServer, what: &'static str, memory_limit_bytes: u64) -> Siege {
-        let turn = ONE_AT_A_TIME
-            .acquire()
+        let turn = TURN
+            .acquire_many(TURNS)
             .await
             .expect("the siege semaphore is never closed");
         let cgroup = MemoryCgroup::try_new("hostile", memory_limit_bytes);

@@ -86,6 +86,7 @@ async fn expect_envelope_error(client: &mut Client, what: &str) -> Value {
 
 #[tokio::test]
 async fn message_fragmented_past_the_frame_limit_closes_with_1009_and_others_keep_working() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let mut other = server.client().await;
     start_echo(&mut other, "echo").await;
@@ -123,6 +124,7 @@ async fn message_fragmented_past_the_frame_limit_closes_with_1009_and_others_kee
 
 #[tokio::test]
 async fn frame_declaring_an_absurd_length_is_refused_from_its_header() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let mut other = server.client().await;
     for (what, len) in [
@@ -144,6 +146,7 @@ async fn frame_declaring_an_absurd_length_is_refused_from_its_header() {
 
 #[tokio::test]
 async fn deeply_nested_json_gets_an_error_and_the_connection_keeps_serving() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let mut client = server.client().await;
     let depth = 100_000;
@@ -174,6 +177,7 @@ async fn deeply_nested_json_gets_an_error_and_the_connection_keeps_serving() {
 
 #[tokio::test]
 async fn invalid_utf8_in_a_text_frame_closes_cleanly_and_others_keep_working() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let mut other = server.client().await;
     start_echo(&mut other, "echo").await;
@@ -220,6 +224,7 @@ fn garbage(seed: u64, len: usize) -> Vec<u8> {
 
 #[tokio::test]
 async fn binary_garbage_frames_get_errors_and_the_connection_keeps_serving() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let mut client = server.client().await;
     for seed in 1..=50u64 {
@@ -232,6 +237,7 @@ async fn binary_garbage_frames_get_errors_and_the_connection_keeps_serving() {
 
 #[tokio::test]
 async fn garbage_instead_of_websocket_frames_closes_the_connection_and_others_keep_working() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let mut other = server.client().await;
     let unmasked = {
@@ -282,6 +288,7 @@ fn response_id(payload: &[u8]) -> Option<i64> {
 
 #[tokio::test]
 async fn ten_thousand_unread_requests_meet_backpressure_and_memory_stays_bounded() {
+    let _turn = tests::siege::beside_sieges().await;
     const REQUESTS: i64 = 10_000;
     // Each response carries 8 KiB of file as base64: about 11 KB on the wire. If the server
     // buffered every response for a client that does not read, that is 10,000 x 11 KB = 105 MiB.
@@ -382,6 +389,7 @@ async fn ten_thousand_unread_requests_meet_backpressure_and_memory_stays_bounded
 
 #[tokio::test]
 async fn slowloris_upgrade_is_dropped_at_the_head_timeout_while_others_are_served() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
     let connected = Instant::now();
@@ -431,6 +439,7 @@ async fn slowloris_upgrade_is_dropped_at_the_head_timeout_while_others_are_serve
 
 #[tokio::test]
 async fn oversized_upgrade_head_is_dropped_without_waiting_for_its_end() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
     let mut head = b"GET / HTTP/1.1\r\nX-Filler: ".to_vec();
@@ -451,6 +460,7 @@ async fn oversized_upgrade_head_is_dropped_without_waiting_for_its_end() {
 
 #[tokio::test]
 async fn client_vanishing_mid_frame_detaches_its_session_and_frees_its_descriptors() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let baseline = fd_count(server.pid());
     let mut gone = server.connect().await;
@@ -540,6 +550,7 @@ fn invalid_base64() -> Vec<(&'static str, String)> {
 
 #[tokio::test]
 async fn invalid_base64_is_refused_and_never_truncates_the_target() {
+    let _turn = tests::siege::beside_sieges().await;
     let workspace = tempfile::Builder::new()
         .prefix("ew-hostile-")
         .tempdir_in("/tmp")
@@ -613,6 +624,7 @@ impl Traversal {
 
 #[tokio::test]
 async fn path_traversal_under_a_sandbox_cannot_write_outside() {
+    let _turn = tests::siege::beside_sieges().await;
     let t = Traversal::new();
     // Probes in /etc are new names, never /etc/passwd itself: if the sandbox failed, the test
     // must not damage the machine it runs on. Removed below if they ever appear.
@@ -710,6 +722,7 @@ async fn path_traversal_under_a_sandbox_cannot_write_outside() {
 
 #[tokio::test]
 async fn non_utf8_paths_are_served_inside_the_sandbox_and_denied_outside() {
+    let _turn = tests::siege::beside_sieges().await;
     let t = Traversal::new();
     let ws = file_uri(t.workspace.path());
     let out = file_uri(t.outside.path());
@@ -786,6 +799,7 @@ async fn non_utf8_paths_are_served_inside_the_sandbox_and_denied_outside() {
 
 #[tokio::test]
 async fn absurd_read_parameters_are_capped_or_refused_promptly() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let mut client = server.client().await;
     start_echo(&mut client, "cat").await;
@@ -859,6 +873,7 @@ async fn absurd_read_parameters_are_capped_or_refused_promptly() {
 
 #[tokio::test]
 async fn long_poll_on_a_closed_process_returns_at_once_whatever_wait_ms_says() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let mut client = server.client().await;
     let out = client.run("done", &sh("echo bye"), json!({})).await;
@@ -879,6 +894,7 @@ async fn long_poll_on_a_closed_process_returns_at_once_whatever_wait_ms_says() {
 
 #[tokio::test]
 async fn absurd_block_terminal_and_signal_parameters_get_clear_errors() {
+    let _turn = tests::siege::beside_sieges().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("f");
     std::fs::write(&file, b"0123456789").unwrap();
@@ -1303,6 +1319,7 @@ async fn silent_sockets_cannot_lock_out_clients_that_speak() {
 
 #[tokio::test]
 async fn a_client_name_cannot_forge_log_lines_or_reach_the_terminal() {
+    let _turn = tests::siege::beside_sieges().await;
     let server = server();
     let forged = "2026-01-01T00:00:00.000000Z  INFO supervisor::server: forged line";
     let name = format!("evil\n{forged}\r\u{1b}]0;pwned\u{7}\u{9b}31m");
