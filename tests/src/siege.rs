@@ -22,8 +22,19 @@ use serde_json::json;
 
 use crate::{Client, DEADLINE, ExecServer, b64, fd_count, file_uri, rss_kib};
 
-/// The neighbour's p99 latency must stay under this while a hostile client attacks.
+/// The neighbour's p99 latency must stay under this while a hostile client attacks (on a host
+/// whose own load already slows the neighbour before the attack, see [`p99_bound`]).
 pub const NEIGHBOUR_P99_BOUND: Duration = Duration::from_millis(50);
+/// How long the neighbour runs before the attack starts, to measure what the host itself costs.
+const QUIET_PERIOD: Duration = Duration::from_secs(1);
+
+/// The p99 bound for a case: [`NEIGHBOUR_P99_BOUND`], unless the neighbour's p99 before the
+/// attack (`quiet_p99`, the same server with nothing hostile going on) shows the host is
+/// already loaded by other work; then twice that plus 25 ms, so a loaded CI machine measures the
+/// attack and not its neighbours. On a quiet host (quiet p99 under 12.5 ms) this is 50 ms.
+pub fn p99_bound(quiet_p99: Duration) -> Duration {
+    NEIGHBOUR_P99_BOUND.max(quiet_p99 * 2 + Duration::from_millis(25))
+}
 /// Time between two of the neighbour's requests.
 const NEIGHBOUR_PACING: Duration = Duration::from_millis(10);
 /// How long one neighbour request may take before it counts as failed.
@@ -42,18 +53,59 @@ pub struct NeighbourReport {
     pub p99: Duration,
     /// Slowest request.
     pub max: Duration,
+    /// 99th percentile latency before the attack started.
+    pub quiet_p99: Duration,
+    /// When each request was sent and how long it took.
+    samples: Vec<(Instant, Duration)>,
+}
+
+impl NeighbourReport {
+    /// Split the samples at `attack_started`: p50/p99/max of the attack, p99 of before it.
+    fn split_at(mut self, attack_started: Instant) -> NeighbourReport {
+        let (quiet, attack): (Vec<_>, Vec<_>) = self
+            .samples
+            .iter()
+            .partition(|(sent, _)| *sent < attack_started);
+        let quiet: Vec<Duration> = quiet.into_iter().map(|(_, took)| took).collect();
+        let attack: Vec<Duration> = attack.into_iter().map(|(_, took)| took).collect();
+        let (p50, p99, max) = percentiles(attack);
+        let (_, quiet_p99, _) = percentiles(quiet);
+        self.p50 = p50;
+        self.p99 = p99;
+        self.max = max;
+        self.quiet_p99 = quiet_p99;
+        self
+    }
+}
+
+/// p50, p99 and max of `latencies`.
+fn percentiles(mut latencies: Vec<Duration>) -> (Duration, Duration, Duration) {
+    latencies.sort();
+    let at = |q: f64| {
+        latencies
+            .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    (
+        at(0.5),
+        at(0.99),
+        latencies.last().copied().unwrap_or_default(),
+    )
 }
 
 impl std::fmt::Display for NeighbourReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} requests, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} failed",
+            "{} requests, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} failed (p99 before the \
+             attack {:.1} ms)",
             self.requests,
             self.p50.as_secs_f64() * 1000.0,
             self.p99.as_secs_f64() * 1000.0,
             self.max.as_secs_f64() * 1000.0,
-            self.failures.len()
+            self.failures.len(),
+            self.quiet_p99.as_secs_f64() * 1000.0
         )
     }
 }
@@ -144,6 +196,8 @@ impl Neighbour {
                 p50: Duration::ZERO,
                 p99: Duration::ZERO,
                 max: Duration::ZERO,
+                quiet_p99: Duration::ZERO,
+                samples: Vec::new(),
             },
             Err(_) => panic!("the neighbour loop did not stop within {:?}", DEADLINE * 2),
         }
@@ -179,7 +233,7 @@ async fn neighbour_loop(
             .request_within(method, params, NEIGHBOUR_REQUEST_DEADLINE)
             .await;
         let took = started.elapsed();
-        latencies.push(took);
+        latencies.push((started, took));
         if took > Duration::from_millis(30) {
             eprintln!("neighbour: {method} took {took:?}");
         }
@@ -206,19 +260,15 @@ async fn neighbour_loop(
         round += 1;
         tokio::time::sleep(NEIGHBOUR_PACING).await; // pacing of the loop, not a wait
     }
-    latencies.sort();
-    let at = |q: f64| {
-        latencies
-            .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
+    let (p50, p99, max) = percentiles(latencies.iter().map(|(_, took)| *took).collect());
     NeighbourReport {
         requests: latencies.len(),
         failures,
-        p50: at(0.5),
-        p99: at(0.99),
-        max: latencies.last().copied().unwrap_or_default(),
+        p50,
+        p99,
+        max,
+        quiet_p99: Duration::ZERO,
+        samples: latencies,
     }
 }
 
@@ -397,6 +447,8 @@ pub struct Siege {
     fds_before: usize,
     cgroup: Option<MemoryCgroup>,
     what: &'static str,
+    /// When the quiet period ended.
+    attack_started: Instant,
 }
 
 /// How a case ended.
@@ -431,6 +483,9 @@ impl Siege {
             eprintln!("{what}: no writable memory cgroup here; checking RSS only");
         }
         let neighbour = Neighbour::start(server).await;
+        // What the host costs the neighbour before anything hostile happens.
+        tokio::time::sleep(QUIET_PERIOD).await;
+        let attack_started = Instant::now();
         let fds_before = fd_count(server.pid());
         let rss_before = rss_kib(server.pid());
         Siege {
@@ -441,6 +496,7 @@ impl Siege {
             fds_before,
             cgroup,
             what,
+            attack_started,
         }
     }
 
@@ -458,7 +514,7 @@ impl Siege {
             tokio::time::sleep(Duration::from_millis(20)).await; // polling interval
             fds_after = fd_count(server.pid());
         }
-        let neighbour = self.neighbour.stop().await;
+        let neighbour = self.neighbour.stop().await.split_at(self.attack_started);
         let rss_peak = self.rss.finish();
         if let Some(group) = &self.cgroup {
             assert_eq!(
@@ -494,9 +550,10 @@ impl SiegeReport {
             self.neighbour,
             self.neighbour.failures
         );
+        let bound = p99_bound(self.neighbour.quiet_p99);
         assert!(
-            self.neighbour.p99 < NEIGHBOUR_P99_BOUND,
-            "{what}: the neighbour's p99 latency {:?} is over {NEIGHBOUR_P99_BOUND:?} ({})",
+            self.neighbour.p99 < bound,
+            "{what}: the neighbour's p99 latency {:?} is over {bound:?} ({})",
             self.neighbour.p99,
             self.neighbour
         );

@@ -1327,7 +1327,13 @@ async fn a_client_name_cannot_forge_log_lines_or_reach_the_terminal() {
     client.call("initialize", json!({"clientName": name})).await;
     assert_serving(&mut client).await;
     client.close().await;
-    let log = server.stderr();
+    // The server logs the name as the session starts, concurrently with the answer: wait for it.
+    let until = Instant::now() + DEADLINE;
+    let mut log = server.stderr();
+    while !log.contains("forged line") && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await; // polling interval
+        log = server.stderr();
+    }
     assert!(
         log.lines().any(|line| line.contains("forged line")),
         "the name is logged (escaped): {log}"
