@@ -97,7 +97,9 @@ fn protections(policy: &ResolvedPolicy, text: &mut String, params: &mut Vec<(Str
     for (index, path) in policy.read_only_paths().iter().enumerate() {
         let name = format!("READ_ONLY_{index}");
         params.push((name.clone(), path.clone()));
-        text.push_str(&format!("(deny file-write* (subpath (param \"{name}\")))\n"));
+        text.push_str(&format!(
+            "(deny file-write* (subpath (param \"{name}\")))\n"
+        ));
     }
     if policy.network_allowed() {
         // Port numbers are integers, not paths: nothing a client names reaches the text.
