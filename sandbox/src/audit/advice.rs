@@ -7,14 +7,27 @@ use std::path::{Path, PathBuf};
 
 use crate::audit::denial::Layer;
 use crate::linux::seccomp;
-use crate::policy::{Access, ResolvedPolicy};
+use crate::policy::{Access, Allowance, AllowanceBases, BUILTIN_ALLOWANCES, ResolvedPolicy};
 
-/// The rule that would allow `operation` on `path` / `address` under `policy`.
+/// The rule that would allow `operation` on `path` / `address` under `policy`. A write a named
+/// allowance (`policies/allowances/`) covers, with the paths of this process's environment, is
+/// answered with that allowance.
 pub fn allow_rule(
     policy: &ResolvedPolicy,
     layer: Layer,
     operation: &str,
     path: Option<&str>,
+) -> String {
+    allow_rule_with(policy, layer, operation, path, &AllowanceBases::from_env())
+}
+
+/// [`allow_rule`] with the allowances' bases given.
+pub fn allow_rule_with(
+    policy: &ResolvedPolicy,
+    layer: Layer,
+    operation: &str,
+    path: Option<&str>,
+    bases: &AllowanceBases,
 ) -> String {
     if operation.starts_with("net.") || operation == "socket" || operation == "socketpair" {
         return "network = true (sandbox-run --allow-network)".to_owned();
@@ -55,6 +68,11 @@ pub fn allow_rule(
             p = protected.display()
         );
     }
+    if wants_write && let Some(name) = allowance_covering(policy, &path, bases) {
+        return format!(
+            "the {name} allowance, policies/allowances/{name}.toml (sandbox-run --allow {name})"
+        );
+    }
     if wants_write {
         format!(
             "\"{dir}\" = \"write\" (sandbox-run --writable-root {dir})",
@@ -63,6 +81,22 @@ pub fn allow_rule(
     } else {
         format!("\"{}\" = \"read\"", path.display())
     }
+}
+
+/// The first built-in allowance that makes `path` writable under `policy`.
+fn allowance_covering(
+    policy: &ResolvedPolicy,
+    path: &Path,
+    bases: &AllowanceBases,
+) -> Option<&'static str> {
+    BUILTIN_ALLOWANCES
+        .iter()
+        .map(|(name, _)| *name)
+        .find(|name| {
+            Allowance::builtin(name)
+                .and_then(|allowance| allowance.apply(policy.clone(), bases))
+                .is_ok_and(|widened| widened.can_write(path))
+        })
 }
 
 fn is_directory_operation(operation: &str) -> bool {
@@ -191,6 +225,25 @@ mod tests {
             Some("/ws/secret/k"),
         );
         assert!(rule.starts_with("remove the deny entry"), "{rule}");
+    }
+
+    #[test]
+    fn a_cache_write_names_the_allowance_and_the_cache_directory_itself_does_not() {
+        let bases = AllowanceBases::from_vars(|name| {
+            (name == "HOME").then(|| PathBuf::from("/nonexistent-home"))
+        });
+        let advice = |operation: &str, path: &str| {
+            allow_rule_with(&policy(), Layer::Mount, operation, Some(path), &bases)
+        };
+        assert_eq!(
+            advice("fs.write_file", "/nonexistent-home/.cargo/.package-cache"),
+            "the toolchain-caches allowance, policies/allowances/toolchain-caches.toml \
+             (sandbox-run --allow toolchain-caches)"
+        );
+        assert_eq!(
+            advice("fs.make_reg", "/nonexistent-home/.cargo"),
+            "\"/nonexistent-home/.cargo\" = \"write\" (sandbox-run --writable-root /nonexistent-home/.cargo)"
+        );
     }
 
     #[test]
