@@ -9,10 +9,22 @@
 use std::collections::HashSet;
 use std::io::Read;
 
+use clap::Parser;
 use nix::sys::signal::{SigHandler, Signal, killpg, signal};
 use nix::unistd::Pid;
 
+/// Internal helper of exec-server; not a command to run by hand.
+///
+/// exec-server starts it with a pipe on stdin and writes one record per process group it
+/// creates. When the pipe ends (exec-server exited, crashed or was killed), exec-guardian
+/// sends SIGKILL to every group still registered, so no child outlives the server. It must sit
+/// next to exec-server (or in its --helper-dir, or PREFIX/libexec/execward when installed).
+#[derive(Debug, Parser)]
+#[command(name = "exec-guardian", version, about, long_about)]
+struct Cli {}
+
 fn main() {
+    let Cli {} = Cli::parse();
     for terminal_signal in [
         Signal::SIGINT,
         Signal::SIGTERM,
