@@ -100,6 +100,22 @@ pub struct Cli {
     pub command: Vec<OsString>,
 }
 
+/// The whole `sandbox-run` command line: [`Cli`] plus, on Linux, the denial audit's flags
+/// (`--audit`, ...). `sandbox-run` parses with it; man pages and completions are generated
+/// from it.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    #[cfg(target_os = "linux")]
+    {
+        use clap::Args;
+        crate::audit::cli::AuditArgs::augment_args(Cli::command())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Cli::command()
+    }
+}
+
 /// Why `sandbox-run` stopped before the program ran.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
