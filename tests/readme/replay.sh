@@ -108,6 +108,19 @@ else
   fail "block \"$first\": no ws:// URL on stdout within 60 s (got \"${url:-}\")"
 fi
 
+# The Python session (CI installs websockets, as the README says to).
+replayed+=("python: the session you can reproduce")
+awk '/^```python/ { inside = 1; next } inside && /^```/ { exit } inside { print }' "$readme" |
+  sed -e "s#target/release/#$target_dir/debug/#g" >"$scratch/session.py"
+echo "readme replay: running the Python session"
+if (cd "$repo" && timeout 60 python3 "$scratch/session.py") >"$scratch/out" 2>&1; then
+  expect '"method": "process/closed"' "the Python session"
+  expect '"status": "accepted"' "the Python session"
+else
+  fail "the Python session failed (websockets installed? python3 -m pip install websockets):
+$(cat "$scratch/out")"
+fi
+
 # Install, then every bare command below resolves.
 first='./install.sh                  # builds (release) and installs under ~/.local; --prefix DIR, --uninstall'
 replayed+=("$first")
