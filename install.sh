@@ -2,8 +2,9 @@
 # Build execward and install it under a prefix (default ~/.local):
 #
 #   PREFIX/bin/exec-server, sandbox-run, exec-rendezvous      the commands
-#   PREFIX/libexec/execward/fs-helper, exec-guardian,         internal helpers exec-server runs
-#                            sandbox-run                       (found there, never through $PATH)
+#   PREFIX/libexec/execward/fs-helper, exec-guardian,         internal helpers exec-server and
+#                            sandbox-run, egress-proxy         sandbox-run run (found there,
+#                                                              never through $PATH)
 #   PREFIX/share/man/man1/exec-server.1, exec-server-exec.1, sandbox-run.1
 #   PREFIX/share/bash-completion/completions/, share/zsh/site-functions/,
 #   PREFIX/share/fish/vendor_completions.d/                    shell completions
@@ -42,7 +43,7 @@ mkdir -p "$prefix"
 prefix="$(cd "$prefix" && pwd)"
 
 commands=(exec-server sandbox-run exec-rendezvous)
-helpers=(fs-helper exec-guardian sandbox-run)
+helpers=(fs-helper exec-guardian sandbox-run egress-proxy)
 pages=(exec-server exec-server-exec sandbox-run)
 completed=(exec-server sandbox-run)
 libexec="$prefix/libexec/execward"
@@ -64,7 +65,7 @@ cd "$(dirname "$0")"
 cargo build --locked --profile "$profile" \
   -p supervisor -p sandbox -p fs-helper -p cli-docs \
   --bin exec-server --bin exec-guardian --bin exec-rendezvous \
-  --bin sandbox-run --bin fs-helper --bin execward-cli-docs
+  --bin sandbox-run --bin egress-proxy --bin fs-helper --bin execward-cli-docs
 target_dir="$(cargo metadata --format-version 1 --no-deps --locked |
   sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 built="$target_dir/$profile_dir"

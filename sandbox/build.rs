@@ -14,6 +14,10 @@ use std::path::PathBuf;
 #[path = "src/linux/seccomp_policy.rs"]
 mod seccomp_policy;
 
+#[allow(dead_code)]
+#[path = "src/syscall_table.rs"]
+mod syscall_table;
+
 /// The programs written: constant name, policy file, filter name, network variant.
 const PROGRAMS: [(&str, &str, &str, bool); 6] = [
     (
@@ -46,6 +50,7 @@ fn generate() -> Result<(), String> {
     let dir = manifest.join("../policies/seccomp");
     println!("cargo::rerun-if-changed={}", dir.display());
     println!("cargo::rerun-if-changed=src/linux/seccomp_policy.rs");
+    println!("cargo::rerun-if-changed=src/syscall_table.rs");
     for (file, _) in seccomp_policy::POLICY_FILES {
         println!("cargo::rerun-if-changed={}", dir.join(file).display());
     }
@@ -85,19 +90,28 @@ fn compile_all(dir: &std::path::Path, arch: &str, out: &mut String) -> Result<()
             .get(name)
             .ok_or_else(|| format!("{file}: no filter named {name:?}"))?;
         let selected = seccomp_policy::select(filter, arch, network);
-        let json = seccomp_policy::seccompiler_json(name, &selected)
-            .map_err(|err| format!("{file}: {err}"))?;
-        let mut map = seccompiler::compile_from_json(json.as_slice(), target)
-            .map_err(|err| format!("{file}: {name}: {err}"))?;
-        let program = map
-            .remove(name)
-            .ok_or_else(|| format!("{file}: {name} missing after compilation"))?;
+        let program: Vec<seccomp_policy::Insn> = if name == "allow" {
+            let table = syscall_table::for_arch(arch)
+                .ok_or_else(|| format!("no syscall table for {arch}"))?;
+            let number = |name: &str| table.iter().find(|(_, n)| *n == name).map(|(nr, _)| *nr);
+            seccomp_policy::compile_allow_list(&selected, arch, number)
+                .map_err(|err| format!("{file}: {err}"))?
+        } else {
+            let json = seccomp_policy::seccompiler_json(name, &selected)
+                .map_err(|err| format!("{file}: {err}"))?;
+            let mut map = seccompiler::compile_from_json(json.as_slice(), target)
+                .map_err(|err| format!("{file}: {name}: {err}"))?;
+            map.remove(name)
+                .ok_or_else(|| format!("{file}: {name} missing after compilation"))?
+                .into_iter()
+                .map(|insn| (insn.code, insn.jt, insn.jf, insn.k))
+                .collect()
+        };
         let _ = writeln!(out, "pub const {constant}: Option<Program> = Some(&[");
-        for insn in program {
+        for (code, jt, jf, k) in program {
             let _ = writeln!(
                 out,
-                "    sock_filter {{ code: {:#06x}, jt: {}, jf: {}, k: {:#010x} }},",
-                insn.code, insn.jt, insn.jf, insn.k
+                "    sock_filter {{ code: {code:#06x}, jt: {jt}, jf: {jf}, k: {k:#010x} }},"
             );
         }
         let _ = writeln!(out, "]);");

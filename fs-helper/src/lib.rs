@@ -12,7 +12,7 @@
 //!   (following symlinks as the client named them) into a directory descriptor and do
 //!   everything below it by descriptor (`openat2`/`O_NOFOLLOW`, `mkdirat`, `unlinkat`,
 //!   `O_EXCL`, `fchmod`), never following a symlink in the last component or inside a tree
-//!   ([`dirfd`] states the rule). A component swapped for a symlink mid-operation stops it.
+//!   (the `dirfd` module states the rule). A component swapped for a symlink mid-operation stops it.
 //! - **Reads follow symlinks deliberately.** `read_file`, `open_for_streaming`,
 //!   `read_directory` and `canonicalize` follow them; `get_metadata` reports both the link and
 //!   its target.

@@ -33,6 +33,13 @@ pub struct LaunchRequest {
     /// Run even if a layer the policy needs is missing.
     #[serde(default)]
     pub best_effort: bool,
+    /// Rlimits for the command and its wall-clock time (the server's cgroup bounds memory and
+    /// processes).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::limits::CommandLimits::is_empty"
+    )]
+    pub limits: crate::limits::CommandLimits,
 }
 
 /// Why a launch request could not be read.

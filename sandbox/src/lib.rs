@@ -6,9 +6,13 @@
 //!   ([`linux::restrict_current_process`]).
 //! - [`macos`]: Seatbelt profile text (plain Rust, tested on every platform).
 //! - [`run`]: the `sandbox-run` command line.
+//! - [`limits`]: the rlimits and wall-clock time of a sandboxed command.
+//! - [`egress`]: the egress proxy of a sandbox whose network is an allowlist.
 
 pub mod audit;
+pub mod egress;
 pub mod launch;
+pub mod limits;
 pub mod policy;
 
 #[cfg(target_os = "linux")]
@@ -18,9 +22,12 @@ mod sys;
 
 pub mod macos;
 pub mod run;
+/// Syscall numbers and names of the supported architectures.
+pub mod syscall_table;
 
 pub use policy::{
-    Access, FilesystemPolicy, PathRule, PolicyError, ResolvedPolicy, SandboxSpec, WritableRoot,
+    Access, EgressRules, FilesystemPolicy, NetworkPolicy, PathRule, PolicyError, ResolvedPolicy,
+    SandboxSpec, WritableRoot,
 };
 
 /// Dies of `signal` (default action, unblocked, no core dump); returns if it was not fatal.

@@ -18,6 +18,10 @@ pub const BASE_SBPL: &str = include_str!("../../policies/macos/base.sbpl");
 /// Appended when the network is allowed (`policies/macos/network.sbpl`).
 pub const NETWORK_SBPL: &str = include_str!("../../policies/macos/network.sbpl");
 
+/// Appended when the network is an allowlist (`policies/macos/egress.sbpl`), with
+/// `EGRESS_PORT` replaced by the egress proxy's port.
+pub const EGRESS_SBPL: &str = include_str!("../../policies/macos/egress.sbpl");
+
 /// A profile and the parameter values it refers to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeatbeltProfile {
@@ -42,8 +46,19 @@ impl SeatbeltProfile {
     }
 }
 
-/// Builds the Seatbelt profile for `policy`. `None` when the policy restricts nothing.
+/// Builds the Seatbelt profile for `policy`. `None` when the policy restricts nothing. A
+/// network allowlist gets no network here (its proxy's port is not known yet): see
+/// [`seatbelt_profile_with_egress`].
 pub fn seatbelt_profile(policy: &ResolvedPolicy) -> Option<SeatbeltProfile> {
+    seatbelt_profile_with_egress(policy, None)
+}
+
+/// [`seatbelt_profile`] for a command whose egress proxy listens on loopback `egress_port`:
+/// with a network allowlist, that port is the only network destination allowed.
+pub fn seatbelt_profile_with_egress(
+    policy: &ResolvedPolicy,
+    egress_port: Option<u16>,
+) -> Option<SeatbeltProfile> {
     if policy.is_unrestricted() {
         return None;
     }
@@ -69,9 +84,12 @@ pub fn seatbelt_profile(policy: &ResolvedPolicy) -> Option<SeatbeltProfile> {
     } else {
         text.push_str("\n(allow file-read* file-write*)\n");
     }
-    if policy.network_allowed() {
+    if policy.network_fully_on() {
         text.push('\n');
         text.push_str(NETWORK_SBPL);
+    } else if let (Some(_), Some(port)) = (policy.egress(), egress_port) {
+        text.push('\n');
+        text.push_str(&EGRESS_SBPL.replace("EGRESS_PORT", &port.to_string()));
     }
     protections(policy, &mut text, &mut params);
     Some(SeatbeltProfile { text, params })

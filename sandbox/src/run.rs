@@ -31,6 +31,7 @@ pub const EXIT_NOT_FOUND: u8 = 127;
         sandbox-run --policy workspace-write --allow toolchain-caches -- cargo test\n  \
         sandbox-run --policy read-only -- cat /etc/hostname\n  \
         sandbox-run --policy ./my-profile.toml --allow-network -- curl https://example.com\n  \
+        sandbox-run --allow-domain pypi.org --allow-domain files.pythonhosted.org -- pip install requests\n  \
         sandbox-run --policy '{\"profile\":\"workspace-write\",\"cwd\":\"file:///ws\"}' -- make\n  \
         sandbox-run --policy workspace-write --explain -- true\n\n\
         The command runs in its own user, mount, PID and IPC namespaces (and network namespace\n\
@@ -73,8 +74,26 @@ pub struct Cli {
     #[arg(long = "deny", value_name = "PATH")]
     pub denies: Vec<PathBuf>,
     /// Allow network access.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["allow_domains", "deny_domains"])]
     pub allow_network: bool,
+    /// Limit the network to an allowlist and add PATTERN to it (repeatable): `host`,
+    /// `*.domain`, an IP literal, each with an optional `:PORT` (default 80 and 443), or a
+    /// named set such as `@package-registries`. The command reaches them only through the
+    /// egress proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY are set for it).
+    #[arg(long = "allow-domain", value_name = "PATTERN")]
+    pub allow_domains: Vec<String>,
+    /// Refuse PATTERN even when an --allow-domain pattern matches (repeatable; without a port:
+    /// every port).
+    #[arg(long = "deny-domain", value_name = "PATTERN")]
+    pub deny_domains: Vec<String>,
+    /// Names the egress proxy resolves without DNS, in hosts-file format (`ADDRESS NAME...`):
+    /// local mirrors, air-gapped sites, tests.
+    #[arg(long, value_name = "FILE")]
+    pub egress_hosts: Option<PathBuf>,
+    /// Write every egress decision, allowed destinations too, as JSON lines to FILE (created
+    /// before the command starts): the allowlist a build needs.
+    #[arg(long, value_name = "FILE")]
+    pub egress_log: Option<PathBuf>,
     /// Run even if a layer the policy needs is unavailable (reported on stderr).
     #[arg(long)]
     pub best_effort: bool,
@@ -87,9 +106,25 @@ pub struct Cli {
     /// Print the enforcement report as JSON on stderr before running the program.
     #[arg(long)]
     pub report: bool,
+    /// Address space per process (RLIMIT_AS), e.g. 512M or 2G (suffixes K, M, G: powers of
+    /// 1024). Bounds each process, not the tree: exec-server bounds a tree's memory with a
+    /// cgroup instead.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// Processes of the sandbox's user (RLIMIT_NPROC, counted in the sandbox's own user
+    /// namespace). The kernel exempts uid 0, so as root this needs --best-effort (exec-server
+    /// bounds a tree with a pids cgroup instead).
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// CPU seconds per process (RLIMIT_CPU: SIGXCPU at the limit, SIGKILL a second later).
+    #[arg(long, value_name = "SECONDS")]
+    pub cpu_time: Option<u64>,
+    /// Wall-clock seconds; then the whole sandbox is killed (its output so far is delivered).
+    #[arg(long, value_name = "SECONDS")]
+    pub wall_time: Option<u64>,
     /// Internal (exec-server): read the resolved policy and the command from inherited
     /// descriptor N instead of the options above.
-    #[arg(long, value_name = "N", hide = true, conflicts_with_all = ["policy_json", "cwd", "writable_roots", "allowances", "denies", "allow_network", "explain"])]
+    #[arg(long, value_name = "N", hide = true, conflicts_with_all = ["policy_json", "cwd", "writable_roots", "allowances", "denies", "allow_network", "allow_domains", "deny_domains", "explain", "memory", "pids", "cpu_time", "wall_time"])]
     pub launch_fd: Option<i32>,
     /// The program and its arguments.
     #[arg(
@@ -158,6 +193,10 @@ pub struct Prepared {
     pub cwd: PathBuf,
     /// Best effort was asked.
     pub best_effort: bool,
+    /// The command's rlimits and wall-clock time.
+    pub limits: crate::limits::CommandLimits,
+    /// The egress proxy's name mapping (`--egress-hosts`).
+    pub egress_hosts: Vec<(String, std::net::IpAddr)>,
 }
 
 /// Resolves what the command line (or exec-server's launch request) asks for.
@@ -178,6 +217,8 @@ pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
                 .collect(),
             cwd: request.cwd,
             best_effort: request.best_effort || cli.best_effort,
+            limits: request.limits,
+            egress_hosts: egress_hosts(cli)?,
         });
     }
     let (policy, cwd) = resolve_cli_policy(cli)?;
@@ -187,7 +228,65 @@ pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
         env: std::env::vars_os().collect(),
         cwd,
         best_effort: cli.best_effort,
+        limits: cli_limits(cli)?,
+        egress_hosts: egress_hosts(cli)?,
     })
+}
+
+/// The limits `--memory`, `--pids`, `--cpu-time` and `--wall-time` ask for.
+///
+/// # Errors
+/// [`RunError::Setup`] for `--pids` as root without `--best-effort` (RLIMIT_NPROC does not bind
+/// uid 0, so the limit would silently not apply).
+fn cli_limits(cli: &Cli) -> Result<crate::limits::CommandLimits, RunError> {
+    #[cfg(target_os = "linux")]
+    if cli.pids.is_some() && !cli.best_effort && nix::unistd::geteuid().is_root() {
+        return Err(RunError::Setup(
+            "--pids cannot be enforced: it is RLIMIT_NPROC, which the kernel does not apply to \
+             uid 0; run sandbox-run as another user or under exec-server (whose pids cgroup \
+             bounds the tree), or pass --best-effort to run without it"
+                .to_owned(),
+        ));
+    }
+    Ok(crate::limits::CommandLimits {
+        cpu_seconds: cli.cpu_time,
+        file_size_bytes: None,
+        open_files: None,
+        address_space_bytes: cli.memory,
+        processes: cli.pids,
+        wall_seconds: cli.wall_time,
+    })
+}
+
+/// `--memory`'s value: bytes, or a number with a K, M or G suffix (powers of 1024).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().last() {
+        Some((at, suffix)) if suffix.is_ascii_alphabetic() => {
+            let unit: u64 = match suffix.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("unknown size suffix {suffix:?} (use K, M or G)")),
+            };
+            (&text[..at], unit)
+        }
+        _ => (text, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|bytes| *bytes > 0)
+        .ok_or_else(|| format!("{text:?} is not a size (a positive number of bytes, or 512M, 2G)"))
+}
+
+/// The egress proxy's name mapping read from `--egress-hosts`.
+fn egress_hosts(cli: &Cli) -> Result<Vec<(String, std::net::IpAddr)>, RunError> {
+    match &cli.egress_hosts {
+        Some(path) => crate::egress::hosts::load(path).map_err(|e| RunError::Setup(e.to_string())),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// An existing directory for `--cwd`/`--writable-root`, created when asked; absolute.
@@ -278,6 +377,13 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
     if cli.allow_network {
         policy = policy.with_network(true);
     }
+    if !cli.allow_domains.is_empty() || !cli.deny_domains.is_empty() {
+        let base = policy.egress().cloned().unwrap_or_default();
+        let rules = base
+            .extended(&cli.allow_domains, &cli.deny_domains)
+            .map_err(setup)?;
+        policy = policy.with_network_policy(crate::policy::NetworkPolicy::Allowlist(rules));
+    }
     for path in &cli.denies {
         policy = policy.with_hidden_path(&current.join(path));
     }
@@ -361,13 +467,14 @@ pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
             "pid": userns,
             "ipc": userns,
             "mount": userns,
-            "network": userns && !policy.network_allowed(),
+            "network": userns && policy.needs_network_namespace(),
+            "egress_proxy": policy.egress().is_some() && userns,
             "mounts": if userns { mounts::mount_plan(policy, &layout) } else { Vec::new() },
         },
         "landlock": {
             "abi": abi,
             "filesystem": policy.restricts_filesystem() && abi > 0,
-            "tcp_denied": (!policy.network_allowed() || !policy.denied_tcp_ports.is_empty()) && abi >= 4,
+            "tcp_denied": (!policy.network_fully_on() || !policy.denied_tcp_ports.is_empty()) && abi >= 4,
             "scoped": !policy.is_unrestricted() && abi >= 6,
             "rules": if policy.restricts_filesystem() {
                 landlock::rules_for(policy, &if userns { landlock::private_ttys() } else { landlock::session_ttys() })
@@ -392,16 +499,31 @@ pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
     }
 }
 
-/// The options `sandbox-run`'s flags select.
+/// The options `sandbox-run`'s flags select; opens the `--egress-log` file (before the command
+/// starts, by descriptor, as the audit report: [`crate::audit::output`]).
+///
+/// # Errors
+/// [`RunError::Setup`] when the egress log cannot be created.
 #[cfg(target_os = "linux")]
 pub fn run_options(
     cli: &Cli,
     prepared: &Prepared,
     audit_log: bool,
     keep_fds: Vec<i32>,
-) -> crate::linux::command::RunOptions {
+) -> Result<crate::linux::command::RunOptions, RunError> {
     use crate::linux::NamespaceMode;
-    crate::linux::command::RunOptions {
+    let egress_log = match &cli.egress_log {
+        None => None,
+        Some(path) => match crate::audit::output::ReportFile::open(path, &prepared.policy)? {
+            crate::audit::output::ReportFile::File(file) => Some(std::sync::Arc::new(file)),
+            crate::audit::output::ReportFile::Stdout => {
+                return Err(RunError::Setup(
+                    "--egress-log needs a file path ('-' is not supported)".to_owned(),
+                ));
+            }
+        },
+    };
+    Ok(crate::linux::command::RunOptions {
         best_effort: prepared.best_effort,
         namespaces: if cli.no_namespaces {
             NamespaceMode::Off
@@ -411,7 +533,9 @@ pub fn run_options(
         audit_log,
         report: cli.report,
         keep_fds,
-    }
+        egress_hosts: prepared.egress_hosts.clone(),
+        egress_log,
+    })
 }
 
 /// The command to run.
@@ -421,6 +545,7 @@ pub fn command_of(prepared: &Prepared) -> crate::linux::command::Command {
         argv: prepared.argv.clone(),
         env: prepared.env.clone(),
         cwd: prepared.cwd.clone(),
+        limits: prepared.limits.clone(),
     }
 }
 
@@ -440,7 +565,7 @@ pub fn run(cli: &Cli) -> Result<crate::linux::command::Ended, RunError> {
     if prepared.argv.is_empty() {
         return Err(RunError::Setup("no program given".to_owned()));
     }
-    let options = run_options(cli, &prepared, false, Vec::new());
+    let options = run_options(cli, &prepared, false, Vec::new())?;
     crate::linux::command::run(&prepared.policy, &command_of(&prepared), &options, None)
         .map_err(from_command_error)
 }
@@ -463,6 +588,13 @@ pub fn from_command_error(err: crate::linux::command::CommandError) -> RunError 
 #[cfg(target_os = "macos")]
 pub fn run(cli: &Cli) -> Result<std::convert::Infallible, RunError> {
     let prepared = prepare(cli)?;
+    if prepared.policy.egress().is_some() && !cli.explain {
+        return Err(RunError::Setup(
+            "network allowlists need the egress proxy, which sandbox-run runs on Linux only; \
+             use the network on or off here"
+                .to_owned(),
+        ));
+    }
     if cli.explain {
         let profile = crate::macos::seatbelt_profile(&prepared.policy);
         println!("{}", profile.map(|p| p.text).unwrap_or_default());

@@ -20,7 +20,9 @@ use serde_json::Value;
 /// Audited runs of this binary are serialised (they share the kernel's audit state).
 static AUDIT_LOCK: Mutex<()> = Mutex::new(());
 
+/// Not a test: the entry point of this binary re-executed as the in-sandbox probe.
 #[test]
+#[ignore = "entry point of the in-sandbox probe, run by the tests themselves"]
 fn probe_entry() {
     common::probe_entry();
 }
@@ -50,7 +52,7 @@ fn run_probe_tree(
 ) -> Output {
     let exe = common::probe_exe();
     let probe = format!(
-        "'{}' --exact probe_entry --nocapture --test-threads=1 -q",
+        "'{}' --exact probe_entry --ignored --nocapture --test-threads=1 -q",
         exe.display()
     );
     let script = vec![probe; times].join("; ");
@@ -515,21 +517,32 @@ fn github_format_annotates_each_distinct_denial() {
 fn audit_state_is_restored_after_the_run() {
     let _guard = require_audit();
     let mut control = sandbox::audit::netlink::Control::open().unwrap();
-    let before = control.status().unwrap().enabled;
+    let original = control.status().unwrap().enabled != 0;
     let fx = Fixture::new(None);
-    let out = run_probe_tree(
-        &["--policy", "read-only", "--audit", "/dev/null"],
-        &["uid"],
-        1,
-        &fx.ws,
-        None,
-    );
-    assert!(out.status.success(), "{}", context(&out));
-    assert_eq!(
-        control.status().unwrap().enabled,
-        before,
-        "audit enabled flag changed"
-    );
+    // From both starting states, so the check is never vacuous: a run that leaves auditing on
+    // (or switches it off when it was on) fails one of the two.
+    for before in [false, true] {
+        control.set_enabled(before).unwrap();
+        let report = fx.ws.join(format!("../audit-{before}.jsonl"));
+        let outside_file = s(&fx.outside_file);
+        let out = run_probe_tree(
+            &["--policy", "read-only", "--audit", s(&report)],
+            &["write", outside_file],
+            1,
+            &fx.ws,
+            None,
+        );
+        let enabled_after = control.status().unwrap().enabled != 0;
+        control.set_enabled(original).unwrap();
+        assert!(out.status.success(), "{}", context(&out));
+        assert_eq!(enabled_after, before, "audit enabled flag changed");
+        // Auditing was really on during the run: the denial is in the report.
+        let (denials, _) = read_jsonl(&report);
+        assert!(
+            denials.iter().any(|d| d["path"] == outside_file),
+            "starting from enabled={before} the run recorded {denials:?}"
+        );
+    }
 }
 
 #[test]

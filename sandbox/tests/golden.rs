@@ -154,6 +154,37 @@ fn supervisor_protections_golden() {
     golden("supervisor-protections.txt", &render_policy(&policy, &ws));
 }
 
+#[test]
+fn network_allowlist_golden() {
+    let (_dir, ws) = workspace();
+    let json = serde_json::json!({
+        "profile": "workspace-write", "cwd": ws.display().to_string(),
+        "network": {"allow": ["pypi.org", "*.crates.io", "127.0.0.1:8080"], "deny": ["evil.crates.io"]},
+    });
+    let spec: SandboxSpec = serde_json::from_value(json).unwrap();
+    let ctx = ResolveContext {
+        tmpdir: Some(PathBuf::from("/var/tmp")),
+    };
+    let policy = spec.resolve_with(&ctx).unwrap().with_denied_tcp_port(4000);
+    let mut out = format!(
+        "# network
+{}
+
+",
+        serde_json::to_string_pretty(&policy.network).unwrap()
+    );
+    out.push_str(
+        "# seatbelt with the egress proxy on loopback port 41000
+",
+    );
+    let profile = sandbox::macos::seatbelt_profile_with_egress(&policy, Some(41000)).unwrap();
+    out.push_str(&profile.text);
+    golden(
+        "network-allowlist.txt",
+        &out.replace(&ws.display().to_string(), "$WS"),
+    );
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn seccomp_rule_lists_golden() {

@@ -43,6 +43,20 @@ pub struct Cli {
     #[arg(long)]
     pub one_shot_helpers: bool,
 
+    /// Limits of every process/start that does not set its own, as comma-separated NAME=VALUE
+    /// items: memoryBytes, processes, cpuSeconds, wallSeconds, fileSizeBytes, openFiles (byte
+    /// sizes may end in K, M or G), and optionally bestEffort. The server refuses to start when
+    /// one cannot be enforced here (unless bestEffort). Example:
+    /// memoryBytes=4G,processes=1024,wallSeconds=3600
+    #[arg(long, value_name = "LIST", value_parser = parse_default_limits)]
+    pub default_limits: Option<proto::methods::process::Limits>,
+
+    /// Do not use cgroups: track process trees by process group (the server becomes a child
+    /// subreaper) and enforce limits with rlimits only, as on a host without cgroup access. For
+    /// comparison and for hosts where creating cgroups is unwanted.
+    #[arg(long)]
+    pub no_cgroups: bool,
+
     /// Seconds a detached session (its connection lost) keeps its processes for a resume.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::limits::DETACHED_SESSION_TTL.as_secs_f64())]
     pub detached_session_ttl: f64,
@@ -171,6 +185,10 @@ pub struct ExecArgs {
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]
     pub command: Vec<String>,
+}
+
+fn parse_default_limits(text: &str) -> Result<proto::methods::process::Limits, String> {
+    crate::containment::plan::parse_default_limits(text).map_err(|error| error.to_string())
 }
 
 /// How log lines are written (`--log-format`).

@@ -1,6 +1,7 @@
 //! `environment/info`: the server user's shell (the reference protocol's answer), plus this
-//! server's additions: its working directory, OS and architecture, and what its sandbox can
-//! enforce on this host.
+//! server's additions: its working directory, OS and architecture, what its sandbox can
+//! enforce on this host, and how it contains and limits process trees here (decided at
+//! startup, see [`crate::containment`]).
 //!
 //! The sandbox facts come from `sandbox-run --explain` (the helper the server runs sandboxed
 //! commands with), asked once and kept: the server itself never probes or restricts itself.
@@ -10,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use proto::FileUri;
-use proto::methods::environment::{EnvironmentInfo, SandboxSupport, ShellInfo};
+use proto::methods::environment::{ContainmentSupport, EnvironmentInfo, SandboxSupport, ShellInfo};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
@@ -19,10 +20,12 @@ use crate::limits::SANDBOX_PROBE_TIMEOUT;
 /// The shell used when the user database and `$SHELL` name none that exists.
 pub const FALLBACK_SHELL: &str = "/bin/sh";
 
-/// What `environment/info` needs: the `sandbox-run` path and the probe's cached answer.
+/// What `environment/info` needs: the `sandbox-run` path and the probe's cached answer, and the
+/// containment found at startup.
 pub struct EnvironmentContext {
     sandbox_run: PathBuf,
     sandbox: OnceCell<SandboxSupport>,
+    containment: ContainmentSupport,
 }
 
 /// Why the sandbox probe failed.
@@ -57,11 +60,12 @@ pub enum ProbeError {
 }
 
 impl EnvironmentContext {
-    /// A context that asks `sandbox_run` about the host.
-    pub fn new(sandbox_run: PathBuf) -> Self {
+    /// A context that asks `sandbox_run` about the host and reports `containment`.
+    pub fn new(sandbox_run: PathBuf, containment: ContainmentSupport) -> Self {
         Self {
             sandbox_run,
             sandbox: OnceCell::new(),
+            containment,
         }
     }
 
@@ -93,6 +97,7 @@ pub async fn info(context: &EnvironmentContext) -> EnvironmentInfo {
         os: std::env::consts::OS.to_owned(),
         arch: std::env::consts::ARCH.to_owned(),
         sandbox: Some(context.sandbox_support().await),
+        containment: Some(context.containment.clone()),
     }
 }
 

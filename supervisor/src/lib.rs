@@ -15,6 +15,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod containment;
 pub mod environment;
 pub mod exec_cmd;
 pub mod fs;

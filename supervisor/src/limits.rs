@@ -93,3 +93,19 @@ pub const HTTP_POOL_MAX_IDLE_PER_HOST: usize = 8;
 pub const HTTP_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long `environment/info` waits for `sandbox-run --explain` to describe the host.
 pub const SANDBOX_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest `limits.wallSeconds` (365 days): anything longer is a mistake, not a bound.
+pub const MAX_WALL_SECONDS: u64 = 365 * 24 * 60 * 60;
+/// How long a killed tree may take to exit before its cgroup is left behind with a warning
+/// (SIGKILL is prompt; a process in uninterruptible I/O may need a moment).
+pub const CGROUP_EMPTY_DEADLINE: Duration = Duration::from_secs(5);
+/// How often a killed tree's cgroup is checked for being empty.
+pub const CGROUP_EMPTY_POLL: Duration = Duration::from_millis(5);
+/// Extra time a sandboxed command's own wall-clock kill (by `sandbox-run`, which drains the
+/// sandbox's terminal first) gets before the server kills the tree itself.
+pub const WALL_BACKSTOP_GRACE: Duration = Duration::from_secs(2);
+/// Shortest pause between two checks of a tree's CPU use against `cpuSeconds` (the next check
+/// is when the budget could run out at the earliest, with every CPU busy).
+pub const CPU_BUDGET_MIN_CHECK: Duration = Duration::from_millis(50);
+/// Rounds of killing the server's orphans at shutdown without a cgroup (each round's kills
+/// re-parent their own orphans to the server).
+pub const ORPHAN_KILL_ROUNDS: usize = 16;

@@ -119,7 +119,14 @@ impl Sandboxing {
             .filter_map(|path| path.parent())
             .map(Path::to_owned)
             .collect();
-        read_only.extend(std::env::current_exe().ok());
+        // The server's own executable stays read-only to every sandbox; not knowing where it
+        // is would leave it writable, so that refuses to start.
+        let exe = std::env::current_exe().map_err(|source| HelperOpenError {
+            name: "exec-server",
+            path: PathBuf::from("/proc/self/exe"),
+            source,
+        })?;
+        read_only.push(exe);
         read_only.sort();
         read_only.dedup();
         Ok(Self {

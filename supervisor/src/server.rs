@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
 
+use crate::containment::reaper::Reaper;
+use crate::containment::{Containment, ContainmentOptions};
 use crate::fs::helpers::HelperPool;
 use crate::limits::{DETACHED_SESSION_TTL, MAX_CONNECTIONS};
 use crate::listen::{ExecServerListenUrlParseError, ListenAddress};
@@ -31,6 +33,10 @@ pub struct ServerOptions {
     /// Files every sandboxed command and helper must not see, besides the server's own socket
     /// and token file (remote mode adds its identity key).
     pub protected_files: Vec<PathBuf>,
+    /// Contain process trees in cgroups where the host allows (`--no-cgroups` clears it).
+    pub use_cgroups: bool,
+    /// Limits of every `process/start` that does not set its own (`--default-limits`).
+    pub default_limits: proto::methods::process::Limits,
 }
 
 impl ServerOptions {
@@ -43,6 +49,8 @@ impl ServerOptions {
             detached_session_ttl: DETACHED_SESSION_TTL,
             one_shot_helpers: false,
             protected_files: Vec::new(),
+            use_cgroups: true,
+            default_limits: proto::methods::process::Limits::default(),
         }
     }
 }
@@ -89,6 +97,12 @@ pub enum ExecServerError {
     /// Writing the URL to stdout failed.
     #[error("cannot print the listen URL: {0}")]
     Stdout(std::io::Error),
+    /// `--default-limits` cannot be enforced on this host.
+    #[error("--default-limits: {0}")]
+    DefaultLimits(#[from] crate::containment::plan::PlanError),
+    /// The server could not become a child subreaper (needed without cgroups).
+    #[error("cannot make the server a child subreaper (PR_SET_CHILD_SUBREAPER): {0}")]
+    Subreaper(std::io::Error),
 }
 
 /// Server-wide shared state.
@@ -114,6 +128,10 @@ pub struct ServerState {
     pub http: Arc<crate::http::HttpContext>,
     /// `environment/info`.
     pub environment: crate::environment::EnvironmentContext,
+    /// How process trees are contained and limited on this host.
+    pub containment: Arc<Containment>,
+    /// Without cgroups: the orphan reaper (the server is a child subreaper).
+    pub reaper: Option<Arc<Reaper>>,
 }
 
 /// A bound server, not yet serving.
@@ -153,13 +171,15 @@ impl BoundServer {
             listener.tcp_port().into_iter().collect(),
         )?);
         crate::sys::prepare_server_descriptors();
-        let guardian = match Guardian::start(&options.runtime_paths.guardian) {
-            Ok(guardian) => Arc::new(guardian),
-            Err(source) => {
-                return Err(ExecServerError::Guardian {
-                    path: options.runtime_paths.guardian.clone(),
-                    source,
-                });
+        let containment = Arc::new(Containment::detect(ContainmentOptions {
+            use_cgroups: options.use_cgroups,
+            default_limits: options.default_limits.clone(),
+        }));
+        let (guardian, reaper) = match start_guardian(&options, &containment) {
+            Ok(started) => started,
+            Err(error) => {
+                containment.abandon();
+                return Err(error);
             }
         };
         let helpers = HelperPool::new(sandboxing.clone(), options.one_shot_helpers);
@@ -179,8 +199,11 @@ impl BoundServer {
             http: Arc::new(crate::http::HttpContext::new(own_listeners)),
             environment: crate::environment::EnvironmentContext::new(
                 sandboxing.sandbox_run.exec_path(),
+                containment.support(),
             ),
             sandboxing,
+            containment,
+            reaper,
         });
         Ok(Self {
             listener,
@@ -206,15 +229,51 @@ impl BoundServer {
         tracing::info!("shutting down: terminating every child");
         let _ = self.shutdown.send(true);
         drop(self.listener);
-        let processes = self
+        let tables: Vec<_> = self
             .state
             .sessions
             .all()
             .into_iter()
-            .flat_map(|session| session.processes.all())
+            .map(|session| session.processes.clone())
             .collect();
-        crate::process::handlers::terminate_all(processes).await;
+        crate::process::handlers::terminate_sessions(&tables).await;
+        if let Some(reaper) = &self.state.reaper {
+            reaper.kill_orphans().await;
+        }
+        self.state.containment.shutdown().await;
     }
+}
+
+/// Check the default limits, log the host's containment, and start what kills our trees if
+/// the server dies (the guardian) and reaps orphans without cgroups (the subreaper).
+fn start_guardian(
+    options: &ServerOptions,
+    containment: &Containment,
+) -> Result<(Arc<Guardian>, Option<Arc<Reaper>>), ExecServerError> {
+    containment.check_defaults()?;
+    let support = containment.support();
+    tracing::info!(
+        tracking = ?support.tracking,
+        cgroup = support.cgroup.as_deref().unwrap_or("-"),
+        limits = ?support.limits,
+        notes = ?support.notes,
+        "containment"
+    );
+    let reaper = if containment.capabilities().tracking {
+        None
+    } else {
+        Some(Reaper::install().map_err(ExecServerError::Subreaper)?)
+    };
+    let guardian = Guardian::start(
+        &options.runtime_paths.guardian,
+        containment.v2_base(),
+        &containment.v1_bases(),
+    )
+    .map_err(|source| ExecServerError::Guardian {
+        path: options.runtime_paths.guardian.clone(),
+        source,
+    })?;
+    Ok((Arc::new(guardian), reaper))
 }
 
 fn read_token(path: &std::path::Path) -> Result<Vec<u8>, ExecServerError> {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::process::ProcessTable;
-use crate::process::handlers::terminate_all;
+use crate::process::handlers::terminate_sessions;
 use crate::rpc::connection::OutboundSender;
 
 /// Which connection (if any) receives a session's notifications.
@@ -154,7 +154,7 @@ impl SessionRegistry {
             };
             if expired {
                 tracing::info!(session_id = %session.id, "detached session expired; terminating its processes");
-                terminate_all(session.processes.all()).await;
+                terminate_sessions(std::slice::from_ref(&session.processes)).await;
             }
         });
     }

@@ -1,5 +1,7 @@
 //! The only unsafe code of the supervisor: raw system calls, each behind a typed safe wrapper —
-//! `posix_spawn` with its file actions and attributes, `pidfd_open`, the PTY window-size ioctl,
+//! the child spawn (a `CLONE_VM | CLONE_VFORK` clone that joins its cgroups and sets its rlimits
+//! before `execve`), `pidfd_open`, `pidfd_send_signal`, `waitid` on a pidfd with the child's
+//! CPU time, the PTY window-size ioctl,
 //! taking ownership of descriptors received with `SCM_RIGHTS`, and the one-time descriptor
 //! hygiene at server start.
 
@@ -70,7 +72,7 @@ fn borrow(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
     unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }
 
-/// What `posix_spawn` does in the child before exec, in order.
+/// What the child does to its descriptors before exec, in order.
 pub enum FileAction<'a> {
     /// `dup2(fd, target)` (the new descriptor is not close-on-exec).
     Dup(RawFd, RawFd),
@@ -78,91 +80,287 @@ pub enum FileAction<'a> {
     OpenReadWrite(RawFd, &'a CStr),
 }
 
-/// Spawn `program` with `argv`/`envp` in a new session (`setsid`), with signal mask cleared and
-/// [`SIGNALS_RESET_IN_CHILD`] at their defaults, after changing to `cwd` and applying `actions`.
-/// glibc reports exec failures (missing program, permission) as the return value.
+/// One resource limit the child sets before exec (a `RLIMIT_*` number, soft and hard value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildRlimit {
+    /// `RLIMIT_CPU`, `RLIMIT_FSIZE`, ...
+    pub resource: libc::c_int,
+    /// Soft limit.
+    pub soft: u64,
+    /// Hard limit.
+    pub hard: u64,
+}
+
+/// Which step of the child's setup failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildStep {
+    /// Writing to a `cgroup.procs` (joining a cgroup).
+    JoinCgroup,
+    /// Setting an rlimit.
+    Rlimit,
+    /// `setsid`, the descriptor actions, `chdir` or `execve`.
+    Exec,
+}
+
+/// A failed spawn: the step and its OS error.
+#[derive(Debug)]
+pub struct SpawnFailure {
+    /// The step.
+    pub step: ChildStep,
+    /// Its OS error.
+    pub error: std::io::Error,
+}
+
+/// Stack of the short-lived child between `clone` and `execve` (it runs only the few system
+/// calls of [`child_main`]); one guard page below it.
+const CHILD_STACK_BYTES: usize = 64 * 1024;
+/// Highest signal number reset in the child.
+const LAST_SIGNAL: libc::c_int = 64;
+
+/// Step codes the child leaves in [`ChildPlan`] when it fails (0: none).
+const STEP_NONE: u8 = 0;
+const STEP_JOIN: u8 = 1;
+const STEP_RLIMIT: u8 = 2;
+const STEP_EXEC: u8 = 3;
+
+/// Everything the child reads, prepared before the clone: the child shares our memory and must
+/// not allocate or take a lock.
+struct ChildPlan<'a> {
+    program: &'a CStr,
+    argv: &'a [*mut libc::c_char],
+    envp: &'a [*mut libc::c_char],
+    cwd: &'a CStr,
+    actions: &'a [FileAction<'a>],
+    join: &'a [RawFd],
+    rlimits: &'a [ChildRlimit],
+    failed_step: std::sync::atomic::AtomicU8,
+    failed_errno: std::sync::atomic::AtomicI32,
+}
+
+/// Spawn `program` with `argv`/`envp`: the child first joins the cgroups whose `cgroup.procs`
+/// descriptors are in `join` (so it, and everything it ever starts, is in them before the
+/// program's first instruction), sets `rlimits`, starts a new session (`setsid`), resets every
+/// signal to its default action (keeping ignored ones ignored, except [`SIGNALS_RESET_IN_CHILD`])
+/// with an empty mask, applies `actions`, changes to `cwd` and execs.
+///
+/// Like `posix_spawn`, the child is created with `CLONE_VM | CLONE_VFORK`: no copy of the
+/// server's address space, and this thread waits until the child has exec'd (or failed), so the
+/// failure is reported here, never as a process that "started" and exited 127.
 ///
 /// # Errors
-/// The errno of the failed step, as an I/O error.
+/// The failed step and its errno.
 pub fn spawn_in_new_session(
     program: &CStr,
     argv: &[CString],
     envp: &[CString],
     cwd: &CStr,
     actions: &[FileAction<'_>],
-) -> std::io::Result<libc::pid_t> {
+    join: &[RawFd],
+    rlimits: &[ChildRlimit],
+) -> Result<libc::pid_t, SpawnFailure> {
+    use std::sync::atomic::Ordering;
+    let failure = |step, error| SpawnFailure { step, error };
     let argv_ptrs = null_terminated(argv);
     let envp_ptrs = null_terminated(envp);
-    let check = |code: libc::c_int| {
-        if code == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::from_raw_os_error(code))
-        }
+    let plan = ChildPlan {
+        program,
+        argv: &argv_ptrs,
+        envp: &envp_ptrs,
+        cwd,
+        actions,
+        join,
+        rlimits,
+        failed_step: std::sync::atomic::AtomicU8::new(STEP_NONE),
+        failed_errno: std::sync::atomic::AtomicI32::new(0),
     };
-    // SAFETY: the file-actions and attribute objects are initialized before use and destroyed
-    // on every path below; all pointers passed (program, argv, envp, cwd, paths) point into
-    // NUL-terminated CStrings that outlive the call; argv/envp arrays end with a null pointer.
+    let stack = ChildStack::new().map_err(|e| failure(ChildStep::Exec, e))?;
+    // SAFETY: sigset_t values are plain data initialised by sigfillset/pthread_sigmask before
+    // use. Every signal is blocked around the clone so no handler of ours runs in the child
+    // (which shares our memory) before it has reset them; the old mask is restored right after.
+    let mut previous: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
     unsafe {
-        let mut file_actions: libc::posix_spawn_file_actions_t = std::mem::zeroed();
-        let mut attributes: libc::posix_spawnattr_t = std::mem::zeroed();
-        check(libc::posix_spawn_file_actions_init(&mut file_actions))?;
-        if let Err(error) = check(libc::posix_spawnattr_init(&mut attributes)) {
-            libc::posix_spawn_file_actions_destroy(&mut file_actions);
-            return Err(error);
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut previous);
+    }
+    // SAFETY: `child_main` only reads `plan` (alive until the clone returns: with CLONE_VFORK
+    // this thread is suspended until the child has exec'd or exited) and makes async-signal-safe
+    // system calls; the stack is ours, writable, and unused by anyone else.
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            stack.top(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::from_ref(&plan).cast_mut().cast(),
+        )
+    };
+    let clone_error = std::io::Error::last_os_error();
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut()) };
+    drop(stack);
+    if pid < 0 {
+        return Err(failure(ChildStep::Exec, clone_error));
+    }
+    let step = match plan.failed_step.load(Ordering::Acquire) {
+        STEP_NONE => return Ok(pid),
+        STEP_JOIN => ChildStep::JoinCgroup,
+        STEP_RLIMIT => ChildStep::Rlimit,
+        _ => ChildStep::Exec,
+    };
+    let errno = plan.failed_errno.load(Ordering::Acquire);
+    // The child has left through _exit: reap it.
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    Err(failure(step, std::io::Error::from_raw_os_error(errno)))
+}
+
+/// The child's stack: an anonymous mapping with a guard page at its low end.
+struct ChildStack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+impl ChildStack {
+    fn new() -> std::io::Result<Self> {
+        let page = 4096;
+        let len = CHILD_STACK_BYTES + page;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
         }
-        let result =
-            (|| {
-                for action in actions {
-                    match action {
-                        FileAction::Dup(from, to) => check(
-                            libc::posix_spawn_file_actions_adddup2(&mut file_actions, *from, *to),
-                        )?,
-                        FileAction::OpenReadWrite(to, path) => {
-                            check(libc::posix_spawn_file_actions_addopen(
-                                &mut file_actions,
-                                *to,
-                                path.as_ptr(),
-                                libc::O_RDWR,
-                                0,
-                            ))?
-                        }
-                    }
+        let stack = Self { base, len };
+        // SAFETY: the first page of the mapping just made; an overflow then faults instead of
+        // writing below the mapping.
+        if unsafe { libc::mprotect(base, page, libc::PROT_NONE) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// The initial stack pointer (stacks grow down; 16-byte aligned).
+    fn top(&self) -> *mut libc::c_void {
+        self.base.cast::<u8>().wrapping_add(self.len).cast()
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; the child that used it has exec'd or
+        // exited (CLONE_VFORK), so nothing runs on it any more.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// Records the failed step and errno for the parent and leaves.
+///
+/// # Safety
+/// Only from the child of [`spawn_in_new_session`].
+unsafe fn child_fail(plan: &ChildPlan<'_>, step: u8) -> ! {
+    use std::sync::atomic::Ordering;
+    // SAFETY: __errno_location returns this thread's errno slot (shared with the suspended
+    // parent thread, which reads nothing of it).
+    let errno = unsafe { *libc::__errno_location() };
+    plan.failed_errno.store(errno, Ordering::Release);
+    plan.failed_step.store(step, Ordering::Release);
+    // SAFETY: _exit ends the child without running any of the parent's exit handlers.
+    unsafe { libc::_exit(127) }
+}
+
+/// The child between `clone` and `execve`: raw, async-signal-safe system calls only.
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ChildPlan` the parent passed, alive while the parent is suspended.
+    let plan = unsafe { &*arg.cast_const().cast::<ChildPlan<'_>>() };
+    // SAFETY: every call below is a plain system call wrapper on data prepared by the parent;
+    // nothing allocates, locks, or unwinds.
+    unsafe {
+        for &procs in plan.join {
+            if libc::write(procs, b"0".as_ptr().cast(), 1) != 1 {
+                child_fail(plan, STEP_JOIN);
+            }
+        }
+        for limit in plan.rlimits {
+            let value = libc::rlimit64 {
+                rlim_cur: limit.soft,
+                rlim_max: limit.hard,
+            };
+            if libc::syscall(
+                libc::SYS_prlimit64,
+                0,
+                libc::c_long::from(limit.resource),
+                &value,
+                std::ptr::null_mut::<libc::rlimit64>(),
+            ) != 0
+            {
+                child_fail(plan, STEP_RLIMIT);
+            }
+        }
+        if libc::setsid() < 0 {
+            child_fail(plan, STEP_EXEC);
+        }
+        reset_signal_dispositions();
+        for action in plan.actions {
+            let ok = match action {
+                FileAction::Dup(from, to) if from == to => libc::fcntl(*to, libc::F_SETFD, 0) == 0,
+                FileAction::Dup(from, to) => libc::dup2(*from, *to) == *to,
+                FileAction::OpenReadWrite(to, path) => {
+                    let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+                    fd == *to || (fd >= 0 && libc::dup2(fd, *to) == *to && libc::close(fd) == 0)
                 }
-                check(libc::posix_spawn_file_actions_addchdir_np(
-                    &mut file_actions,
-                    cwd.as_ptr(),
-                ))?;
-                let mut empty: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut empty);
-                let mut defaults: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut defaults);
-                for signal in SIGNALS_RESET_IN_CHILD {
-                    libc::sigaddset(&mut defaults, signal);
-                }
-                check(libc::posix_spawnattr_setsigmask(&mut attributes, &empty))?;
-                check(libc::posix_spawnattr_setsigdefault(
-                    &mut attributes,
-                    &defaults,
-                ))?;
-                let flags = libc::POSIX_SPAWN_SETSID
-                    | libc::POSIX_SPAWN_SETSIGMASK as libc::c_short
-                    | libc::POSIX_SPAWN_SETSIGDEF as libc::c_short;
-                check(libc::posix_spawnattr_setflags(&mut attributes, flags))?;
-                let mut pid: libc::pid_t = 0;
-                check(libc::posix_spawn(
-                    &mut pid,
-                    program.as_ptr(),
-                    &file_actions,
-                    &attributes,
-                    argv_ptrs.as_ptr(),
-                    envp_ptrs.as_ptr(),
-                ))?;
-                Ok(pid)
-            })();
-        libc::posix_spawnattr_destroy(&mut attributes);
-        libc::posix_spawn_file_actions_destroy(&mut file_actions);
-        result
+            };
+            if !ok {
+                child_fail(plan, STEP_EXEC);
+            }
+        }
+        if libc::chdir(plan.cwd.as_ptr()) != 0 {
+            child_fail(plan, STEP_EXEC);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        libc::execve(
+            plan.program.as_ptr(),
+            plan.argv.as_ptr().cast(),
+            plan.envp.as_ptr().cast(),
+        );
+        child_fail(plan, STEP_EXEC)
+    }
+}
+
+/// Every signal with a handler (ours must never run in the child) and every one of
+/// [`SIGNALS_RESET_IN_CHILD`] goes back to its default action; other ignored ones stay ignored.
+///
+/// # Safety
+/// Only from the child of [`spawn_in_new_session`], with every signal blocked.
+unsafe fn reset_signal_dispositions() {
+    for signal in 1..=LAST_SIGNAL {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: sigaction reads/writes only the local structs passed.
+        unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut current) != 0 {
+                continue;
+            }
+            let ignored = current.sa_sigaction == libc::SIG_IGN;
+            let default = current.sa_sigaction == libc::SIG_DFL;
+            if default || (ignored && !SIGNALS_RESET_IN_CHILD.contains(&signal)) {
+                continue;
+            }
+            let mut reset: libc::sigaction = std::mem::zeroed();
+            reset.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(signal, &reset, std::ptr::null_mut());
+        }
     }
 }
 
@@ -186,6 +384,118 @@ pub fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `pidfd_send_signal` flag (Linux 6.9): signal the process group of the pidfd's process.
+const PIDFD_SIGNAL_PROCESS_GROUP: libc::c_uint = 1 << 2;
+
+/// Send `signal` through `pidfd`: to the process's whole group when `group` is set (where the
+/// kernel supports it: Linux 6.9; older kernels signal the process alone). A pidfd names one
+/// process for its whole life, so a recycled pid can never be hit; once the process is reaped
+/// this fails with `ESRCH`.
+///
+/// # Errors
+/// The `pidfd_send_signal` errno.
+pub fn pidfd_send_signal(
+    pidfd: &impl AsRawFd,
+    signal: libc::c_int,
+    group: bool,
+) -> std::io::Result<()> {
+    let send = |flags: libc::c_uint| {
+        // SAFETY: pidfd_send_signal takes a descriptor, a signal number, a null siginfo and
+        // flags; it touches no memory of ours.
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                flags,
+            )
+        };
+        if result < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    if !group {
+        return send(0);
+    }
+    match send(PIDFD_SIGNAL_PROCESS_GROUP) {
+        Err(error) if error.raw_os_error() == Some(libc::EINVAL) => send(0),
+        other => other,
+    }
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildExit {
+    /// Its exit status, or 128 + the signal that killed it.
+    pub code: i32,
+    /// The signal that killed it.
+    pub signal: Option<i32>,
+    /// CPU time (user + system) of the child and every descendant it reaped.
+    pub cpu: std::time::Duration,
+}
+
+/// Reap our child through its pidfd if it has exited (`waitid(P_PIDFD, WEXITED | WNOHANG)`
+/// with its resource usage); `None` while it runs.
+///
+/// # Errors
+/// The `waitid` errno (`ECHILD` once reaped).
+pub fn reap_pidfd(pidfd: &impl AsRawFd) -> std::io::Result<Option<ChildExit>> {
+    const P_PIDFD: libc::c_int = 3;
+    // SAFETY: siginfo_t and rusage are plain data the kernel fills; waitid writes only into
+    // the two locals passed.
+    let (info, usage) = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let mut usage: libc::rusage = std::mem::zeroed();
+        let result = libc::syscall(
+            libc::SYS_waitid,
+            P_PIDFD,
+            pidfd.as_raw_fd(),
+            &mut info,
+            libc::WEXITED | libc::WNOHANG,
+            &mut usage,
+        );
+        if result < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        (info, usage)
+    };
+    // SAFETY: si_pid and si_status are valid for a SIGCHLD siginfo, which waitid fills (si_pid
+    // stays 0 when no child has changed state).
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    let time = |t: libc::timeval| {
+        std::time::Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + std::time::Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    let cpu = time(usage.ru_utime) + time(usage.ru_stime);
+    Ok(Some(match info.si_code {
+        libc::CLD_EXITED => ChildExit {
+            code: status,
+            signal: None,
+            cpu,
+        },
+        _ => ChildExit {
+            code: 128 + status,
+            signal: Some(status),
+            cpu,
+        },
+    }))
+}
+
+/// Reap `pid` if it is a zombie (`waitpid(pid, WNOHANG)`); true when it was reaped.
+pub fn reap_if_exited(pid: libc::pid_t) -> bool {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    matches!(
+        waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)),
+        Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..))
+    )
 }
 
 /// Set a terminal's window size (`TIOCSWINSZ`).

@@ -129,11 +129,11 @@ run_block "$first" && {
   expect "Usage: exec-server" "$first"
   expect_status 0 "$first"
   for file in bin/exec-server bin/sandbox-run libexec/execward/fs-helper \
-    libexec/execward/exec-guardian libexec/execward/sandbox-run share/man/man1/sandbox-run.1 \
+    libexec/execward/exec-guardian libexec/execward/sandbox-run libexec/execward/egress-proxy share/man/man1/sandbox-run.1 \
     share/zsh/site-functions/_exec-server; do
     [ -f "$HOME/.local/$file" ] || fail "install: no $HOME/.local/$file"
   done
-  for tool in sandbox-bench probe bench load fs-helper exec-guardian; do
+  for tool in sandbox-bench probe bench load fs-helper exec-guardian egress-proxy; do
     [ ! -e "$HOME/.local/bin/$tool" ] || fail "install: $tool must not be in bin/"
   done
 }
@@ -170,6 +170,9 @@ run_block "$first" && {
 
 skipped+=("\$ echo '{\"operation\":\"fs/writeFile\",\"params\":{\"path\":\"file:///etc/evil\",\"dataBase64\":\"aGk=\"},")
 echo "readme replay: skipped the fs-helper transcript (\$ prompts; fs-helper/tests/cli.rs checks it)"
+skipped+=("sandbox-run --policy workspace-write --cwd ~/proj \\")
+echo "readme replay: skipped the egress allowlist examples (they reach pypi.org and crates.io;" \
+  "the replay has no network, and sandbox/tests cover the proxy against a local server)"
 skipped+=("exec-rendezvous --listen https://0.0.0.0:7443 --tls-cert rendezvous.pem --tls-key rendezvous-key.pem \\")
 echo "readme replay: skipped the TLS deployment sketch (needs a certificate and a DNS name)"
 

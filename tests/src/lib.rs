@@ -321,6 +321,24 @@ pub fn process_is_dead(pid: i32) -> bool {
     }
 }
 
+/// The live processes whose parent is `parent`.
+pub fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| stat_field(&stat, 4))
+                .and_then(|ppid| ppid.parse::<i32>().ok())
+                == Some(parent)
+        })
+        .collect()
+}
+
 /// Field `n` (1-based, as in proc(5)) of a `/proc/<pid>/stat` line.
 pub fn stat_field(stat: &str, n: usize) -> Option<String> {
     let after_comm = &stat[stat.rfind(')')? + 2..];
@@ -381,6 +399,10 @@ impl ProcessOutput {
     /// stdout as text.
     pub fn stdout_text(&self) -> String {
         String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    /// stderr as text.
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
     }
     /// pty output as text.
     pub fn pty_text(&self) -> String {
@@ -1046,6 +1068,7 @@ pub const INSTALLED_BINARIES: &[&str] = &[
     "exec-guardian",
     "fs-helper",
     "sandbox-run",
+    "egress-proxy",
     "probe",
 ];
 
@@ -1379,6 +1402,7 @@ pub fn start_params(process_id: &str, argv: &[&str]) -> proto::methods::process:
         audit_denials: false,
         env_policy: None,
         enforce_managed_network: false,
+        limits: None,
     }
 }
 

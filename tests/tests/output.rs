@@ -40,15 +40,12 @@ async fn seq_is_one_counter_shared_by_output_exited_and_closed() {
         .map(|e| e["method"].as_str().unwrap())
         .collect();
     assert_eq!(methods.last(), Some(&"process/closed"), "{methods:?}");
-    // Output read after the exit may follow `exited`; only `closed` is pinned to the end.
+    // All output the child wrote comes before `exited`, which comes right before `closed`.
     let exited = methods
         .iter()
         .position(|m| *m == "process/exited")
         .expect("exited");
-    assert!(
-        exited < methods.len() - 1,
-        "exited must come before closed: {methods:?}"
-    );
+    assert_eq!(exited, methods.len() - 2, "{methods:?}");
     assert_eq!(
         methods.iter().filter(|m| **m == "process/exited").count(),
         1
@@ -100,7 +97,6 @@ async fn read_after_close_returns_everything_with_exit_and_close_seqs() {
     let mut client = server.client().await;
     let out = client.run("p", &sh("echo hi; exit 4"), json!({})).await;
     let last = *seqs(&out.events).last().unwrap();
-    // Output read after the exit may come after `exited`: take the seqs from the events.
     let seq_of = |method: &str| {
         out.events
             .iter()
@@ -390,4 +386,51 @@ fn summary(result: &Value) -> String {
     let n = r["chunks"].as_array().map(Vec::len);
     r["chunks"] = json!(format!("<{n:?} chunks>"));
     r.to_string()
+}
+
+/// The README's promise: `exited` comes after all output the child wrote before exiting. A
+/// race between the exit and the output pipes shows up only sometimes, so it runs many
+/// processes of different output sizes, in pipe and PTY mode, sandboxed and not.
+#[tokio::test]
+async fn exited_follows_all_output_written_before_the_exit() {
+    let server = server();
+    let mut client = server.client().await;
+    let workspace = tempfile::tempdir().unwrap();
+    let sandbox = json!({"profile": "workspace-write", "cwd": tests::file_uri(workspace.path())});
+    let mut checked = 0;
+    for (n, bytes) in [1usize, 100, 4096, 65_536, 200_000]
+        .iter()
+        .cycle()
+        .take(40)
+        .enumerate()
+    {
+        let tty = n % 2 == 1;
+        let mut extra = json!({"tty": tty});
+        if n % 4 >= 2 {
+            extra["sandbox"] = sandbox.clone();
+            extra["cwd"] = json!(tests::file_uri(workspace.path()));
+        }
+        // head writes exactly `bytes` bytes and the shell exits at once after it.
+        let script = format!("head -c {bytes} /dev/zero | tr '\\0' x");
+        let id = format!("p{n}");
+        let out = client.run(&id, &sh(&script), extra.clone()).await;
+        let written: usize = if tty { out.pty.len() } else { out.stdout.len() };
+        assert_eq!(written, *bytes, "{id} {extra}: all output arrives");
+        let exited = out
+            .events
+            .iter()
+            .position(|e| e["method"] == "process/exited")
+            .unwrap();
+        let last_output = out
+            .events
+            .iter()
+            .rposition(|e| e["method"] == "process/output")
+            .unwrap();
+        assert!(
+            last_output < exited,
+            "{id} {extra}: output after exited (event {last_output} vs {exited})"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 40);
 }

@@ -561,3 +561,43 @@ async fn exec_remote_without_a_token_or_with_a_wrong_one_fails_with_255() {
     assert_eq!(wrong.0.code(), Some(255));
     assert!(wrong.2.contains("401"), "{}", wrong.2);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_remote_to_an_unknown_environment_fails_with_255_after_the_registration_wait() {
+    let rendezvous = start_rendezvous("127.0.0.1:0", None);
+    // A registered executor under another id: the registry works, the id is just unknown.
+    let _executor = start_executor(&rendezvous.first_line, "env-known").await;
+    let registry = rendezvous.first_line.clone();
+    let started = std::time::Instant::now();
+    let (status, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        let mut cmd = std::process::Command::new(tests::exec_server_binary());
+        cmd.args([
+            "exec",
+            "--remote",
+            &registry,
+            "--environment-id",
+            "env-nobody-registered",
+            "--registration-wait",
+            "1",
+            "--cwd",
+            "/",
+            "--",
+            "/bin/true",
+        ])
+        .env(supervisor::relay::REGISTRY_TOKEN_ENV, tests::relay::TOKEN);
+        tests::output_within(&mut cmd, b"")
+    })
+    .await
+    .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(status.code(), Some(255), "stderr: {stderr}");
+    assert_eq!(stdout, "", "nothing ran");
+    assert!(
+        stderr.contains("env-nobody-registered"),
+        "the error names the environment: {stderr}"
+    );
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(8),
+        "waited {waited:?} for a 1 s registration wait"
+    );
+}

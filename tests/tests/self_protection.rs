@@ -58,7 +58,11 @@ impl Setup {
 
     fn start(&self, uid: Option<u32>, args: &[&str]) -> ExecServer {
         ExecServer::start_binary(&self.bin.join("exec-server"), args, |command| {
-            command.env_clear().env("PATH", "/usr/bin:/bin");
+            command
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                // Every accepted connection is logged at debug: the attacks must leave none.
+                .env("RUST_LOG", "supervisor=debug");
             if let Some(uid) = uid {
                 command.uid(uid).gid(uid);
             }
@@ -120,6 +124,40 @@ fn assert_refused(result: &Value, context: &str) {
     assert_eq!(result["ok"], false, "{context}: reached it: {result}");
 }
 
+/// What the server logs for a connection it accepted, upgraded or not.
+const CONNECTION_LOG_LINES: [&str; 3] = [
+    "dropping connection before upgrade",
+    "connection open",
+    "initialized",
+];
+
+fn connection_lines(log: &str) -> usize {
+    log.lines()
+        .filter(|line| CONNECTION_LOG_LINES.iter().any(|l| line.contains(l)))
+        .count()
+}
+
+/// The count of connection lines once the test's own client is logged as initialized.
+fn settled_connection_lines(server: &ExecServer) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !server.stderr().contains("initialized") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20)); // polling interval
+    }
+    connection_lines(&server.stderr())
+}
+
+/// Waits (bounded) for the server to log one more connection than `before`.
+fn wait_for_connection_line(server: &ExecServer, before: usize) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if connection_lines(&server.stderr()) > before {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20)); // polling interval
+    }
+    false
+}
+
 #[tokio::test]
 async fn a_sandboxed_command_cannot_reach_its_server_over_tcp_or_read_its_token() {
     for uid in identities() {
@@ -144,6 +182,7 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_tcp_or_read_its_token(
             } else {
                 server.client().await
             };
+            let logged = settled_connection_lines(&server);
             for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
                 let context = format!("{shape}, token {token}, server as {uid:?}");
                 let connect = probe_through(
@@ -167,7 +206,16 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_tcp_or_read_its_token(
                     assert_refused(&read, &format!("token read: {context}"));
                 }
             }
-            // Control: unsandboxed, the same probe reaches the server and reads the token.
+            // Let the server log anything it accepted, then check it accepted nothing.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert_eq!(
+                connection_lines(&server.stderr()),
+                logged,
+                "the server logged a connection from a sandbox (token {token}, as {uid:?}):\n{}",
+                server.stderr()
+            );
+            // Control: unsandboxed, the same probe reaches the server (and is logged) and reads
+            // the token.
             let control = probe_through(
                 &mut client,
                 &setup,
@@ -177,6 +225,10 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_tcp_or_read_its_token(
             )
             .await;
             assert_eq!(control["ok"], true, "control connect: {control}");
+            assert!(
+                wait_for_connection_line(&server, logged),
+                "control: the server's log shows accepted connections"
+            );
             if token {
                 let control = probe_through(
                     &mut client,
@@ -206,6 +258,7 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_a_unix_socket() {
             let server = setup.start(uid, &["--listen", &listen]);
             let mut client = server.client().await;
             let socket_path = socket.to_str().unwrap().to_owned();
+            let logged = settled_connection_lines(&server);
             for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
                 let result = probe_through(
                     &mut client,
@@ -217,6 +270,12 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_a_unix_socket() {
                 .await;
                 assert_refused(&result, &format!("{shape}, socket in {dir:?}, as {uid:?}"));
             }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert_eq!(
+                connection_lines(&server.stderr()),
+                logged,
+                "the server logged a connection from a sandbox (socket in {dir:?}, as {uid:?})"
+            );
             let control = probe_through(
                 &mut client,
                 &setup,
@@ -226,6 +285,10 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_a_unix_socket() {
             )
             .await;
             assert_eq!(control["ok"], true, "control: {control}");
+            assert!(
+                wait_for_connection_line(&server, logged),
+                "control is logged"
+            );
         }
     }
 }

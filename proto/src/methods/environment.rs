@@ -26,6 +26,61 @@ pub struct EnvironmentInfo {
     /// What this host's sandbox can enforce.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxSupport>,
+    /// How this server contains process trees and what enforces each limit here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containment: Option<ContainmentSupport>,
+}
+
+/// How process trees are tracked and killed on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Tracking {
+    /// Each process gets its own cgroup v2 leaf, killed with `cgroup.kill`: nothing escapes by
+    /// `setsid`, `setpgid` or double fork.
+    CgroupV2,
+    /// Process groups, with the server as child subreaper so orphans come back to it; a
+    /// descendant that leaves its group escapes `process/terminate` and session expiry (not the
+    /// server's own shutdown). A sandboxed command is still contained by its PID namespace.
+    ProcessGroup,
+}
+
+/// `containment` of `environment/info`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainmentSupport {
+    /// How trees are tracked and killed.
+    pub tracking: Tracking,
+    /// The cgroup v2 directory holding this server's process cgroups, when `tracking` is
+    /// `cgroupV2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// What enforces each limit here (`none`: a start asking for it fails unless
+    /// `bestEffort`).
+    pub limits: LimitsSupport,
+    /// The limits every start gets unless it sets its own (`exec-server --default-limits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_limits: Option<crate::methods::process::Limits>,
+    /// Why something weaker than a cgroup is used, in words.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// What enforces each limit of `process/start` on this host (for a start without a sandbox).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitsSupport {
+    /// `memoryBytes`.
+    pub memory_bytes: crate::methods::process::Enforcement,
+    /// `processes`.
+    pub processes: crate::methods::process::Enforcement,
+    /// `cpuSeconds`.
+    pub cpu_seconds: crate::methods::process::Enforcement,
+    /// `wallSeconds`.
+    pub wall_seconds: crate::methods::process::Enforcement,
+    /// `fileSizeBytes`.
+    pub file_size_bytes: crate::methods::process::Enforcement,
+    /// `openFiles`.
+    pub open_files: crate::methods::process::Enforcement,
 }
 
 /// The shell of `environment/info`.

@@ -55,6 +55,10 @@ pub struct StartParams {
     /// sandbox turns the network off (see docs/protocol.md, compatibility).
     #[serde(default, skip_serializing_if = "is_false")]
     pub enforce_managed_network: bool,
+    /// Bounds on the process tree (memory, processes, CPU and wall time, file size, open files),
+    /// laid over the server's defaults field by field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -122,6 +126,244 @@ pub enum EnvInherit {
 pub struct StartResult {
     /// The id from the request.
     pub process_id: String,
+    /// How each limit in force (requested or a server default) is enforced; absent when none
+    /// is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<AppliedLimits>,
+}
+
+/// `limits` of `process/start`: bounds on the whole process tree the command starts. Every
+/// field is optional; unknown fields are refused (a misspelt limit must not silently not
+/// apply).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limits {
+    /// Memory of the whole tree, swap included (cgroup `memory.max` + `memory.swap.max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// Processes (and threads) alive at once in the tree (cgroup `pids.max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u64>,
+    /// CPU time: each process gets `RLIMIT_CPU` (SIGXCPU, then SIGKILL a second later), and
+    /// where the tree's usage is measurable the whole tree is killed once it used this much.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<u64>,
+    /// Wall-clock time from the start; then the whole tree is killed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_seconds: Option<u64>,
+    /// Largest file a process may write (`RLIMIT_FSIZE`; a write past it fails with `EFBIG`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_size_bytes: Option<u64>,
+    /// Open descriptors per process (`RLIMIT_NOFILE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_files: Option<u64>,
+    /// Start even when a limit cannot be enforced on this host; the result says what was
+    /// applied. Without it such a start fails, naming the limit.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub best_effort: bool,
+}
+
+/// The limits `process/start` can set, by their wire names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LimitName {
+    /// `memoryBytes`.
+    MemoryBytes,
+    /// `processes`.
+    Processes,
+    /// `cpuSeconds`.
+    CpuSeconds,
+    /// `wallSeconds`.
+    WallSeconds,
+    /// `fileSizeBytes`.
+    FileSizeBytes,
+    /// `openFiles`.
+    OpenFiles,
+}
+
+impl LimitName {
+    /// Every limit, in wire order.
+    pub const ALL: [LimitName; 6] = [
+        LimitName::MemoryBytes,
+        LimitName::Processes,
+        LimitName::CpuSeconds,
+        LimitName::WallSeconds,
+        LimitName::FileSizeBytes,
+        LimitName::OpenFiles,
+    ];
+
+    /// The wire name (`memoryBytes`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitName::MemoryBytes => "memoryBytes",
+            LimitName::Processes => "processes",
+            LimitName::CpuSeconds => "cpuSeconds",
+            LimitName::WallSeconds => "wallSeconds",
+            LimitName::FileSizeBytes => "fileSizeBytes",
+            LimitName::OpenFiles => "openFiles",
+        }
+    }
+}
+
+impl std::fmt::Display for LimitName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Limits {
+    /// The value of one limit.
+    pub fn get(&self, name: LimitName) -> Option<u64> {
+        match name {
+            LimitName::MemoryBytes => self.memory_bytes,
+            LimitName::Processes => self.processes,
+            LimitName::CpuSeconds => self.cpu_seconds,
+            LimitName::WallSeconds => self.wall_seconds,
+            LimitName::FileSizeBytes => self.file_size_bytes,
+            LimitName::OpenFiles => self.open_files,
+        }
+    }
+
+    /// Set one limit.
+    pub fn set(&mut self, name: LimitName, value: Option<u64>) {
+        let slot = match name {
+            LimitName::MemoryBytes => &mut self.memory_bytes,
+            LimitName::Processes => &mut self.processes,
+            LimitName::CpuSeconds => &mut self.cpu_seconds,
+            LimitName::WallSeconds => &mut self.wall_seconds,
+            LimitName::FileSizeBytes => &mut self.file_size_bytes,
+            LimitName::OpenFiles => &mut self.open_files,
+        };
+        *slot = value;
+    }
+
+    /// `self` laid over `defaults`: each limit `self` sets wins, the others come from
+    /// `defaults`; best effort when either asks for it.
+    pub fn over(&self, defaults: &Limits) -> Limits {
+        let mut merged = defaults.clone();
+        for name in LimitName::ALL {
+            if let Some(value) = self.get(name) {
+                merged.set(name, Some(value));
+            }
+        }
+        merged.best_effort = self.best_effort || defaults.best_effort;
+        merged
+    }
+
+    /// No limit is set.
+    pub fn is_empty(&self) -> bool {
+        LimitName::ALL.iter().all(|name| self.get(*name).is_none())
+    }
+}
+
+/// What enforces a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Enforcement {
+    /// A cgroup v2 controller of the process's own cgroup.
+    CgroupV2,
+    /// A cgroup v1 controller (hosts that mount the controllers as v1 beside an empty v2).
+    CgroupV1,
+    /// A resource limit (`setrlimit`) of each process.
+    Rlimit,
+    /// The server's own timer, which kills the tree.
+    Timer,
+    /// Nothing: the host cannot enforce it (only with `bestEffort`).
+    None,
+}
+
+/// What a limit bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LimitScope {
+    /// The whole process tree together.
+    Tree,
+    /// Each process on its own (rlimits are per process and inherited).
+    Process,
+}
+
+/// How one limit of a start is enforced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedLimit {
+    /// The limit in force.
+    pub value: u64,
+    /// What enforces it.
+    pub enforcement: Enforcement,
+    /// What it bounds.
+    pub scope: LimitScope,
+    /// The mechanism in words (`memory.max + memory.swap.max`, `RLIMIT_CPU`, ...).
+    pub detail: String,
+}
+
+/// How each limit in force is enforced (absent: not set).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedLimits {
+    /// `memoryBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<AppliedLimit>,
+    /// `processes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<AppliedLimit>,
+    /// `cpuSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<AppliedLimit>,
+    /// `wallSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_seconds: Option<AppliedLimit>,
+    /// `fileSizeBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_size_bytes: Option<AppliedLimit>,
+    /// `openFiles`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_files: Option<AppliedLimit>,
+}
+
+impl AppliedLimits {
+    /// How one limit is applied.
+    pub fn get(&self, name: LimitName) -> Option<&AppliedLimit> {
+        match name {
+            LimitName::MemoryBytes => self.memory_bytes.as_ref(),
+            LimitName::Processes => self.processes.as_ref(),
+            LimitName::CpuSeconds => self.cpu_seconds.as_ref(),
+            LimitName::WallSeconds => self.wall_seconds.as_ref(),
+            LimitName::FileSizeBytes => self.file_size_bytes.as_ref(),
+            LimitName::OpenFiles => self.open_files.as_ref(),
+        }
+    }
+
+    /// Record how one limit is applied.
+    pub fn set(&mut self, name: LimitName, applied: AppliedLimit) {
+        let slot = match name {
+            LimitName::MemoryBytes => &mut self.memory_bytes,
+            LimitName::Processes => &mut self.processes,
+            LimitName::CpuSeconds => &mut self.cpu_seconds,
+            LimitName::WallSeconds => &mut self.wall_seconds,
+            LimitName::FileSizeBytes => &mut self.file_size_bytes,
+            LimitName::OpenFiles => &mut self.open_files,
+        };
+        *slot = Some(applied);
+    }
+}
+
+/// Why a process ended, where the kernel or the server can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ExitReason {
+    /// The memory limit's OOM killer killed a process of the tree (`memory.events` /
+    /// `memory.oom_control` `oom_kill`).
+    Oom,
+    /// The CPU limit: SIGXCPU from `RLIMIT_CPU`, SIGKILL past it, or the tree's budget spent.
+    CpuLimit,
+    /// `wallSeconds` passed and the tree was killed.
+    WallTimeout,
+    /// `process/terminate`, session expiry or server shutdown.
+    Terminated,
+    /// Another signal.
+    Signal,
+    /// It exited by itself.
+    Exit,
 }
 
 /// Params of `process/read`.
@@ -180,6 +422,9 @@ pub struct ReadResult {
     /// The signal number that killed the process, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
+    /// Why it ended (as in `process/exited`), once exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_reason: Option<ExitReason>,
     /// Seq of the exit event, once exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_seq: Option<u64>,
@@ -339,6 +584,10 @@ pub struct ExitedNotification {
     /// The signal number that killed the process, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
+    /// Why it ended, where the kernel or the server can tell (additive: older clients ignore
+    /// it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<ExitReason>,
 }
 
 /// `process/closed` notification: exited and both streams at EOF; the last event.
@@ -349,4 +598,63 @@ pub struct ClosedNotification {
     pub process_id: String,
     /// Event sequence number.
     pub seq: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_without_limits_parses_and_serializes_without_them() {
+        let params: StartParams = serde_json::from_value(serde_json::json!({
+            "processId": "p", "argv": ["true"], "cwd": "/tmp"
+        }))
+        .unwrap();
+        assert_eq!(params.limits, None);
+        assert!(
+            serde_json::to_value(&params)
+                .unwrap()
+                .get("limits")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn limits_refuse_unknown_keys_and_lay_over_defaults_key_by_key() {
+        let misspelt = serde_json::from_value::<Limits>(serde_json::json!({"memoryByte": 1}));
+        assert!(
+            misspelt.is_err(),
+            "a misspelt limit must not silently not apply"
+        );
+        let defaults: Limits =
+            serde_json::from_value(serde_json::json!({"memoryBytes": 100, "processes": 10}))
+                .unwrap();
+        let asked: Limits =
+            serde_json::from_value(serde_json::json!({"processes": 5, "bestEffort": true}))
+                .unwrap();
+        let merged = asked.over(&defaults);
+        assert_eq!(
+            (merged.memory_bytes, merged.processes, merged.best_effort),
+            (Some(100), Some(5), true)
+        );
+        assert!(Limits::default().is_empty() && !merged.is_empty());
+    }
+
+    #[test]
+    fn exit_reasons_use_their_wire_names() {
+        let exited = ExitedNotification {
+            process_id: "p".into(),
+            seq: 2,
+            exit_code: 137,
+            signal: Some(9),
+            reason: Some(ExitReason::WallTimeout),
+        };
+        assert_eq!(
+            serde_json::to_value(&exited).unwrap()["reason"],
+            serde_json::json!("wallTimeout")
+        );
+        for name in LimitName::ALL {
+            assert_eq!(serde_json::to_value(name).unwrap(), name.as_str());
+        }
+    }
 }

@@ -177,7 +177,7 @@ mod tests {
                     rule("/ws/secret", Access::Deny),
                 ],
             },
-            network_access: false,
+            network: crate::policy::NetworkPolicy::Off,
             hidden: Vec::new(),
             read_only: Vec::new(),
             denied_tcp_ports: Vec::new(),

@@ -132,7 +132,7 @@ impl Collector {
     }
 
     /// Sends a marker record and reads until it comes back (every record logged before it
-    /// has then arrived), or until [`DRAIN_TIMEOUT`].
+    /// has then arrived), or until `DRAIN_TIMEOUT`.
     pub fn drain(&mut self, sink: &mut dyn FnMut(Record)) {
         let nonce = format!("{}-{}", std::process::id(), nanos());
         let text = format!("op=execward-audit-drain nonce={nonce}");

@@ -15,6 +15,8 @@ pub enum Layer {
     Mount,
     /// A sandboxed helper (`fs-helper`) reported the denial itself.
     Helper,
+    /// The egress proxy refused a connection (network allowlist).
+    Proxy,
 }
 
 impl Layer {
@@ -25,6 +27,7 @@ impl Layer {
             Layer::Seccomp => "seccomp",
             Layer::Mount => "mount",
             Layer::Helper => "helper",
+            Layer::Proxy => "proxy",
         }
     }
 }

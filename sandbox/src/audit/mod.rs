@@ -42,8 +42,6 @@ pub mod supervise;
 #[cfg(target_os = "linux")]
 pub(crate) mod sys;
 #[cfg(target_os = "linux")]
-mod syscall_table;
-#[cfg(target_os = "linux")]
 pub mod syscalls;
 
 pub use denial::{Coverage, Denial, Layer};

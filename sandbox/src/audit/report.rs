@@ -185,7 +185,10 @@ pub fn github(audit: &RunAudit, fail_on_denial: bool) -> String {
                 audit.coverage.gaps.join("; ")
             ))
         );
-        return out;
+        // Denials seen without the kernel audit (the egress proxy's) are still listed.
+        if audit.denials.is_empty() {
+            return out;
+        }
     }
     for (denial, count) in distinct(&audit.denials) {
         let title = format!(
@@ -205,7 +208,7 @@ pub fn github(audit: &RunAudit, fail_on_denial: bool) -> String {
             escape_data(&message)
         );
     }
-    for gap in &audit.coverage.gaps {
+    for gap in audit.coverage.gaps.iter().filter(|_| audit.coverage.audit) {
         let _ = writeln!(
             out,
             "::warning title={}::{}",

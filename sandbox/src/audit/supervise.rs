@@ -51,6 +51,12 @@ impl Observer for AuditObserver {
         }
     }
 
+    fn denial(&mut self, denial: Denial) {
+        if let Some(sink) = self.sink.as_mut() {
+            sink.emit(vec![denial]);
+        }
+    }
+
     fn started(&mut self, root: Pid) {
         if let Some(collector) = self.collector.as_mut() {
             collector.attach(self.session);

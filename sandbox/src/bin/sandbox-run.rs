@@ -39,7 +39,10 @@ fn run(cli: &Cli, audit: &audit_flags::AuditArgs) -> ExitCode {
             Ok(prepared) => prepared,
             Err(err) => return fail(err),
         };
-        let options = sandbox::run::run_options(cli, &prepared, true, Vec::new());
+        let options = match sandbox::run::run_options(cli, &prepared, true, Vec::new()) {
+            Ok(options) => options,
+            Err(err) => return fail(err),
+        };
         return match sandbox::audit::supervise::run_audited(&prepared, &options, cli.report, audit)
         {
             Ok(code) => ExitCode::from(code),

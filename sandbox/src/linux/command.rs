@@ -45,6 +45,8 @@ pub struct Command {
     pub env: Vec<(OsString, OsString)>,
     /// The working directory (absolute).
     pub cwd: PathBuf,
+    /// Its rlimits (set right before `execve`) and wall-clock time.
+    pub limits: crate::limits::CommandLimits,
 }
 
 /// How to run it.
@@ -61,6 +63,11 @@ pub struct RunOptions {
     /// Descriptors besides 0-2 a process confined in place (without namespaces) keeps open
     /// until it execs.
     pub keep_fds: Vec<RawFd>,
+    /// Names the egress proxy resolves without DNS (hosts-file mapping; allowlist only).
+    pub egress_hosts: Vec<(String, std::net::IpAddr)>,
+    /// Where every egress decision (allowed ones too) goes as a JSON line, opened before the
+    /// command starts.
+    pub egress_log: Option<std::sync::Arc<std::fs::File>>,
 }
 
 /// How the command ended.
@@ -91,6 +98,10 @@ pub trait Observer {
     /// The process that confines itself (and creates the Landlock domain) exists and waits;
     /// called before it is let go.
     fn started(&mut self, root: Pid);
+    /// A denial the outer saw directly (the egress proxy's refusals).
+    fn denial(&mut self, denial: crate::audit::Denial) {
+        let _ = denial;
+    }
 }
 
 /// Why the command could not be started.
@@ -143,8 +154,23 @@ pub fn run(
         return exec_in_place(command);
     }
     nix::sys::prctl::set_no_new_privs().map_err(|source| SandboxError::NoNewPrivs { source })?;
+    if options.namespaces == NamespaceMode::Off && policy.egress().is_some() {
+        return Err(SandboxError::EgressNeedsNamespace {
+            cause: "--no-namespaces".to_owned(),
+        }
+        .into());
+    }
     if options.namespaces == NamespaceMode::Auto {
         match run_in_namespaces(policy, command, options, reborrow(&mut observer)) {
+            Err(CommandError::Sandbox(SandboxError::Namespace(
+                err @ namespaces::NamespaceError::Unshare { .. },
+            ))) if policy.egress().is_some() => {
+                // Without its own network namespace the command would reach everything.
+                return Err(SandboxError::EgressNeedsNamespace {
+                    cause: err.to_string(),
+                }
+                .into());
+            }
             Err(CommandError::Sandbox(SandboxError::Namespace(
                 err @ namespaces::NamespaceError::Unshare { .. },
             ))) => {
@@ -176,13 +202,24 @@ fn reborrow<'b>(observer: &'b mut Option<&mut dyn Observer>) -> Option<&'b mut d
     }
 }
 
-/// No sandbox at all: `execve` in place with the command's environment.
+/// No sandbox at all: `execve` in place with the command's environment and limits (the wall
+/// clock through `alarm(2)`, as no process of ours outlives the exec to watch it).
 fn exec_in_place(command: &Command) -> Result<Ended, CommandError> {
     use std::os::unix::process::CommandExt;
     let (program, args) = command.argv.split_first().ok_or(CommandError::Exec {
         program: String::new(),
         source: std::io::Error::from_raw_os_error(libc::ENOENT),
     })?;
+    command
+        .limits
+        .apply_rlimits_to_current_process()
+        .map_err(|err| CommandError::Plumbing {
+            what: "setting the command's limits",
+            source: std::io::Error::other(err.to_string()),
+        })?;
+    if let Some(seconds) = command.limits.wall_seconds {
+        nix::unistd::alarm::set(u32::try_from(seconds).unwrap_or(u32::MAX));
+    }
     let source = std::process::Command::new(program)
         .args(args)
         .env_clear()
@@ -213,6 +250,7 @@ fn run_without_namespaces(
         env: EnvMode::Keep,
         namespaces: NamespaceMode::Off,
         audit_log: options.audit_log,
+        egress_port: None,
     };
     let Some(observer) = observer else {
         confine_here(policy, command, options, &enforce)?;
@@ -245,6 +283,9 @@ fn run_without_namespaces(
         root: child,
         reported: None,
         root_status: None,
+        deadline: wall_deadline(&command.limits),
+        proxy: None,
+        egress_log: None,
     };
     Ok(outer.wait(Some(observer)))
 }
@@ -299,6 +340,14 @@ fn run_in_namespaces(
     } else {
         None
     };
+    let egress = if policy.egress().is_some() {
+        Some(UnixStream::pair().map_err(|source| CommandError::Plumbing {
+            what: "socketpair",
+            source,
+        })?)
+    } else {
+        None
+    };
     let signals = block_forwarded_signals()?;
     let flags = namespaces::namespace_flags(policy, true);
     let cloned = crate::sys::clone_into_namespaces(flags.bits()).map_err(|source| {
@@ -313,6 +362,10 @@ fn run_in_namespaces(
             drop(ours);
             theirs
         });
+        let egress = egress.map(|(ours, theirs)| {
+            drop(ours);
+            theirs
+        });
         init::run_init(
             policy,
             command,
@@ -322,6 +375,7 @@ fn run_in_namespaces(
                 status: status_write,
                 terminal,
                 relayed,
+                egress,
             },
         )
     };
@@ -332,6 +386,10 @@ fn run_in_namespaces(
     )
     .map_err(plumbing("the status channel"))?;
     let terminal = terminal.map(|(ours, theirs)| {
+        drop(theirs);
+        ours
+    });
+    let egress = egress.map(|(ours, theirs)| {
         drop(theirs);
         ours
     });
@@ -360,6 +418,10 @@ fn run_in_namespaces(
             },
             None => None,
         };
+    let proxy = match (egress, policy.egress()) {
+        (Some(socket), Some(rules)) => start_proxy(&socket, policy, rules, options, root)?,
+        _ => None,
+    };
     let mut outer = Outer {
         signals,
         status: Some(status_read),
@@ -367,8 +429,43 @@ fn run_in_namespaces(
         root,
         reported: None,
         root_status: None,
+        deadline: wall_deadline(&command.limits),
+        proxy,
+        egress_log: options.egress_log.clone(),
     };
     Ok(outer.wait(observer))
+}
+
+/// Receives the listening socket PID 1 made in the sandbox's network namespace and execs the
+/// egress proxy on it. `None` when PID 1 failed before sending it (its status says why). A
+/// proxy that cannot start ends the sandbox: its command would have no network at all, and
+/// could not be told why.
+fn start_proxy(
+    socket: &UnixStream,
+    policy: &ResolvedPolicy,
+    rules: &crate::policy::EgressRules,
+    options: &RunOptions,
+    root: Pid,
+) -> Result<Option<crate::egress::launch::ProxyProcess>, CommandError> {
+    let Ok(Some(listener)) = pty::receive_fd(socket) else {
+        return Ok(None);
+    };
+    let config = crate::egress::ProxyConfig {
+        rules: rules.clone(),
+        denied_ports: policy.denied_tcp_ports.clone(),
+        hosts: options.egress_hosts.clone(),
+    };
+    match crate::egress::launch::ProxyProcess::spawn(listener, &config) {
+        Ok(proxy) => Ok(Some(proxy)),
+        Err(err) => {
+            let _ = nix::sys::signal::kill(root, Signal::SIGKILL);
+            let _ = waitpid(root, None);
+            Err(CommandError::Plumbing {
+                what: "the egress proxy",
+                source: std::io::Error::other(err.to_string()),
+            })
+        }
+    }
 }
 
 /// The outer's state while the sandbox runs.
@@ -380,6 +477,19 @@ struct Outer {
     root: Pid,
     reported: Option<Ended>,
     root_status: Option<Ended>,
+    /// When the wall-clock limit kills the sandbox (taken once it fired).
+    deadline: Option<std::time::Instant>,
+    /// The egress proxy (network allowlist only), stopped when the sandbox has ended.
+    proxy: Option<crate::egress::launch::ProxyProcess>,
+    /// Where egress decisions are logged.
+    egress_log: Option<std::sync::Arc<std::fs::File>>,
+}
+
+/// When `limits.wall_seconds` runs out, counted from now.
+fn wall_deadline(limits: &crate::limits::CommandLimits) -> Option<std::time::Instant> {
+    limits
+        .wall_seconds
+        .map(|seconds| std::time::Instant::now() + std::time::Duration::from_secs(seconds))
 }
 
 impl Outer {
@@ -394,7 +504,12 @@ impl Outer {
             if let Some(observer) = observer.as_deref_mut() {
                 observer.readable();
             }
+            if let Some(proxy) = self.proxy.as_mut() {
+                let events = proxy.read_events();
+                self.egress_events(events, &mut observer);
+            }
             self.handle_signals();
+            self.enforce_wall_clock();
             self.read_status();
             if let Some(relay) = self.relay.as_mut() {
                 relay.pump();
@@ -402,12 +517,41 @@ impl Outer {
             self.reap_root();
         }
         self.read_status();
+        if let Some(proxy) = self.proxy.take() {
+            let events = proxy.stop();
+            self.egress_events(events, &mut observer);
+        }
         if let Some(relay) = self.relay.as_mut() {
             relay.restore_terminal();
         }
         self.reported
             .or(self.root_status)
             .unwrap_or(Ended::Exited(i32::from(EXIT_SETUP_FAILED)))
+    }
+
+    /// Logs the proxy's decisions and reports its refusals: to the observer (the denial
+    /// audit) when there is one, else on stderr.
+    fn egress_events(
+        &mut self,
+        events: Vec<crate::egress::EgressEvent>,
+        observer: &mut Option<&mut dyn Observer>,
+    ) {
+        use std::io::Write;
+        for event in events {
+            if let Some(log) = self.egress_log.as_deref() {
+                let mut line = serde_json::to_string(&event).unwrap_or_default();
+                line.push('\n');
+                let mut log = log;
+                let _ = log.write_all(line.as_bytes());
+            }
+            if event.allowed {
+                continue;
+            }
+            match observer {
+                Some(observer) => observer.denial(event.to_denial()),
+                None => eprintln!("sandbox-run: {}", event.describe()),
+            }
+        }
     }
 
     fn poll_once(&self, observer: Option<&dyn Observer>) {
@@ -430,9 +574,31 @@ impl Outer {
         if let Some(fd) = observer.and_then(Observer::poll_fd) {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
+        if let Some(fd) = self.proxy.as_ref().and_then(|p| p.events_fd()) {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+        }
         // The root's exit is announced by SIGCHLD on the signalfd; a timeout only guards
-        // against a lost wakeup.
-        let _ = poll(&mut fds, PollTimeout::from(1000u16));
+        // against a lost wakeup (and wakes us for the wall-clock limit).
+        let wait_ms = self.deadline.map_or(1000, |deadline| {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            u16::try_from(left.as_millis().min(1000)).unwrap_or(1000)
+        });
+        let _ = poll(&mut fds, PollTimeout::from(wait_ms));
+    }
+
+    /// Past the wall-clock limit: kill the sandbox's root (with namespaces, PID 1, whose end
+    /// takes the whole PID namespace along). The terminal relay keeps draining what the
+    /// command wrote before.
+    fn enforce_wall_clock(&mut self) {
+        if self.root_status.is_some()
+            || self
+                .deadline
+                .is_none_or(|deadline| std::time::Instant::now() < deadline)
+        {
+            return;
+        }
+        self.deadline = None;
+        let _ = nix::sys::signal::kill(self.root, Signal::SIGKILL);
     }
 
     fn handle_signals(&mut self) {

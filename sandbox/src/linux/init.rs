@@ -43,6 +43,8 @@ pub struct InitChannels {
     pub terminal: Option<UnixStream>,
     /// Which of stdin, stdout, stderr are terminals.
     pub relayed: [bool; 3],
+    /// Where the egress proxy's listening socket goes (network allowlist only).
+    pub egress: Option<UnixStream>,
 }
 
 /// PID 1. Never returns.
@@ -63,6 +65,7 @@ pub fn run_init(
         channels.status.as_raw_fd(),
     ];
     keep.extend(channels.terminal.as_ref().map(AsRawFd::as_raw_fd));
+    keep.extend(channels.egress.as_ref().map(AsRawFd::as_raw_fd));
     if super::hygiene::close_inherited_fds(&keep).is_err() {
         crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
     }
@@ -77,6 +80,7 @@ pub fn run_init(
         options,
         channels.terminal,
         channels.relayed,
+        channels.egress,
     ) {
         Ok(prepared) => prepared,
         Err(err) => {
@@ -93,7 +97,7 @@ pub fn run_init(
             serde_json::to_string(&prepared.report).unwrap_or_default()
         );
     }
-    let exec = Exec::new(command);
+    let exec = Exec::new(command, prepared.egress_port);
     // SAFETY: PID 1 is single-threaded; the child only sets up its session and terminal and
     // execs (or leaves through _exit).
     let child = match unsafe { nix::unistd::fork() } {
@@ -121,6 +125,20 @@ struct Prepared {
     report: EnforcementReport,
     signals: SignalFd,
     slave: Option<OwnedFd>,
+    egress_port: Option<u16>,
+}
+
+/// With a network allowlist: brings `lo` up in the sandbox's (empty) network namespace, listens
+/// on 127.0.0.1 there and hands the listening socket to the outer, which execs the egress proxy
+/// on it. Returns the port. PID 1 keeps no copy: only the proxy accepts.
+fn listen_for_egress(socket: &UnixStream) -> Result<u16, SandboxError> {
+    let egress_error = |source: std::io::Error| SandboxError::Egress { source };
+    crate::sys::bring_loopback_up().map_err(egress_error)?;
+    let listener =
+        std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).map_err(egress_error)?;
+    let port = listener.local_addr().map_err(egress_error)?.port();
+    pty::send_fd(socket, listener.as_fd()).map_err(egress_error)?;
+    Ok(port)
 }
 
 fn prepare(
@@ -129,6 +147,7 @@ fn prepare(
     options: &RunOptions,
     terminal: Option<UnixStream>,
     relayed: [bool; 3],
+    egress: Option<UnixStream>,
 ) -> Result<Prepared, SandboxError> {
     let mut report = EnforcementReport {
         no_new_privs: true,
@@ -138,7 +157,11 @@ fn prepare(
     report.namespaces.pid = true;
     report.namespaces.ipc = true;
     report.namespaces.mount = true;
-    report.namespaces.network = !policy.network_allowed();
+    report.namespaces.network = policy.needs_network_namespace();
+    let egress_port = match egress {
+        Some(socket) if policy.egress().is_some() => Some(listen_for_egress(&socket)?),
+        _ => None,
+    };
     // Leave the outer terminal's session: the command gets a terminal of its own, and the
     // server's signals to the outer's process group reach only the outer, which forwards them.
     let _ = nix::unistd::setsid();
@@ -175,6 +198,7 @@ fn prepare(
         env: super::EnvMode::Keep,
         namespaces: super::NamespaceMode::Auto,
         audit_log: options.audit_log,
+        egress_port,
     };
     super::finish_confinement(policy, &ttys, &enforce, &mut report)?;
     let signals =
@@ -187,6 +211,7 @@ fn prepare(
         report,
         signals,
         slave,
+        egress_port,
     })
 }
 
@@ -204,7 +229,7 @@ pub fn command_layout(policy: &ResolvedPolicy, cwd: &Path) -> mounts::Layout {
         private_dirs.dedup();
     }
     let mut carry = vec![cwd.to_owned()];
-    if restricted && policy.network_allowed() {
+    if restricted && policy.network_fully_on() {
         carry.extend(resolver_configuration());
     }
     mounts::Layout {
@@ -285,16 +310,22 @@ struct Exec {
     candidates: Vec<CString>,
     argv: Vec<CString>,
     envp: Vec<CString>,
+    limits: crate::limits::CommandLimits,
 }
 
 impl Exec {
-    fn new(command: &Command) -> Self {
+    /// With `egress_port`, the proxy variables are set to the egress proxy (and override the
+    /// command's own: nothing else is reachable).
+    fn new(command: &Command, egress_port: Option<u16>) -> Self {
         let cstring = |bytes: &[u8]| CString::new(bytes).unwrap_or_default();
         let program = command.argv.first().cloned().unwrap_or_default();
         let argv = command.argv.iter().map(|a| cstring(a.as_bytes())).collect();
+        let proxy_env = egress_port.map(proxy_environment).unwrap_or_default();
         let envp = command
             .env
             .iter()
+            .filter(|(key, _)| !proxy_env.iter().any(|(name, _)| name == key))
+            .chain(proxy_env.iter())
             .map(|(key, value)| {
                 let mut entry = key.as_bytes().to_vec();
                 entry.push(b'=');
@@ -316,8 +347,30 @@ impl Exec {
             candidates,
             argv,
             envp,
+            limits: command.limits.clone(),
         }
     }
+}
+
+/// The proxy variables of a command whose network is an allowlist: HTTP and HTTPS through the
+/// proxy's HTTP side, everything else through its SOCKS5 side (`socks5h`: names are resolved by
+/// the proxy, as they must be: the sandbox has no DNS), and no exceptions.
+pub fn proxy_environment(port: u16) -> Vec<(OsString, OsString)> {
+    let http = format!("http://127.0.0.1:{port}");
+    let socks = format!("socks5h://127.0.0.1:{port}");
+    [
+        ("HTTP_PROXY", http.as_str()),
+        ("HTTPS_PROXY", http.as_str()),
+        ("ALL_PROXY", socks.as_str()),
+        ("NO_PROXY", ""),
+        ("http_proxy", http.as_str()),
+        ("https_proxy", http.as_str()),
+        ("all_proxy", socks.as_str()),
+        ("no_proxy", ""),
+    ]
+    .into_iter()
+    .map(|(key, value)| (OsString::from(key), OsString::from(value)))
+    .collect()
 }
 
 /// Where `execvp` would look for `program` along `path`.
@@ -335,7 +388,7 @@ fn search_path(program: &OsStr, path: &OsStr) -> Vec<PathBuf> {
 }
 
 /// The command's process: its own session, the sandbox's terminal as its controlling
-/// terminal, default signals, then `execve`. Never returns.
+/// terminal, default signals, its rlimits, then `execve`. Never returns.
 fn start_command(exec: &Exec, slave: Option<OwnedFd>, relayed: [bool; 3]) -> ! {
     crate::sys::reset_signals_for_exec();
     let _ = nix::unistd::setsid();
@@ -347,6 +400,11 @@ fn start_command(exec: &Exec, slave: Option<OwnedFd>, relayed: [bool; 3]) -> ! {
                 unsafe { libc::dup2(slave.as_raw_fd(), fd as i32) };
             }
         }
+    }
+    // Last, so nothing of the setup above counts against them (and PID 1 never has them).
+    if let Err(err) = exec.limits.apply_rlimits_to_current_process() {
+        eprintln!("sandbox-run: {err}");
+        crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
     }
     // As execvp: keep looking after "not there" and "not permitted", report a permission
     // problem if one was met, stop at any other error.

@@ -163,20 +163,33 @@ fn rights(access: RuleAccess, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {
     }
 }
 
+/// How the ruleset is installed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NetOptions {
+    /// Run with whatever the ABI enforces (reported as warnings).
+    pub best_effort: bool,
+    /// Keep logging denials after `execve` (ABI >= 7; the denial audit).
+    pub log_after_exec: bool,
+    /// With a network allowlist: the egress proxy's port, the one TCP port connections may go
+    /// to (binding stays denied).
+    pub egress_port: Option<u16>,
+}
+
 /// Installs the ruleset on the calling process: filesystem rules plus `ttys`, TCP (every port
-/// denied with the network off; the policy's denied ports with it on) and scopes.
+/// denied with the network off; only connecting to the egress proxy with an allowlist; the
+/// policy's denied ports with it on) and scopes.
 ///
 /// # Errors
 /// [`LandlockError`] when Landlock is missing or not fully enforced (unless `best_effort`), or a
 /// rule's path became a symlink since the policy was resolved.
-/// `log_after_exec` keeps logging denials after `execve` (ABI >= 7; the denial audit).
 pub fn install_on_current_process(
     policy: &ResolvedPolicy,
     ttys: &[PathBuf],
-    best_effort: bool,
-    log_after_exec: bool,
+    net: &NetOptions,
     warnings: &mut Vec<String>,
 ) -> Result<LandlockReport, LandlockError> {
+    let best_effort = net.best_effort;
+    let log_after_exec = net.log_after_exec;
     let abi_number = sys::landlock_abi();
     let mut report = LandlockReport {
         abi: abi_number,
@@ -201,8 +214,9 @@ pub fn install_on_current_process(
     if policy.restricts_filesystem() {
         ruleset = ruleset.handle_access(AccessFs::from_all(abi))?;
     }
-    let deny_ports = policy.network_allowed() && !policy.denied_tcp_ports.is_empty();
-    if (!policy.network_allowed() || deny_ports) && abi_number >= 4 {
+    let deny_ports = policy.network_fully_on() && !policy.denied_tcp_ports.is_empty();
+    let handle_tcp = !policy.network_fully_on() || deny_ports;
+    if handle_tcp && abi_number >= 4 {
         ruleset = ruleset.handle_access(AccessNet::from_all(abi))?;
         report.tcp_denied = true;
     } else if deny_ports && !best_effort {
@@ -231,6 +245,13 @@ pub fn install_on_current_process(
             created = created.add_rule(PathBeneath::new(fd, rights(rule.access, abi, is_dir)))?;
             report.rules += 1;
         }
+    }
+    if let (Some(port), true) = (
+        net.egress_port,
+        policy.egress().is_some() && report.tcp_denied,
+    ) {
+        // The sandbox's network namespace holds only `lo`: this rule reaches the proxy alone.
+        created = created.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
     }
     if deny_ports && report.tcp_denied {
         // Landlock's TCP rules only allow: every port but the denied ones.

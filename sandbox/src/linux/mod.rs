@@ -2,7 +2,7 @@
 //!
 //! Two ways in, one set of layers:
 //! - a **command** (`sandbox-run`, [`command::run`]) runs in new user, mount, PID and IPC
-//!   namespaces (and a network namespace when the network is off) under a small PID 1 that
+//!   namespaces (and a network namespace unless the network is fully on) under a small PID 1 that
 //!   forwards signals, reaps orphans and ends with the command, so nothing the command started
 //!   outlives it;
 //! - a **helper** (`fs-helper`, [`restrict_current_process`]) confines itself in place: it never
@@ -16,10 +16,11 @@
 //!    private `/tmp`, `/run`, `/dev` and `/proc`; built from descriptors, so a path swapped
 //!    for a symlink cannot redirect it; then back into the working directory, which now
 //!    resolves through the new mounts;
-//! 4. every capability dropped for good ([`crate::sys::drop_all_capabilities`]), whoever runs
+//! 4. every capability dropped for good (`drop_all_capabilities`), whoever runs
 //!    the sandbox;
 //! 5. Landlock ([`landlock`]): every filesystem right of the running ABI, TCP (all ports with
-//!    the network off; the supervisor's own ports with it on), signal and abstract-socket
+//!    the network off; all but the egress proxy's connect port with an allowlist; the
+//!    supervisor's own ports with it on), signal and abstract-socket
 //!    scoping; after the mounts, because a Landlock domain may no longer change mounts;
 //! 6. seccomp ([`seccomp`]), last: a default-deny allow-list that also forbids `mount` and
 //!    `unshare`.
@@ -80,6 +81,9 @@ pub struct EnforceOptions {
     /// has it, seccomp `FLAG_LOG`) and refuse nested Landlock/seccomp; set by the denial audit
     /// ([`crate::audit`]).
     pub audit_log: bool,
+    /// The egress proxy's port on the sandbox's loopback: with a network allowlist, the only
+    /// TCP port Landlock lets the command connect to.
+    pub egress_port: Option<u16>,
 }
 
 impl EnforceOptions {
@@ -92,6 +96,7 @@ impl EnforceOptions {
             env: EnvMode::Keep,
             namespaces: NamespaceMode::Auto,
             audit_log: false,
+            egress_port: None,
         }
     }
 
@@ -105,6 +110,7 @@ impl EnforceOptions {
             env: EnvMode::HelperAllowlist,
             namespaces: NamespaceMode::Auto,
             audit_log: false,
+            egress_port: None,
         }
     }
 }
@@ -172,6 +178,20 @@ pub enum SandboxError {
     Terminal {
         /// The OS error.
         source: std::io::Error,
+    },
+    /// The egress proxy's listener could not be set up in the sandbox's network namespace.
+    #[error("setting up the egress proxy's listener in the sandbox failed: {source}")]
+    Egress {
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A network allowlist needs the network-namespace layer.
+    #[error(
+        "a network allowlist needs the namespace layer (the command's own network namespace),          which is unavailable or disabled ({cause}); without it the allowlist cannot be enforced"
+    )]
+    EgressNeedsNamespace {
+        /// Why the layer is unavailable.
+        cause: String,
     },
     /// Entering the working directory after the mount changes failed.
     #[error("entering working directory {path} in the sandbox failed: {source}")]
@@ -308,8 +328,11 @@ fn finish_confinement(
     report.landlock = landlock::install_on_current_process(
         policy,
         ttys,
-        options.best_effort,
-        options.audit_log,
+        &landlock::NetOptions {
+            best_effort: options.best_effort,
+            log_after_exec: options.audit_log,
+            egress_port: options.egress_port,
+        },
         &mut report.warnings,
     )?;
     report.seccomp = seccomp::install_on_current_thread(seccomp::Variant {

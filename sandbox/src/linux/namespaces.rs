@@ -8,7 +8,7 @@
 //!
 //! Maps: an unprivileged caller maps only its own uid and gid (all it may map); root maps the
 //! whole range onto itself, so files keep their owners. Either way the sandbox then drops every
-//! capability ([`crate::sys::drop_all_capabilities`]), so uid 0 inside holds no power over the
+//! capability (`drop_all_capabilities`), so uid 0 inside holds no power over the
 //! host beyond its file ownership, and the seccomp allow-list refuses set-user-ID and
 //! set-group-ID modes on the files it creates.
 
@@ -115,7 +115,7 @@ pub fn namespace_flags(policy: &ResolvedPolicy, pid: bool) -> CloneFlags {
     if needs_mount_namespace(policy) || pid {
         flags |= CloneFlags::CLONE_NEWNS;
     }
-    if !policy.network_allowed() {
+    if policy.needs_network_namespace() {
         flags |= CloneFlags::CLONE_NEWNET;
     }
     if pid {

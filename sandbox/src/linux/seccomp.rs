@@ -1,6 +1,6 @@
 //! The seccomp layer: an allow-list generated from `policies/seccomp/*.json` (firecracker's
 //! JSON shape; every rule and every argument condition carries a `comment`, which
-//! [`seccomp_policy::parse`](super::seccomp_policy::parse) requires).
+//! [`super::seccomp_policy::parse`] requires).
 //!
 //! One program is installed, chained from these parts (the first part that refuses decides):
 //! - `x32_guard` (x86_64 only, hand-written BPF): kills any other architecture (`int 0x80`
@@ -22,7 +22,7 @@
 //!   kernel): `clone3` among them, whose flags live in memory a filter cannot read.
 //!
 //! `build.rs` compiles the JSON to BPF for the target architecture at build time ([`compiled`]);
-//! [`install`] chains the parts into one program ([`chain`]) and makes one `seccomp(2)` call, so
+//! [`install_on_current_thread`] chains the parts into one program ([`chain`]) and makes one `seccomp(2)` call, so
 //! nothing is parsed or compiled on the way to `execve`. The JSON is still parsed by
 //! [`filters_for`] for `--explain` and the golden rule lists, and a test checks that a fresh
 //! compile of it equals the embedded bytecode.
@@ -226,6 +226,18 @@ pub fn compile(
                 name: name.clone(),
                 message,
             };
+            if name == "allow" {
+                let arch_name = arch_name(arch);
+                let table = crate::syscall_table::for_arch(arch_name)
+                    .ok_or_else(|| install_err(format!("no syscall table for {arch_name}")))?;
+                let number = |name: &str| table.iter().find(|(_, n)| *n == name).map(|(nr, _)| *nr);
+                let program = seccomp_policy::compile_allow_list(filter, arch_name, number)
+                    .map_err(install_err)?
+                    .into_iter()
+                    .map(|(code, jt, jf, k)| sock_filter { code, jt, jf, k })
+                    .collect();
+                return Ok((name.clone(), program));
+            }
             let json = seccomp_policy::seccompiler_json(name, filter).map_err(install_err)?;
             let mut map = seccompiler::compile_from_json(json.as_slice(), arch)
                 .map_err(|err| install_err(err.to_string()))?;
@@ -235,6 +247,15 @@ pub fn compile(
             Ok((name.clone(), program))
         })
         .collect()
+}
+
+/// Rust's name of a seccompiler target.
+fn arch_name(arch: TargetArch) -> &'static str {
+    match arch {
+        TargetArch::x86_64 => "x86_64",
+        TargetArch::aarch64 => "aarch64",
+        TargetArch::riscv64 => "riscv64",
+    }
 }
 
 /// The embedded, compiled parts for `variant`, in installation order (without `x32_guard`).
@@ -272,7 +293,7 @@ pub fn compiled_parts(
     Ok(parts)
 }
 
-/// The program [`install`] applies: `x32_guard` (x86_64) and the compiled parts of `variant`,
+/// The program [`install_on_current_thread`] applies: `x32_guard` (x86_64) and the compiled parts of `variant`,
 /// chained into one, with the names of its parts.
 ///
 /// # Errors
@@ -470,6 +491,43 @@ mod tests {
                     "{name}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_compact_allow_list_admits_exactly_the_listed_numbers() {
+        for variant in VARIANTS {
+            let allowed: Vec<i64> = allowed_syscalls(variant)
+                .unwrap()
+                .iter()
+                .map(|name| crate::audit::syscalls::number(name).unwrap())
+                .collect();
+            let (_, allow) = compiled_parts(variant)
+                .unwrap()
+                .into_iter()
+                .find(|(name, _)| *name == "allow")
+                .unwrap();
+            assert!(allow.len() < 300, "{} instructions", allow.len());
+            let arch = seccomp_policy::audit_arch(std::env::consts::ARCH).unwrap();
+            for nr in 0..1024u32 {
+                let data = SeccompData {
+                    nr,
+                    arch,
+                    args: [0; 6],
+                };
+                let expected = if allowed.contains(&i64::from(nr)) {
+                    SECCOMP_RET_ALLOW
+                } else {
+                    0x0005_0000 | 38
+                };
+                assert_eq!(run_bpf(allow, &data), expected, "nr {nr} {variant:?}");
+            }
+            let foreign = SeccompData {
+                nr: 0,
+                arch: 0x4000_0003,
+                args: [0; 6],
+            };
+            assert_eq!(run_bpf(allow, &foreign), 0x8000_0000, "foreign arch");
         }
     }
 

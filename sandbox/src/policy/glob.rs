@@ -34,8 +34,16 @@ pub fn is_glob(text: &str) -> bool {
 /// [`PolicyError::Glob`] when `max_depth` exceeds [`MAX_GLOB_SCAN_MAX_DEPTH`], or the pattern
 /// matches more than [`MAX_GLOB_MATCHES`] paths, or the walk would read more than
 /// [`MAX_GLOB_SCANNED_ENTRIES`] directory entries.
-pub fn expand(pattern: &Path, max_depth: usize) -> Result<Vec<PathBuf>, PolicyError> {
-    expand_within(pattern, max_depth, MAX_GLOB_SCANNED_ENTRIES)
+///
+/// `for_deny`: the pattern denies what it matches, so it fails closed: a directory the walk
+/// cannot read is an error (a file there could match and would stay readable), never a skipped
+/// subtree. An allowing pattern just matches less.
+pub fn expand(
+    pattern: &Path,
+    max_depth: usize,
+    for_deny: bool,
+) -> Result<Vec<PathBuf>, PolicyError> {
+    expand_within(pattern, max_depth, MAX_GLOB_SCANNED_ENTRIES, for_deny)
 }
 
 /// [`expand`] with an explicit entry budget (tests use a small one).
@@ -43,6 +51,7 @@ fn expand_within(
     pattern: &Path,
     max_depth: usize,
     budget: usize,
+    for_deny: bool,
 ) -> Result<Vec<PathBuf>, PolicyError> {
     let text = pattern.to_string_lossy();
     let fail = |message: String| PolicyError::Glob {
@@ -89,8 +98,17 @@ fn expand_within(
         found: Vec::new(),
         entries_left: budget,
         exhausted: false,
+        strict: for_deny,
+        unreadable: None,
     };
     walk.walk(&base, &components[literal..], max_depth);
+    if let Some((dir, err)) = walk.unreadable {
+        return Err(fail(format!(
+            "cannot read {} ({err}); a deny pattern must see every directory it could match in, \
+             or a matching file there would stay readable",
+            dir.display()
+        )));
+    }
     if walk.exhausted {
         return Err(fail(format!(
             "the walk reads more than MAX_GLOB_SCANNED_ENTRIES ({budget}) directory entries; start it deeper or lower glob_scan_max_depth"
@@ -174,6 +192,10 @@ struct Walk {
     entries_left: usize,
     /// An entry was left unread because the budget ran out.
     exhausted: bool,
+    /// Unreadable directories are an error (deny patterns).
+    strict: bool,
+    /// The first directory that could not be read, under `strict`.
+    unreadable: Option<(PathBuf, std::io::Error)>,
 }
 
 impl Walk {
@@ -200,10 +222,13 @@ impl Walk {
             return;
         }
         for (path, is_dir) in self.read_dir(dir) {
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            // Names that are not UTF-8 are matched on their lossy form: a literal in the
+            // pattern never matches a replacement character, and `*` still spans it, so
+            // `*.pem` matches `\xff.pem` (a deny must not miss it).
+            let Some(name) = path.file_name().map(|n| n.to_string_lossy()) else {
                 continue;
             };
-            if !matches_tokens(first, name) {
+            if !matches_tokens(first, &name) {
                 continue;
             }
             if tail.is_empty() {
@@ -214,14 +239,32 @@ impl Walk {
         }
     }
 
-    /// Directory entries as `(path, is_real_directory)`, charged to the budget; unreadable
-    /// directories yield nothing.
+    /// Directory entries as `(path, is_real_directory)`, charged to the budget; an unreadable
+    /// directory yields nothing (and is recorded under `strict`; a missing one is fine).
     fn read_dir(&mut self, dir: &Path) -> Vec<(PathBuf, bool)> {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return Vec::new();
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(err) => {
+                if self.strict
+                    && err.kind() != std::io::ErrorKind::NotFound
+                    && self.unreadable.is_none()
+                {
+                    self.unreadable = Some((dir.to_owned(), err));
+                }
+                return Vec::new();
+            }
         };
         let mut out = Vec::new();
-        for entry in entries.filter_map(Result::ok) {
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(err) => {
+                    if self.strict && self.unreadable.is_none() {
+                        self.unreadable = Some((dir.to_owned(), err));
+                    }
+                    continue;
+                }
+            };
             if self.entries_left == 0 {
                 self.exhausted = true;
                 break;
@@ -322,7 +365,8 @@ mod tests {
     #[test]
     fn a_walk_over_budget_or_too_deep_is_an_error_not_a_truncation() {
         let dir = tempfile::tempdir().unwrap();
-        let too_deep = expand(&dir.path().join("**/x"), MAX_GLOB_SCAN_MAX_DEPTH + 1).unwrap_err();
+        let too_deep =
+            expand(&dir.path().join("**/x"), MAX_GLOB_SCAN_MAX_DEPTH + 1, false).unwrap_err();
         assert!(
             too_deep.to_string().contains("MAX_GLOB_SCAN_MAX_DEPTH"),
             "{too_deep}"
@@ -336,21 +380,22 @@ mod tests {
                 std::fs::write(sub.join(format!("f{j}")), "").unwrap();
             }
         }
-        let error = expand_within(&dir.path().join("*/nothing-matches"), 8, 500).unwrap_err();
+        let error =
+            expand_within(&dir.path().join("*/nothing-matches"), 8, 500, false).unwrap_err();
         assert!(
             error.to_string().contains("MAX_GLOB_SCANNED_ENTRIES"),
             "{error}"
         );
         // Reading exactly the budget is within it (d0 holds 100 entries).
         assert_eq!(
-            expand_within(&dir.path().join("d0/*"), 8, 100)
+            expand_within(&dir.path().join("d0/*"), 8, 100, false)
                 .unwrap()
                 .len(),
             100
         );
         // Starting deeper stays within the budget.
         assert_eq!(
-            expand_within(&dir.path().join("d0/f1?"), 8, 500)
+            expand_within(&dir.path().join("d0/f1?"), 8, 500, false)
                 .unwrap()
                 .len(),
             10
@@ -358,9 +403,35 @@ mod tests {
     }
 
     #[test]
+    fn a_deny_pattern_fails_closed_on_an_unreadable_directory_and_sees_non_utf8_names() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let odd = std::ffi::OsStr::from_bytes(b"\xffkey.pem");
+        std::fs::write(dir.path().join(odd), "k").unwrap();
+        let found = expand(&dir.path().join("*.pem"), 4, true).unwrap();
+        assert_eq!(found, vec![dir.path().join(odd)]);
+        if nix::unistd::geteuid().is_root() {
+            // Root reads any directory; an unreadable one needs an unprivileged walker.
+            return;
+        }
+        let locked = dir.path().join("locked");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let err = expand(&dir.path().join("**/*.pem"), 4, true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot read"), "{err}");
+        assert!(expand(&dir.path().join("**/*.pem"), 4, false).is_ok());
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[test]
     fn dot_dot_is_refused_in_a_glob() {
         for pattern in ["/tmp/../etc/*", "/tmp/*/../x", "/tmp/./*", "/tmp/**/.."] {
-            let err = expand(Path::new(pattern), 4).unwrap_err().to_string();
+            let err = expand(Path::new(pattern), 4, false)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("not allowed in a glob"), "{pattern}: {err}");
         }
     }
@@ -372,7 +443,7 @@ mod tests {
         std::fs::write(dir.path().join("a/top.pem"), "").unwrap();
         std::fs::write(dir.path().join("a/b/c/deep.pem"), "").unwrap();
         let pattern = dir.path().join("**/*.pem");
-        let all = expand(&pattern, 8).unwrap();
+        let all = expand(&pattern, 8, false).unwrap();
         assert_eq!(
             all,
             vec![
@@ -380,7 +451,7 @@ mod tests {
                 dir.path().join("a/top.pem")
             ]
         );
-        let shallow = expand(&pattern, 1).unwrap();
+        let shallow = expand(&pattern, 1, false).unwrap();
         assert_eq!(shallow, vec![dir.path().join("a/top.pem")]);
     }
 }

@@ -11,6 +11,7 @@
 
 mod allowance;
 mod glob;
+pub mod network;
 mod profile;
 mod resolve;
 mod wire;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use allowance::{Allowance, AllowanceBases, AllowanceError, BUILTIN_ALLOWANCES};
+pub use network::{EgressRules, HostPattern, NetworkPolicy};
 pub use profile::{BUILTIN_PROFILES, DEFAULT_PROTECTED_SUBPATHS, ProfileFile, builtin_profile};
 pub use resolve::{MAX_RESOLVED_RULES, ResolveContext};
 pub use wire::{
@@ -106,8 +108,9 @@ pub struct WritableRoot {
 pub struct ResolvedPolicy {
     /// Filesystem rules.
     pub filesystem: FilesystemPolicy,
-    /// Whether network sockets (anything but `AF_UNIX`) are allowed.
-    pub network_access: bool,
+    /// The network: off, on, or an allowlist enforced by the egress proxy.
+    #[serde(default)]
+    pub network: NetworkPolicy,
     /// Paths hidden from the sandboxed process whatever the filesystem rules say: the
     /// supervisor's own sockets, token and key files ([`Self::with_hidden_path`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -127,11 +130,12 @@ pub struct ResolvedPolicy {
 }
 
 impl ResolvedPolicy {
-    /// A policy of `filesystem` and `network_access` with no supervisor protections.
-    pub fn new(filesystem: FilesystemPolicy, network_access: bool) -> Self {
+    /// A policy of `filesystem` and `network` (a switch or a [`NetworkPolicy`]) with no
+    /// supervisor protections.
+    pub fn new(filesystem: FilesystemPolicy, network: impl Into<NetworkPolicy>) -> Self {
         Self {
             filesystem,
-            network_access,
+            network: network.into(),
             hidden: Vec::new(),
             read_only: Vec::new(),
             denied_tcp_ports: Vec::new(),
@@ -201,14 +205,34 @@ impl ResolvedPolicy {
         matches!(self.filesystem, FilesystemPolicy::Restricted { .. })
     }
 
-    /// Whether the policy allows network sockets.
+    /// Whether `AF_INET`/`AF_INET6` sockets may be created: the network is on, or an allowlist
+    /// (whose command reaches only the egress proxy's port, in a network namespace of its own).
     pub fn network_allowed(&self) -> bool {
-        self.network_access
+        !matches!(self.network, NetworkPolicy::Off)
+    }
+
+    /// Whether the network is fully on (the command shares the host's network namespace).
+    pub fn network_fully_on(&self) -> bool {
+        matches!(self.network, NetworkPolicy::On)
+    }
+
+    /// The allowlist, when the network is limited to one.
+    pub fn egress(&self) -> Option<&EgressRules> {
+        match &self.network {
+            NetworkPolicy::Allowlist(rules) => Some(rules),
+            _ => None,
+        }
+    }
+
+    /// Whether a command under this policy gets a network namespace of its own (network off,
+    /// or an allowlist).
+    pub fn needs_network_namespace(&self) -> bool {
+        !self.network_fully_on()
     }
 
     /// True when nothing at all is restricted: no helper needs to confine itself.
     pub fn is_unrestricted(&self) -> bool {
-        !self.restricts_filesystem() && self.network_access
+        !self.restricts_filesystem() && self.network_fully_on()
     }
 
     /// The path rules (empty when the filesystem is unrestricted).
@@ -390,6 +414,12 @@ pub enum PolicyError {
     TooManyRules {
         /// The limit.
         limit: usize,
+    },
+    /// The `network` value or an egress pattern is malformed.
+    #[error("invalid network policy: {message}")]
+    Network {
+        /// What was wrong and what is expected.
+        message: String,
     },
     /// Reading a profile file failed.
     #[error("cannot read profile file {path}: {source}")]

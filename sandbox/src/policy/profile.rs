@@ -32,7 +32,7 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
 ///
 /// ```toml
 /// description = "..."
-/// network = false
+/// network = false            # or "on", or { allow = ["pypi.org", "*.crates.io"], deny = [] }
 /// protected_subpaths = [".git", ".agents", ".codex"]
 /// [filesystem]
 /// ":root" = "read"
@@ -46,9 +46,9 @@ pub struct ProfileFile {
     /// Human description, shown by `--explain`.
     #[serde(default)]
     pub description: Option<String>,
-    /// Whether network sockets are allowed.
+    /// The network: `false`/`"off"`, `true`/`"on"`, or `{ allow = [...], deny = [...] }`.
     #[serde(default)]
-    pub network: bool,
+    pub network: super::NetworkPolicy,
     /// No filesystem restriction at all (`filesystem` must then be empty).
     #[serde(default)]
     pub full_filesystem_access: bool,

@@ -6,6 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use serde_json::Value;
 
 use super::glob::{self, DEFAULT_GLOB_SCAN_MAX_DEPTH};
+use super::network::NetworkPolicy;
 use super::profile::{DEFAULT_PROTECTED_SUBPATHS, ProfileFile, builtin_profile};
 use super::wire::{
     EntryPath, LegacyPolicy, ManagedFileSystem, NamedPolicy, NetworkMode, PermissionProfile,
@@ -58,7 +59,7 @@ impl ResolveContext {
 /// A policy before paths are resolved.
 struct Draft {
     entries: Vec<(EntryPath, Access)>,
-    network: bool,
+    network: NetworkPolicy,
     full_filesystem: bool,
     protected: Vec<String>,
     glob_depth: usize,
@@ -68,7 +69,7 @@ impl Draft {
     fn from_profile(profile: &ProfileFile) -> Self {
         Self {
             entries: profile.entries(),
-            network: profile.network,
+            network: profile.network.clone(),
             full_filesystem: profile.full_filesystem_access,
             protected: profile.protected(),
             glob_depth: profile
@@ -77,10 +78,10 @@ impl Draft {
         }
     }
 
-    fn full(network: bool) -> Self {
+    fn full(network: impl Into<NetworkPolicy>) -> Self {
         Self {
             entries: Vec::new(),
-            network,
+            network: network.into(),
             full_filesystem: true,
             protected: Vec::new(),
             glob_depth: DEFAULT_GLOB_SCAN_MAX_DEPTH,
@@ -98,7 +99,7 @@ impl Draft {
             ));
         }
         if let Some(network) = named.network_access {
-            draft.network = network;
+            draft.network = network.into();
         }
         draft.entries.retain(|(path, access)| {
             let excluded = match path {
@@ -167,7 +168,7 @@ impl Draft {
                         glob_scan_max_depth,
                     } => Self {
                         entries: entries.iter().map(|e| (e.path.clone(), e.access)).collect(),
-                        network,
+                        network: network.into(),
                         full_filesystem: false,
                         protected: DEFAULT_PROTECTED_SUBPATHS
                             .iter()
@@ -209,11 +210,14 @@ impl SandboxSpec {
     /// # Errors
     /// As [`Self::resolve`].
     pub fn resolve_with(&self, ctx: &ResolveContext) -> Result<ResolvedPolicy, PolicyError> {
-        let draft = match &self.source {
+        let mut draft = match &self.source {
             PolicySource::Named(named) => Draft::from_named(named)?,
             PolicySource::Permissions(profile) => Draft::from_permissions(profile),
             PolicySource::Legacy(legacy) => Draft::from_legacy(legacy)?,
         };
+        if let Some(network) = &self.network {
+            draft.network = network.clone();
+        }
         resolve_draft(&draft, self.cwd.as_deref(), &self.workspace_roots, ctx)
     }
 }
@@ -254,7 +258,13 @@ impl ResolvedPolicy {
 
     /// Turns the network on or off.
     pub fn with_network(mut self, allowed: bool) -> Self {
-        self.network_access = allowed;
+        self.network = allowed.into();
+        self
+    }
+
+    /// Sets the network policy (off, on, or an allowlist).
+    pub fn with_network_policy(mut self, network: super::NetworkPolicy) -> Self {
+        self.network = network;
         self
     }
 }
@@ -268,7 +278,7 @@ fn resolve_draft(
     if draft.full_filesystem {
         return Ok(ResolvedPolicy::new(
             FilesystemPolicy::Unrestricted,
-            draft.network,
+            draft.network.clone(),
         ));
     }
     let mut rules = Vec::new();
@@ -303,7 +313,10 @@ fn resolve_draft(
         .flatten()
         .collect();
     let rules = protect_subpaths(rules, &draft.protected, &fresh);
-    let mut policy = ResolvedPolicy::new(FilesystemPolicy::Restricted { rules }, draft.network);
+    let mut policy = ResolvedPolicy::new(
+        FilesystemPolicy::Restricted { rules },
+        draft.network.clone(),
+    );
     let tmpdir_writable = draft.entries.iter().any(|(path, access)| {
         *access == Access::Write
             && matches!(
@@ -398,7 +411,7 @@ fn resolve_entry(
             } else {
                 need_cwd(&format!("glob {pattern:?}"))?.join(pattern)
             };
-            glob::expand(&absolute, glob_depth)?
+            glob::expand(&absolute, glob_depth, access == Access::Deny)?
         }
         EntryPath::Special { value } => match value {
             SpecialPath::Root => vec![PathBuf::from("/")],

@@ -287,6 +287,9 @@ pub struct SandboxSpec {
     pub cwd: Option<PathBuf>,
     /// The workspace roots `:project_roots` expands to (cwd when empty).
     pub workspace_roots: Vec<PathBuf>,
+    /// `network` beside the source: `"off"`, `"on"` or `{"allow": [...], "deny": [...]}`;
+    /// overrides the source's own network setting.
+    pub network: Option<super::NetworkPolicy>,
 }
 
 /// Keys reference clients send that have no meaning on Linux; accepted and ignored.
@@ -303,6 +306,7 @@ impl SandboxSpec {
             source: PolicySource::Named(NamedPolicy::new(profile)),
             cwd,
             workspace_roots: Vec::new(),
+            network: None,
         }
     }
 
@@ -329,6 +333,10 @@ impl TryFrom<Value> for SandboxSpec {
             map.remove(*key);
         }
         let mut cwd = take_path(&mut map, "cwd")?;
+        let network = match map.remove("network") {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(network_value(value)?),
+        };
         let workspace_roots = match map.remove("workspaceRoots") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(items)) => items
@@ -376,6 +384,7 @@ impl TryFrom<Value> for SandboxSpec {
             source,
             cwd,
             workspace_roots,
+            network,
         })
     }
 }
@@ -397,6 +406,12 @@ impl From<SandboxSpec> for Value {
         if let Some(cwd) = spec.cwd {
             map.insert("cwd".to_owned(), Value::String(cwd.display().to_string()));
         }
+        if let Some(network) = spec.network {
+            map.insert(
+                "network".to_owned(),
+                serde_json::to_value(network).unwrap_or(Value::Null),
+            );
+        }
         if !spec.workspace_roots.is_empty() {
             let roots = spec
                 .workspace_roots
@@ -416,12 +431,24 @@ fn object(value: Result<Value, serde_json::Error>) -> Map<String, Value> {
     }
 }
 
+/// The top-level `network` value, with a message that shows the accepted forms.
+fn network_value(value: Value) -> Result<super::NetworkPolicy, PolicyError> {
+    let setting: super::network::NetworkSetting =
+        serde_json::from_value(value.clone()).map_err(|_| PolicyError::Network {
+            message: format!(
+                "network is malformed (expected \"off\", \"on\" or {{\"allow\": [PATTERN, ...], \"deny\": \
+                 [PATTERN, ...]}} with no other keys; got {value})"
+            ),
+        })?;
+    super::NetworkPolicy::from_setting(setting)
+}
+
 fn reject_extra(map: &Map<String, Value>, source: &str) -> Result<(), PolicyError> {
     match map.keys().next() {
         None => Ok(()),
         Some(key) => Err(PolicyError::Shape {
             message: format!(
-                "unknown key {key:?} beside {source:?} (expected only \"cwd\" and \"workspaceRoots\")"
+                "unknown key {key:?} beside {source:?} (expected only \"cwd\", \"workspaceRoots\" and \"network\")"
             ),
         }),
     }

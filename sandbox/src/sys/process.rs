@@ -307,3 +307,60 @@ pub fn die_of_signal(signal: libc::c_int) {
         libc::raise(signal);
     }
 }
+
+/// Takes ownership of descriptor `fd`, handed to this process at `exec` on purpose (the egress
+/// proxy's listener, event pipe and configuration), after checking that it is open.
+///
+/// # Errors
+/// `EBADF` when it is not open.
+pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_GETFD only reads the descriptor's flags; harmless on any number.
+    let rc = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the parent passed this number for this purpose alone and the check above proved
+    // it open; the caller takes it once, so this is its only owner. Close-on-exec is set so it
+    // never reaches another program.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    nix::fcntl::fcntl(
+        &fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    Ok(fd)
+}
+
+/// Brings the loopback interface of the caller's network namespace up (`SIOCSIFFLAGS` with
+/// `IFF_UP`); the kernel then gives it 127.0.0.1/8 and ::1. Needs `CAP_NET_ADMIN` in the user
+/// namespace that owns the network namespace (PID 1 of a sandbox, before it drops everything).
+///
+/// # Errors
+/// The OS error of the socket or the ioctls.
+pub fn bring_loopback_up() -> io::Result<()> {
+    let socket = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+        *slot = *byte as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the flags of the interface named in `request` into it; the
+    // pointer is to a live, properly sized ifreq.
+    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the union member SIOCGIFFLAGS just filled.
+    let flags = unsafe { request.ifr_ifru.ifru_flags };
+    request.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads `request`; the pointer is to a live ifreq.
+    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &request) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -32,7 +32,19 @@ pub const PROBE_ENV: &str = "SANDBOX_KERNEL_TEST_PROBE";
 /// The unprivileged identity the root runs drop to.
 pub const NOBODY: u32 = 65534;
 
-/// Call from a `#[test] fn probe_entry()`: when this binary was re-executed as the probe,
+/// How this test binary is re-executed as the probe: its `probe_entry` function is marked
+/// `#[ignore]` (it is an entry point, not a test, and must not count as a passing one) and run
+/// explicitly.
+pub const PROBE_ARGS: [&str; 6] = [
+    "--exact",
+    "probe_entry",
+    "--ignored",
+    "--nocapture",
+    "--test-threads=1",
+    "-q",
+];
+
+/// Call from an `#[ignore]`d `#[test] fn probe_entry()`: when this binary was re-executed as the probe,
 /// run the probe and exit.
 pub fn probe_entry() {
     if let Ok(args) = std::env::var(PROBE_ENV) {
@@ -42,13 +54,14 @@ pub fn probe_entry() {
     }
 }
 
-/// Identities to run each case as: the current one, plus nobody when running as root.
+/// Identities to run each case as: root and nobody. Fails (never silently narrows to one
+/// identity) when the tests do not run as root.
 pub fn identities() -> Vec<Option<u32>> {
-    if nix::unistd::geteuid().is_root() {
-        vec![None, Some(NOBODY)]
-    } else {
-        vec![None]
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the kernel tests run each case as root and as uid {NOBODY}: run them as root (CI does)"
+    );
+    vec![None, Some(NOBODY)]
 }
 
 /// A workspace with a `.git`, and an outside directory with one file, both owned by `uid`.
@@ -144,13 +157,7 @@ pub fn probe(sandbox_args: &[&str], op: &[&str], uid: Option<u32>, cwd: &Path) -
     cmd.args(sandbox_args)
         .arg("--")
         .arg(&exe)
-        .args([
-            "--exact",
-            "probe_entry",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
+        .args(PROBE_ARGS)
         .current_dir(cwd)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")

@@ -1,23 +1,20 @@
-//! `exec-guardian`: kills the server's process groups when the server dies.
+//! `exec-guardian`: kills the server's process trees when the server dies.
 //!
-//! `exec-server` starts this helper with a pipe as stdin and writes one record per process
-//! group it creates (`+` or `-`, then the pgid as 4 little-endian bytes). When stdin reaches end
-//! of file (the server exited, crashed or was SIGKILLed), every registered group gets SIGKILL.
-//! Unlike PR_SET_PDEATHSIG, this reaches the whole group, grandchildren included. Terminal
-//! signals are ignored so that Ctrl-C reaches the server, which shuts down in order first.
-
-use std::collections::HashSet;
-use std::io::Read;
+//! `exec-server` starts this helper with a socket as stdin and tells it the cgroups it creates
+//! (and, without cgroups, the pidfds of the process groups it starts). When the socket reaches
+//! end of file (the server exited, crashed or was SIGKILLed), every tree gets SIGKILL through
+//! its cgroup or pidfd and the server's cgroups are removed; the protocol is described in
+//! `supervisor::process::guardian`. Terminal signals are ignored so that Ctrl-C reaches the
+//! server, which shuts down in order first.
 
 use clap::Parser;
-use nix::sys::signal::{SigHandler, Signal, killpg, signal};
-use nix::unistd::Pid;
+use nix::sys::signal::{SigHandler, Signal, signal};
 
 /// Internal helper of exec-server; not a command to run by hand.
 ///
-/// exec-server starts it with a pipe on stdin and writes one record per process group it
-/// creates. When the pipe ends (exec-server exited, crashed or was killed), exec-guardian
-/// sends SIGKILL to every group still registered, so no child outlives the server. It must sit
+/// exec-server starts it with a socket on stdin and tells it the cgroups (or process groups) it
+/// creates. When the socket ends (exec-server exited, crashed or was killed), exec-guardian
+/// sends SIGKILL to every tree still registered, so no child outlives the server. It must sit
 /// next to exec-server (or in its --helper-dir, or PREFIX/libexec/execward when installed).
 #[derive(Debug, Parser)]
 #[command(name = "exec-guardian", version, about, long_about)]
@@ -34,22 +31,5 @@ fn main() {
         // SAFETY: SIG_IGN installs no handler code; nothing else runs in this process yet.
         let _ = unsafe { signal(terminal_signal, SigHandler::SigIgn) };
     }
-    let mut groups = HashSet::new();
-    let mut stdin = std::io::stdin().lock();
-    let mut record = [0u8; 5];
-    while stdin.read_exact(&mut record).is_ok() {
-        let pgid = i32::from_le_bytes([record[1], record[2], record[3], record[4]]);
-        match record[0] {
-            b'+' if pgid > 1 => {
-                groups.insert(pgid);
-            }
-            b'-' => {
-                groups.remove(&pgid);
-            }
-            _ => {}
-        }
-    }
-    for pgid in groups {
-        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
-    }
+    supervisor::process::guardian::serve(&std::io::stdin());
 }

@@ -43,6 +43,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     options.auth_token_file = cli.auth_token_file;
     options.one_shot_helpers = cli.one_shot_helpers;
     options.detached_session_ttl = Duration::from_secs_f64(cli.detached_session_ttl);
+    options.use_cgroups = !cli.no_cgroups;
+    options.default_limits = cli.default_limits.unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

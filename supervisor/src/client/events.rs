@@ -212,6 +212,7 @@ mod tests {
             exited: false,
             exit_code: None,
             signal: None,
+            exit_reason: None,
             exit_seq: None,
             closed: false,
             closed_seq: None,

@@ -44,6 +44,7 @@
 //!         audit_denials: false,
 //!         env_policy: None,
 //!         enforce_managed_network: false,
+//!         limits: None,
 //!     })
 //!     .await?;
 //! let output = process.wait().await?;

@@ -302,6 +302,7 @@ pub fn start_params(
         audit_denials: false,
         env_policy: None,
         enforce_managed_network: false,
+        limits: None,
     })
 }
 

@@ -7,7 +7,7 @@
 //! A request is never run with less restriction than it asked for: an unparsable sandbox is an
 //! error, and a helper that cannot start fails the request.
 //!
-//! `fs/readBlock` and `fs/close` act on the connection's handles ([`handles`]), whichever path
+//! `fs/readBlock` and `fs/close` act on the connection's handles (`handles`), whichever path
 //! opened them.
 
 mod handles;

@@ -124,6 +124,9 @@ impl HttpClients {
                 "url {url} has no host; send an absolute http:// or https:// URL"
             ))
         })?;
+        if let Some(rules) = &policy.egress {
+            check_allowlist(rules, host, port, url)?;
+        }
         let literal = host
             .strip_prefix('[')
             .and_then(|inner| inner.strip_suffix(']'))
@@ -255,6 +258,39 @@ impl reqwest::dns::Resolve for RefuseAllLookups {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let name = name.as_str().to_owned();
         Box::pin(async move { Err(format!("unchecked DNS lookup of {name} refused").into()) })
+    }
+}
+
+/// Refuses `host:port` (of every hop, redirects included) unless the sandbox's allowlist allows
+/// it by name.
+fn check_allowlist(
+    rules: &sandbox::EgressRules,
+    host: &str,
+    port: u16,
+    url: &Url,
+) -> Result<(), HttpError> {
+    use sandbox::policy::network::{Decision, Host, Refusal, suggested_rule};
+    let refused = |named: String, reason: String, rule: String| HttpError::NotInAllowlist {
+        url: url.to_string(),
+        host: named,
+        port,
+        reason,
+        rule,
+    };
+    let parsed = Host::parse(host)
+        .map_err(|error| refused(host.to_owned(), error.to_string(), "none".to_owned()))?;
+    match rules.decide(&parsed, port) {
+        Decision::Allowed(_) => Ok(()),
+        Decision::Denied(Refusal::NotAllowed) => Err(refused(
+            parsed.to_string(),
+            "not in the sandbox's network allowlist".to_owned(),
+            suggested_rule(&parsed, port),
+        )),
+        Decision::Denied(Refusal::DeniedByRule(rule)) => Err(refused(
+            parsed.to_string(),
+            format!("denied by the pattern {rule:?}"),
+            "none (remove the deny pattern)".to_owned(),
+        )),
     }
 }
 

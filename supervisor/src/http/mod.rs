@@ -81,6 +81,22 @@ pub enum HttpError {
         /// The URL.
         url: String,
     },
+    /// The host is not in the request's network allowlist.
+    #[error(
+        "sandbox denied: http/request to {url}: {host}:{port} is {reason}; allow it with the pattern {rule:?} in the sandbox's network allowlist"
+    )]
+    NotInAllowlist {
+        /// The URL (of this hop).
+        url: String,
+        /// The host.
+        host: String,
+        /// The port.
+        port: u16,
+        /// Why.
+        reason: String,
+        /// The pattern that would allow it.
+        rule: String,
+    },
     /// The sandbox object does not parse or resolve.
     #[error("invalid sandbox: {0}; see policies/README.md for the accepted shapes")]
     InvalidSandbox(String),
@@ -228,6 +244,7 @@ pub async fn request(
     params: HttpRequestParams,
 ) -> Result<Started, HttpError> {
     let outgoing = validate(&params)?;
+    let mut egress = None;
     if let Some(sandbox) = params.sandbox.as_ref().filter(|value| !value.is_null()) {
         let spec: sandbox::SandboxSpec = serde_json::from_value(sandbox.clone())
             .map_err(|error| HttpError::InvalidSandbox(error.to_string()))?;
@@ -239,6 +256,7 @@ pub async fn request(
                 url: params.url.clone(),
             });
         }
+        egress = policy.egress().cloned();
     }
     let slots = take_slots(context, connection)?;
     let reservation = params
@@ -248,6 +266,7 @@ pub async fn request(
     let policy = TargetPolicy {
         allow_link_local: params.allow_link_local,
         allow_own_listeners: params.allow_own_listeners,
+        egress,
     };
     let deadline = client::deadline(params.timeout_ms);
     let mut response = context

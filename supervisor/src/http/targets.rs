@@ -29,6 +29,9 @@ pub enum Refusal {
     LinkLocal,
     /// One of the server's own listeners.
     OwnListener,
+    /// A loopback, private or link-local address the request's network allowlist does not
+    /// name.
+    NotNamed,
 }
 
 impl Refusal {
@@ -41,6 +44,10 @@ impl Refusal {
             Refusal::OwnListener => {
                 "this exec-server's own listener (allowed only with allowOwnListeners: true)"
             }
+            Refusal::NotNamed => {
+                "a loopback, private or link-local address the sandbox's network allowlist does \
+                 not name (allow the address itself, e.g. \"127.0.0.1:8080\")"
+            }
         }
     }
 }
@@ -52,6 +59,9 @@ pub struct TargetPolicy {
     pub allow_link_local: bool,
     /// Allow the server's own listeners.
     pub allow_own_listeners: bool,
+    /// The sandbox's network allowlist: names are checked against it on every hop, and a
+    /// special address only when a pattern names it.
+    pub egress: Option<sandbox::EgressRules>,
 }
 
 /// What the policy needs to know about this host.
@@ -74,6 +84,11 @@ impl TargetPolicy {
         }
         if !self.allow_own_listeners && is_own_listener(ip, target.port(), host) {
             return Err(Refusal::OwnListener);
+        }
+        if let Some(rules) = &self.egress
+            && !rules.address_allowed(ip, target.port())
+        {
+            return Err(Refusal::NotNamed);
         }
         Ok(())
     }
@@ -187,6 +202,7 @@ mod tests {
         TargetPolicy {
             allow_link_local: false,
             allow_own_listeners: false,
+            egress: None,
         }
     }
 
@@ -224,6 +240,26 @@ mod tests {
             };
             assert_eq!(allowed.check(addr(target), &host), Ok(()), "{target}");
         }
+    }
+
+    #[test]
+    fn with_an_allowlist_special_addresses_are_reached_only_when_named() {
+        let host = host("127.0.0.1:4000");
+        let rules = sandbox::EgressRules::parse(&["127.0.0.1:8080".to_owned()], &[]).unwrap();
+        let policy = TargetPolicy {
+            egress: Some(rules),
+            ..strict()
+        };
+        assert_eq!(policy.check(addr("127.0.0.1:8080"), &host), Ok(()));
+        assert_eq!(
+            policy.check(addr("127.0.0.1:8081"), &host),
+            Err(Refusal::NotNamed)
+        );
+        assert_eq!(
+            policy.check(addr("10.1.2.3:443"), &host),
+            Err(Refusal::NotNamed)
+        );
+        assert_eq!(policy.check(addr("93.184.216.34:443"), &host), Ok(()));
     }
 
     #[test]

@@ -12,10 +12,12 @@ use proto::methods::process::{
 };
 
 use super::managed::{ManagedProcess, Stdin};
-use super::pump::{self, PumpIo};
+use super::pump::{self, PumpContext, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
-use super::{Lookup, ProcessError, env_policy};
-use crate::limits::{DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS};
+use super::{Lookup, ProcessError, ProcessTable, env_policy, watch};
+use crate::limits::{
+    DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS, WALL_BACKSTOP_GRACE,
+};
 use crate::server::ServerState;
 use crate::session::Session;
 
@@ -43,6 +45,7 @@ pub async fn start(
         Ok(_) => {}
     }
     let reservation = session.processes.reserve(&params.process_id)?;
+    let plan = server.containment.plan(params.limits.as_ref())?;
     let pty = params.tty.then(|| {
         (
             params.cols.unwrap_or(DEFAULT_PTY_COLS),
@@ -56,16 +59,17 @@ pub async fn start(
         params.env,
     );
     let policy = resolve_sandbox(server, params.sandbox, &cwd).await?;
-    if params.enforce_managed_network && policy.as_ref().is_none_or(|(p, _)| p.network_allowed()) {
+    if params.enforce_managed_network && policy.as_ref().is_none_or(|(p, _)| p.network_fully_on()) {
         // A managed proxy is what was asked for; running with the network open would give more.
         return Err(ProcessError::Unsupported(
-            "enforceManagedNetwork: this server cannot confine a command's network to a managed \
-             proxy; send a sandbox whose network is off, or leave enforceManagedNetwork out to \
-             run with the network the sandbox allows"
+            "enforceManagedNetwork: the sandbox's network is fully on, so it does not go through \
+             a managed proxy; send a sandbox whose network is off or an allowlist \
+             (\"network\": {\"allow\": [...]}), or leave enforceManagedNetwork out to run with \
+             the network the sandbox allows"
                 .into(),
         ));
     }
-    let spec = match policy {
+    let mut spec = match policy {
         None if audit => {
             return Err(ProcessError::InvalidParams(
                 "auditDenials needs a restricting sandbox".into(),
@@ -80,6 +84,8 @@ pub async fn start(
             pipe_stdin: params.pipe_stdin,
             audit_pipe: false,
             launch: None,
+            cgroups: Vec::new(),
+            rlimits: plan.rlimits.clone(),
         },
         Some(_) if params.arg0.is_some() => {
             return Err(ProcessError::InvalidParams(
@@ -95,10 +101,33 @@ pub async fn start(
             pty,
             params.pipe_stdin,
             audit,
+            plan.rlimits.clone(),
         )?,
     };
-    let spawned = spawn(&spec)?;
-    server.guardian.register(spawned.pid);
+    let sandboxed = spec.launch.is_some();
+    // The tree's cgroups exist before the child does; it joins them before it execs.
+    let tree = Arc::new(server.containment.create_tree(&plan)?);
+    let spawned = match tree
+        .join_fds()
+        .map_err(ProcessError::from)
+        .and_then(|cgroups| {
+            spec.cgroups = cgroups;
+            spawn(&spec, server.reaper.as_deref()).map_err(ProcessError::from)
+        }) {
+        Ok(spawned) => spawned,
+        Err(error) => {
+            let _ = tree.remove();
+            return Err(error);
+        }
+    };
+    drop(spec);
+    // Without a cgroup the guardian kills the leader's group through its pidfd.
+    let registered = !tree.tracked();
+    if registered {
+        server
+            .guardian
+            .register(spawned.pid, spawned.leader.pidfd());
+    }
     let (stdin, pty_master, pump_io) = match spawned.io {
         ChildIo::Pipes {
             stdin,
@@ -122,22 +151,44 @@ pub async fn start(
     };
     let process = Arc::new(ManagedProcess::new(
         params.process_id.clone(),
+        spawned.leader.clone(),
         spawned.pid,
+        tree,
         stdin,
         pty_master,
     ));
     reservation.fill(process.clone());
+    if let Some(wall) = plan.wall {
+        // A sandboxed command's own sandbox-run ends it first, draining its terminal.
+        let backstop = if sandboxed {
+            WALL_BACKSTOP_GRACE
+        } else {
+            Duration::ZERO
+        };
+        watch::watch_wall_clock(process.clone(), wall + backstop);
+    }
+    if let Some(budget) = plan.cpu_budget {
+        watch::watch_cpu_budget(process.clone(), budget);
+    }
+    let context = PumpContext {
+        sink: session.attachment.clone(),
+        table: Arc::downgrade(&session.processes),
+        guardian: registered.then(|| server.guardian.clone()),
+        reaper: server.reaper.clone(),
+        cpu_limit: plan.rlimits.cpu_seconds.map(Duration::from_secs),
+        wall_limit: plan.wall,
+    };
     tokio::spawn(pump::run(
         process,
-        spawned.exit,
+        spawned.leader,
         pump_io,
         spawned.audit,
-        session.attachment.clone(),
-        Arc::downgrade(&session.processes),
-        server.guardian.clone(),
+        context,
     ));
+    let applied = plan.applied;
     Ok(StartResult {
         process_id: params.process_id,
+        limits: (applied != Default::default()).then_some(applied),
     })
 }
 
@@ -169,6 +220,7 @@ pub async fn read(session: &Session, params: ReadParams) -> Result<ReadResult, P
         exited: read.exit.is_some(),
         exit_code: read.exit.map(|exit| exit.code),
         signal: read.exit.and_then(|exit| exit.signal),
+        exit_reason: read.exit.and_then(|exit| exit.reason),
         exit_seq: read.exit.map(|exit| exit.seq),
         closed: read.closed_seq.is_some(),
         closed_seq: read.closed_seq,
@@ -234,7 +286,8 @@ pub fn resize(session: &Session, params: ResizeParams) -> Result<(), ProcessErro
         .resize(params.cols, params.rows)
 }
 
-/// `process/terminate`: `{running: false}` for unknown or exited processes.
+/// `process/terminate`: `{running: false}` for unknown or exited processes (an exited process's
+/// leftover tree is killed all the same).
 pub fn terminate(session: &Session, params: TerminateParams) -> RunningResult {
     let running = session
         .processes
@@ -253,7 +306,23 @@ pub async fn terminate_all(processes: Vec<Arc<ManagedProcess>>) {
             .wait_exit(crate::limits::TERMINATE_GRACE + Duration::from_secs(1))
             .await
         {
-            process.signal(Signal::SIGKILL);
+            process.kill_tree();
+        }
+    }
+}
+
+/// Sessions end (expiry, server shutdown): terminate their processes (all at once, one grace
+/// period), then kill every tree they leave behind, lingering ones of closed processes
+/// included, and remove the cgroups.
+pub async fn terminate_sessions(tables: &[Arc<ProcessTable>]) {
+    let processes: Vec<_> = tables.iter().flat_map(|table| table.all()).collect();
+    terminate_all(processes.clone()).await;
+    for process in &processes {
+        process.tree().kill_and_remove().await;
+    }
+    for table in tables {
+        for tree in table.take_lingering() {
+            tree.kill_and_remove().await;
         }
     }
 }
@@ -304,6 +373,7 @@ fn sandboxed_spec(
     pty: Option<(u16, u16)>,
     pipe_stdin: bool,
     audit: bool,
+    limits: sandbox::limits::CommandLimits,
 ) -> Result<SpawnSpec, ProcessError> {
     let request = sandbox::launch::LaunchRequest {
         policy,
@@ -311,6 +381,7 @@ fn sandboxed_spec(
         env: env.into_iter().collect(),
         cwd: cwd.clone(),
         best_effort: false,
+        limits,
     };
     let launch = request.to_memfd().map_err(|e| {
         ProcessError::Spawn(super::spawn::SpawnError::Setup {
@@ -336,5 +407,9 @@ fn sandboxed_spec(
         pipe_stdin,
         audit_pipe: audit,
         launch: Some(launch),
+        cgroups: Vec::new(),
+        // The command's rlimits are set by sandbox-run right before it execs the command, not
+        // on sandbox-run itself (its terminal relay must not run out of CPU time).
+        rlimits: sandbox::limits::CommandLimits::default(),
     })
 }

@@ -2,11 +2,11 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
@@ -16,6 +16,8 @@ use proto::methods::process::WriteStatus;
 
 use super::ProcessError;
 use super::output::{Exit, LogRead, OutputLog};
+use super::spawn::Leader;
+use crate::containment::Tree;
 use crate::limits::{
     MAX_DENIALS_RETAINED, OUTPUT_RETENTION_BYTES, TERMINATE_GRACE, WRITE_ID_MEMORY,
 };
@@ -47,6 +49,25 @@ pub struct ManagedProcess {
     pty: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
     tty: bool,
     denials: Mutex<DenialLog>,
+    /// The leader's pidfd, for signals; dropped when the process closes.
+    leader: Mutex<Option<Arc<Leader>>>,
+    /// Its cgroups (empty without cgroups).
+    tree: Arc<Tree>,
+    /// When it started (for `wallSeconds`).
+    pub started: Instant,
+    /// Why the server killed it, for the exit reason.
+    pub kills: KillCauses,
+}
+
+/// What the server did to a process, recorded before it acts so the exit reason can say so.
+#[derive(Debug, Default)]
+pub struct KillCauses {
+    /// `process/terminate`, session expiry or shutdown.
+    pub terminated: AtomicBool,
+    /// The wall-clock limit ran out.
+    pub wall: AtomicBool,
+    /// The tree's CPU budget ran out.
+    pub cpu: AtomicBool,
 }
 
 /// Denial records of an audited process, bounded.
@@ -58,8 +79,19 @@ struct DenialLog {
 
 impl ManagedProcess {
     /// A process that just started.
-    pub fn new(id: String, pid: i32, stdin: Stdin, pty: Option<Arc<AsyncFd<OwnedFd>>>) -> Self {
+    pub fn new(
+        id: String,
+        leader: Arc<Leader>,
+        pid: i32,
+        tree: Arc<Tree>,
+        stdin: Stdin,
+        pty: Option<Arc<AsyncFd<OwnedFd>>>,
+    ) -> Self {
         Self {
+            leader: Mutex::new(Some(leader)),
+            tree,
+            started: Instant::now(),
+            kills: KillCauses::default(),
             id_json: serde_json::Value::String(id.clone()).to_string(),
             id,
             pid,
@@ -140,26 +172,47 @@ impl ManagedProcess {
         exited.is_ok()
     }
 
-    /// Send `signal` to the process group. Returns whether the process was still running.
+    /// Its cgroups.
+    pub fn tree(&self) -> &Arc<Tree> {
+        &self.tree
+    }
+
+    /// Send `signal` to the process group (through the leader's pidfd: never once the leader is
+    /// reaped). Returns whether the process was still running.
     pub fn signal(&self, signal: Signal) -> bool {
         if self.exit().is_some() {
             return false;
         }
-        let _ = killpg(Pid::from_raw(self.pid), signal);
-        true
+        let leader = self
+            .leader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        leader.is_some_and(|leader| leader.signal_group(signal))
     }
 
-    /// SIGTERM to the group now, SIGKILL after [`TERMINATE_GRACE`] if it has not exited.
-    /// Returns whether the process was running.
+    /// SIGKILL the whole tree: its cgroup when it has one (descendants that left the group
+    /// included), else the process group while the leader is unreaped.
+    pub fn kill_tree(&self) {
+        if !self.tree.kill() {
+            self.signal(Signal::SIGKILL);
+        }
+    }
+
+    /// SIGTERM to the group now; once the leader exits, or after [`TERMINATE_GRACE`] at the
+    /// latest, SIGKILL to the whole tree (so what the command left behind goes too). Returns
+    /// whether the process was running. An exited process whose tree still holds processes has
+    /// them killed as well.
     pub fn terminate(self: &Arc<Self>) -> bool {
+        self.kills.terminated.store(true, Ordering::Relaxed);
         if !self.signal(Signal::SIGTERM) {
+            self.tree.kill();
             return false;
         }
         let process = self.clone();
         tokio::spawn(async move {
-            if !process.wait_exit(TERMINATE_GRACE).await {
-                process.signal(Signal::SIGKILL);
-            }
+            process.wait_exit(TERMINATE_GRACE).await;
+            process.kill_tree();
         });
         true
     }
@@ -169,6 +222,7 @@ impl ManagedProcess {
     /// stdin (that write fails and marks stdin unavailable itself).
     pub fn release_io(&self) {
         self.pty.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.leader.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Ok(mut stdin) = self.stdin.try_lock()
             && !matches!(*stdin, Stdin::Unavailable(_))
         {

@@ -12,6 +12,7 @@ pub mod managed;
 pub mod output;
 pub mod pump;
 pub mod spawn;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -80,6 +81,12 @@ pub enum ProcessError {
     /// The request needs a capability this server does not have yet.
     #[error("{0}")]
     Unsupported(String),
+    /// The limits are invalid or cannot be enforced here.
+    #[error(transparent)]
+    Limits(#[from] crate::containment::plan::PlanError),
+    /// The process's cgroups could not be set up.
+    #[error(transparent)]
+    Containment(#[from] crate::containment::ContainmentError),
 }
 
 enum Slot {
@@ -97,10 +104,13 @@ pub enum Lookup {
     Ready(Arc<ManagedProcess>),
 }
 
-/// The processes of one session.
+/// The processes of one session, and the trees they left behind.
 #[derive(Default)]
 pub struct ProcessTable {
     slots: Mutex<HashMap<String, Slot>>,
+    /// Trees of closed processes that still hold processes (a daemon the command started):
+    /// killed with the session.
+    lingering: Mutex<Vec<Arc<crate::containment::Tree>>>,
 }
 
 /// A reserved id; dropping it without [`Reservation::fill`] frees the id again.
@@ -195,6 +205,35 @@ impl ProcessTable {
                 Slot::Starting => None,
             })
             .collect()
+    }
+
+    /// A process closed: remove its cgroups if its tree is empty, else keep the tree until the
+    /// session ends (trees that emptied meanwhile are removed now).
+    pub fn release_tree(&self, tree: &Arc<crate::containment::Tree>) {
+        let mut lingering = self
+            .lingering
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        lingering.push(tree.clone());
+        lingering.retain(|tree| {
+            if tree.populated() {
+                return true;
+            }
+            if let Err(error) = tree.remove() {
+                tracing::warn!(%error, "leaving a process cgroup behind");
+            }
+            false
+        });
+    }
+
+    /// Every lingering tree, taken out of the table.
+    pub fn take_lingering(&self) -> Vec<Arc<crate::containment::Tree>> {
+        std::mem::take(
+            &mut *self
+                .lingering
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
     }
 
     /// Remove `process` unless its id was reused by a newer process.

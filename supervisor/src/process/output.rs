@@ -26,6 +26,8 @@ pub struct Exit {
     pub code: i32,
     /// The killing signal, if any.
     pub signal: Option<i32>,
+    /// Why it ended.
+    pub reason: Option<proto::methods::process::ExitReason>,
 }
 
 /// A read of the log after a cursor.
@@ -92,11 +94,17 @@ impl OutputLog {
     }
 
     /// Record the exit; returns it with its seq.
-    pub fn push_exit(&mut self, code: i32, signal: Option<i32>) -> Exit {
+    pub fn push_exit(
+        &mut self,
+        code: i32,
+        signal: Option<i32>,
+        reason: Option<proto::methods::process::ExitReason>,
+    ) -> Exit {
         let exit = Exit {
             seq: self.take_seq(),
             code,
             signal,
+            reason,
         };
         self.exit = Some(exit);
         exit
@@ -171,7 +179,7 @@ mod tests {
         let mut log = OutputLog::new(100);
         assert_eq!(out(&mut log, b"a"), 1);
         assert_eq!(log.push_output(OutputStream::Stderr, b"b".to_vec()), 2);
-        assert_eq!(log.push_exit(0, None).seq, 3);
+        assert_eq!(log.push_exit(0, None, None).seq, 3);
         assert_eq!(log.push_closed(), 4);
         let read = log.read(0, 1000);
         assert_eq!(
@@ -189,7 +197,7 @@ mod tests {
         let mut log = OutputLog::new(100);
         out(&mut log, b"0123456789");
         out(&mut log, b"abc");
-        log.push_exit(1, None);
+        log.push_exit(1, None, None);
         let read = log.read(0, 4);
         assert_eq!(read.chunks.len(), 1);
         assert_eq!(read.next_seq, 2);
@@ -230,7 +238,7 @@ mod tests {
     fn cursor_at_u64_max_returns_nothing_without_overflowing() {
         let mut log = OutputLog::new(10);
         out(&mut log, b"a");
-        log.push_exit(0, None);
+        log.push_exit(0, None, None);
         let read = log.read(u64::MAX, 10);
         assert!(read.chunks.is_empty());
         assert_eq!((read.next_seq, read.dropped), (u64::MAX, None));

@@ -2,10 +2,9 @@
 //! notifications. A single task per process is what keeps notifications in seq order across
 //! stdout, stderr and exit.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Weak};
 
-use futures_util::FutureExt;
 use proto::jsonrpc::{Message, Notification};
 use proto::methods::process::{
     ClosedNotification, DeniedNotification, ExitedNotification, OutputStream,
@@ -16,13 +15,18 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::unix::pipe;
 
-use super::spawn::ExitWaiter;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::ProcessTable;
 use super::guardian::Guardian;
 use super::managed::ManagedProcess;
+use super::spawn::Leader;
+use crate::containment::plan::{ExitFacts, exit_reason};
+use crate::containment::reaper::Reaper;
 use crate::limits::{CLOSED_PROCESS_RETENTION, OUTPUT_READ_CHUNK_BYTES};
 use crate::session::Attachment;
+use crate::sys::ChildExit;
 
 /// The output side of a child.
 pub enum PumpIo {
@@ -32,22 +36,76 @@ pub enum PumpIo {
     Pty(Arc<AsyncFd<OwnedFd>>),
 }
 
+/// Where a pump reports and whom it tells about the reaped leader.
+pub struct PumpContext {
+    /// The session's notification sink.
+    pub sink: Arc<Attachment>,
+    /// The session's table (the process leaves it after its retention).
+    pub table: Weak<ProcessTable>,
+    /// Told when the leader is reaped, when it was registered (no cgroup).
+    pub guardian: Option<Arc<Guardian>>,
+    /// Told when the leader is reaped (no cgroup).
+    pub reaper: Option<Arc<Reaper>>,
+    /// `cpuSeconds` and `wallSeconds`, for the exit reason.
+    pub cpu_limit: Option<Duration>,
+    /// See `cpu_limit`.
+    pub wall_limit: Option<Duration>,
+}
+
+impl PumpContext {
+    /// The leader was just reaped: its pid may be recycled from now on, so nobody may keep it.
+    fn reaped(&self, pid: i32) {
+        if let Some(guardian) = &self.guardian {
+            guardian.unregister(pid);
+        }
+        if let Some(reaper) = &self.reaper {
+            reaper.forget(pid);
+        }
+    }
+
+    /// Why the process ended.
+    fn reason(
+        &self,
+        process: &ManagedProcess,
+        exit: ChildExit,
+    ) -> proto::methods::process::ExitReason {
+        exit_reason(&ExitFacts {
+            code: exit.code,
+            signal: exit.signal,
+            terminated: process.kills.terminated.load(Ordering::Relaxed),
+            wall_fired: process.kills.wall.load(Ordering::Relaxed),
+            cpu_budget_fired: process.kills.cpu.load(Ordering::Relaxed),
+            oom_kills: process.tree().oom_kills(),
+            cpu_used: exit.cpu,
+            cpu_limit: self.cpu_limit,
+            elapsed: process.started.elapsed(),
+            wall_limit: self.wall_limit,
+        })
+    }
+}
+
 /// Run until the process closed, then keep it readable for [`CLOSED_PROCESS_RETENTION`] and
-/// remove it from `table`.
+/// remove it from the table. Its cgroups are removed once empty; a tree that still holds
+/// processes then (a daemon the command left behind) stays with the session until the session
+/// ends or the process is terminated.
 pub async fn run(
     process: Arc<ManagedProcess>,
-    exit: ExitWaiter,
+    leader: Arc<Leader>,
     io: PumpIo,
     audit: Option<pipe::Receiver>,
-    sink: Arc<Attachment>,
-    table: Weak<ProcessTable>,
-    guardian: Arc<Guardian>,
+    context: PumpContext,
 ) {
+    let sink = context.sink.clone();
     let audit =
         audit.map(|pipe| tokio::spawn(forward_denials(process.clone(), pipe, sink.clone())));
     let emitter = Emitter {
         process: &process,
         sink: &sink,
+    };
+    let reaped = async || {
+        let exit = leader.wait().await;
+        context.reaped(process.pid);
+        exit
     };
     match io {
         PumpIo::Pipes(mut stdout, mut stderr) => {
@@ -66,26 +124,19 @@ pub async fn run(
                         Some(n) => emitter.output(OutputStream::Stderr, &err_buf[..n]).await,
                         None => err_open = false,
                     },
-                    status = exit.wait(), if !exited => {
+                    status = reaped(), if !exited => {
                         exited = true;
                         // Output the child wrote before exiting is already in the pipes: emit it
                         // first, so `exited` follows it (only later writes by grandchildren can
-                        // still come after `exited`).
-                        while out_open {
-                            match read_some(&mut stdout, &mut out_buf).now_or_never() {
-                                Some(Some(n)) => emitter.output(OutputStream::Stdout, &out_buf[..n]).await,
-                                Some(None) => out_open = false,
-                                None => break,
-                            }
+                        // still come after `exited`). Read the descriptors directly: the
+                        // reactor may not have seen them become readable yet.
+                        if out_open {
+                            out_open = drain(&emitter, OutputStream::Stdout, stdout.as_fd(), &mut out_buf).await;
                         }
-                        while err_open {
-                            match read_some(&mut stderr, &mut err_buf).now_or_never() {
-                                Some(Some(n)) => emitter.output(OutputStream::Stderr, &err_buf[..n]).await,
-                                Some(None) => err_open = false,
-                                None => break,
-                            }
+                        if err_open {
+                            err_open = drain(&emitter, OutputStream::Stderr, stderr.as_fd(), &mut err_buf).await;
                         }
-                        emitter.exit(status).await;
+                        emitter.exit(status, context.reason(&process, status)).await;
                     }
                 }
             }
@@ -99,16 +150,12 @@ pub async fn run(
                         Some(n) => emitter.output(OutputStream::Pty, &buf[..n]).await,
                         None => open = false,
                     },
-                    status = exit.wait(), if !exited => {
+                    status = reaped(), if !exited => {
                         exited = true;
-                        while open {
-                            match read_pty(&master, &mut buf).now_or_never() {
-                                Some(Some(n)) => emitter.output(OutputStream::Pty, &buf[..n]).await,
-                                Some(None) => open = false,
-                                None => break,
-                            }
+                        if open {
+                            open = drain(&emitter, OutputStream::Pty, master.get_ref().as_fd(), &mut buf).await;
                         }
-                        emitter.exit(status).await;
+                        emitter.exit(status, context.reason(&process, status)).await;
                     }
                 }
             }
@@ -121,12 +168,15 @@ pub async fn run(
     // The child is reaped and its output is at EOF: release its pidfd, stdin and terminal now,
     // not after the retention below (thousands of retained processes would otherwise hold
     // descriptors).
-    drop(exit);
+    drop(leader);
     process.release_io();
     emitter.closed().await;
-    guardian.unregister(process.pid);
+    match context.table.upgrade() {
+        Some(table) => table.release_tree(process.tree()),
+        None => process.tree().kill_and_remove().await,
+    }
     tokio::time::sleep(CLOSED_PROCESS_RETENTION).await;
-    if let Some(table) = table.upgrade() {
+    if let Some(table) = context.table.upgrade() {
         table.remove_if_same(&process);
     }
 }
@@ -184,6 +234,35 @@ async fn read_some<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut [u8]) -> Opti
     }
 }
 
+/// Emits what `fd` (non-blocking) holds right now, reading it directly rather than waiting for
+/// the reactor to report it readable; at most [`EXIT_DRAIN_LIMIT`] bytes, so a grandchild that
+/// keeps writing cannot hold `exited` back. `false` when the stream reached end of file (for a
+/// PTY master, EIO: every slave descriptor closed).
+async fn drain(
+    emitter: &Emitter<'_>,
+    stream: OutputStream,
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> bool {
+    let mut drained = 0;
+    while drained < EXIT_DRAIN_LIMIT {
+        match nix::unistd::read(fd, buf) {
+            Ok(0) => return false,
+            Ok(n) => {
+                drained += n;
+                emitter.output(stream, &buf[..n]).await;
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(nix::errno::Errno::EAGAIN) => return true,
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// How much output [`drain`] takes from one stream when the child exits.
+const EXIT_DRAIN_LIMIT: usize = 4 * 1024 * 1024;
+
 /// Read the PTY master; EIO (every slave descriptor closed) is end of file.
 async fn read_pty(master: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> Option<usize> {
     loop {
@@ -230,14 +309,16 @@ impl Emitter<'_> {
         }
     }
 
-    async fn exit(&self, (code, signal): (i32, Option<i32>)) {
-        let exit = self.process.log().push_exit(code, signal);
+    async fn exit(&self, status: ChildExit, reason: proto::methods::process::ExitReason) {
+        let (code, signal) = (status.code, status.signal);
+        let exit = self.process.log().push_exit(code, signal, Some(reason));
         self.process.publish(exit.seq);
         let params = ExitedNotification {
             process_id: self.process.id.clone(),
             seq: exit.seq,
             exit_code: code,
             signal,
+            reason: Some(reason),
         };
         self.send(PROCESS_EXITED, &params).await;
     }

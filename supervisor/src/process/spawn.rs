@@ -1,10 +1,14 @@
-//! Starting a child with `posix_spawn`: its own session (`setsid`), an exact environment, stdio
-//! on pipes or a PTY, nothing else inherited. `posix_spawn` avoids forking the whole server (the
-//! spawn round trip is ~0.3 ms shorter than fork+exec) and glibc reports exec failures, so a
-//! missing program is an error here, never a process that "started" and exited 127.
+//! Starting a child: its own session (`setsid`), an exact environment, stdio on pipes or a PTY,
+//! nothing else inherited, its cgroups joined and its rlimits set before it execs. The child is
+//! created like `posix_spawn` does it (`CLONE_VM | CLONE_VFORK`, see
+//! [`sys::spawn_in_new_session`]), which avoids forking the whole server (the spawn round trip
+//! is ~0.3 ms shorter than fork+exec) and reports exec failures, so a missing program is an
+//! error here, never a process that "started" and exited 127. Joining the cgroup in the child,
+//! before `execve`, is what makes containment race-free: nothing of the command runs outside
+//! its cgroup, so even a double fork in its first microsecond stays inside.
 //!
 //! Every descriptor the server holds is close-on-exec (see
-//! [`sys::prepare_server_descriptors`]); the child's stdio is placed with `dup2` file actions. A
+//! `sys::prepare_server_descriptors`); the child's stdio is placed with `dup2` file actions. A
 //! PTY slave is opened by path in the child after `setsid`, which makes it the controlling
 //! terminal. Dying with the server is the guardian's job (`exec-guardian`).
 
@@ -14,12 +18,16 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use sandbox::limits::{CommandLimits, Rlimit};
 
 use nix::fcntl::OFlag;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
-use crate::sys::{self, FileAction};
+use crate::containment::reaper::Reaper;
+use crate::sys::{self, ChildExit, ChildRlimit, ChildStep, FileAction, SpawnFailure};
 
 /// Where the program is searched when the child's environment has no `PATH` (as execvp does).
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -44,6 +52,10 @@ pub struct SpawnSpec {
     pub audit_pipe: bool,
     /// A launch request for `sandbox-run`, given to the child as descriptor [`LAUNCH_FD`].
     pub launch: Option<OwnedFd>,
+    /// `cgroup.procs` of each cgroup the child joins before it execs.
+    pub cgroups: Vec<OwnedFd>,
+    /// Rlimits the child sets before it execs.
+    pub rlimits: CommandLimits,
 }
 
 /// Why a spawn failed.
@@ -55,7 +67,7 @@ pub enum SpawnError {
     /// The program was not found.
     #[error("program {program:?} not found (searched PATH={path})")]
     NotFound {
-        /// argv[0].
+        /// `argv[0]`.
         program: String,
         /// The PATH searched.
         path: String,
@@ -68,10 +80,28 @@ pub enum SpawnError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The child could not join its cgroup.
+    #[error("cannot place {program:?} in its cgroup: {source}")]
+    JoinCgroup {
+        /// argv[0].
+        program: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The child could not set its rlimits.
+    #[error("cannot set the limits of {program:?} ({limits:?}): {source}")]
+    Rlimit {
+        /// argv[0].
+        program: String,
+        /// The limits asked for.
+        limits: Box<CommandLimits>,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// exec failed.
     #[error("cannot start {program:?}: {source}")]
     Exec {
-        /// argv[0].
+        /// `argv[0]`.
         program: String,
         /// The OS error.
         source: std::io::Error,
@@ -97,41 +127,67 @@ pub enum ChildIo {
 pub struct Spawned {
     /// Its pid, also its session and process group id.
     pub pid: i32,
-    /// Readable when the child exits.
-    pub exit: ExitWaiter,
+    /// Its pidfd: exit and signals.
+    pub leader: Arc<Leader>,
     /// Its I/O.
     pub io: ChildIo,
     /// The read end of the audit pipe, when asked for.
     pub audit: Option<pipe::Receiver>,
 }
 
-/// Waits for the child's exit through a pidfd (no SIGCHLD handling, no polling).
-pub struct ExitWaiter {
+/// The child's pidfd, shared by its pump (which waits for the exit and reaps) and its
+/// `process/*` handlers (which signal its group). No SIGCHLD handling, no polling, and no signal
+/// by a bare pid once the child is reaped.
+pub struct Leader {
+    pid: i32,
     pidfd: AsyncFd<OwnedFd>,
+    /// Set (under the lock) when the child is reaped: from then on its pid may be recycled.
+    reaped: Mutex<bool>,
 }
 
-impl ExitWaiter {
-    /// Wait for the exit and reap the child; returns (exit code, killing signal). A signal `n`
-    /// gives code `128 + n`.
-    pub async fn wait(&self) -> (i32, Option<i32>) {
-        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+impl Leader {
+    /// Wait for the exit and reap the child; a signal `n` gives code `128 + n`.
+    pub async fn wait(&self) -> ChildExit {
+        let failed = ChildExit {
+            code: -1,
+            signal: None,
+            cpu: std::time::Duration::ZERO,
+        };
         loop {
             let Ok(mut guard) = self.pidfd.readable().await else {
-                return (-1, None);
+                return failed;
             };
-            match waitid(
-                Id::PIDFd(std::os::fd::AsFd::as_fd(self.pidfd.get_ref())),
-                WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG,
-            ) {
-                Ok(WaitStatus::Exited(_, code)) => return (code, None),
-                Ok(WaitStatus::Signaled(_, signal, _)) => {
-                    return (128 + signal as i32, Some(signal as i32));
+            let mut reaped = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+            match sys::reap_pidfd(self.pidfd.get_ref()) {
+                Ok(Some(exit)) => {
+                    *reaped = true;
+                    return exit;
                 }
-                Ok(_) => guard.clear_ready(),
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => return (-1, None),
+                Ok(None) => guard.clear_ready(),
+                Err(error) if error.raw_os_error() == Some(libc::EINTR) => {}
+                Err(_) => {
+                    *reaped = true;
+                    return failed;
+                }
             }
         }
+    }
+
+    /// Send `signal` to the child's process group; false once the child is reaped. While it
+    /// is not, its pid (the group's id: a session leader cannot change groups) is still its
+    /// own, so the group cannot be a recycled one.
+    pub fn signal_group(&self, signal: nix::sys::signal::Signal) -> bool {
+        let reaped = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+        if *reaped {
+            return false;
+        }
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.pid), signal);
+        true
+    }
+
+    /// The pidfd (for the guardian).
+    pub fn pidfd(&self) -> &OwnedFd {
+        self.pidfd.get_ref()
     }
 }
 
@@ -179,11 +235,13 @@ fn pipe_pair() -> Result<(OwnedFd, OwnedFd), SpawnError> {
     nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| setup("pipes")(e.into()))
 }
 
-/// Start the child.
+/// Start the child. Without cgroups, `reaper` learns the new leader before any orphan sweep can
+/// run.
 ///
 /// # Errors
-/// [`SpawnError`] for NUL bytes, a missing program, setup failures, and exec failures.
-pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
+/// [`SpawnError`] for NUL bytes, a missing program, setup failures, a cgroup it could not
+/// join, limits it could not set, and exec failures.
+pub fn spawn(spec: &SpawnSpec, reaper: Option<&Reaper>) -> Result<Spawned, SpawnError> {
     let program_path = resolve_program(spec)?;
     let program = cstring(program_path.as_os_str().as_bytes(), "the program path")?;
     let mut argv = Vec::with_capacity(spec.argv.len());
@@ -207,9 +265,32 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let cwd = cstring(spec.cwd.as_os_str().as_bytes(), "cwd")?;
-    let exec_error = |source| SpawnError::Exec {
-        program: spec.argv[0].clone(),
-        source,
+    let program_name = spec.argv[0].clone();
+    let exec_error = |failure: SpawnFailure| match failure.step {
+        ChildStep::JoinCgroup => SpawnError::JoinCgroup {
+            program: program_name.clone(),
+            source: failure.error,
+        },
+        ChildStep::Rlimit => SpawnError::Rlimit {
+            program: program_name.clone(),
+            limits: Box::new(spec.rlimits.clone()),
+            source: failure.error,
+        },
+        ChildStep::Exec => SpawnError::Exec {
+            program: program_name.clone(),
+            source: failure.error,
+        },
+    };
+    let join: Vec<i32> = spec.cgroups.iter().map(AsRawFd::as_raw_fd).collect();
+    let rlimits = child_rlimits(&spec.rlimits);
+    let start = |actions: &[FileAction<'_>]| {
+        let mut leaders = reaper.map(Reaper::spawning);
+        let pid = sys::spawn_in_new_session(&program, &argv, &envp, &cwd, actions, &join, &rlimits)
+            .map_err(&exec_error)?;
+        if let Some(leaders) = leaders.as_mut() {
+            leaders.insert(pid);
+        }
+        Ok::<_, SpawnError>(pid)
     };
     let audit = audit_pipe(spec.audit_pipe)?;
     let mut extra_actions: Vec<FileAction<'_>> = Vec::new();
@@ -245,11 +326,10 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
                 FileAction::Dup(stderr_write.as_raw_fd(), 2),
             ];
             actions.extend(extra_actions);
-            let pid = sys::spawn_in_new_session(&program, &argv, &envp, &cwd, &actions)
-                .map_err(exec_error)?;
+            let pid = start(&actions)?;
             // Dropping the write end here leaves the child the only writer.
             let audit = audit.map(|(read, _write)| read);
-            let exit = waiter(pid)?;
+            let leader = leader(pid)?;
             drop((stdin_child, stdout_write, stderr_write));
             let stdin = stdin_parent
                 .map(pipe::Sender::from_owned_fd)
@@ -263,7 +343,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
             enlarge_pipe(&stderr);
             Ok(Spawned {
                 pid,
-                exit,
+                leader,
                 io: ChildIo::Pipes {
                     stdin,
                     stdout,
@@ -281,15 +361,14 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, SpawnError> {
                 FileAction::Dup(0, 2),
             ];
             actions.extend(extra_actions);
-            let pid = sys::spawn_in_new_session(&program, &argv, &envp, &cwd, &actions)
-                .map_err(exec_error)?;
+            let pid = start(&actions)?;
             // Dropping the write end here leaves the child the only writer.
             let audit = audit.map(|(read, _write)| read);
-            let exit = waiter(pid)?;
+            let leader = leader(pid)?;
             let master = sys::register_async_fd(master).map_err(setup("terminal"))?;
             Ok(Spawned {
                 pid,
-                exit,
+                leader,
                 io: ChildIo::Pty(master),
                 audit,
             })
@@ -313,10 +392,33 @@ fn audit_pipe(wanted: bool) -> Result<Option<(pipe::Receiver, OwnedFd)>, SpawnEr
     Ok(Some((read, write)))
 }
 
-fn waiter(pid: libc::pid_t) -> Result<ExitWaiter, SpawnError> {
+fn leader(pid: libc::pid_t) -> Result<Arc<Leader>, SpawnError> {
     let pidfd = sys::pidfd_open(pid).map_err(setup("exit watch"))?;
     let pidfd = sys::register_async_fd(pidfd).map_err(setup("exit watch"))?;
-    Ok(ExitWaiter { pidfd })
+    Ok(Arc::new(Leader {
+        pid,
+        pidfd,
+        reaped: Mutex::new(false),
+    }))
+}
+
+/// The rlimits as the child sets them.
+fn child_rlimits(limits: &CommandLimits) -> Vec<ChildRlimit> {
+    limits
+        .rlimits()
+        .into_iter()
+        .map(|(resource, soft, hard)| ChildRlimit {
+            resource: match resource {
+                Rlimit::Cpu => libc::RLIMIT_CPU,
+                Rlimit::FileSize => libc::RLIMIT_FSIZE,
+                Rlimit::OpenFiles => libc::RLIMIT_NOFILE,
+                Rlimit::AddressSpace => libc::RLIMIT_AS,
+                Rlimit::Processes => libc::RLIMIT_NPROC,
+            } as libc::c_int,
+            soft,
+            hard,
+        })
+        .collect()
 }
 
 /// A new PTY: the master (non-blocking, close-on-exec, sized) and the slave's path. The slave is

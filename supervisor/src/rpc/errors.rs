@@ -2,6 +2,7 @@
 
 use proto::error::{self as codes, ErrorKind, RpcError};
 
+use crate::containment::plan::PlanError;
 use crate::fs::FsRequestError;
 use crate::http::HttpError;
 use crate::process::ProcessError;
@@ -41,7 +42,15 @@ impl From<ProcessError> for RpcError {
             ProcessError::Spawn(SpawnError::Nul(_)) => {
                 (codes::INVALID_PARAMS, ErrorKind::InvalidParams)
             }
-            ProcessError::Spawn(SpawnError::Setup { .. }) => (codes::INTERNAL_ERROR, ErrorKind::Io),
+            ProcessError::Spawn(SpawnError::Setup { .. } | SpawnError::JoinCgroup { .. })
+            | ProcessError::Containment(_) => (codes::INTERNAL_ERROR, ErrorKind::Io),
+            ProcessError::Spawn(SpawnError::Rlimit { .. })
+            | ProcessError::Limits(PlanError::Unenforceable { .. }) => {
+                (codes::INVALID_REQUEST, ErrorKind::Unsupported)
+            }
+            ProcessError::Limits(PlanError::Zero { .. } | PlanError::WallTooLong { .. }) => {
+                (codes::INVALID_PARAMS, ErrorKind::InvalidParams)
+            }
         };
         RpcError::new(code, kind, message)
     }
@@ -95,7 +104,9 @@ impl From<HttpError> for RpcError {
             HttpError::TooLarge { limit, .. } | HttpError::TooMany { limit, .. } => {
                 RpcError::limit_exceeded(message, *limit as u64)
             }
-            HttpError::NetworkOff { .. } | HttpError::TargetRefused { .. } => {
+            HttpError::NetworkOff { .. }
+            | HttpError::TargetRefused { .. }
+            | HttpError::NotInAllowlist { .. } => {
                 RpcError::invalid_request(ErrorKind::SandboxDenied, message)
             }
             HttpError::TimedOut { .. } => {

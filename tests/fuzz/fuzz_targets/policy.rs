@@ -152,7 +152,7 @@ fn profile(text: &str, cwd: Option<&Path>, roots: &[PathBuf]) {
         if profile.full_filesystem_access {
             assert!(!policy.restricts_filesystem());
         }
-        assert_eq!(policy.network_allowed(), profile.network);
+        assert_eq!(policy.network, profile.network);
     }
 }
 

@@ -1,8 +1,8 @@
 //! `bench`: every benchmark of the project, each beside its baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p tests --bin bench -- [--quick] [--only spawn|output|sandbox|remote]
-//!     [--write docs/benchmarks.md] [--check]
+//! cargo run --release -p tests --bin bench -- [--quick]
+//!     [--only spawn|output|sandbox|remote|egress] [--write docs/benchmarks.md] [--check]
 //! ```
 //! Figures are medians with p10-p90 spreads; ratios compare ours to the baseline, and each row
 //! with a target says whether it holds (`--check`: exit 1 when one does not). The binaries
@@ -514,6 +514,8 @@ enum Group {
     Sandbox,
     /// Remote mode through a local rendezvous.
     Remote,
+    /// The egress proxy of an allowlisted sandbox network.
+    Egress,
 }
 
 /// The rows whose figure misses its target.
@@ -546,6 +548,14 @@ async fn main() -> std::process::ExitCode {
     }
     if wanted(Group::Remote) {
         remote_mode(&mut rows, quick).await;
+    }
+    if wanted(Group::Egress) {
+        egress_proxy(
+            &mut rows,
+            if quick { 256 } else { 1024 },
+            if quick { 2 } else { 5 },
+            if quick { 50 } else { 200 },
+        );
     }
     let command = format!(
         "cargo run --release -p tests --bin bench --{}",
@@ -784,6 +794,130 @@ async fn remote_mode(rows: &mut Vec<Row>, quick: bool) {
     )
     .await;
     relay_request_latency(rows, &setup, if quick { 200 } else { 1000 }).await;
+}
+
+// The egress proxy: bytes and connections from inside a sandbox whose network is an allowlist
+// (through `egress-proxy`) against the same client connecting directly over loopback.
+
+/// The client, run directly and inside the sandbox: `bulk MIB` sends MIB MiB and waits for the
+/// sink's one-byte acknowledgement, printing MiB/s; `connect N` opens N connections, each until
+/// its first echoed byte, printing each time in milliseconds. Through the proxy (`HTTPS_PROXY`
+/// set) each connection is a CONNECT tunnel.
+const EGRESS_CLIENT: &str = r#"
+import os, socket, sys, time
+mode, count, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+proxy = os.environ.get('HTTPS_PROXY')
+def connect():
+    if not proxy:
+        return socket.create_connection(('127.0.0.1', port))
+    s = socket.create_connection(('127.0.0.1', int(proxy.rsplit(':', 1)[1])))
+    s.sendall(b'CONNECT 127.0.0.1:%d HTTP/1.1\r\n\r\n' % port)
+    head = b''
+    while not head.endswith(b'\r\n\r\n'):
+        head += s.recv(1)
+    assert head.startswith(b'HTTP/1.1 200'), head
+    return s
+if mode == 'bulk':
+    s = connect()
+    s.sendall(b'B')
+    block = memoryview(bytearray(1 << 20))
+    started = time.perf_counter()
+    for _ in range(count):
+        s.sendall(block)
+    s.shutdown(socket.SHUT_WR)
+    assert s.recv(1) == b'k'
+    print(count / (time.perf_counter() - started))
+else:
+    for _ in range(count):
+        started = time.perf_counter()
+        s = connect()
+        s.sendall(b'E')
+        assert s.recv(1) == b'E'
+        print((time.perf_counter() - started) * 1000)
+        s.close()
+"#;
+
+/// A sink on 127.0.0.1: `B` then bytes until EOF, answered with `k`; `E` echoed.
+fn egress_sink() -> u16 {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut first = [0u8; 1];
+                if stream.read_exact(&mut first).is_err() {
+                    return;
+                }
+                if first[0] == b'E' {
+                    let _ = stream.write_all(b"E");
+                    return;
+                }
+                let mut buf = vec![0u8; 1 << 20];
+                while stream.read(&mut buf).is_ok_and(|n| n > 0) {}
+                let _ = stream.write_all(b"k");
+            });
+        }
+    });
+    port
+}
+
+/// Runs [`EGRESS_CLIENT`] directly or inside `sandbox-run --allow-domain 127.0.0.1:PORT`;
+/// returns the numbers it printed.
+fn egress_client(sandboxed: bool, mode: &str, count: usize, port: u16) -> Vec<f64> {
+    let args = [mode.to_owned(), count.to_string(), port.to_string()];
+    let mut command = if sandboxed {
+        let mut command = Command::new(bin_dir().join("sandbox-run"));
+        command
+            .args(["--policy", "read-only", "--allow-domain"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["--", "/usr/bin/python3", "-c", EGRESS_CLIENT]);
+        command
+    } else {
+        let mut command = Command::new("/usr/bin/python3");
+        command.args(["-c", EGRESS_CLIENT]);
+        command
+    };
+    let output = command
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "egress client {mode} failed");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| line.trim().parse::<f64>().unwrap())
+        .collect()
+}
+
+fn egress_proxy(rows: &mut Vec<Row>, mib: usize, runs: usize, connects: usize) {
+    let port = egress_sink();
+    let (mut proxied, mut direct) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        proxied.extend(egress_client(true, "bulk", mib, port));
+        direct.extend(egress_client(false, "bulk", mib, port));
+    }
+    rows.push(throughput_row(
+        format!("{mib} MiB through the egress proxy (CONNECT tunnel) vs direct loopback TCP ({runs} runs)"),
+        (proxied, ""),
+        (direct, " direct"),
+        70.0,
+    ));
+    let (ours, ours_text) = summary_ms(egress_client(true, "connect", connects, port));
+    let (base, base_text) = summary_ms(egress_client(false, "connect", connects, port));
+    rows.push(Row {
+        figure: format!(
+            "connect + first byte through the egress proxy vs direct ({connects} connections)"
+        ),
+        ours: ours_text,
+        baseline: base_text,
+        ratio: format!("+{:.2} ms", ours - base),
+        target: "added latency reported".into(),
+        holds: None,
+    });
 }
 
 #[cfg(test)]

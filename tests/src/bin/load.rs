@@ -280,6 +280,65 @@ async fn live_processes(report: &mut Report, count: usize) {
     );
 }
 
+/// Start `count` `sleep 1000` on a fresh server started with `args`; the time per start and
+/// how many of the sleeps sit in a cgroup of their own.
+async fn start_sleeps(args: &[&str], count: usize) -> (Duration, usize) {
+    let mut all = vec!["--detached-session-ttl", "300"];
+    all.extend_from_slice(args);
+    let server = ExecServer::start_with(&all, |command| {
+        command.env("RUST_LOG", "warn");
+    });
+    let mut client = server.client().await;
+    let started = Instant::now();
+    for i in 0..count {
+        client
+            .start(&format!("c{i}"), &["/bin/sleep", "1000"], json!({}))
+            .await
+            .unwrap_or_else(|e| panic!("start {i}: {e:?}"));
+    }
+    let per_start = started.elapsed() / u32::try_from(count).unwrap();
+    let leaves: std::collections::HashSet<String> = tests::descendants(server.pid())
+        .into_iter()
+        .filter(|pid| tests::cmdline(*pid) == "/bin/sleep 1000")
+        .filter_map(|pid| {
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            let leaf = cgroup
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))?
+                .to_owned();
+            leaf.contains("/execward-").then_some(leaf)
+        })
+        .collect();
+    for i in 0..count {
+        client
+            .call("process/terminate", json!({"processId": format!("c{i}")}))
+            .await;
+    }
+    wait_closed(&mut client, count).await;
+    (per_start, leaves.len())
+}
+
+/// The cost of containment: the same starts with a cgroup v2 leaf each, and with
+/// `--no-cgroups` (process groups only, as before containment).
+async fn contained_processes(report: &mut Report, count: usize) {
+    const S: &str = "live processes";
+    let (plain, _) = start_sleeps(&["--no-cgroups"], count).await;
+    let (contained, leaves) = start_sleeps(&[], count).await;
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    report.check(
+        S,
+        format!("start {count} `sleep 1000`, each in its own cgroup, vs `--no-cgroups`"),
+        format!(
+            "{:.2} ms vs {:.2} ms per start ({:+.0}%); {leaves} of {count} in their own cgroup",
+            ms(contained),
+            ms(plain),
+            (ms(contained) / ms(plain) - 1.0) * 100.0
+        ),
+        "every one contained",
+        leaves == count,
+    );
+}
+
 async fn chatty_sessions(report: &mut Report, sessions: usize, lines: usize) {
     const S: &str = "concurrent sessions";
     let server = Arc::new(server());
@@ -685,6 +744,8 @@ async fn main() {
     let started = Instant::now();
     println!("live processes...");
     live_processes(&mut report, sizes.live_processes).await;
+    println!("contained processes...");
+    contained_processes(&mut report, sizes.live_processes).await;
     println!("concurrent chatty sessions...");
     chatty_sessions(&mut report, sizes.sessions, sizes.lines_per_session).await;
     println!("start/stop cycles...");

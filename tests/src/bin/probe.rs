@@ -89,6 +89,20 @@ pub fn run_probe(args: &[String]) -> Value {
         "x32-getpid" => x32_getpid(),
         "int80-getpid" => int80_getpid(),
         "capabilities" => capabilities(),
+        "chown" => nix::unistd::chown(arg(1).as_str(), Some(nix::unistd::getuid()), None)
+            .map(|()| Value::Null)
+            .map_err(std::io::Error::from),
+        "utime" => nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            arg(1).as_str(),
+            &nix::sys::time::TimeSpec::new(1, 0),
+            &nix::sys::time::TimeSpec::new(1, 0),
+            nix::sys::stat::UtimensatFlags::FollowSymlink,
+        )
+        .map(|()| Value::Null)
+        .map_err(std::io::Error::from),
+        "setxattr" => set_user_xattr(&arg(1)),
+        "socket" => open_socket(arg(1).parse().unwrap_or(-1)),
         "open-tree" => open_tree_clone(&arg(1)),
         "syscall" => raw_syscall(arg(1).parse().unwrap_or(-1)),
         "sweep" => Ok(sweep(&arg(1))),
@@ -204,6 +218,38 @@ fn x32_getpid() -> Result<Value, std::io::Error> {
     // SAFETY: getpid takes no arguments and touches no memory.
     let rc = unsafe { libc::syscall(X32_SYSCALL_BIT | libc::SYS_getpid) };
     syscall_result(rc)
+}
+
+/// Sets `user.probe` on `path`.
+fn set_user_xattr(path: &str) -> Result<Value, std::io::Error> {
+    let path = std::ffi::CString::new(path)?;
+    // SAFETY: valid C strings and a 1-byte value, alive for the call.
+    let rc = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            c"user.probe".as_ptr(),
+            b"x".as_ptr().cast(),
+            1,
+            0,
+        )
+    };
+    syscall_result(libc::c_long::from(rc))
+}
+
+/// `socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0)` (SOCK_RAW for AF_PACKET), closed at once.
+fn open_socket(family: libc::c_int) -> Result<Value, std::io::Error> {
+    let kind = if family == libc::AF_PACKET {
+        libc::SOCK_RAW
+    } else {
+        libc::SOCK_DGRAM
+    };
+    // SAFETY: integer arguments; the descriptor is closed right away.
+    let fd = unsafe { libc::socket(family, kind | libc::SOCK_CLOEXEC, 0) };
+    if fd >= 0 {
+        // SAFETY: our own descriptor, just created.
+        unsafe { libc::close(fd) };
+    }
+    syscall_result(libc::c_long::from(fd))
 }
 
 /// The capability sets of this process (`/proc/self/status`), as hex strings.

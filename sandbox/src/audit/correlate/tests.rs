@@ -21,7 +21,7 @@ fn policy() -> ResolvedPolicy {
                 rule("/ws/.git", Access::Read),
             ],
         },
-        network_access: false,
+        network: crate::policy::NetworkPolicy::Off,
         hidden: Vec::new(),
         read_only: Vec::new(),
         denied_tcp_ports: Vec::new(),

@@ -1,10 +1,25 @@
 //! Every syscall name of the supported architectures, by number (generated from the kernel
 //! tables of Linux 6.12 that seccompiler carries; numbers above them render as `syscall_N`).
 //! Audit records carry numbers; the allow-list refuses any call, so any call can be named.
+//! `build.rs` includes this file too: the seccomp allow-list is compiled from these numbers.
+
+/// The table of `arch` (Rust's `target_arch` name), if it is supported.
+pub fn for_arch(arch: &str) -> Option<&'static [(i64, &'static str)]> {
+    match arch {
+        "x86_64" => Some(X86_64),
+        "aarch64" => Some(AARCH64),
+        "riscv64" => Some(RISCV64),
+        _ => None,
+    }
+}
+
+/// The running architecture's table (empty on an unsupported one).
+pub fn current() -> &'static [(i64, &'static str)] {
+    for_arch(std::env::consts::ARCH).unwrap_or(&[])
+}
 
 /// `x86_64` syscall numbers and names, sorted by number.
-#[cfg(target_arch = "x86_64")]
-pub const TABLE: &[(i64, &str)] = &[
+pub const X86_64: &[(i64, &str)] = &[
     (0, "read"),
     (1, "write"),
     (2, "open"),
@@ -383,8 +398,7 @@ pub const TABLE: &[(i64, &str)] = &[
 ];
 
 /// `aarch64` syscall numbers and names, sorted by number.
-#[cfg(target_arch = "aarch64")]
-pub const TABLE: &[(i64, &str)] = &[
+pub const AARCH64: &[(i64, &str)] = &[
     (0, "io_setup"),
     (1, "io_destroy"),
     (2, "io_submit"),
@@ -706,8 +720,7 @@ pub const TABLE: &[(i64, &str)] = &[
 ];
 
 /// `riscv64` syscall numbers and names, sorted by number.
-#[cfg(target_arch = "riscv64")]
-pub const TABLE: &[(i64, &str)] = &[
+pub const RISCV64: &[(i64, &str)] = &[
     (0, "io_setup"),
     (1, "io_destroy"),
     (2, "io_submit"),

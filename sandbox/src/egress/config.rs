@@ -1,0 +1,173 @@
+//! What the outer `sandbox-run` hands the proxy, and what the proxy reports back.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::network::{Decision, EgressRules, Host, Refusal, suggested_rule};
+
+/// The proxy's whole configuration (JSON in a sealed memfd, read once before it confines
+/// itself).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// The allowlist.
+    pub rules: EgressRules,
+    /// The supervisor's own TCP ports: refused on every local address even when a pattern
+    /// allows them.
+    pub denied_ports: Vec<u16>,
+    /// Name to address mapping consulted before the system resolver (hosts-file format).
+    pub hosts: Vec<(String, IpAddr)>,
+}
+
+/// One decision of the proxy (a JSON line on its event descriptor).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressEvent {
+    /// When (RFC 3339, UTC, milliseconds).
+    pub time: String,
+    /// Whether the connection was let through.
+    pub allowed: bool,
+    /// How the client asked: `connect`, `http` or `socks5`.
+    pub protocol: String,
+    /// The host as the client named it (normalised).
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// Allowed: the pattern that allowed it. Refused: the pattern that would allow it, or why
+    /// none would.
+    pub rule: String,
+    /// Refused: why, in plain words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl EgressEvent {
+    /// An allowed destination.
+    pub fn allowed(protocol: &str, host: &Host, port: u16, rule: &str) -> Self {
+        Self {
+            time: now_rfc3339(),
+            allowed: true,
+            protocol: protocol.to_owned(),
+            host: host.to_string(),
+            port,
+            rule: rule.to_owned(),
+            reason: None,
+        }
+    }
+
+    /// A refused destination; `rule` says what would allow it.
+    pub fn refused(protocol: &str, host: &str, port: u16, rule: String, reason: String) -> Self {
+        Self {
+            time: now_rfc3339(),
+            allowed: false,
+            protocol: protocol.to_owned(),
+            host: host.to_owned(),
+            port,
+            rule,
+            reason: Some(reason),
+        }
+    }
+
+    /// The refusal for a name the allowlist does not allow.
+    pub fn from_decision(protocol: &str, host: &Host, port: u16, decision: &Decision) -> Self {
+        match decision {
+            Decision::Allowed(rule) => Self::allowed(protocol, host, port, rule),
+            Decision::Denied(Refusal::NotAllowed) => Self::refused(
+                protocol,
+                &host.to_string(),
+                port,
+                format!("--allow-domain {}", suggested_rule(host, port)),
+                "not in the allowlist".to_owned(),
+            ),
+            Decision::Denied(Refusal::DeniedByRule(rule)) => Self::refused(
+                protocol,
+                &host.to_string(),
+                port,
+                format!("remove the deny pattern {rule:?}"),
+                format!("denied by the pattern {rule:?}"),
+            ),
+        }
+    }
+
+    /// `host:port` (`[v6]:port` for IPv6 literals, which [`Host`]'s display already brackets).
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// The one-line message `sandbox-run` prints for a refusal when no audit runs.
+    pub fn describe(&self) -> String {
+        format!(
+            "egress proxy refused {} ({}): {}; to allow it: {}",
+            self.address(),
+            self.protocol,
+            self.reason.as_deref().unwrap_or("refused"),
+            self.rule
+        )
+    }
+
+    /// The denial record of a refusal (layer `proxy`, operation `net.connect`).
+    pub fn to_denial(&self) -> crate::audit::Denial {
+        crate::audit::Denial {
+            time: self.time.clone(),
+            pid: None,
+            exe: None,
+            layer: crate::audit::Layer::Proxy,
+            operation: "net.connect".to_owned(),
+            path: None,
+            address: Some(self.address()),
+            syscall: None,
+            allow_rule: self.rule.clone(),
+        }
+    }
+}
+
+/// The current time as RFC 3339 UTC with milliseconds (no time-zone database needed).
+pub fn now_rfc3339() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (hour, minute, second) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{:03}Z",
+        now.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        let t = now_rfc3339();
+        assert_eq!(t.len(), 24, "{t}");
+        assert!(t.ends_with('Z') && t.as_bytes()[10] == b'T', "{t}");
+    }
+
+    #[test]
+    fn refusals_name_the_rule_that_would_allow_them() {
+        let host = Host::parse("evil.example").unwrap();
+        let event = EgressEvent::from_decision(
+            "connect",
+            &host,
+            8443,
+            &Decision::Denied(Refusal::NotAllowed),
+        );
+        assert_eq!(event.rule, "--allow-domain evil.example:8443");
+        let denial = event.to_denial();
+        assert_eq!(denial.address.as_deref(), Some("evil.example:8443"));
+        assert_eq!(denial.operation, "net.connect");
+    }
+}

@@ -1,0 +1,100 @@
+//! The `egress-proxy` process: take the descriptors the outer handed over, read the
+//! configuration, confine itself, serve.
+//!
+//! Order: die with the outer (`PR_SET_PDEATHSIG`), take the descriptors, read the
+//! configuration and this host's addresses, then confine (descriptors closed but the listener
+//! and the event pipe, environment cleared, no capabilities, Landlock with no write rule but
+//! `/dev/null` and the supervisor's ports refused, seccomp with the network on), and only then
+//! start threads.
+
+use std::net::TcpListener;
+use std::os::fd::AsRawFd;
+
+use crate::linux::{EnforceOptions, restrict_current_process};
+use crate::policy::{ResolveContext, ResolvedPolicy, SandboxSpec};
+
+use super::server::{Proxy, local_addresses, serve};
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// A descriptor named on the command line is not open.
+    #[error("descriptor {fd} ({what}) is not usable: {source}")]
+    Descriptor {
+        /// Which one.
+        what: &'static str,
+        /// Its number.
+        fd: i32,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The configuration could not be read.
+    #[error("{0}")]
+    Config(String),
+    /// The proxy's own policy could not be built.
+    #[error("building the proxy's own policy failed: {0}")]
+    Policy(#[from] crate::policy::PolicyError),
+    /// Confinement failed.
+    #[error(transparent)]
+    Sandbox(#[from] crate::linux::SandboxError),
+}
+
+/// The descriptors `egress-proxy` gets.
+#[derive(Clone, Copy, Debug)]
+pub struct HelperFds {
+    /// The listening socket (in the sandbox's network namespace).
+    pub listen: i32,
+    /// Where events go.
+    pub events: i32,
+    /// The configuration memfd.
+    pub config: i32,
+    /// The outer's pid: when the proxy's parent is no longer it, the outer is gone.
+    pub parent: u32,
+}
+
+/// The proxy's own policy: read everywhere, write nowhere but `/dev/null`, the network on
+/// except the supervisor's ports.
+///
+/// # Errors
+/// [`HelperError::Policy`].
+pub fn proxy_policy(denied_ports: &[u16]) -> Result<ResolvedPolicy, HelperError> {
+    let mut policy = SandboxSpec::named("read-only", None)
+        .resolve_with(&ResolveContext::default())?
+        .with_network(true);
+    for port in denied_ports {
+        policy = policy.with_denied_tcp_port(*port);
+    }
+    Ok(policy)
+}
+
+/// Runs the proxy. Returns only on a setup failure.
+///
+/// # Errors
+/// [`HelperError`].
+pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
+    let _ = crate::sys::set_parent_death_signal(libc::SIGKILL);
+    if std::os::unix::process::parent_id() != fds.parent {
+        // The outer died before the death signal was armed.
+        crate::sys::exit_now(1);
+    }
+    let take = |what: &'static str, fd: i32| {
+        crate::sys::take_inherited_fd(fd).map_err(|source| HelperError::Descriptor {
+            what,
+            fd,
+            source,
+        })
+    };
+    let listen = take("listener", fds.listen)?;
+    let events = take("event pipe", fds.events)?;
+    let config = super::launch::read_config(take("configuration", fds.config)?)
+        .map_err(HelperError::Config)?;
+    let locals = local_addresses();
+    let policy = proxy_policy(&config.denied_ports)?;
+    let options = EnforceOptions::for_helper(&[listen.as_raw_fd(), events.as_raw_fd()]);
+    restrict_current_process(&policy, &options)?;
+    let listener = TcpListener::from(listen);
+    serve(
+        listener,
+        Proxy::new(config, locals, std::fs::File::from(events)),
+    )
+}

@@ -1,0 +1,80 @@
+//! The egress proxy: the only way out of a sandbox whose network is an allowlist.
+//!
+//! ```text
+//!  command (network namespace with only `lo`; Landlock: TCP connect to one port only)
+//!    │ TCP 127.0.0.1:PORT (HTTP CONNECT, absolute-form HTTP, SOCKS5)
+//!    ▼
+//!  listening socket, created by PID 1 inside the namespace, handed to the outer
+//!    │ accept()ed by
+//!  egress-proxy (host's network namespace; exec'd by the outer `sandbox-run`; cleared
+//!    │           environment, no capabilities, no filesystem writes, Landlock + seccomp)
+//!    ▼ connect() from the host's namespace, after the checks
+//!  the allowed destination
+//! ```
+//!
+//! Checks, in order, for every connection: the name against the allowlist ([`crate::policy::
+//! network`], deny wins); the name resolved here (the hosts-file mapping first, then the system
+//! resolver) and every address checked: loopback, private, link-local and other special
+//! addresses only when an `allow` pattern names the address itself, the supervisor's own
+//! listeners never; then, when the client's first bytes are a TLS ClientHello, its SNI must be
+//! the name it asked for (no domain fronting), and ports in [`TLS_PORTS`] carry TLS only.
+//! Every decision is an [`EgressEvent`] written to the outer, which turns refusals into denial
+//! records (layer `proxy`, operation `net.connect`).
+//!
+//! Module map: [`config`] (what the outer hands the proxy), [`hosts`] (hosts-file mapping),
+//! [`http`] and [`socks`] (request parsing, sans-I/O), [`sni`] (ClientHello parsing),
+//! [`server`] (the accept loop and the connection handler), [`launch`] (the outer's side:
+//! exec the proxy, read its events, stop it).
+
+pub mod config;
+pub mod hosts;
+pub mod http;
+pub mod sni;
+pub mod socks;
+
+#[cfg(target_os = "linux")]
+pub mod helper;
+#[cfg(target_os = "linux")]
+pub mod launch;
+#[cfg(target_os = "linux")]
+pub mod server;
+
+use std::time::Duration;
+
+pub use config::{EgressEvent, ProxyConfig};
+
+/// Largest request head (request line plus headers, or a SOCKS5 request) read before a
+/// destination is known: bounds the memory a client can make the proxy hold.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// Most headers in one request head (the parser's fixed table).
+pub const MAX_HEADERS: usize = 64;
+
+/// Largest TLS ClientHello buffered for the SNI check (a record is at most 16 KiB plus its
+/// 5-byte header; a ClientHello spread over more records than one is refused).
+pub const MAX_CLIENT_HELLO_BYTES: usize = 16 * 1024 + 5;
+
+/// Connections one proxy (one sandbox) serves at once; more are closed at once. Each costs two
+/// threads and two 64 KiB buffers.
+pub const MAX_CONCURRENT_CONNECTIONS: usize = 128;
+
+/// How long a client has to send its request head (and its ClientHello) once connected.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a connection to one address of the destination may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A tunnel with no byte in either direction for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How often an idle direction wakes up to check [`IDLE_TIMEOUT`].
+pub const IDLE_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Bytes copied per read in each direction of a tunnel.
+pub const RELAY_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Ports that carry TLS only: a tunnel to one of them must start with a ClientHello.
+pub const TLS_PORTS: [u16; 1] = [443];
+
+/// Name of the proxy binary, found next to `sandbox-run`.
+pub const PROXY_BINARY: &str = "egress-proxy";

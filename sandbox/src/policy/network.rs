@@ -1,0 +1,675 @@
+//! The network part of a policy: `off`, `on`, or an allowlist of host patterns enforced by the
+//! egress proxy ([`crate::egress`]).
+//!
+//! Pattern grammar (one string each):
+//! - `example.com` — exactly that host;
+//! - `*.example.com` — any subdomain of it (not `example.com` itself: list both);
+//! - `192.0.2.7`, `[2001:db8::1]` — an IP literal (an IP is reachable only when listed);
+//! - each optionally followed by `:PORT`; without a port an `allow` pattern means ports 80 and
+//!   443, a `deny` pattern every port;
+//! - `@NAME` — a named set shipped in `policies/egress/NAME.txt` (e.g. `@package-registries`),
+//!   expanded when the policy is parsed.
+//!
+//! Names are compared case-insensitively after IDNA normalisation (`bücher.example` and
+//! `xn--bcher-kva.example` are one host). `deny` wins over `allow`. A destination that
+//! resolves to a loopback, private, link-local or otherwise special address is refused unless
+//! an `allow` pattern names that address itself (so a public name rebound to `127.0.0.1`
+//! reaches nothing local).
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
+
+use super::PolicyError;
+
+/// Ports an `allow` pattern without `:PORT` covers.
+pub const DEFAULT_ALLOWED_PORTS: [u16; 2] = [80, 443];
+
+/// Most patterns one allowlist may hold after named sets are expanded: the proxy checks every
+/// connection against all of them, and the policy comes from any client.
+pub const MAX_EGRESS_PATTERNS: usize = 1024;
+
+/// Longest host name accepted (DNS limit, RFC 1035).
+pub const MAX_HOST_NAME_BYTES: usize = 253;
+
+/// Named pattern sets, `(name, text)`: one pattern a line, `#` comments. Embedded at build time.
+pub const NAMED_SETS: &[(&str, &str)] = &[
+    (
+        "package-registries",
+        include_str!("../../../policies/egress/package-registries.txt"),
+    ),
+    (
+        "git-hosts",
+        include_str!("../../../policies/egress/git-hosts.txt"),
+    ),
+];
+
+/// The network policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "NetworkSetting", into = "NetworkSetting")]
+pub enum NetworkPolicy {
+    /// No network: the command gets a network namespace with nothing in it.
+    #[default]
+    Off,
+    /// Full network access.
+    On,
+    /// Only the destinations the rules allow, through the egress proxy.
+    Allowlist(EgressRules),
+}
+
+impl From<bool> for NetworkPolicy {
+    fn from(on: bool) -> Self {
+        if on { Self::On } else { Self::Off }
+    }
+}
+
+impl NetworkPolicy {
+    /// Parses the `network` value of a profile or wire object: `"off"`, `"on"`, a boolean, or
+    /// `{"allow": [...], "deny": [...]}`.
+    ///
+    /// # Errors
+    /// [`PolicyError::Network`] naming the bad value or pattern.
+    pub fn from_setting(setting: NetworkSetting) -> Result<Self, PolicyError> {
+        match setting {
+            NetworkSetting::Switch(on) => Ok(Self::from(on)),
+            NetworkSetting::Mode(mode) => match mode.as_str() {
+                "off" | "restricted" => Ok(Self::Off),
+                "on" | "enabled" => Ok(Self::On),
+                other => Err(PolicyError::Network {
+                    message: format!(
+                        "network {other:?} is unknown (expected \"off\", \"on\" or \
+                         {{\"allow\": [...], \"deny\": [...]}})"
+                    ),
+                }),
+            },
+            NetworkSetting::Allowlist(spec) => Ok(Self::Allowlist(EgressRules::parse(
+                &spec.allow,
+                &spec.deny,
+            )?)),
+        }
+    }
+}
+
+impl TryFrom<NetworkSetting> for NetworkPolicy {
+    type Error = PolicyError;
+
+    fn try_from(setting: NetworkSetting) -> Result<Self, PolicyError> {
+        Self::from_setting(setting)
+    }
+}
+
+impl From<NetworkPolicy> for NetworkSetting {
+    fn from(policy: NetworkPolicy) -> Self {
+        match policy {
+            NetworkPolicy::Off => Self::Mode("off".to_owned()),
+            NetworkPolicy::On => Self::Mode("on".to_owned()),
+            NetworkPolicy::Allowlist(rules) => Self::Allowlist(AllowlistSpec {
+                allow: rules.allow.iter().map(ToString::to_string).collect(),
+                deny: rules.deny.iter().map(ToString::to_string).collect(),
+            }),
+        }
+    }
+}
+
+/// The `network` value as written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum NetworkSetting {
+    /// `true` / `false`.
+    Switch(bool),
+    /// `"off"` / `"on"` (the reference's `"restricted"` / `"enabled"` too).
+    Mode(String),
+    /// An allowlist.
+    Allowlist(AllowlistSpec),
+}
+
+/// `{"allow": [...], "deny": [...]}` as written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowlistSpec {
+    /// Patterns to allow.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Patterns to refuse even when an `allow` pattern matches.
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+/// A validated allowlist.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressRules {
+    /// Allowed destinations.
+    pub allow: Vec<HostPattern>,
+    /// Refused destinations (win over `allow`).
+    pub deny: Vec<HostPattern>,
+}
+
+impl EgressRules {
+    /// Parses and validates `allow` and `deny`, expanding `@NAME` sets.
+    ///
+    /// # Errors
+    /// [`PolicyError::Network`] naming the bad pattern, an unknown set, or too many patterns.
+    pub fn parse(allow: &[String], deny: &[String]) -> Result<Self, PolicyError> {
+        let rules = Self {
+            allow: parse_list(allow)?,
+            deny: parse_list(deny)?,
+        };
+        if rules.allow.len() + rules.deny.len() > MAX_EGRESS_PATTERNS {
+            return Err(PolicyError::Network {
+                message: format!(
+                    "the allowlist expands to more than {MAX_EGRESS_PATTERNS} patterns \
+                     (MAX_EGRESS_PATTERNS); use *.suffix patterns"
+                ),
+            });
+        }
+        Ok(rules)
+    }
+
+    /// Adds `allow` and `deny` patterns (the command line's `--allow-domain`/`--deny-domain`).
+    ///
+    /// # Errors
+    /// As [`Self::parse`].
+    pub fn extended(&self, allow: &[String], deny: &[String]) -> Result<Self, PolicyError> {
+        let mut all_allow: Vec<String> = self.allow.iter().map(ToString::to_string).collect();
+        all_allow.extend_from_slice(allow);
+        let mut all_deny: Vec<String> = self.deny.iter().map(ToString::to_string).collect();
+        all_deny.extend_from_slice(deny);
+        Self::parse(&all_allow, &all_deny)
+    }
+
+    /// Whether `host:port` may be reached by name (before its addresses are checked).
+    pub fn decide(&self, host: &Host, port: u16) -> Decision {
+        if let Some(rule) = self.deny.iter().find(|p| p.matches(host, port, true)) {
+            return Decision::Denied(Refusal::DeniedByRule(rule.to_string()));
+        }
+        match self.allow.iter().find(|p| p.matches(host, port, false)) {
+            Some(rule) => Decision::Allowed(rule.to_string()),
+            None => Decision::Denied(Refusal::NotAllowed),
+        }
+    }
+
+    /// Whether the resolved address `ip` of an allowed destination may be connected to: a
+    /// public address always, a special one ([`is_special_address`]) only when an `allow`
+    /// pattern names it (and no `deny` pattern does).
+    pub fn address_allowed(&self, ip: IpAddr, port: u16) -> bool {
+        let literal = Host::Ip(ip);
+        if self.deny.iter().any(|p| p.matches(&literal, port, true)) {
+            return false;
+        }
+        !is_special_address(ip) || self.allow.iter().any(|p| p.matches(&literal, port, false))
+    }
+}
+
+fn parse_list(items: &[String]) -> Result<Vec<HostPattern>, PolicyError> {
+    let mut out = Vec::new();
+    for item in items {
+        let item = item.trim();
+        if let Some(name) = item.strip_prefix('@') {
+            let (_, text) = NAMED_SETS
+                .iter()
+                .find(|(set, _)| *set == name)
+                .ok_or_else(|| PolicyError::Network {
+                    message: format!(
+                        "unknown named set {item:?} (expected one of: {})",
+                        NAMED_SETS
+                            .iter()
+                            .map(|(set, _)| format!("@{set}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })?;
+            for line in text.lines() {
+                let line = line.split('#').next().unwrap_or_default().trim();
+                if !line.is_empty() {
+                    out.push(HostPattern::parse(line)?);
+                }
+            }
+        } else {
+            out.push(HostPattern::parse(item)?);
+        }
+        if out.len() > MAX_EGRESS_PATTERNS {
+            return Err(PolicyError::Network {
+                message: format!(
+                    "the allowlist expands to more than {MAX_EGRESS_PATTERNS} patterns \
+                     (MAX_EGRESS_PATTERNS)"
+                ),
+            });
+        }
+    }
+    out.sort_by_key(ToString::to_string);
+    out.dedup();
+    Ok(out)
+}
+
+/// The outcome of [`EgressRules::decide`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Allowed by this pattern.
+    Allowed(String),
+    /// Refused.
+    Denied(Refusal),
+}
+
+/// Why a destination was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `allow` pattern matches.
+    NotAllowed,
+    /// This `deny` pattern matches.
+    DeniedByRule(String),
+}
+
+/// A destination host: a normalised name or an IP literal.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Host {
+    /// Lowercase ASCII (IDNA) name without a trailing dot.
+    Name(String),
+    /// An IP literal.
+    Ip(IpAddr),
+}
+
+impl Host {
+    /// Parses a host as a client names it (`Example.COM.`, `bücher.example`, `10.0.0.1`,
+    /// `[::1]` or `::1`).
+    ///
+    /// # Errors
+    /// [`PolicyError::Network`] when it is neither an IP literal nor a valid DNS name.
+    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        let bare = text
+            .strip_prefix('[')
+            .and_then(|t| t.strip_suffix(']'))
+            .unwrap_or(text);
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            return Ok(Self::Ip(ip));
+        }
+        normalize_name(text).map(Self::Name)
+    }
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Host::Name(name) => f.write_str(name),
+            Host::Ip(IpAddr::V6(ip)) => write!(f, "[{ip}]"),
+            Host::Ip(ip) => write!(f, "{ip}"),
+        }
+    }
+}
+
+/// Lowercase, IDNA (UTS 46) to ASCII, no trailing dot; letters, digits, `-` and `_` only.
+fn normalize_name(text: &str) -> Result<String, PolicyError> {
+    let bad = |why: &str| PolicyError::Network {
+        message: format!("{text:?} is not a valid host name ({why})"),
+    };
+    let trimmed = text.strip_suffix('.').unwrap_or(text);
+    if trimmed.is_empty() {
+        return Err(bad("empty"));
+    }
+    let ascii = idna::domain_to_ascii(trimmed).map_err(|_| bad("IDNA normalisation failed"))?;
+    if ascii.len() > MAX_HOST_NAME_BYTES {
+        return Err(bad("longer than 253 bytes"));
+    }
+    for label in ascii.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return Err(bad("a label is empty or longer than 63 bytes"));
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(bad("only letters, digits, '-' and '_' are allowed"));
+        }
+    }
+    Ok(ascii.to_ascii_lowercase())
+}
+
+/// Which hosts a pattern covers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HostMatch {
+    /// Exactly this host.
+    Exact(Host),
+    /// Any strict subdomain of this name (`*.NAME`).
+    Subdomains(String),
+}
+
+/// One validated pattern.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct HostPattern {
+    /// The hosts.
+    pub host: HostMatch,
+    /// The port, or `None`: ports 80 and 443 for `allow`, every port for `deny`.
+    pub port: Option<u16>,
+}
+
+impl HostPattern {
+    /// Parses one pattern (see the module docs).
+    ///
+    /// # Errors
+    /// [`PolicyError::Network`] naming the pattern and the expected form.
+    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        let bad = |why: String| PolicyError::Network {
+            message: format!(
+                "egress pattern {text:?}: {why} (expected HOST, *.DOMAIN or an IP literal, \
+                 optionally :PORT, e.g. \"*.crates.io\", \"github.com:443\", \"[::1]:8080\")"
+            ),
+        };
+        let text = text.trim();
+        let (host, port) = split_port(text).map_err(bad)?;
+        let host = if let Some(suffix) = host.strip_prefix("*.") {
+            let name = normalize_name(suffix).map_err(|e| bad(e.to_string()))?;
+            if !name.contains('.') {
+                return Err(bad(
+                    "a wildcard must keep at least two labels (*.example.com, not *.com)"
+                        .to_owned(),
+                ));
+            }
+            HostMatch::Subdomains(name)
+        } else if host.contains('*') {
+            return Err(bad(
+                "'*' is only allowed as a leading \"*.\" label; to allow everything use \
+                 network \"on\""
+                    .to_owned(),
+            ));
+        } else {
+            HostMatch::Exact(Host::parse(host).map_err(|e| bad(e.to_string()))?)
+        };
+        Ok(Self { host, port })
+    }
+
+    /// Whether the pattern covers `host:port`; `every_port_by_default` for deny patterns.
+    pub fn matches(&self, host: &Host, port: u16, every_port_by_default: bool) -> bool {
+        let port_ok = match self.port {
+            Some(p) => p == port,
+            None => every_port_by_default || DEFAULT_ALLOWED_PORTS.contains(&port),
+        };
+        port_ok
+            && match (&self.host, host) {
+                (HostMatch::Exact(expected), host) => expected == host,
+                (HostMatch::Subdomains(suffix), Host::Name(name)) => name
+                    .strip_suffix(suffix.as_str())
+                    .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+                (HostMatch::Subdomains(_), Host::Ip(_)) => false,
+            }
+    }
+}
+
+/// Splits `host[:port]` (`[v6]:port`, bare v6 without a port).
+fn split_port(text: &str) -> Result<(&str, Option<u16>), String> {
+    let parse_port = |p: &str| {
+        p.parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("port {p:?} is not a number from 1 to 65535"))
+    };
+    if text.starts_with('[') {
+        let end = text.find(']').ok_or("unclosed '['")?;
+        let rest = &text[end + 1..];
+        return match rest.strip_prefix(':') {
+            Some(port) => Ok((&text[..=end], Some(parse_port(port)?))),
+            None if rest.is_empty() => Ok((&text[..=end], None)),
+            None => Err(format!("unexpected {rest:?} after ']'")),
+        };
+    }
+    if text.matches(':').count() > 1 {
+        // A bare IPv6 literal.
+        return Ok((text, None));
+    }
+    match text.split_once(':') {
+        Some((host, port)) => Ok((host, Some(parse_port(port)?))),
+        None => Ok((text, None)),
+    }
+}
+
+impl fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.host {
+            HostMatch::Exact(host) => write!(f, "{host}")?,
+            HostMatch::Subdomains(suffix) => write!(f, "*.{suffix}")?,
+        }
+        match self.port {
+            Some(port) => write!(f, ":{port}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl TryFrom<String> for HostPattern {
+    type Error = PolicyError;
+
+    fn try_from(text: String) -> Result<Self, PolicyError> {
+        Self::parse(&text)
+    }
+}
+
+impl From<HostPattern> for String {
+    fn from(pattern: HostPattern) -> String {
+        pattern.to_string()
+    }
+}
+
+/// The pattern that would allow `host:port` (what a denial record suggests).
+pub fn suggested_rule(host: &Host, port: u16) -> String {
+    if DEFAULT_ALLOWED_PORTS.contains(&port) {
+        host.to_string()
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Addresses reached only when an `allow` pattern names them: unspecified, loopback, private
+/// (RFC 1918, unique-local), shared (100.64/10), link-local (cloud metadata), multicast,
+/// broadcast, documentation and benchmarking ranges; IPv4-mapped and NAT64 forms are looked
+/// through.
+pub fn is_special_address(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_special_v4(v4),
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_special_v4(v4);
+            }
+            let segments = v6.segments();
+            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let v4 = Ipv4Addr::new(
+                    (segments[6] >> 8) as u8,
+                    segments[6] as u8,
+                    (segments[7] >> 8) as u8,
+                    segments[7] as u8,
+                );
+                return is_special_v4(v4);
+            }
+            v6.is_unspecified()
+                || v6.is_loopback()
+                || v6.is_multicast()
+                || (segments[0] & 0xfe00) == 0xfc00
+                || (segments[0] & 0xffc0) == 0xfe80
+                || v6 == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)
+        }
+    }
+}
+
+fn is_special_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, ..] = ip.octets();
+    ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_private()
+        || ip.is_link_local()
+        || ip.is_multicast()
+        || ip.is_broadcast()
+        || ip.is_documentation()
+        || a == 0
+        || (a == 100 && (64..128).contains(&b))
+        || (a == 198 && (b == 18 || b == 19))
+        || a >= 240
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn rules(allow: &[&str], deny: &[&str]) -> EgressRules {
+        let owned = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        EgressRules::parse(&owned(allow), &owned(deny)).unwrap()
+    }
+
+    fn name(text: &str) -> Host {
+        Host::parse(text).unwrap()
+    }
+
+    #[test]
+    fn exact_host_allows_default_ports_only() {
+        let r = rules(&["pypi.org"], &[]);
+        assert_eq!(
+            r.decide(&name("pypi.org"), 443),
+            Decision::Allowed("pypi.org".into())
+        );
+        assert_eq!(
+            r.decide(&name("pypi.org"), 80),
+            Decision::Allowed("pypi.org".into())
+        );
+        assert_eq!(
+            r.decide(&name("pypi.org"), 22),
+            Decision::Denied(Refusal::NotAllowed)
+        );
+        assert_eq!(
+            r.decide(&name("evil.pypi.org"), 443),
+            Decision::Denied(Refusal::NotAllowed)
+        );
+    }
+
+    #[test]
+    fn wildcard_matches_subdomains_not_the_domain_or_lookalikes() {
+        let r = rules(&["*.crates.io"], &[]);
+        assert!(matches!(
+            r.decide(&name("static.crates.io"), 443),
+            Decision::Allowed(_)
+        ));
+        assert!(matches!(
+            r.decide(&name("a.b.crates.io"), 443),
+            Decision::Allowed(_)
+        ));
+        for host in ["crates.io", "evilcrates.io", "crates.io.evil.com"] {
+            assert_eq!(
+                r.decide(&name(host), 443),
+                Decision::Denied(Refusal::NotAllowed),
+                "{host}"
+            );
+        }
+    }
+
+    #[test]
+    fn deny_wins_over_allow_on_every_port() {
+        let r = rules(
+            &["*.example.com", "example.com:8443"],
+            &["secret.example.com"],
+        );
+        assert_eq!(
+            r.decide(&name("secret.example.com"), 443),
+            Decision::Denied(Refusal::DeniedByRule("secret.example.com".into()))
+        );
+        assert!(matches!(
+            r.decide(&name("www.example.com"), 443),
+            Decision::Allowed(_)
+        ));
+        assert!(matches!(
+            r.decide(&name("example.com"), 8443),
+            Decision::Allowed(_)
+        ));
+    }
+
+    #[test]
+    fn names_are_case_insensitive_and_idna_normalised() {
+        let r = rules(&["Bücher.Example"], &[]);
+        assert_eq!(r.allow[0].to_string(), "xn--bcher-kva.example");
+        assert!(matches!(
+            r.decide(&name("xn--BCHER-kva.example."), 443),
+            Decision::Allowed(_)
+        ));
+        assert!(matches!(
+            r.decide(&name("BÜCHER.example"), 443),
+            Decision::Allowed(_)
+        ));
+    }
+
+    #[test]
+    fn ip_literals_are_reached_only_when_listed() {
+        let r = rules(&["*.example.com", "127.0.0.1:8080", "[::1]:9000"], &[]);
+        assert_eq!(
+            r.decide(&name("93.184.216.34"), 443),
+            Decision::Denied(Refusal::NotAllowed)
+        );
+        assert!(matches!(
+            r.decide(&name("127.0.0.1"), 8080),
+            Decision::Allowed(_)
+        ));
+        assert!(matches!(
+            r.decide(&name("[::1]"), 9000),
+            Decision::Allowed(_)
+        ));
+        assert!(r.address_allowed("127.0.0.1".parse().unwrap(), 8080));
+        assert!(!r.address_allowed("127.0.0.1".parse().unwrap(), 8081));
+        assert!(!r.address_allowed("169.254.169.254".parse().unwrap(), 80));
+        assert!(!r.address_allowed("::ffff:10.0.0.1".parse().unwrap(), 443));
+        assert!(r.address_allowed("93.184.216.34".parse().unwrap(), 443));
+    }
+
+    #[test]
+    fn bad_patterns_are_refused_with_the_expected_form() {
+        for bad in [
+            "*",
+            "*.com",
+            "a*.example.com",
+            "example.com:0",
+            "example.com:99999",
+            "exa mple.com",
+            "",
+            "@no-such-set",
+        ] {
+            let err = EgressRules::parse(&[bad.to_owned()], &[]).unwrap_err();
+            assert!(err.to_string().contains("expected"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn named_sets_expand_and_every_shipped_line_parses() {
+        let r = rules(&["@package-registries"], &[]);
+        assert!(matches!(
+            r.decide(&name("pypi.org"), 443),
+            Decision::Allowed(_)
+        ));
+        assert!(matches!(
+            r.decide(&name("static.crates.io"), 443),
+            Decision::Allowed(_)
+        ));
+        assert_eq!(
+            r.decide(&name("example.com"), 443),
+            Decision::Denied(Refusal::NotAllowed)
+        );
+        rules(&["@git-hosts"], &[]);
+    }
+
+    #[test]
+    fn wire_forms_round_trip() {
+        for (text, expected) in [
+            (r#""off""#, NetworkPolicy::Off),
+            (r#"true"#, NetworkPolicy::On),
+            (r#""enabled""#, NetworkPolicy::On),
+        ] {
+            let parsed: NetworkPolicy = serde_json::from_str(text).unwrap();
+            assert_eq!(parsed, expected);
+        }
+        let parsed: NetworkPolicy =
+            serde_json::from_str(r#"{"allow": ["PyPI.org", "*.crates.io:443"], "deny": []}"#)
+                .unwrap();
+        let json = serde_json::to_string(&parsed).unwrap();
+        assert_eq!(
+            json,
+            r#"{"allow":["*.crates.io:443","pypi.org"],"deny":[]}"#
+        );
+        assert!(serde_json::from_str::<NetworkPolicy>(r#"{"allow": [], "extra": 1}"#).is_err());
+        assert!(serde_json::from_str::<NetworkPolicy>(r#""sometimes""#).is_err());
+    }
+}

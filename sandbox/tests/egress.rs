@@ -1,0 +1,877 @@
+//! Network allowlists end to end: the real `sandbox-run` and `egress-proxy`, real clients inside
+//! the sandbox (curl, pip, python sockets), and origin servers on the host's 127.0.0.1 that
+//! count what reaches them. No internet: names are mapped with `--egress-hosts`.
+//!
+//! Every case runs as root and as uid 65534 (the denial-audit cases as 65534 only: as root
+//! `--audit` would switch the kernel audit on for the whole machine).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+#[path = "../../tests/src/scratch.rs"]
+mod scratch;
+
+const NOBODY: u32 = 65534;
+/// Deadline for any single wait.
+const DEADLINE: Duration = Duration::from_secs(20);
+const PYTHON: &str = "/usr/bin/python3";
+
+fn identities() -> Vec<Option<u32>> {
+    if nix::unistd::geteuid().is_root() {
+        vec![None, Some(NOBODY)]
+    } else {
+        vec![None]
+    }
+}
+
+/// `sandbox-run` and `egress-proxy` side by side in a directory every identity can traverse.
+fn installed() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = scratch::scratch_dir("egress-bin-").keep();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for (name, from) in [
+            ("sandbox-run", env!("CARGO_BIN_EXE_sandbox-run")),
+            ("egress-proxy", env!("CARGO_BIN_EXE_egress-proxy")),
+        ] {
+            let to = dir.join(name);
+            std::fs::copy(from, &to).unwrap();
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        dir
+    })
+}
+
+/// A scratch directory owned by `uid` with a hosts file mapping the test names to 127.0.0.1.
+struct Workspace {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    hosts: PathBuf,
+    uid: Option<u32>,
+}
+
+impl Workspace {
+    fn new(uid: Option<u32>) -> Self {
+        let dir = scratch::scratch_dir("egress-");
+        let path = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let hosts = path.join("hosts");
+        std::fs::write(
+            &hosts,
+            "127.0.0.1 registry.test pypi.test other.test a.example.test secret.example.test\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o644)).unwrap();
+        if let Some(uid) = uid {
+            std::os::unix::fs::chown(&path, Some(uid), Some(uid)).unwrap();
+        }
+        Self {
+            _dir: dir,
+            path,
+            hosts,
+            uid,
+        }
+    }
+
+    /// `sandbox-run --policy workspace-write --egress-hosts HOSTS ARGS -- COMMAND` as the
+    /// workspace's identity.
+    fn command(&self, args: &[&str], command: &[&str]) -> Command {
+        let mut cmd = Command::new(installed().join("sandbox-run"));
+        cmd.args(["--policy", "workspace-write", "--egress-hosts"])
+            .arg(&self.hosts)
+            .args(args)
+            .arg("--")
+            .args(command)
+            .current_dir(&self.path)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", &self.path)
+            .stdin(Stdio::null());
+        if let Some(uid) = self.uid {
+            cmd.uid(uid).gid(uid);
+        }
+        cmd
+    }
+
+    fn run(&self, args: &[&str], command: &[&str]) -> Output {
+        let child = self
+            .command(args, command)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_output(child, DEADLINE * 3)
+    }
+}
+
+/// Waits for `child` under a deadline (killing it and failing when it passes).
+fn wait_output(child: std::process::Child, deadline: Duration) -> Output {
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(deadline) {
+        Ok(output) => output.unwrap(),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("sandbox-run did not finish within {deadline:?}");
+        }
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn describe(output: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        text(&output.stdout),
+        text(&output.stderr)
+    )
+}
+
+/// An origin server on the host's 127.0.0.1 that counts connections and request bytes.
+///
+/// Paths: `/hello`, `/simple/demo/` (a PEP 503 index), `/files/<wheel>`, `/stream` (endless
+/// body; announces itself on `streams`); a connection that sends no request is held open until
+/// the client closes it.
+struct Origin {
+    port: u16,
+    connections: Arc<AtomicUsize>,
+    bytes_in: Arc<AtomicUsize>,
+    streams: Mutex<mpsc::Receiver<()>>,
+}
+
+impl Origin {
+    fn start(wheel: Option<(String, Vec<u8>)>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let bytes_in = Arc::new(AtomicUsize::new(0));
+        let (stream_tx, streams) = mpsc::channel();
+        let (counted, bytes) = (Arc::clone(&connections), Arc::clone(&bytes_in));
+        let wheel = Arc::new(wheel);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                counted.fetch_add(1, Ordering::SeqCst);
+                let (bytes, wheel, stream_tx) =
+                    (Arc::clone(&bytes), Arc::clone(&wheel), stream_tx.clone());
+                std::thread::spawn(move || serve(stream, &bytes, &wheel, &stream_tx));
+            }
+        });
+        Self {
+            port,
+            connections,
+            bytes_in,
+            streams: Mutex::new(streams),
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+fn serve(
+    mut stream: TcpStream,
+    bytes: &AtomicUsize,
+    wheel: &Option<(String, Vec<u8>)>,
+    streams: &mpsc::Sender<()>,
+) {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                bytes.fetch_add(n, Ordering::SeqCst);
+                head.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+    let line = text(&head);
+    let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+    let respond = |stream: &mut TcpStream, kind: &str, body: &[u8]| {
+        let _ = write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = stream.write_all(body);
+    };
+    match (path.as_str(), wheel) {
+        ("/hello", _) => respond(&mut stream, "text/plain", b"hello from origin\n"),
+        ("/simple/demo/", Some((name, _))) => {
+            let page = format!(
+                "<!DOCTYPE html><html><body><a href=\"/files/{name}\">{name}</a></body></html>"
+            );
+            respond(&mut stream, "text/html", page.as_bytes());
+        }
+        (files, Some((name, data))) if files == format!("/files/{name}") => {
+            respond(&mut stream, "application/octet-stream", data);
+        }
+        ("/stream", _) => {
+            // A framed body: an early end is an error for the client, not a complete file.
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\
+                  Content-Length: 1099511627776\r\n\r\n",
+            );
+            let _ = streams.send(());
+            let block = vec![b'x'; 64 * 1024];
+            while stream.write_all(&block).is_ok() {}
+        }
+        _ => {
+            let _ = stream.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+        }
+    }
+}
+
+/// `--allow-domain` arguments for `names` plus the origin's address itself (names resolve to
+/// 127.0.0.1, which is reached only when named).
+fn allow(names: &[&str], origin: &Origin) -> Vec<String> {
+    let mut args = Vec::new();
+    for name in names {
+        args.push("--allow-domain".to_owned());
+        args.push(format!("{name}:{}", origin.port));
+    }
+    args.push("--allow-domain".to_owned());
+    args.push(format!("127.0.0.1:{}", origin.port));
+    args
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn allowed_host_is_reached_through_plain_http_connect_and_socks5() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let url = format!("http://registry.test:{}/hello", origin.port);
+        let before = origin.connections();
+        let script = format!(
+            "curl -sS -f -m 10 {url} && curl -sS -f -m 10 -p {url} && \
+             curl -sS -f -m 10 -x \"$ALL_PROXY\" {url}"
+        );
+        let output = ws.run(
+            &strs(&allow(&["registry.test"], &origin)),
+            &["sh", "-c", &script],
+        );
+        assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+        assert_eq!(
+            text(&output.stdout).matches("hello from origin").count(),
+            3,
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.connections() - before, 3, "{uid:?}");
+    }
+}
+
+#[test]
+fn https_is_tunnelled_with_connect_to_a_local_tls_server() {
+    let tls = TlsOrigin::start("secure.test");
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        std::fs::write(ws.path.join("hosts"), "127.0.0.1 secure.test\n").unwrap();
+        let ca = ws.path.join("ca.pem");
+        std::fs::write(&ca, &tls.cert_pem).unwrap();
+        std::fs::set_permissions(&ca, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let args = [
+            "--allow-domain".to_owned(),
+            format!("secure.test:{}", tls.port),
+            "--allow-domain".to_owned(),
+            format!("127.0.0.1:{}", tls.port),
+        ];
+        let url = format!("https://secure.test:{}/", tls.port);
+        let output = ws.run(
+            &strs(&args),
+            &["curl", "-sS", "-f", "-m", "10", "--cacert", "ca.pem", &url],
+        );
+        assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+        assert_eq!(text(&output.stdout), "hello over tls\n", "{uid:?}");
+    }
+}
+
+#[test]
+fn denied_host_gets_a_clear_refusal_and_never_reaches_the_origin() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let before = origin.connections();
+        let url = format!("http://other.test:{}/hello", origin.port);
+        let output = ws.run(
+            &strs(&allow(&["registry.test"], &origin)),
+            &["curl", "-sS", "-m", "10", &url],
+        );
+        let body = text(&output.stdout);
+        assert!(
+            body.contains(&format!("refused other.test:{}", origin.port))
+                && body.contains(&format!("--allow-domain other.test:{}", origin.port)),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert!(
+            text(&output.stderr).contains("egress proxy refused other.test"),
+            "{uid:?}: the refusal is reported on stderr: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.connections(), before, "{uid:?}");
+    }
+}
+
+#[test]
+fn wildcards_allow_subdomains_and_deny_wins() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let mut args = allow(&[], &origin);
+        args.extend([
+            "--allow-domain".to_owned(),
+            format!("*.example.test:{}", origin.port),
+            "--deny-domain".to_owned(),
+            "secret.example.test".to_owned(),
+        ]);
+        let script = format!(
+            "curl -sS -f -m 10 http://a.example.test:{p}/hello; echo \"a=$?\"; \
+             curl -sS -f -m 10 http://secret.example.test:{p}/hello; echo \"secret=$?\"",
+            p = origin.port
+        );
+        let output = ws.run(&strs(&args), &["sh", "-c", &script]);
+        let out = text(&output.stdout);
+        assert!(
+            out.contains("hello from origin\na=0"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert!(
+            out.contains("secret=22") && text(&output.stderr).contains("denied by the pattern"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+    }
+}
+
+#[test]
+fn a_name_resolving_to_loopback_is_refused_unless_the_address_is_named() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let before = origin.connections();
+        let url = format!("http://registry.test:{}/hello", origin.port);
+        let only_name = [
+            "--allow-domain".to_owned(),
+            format!("registry.test:{}", origin.port),
+        ];
+        let output = ws.run(&strs(&only_name), &["curl", "-sS", "-f", "-m", "10", &url]);
+        assert!(!output.status.success(), "{uid:?}: {}", describe(&output));
+        assert!(
+            text(&output.stderr).contains("resolves to 127.0.0.1"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.connections(), before, "{uid:?}");
+        let named = ws.run(
+            &strs(&allow(&["registry.test"], &origin)),
+            &["curl", "-sS", "-f", "-m", "10", &url],
+        );
+        assert!(named.status.success(), "{uid:?}: {}", describe(&named));
+    }
+}
+
+/// A Python snippet run inside the sandbox.
+fn python(ws: &Workspace, args: &[String], code: &str) -> Output {
+    ws.run(&strs(args), &[PYTHON, "-c", code])
+}
+
+#[test]
+fn a_raw_connect_that_ignores_the_proxy_never_reaches_the_origin() {
+    let origin = Origin::start(None);
+    let host_ip = host_address();
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let code = format!(
+            "import socket\n\
+             for host in ['127.0.0.1', '{host_ip}']:\n\
+             \x20   try:\n\
+             \x20       socket.create_connection((host, {port}), timeout=5)\n\
+             \x20       print(host, 'CONNECTED')\n\
+             \x20   except OSError as e:\n\
+             \x20       print(host, 'errno', e.errno)\n",
+            port = origin.port
+        );
+        let output = python(&ws, &allow(&["registry.test"], &origin), &code);
+        let out = text(&output.stdout);
+        assert!(
+            output.status.success()
+                && !out.contains("CONNECTED")
+                && out.matches("errno").count() == 2,
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.connections(), 0, "{uid:?}");
+    }
+}
+
+#[test]
+fn udp_and_dns_fail_closed() {
+    let origin = Origin::start(None);
+    let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+    receiver.set_nonblocking(true).unwrap();
+    let udp_port = receiver.local_addr().unwrap().port();
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let code = format!(
+            "import socket\n\
+             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             s.sendto(b'to-host-loopback', ('127.0.0.1', {udp_port}))\n\
+             try:\n\
+             \x20   s.sendto(b'x', ('192.0.2.1', 53))\n\
+             \x20   print('public SENT')\n\
+             except OSError as e:\n\
+             \x20   print('public errno', e.errno)\n\
+             try:\n\
+             \x20   socket.getaddrinfo('registry.test', 80)\n\
+             \x20   print('dns RESOLVED')\n\
+             except OSError as e:\n\
+             \x20   print('dns failed')\n"
+        );
+        let output = python(&ws, &allow(&["registry.test"], &origin), &code);
+        let out = text(&output.stdout);
+        assert!(
+            out.contains(&format!("public errno {}", libc::ENETUNREACH))
+                && out.contains("dns failed"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        let mut buf = [0u8; 64];
+        assert!(
+            receiver.recv_from(&mut buf).is_err(),
+            "{uid:?}: a datagram from the sandbox reached the host's loopback"
+        );
+    }
+}
+
+/// A TLS ClientHello for `name`, sent through a CONNECT tunnel to the origin by Python.
+fn sni_probe(origin: &Origin, name: &str) -> String {
+    format!(
+        "import socket, ssl, os\n\
+         port = int(os.environ['HTTPS_PROXY'].rsplit(':', 1)[1])\n\
+         s = socket.create_connection(('127.0.0.1', port), timeout=10)\n\
+         s.sendall(b'CONNECT registry.test:{p} HTTP/1.1\\r\\nHost: registry.test:{p}\\r\\n\\r\\n')\n\
+         print(s.recv(1024).split(b'\\r\\n')[0].decode())\n\
+         ctx = ssl.create_default_context()\n\
+         try:\n\
+         \x20   ctx.wrap_socket(s, server_hostname='{name}')\n\
+         except (OSError, ssl.SSLError) as e:\n\
+         \x20   print('tls failed', type(e).__name__)\n",
+        p = origin.port
+    )
+}
+
+#[test]
+fn a_tls_server_name_other_than_the_tunnel_host_is_refused() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let log = ws.path.join("egress.jsonl");
+        let mut args = allow(&["registry.test"], &origin);
+        args.extend(["--egress-log".to_owned(), log.display().to_string()]);
+        let before = origin.bytes_in.load(Ordering::SeqCst);
+        let output = python(&ws, &args, &sni_probe(&origin, "evil.test"));
+        assert!(
+            text(&output.stdout).starts_with("HTTP/1.1 200")
+                && text(&output.stdout).contains("tls failed"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        let events = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            events.contains("domain fronting") && events.contains("\"allowed\":false"),
+            "{uid:?}: {events}"
+        );
+        assert_eq!(
+            origin.bytes_in.load(Ordering::SeqCst),
+            before,
+            "{uid:?}: the mismatched ClientHello reached the origin"
+        );
+        // The control: the matching name passes the gate, so its bytes reach the origin (which
+        // is no TLS server, so the handshake fails there).
+        let output = python(
+            &ws,
+            &allow(&["registry.test"], &origin),
+            &sni_probe(&origin, "registry.test"),
+        );
+        assert!(
+            text(&output.stdout).contains("tls failed"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert!(
+            origin.bytes_in.load(Ordering::SeqCst) > before,
+            "{uid:?}: the matching ClientHello did not reach the origin"
+        );
+    }
+}
+
+#[test]
+fn connections_beyond_the_bound_are_closed_and_the_rest_stay_up() {
+    let origin = Origin::start(None);
+    let bound = sandbox::egress::MAX_CONCURRENT_CONNECTIONS;
+    let extra = 12;
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let before = origin.connections();
+        let code = format!(
+            "import socket, os\n\
+             port = int(os.environ['HTTPS_PROXY'].rsplit(':', 1)[1])\n\
+             held, ok, closed = [], 0, 0\n\
+             for i in range({total}):\n\
+             \x20   s = socket.create_connection(('127.0.0.1', port), timeout=10)\n\
+             \x20   s.sendall(b'CONNECT registry.test:{p} HTTP/1.1\\r\\n\\r\\n')\n\
+             \x20   try:\n\
+             \x20       answer = s.recv(1024)\n\
+             \x20   except ConnectionResetError:\n\
+             \x20       answer = b''\n\
+             \x20   if answer.startswith(b'HTTP/1.1 200'):\n\
+             \x20       ok += 1\n\
+             \x20   elif answer == b'':\n\
+             \x20       closed += 1\n\
+             \x20   held.append(s)\n\
+             print('ok', ok, 'closed', closed)\n",
+            total = bound + extra,
+            p = origin.port
+        );
+        let output = python(&ws, &allow(&["registry.test"], &origin), &code);
+        assert_eq!(
+            text(&output.stdout).trim(),
+            format!("ok {bound} closed {extra}"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.connections() - before, bound, "{uid:?}");
+    }
+}
+
+/// The `egress-proxy` whose parent is `parent`.
+fn proxy_of(parent: u32) -> Option<i32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((comm, rest)) = stat.split_once(") ") else {
+            continue;
+        };
+        let ppid = rest
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok());
+        if comm.ends_with("(egress-proxy") && ppid == Some(parent) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn killing_the_proxy_mid_transfer_gives_the_command_an_error_not_a_hang() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let url = format!("http://registry.test:{}/stream", origin.port);
+        let child = ws
+            .command(
+                &strs(&allow(&["registry.test"], &origin)),
+                &["curl", "-sS", "-m", "60", "-o", "/dev/null", &url],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        origin
+            .streams
+            .lock()
+            .unwrap()
+            .recv_timeout(DEADLINE)
+            .expect("the transfer started");
+        let proxy = proxy_of(child.id()).expect("egress-proxy is a child of sandbox-run");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(proxy),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let output = wait_output(child, DEADLINE);
+        assert!(
+            !output.status.success() && text(&output.stderr).contains("curl: ("),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+    }
+}
+
+#[test]
+fn the_proxy_ends_with_the_sandbox() {
+    let origin = Origin::start(None);
+    let ws = Workspace::new(None);
+    let mut child = ws
+        .command(
+            &strs(&allow(&["registry.test"], &origin)),
+            &["sh", "-c", "read line"],
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let parent = child.id();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let proxy = loop {
+        if let Some(pid) = proxy_of(parent) {
+            break pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no egress-proxy appeared"
+        );
+        std::thread::yield_now();
+    };
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let output = wait_output(child, DEADLINE);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        !Path::new(&format!("/proc/{proxy}")).exists(),
+        "egress-proxy {proxy} outlived its sandbox"
+    );
+}
+
+/// A minimal wheel (a zip with the dist-info files), built with Python's zipfile.
+fn build_wheel(dir: &Path) -> (String, Vec<u8>) {
+    let name = "demo-1.0-py3-none-any.whl".to_owned();
+    let path = dir.join(&name);
+    let code = format!(
+        "import zipfile\n\
+         with zipfile.ZipFile('{}', 'w') as z:\n\
+         \x20   z.writestr('demo/__init__.py', 'VALUE = 1\\n')\n\
+         \x20   z.writestr('demo-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: demo\\nVersion: 1.0\\n')\n\
+         \x20   z.writestr('demo-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
+         \x20   z.writestr('demo-1.0.dist-info/RECORD', '')\n",
+        path.display()
+    );
+    let status = Command::new(PYTHON).args(["-c", &code]).status().unwrap();
+    assert!(status.success());
+    (name.clone(), std::fs::read(&path).unwrap())
+}
+
+#[test]
+fn pip_configured_only_by_the_environment_downloads_from_a_local_index() {
+    let wheel_dir = tempfile::tempdir().unwrap();
+    let wheel = build_wheel(wheel_dir.path());
+    let name = wheel.0.clone();
+    let origin = Origin::start(Some(wheel));
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let index = format!("http://pypi.test:{}/simple/", origin.port);
+        let output = ws.run(
+            &strs(&allow(&["pypi.test"], &origin)),
+            &[
+                PYTHON,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-cache-dir",
+                "--disable-pip-version-check",
+                "--index-url",
+                &index,
+                "--trusted-host",
+                "pypi.test",
+                "-d",
+                "dl",
+                "demo==1.0",
+            ],
+        );
+        assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+        assert!(
+            ws.path.join("dl").join(&name).is_file(),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+    }
+}
+
+#[test]
+fn proxy_refusals_are_denial_records_in_every_audit_format_without_root() {
+    let origin = Origin::start(None);
+    // As 65534 only: as root, --audit would switch the kernel audit on machine-wide.
+    let uid = if nix::unistd::geteuid().is_root() {
+        Some(NOBODY)
+    } else {
+        None
+    };
+    let ws = Workspace::new(uid);
+    let url = format!("http://other.test:{}/hello", origin.port);
+    for (format, needle) in [
+        ("jsonl", "\"layer\":\"proxy\""),
+        ("sarif", "net.connect"),
+        ("github", "proxy"),
+    ] {
+        let report = ws.path.join(format!("report.{format}"));
+        let mut args = allow(&["registry.test"], &origin);
+        args.extend([
+            "--audit".to_owned(),
+            report.display().to_string(),
+            "--audit-format".to_owned(),
+            format.to_owned(),
+            "--fail-on-denial".to_owned(),
+        ]);
+        let output = ws.run(&strs(&args), &["curl", "-sS", "-m", "10", &url]);
+        assert_eq!(
+            output.status.code(),
+            Some(3),
+            "{format}: {}",
+            describe(&output)
+        );
+        let text = std::fs::read_to_string(&report).unwrap();
+        assert!(
+            text.contains(needle) && text.contains(&format!("other.test:{}", origin.port)),
+            "{format}: {text}"
+        );
+        if format == "jsonl" {
+            let denial: serde_json::Value = text
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .find(|v| v["kind"] == "denial")
+                .unwrap();
+            assert_eq!(denial["operation"], "net.connect");
+            assert_eq!(
+                denial["allow_rule"],
+                format!("--allow-domain other.test:{}", origin.port)
+            );
+        }
+    }
+}
+
+#[test]
+fn the_egress_log_lists_allowed_destinations_for_ci() {
+    let origin = Origin::start(None);
+    let ws = Workspace::new(None);
+    let log = ws.path.join("egress.jsonl");
+    let mut args = allow(&["registry.test"], &origin);
+    args.extend(["--egress-log".to_owned(), log.display().to_string()]);
+    let url = format!("http://registry.test:{}/hello", origin.port);
+    let output = ws.run(&strs(&args), &["curl", "-sS", "-f", "-m", "10", &url]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let events: Vec<serde_json::Value> = BufReader::new(std::fs::File::open(&log).unwrap())
+        .lines()
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["allowed"], true);
+    assert_eq!(events[0]["host"], "registry.test");
+    assert_eq!(events[0]["port"], origin.port);
+    assert_eq!(events[0]["rule"], format!("registry.test:{}", origin.port));
+}
+
+#[test]
+fn an_allowlist_without_the_namespace_layer_is_refused() {
+    let ws = Workspace::new(None);
+    let output = ws.run(
+        &["--no-namespaces", "--allow-domain", "pypi.org"],
+        &["true"],
+    );
+    assert_eq!(output.status.code(), Some(125), "{}", describe(&output));
+    assert!(
+        text(&output.stderr).contains("needs the namespace layer"),
+        "{}",
+        describe(&output)
+    );
+}
+
+/// A non-loopback address of this host (for the raw-connect case), or 127.0.0.1 when it has
+/// none.
+fn host_address() -> String {
+    sandbox::egress::server::local_addresses()
+        .into_iter()
+        .find(|ip| ip.is_ipv4())
+        .map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string())
+}
+
+/// A TLS origin (rustls, self-signed for `name`) answering every request with a fixed body.
+struct TlsOrigin {
+    port: u16,
+    cert_pem: String,
+}
+
+impl TlsOrigin {
+    fn start(name: &str) -> Self {
+        let certified = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
+        let cert_pem = certified.cert.pem();
+        let key = rustls::pki_types::PrivateKeyDer::try_from(certified.signing_key.serialize_der())
+            .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![certified.cert.der().clone()], key)
+        .unwrap();
+        let config = Arc::new(config);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let config = Arc::clone(&config);
+                std::thread::spawn(move || {
+                    stream
+                        .set_read_timeout(Some(Duration::from_secs(20)))
+                        .unwrap();
+                    let connection = rustls::ServerConnection::new(config).unwrap();
+                    let mut tls = rustls::StreamOwned::new(connection, stream);
+                    let mut head = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body = b"hello over tls\n";
+                    let _ = write!(
+                        tls,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = tls.write_all(body);
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                });
+            }
+        });
+        Self { port, cert_pem }
+    }
+}

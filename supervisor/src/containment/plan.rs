@@ -1,0 +1,562 @@
+//! Pure decisions, no I/O: which mechanism enforces each limit on this host, the limits of
+//! `--default-limits`, and why a process ended.
+
+use std::time::Duration;
+
+use proto::methods::process::{
+    AppliedLimit, AppliedLimits, Enforcement, ExitReason, LimitName, LimitScope, Limits,
+};
+use sandbox::limits::CommandLimits;
+
+use crate::limits::MAX_WALL_SECONDS;
+
+/// A cgroup hierarchy version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    /// The unified hierarchy.
+    V2,
+    /// A per-controller v1 hierarchy.
+    V1,
+}
+
+impl CgroupVersion {
+    fn enforcement(self) -> Enforcement {
+        match self {
+            CgroupVersion::V2 => Enforcement::CgroupV2,
+            CgroupVersion::V1 => Enforcement::CgroupV1,
+        }
+    }
+}
+
+/// What the host offers for limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// Each process gets a cgroup v2 leaf (so its `cpu.stat` measures the tree's CPU).
+    pub tracking: bool,
+    /// Where a memory controller can bound a tree.
+    pub memory: Option<CgroupVersion>,
+    /// Where a pids controller can bound a tree.
+    pub pids: Option<CgroupVersion>,
+}
+
+/// How one start's limits are enforced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// What the result reports.
+    pub applied: AppliedLimits,
+    /// The memory controller and its limit.
+    pub memory: Option<(CgroupVersion, u64)>,
+    /// The pids controller and its limit.
+    pub pids: Option<(CgroupVersion, u64)>,
+    /// The command's rlimits (and, for `sandbox-run`, its wall clock).
+    pub rlimits: CommandLimits,
+    /// Wall-clock limit the server enforces.
+    pub wall: Option<Duration>,
+    /// CPU budget of the whole tree, measured in its cgroup.
+    pub cpu_budget: Option<Duration>,
+}
+
+/// Why a start's limits were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// A limit of 0.
+    #[error("limits.{limit} must be at least 1 (got 0)")]
+    Zero {
+        /// The limit.
+        limit: LimitName,
+    },
+    /// Longer than [`MAX_WALL_SECONDS`].
+    #[error("limits.wallSeconds must be at most {max} (MAX_WALL_SECONDS, 365 days; got {value})")]
+    WallTooLong {
+        /// What was asked.
+        value: u64,
+        /// The cap.
+        max: u64,
+    },
+    /// Nothing on this host can enforce it and best effort was not asked.
+    #[error(
+        "limits.{limit} ({value}) cannot be enforced on this host: {reason}; pass \
+         limits.bestEffort: true to start without it (the result then says what was applied)"
+    )]
+    Unenforceable {
+        /// The limit.
+        limit: LimitName,
+        /// What was asked.
+        value: u64,
+        /// What is missing.
+        reason: String,
+    },
+}
+
+fn applied(
+    value: u64,
+    enforcement: Enforcement,
+    scope: LimitScope,
+    detail: String,
+) -> AppliedLimit {
+    AppliedLimit {
+        value,
+        enforcement,
+        scope,
+        detail,
+    }
+}
+
+/// Decide how `limits` are enforced with `caps`.
+///
+/// # Errors
+/// [`PlanError`] for a zero or too long limit, or one nothing here enforces (without best
+/// effort).
+pub fn plan(limits: &Limits, caps: Capabilities) -> Result<Plan, PlanError> {
+    use Enforcement::{Rlimit, Timer};
+    use LimitScope::{Process, Tree};
+    for name in LimitName::ALL {
+        if limits.get(name) == Some(0) {
+            return Err(PlanError::Zero { limit: name });
+        }
+    }
+    let mut plan = Plan::default();
+    if let Some(bytes) = limits.memory_bytes {
+        let detail = match caps.memory {
+            Some(version @ CgroupVersion::V2) => {
+                plan.memory = Some((version, bytes));
+                applied(
+                    bytes,
+                    version.enforcement(),
+                    Tree,
+                    "memory.max + memory.swap.max".into(),
+                )
+            }
+            Some(version @ CgroupVersion::V1) => {
+                plan.memory = Some((version, bytes));
+                let detail = "memory.limit_in_bytes + memory.memsw.limit_in_bytes";
+                applied(bytes, version.enforcement(), Tree, detail.into())
+            }
+            None if limits.best_effort => {
+                plan.rlimits.address_space_bytes = Some(bytes);
+                let detail = "RLIMIT_AS: address space of each process (no memory cgroup here)";
+                applied(bytes, Rlimit, Process, detail.into())
+            }
+            None => {
+                return Err(PlanError::Unenforceable {
+                    limit: LimitName::MemoryBytes,
+                    value: bytes,
+                    reason: "no memory cgroup controller is available to this server (neither \
+                             a v2 controller delegated to its cgroup nor a v1 hierarchy it may \
+                             write)"
+                        .into(),
+                });
+            }
+        };
+        plan.applied.set(LimitName::MemoryBytes, detail);
+    }
+    if let Some(count) = limits.processes {
+        let detail = match caps.pids {
+            Some(version) => {
+                plan.pids = Some((version, count));
+                applied(count, version.enforcement(), Tree, "pids.max".into())
+            }
+            None if limits.best_effort => applied(
+                count,
+                Enforcement::None,
+                Tree,
+                "not enforced: no pids cgroup here".into(),
+            ),
+            None => {
+                return Err(PlanError::Unenforceable {
+                    limit: LimitName::Processes,
+                    value: count,
+                    reason: "no pids cgroup controller is available to this server (RLIMIT_NPROC \
+                             counts every process of the user and does not bind root)"
+                        .into(),
+                });
+            }
+        };
+        plan.applied.set(LimitName::Processes, detail);
+    }
+    if let Some(seconds) = limits.cpu_seconds {
+        plan.rlimits.cpu_seconds = Some(seconds);
+        let detail = if caps.tracking {
+            plan.cpu_budget = Some(Duration::from_secs(seconds));
+            applied(
+                seconds,
+                Enforcement::CgroupV2,
+                Tree,
+                "RLIMIT_CPU on each process, and the tree is killed once its cgroup's cpu.stat \
+                 usage reaches it"
+                    .into(),
+            )
+        } else {
+            applied(
+                seconds,
+                Rlimit,
+                Process,
+                "RLIMIT_CPU (SIGXCPU, SIGKILL a second later)".into(),
+            )
+        };
+        plan.applied.set(LimitName::CpuSeconds, detail);
+    }
+    if let Some(seconds) = limits.wall_seconds {
+        if seconds > MAX_WALL_SECONDS {
+            return Err(PlanError::WallTooLong {
+                value: seconds,
+                max: MAX_WALL_SECONDS,
+            });
+        }
+        plan.wall = Some(Duration::from_secs(seconds));
+        plan.rlimits.wall_seconds = Some(seconds);
+        let detail = "the server kills the tree when it runs out";
+        plan.applied.set(
+            LimitName::WallSeconds,
+            applied(seconds, Timer, Tree, detail.into()),
+        );
+    }
+    if let Some(bytes) = limits.file_size_bytes {
+        plan.rlimits.file_size_bytes = Some(bytes);
+        let detail = applied(
+            bytes,
+            Rlimit,
+            Process,
+            "RLIMIT_FSIZE (writes past it fail with EFBIG)".into(),
+        );
+        plan.applied.set(LimitName::FileSizeBytes, detail);
+    }
+    if let Some(count) = limits.open_files {
+        plan.rlimits.open_files = Some(count);
+        let detail = applied(count, Rlimit, Process, "RLIMIT_NOFILE".into());
+        plan.applied.set(LimitName::OpenFiles, detail);
+    }
+    Ok(plan)
+}
+
+/// What enforces each limit here, for `environment/info` (a start without best effort fails
+/// for a limit reported as `none`).
+pub fn support(caps: Capabilities) -> proto::methods::environment::LimitsSupport {
+    let cgroup = |version: Option<CgroupVersion>| {
+        version.map_or(Enforcement::None, CgroupVersion::enforcement)
+    };
+    proto::methods::environment::LimitsSupport {
+        memory_bytes: cgroup(caps.memory),
+        processes: cgroup(caps.pids),
+        cpu_seconds: if caps.tracking {
+            Enforcement::CgroupV2
+        } else {
+            Enforcement::Rlimit
+        },
+        wall_seconds: Enforcement::Timer,
+        file_size_bytes: Enforcement::Rlimit,
+        open_files: Enforcement::Rlimit,
+    }
+}
+
+/// Why `--default-limits` was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--default-limits: {item:?} {problem}; expected comma-separated NAME=VALUE items with NAME \
+     one of memoryBytes, processes, cpuSeconds, wallSeconds, fileSizeBytes, openFiles (byte \
+     sizes may end in K, M or G), and optionally bestEffort, e.g. \
+     memoryBytes=2G,processes=512,wallSeconds=3600"
+)]
+pub struct DefaultLimitsError {
+    /// The item.
+    pub item: String,
+    /// What is wrong with it.
+    pub problem: &'static str,
+}
+
+/// Parse `--default-limits` (`memoryBytes=2G,processes=512,bestEffort`).
+///
+/// # Errors
+/// [`DefaultLimitsError`] naming the item.
+pub fn parse_default_limits(text: &str) -> Result<Limits, DefaultLimitsError> {
+    let mut limits = Limits::default();
+    for item in text
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
+        let error = |problem| DefaultLimitsError {
+            item: item.to_owned(),
+            problem,
+        };
+        if item == "bestEffort" {
+            limits.best_effort = true;
+            continue;
+        }
+        let (name, value) = item.split_once('=').ok_or_else(|| error("has no '='"))?;
+        let name = LimitName::ALL
+            .into_iter()
+            .find(|known| known.as_str() == name.trim())
+            .ok_or_else(|| error("names no limit"))?;
+        let sized = matches!(name, LimitName::MemoryBytes | LimitName::FileSizeBytes);
+        let value = parse_number(value.trim(), sized).ok_or_else(|| error("is not a number"))?;
+        if value == 0 {
+            return Err(error("is zero"));
+        }
+        limits.set(name, Some(value));
+    }
+    Ok(limits)
+}
+
+fn parse_number(text: &str, sized: bool) -> Option<u64> {
+    let (digits, unit) = match text.as_bytes().last() {
+        Some(b'K' | b'k') if sized => (&text[..text.len() - 1], 1u64 << 10),
+        Some(b'M' | b'm') if sized => (&text[..text.len() - 1], 1 << 20),
+        Some(b'G' | b'g') if sized => (&text[..text.len() - 1], 1 << 30),
+        _ => (text, 1),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(unit)
+}
+
+/// What is known about a process when it has exited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExitFacts {
+    /// Exit code (128+n for signal n).
+    pub code: i32,
+    /// The killing signal.
+    pub signal: Option<i32>,
+    /// `process/terminate`, session expiry or shutdown asked for it.
+    pub terminated: bool,
+    /// The server's wall-clock timer killed the tree.
+    pub wall_fired: bool,
+    /// The tree's CPU budget ran out and the server killed it.
+    pub cpu_budget_fired: bool,
+    /// OOM kills in the tree's memory cgroup.
+    pub oom_kills: u64,
+    /// CPU time of the process and its reaped descendants.
+    pub cpu_used: Duration,
+    /// `cpuSeconds`, when set.
+    pub cpu_limit: Option<Duration>,
+    /// Time since the start.
+    pub elapsed: Duration,
+    /// `wallSeconds`, when set.
+    pub wall_limit: Option<Duration>,
+}
+
+/// Why a process ended. What the server did itself comes first; then what the kernel says
+/// (an OOM kill in the tree unless the process still succeeded, SIGXCPU, a SIGKILL past the CPU
+/// rlimit); a SIGKILL after the wall-clock limit is `sandbox-run`'s own timer.
+pub fn exit_reason(facts: &ExitFacts) -> ExitReason {
+    let killed = facts.signal == Some(libc::SIGKILL);
+    if facts.terminated {
+        ExitReason::Terminated
+    } else if facts.wall_fired {
+        ExitReason::WallTimeout
+    } else if facts.cpu_budget_fired {
+        ExitReason::CpuLimit
+    } else if facts.oom_kills > 0 && !(facts.signal.is_none() && facts.code == 0) {
+        ExitReason::Oom
+    } else if facts.signal == Some(libc::SIGXCPU)
+        || (killed && facts.cpu_limit.is_some_and(|limit| facts.cpu_used >= limit))
+    {
+        ExitReason::CpuLimit
+    } else if killed && facts.wall_limit.is_some_and(|limit| facts.elapsed >= limit) {
+        ExitReason::WallTimeout
+    } else if facts.signal.is_some() {
+        ExitReason::Signal
+    } else {
+        ExitReason::Exit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn limits(json: serde_json::Value) -> Limits {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn cgroups_enforce_memory_and_processes_for_the_tree() {
+        let caps = Capabilities {
+            tracking: true,
+            memory: Some(CgroupVersion::V1),
+            pids: Some(CgroupVersion::V2),
+        };
+        let plan = plan(
+            &limits(serde_json::json!({"memoryBytes": 64, "processes": 8, "cpuSeconds": 2})),
+            caps,
+        )
+        .unwrap();
+        assert_eq!(plan.memory, Some((CgroupVersion::V1, 64)));
+        assert_eq!(plan.pids, Some((CgroupVersion::V2, 8)));
+        assert_eq!(plan.cpu_budget, Some(Duration::from_secs(2)));
+        assert_eq!(plan.rlimits.cpu_seconds, Some(2));
+        assert_eq!(plan.rlimits.address_space_bytes, None);
+        let memory = plan.applied.memory_bytes.unwrap();
+        assert_eq!(
+            (memory.enforcement, memory.scope),
+            (Enforcement::CgroupV1, LimitScope::Tree)
+        );
+    }
+
+    #[test]
+    fn without_cgroups_memory_and_processes_fail_unless_best_effort() {
+        let caps = Capabilities::default();
+        let error = plan(&limits(serde_json::json!({"processes": 64})), caps).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                PlanError::Unenforceable {
+                    limit: LimitName::Processes,
+                    value: 64,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains("limits.processes (64)"),
+            "{error}"
+        );
+        let error = plan(&limits(serde_json::json!({"memoryBytes": 1024})), caps).unwrap_err();
+        assert!(error.to_string().contains("limits.memoryBytes"), "{error}");
+
+        let best =
+            limits(serde_json::json!({"memoryBytes": 1024, "processes": 64, "bestEffort": true}));
+        let plan = plan(&best, caps).unwrap();
+        assert_eq!(plan.rlimits.address_space_bytes, Some(1024));
+        assert_eq!(
+            plan.applied.memory_bytes.unwrap().enforcement,
+            Enforcement::Rlimit
+        );
+        assert_eq!(
+            plan.applied.processes.unwrap().enforcement,
+            Enforcement::None
+        );
+        assert_eq!(plan.pids, None);
+    }
+
+    #[test]
+    fn zero_and_overlong_limits_are_refused() {
+        let caps = Capabilities::default();
+        assert_eq!(
+            plan(&limits(serde_json::json!({"openFiles": 0})), caps),
+            Err(PlanError::Zero {
+                limit: LimitName::OpenFiles
+            })
+        );
+        assert!(matches!(
+            plan(
+                &limits(serde_json::json!({"wallSeconds": MAX_WALL_SECONDS + 1})),
+                caps
+            ),
+            Err(PlanError::WallTooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn rlimit_and_timer_limits_work_everywhere() {
+        let plan = plan(
+            &limits(serde_json::json!({"cpuSeconds": 1, "wallSeconds": 3, "fileSizeBytes": 10, "openFiles": 32})),
+            Capabilities::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            plan.rlimits,
+            CommandLimits {
+                cpu_seconds: Some(1),
+                file_size_bytes: Some(10),
+                open_files: Some(32),
+                wall_seconds: Some(3),
+                ..CommandLimits::default()
+            }
+        );
+        assert_eq!(plan.wall, Some(Duration::from_secs(3)));
+        assert_eq!(plan.cpu_budget, None, "no cgroup: no tree budget");
+        assert_eq!(plan.applied.cpu_seconds.unwrap().scope, LimitScope::Process);
+    }
+
+    #[test]
+    fn default_limits_parse_names_sizes_and_best_effort() {
+        let parsed =
+            parse_default_limits("memoryBytes=2G, processes=512,fileSizeBytes=10k,bestEffort")
+                .unwrap();
+        assert_eq!(
+            parsed,
+            limits(serde_json::json!({
+                "memoryBytes": 2u64 << 30, "processes": 512, "fileSizeBytes": 10240, "bestEffort": true
+            }))
+        );
+        for bad in [
+            "memory=1",
+            "processes",
+            "processes=1G",
+            "openFiles=0",
+            "cpuSeconds=x",
+        ] {
+            let error = parse_default_limits(bad).unwrap_err();
+            assert_eq!(error.item, bad);
+        }
+    }
+
+    #[test]
+    fn exit_reasons_prefer_what_the_server_did_then_what_the_kernel_says() {
+        let killed = ExitFacts {
+            code: 137,
+            signal: Some(libc::SIGKILL),
+            ..ExitFacts::default()
+        };
+        assert_eq!(
+            exit_reason(&ExitFacts {
+                terminated: true,
+                ..killed
+            }),
+            ExitReason::Terminated
+        );
+        assert_eq!(
+            exit_reason(&ExitFacts {
+                wall_fired: true,
+                ..killed
+            }),
+            ExitReason::WallTimeout
+        );
+        assert_eq!(
+            exit_reason(&ExitFacts {
+                oom_kills: 1,
+                ..killed
+            }),
+            ExitReason::Oom
+        );
+        assert_eq!(
+            exit_reason(&ExitFacts {
+                oom_kills: 1,
+                code: 0,
+                signal: None,
+                ..killed
+            }),
+            ExitReason::Exit,
+            "a process that succeeded despite an OOM kill below it exited"
+        );
+        assert_eq!(
+            exit_reason(&ExitFacts {
+                code: 152,
+                signal: Some(libc::SIGXCPU),
+                ..killed
+            }),
+            ExitReason::CpuLimit
+        );
+        let past_cpu = ExitFacts {
+            cpu_limit: Some(Duration::from_secs(1)),
+            cpu_used: Duration::from_millis(2000),
+            ..killed
+        };
+        assert_eq!(exit_reason(&past_cpu), ExitReason::CpuLimit);
+        let past_wall = ExitFacts {
+            wall_limit: Some(Duration::from_secs(1)),
+            elapsed: Duration::from_millis(1500),
+            ..killed
+        };
+        assert_eq!(exit_reason(&past_wall), ExitReason::WallTimeout);
+        assert_eq!(exit_reason(&killed), ExitReason::Signal);
+        assert_eq!(
+            exit_reason(&ExitFacts {
+                code: 3,
+                ..ExitFacts::default()
+            }),
+            ExitReason::Exit
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! Network allowlists through exec-server: `process/start` with `sandbox.network` an
+//! allowlist (the command reaches only what it names, through the egress proxy), refusals as
+//! `process/denied` for `auditDenials` starts without root, the server's own listener refused
+//! even when a pattern allows it, and `http/request` checked against the same allowlist.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tests::{ExecServer, assert_rpc_error, file_uri, install_binaries, scratch};
+
+const NOBODY: u32 = 65534;
+
+fn identities() -> Vec<Option<u32>> {
+    if nix::unistd::geteuid().is_root() {
+        vec![None, Some(NOBODY)]
+    } else {
+        vec![None]
+    }
+}
+
+/// An HTTP origin on the host's 127.0.0.1 that answers `hello from origin` and counts
+/// connections.
+struct Origin {
+    port: u16,
+    connections: Arc<AtomicUsize>,
+}
+
+impl Origin {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&connections);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                counted.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || answer(stream));
+            }
+        });
+        Self { port, connections }
+    }
+}
+
+fn answer(mut stream: TcpStream) {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let body = b"hello from origin\n";
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(body);
+}
+
+/// An install of the binaries and a workspace owned by `uid`, and the server started as `uid`.
+struct Setup {
+    _base: tempfile::TempDir,
+    workspace: PathBuf,
+    bin: PathBuf,
+}
+
+impl Setup {
+    fn new(uid: Option<u32>) -> Self {
+        let base = scratch::scratch_dir("egress-server-");
+        let root = std::fs::canonicalize(base.path()).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let workspace = root.join("ws");
+        std::fs::create_dir(&workspace).unwrap();
+        let bin = root.join("bin");
+        install_binaries(&bin);
+        if let Some(uid) = uid {
+            std::os::unix::fs::chown(&workspace, Some(uid), Some(uid)).unwrap();
+        }
+        Self {
+            _base: base,
+            workspace,
+            bin,
+        }
+    }
+
+    fn start(&self, uid: Option<u32>) -> ExecServer {
+        ExecServer::start_binary(&self.bin.join("exec-server"), &[], |command| {
+            command.env_clear().env("PATH", "/usr/bin:/bin");
+            if let Some(uid) = uid {
+                command.uid(uid).gid(uid);
+            }
+        })
+    }
+
+    fn sandbox(&self, allow: &[String]) -> Value {
+        json!({
+            "profile": "workspace-write",
+            "cwd": file_uri(&self.workspace),
+            "network": {"allow": allow},
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_sandboxed_process_reaches_only_what_its_allowlist_names() {
+    let origin = Origin::start();
+    let other = Origin::start();
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        let server = setup.start(uid);
+        let mut client = server.client().await;
+        let script = format!(
+            "curl -sS -f -m 10 http://127.0.0.1:{}/; echo \"allowed=$?\"; \
+             curl -sS -f -m 10 http://127.0.0.1:{}/; echo \"other=$?\"",
+            origin.port, other.port
+        );
+        let out = client
+            .run(
+                "egress",
+                &["/bin/sh", "-c", &script],
+                json!({
+                    "sandbox": setup.sandbox(&[format!("127.0.0.1:{}", origin.port)]),
+                    "cwd": file_uri(&setup.workspace),
+                }),
+            )
+            .await;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            stdout.contains("hello from origin\nallowed=0") && stdout.contains("other=22"),
+            "{uid:?}: {stdout} / {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(other.connections.load(Ordering::SeqCst), 0, "{uid:?}");
+    }
+}
+
+#[tokio::test]
+async fn proxy_refusals_are_process_denied_notifications_without_root() {
+    let origin = Origin::start();
+    // Unprivileged: the kernel audit is out of reach (and is not switched on machine-wide),
+    // yet the proxy's refusals are reported.
+    let uid = nix::unistd::geteuid().is_root().then_some(NOBODY);
+    let setup = Setup::new(uid);
+    let server = setup.start(uid);
+    let mut client = server.client().await;
+    let url = format!("http://127.0.0.1:{}/", origin.port);
+    client
+        .start(
+            "denied",
+            &["curl", "-sS", "-m", "10", &url],
+            json!({
+                "sandbox": setup.sandbox(&["pypi.org".to_owned()]),
+                "cwd": file_uri(&setup.workspace),
+                "auditDenials": true,
+            }),
+        )
+        .await
+        .unwrap();
+    let denied = client
+        .wait_for_notification(
+            "a process/denied notification from the proxy",
+            Duration::from_secs(20),
+            |n| n["method"] == "process/denied" && n["params"]["denial"]["layer"] == "proxy",
+        )
+        .await;
+    let denial = &denied["params"]["denial"];
+    assert_eq!(denial["operation"], "net.connect", "{denial}");
+    assert_eq!(
+        denial["address"],
+        format!("127.0.0.1:{}", origin.port),
+        "{denial}"
+    );
+    assert_eq!(
+        denial["allow_rule"],
+        format!("--allow-domain 127.0.0.1:{}", origin.port),
+        "{denial}"
+    );
+    let out = client.collect("denied").await;
+    assert_eq!(out.exit_code, Some(0));
+    assert_eq!(origin.connections.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn the_servers_own_listener_is_refused_even_when_a_pattern_allows_it() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        let server = setup.start(uid);
+        let port = server.addr().rsplit_once(':').unwrap().1.to_owned();
+        let mut client = server.client().await;
+        let url = format!("http://127.0.0.1:{port}/readyz");
+        let out = client
+            .run(
+                "own",
+                &["curl", "-sS", "-m", "10", &url],
+                json!({
+                    "sandbox": setup.sandbox(&[format!("127.0.0.1:{port}"), format!("localhost:{port}")]),
+                    "cwd": file_uri(&setup.workspace),
+                }),
+            )
+            .await;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            stdout.contains("the supervisor's own listener"),
+            "{uid:?}: {stdout} / {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[tokio::test]
+async fn http_request_is_checked_against_the_sandboxs_allowlist() {
+    let origin = Origin::start();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let url = format!("http://127.0.0.1:{}/", origin.port);
+    let request = |sandbox: Value, url: &str| {
+        json!({"method": "GET", "url": url, "headers": [], "requestId": "r",
+               "streamResponse": false, "sandbox": sandbox})
+    };
+    let named = json!({"profile": "read-only", "network": {"allow": [format!("127.0.0.1:{}", origin.port)]}});
+    let ok = client.call("http/request", request(named, &url)).await;
+    assert_eq!(ok["status"], 200, "{ok}");
+    for (allow, url, expected) in [
+        (
+            json!(["example.test"]),
+            url.clone(),
+            "not in the sandbox's network allowlist",
+        ),
+        (
+            json!(["*.example.test"]),
+            "http://unlisted.invalid/".to_owned(),
+            "not in the sandbox's network allowlist",
+        ),
+        (
+            json!(["localhost"]),
+            format!("http://localhost:{}/", origin.port),
+            "not in the sandbox's network allowlist",
+        ),
+    ] {
+        let sandbox = json!({"profile": "read-only", "network": {"allow": allow}});
+        let error = assert_rpc_error(
+            client.request("http/request", request(sandbox, &url)).await,
+            -32600,
+            "sandboxDenied",
+        );
+        assert!(error.message.contains(expected), "{url}: {error:?}");
+    }
+    let rebinding = json!({"profile": "read-only", "network": {"allow": [format!("localhost:{}", origin.port)]}});
+    let error = assert_rpc_error(
+        client
+            .request(
+                "http/request",
+                request(rebinding, &format!("http://localhost:{}/", origin.port)),
+            )
+            .await,
+        -32600,
+        "sandboxDenied",
+    );
+    assert!(
+        error.message.contains("does not name"),
+        "a name resolving to loopback needs the address named: {error:?}"
+    );
+    assert_eq!(origin.connections.load(Ordering::SeqCst), 1);
+}
