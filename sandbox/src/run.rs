@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use serde::Serialize;
 
-use crate::policy::{ProfileFile, ResolveContext, ResolvedPolicy, SandboxSpec};
+use crate::policy::{
+    Allowance, AllowanceBases, ProfileFile, ResolveContext, ResolvedPolicy, SandboxSpec,
+};
 
 /// Exit status for a setup failure.
 pub const EXIT_SETUP_FAILED: u8 = 125;
@@ -26,6 +28,7 @@ pub const EXIT_NOT_FOUND: u8 = 127;
     version,
     after_help = "Examples:\n  \
         sandbox-run --policy workspace-write --cwd ~/proj -- cargo test\n  \
+        sandbox-run --policy workspace-write --allow toolchain-caches -- cargo test\n  \
         sandbox-run --policy read-only -- cat /etc/hostname\n  \
         sandbox-run --policy ./my-profile.toml --allow-network -- curl https://example.com\n  \
         sandbox-run --allow-domain pypi.org --allow-domain files.pythonhosted.org -- pip install requests\n  \
@@ -61,6 +64,12 @@ pub struct Cli {
     /// Create a missing --cwd or --writable-root (mode 0755) instead of refusing it.
     #[arg(long)]
     pub create_missing: bool,
+    /// Apply a named allowance from policies/allowances/ (repeatable): `toolchain-caches`
+    /// makes the caches of cargo (registry, git checkouts, lock files), pip, npm and ccache
+    /// writable, never their programs, configuration or shell start-up files. Paths come from
+    /// this process's $CARGO_HOME, $XDG_CACHE_HOME and $HOME.
+    #[arg(long = "allow", value_name = "NAME")]
+    pub allowances: Vec<String>,
     /// Extra path to hide (masked by the namespace layer, refused by Landlock); repeatable.
     #[arg(long = "deny", value_name = "PATH")]
     pub denies: Vec<PathBuf>,
@@ -115,7 +124,7 @@ pub struct Cli {
     pub wall_time: Option<u64>,
     /// Internal (exec-server): read the resolved policy and the command from inherited
     /// descriptor N instead of the options above.
-    #[arg(long, value_name = "N", hide = true, conflicts_with_all = ["policy_json", "cwd", "writable_roots", "denies", "allow_network", "allow_domains", "deny_domains", "explain", "memory", "pids", "cpu_time", "wall_time"])]
+    #[arg(long, value_name = "N", hide = true, conflicts_with_all = ["policy_json", "cwd", "writable_roots", "allowances", "denies", "allow_network", "allow_domains", "deny_domains", "explain", "memory", "pids", "cpu_time", "wall_time"])]
     pub launch_fd: Option<i32>,
     /// The program and its arguments.
     #[arg(
@@ -124,6 +133,22 @@ pub struct Cli {
         required_unless_present = "launch_fd"
     )]
     pub command: Vec<OsString>,
+}
+
+/// The whole `sandbox-run` command line: [`Cli`] plus, on Linux, the denial audit's flags
+/// (`--audit`, ...). `sandbox-run` parses with it; man pages and completions are generated
+/// from it.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    #[cfg(target_os = "linux")]
+    {
+        use clap::Args;
+        crate::audit::cli::AuditArgs::augment_args(Cli::command())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Cli::command()
+    }
 }
 
 /// Why `sandbox-run` stopped before the program ran.
@@ -343,6 +368,12 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
     for root in &roots {
         policy = policy.with_writable_root(root);
     }
+    let bases = AllowanceBases::from_env();
+    for name in &cli.allowances {
+        policy = Allowance::builtin(name)
+            .and_then(|allowance| allowance.apply(policy, &bases))
+            .map_err(|err| RunError::Setup(err.to_string()))?;
+    }
     if cli.allow_network {
         policy = policy.with_network(true);
     }
@@ -395,6 +426,8 @@ pub struct Explain {
     pub cwd: PathBuf,
     /// Whether best effort was asked.
     pub best_effort: bool,
+    /// The allowances applied (`--allow`), already part of `policy`.
+    pub allowances: Vec<String>,
     /// The layers.
     pub layers: serde_json::Value,
     /// Rules no available layer can enforce (the run would fail without --best-effort).
@@ -460,6 +493,7 @@ pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
             .collect(),
         cwd: prepared.cwd.clone(),
         best_effort: prepared.best_effort,
+        allowances: cli.allowances.clone(),
         layers,
         unenforceable,
     }

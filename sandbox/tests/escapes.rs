@@ -119,6 +119,9 @@ fn files_made_inside_carry_no_set_id_bit_or_file_capability_out() {
             let result = probe(WW, &["create-mode", s(&created), mode], uid, &fx.ws);
             assert_blocked(&result, &[], &format!("create {mode} as {uid:?}"));
             assert!(!created.exists(), "created with mode {mode}");
+            let result = probe(WW, &["tmpfile-mode", s(&fx.ws), mode], uid, &fx.ws);
+            assert_blocked(&result, &[], &format!("O_TMPFILE {mode} as {uid:?}"));
+            assert!(!fx.ws.join("tmpfile").exists(), "linked O_TMPFILE {mode}");
         }
         let result = probe(WW, &["set-file-capability", s(&made)], uid, &fx.ws);
         assert_blocked(&result, &[], &format!("file capability as {uid:?}"));
@@ -136,6 +139,21 @@ fn files_made_inside_carry_no_set_id_bit_or_file_capability_out() {
             &fx.ws,
         );
         assert_allowed(&free, "control chmod");
+    }
+}
+
+#[test]
+fn reads_with_set_id_bits_in_the_ignored_mode_argument_are_allowed() {
+    // Without O_CREAT or O_TMPFILE the kernel ignores open's mode argument, and callers that
+    // pass only two arguments (jemalloc's raw open of /proc and /sys files, inside rustc) leave
+    // whatever was in the register there: the set-id rules must not refuse those reads.
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let file = fx.ws.join("inside.txt");
+        for mode in ["4755", "2755", "6755"] {
+            let result = probe(WW, &["open-read-mode", s(&file), mode], uid, &fx.ws);
+            assert_allowed(&result, &format!("read with mode {mode} as {uid:?}"));
+        }
     }
 }
 

@@ -89,6 +89,10 @@ pub struct Cli {
     /// Remote mode: display name registered with the environment (default: the id).
     #[arg(long, value_name = "NAME", requires = "remote")]
     pub name: Option<String>,
+
+    /// Log format on stderr: text (coloured only on a terminal) or json (one object per line).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// Client subcommands.
@@ -200,12 +204,74 @@ fn parse_default_limits(text: &str) -> Result<proto::methods::process::Limits, S
     crate::containment::plan::parse_default_limits(text).map_err(|error| error.to_string())
 }
 
+/// How log lines are written (`--log-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines; coloured only when stderr is a terminal and `NO_COLOR` is unset.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, `fields`), never coloured.
+    Json,
+}
+
 /// Log to stderr (never stdout, which carries the URL line) at `RUST_LOG`, `info` by default.
-pub fn init_logging() {
-    tracing_subscriber::fmt()
+/// Colours (ANSI escapes) only go to a terminal.
+pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
+}
+
+/// `error` and its causes on one line, each cause once: a cause whose text the message already
+/// holds ("cannot bind 127.0.0.1:1: Address already in use (os error 98)") is not repeated.
+pub fn describe_error(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot bind {address}: {source}")]
+    struct Bind {
+        address: &'static str,
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("server failed")]
+    struct Outer(#[source] Bind);
+
+    #[test]
+    fn describe_error_names_each_cause_once() {
+        let bind = Bind {
+            address: "127.0.0.1:1",
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        };
+        let described = describe_error(&Outer(bind));
+        assert_eq!(
+            described,
+            "server failed: cannot bind 127.0.0.1:1: address in use"
+        );
+    }
 }

@@ -51,18 +51,35 @@ impl ListenAddress {
         if authority.contains('/') {
             return Err(error("a path is not allowed"));
         }
-        if let Some(port) = authority.strip_prefix("localhost:") {
-            let port = port
-                .parse::<u16>()
-                .map_err(|_| error("the port must be a number from 0 to 65535"))?;
-            return Ok(Self::Tcp(SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::LOCALHOST),
-                port,
-            )));
+        let Some((host, port)) = authority.rsplit_once(':').filter(|(host, _)| {
+            // `[::1]` alone has colons but no port.
+            !host.is_empty() && (!host.starts_with('[') || host.ends_with(']'))
+        }) else {
+            return Err(error(
+                "the port is missing: give IP:PORT (port 0 picks a free port)",
+            ));
+        };
+        let port = parse_port(port).map_err(|reason| error(&reason))?;
+        let ip = if host == "localhost" {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            let bare = host
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(host);
+            bare.parse::<IpAddr>().map_err(|_| {
+                error(&format!(
+                    "the host {host:?} is not an IP address (IPv6 in brackets; names other than \
+                     localhost are not resolved)"
+                ))
+            })?
+        };
+        if ip.is_ipv6() && !host.starts_with('[') {
+            return Err(error(
+                "an IPv6 address must be in brackets, e.g. ws://[::1]:0",
+            ));
         }
-        authority.parse::<SocketAddr>().map(Self::Tcp).map_err(|_| {
-            error("the host must be an IP address (IPv6 in brackets) followed by :PORT")
-        })
+        Ok(Self::Tcp(SocketAddr::new(ip, port)))
     }
 
     /// Whether only this machine can connect (loopback TCP or a unix socket).
@@ -72,6 +89,15 @@ impl ListenAddress {
             Self::Unix(_) => true,
         }
     }
+}
+
+/// A decimal port from 0 to 65535, or what is wrong with `text`.
+fn parse_port(text: &str) -> Result<u16, String> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("the port {text:?} is not a number from 0 to 65535"));
+    }
+    text.parse::<u16>()
+        .map_err(|_| format!("the port {text} is out of range (0 to 65535)"))
 }
 
 #[cfg(test)]
@@ -113,6 +139,23 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn each_part_of_a_bad_tcp_url_is_named() {
+        let reason = |url: &str| ListenAddress::parse(url).unwrap_err().reason;
+        assert_eq!(
+            reason("ws://127.0.0.1:99999"),
+            "the port 99999 is out of range (0 to 65535)"
+        );
+        assert_eq!(
+            reason("ws://127.0.0.1:http"),
+            "the port \"http\" is not a number from 0 to 65535"
+        );
+        assert!(reason("ws://example.com:1").contains("\"example.com\" is not an IP address"));
+        assert!(reason("ws://127.0.0.1").contains("the port is missing"));
+        assert!(reason("ws://[::1]").contains("the port is missing"));
+        assert!(reason("ws://::1:80").contains("in brackets"));
     }
 
     #[test]

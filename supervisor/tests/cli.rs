@@ -1,4 +1,5 @@
 //! The `exec-server` command line: help text and startup refusals.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
 
@@ -67,4 +68,103 @@ fn empty_token_file_is_refused() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("empty"));
+}
+
+#[test]
+fn a_missing_helper_is_a_startup_error_naming_what_is_missing_and_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let lonely = dir.path().join("exec-server");
+    std::fs::copy(env!("CARGO_BIN_EXE_exec-server"), &lonely).unwrap();
+    let output = Command::new(&lonely).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(output.stdout.is_empty(), "no URL may be printed");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lacks = format!(
+        "{} lacks fs-helper, sandbox-run, exec-guardian",
+        dir.path().display()
+    );
+    for needle in [
+        lacks.as_str(),
+        "libexec/execward lacks",
+        "./install.sh",
+        "--helper-dir DIR",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} in {stderr}");
+    }
+    let output = exec_server()
+        .args(["--helper-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("lacks fs-helper"), "{stderr}");
+}
+
+#[test]
+fn an_address_in_use_is_reported_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("ws://{}", taken.local_addr().unwrap());
+    let output = exec_server().args(["--listen", &url]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.matches("Address already in use").count(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_out_of_range_port_is_named_as_the_port() {
+    let output = exec_server()
+        .args(["--listen", "ws://127.0.0.1:99999"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the port 99999 is out of range"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("host"), "{stderr}");
+}
+
+/// Starts exec-server with `args` and stderr piped, returns its first log line, kills it.
+fn first_log_line(args: &[&str]) -> String {
+    use std::io::BufRead;
+    let mut child = exec_server()
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stderr).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(std::time::Duration::from_secs(10));
+    let _ = child.kill();
+    let _ = child.wait();
+    line.expect("exec-server logged nothing within 10 s")
+}
+
+#[test]
+fn logs_carry_no_colour_off_a_terminal_and_are_json_on_request() {
+    let text = first_log_line(&["--listen", "ws://127.0.0.1:0"]);
+    assert!(text.contains("listening"), "{text:?}");
+    assert!(!text.contains('\u{1b}'), "ANSI escapes in a pipe: {text:?}");
+    let json = first_log_line(&["--listen", "ws://127.0.0.1:0", "--log-format", "json"]);
+    let line: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(line["fields"]["message"], "listening", "{json}");
+    assert_eq!(line["level"], "INFO", "{json}");
+    let bad = exec_server()
+        .args(["--log-format", "xml"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("possible values: text, json"));
 }

@@ -113,7 +113,16 @@ fn a_wrong_token_fails_with_255_and_says_why() {
         b"",
     );
     assert_eq!(status.code(), Some(255));
-    assert!(stderr.contains("401"), "{stderr}");
+    assert!(
+        stderr.contains("401 Unauthorized") && stderr.contains("check that --token-file holds"),
+        "{stderr}"
+    );
+    let (status, _, stderr) = output_within(&mut exec(server.url(), &[], &["/bin/true"]), b"");
+    assert_eq!(status.code(), Some(255));
+    assert!(
+        stderr.contains("none was sent") && stderr.contains("pass --token-file FILE"),
+        "{stderr}"
+    );
     let (status, _, _) = output_within(
         &mut exec(
             server.url(),
@@ -123,6 +132,55 @@ fn a_wrong_token_fails_with_255_and_says_why() {
         b"",
     );
     assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn tty_with_stdin_not_a_terminal_runs_on_pipes_and_says_so() {
+    // Before: `--tty -- bash` with stdin from a pipe or /dev/null waited forever.
+    let server = server();
+    let (status, stdout, stderr) = output_within(
+        &mut exec(
+            server.url(),
+            &["--tty"],
+            &sh("if test -t 0; then echo terminal; else echo pipes; fi"),
+        ),
+        b"",
+    );
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert_eq!(stdout, "pipes\n");
+    assert!(stderr.contains("stdin is not a terminal"), "{stderr}");
+    let (status, stdout, _) = output_within(
+        &mut exec(server.url(), &["--tty"], &["bash"]),
+        b"echo from-stdin\n",
+    );
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(stdout, "from-stdin\n");
+}
+
+#[test]
+fn exec_closes_its_websocket_with_a_close_handshake() {
+    let server = ExecServer::start_with(&["--listen", "ws://127.0.0.1:0"], |command| {
+        command.env("RUST_LOG", "supervisor::rpc=debug");
+    });
+    let (status, stdout, _) =
+        output_within(&mut exec(server.url(), &[], &["/bin/echo", "hi"]), b"");
+    assert_eq!((status.code(), stdout.as_str()), (Some(0), "hi\n"));
+    // The server logs how the connection ended: a close frame, or a WARN for a reset.
+    let started = Instant::now();
+    let log = loop {
+        let log = server.stderr();
+        if log.contains("the client closed the connection") || log.contains("closing connection") {
+            break log;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the server logged no end of the connection within {DEADLINE:?}:\n{log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10)); // polling interval, not a wait
+    };
+    assert!(log.contains("the client closed the connection"), "{log}");
+    assert!(!log.contains("without closing handshake"), "{log}");
+    assert!(!log.contains("WARN"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,11 +12,11 @@
 //!   notifications in arrival order: the order between a response and a notification sent by
 //!   concurrent tasks is not part of the protocol either.
 //!
-//! `golden/example_session.jsonl` is the seeds' "Example session" adapted to DESIGN.md §3:
-//! `initialize` returns `{sessionId}`, a tty process's stream is `pty` (so `\n` arrives as
-//! `\r\n` and the terminal echoes the written line), `closed` carries `seq`, and the exit
-//! status of the terminated shell is normalised. `bash -lc` became `bash --noprofile --norc -c`
-//! so that the host's login files cannot add output.
+//! `golden/example_session.jsonl` is the seeds' "Example session" adapted to this server's protocol
+//! (docs/protocol.md): `initialize` returns `{sessionId}`, a tty process's stream is `pty` (so `\n`
+//! arrives as `\r\n` and the terminal echoes the written line), `closed` carries `seq`, and the
+//! exit status of the terminated shell is normalised. `bash -lc` became `bash --noprofile --norc
+//! -c` so that the host's login files cannot add output.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// Sandboxed filesystem operations for execward.
+/// Sandboxed filesystem operations for execward (an internal helper of exec-server, which runs
+/// it; usable by hand for testing a policy).
 ///
 /// One-shot (default): read one JSON request `{"operation": "fs/readFile", "params": {...},
 /// "sandbox": {...}}` on stdin, apply the sandbox to this process, perform the operation, write

@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use crate::audit::denial::Layer;
 use crate::linux::seccomp;
 use crate::linux::seccomp_policy::Filter;
-use crate::policy::{Access, PathRule, ResolvedPolicy};
+use crate::policy::{
+    Access, Allowance, AllowanceBases, BUILTIN_ALLOWANCES, PathRule, ResolvedPolicy,
+};
 
 /// Computes advice for one run: the policy and the parsed seccomp filters, parsed once (a flood
 /// of seccomp denials must not parse the JSON policies once each).
@@ -28,6 +30,9 @@ pub struct Advisor {
     filters: Vec<(String, Filter)>,
     /// Hidden paths that came from `sandbox-run --deny` (the rest are the supervisor's own).
     cli_denied: Vec<PathBuf>,
+    /// Where the named allowances' paths point (`policies/allowances/`): a write one of them
+    /// covers is answered with that allowance.
+    bases: AllowanceBases,
 }
 
 impl Advisor {
@@ -41,7 +46,14 @@ impl Advisor {
             policy,
             filters: seccomp::filters_for(variant).unwrap_or_default(),
             cli_denied: Vec::new(),
+            bases: AllowanceBases::from_env(),
         }
+    }
+
+    /// Resolve the allowances' paths from `bases` instead of this process's environment.
+    pub fn with_allowance_bases(mut self, bases: AllowanceBases) -> Self {
+        self.bases = bases;
+        self
     }
 
     /// Says which hidden paths of the policy are `sandbox-run --deny PATH`s (absolute, as the
@@ -68,7 +80,14 @@ impl Advisor {
     ) -> String {
         let policy = &self.policy;
         if layer == Layer::Unexplained {
-            return unexplained_reason(policy, &self.cli_denied, operation, path, errno);
+            return unexplained_reason(
+                policy,
+                &self.cli_denied,
+                &self.bases,
+                operation,
+                path,
+                errno,
+            );
         }
         if operation.starts_with("net.") || operation == "socket" || operation == "socketpair" {
             return "network = true (sandbox-run --allow-network)".to_owned();
@@ -84,7 +103,7 @@ impl Advisor {
         let Some(path) = path.map(PathBuf::from) else {
             return "unknown: the kernel record names no path".to_owned();
         };
-        path_reason(policy, &self.cli_denied, operation, &path)
+        path_reason(policy, &self.cli_denied, &self.bases, operation, &path)
     }
 
     fn seccomp_reason(&self, syscall: &str) -> String {
@@ -130,6 +149,7 @@ impl Advisor {
 fn path_reason(
     policy: &ResolvedPolicy,
     cli_denied: &[PathBuf],
+    bases: &AllowanceBases,
     operation: &str,
     path: &Path,
 ) -> String {
@@ -167,7 +187,9 @@ fn path_reason(
     }
     match governing_rule(policy.rules(), path) {
         None if policy.restricts_filesystem() => {
-            if wants_write {
+            if wants_write && let Some(name) = allowance_covering(policy, path, bases) {
+                allowance_advice(name)
+            } else if wants_write {
                 format!(
                     "no rule covers {p} (a path no rule covers is denied): \"{d}\" = \"write\" \
                      (sandbox-run --writable-root {d})",
@@ -204,6 +226,8 @@ fn path_reason(
                      says \"{p}\" = \"write\" allows it",
                     p = protected.display()
                 )
+            } else if let Some(name) = allowance_covering(policy, path, bases) {
+                allowance_advice(name)
             } else {
                 format!(
                     "\"{d}\" = \"write\" (sandbox-run --writable-root {d})",
@@ -220,10 +244,32 @@ fn path_reason(
     }
 }
 
+/// The first built-in allowance that makes `path` writable under `policy`.
+fn allowance_covering(
+    policy: &ResolvedPolicy,
+    path: &Path,
+    bases: &AllowanceBases,
+) -> Option<&'static str> {
+    BUILTIN_ALLOWANCES
+        .iter()
+        .map(|(name, _)| *name)
+        .find(|name| {
+            Allowance::builtin(name)
+                .and_then(|allowance| allowance.apply(policy.clone(), bases))
+                .is_ok_and(|widened| widened.can_write(path))
+        })
+}
+
+/// Advice naming an allowance.
+fn allowance_advice(name: &str) -> String {
+    format!("the {name} allowance, policies/allowances/{name}.toml (sandbox-run --allow {name})")
+}
+
 /// Advice for a refusal no layer logged.
 fn unexplained_reason(
     policy: &ResolvedPolicy,
     cli_denied: &[PathBuf],
+    bases: &AllowanceBases,
     syscall: &str,
     path: Option<&str>,
     errno: Option<&str>,
@@ -238,7 +284,7 @@ fn unexplained_reason(
         (_, Some(path)) if !policy.can_read(Path::new(path)) => format!(
             "the policy does not grant {path} either, so a Landlock layer that did not log (a \
              kernel without Landlock audit) is possible; {}",
-            path_reason(policy, cli_denied, "fs.read_file", Path::new(path))
+            path_reason(policy, cli_denied, bases, "fs.read_file", Path::new(path))
         ),
         (_, Some(path)) => format!(
             "most often the file's own mode or owner ({path}; the sandbox holds no \
@@ -470,6 +516,29 @@ mod tests {
         assert!(!masked(&policy(), Path::new("/etc/hosts")));
         // Denied because no rule covers it: Landlock's refusal, not a mask.
         assert!(!masked(&narrow_policy(), Path::new("/etc/hosts")));
+    }
+
+    #[test]
+    fn a_cache_write_names_the_allowance_and_the_cache_directory_itself_does_not() {
+        let bases = AllowanceBases::from_vars(|name| {
+            (name == "HOME").then(|| PathBuf::from("/nonexistent-home"))
+        });
+        let advisor = Advisor::new(policy()).with_allowance_bases(bases);
+        let advice = |operation: &str, path: &str| {
+            advisor.allow_rule(Layer::Mount, operation, Some(path), None)
+        };
+        assert_eq!(
+            advice("fs.write_file", "/nonexistent-home/.cargo/.package-cache"),
+            "the toolchain-caches allowance, policies/allowances/toolchain-caches.toml \
+             (sandbox-run --allow toolchain-caches)"
+        );
+        assert!(
+            advice("fs.make_reg", "/nonexistent-home/.cargo").ends_with(
+                "\"/nonexistent-home/.cargo\" = \"write\" (sandbox-run --writable-root /nonexistent-home/.cargo)"
+            ),
+            "{}",
+            advice("fs.make_reg", "/nonexistent-home/.cargo")
+        );
     }
 
     #[test]

@@ -33,12 +33,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Benchmark (a development tool, not installed): median wall time of spawning /bin/true
+/// directly, through sandbox-run (workspace-write, namespaces on and off) and through bwrap
+/// when installed. Run it from a release build, next to sandbox-run:
+/// `cargo build --release -p sandbox && target/release/sandbox-bench`.
+#[derive(Debug, clap::Parser)]
+#[command(name = "sandbox-bench", version, about, long_about)]
+struct Cli {
+    /// Runs per configuration.
+    #[arg(value_name = "RUNS", default_value_t = DEFAULT_RUNS, value_parser = clap::value_parser!(usize))]
+    runs: usize,
+}
+
 fn run() -> anyhow::Result<()> {
-    let runs = std::env::args()
-        .nth(1)
-        .map(|n| n.parse())
-        .transpose()?
-        .unwrap_or(DEFAULT_RUNS);
+    let runs = <Cli as clap::Parser>::parse().runs;
+    anyhow::ensure!(runs > 0, "RUNS must be at least 1");
     let exe = std::env::current_exe()?;
     let sandbox_run = exe
         .parent()

@@ -4,11 +4,11 @@
 
 use std::process::ExitCode;
 
-use clap::{Args, CommandFactory, FromArgMatches};
+use clap::FromArgMatches;
 use sandbox::run::Cli;
 
 fn main() -> ExitCode {
-    let matches = audit_flags::AuditArgs::augment_args(Cli::command()).get_matches();
+    let matches = sandbox::run::command().get_matches();
     let parsed = Cli::from_arg_matches(&matches)
         .and_then(|cli| Ok((cli, audit_flags::AuditArgs::from_arg_matches(&matches)?)));
     let (cli, audit) = match parsed {

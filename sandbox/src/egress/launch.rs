@@ -65,10 +65,16 @@ pub struct ProxyProcess {
     closed: bool,
 }
 
-/// Where the proxy binary is: next to the running executable.
+/// Where an installation keeps the proxy, relative to the directory of `sandbox-run`
+/// (`PREFIX/bin/sandbox-run` finds `PREFIX/libexec/execward/egress-proxy`; see `install.sh`):
+/// an internal program stays off `$PATH`.
+pub const INSTALLED_PROXY_DIR: &str = "../libexec/execward";
+
+/// Where the proxy binary is: next to the running executable, else in [`INSTALLED_PROXY_DIR`]
+/// beside its directory.
 ///
 /// # Errors
-/// [`LaunchError::Missing`].
+/// [`LaunchError::Missing`] (naming the path next to the executable).
 pub fn proxy_binary() -> Result<PathBuf, LaunchError> {
     let exe = std::env::current_exe().map_err(|source| LaunchError::Missing {
         path: PathBuf::from(super::PROXY_BINARY),
@@ -78,6 +84,13 @@ pub fn proxy_binary() -> Result<PathBuf, LaunchError> {
         .parent()
         .map(|dir| dir.join(super::PROXY_BINARY))
         .unwrap_or_else(|| PathBuf::from(super::PROXY_BINARY));
+    if let Some(installed) = exe
+        .parent()
+        .map(|dir| dir.join(INSTALLED_PROXY_DIR).join(super::PROXY_BINARY))
+        .filter(|installed| !path.is_file() && installed.is_file())
+    {
+        return Ok(installed);
+    }
     std::fs::metadata(&path).map_err(|source| LaunchError::Missing {
         path: path.clone(),
         source,

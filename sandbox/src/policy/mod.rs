@@ -9,6 +9,7 @@
 //! Precedence: the most specific path (most components) wins; at equal specificity
 //! `deny` > `write` > `read`. A path no rule covers is denied.
 
+mod allowance;
 mod glob;
 pub mod network;
 mod profile;
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use allowance::{Allowance, AllowanceBases, AllowanceError, BUILTIN_ALLOWANCES};
 pub use network::{EgressRules, HostPattern, NetworkPolicy};
 pub use profile::{BUILTIN_PROFILES, DEFAULT_PROTECTED_SUBPATHS, ProfileFile, builtin_profile};
 pub use resolve::{MAX_RESOLVED_RULES, ResolveContext};

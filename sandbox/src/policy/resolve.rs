@@ -523,7 +523,11 @@ pub const PROTECTED_SCAN_MAX_DEPTH: usize = 8;
 /// including the directory a `.git` pointer file names and a symlink's target, where they are
 /// otherwise writable. `skip` lists writable roots that are the sandbox's own fresh directories
 /// (`/tmp`, `$TMPDIR`), whose host contents no command sees.
-fn protect_subpaths(raw: Vec<PathRule>, protected: &[String], skip: &[PathBuf]) -> Vec<PathRule> {
+pub(crate) fn protect_subpaths(
+    raw: Vec<PathRule>,
+    protected: &[String],
+    skip: &[PathBuf],
+) -> Vec<PathRule> {
     let rules = normalize_rules(raw.clone());
     let mut extra = Vec::new();
     if !protected.is_empty() {

@@ -7,9 +7,21 @@
 //! `supervisor::process::guardian`. Terminal signals are ignored so that Ctrl-C reaches the
 //! server, which shuts down in order first.
 
+use clap::Parser;
 use nix::sys::signal::{SigHandler, Signal, signal};
 
+/// Internal helper of exec-server; not a command to run by hand.
+///
+/// exec-server starts it with a socket on stdin and tells it the cgroups (or process groups) it
+/// creates. When the socket ends (exec-server exited, crashed or was killed), exec-guardian
+/// sends SIGKILL to every tree still registered, so no child outlives the server. It must sit
+/// next to exec-server (or in its --helper-dir, or PREFIX/libexec/execward when installed).
+#[derive(Debug, Parser)]
+#[command(name = "exec-guardian", version, about, long_about)]
+struct Cli {}
+
 fn main() {
+    let Cli {} = Cli::parse();
     for terminal_signal in [
         Signal::SIGINT,
         Signal::SIGTERM,

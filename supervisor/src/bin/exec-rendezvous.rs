@@ -42,15 +42,21 @@ struct Cli {
     /// listen address, wss:// with TLS).
     #[arg(long, value_name = "URL")]
     public_url: Option<String>,
+    /// Log format on stderr: text (coloured only on a terminal) or json (one object per line).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = supervisor::cli::LogFormat::Text)]
+    log_format: supervisor::cli::LogFormat,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    supervisor::cli::init_logging();
+    supervisor::cli::init_logging(cli.log_format);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("exec-rendezvous: {error:#}");
+            eprintln!(
+                "exec-rendezvous: {}",
+                supervisor::cli::describe_error(error.as_ref())
+            );
             ExitCode::from(2)
         }
     }

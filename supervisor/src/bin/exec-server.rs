@@ -18,11 +18,14 @@ fn main() -> ExitCode {
             }
         };
     }
-    supervisor::cli::init_logging();
+    supervisor::cli::init_logging(cli.log_format);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("exec-server: {error:#}");
+            eprintln!(
+                "exec-server: {}",
+                supervisor::cli::describe_error(error.as_ref())
+            );
             ExitCode::from(2)
         }
     }
@@ -30,8 +33,8 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime_paths = match &cli.helper_dir {
-        Some(dir) => ExecServerRuntimePaths::in_dir(&std::path::absolute(dir)?),
-        None => ExecServerRuntimePaths::next_to_current_exe()?,
+        Some(dir) => ExecServerRuntimePaths::existing_in_dir(&std::path::absolute(dir)?)?,
+        None => ExecServerRuntimePaths::find_for_current_exe()?,
     };
     if !(cli.detached_session_ttl.is_finite() && cli.detached_session_ttl >= 0.0) {
         anyhow::bail!("--detached-session-ttl must be a non-negative number of seconds");

@@ -40,6 +40,19 @@ pub enum ExecServerError {
         /// The underlying error (an HTTP 401 shows up here as the status line).
         reason: String,
     },
+    /// The server refused the websocket upgrade with HTTP 401: it requires a bearer token and
+    /// none was sent, or the one sent is not its token.
+    #[error("{endpoint} answered 401 Unauthorized: {}", if *.token_sent {
+        "the bearer token sent is not the server's"
+    } else {
+        "the server requires a bearer token (Authorization: Bearer) and none was sent"
+    })]
+    Unauthorized {
+        /// Where we tried to connect.
+        endpoint: String,
+        /// Whether a token was sent.
+        token_sent: bool,
+    },
     /// The server answered the request with an error.
     #[error("{method} failed: {error}")]
     Rpc {

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use crate::cli::ExecArgs;
 use crate::client::{
     ExecServerClient, ExecServerClientConnectOptions, ExecServerError, ProcessEvent,
-    RemoteExecServerConnectArgs,
+    RemoteExecServerConnectArgs, WebSocketTransport,
 };
 use crate::relay::REGISTRY_TOKEN_ENV;
 
@@ -42,6 +42,10 @@ pub const EXEC_FAILURE_STATUS: u8 = 255;
 /// executor frees it at once: the stream's close linger plus a second.
 pub const RELAY_CLOSE_WAIT: std::time::Duration =
     crate::relay::CLOSE_LINGER.saturating_add(std::time::Duration::from_secs(1));
+/// Longest wait, at exit, for the websocket's close handshake (our close frame out, the
+/// server's back): both steps' timeouts.
+pub const WEBSOCKET_CLOSE_WAIT: std::time::Duration =
+    crate::client::transport::CLOSE_HANDSHAKE_TIMEOUT.saturating_mul(2);
 /// Bytes read from local stdin per `process/write`.
 const STDIN_CHUNK_BYTES: usize = 64 * 1024;
 
@@ -99,6 +103,14 @@ pub enum ExecCommandError {
     /// The client failed (connect, start, or the connection could not be recovered).
     #[error(transparent)]
     Client(#[from] ExecServerError),
+    /// The server wants a (different) bearer token.
+    #[error("{error}; {hint}")]
+    Unauthorized {
+        /// The client's error.
+        error: ExecServerError,
+        /// What to do.
+        hint: &'static str,
+    },
     /// The event stream ended without `closed`.
     #[error("the remote process's event stream ended before it closed")]
     Incomplete,
@@ -109,7 +121,11 @@ pub enum ExecCommandError {
 ///
 /// # Errors
 /// See [`ExecCommandError`].
-pub fn run(args: ExecArgs) -> Result<u8, ExecCommandError> {
+pub fn run(mut args: ExecArgs) -> Result<u8, ExecCommandError> {
+    if let Some(warning) = tty_fallback(&mut args, terminal::is_terminal(std::io::stdin().as_fd()))
+    {
+        eprintln!("exec-server exec: {warning}");
+    }
     let output = LocalOutput::new(args.tty || args.raw);
     let params = start_params(&args, std::env::vars(), &std::env::current_dir().ok())?;
     let token = read_token(args.token_file.as_deref())?;
@@ -122,7 +138,39 @@ pub fn run(args: ExecArgs) -> Result<u8, ExecCommandError> {
     let outcome = runtime.block_on(exec(target, params, output));
     // Do not wait for blocked readers of local stdin.
     runtime.shutdown_background();
-    outcome
+    outcome.map_err(with_hint)
+}
+
+/// `--tty` needs a terminal on stdin to drive the remote one: without it (a pipe, a file,
+/// `/dev/null`) the command runs on pipes instead, as `ssh` does, and the returned warning says
+/// so. Without this a remote shell waits forever for input that never comes as keystrokes.
+pub fn tty_fallback(args: &mut ExecArgs, stdin_is_terminal: bool) -> Option<&'static str> {
+    if !args.tty || stdin_is_terminal {
+        return None;
+    }
+    args.tty = false;
+    Some(
+        "pseudo-terminal will not be allocated because stdin is not a terminal; the command \
+         runs on pipes (as without --tty)",
+    )
+}
+
+/// Adds what to do to errors a person can fix with a flag.
+fn with_hint(error: ExecCommandError) -> ExecCommandError {
+    match error {
+        ExecCommandError::Client(error @ ExecServerError::Unauthorized { token_sent, .. }) => {
+            ExecCommandError::Unauthorized {
+                error,
+                hint: if token_sent {
+                    "check that --token-file holds the token of the server's --auth-token-file"
+                } else {
+                    "pass --token-file FILE, a file holding the token the server reads from \
+                     its --auth-token-file"
+                },
+            }
+        }
+        other => other,
+    }
 }
 
 fn read_token(path: Option<&Path>) -> Result<Option<String>, ExecCommandError> {
@@ -301,14 +349,23 @@ async fn exec(
     params: StartParams,
     output: LocalOutput,
 ) -> Result<u8, ExecCommandError> {
-    let (client, relay) = match target {
-        ExecTarget::Local(options) => (ExecServerClient::connect(options).await?, None),
+    let (client, relay, websocket) = match target {
+        ExecTarget::Local(options) => {
+            let transport = Arc::new(WebSocketTransport::new(
+                &options.url,
+                options.auth_token.clone(),
+                options.connect_timeout,
+            )?);
+            let client =
+                ExecServerClient::connect_with_transport(transport.clone(), options).await?;
+            (client, None, Some(transport))
+        }
         ExecTarget::Remote(args) => {
             let (transport, options) = args.into_parts();
             let transport = Arc::new(transport);
             let client =
                 ExecServerClient::connect_with_transport(transport.clone(), options).await?;
-            (client, Some(transport))
+            (client, Some(transport), None)
         }
     };
     let outcome = run_command(&client, params, output).await;
@@ -319,6 +376,15 @@ async fn exec(
             .is_err()
     {
         tracing::debug!("the relay stream did not close within {RELAY_CLOSE_WAIT:?}");
+    }
+    // The websocket closes with a close handshake, so the server sees a proper close, not a
+    // reset; the runtime is dropped right after this returns.
+    if let Some(websocket) = websocket
+        && tokio::time::timeout(WEBSOCKET_CLOSE_WAIT, websocket.wait_connections_closed())
+            .await
+            .is_err()
+    {
+        tracing::debug!("the websocket did not close within {WEBSOCKET_CLOSE_WAIT:?}");
     }
     outcome
 }
@@ -679,6 +745,54 @@ mod tests {
             }
             other => panic!("not a local target: {other:?}"),
         }
+    }
+
+    #[test]
+    fn tty_without_a_terminal_on_stdin_falls_back_to_pipes_with_a_warning() {
+        let argv = [
+            "exec-server",
+            "exec",
+            "--connect",
+            "unix:/s",
+            "--tty",
+            "--",
+            "bash",
+        ];
+        let mut on_terminal = args(&argv);
+        assert_eq!(tty_fallback(&mut on_terminal, true), None);
+        assert!(on_terminal.tty);
+        let mut piped = args(&argv);
+        let warning = tty_fallback(&mut piped, false).unwrap();
+        assert!(warning.contains("stdin is not a terminal"), "{warning}");
+        assert!(!piped.tty);
+        let params = start_params(&piped, local_env(), &Some(PathBuf::from("/"))).unwrap();
+        assert!(params.pipe_stdin && !params.tty);
+        let mut plain = args(
+            &argv[..4]
+                .iter()
+                .chain(&argv[5..])
+                .copied()
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(tty_fallback(&mut plain, false), None);
+    }
+
+    #[test]
+    fn a_401_says_which_flag_fixes_it() {
+        let unauthorized = |token_sent| {
+            with_hint(ExecCommandError::Client(ExecServerError::Unauthorized {
+                endpoint: "ws://127.0.0.1:1".into(),
+                token_sent,
+            }))
+            .to_string()
+        };
+        let without = unauthorized(false);
+        assert!(
+            without.contains("401 Unauthorized") && without.contains("pass --token-file FILE"),
+            "{without}"
+        );
+        let wrong = unauthorized(true);
+        assert!(wrong.contains("check that --token-file holds"), "{wrong}");
     }
 
     #[test]

@@ -299,7 +299,13 @@ pub async fn serve_admitted<I, O>(
             )),
         };
         let payload = match frame {
-            None | Some(Inbound::Closed) => break,
+            None | Some(Inbound::Closed) => {
+                tracing::debug!(
+                    connection = connection.id,
+                    "the client closed the connection"
+                );
+                break;
+            }
             Some(Inbound::Message(payload)) => payload,
             Some(Inbound::Refused(code, reason)) => {
                 tracing::warn!(connection = connection.id, %reason, "closing connection");

@@ -1,10 +1,11 @@
 //! `bench`: every benchmark of the project, each beside its baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p tests --bin bench -- [--quick] [--only spawn|output|sandbox|remote|egress]
-//!     [--write docs/benchmarks.md]
+//! cargo run --release -p tests --bin bench -- [--quick]
+//!     [--only spawn|output|sandbox|remote|egress] [--write docs/benchmarks.md] [--check]
 //! ```
-//! Figures are medians with p10-p90 spreads; ratios compare ours to the baseline. The binaries
+//! Figures are medians with p10-p90 spreads; ratios compare ours to the baseline, and each row
+//! with a target says whether it holds (`--check`: exit 1 when one does not). The binaries
 //! measured are the ones next to this executable (build with `cargo build --release --workspace`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -27,6 +28,8 @@ struct Row {
     baseline: String,
     ratio: String,
     target: String,
+    /// Whether the figure meets its target; `None` for a row reported without one.
+    holds: Option<bool>,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -219,6 +222,7 @@ async fn spawn_round_trip(rows: &mut Vec<Row>, runs: usize) {
         baseline: format!("{direct_text} direct std::process spawn+wait"),
         ratio: format!("{:.2}x", ours_median / direct_median),
         target: "<= 1.5x".into(),
+        holds: Some(ours_median / direct_median <= 1.5),
     });
 }
 
@@ -274,6 +278,7 @@ async fn sandboxed_read_file(rows: &mut Vec<Row>, runs: usize) {
         baseline: format!("{unsandboxed_text} unsandboxed"),
         ratio: format!("{:.2}x", pooled_median / unsandboxed_median),
         target: "<= 3x".into(),
+        holds: Some(pooled_median / unsandboxed_median <= 3.0),
     });
     rows.push(Row {
         figure: format!(
@@ -284,6 +289,7 @@ async fn sandboxed_read_file(rows: &mut Vec<Row>, runs: usize) {
         baseline: format!("{pooled_text} pooled"),
         ratio: format!("pooled {:.1}x faster", one_shot_median / pooled_median),
         target: "pooled >= 10x faster".into(),
+        holds: Some(one_shot_median / pooled_median >= 10.0),
     });
 }
 
@@ -340,6 +346,7 @@ async fn sandboxed_spawn(rows: &mut Vec<Row>, runs: usize) {
             sandboxed_median / direct_median
         ),
         target: "<= 2x direct".into(),
+        holds: Some(sandboxed_median / direct_median <= 2.0),
     });
 }
 
@@ -386,16 +393,17 @@ async fn output_throughput(rows: &mut Vec<Row>, mib: u64, runs: usize) {
         format!("output throughput, head -c {mib}M /dev/zero to a Rust client ({runs} runs)"),
         (ours, ""),
         (pipe, " plain pipe"),
-        ">= 40%",
+        40.0,
     ));
 }
 
-/// A throughput row: medians with min-max ranges, ratio as a percentage of the baseline.
+/// A throughput row: medians with min-max ranges, ratio as a percentage of the baseline, whose
+/// target is at least `min_percent` of it.
 fn throughput_row(
     figure: String,
     ours: (Vec<f64>, &str),
     baseline: (Vec<f64>, &str),
-    target: &str,
+    min_percent: f64,
 ) -> Row {
     let summary = |(mut samples, label): (Vec<f64>, &str)| {
         samples.sort_by(f64::total_cmp);
@@ -409,12 +417,14 @@ fn throughput_row(
     };
     let (ours_median, ours) = summary(ours);
     let (baseline_median, baseline) = summary(baseline);
+    let percent = 100.0 * ours_median / baseline_median;
     Row {
         figure,
         ours,
         baseline,
-        ratio: format!("{:.0}%", 100.0 * ours_median / baseline_median),
-        target: target.into(),
+        ratio: format!("{percent:.0}%"),
+        target: format!(">= {min_percent:.0}%"),
+        holds: Some(percent >= min_percent),
     }
 }
 
@@ -452,11 +462,17 @@ fn sandbox_run_table(runs: usize) -> String {
 }
 
 fn render(rows: &[Row], command: &str) -> String {
-    let mut out =
-        String::from("| figure | ours | baseline | ratio | target |\n|---|---|---|---|---|\n");
+    let mut out = String::from(
+        "| figure | ours | baseline | ratio | target | holds |\n|---|---|---|---|---|---|\n",
+    );
     for row in rows {
+        let holds = match row.holds {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "-",
+        };
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {holds} |\n",
             row.figure, row.ours, row.baseline, row.ratio, row.target
         ));
     }
@@ -466,33 +482,59 @@ fn render(rows: &[Row], command: &str) -> String {
     )
 }
 
+/// Every benchmark of the project beside its baseline, each row marked against its target.
+///
+/// The binaries measured are the ones next to this executable: build with
+/// `cargo build --release --workspace` first.
+#[derive(Debug, clap::Parser)]
+#[command(name = "bench")]
+struct Cli {
+    /// Fewer runs per figure (a smoke run of a minute or two).
+    #[arg(long)]
+    quick: bool,
+    /// Run one group only.
+    #[arg(long, value_enum, value_name = "GROUP")]
+    only: Option<Group>,
+    /// Also write the report (Markdown) to FILE, e.g. docs/benchmarks.md.
+    #[arg(long, value_name = "FILE")]
+    write: Option<PathBuf>,
+    /// Exit 1 when a figure misses its target (after printing and writing the report).
+    #[arg(long)]
+    check: bool,
+}
+
+/// A group of benchmarks (`--only`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Group {
+    /// Process spawn round trip.
+    Spawn,
+    /// Output throughput.
+    Output,
+    /// Sandboxed fs and spawn, and sandbox-run startup.
+    Sandbox,
+    /// Remote mode through a local rendezvous.
+    Remote,
+    /// The egress proxy of an allowlisted sandbox network.
+    Egress,
+}
+
+/// The rows whose figure misses its target.
+fn misses(rows: &[Row]) -> Vec<&Row> {
+    rows.iter().filter(|row| row.holds == Some(false)).collect()
+}
+
 #[tokio::main]
-async fn main() {
+async fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let write = args
-        .iter()
-        .position(|a| a == "--write")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
-    const GROUPS: [&str; 5] = ["spawn", "output", "sandbox", "remote", "egress"];
-    if let Some(group) = &only {
-        assert!(
-            GROUPS.contains(&group.as_str()),
-            "--only takes one of {GROUPS:?}, not {group:?}"
-        );
-    }
-    let wanted = |group: &str| only.as_deref().is_none_or(|only| only == group);
+    let cli = <Cli as clap::Parser>::parse();
+    let quick = cli.quick;
+    let only = cli.only;
+    let wanted = |group: Group| only.is_none_or(|only| only == group);
     let mut rows = Vec::new();
-    if wanted("spawn") {
+    if wanted(Group::Spawn) {
         spawn_round_trip(&mut rows, if quick { 50 } else { 200 }).await;
     }
-    if wanted("output") {
+    if wanted(Group::Output) {
         output_throughput(
             &mut rows,
             if quick { 256 } else { 1024 },
@@ -500,14 +542,14 @@ async fn main() {
         )
         .await;
     }
-    if wanted("sandbox") {
+    if wanted(Group::Sandbox) {
         sandboxed_read_file(&mut rows, if quick { 200 } else { 1000 }).await;
         sandboxed_spawn(&mut rows, if quick { 50 } else { 200 }).await;
     }
-    if wanted("remote") {
+    if wanted(Group::Remote) {
         remote_mode(&mut rows, quick).await;
     }
-    if wanted("egress") {
+    if wanted(Group::Egress) {
         egress_proxy(
             &mut rows,
             if quick { 256 } else { 1024 },
@@ -520,14 +562,25 @@ async fn main() {
         args.iter().map(|a| format!(" {a}")).collect::<String>()
     );
     let mut report = render(&rows, &command);
-    if wanted("sandbox") {
+    if wanted(Group::Sandbox) {
         report.push_str(&sandbox_run_table(if quick { 50 } else { 300 }));
     }
     println!("{report}");
-    if let Some(path) = write {
+    if let Some(path) = cli.write {
         std::fs::write(&path, &report).unwrap();
-        eprintln!("wrote {path}");
+        eprintln!("wrote {}", path.display());
     }
+    let missed = misses(&rows);
+    for row in &missed {
+        eprintln!(
+            "bench: missed its target: {} ({}, target {})",
+            row.figure, row.ratio, row.target
+        );
+    }
+    if cli.check && !missed.is_empty() {
+        return std::process::ExitCode::FAILURE;
+    }
+    std::process::ExitCode::SUCCESS
 }
 
 // Remote mode: the relay through a local exec-rendezvous against the same executor's local
@@ -690,7 +743,7 @@ async fn relay_output_throughput(rows: &mut Vec<Row>, setup: &RemoteSetup, mib: 
         ),
         (ours, " relay"),
         (baseline, " local websocket"),
-        ">= 60%",
+        60.0,
     ));
     relay.close();
     local.close();
@@ -725,6 +778,7 @@ async fn relay_request_latency(rows: &mut Vec<Row>, setup: &RemoteSetup, runs: u
         baseline: format!("{baseline_text} local websocket"),
         ratio: format!("{:.2}x", ours_median / baseline_median),
         target: "reported (no target)".into(),
+        holds: None,
     });
     relay.close();
     local.close();
@@ -850,7 +904,7 @@ fn egress_proxy(rows: &mut Vec<Row>, mib: usize, runs: usize, connects: usize) {
         format!("{mib} MiB through the egress proxy (CONNECT tunnel) vs direct loopback TCP ({runs} runs)"),
         (proxied, ""),
         (direct, " direct"),
-        ">= 70%",
+        70.0,
     ));
     let (ours, ours_text) = summary_ms(egress_client(true, "connect", connects, port));
     let (base, base_text) = summary_ms(egress_client(false, "connect", connects, port));
@@ -862,5 +916,42 @@ fn egress_proxy(rows: &mut Vec<Row>, mib: usize, runs: usize, connects: usize) {
         baseline: base_text,
         ratio: format!("+{:.2} ms", ours - base),
         target: "added latency reported".into(),
+        holds: None,
     });
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn row(holds: Option<bool>) -> Row {
+        Row {
+            figure: format!("figure {holds:?}"),
+            ours: "1 ms".into(),
+            baseline: "1 ms".into(),
+            ratio: "1.00x".into(),
+            target: "<= 1.5x".into(),
+            holds,
+        }
+    }
+
+    #[test]
+    fn each_row_is_marked_against_its_target_and_misses_are_listed() {
+        let rows = [row(Some(true)), row(Some(false)), row(None)];
+        let table = render(&rows, "bench");
+        assert!(table.contains("| target | holds |"), "{table}");
+        assert!(table.contains("| <= 1.5x | yes |"), "{table}");
+        assert!(table.contains("| <= 1.5x | **no** |"), "{table}");
+        assert!(table.contains("| <= 1.5x | - |"), "{table}");
+        let missed: Vec<&str> = misses(&rows).iter().map(|r| r.figure.as_str()).collect();
+        assert_eq!(missed, ["figure Some(false)"]);
+    }
+
+    #[test]
+    fn a_throughput_row_holds_at_or_above_its_share_of_the_baseline() {
+        let row = |ours: f64| throughput_row("t".into(), (vec![ours], ""), (vec![100.0], ""), 40.0);
+        assert_eq!(row(40.0).holds, Some(true));
+        assert_eq!(row(39.0).holds, Some(false));
+        assert_eq!(row(39.0).target, ">= 40%");
+    }
 }

@@ -720,14 +720,25 @@ fn machine() -> String {
     format!("{cpu}, {cores} cores{memory}, Linux {kernel}")
 }
 
+/// Load and soak figures for the real exec-server (the one next to this executable: build with
+/// `cargo build --release --workspace` first), each checked against its bound; exits 1 when one
+/// does not hold.
+#[derive(Debug, clap::Parser)]
+#[command(name = "load")]
+struct Cli {
+    /// Shrink every count for a smoke run (well under a minute).
+    #[arg(long)]
+    quick: bool,
+    /// Also write the report (Markdown) to FILE, e.g. docs/load.md.
+    #[arg(long, value_name = "FILE")]
+    write: Option<std::path::PathBuf>,
+}
+
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let write = args
-        .iter()
-        .position(|a| a == "--write")
-        .map(|i| args.get(i + 1).expect("--write FILE").clone());
+    let cli = <Cli as clap::Parser>::parse();
+    let quick = cli.quick;
+    let write = cli.write.map(|path| path.display().to_string());
     let sizes = if quick { Sizes::quick() } else { Sizes::full() };
     let mut report = Report::default();
     let started = Instant::now();

@@ -113,6 +113,8 @@ pub fn run_probe(args: &[String]) -> Value {
             })
             .map(|()| Value::Null),
         "create-mode" => create_with_mode(&arg(1), &arg(2)),
+        "tmpfile-mode" => tmpfile_with_mode(&arg(1), &arg(2)),
+        "open-read-mode" => open_read_with_mode(&arg(1), &arg(2)),
         "set-file-capability" => set_file_capability(&arg(1)),
         "prlimit" => prlimit_cpu(arg(1).parse().unwrap_or(0)),
         "setpriority" => set_priority(arg(1).parse().unwrap_or(0)),
@@ -330,6 +332,56 @@ fn create_with_mode(path: &str, mode: &str) -> Result<Value, std::io::Error> {
         .mode(mode)
         .open(path)
         .map(|_| Value::Null)
+}
+
+/// An unnamed file in directory `dir` (`O_TMPFILE`) with octal `mode`, then linked as
+/// `dir/tmpfile` (the way an `O_TMPFILE` file gets a name).
+fn tmpfile_with_mode(dir: &str, mode: &str) -> Result<Value, std::io::Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mode = u32::from_str_radix(mode, 8).map_err(std::io::Error::other)?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(mode)
+        .open(dir)?;
+    let target = format!("{dir}/tmpfile");
+    nix::unistd::linkat(
+        &file,
+        "",
+        nix::fcntl::AT_FDCWD,
+        target.as_str(),
+        nix::fcntl::AtFlags::AT_EMPTY_PATH,
+    )
+    .map(|()| Value::Null)
+    .map_err(std::io::Error::from)
+}
+
+/// Opens `path` for reading with the raw `openat` (and, on x86_64, `open`) system call, passing
+/// octal `mode` as the third argument although `O_CREAT` is not set: what callers that invoke
+/// `syscall(SYS_open, path, flags)` with two arguments leave in that register (jemalloc does).
+fn open_read_with_mode(path: &str, mode: &str) -> Result<Value, std::io::Error> {
+    let mode = libc::c_long::from_str_radix(mode, 8).map_err(std::io::Error::other)?;
+    let path = std::ffi::CString::new(path)?;
+    let flags = libc::c_long::from(libc::O_RDONLY | libc::O_CLOEXEC);
+    let mut calls = vec![libc::SYS_openat];
+    #[cfg(target_arch = "x86_64")]
+    calls.push(libc::SYS_open);
+    for number in calls {
+        // SAFETY: a valid C string; the kernel ignores the mode argument without O_CREAT.
+        let fd = unsafe {
+            if number == libc::SYS_openat {
+                libc::syscall(number, libc::AT_FDCWD, path.as_ptr(), flags, mode)
+            } else {
+                libc::syscall(number, path.as_ptr(), flags, mode)
+            }
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the descriptor was just returned to us and is closed once.
+        unsafe { libc::close(fd as libc::c_int) };
+    }
+    Ok(Value::Null)
 }
 
 /// Gives `path` a file capability (`security.capability`, CAP_SETUID permitted+effective).
