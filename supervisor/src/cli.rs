@@ -110,6 +110,13 @@ pub enum Command {
     /// USER, LOGNAME, LANG, LC_ALL, LC_CTYPE, TERM and TZ from the local environment, and nothing
     /// else; --clear-env passes none of them; --env K=V adds or overrides one. Under --tty, TERM
     /// defaults to xterm-256color.
+    ///
+    /// Terminal safety: the command may be hostile, so without --tty, output written to a local
+    /// terminal is filtered: OSC, DCS, APC, PM and SOS sequences (clipboard writes, window titles,
+    /// hyperlinks, device control) and terminal queries (device status and attributes, window
+    /// reports, whose answers the terminal would type into stdin) are removed; colours and
+    /// cursor movement pass. Output to a file or pipe is never changed. --raw turns the filter
+    /// off.
     #[command(long_about)]
     Exec(ExecArgs),
 }
@@ -159,6 +166,12 @@ pub struct ExecArgs {
     /// Run the command under a remote pseudo-terminal; the local terminal goes to raw mode.
     #[arg(long)]
     pub tty: bool,
+
+    /// Write the command's output to a local terminal unfiltered (by default, without --tty,
+    /// OSC/DCS/APC/PM/SOS sequences and terminal queries are removed when stdout or stderr is a
+    /// terminal; see the description above).
+    #[arg(long)]
+    pub raw: bool,
 
     /// Run the command under this sandbox profile (e.g. read-only, workspace-write). The
     /// command's working directory (--cwd) is the sandbox's workspace.

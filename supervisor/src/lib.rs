@@ -13,9 +13,11 @@
 //! # Ok(()) }
 //! ```
 
+pub mod budget;
 pub mod cli;
 pub mod client;
 pub mod containment;
+pub mod cpu_pool;
 pub mod environment;
 pub mod exec_cmd;
 pub mod fs;
@@ -32,6 +34,7 @@ pub mod server;
 pub mod session;
 mod sys;
 pub mod transport;
+pub mod untrusted;
 
 pub use client::{
     CLIENT_EVENT_BUFFER_BYTES, ConnectionState, ExecServerClient, ExecServerClientConnectOptions,

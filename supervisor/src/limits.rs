@@ -9,8 +9,22 @@ use std::time::Duration;
 pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 /// Largest HTTP upgrade head (request line plus headers) read before the websocket starts.
 pub const MAX_UPGRADE_HEAD_BYTES: usize = 16 * 1024;
-/// Time a client has to send the whole HTTP head (defeats slowloris connections).
-pub const UPGRADE_HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a client has to send the whole HTTP head (defeats slowloris connections). A client sends
+/// its head right after connecting; two seconds is generous even over a slow link, and short
+/// enough that silent sockets cannot pile up.
+pub const UPGRADE_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time an upgraded connection has to send a successful `initialize`; one that does not is
+/// closed. Until then it holds a pending slot, not a connection slot.
+pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections accepted but not yet initialized (head not read, token not checked, or upgraded
+/// without `initialize` yet). They live in this small pool apart from [`MAX_CONNECTIONS`]; when it
+/// is full the oldest is closed (an unauthenticated one first), so silent sockets cannot lock
+/// out the clients that do speak.
+pub const MAX_PENDING_CONNECTIONS: usize = 64;
+/// Pending connections from one source address (an IPv6 /64 counts as one source; every unix
+/// socket peer is the same local source). Past it, the source's own oldest pending connection is
+/// closed, so one host flooding the pool churns its own slots and not others'.
+pub const MAX_PENDING_PER_SOURCE: usize = 16;
 /// Requests of one connection handled at once; past this the server stops reading the socket
 /// until one completes, so a client that floods requests gets backpressure, not unbounded tasks.
 pub const MAX_INFLIGHT_REQUESTS: usize = 128;
@@ -20,8 +34,69 @@ pub const OUTBOUND_QUEUE_MESSAGES: usize = 1024;
 /// Bytes of serialized messages queued per connection. Together with the count limit above this
 /// bounds a non-reading client's cost to the server (about this much plus one message).
 pub const OUTBOUND_QUEUE_BYTES: usize = 8 * 1024 * 1024;
-/// Simultaneous client connections; more are closed right after accept.
-pub const MAX_CONNECTIONS: usize = 1024;
+/// Initialized client connections. Past it `initialize` is refused with `limitExceeded` (and the
+/// connection closed); a slot is only taken once a connection passed admission and initialized.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Sessions the server holds, attached or detached. Past it, `initialize` for a new session is
+/// refused with `limitExceeded` (retryable: detached sessions expire).
+pub const MAX_SESSIONS: usize = 320;
+/// Detached sessions kept for a resume. When one more detaches, the session detached longest ago
+/// expires at once (its processes are terminated), so abandoned sessions cannot hold processes
+/// and descriptors beyond this.
+pub const MAX_DETACHED_SESSIONS: usize = 64;
+/// Server memory for requests being handled and the answers they produce, across all
+/// connections: an in-flight request's payload (twice its size: the parsed params and a decoded
+/// copy) plus the worst-case size of its answer, reserved before the work starts. Past it, new
+/// work is refused with `limitExceeded` (retryable) instead of growing the process toward the
+/// OOM killer. Each connection's first [`CONNECTION_MEMORY_ALLOWANCE`] bytes do not draw on it,
+/// so small requests keep being served while large ones are refused.
+pub const MEMORY_BUDGET_BYTES: usize = 1024 * 1024 * 1024;
+/// Bytes of requests and answers each connection may hold without drawing on
+/// [`MEMORY_BUDGET_BYTES`]: what a client issuing ordinary small requests needs.
+pub const CONNECTION_MEMORY_ALLOWANCE: usize = 2 * 1024 * 1024;
+/// Bytes of requests in flight and answers not yet written, per connection (the sum of their
+/// reservations, see [`MEMORY_BUDGET_BYTES`]). When a new request does not fit, the server stops
+/// reading the socket until earlier answers were written: a client that pipelines large reads
+/// and does not read the answers holds at most this much.
+pub const MAX_INFLIGHT_BYTES_PER_CONNECTION: usize = 160 * 1024 * 1024;
+/// Reservation for the answer of a method whose answer is small (everything but file contents,
+/// process output and HTTP bodies). A larger answer is still sent if the budget has room for it.
+pub const SMALL_RESPONSE_BYTES: usize = 64 * 1024;
+/// Longest error message sent to a client; longer ones (an error quoting a huge input) are cut.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 2048;
+/// Longest `clientName`, in bytes.
+pub const MAX_CLIENT_NAME_BYTES: usize = 256;
+/// Descriptors the server keeps free for accepting connections, spawning (pipes exist briefly
+/// in the server) and helpers starting, beyond what clients can hold: the client descriptor
+/// budget is the open-file limit minus this, minus one per possible connection and `http/request`.
+pub const DESCRIPTOR_RESERVE: usize = 2048;
+/// Upper bound of the descriptors clients can make the server hold (fs handles, process pipes,
+/// pidfds and terminals, helper sockets), whatever the open-file limit allows. Past the budget
+/// the request that needs one more is refused with `limitExceeded` (retryable).
+pub const MAX_CLIENT_DESCRIPTORS: usize = 16 * 1024;
+/// Processes running at once, across all sessions (each holds descriptors, a pump task and up
+/// to [`OUTPUT_RETENTION_BYTES`] of output). Past it `process/start` is refused with
+/// `limitExceeded` (retryable).
+pub const MAX_LIVE_PROCESSES: usize = 4096;
+/// Blocking work (filesystem calls, helper exchanges, policy resolution, program lookup and
+/// spawn) running at once, across all connections; more waits its turn. Keeps the blocking
+/// thread pool, and so CPU contention with the async workers, bounded.
+pub const MAX_BLOCKING_TASKS: usize = 32;
+/// Blocking work one connection may have running at once; its further requests wait, so one
+/// connection cannot take every blocking slot.
+pub const MAX_BLOCKING_TASKS_PER_CONNECTION: usize = 4;
+/// Threads for CPU-bound request work (large parses and encodings, policy resolution): one per
+/// core, at most this many, at a lower priority than the async workers.
+pub use crate::cpu_pool::{CPU_POOL_NICE, MAX_CPU_POOL_THREADS};
+/// Longest `argv` element or environment value, in bytes: the kernel's `MAX_ARG_STRLEN`
+/// (longer ones fail exec with E2BIG anyway).
+pub const MAX_ARG_BYTES: usize = 128 * 1024;
+/// Total bytes of `argv` and `env` (names, values and separators) of one `process/start`: half
+/// of the kernel's usual 2 MiB `ARG_MAX`, checked before any work.
+pub const MAX_ARGV_ENV_BYTES: usize = 1024 * 1024;
+/// Longest `PATH` searched for a program named without a `/` (longer is refused before the
+/// search; identical entries are searched once).
+pub const MAX_PATH_SEARCH_BYTES: usize = 16 * 1024;
 /// Output retained per process for `process/read`; older chunks are dropped first.
 pub const OUTPUT_RETENTION_BYTES: usize = 1024 * 1024;
 /// Largest read of a child's pipe or PTY in one go (one `process/output` chunk at most). Keep it
@@ -39,12 +114,19 @@ pub const MAX_PROCESSES_PER_SESSION: usize = 2048;
 /// Longest `processId`, in bytes.
 pub const MAX_PROCESS_ID_BYTES: usize = 128;
 /// `writeId`s remembered per process to deduplicate retried writes (the reference server
-/// remembers as many, so a client retrying within its window sees the same behaviour).
+/// remembers as many, so a client retrying within its window sees the same behaviour). Each is
+/// kept as a 128-bit keyed hash, so the memory is fixed whatever the ids' length.
 pub const WRITE_ID_MEMORY: usize = 4096;
+/// Longest `writeId`, in bytes.
+pub const MAX_WRITE_ID_BYTES: usize = 128;
 /// Denial records kept per audited process (`auditDenials`) for `process/read`.
 pub const MAX_DENIALS_RETAINED: usize = 1024;
-/// Longest denial record line accepted from `sandbox-run --audit-fd`.
-pub const MAX_DENIAL_RECORD_BYTES: usize = 64 * 1024;
+/// Bytes of denial records kept per audited process (oldest dropped first, counted in
+/// `denialsDropped`), shared with the audit side through `proto`.
+pub use proto::methods::process::MAX_DENIAL_BYTES_RETAINED;
+/// Longest denial record line accepted from `sandbox-run --audit-fd` (shared with the audit
+/// side through `proto`).
+pub use proto::methods::process::MAX_DENIAL_RECORD_BYTES;
 /// How long `process/terminate` waits after SIGTERM before SIGKILL.
 pub const TERMINATE_GRACE: Duration = Duration::from_secs(2);
 /// How long a process stays readable after `process/closed`.

@@ -6,15 +6,19 @@ use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
 
+use crate::budget::Budgets;
 use crate::containment::reaper::Reaper;
 use crate::containment::{Containment, ContainmentOptions};
 use crate::fs::helpers::HelperPool;
-use crate::limits::{DETACHED_SESSION_TTL, MAX_CONNECTIONS};
+use crate::limits::{
+    DETACHED_SESSION_TTL, MAX_CONNECTIONS, MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_SOURCE,
+};
 use crate::listen::{ExecServerListenUrlParseError, ListenAddress};
 use crate::paths::ExecServerRuntimePaths;
 use crate::process::guardian::Guardian;
 use crate::sandboxing::Sandboxing;
 use crate::session::SessionRegistry;
+use crate::transport::admission::Admission;
 use crate::transport::{BindError, Listener};
 
 /// Everything configurable about a server.
@@ -113,8 +117,12 @@ pub struct ServerState {
     pub runtime_paths: ExecServerRuntimePaths,
     /// Required bearer token.
     pub auth_token: Option<Vec<u8>>,
-    /// Connection slots.
+    /// Connection slots (taken by `initialize`).
     pub connection_slots: Arc<Semaphore>,
+    /// Connections accepted and not yet initialized.
+    pub admission: Arc<Admission>,
+    /// Memory, descriptor, process and blocking-work budgets.
+    pub budgets: Arc<Budgets>,
     /// True once shutdown started.
     pub shutdown: watch::Receiver<bool>,
     /// Kills our process groups if the server dies.
@@ -171,6 +179,11 @@ impl BoundServer {
             listener.tcp_port().into_iter().collect(),
         )?);
         crate::sys::prepare_server_descriptors();
+        let budgets = Arc::new(Budgets::for_current_process());
+        tracing::debug!(
+            descriptors = budgets.descriptor_limit(),
+            "client descriptor budget"
+        );
         let containment = Arc::new(Containment::detect(ContainmentOptions {
             use_cgroups: options.use_cgroups,
             default_limits: options.default_limits.clone(),
@@ -182,17 +195,26 @@ impl BoundServer {
                 return Err(error);
             }
         };
-        let helpers = HelperPool::new(sandboxing.clone(), options.one_shot_helpers);
+        let helpers = HelperPool::new(
+            sandboxing.clone(),
+            options.one_shot_helpers,
+            budgets.clone(),
+        );
         let own_listeners = match &listener {
             Listener::Tcp(tcp) => tcp.local_addr().into_iter().collect(),
             Listener::Unix(..) => Vec::new(),
         };
         let (shutdown, shutdown_rx) = watch::channel(false);
         let state = Arc::new(ServerState {
-            sessions: Arc::new(SessionRegistry::new(options.detached_session_ttl)),
+            sessions: Arc::new(SessionRegistry::new(
+                options.detached_session_ttl,
+                helpers.clone(),
+            )),
             runtime_paths: options.runtime_paths.clone(),
             auth_token,
             connection_slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            admission: Admission::new(MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_SOURCE),
+            budgets,
             shutdown: shutdown_rx,
             guardian,
             helpers,

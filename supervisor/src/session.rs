@@ -5,11 +5,17 @@
 //!
 //! Attach and detach go through one lock ([`Attachment`]) and detach names the connection it
 //! belongs to, so a late detach from an old connection can never clear a newer attachment.
+//!
+//! Bounds: at most [`MAX_SESSIONS`] sessions exist (a new one past it is refused); at most
+//! [`MAX_DETACHED_SESSIONS`] of them detached (one more detaching expires the one detached
+//! longest ago at once). A session's pooled fs-helpers are retired when it detaches or expires.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::fs::helpers::HelperPool;
+use crate::limits::{MAX_DETACHED_SESSIONS, MAX_SESSIONS};
 use crate::process::ProcessTable;
 use crate::process::handlers::terminate_sessions;
 use crate::rpc::connection::OutboundSender;
@@ -23,8 +29,11 @@ pub struct Attachment {
 #[derive(Default)]
 struct AttachmentState {
     connection: Option<(u64, OutboundSender)>,
-    /// Bumped on every detach, so an expiry timer knows whether it is still the latest.
+    /// Bumped on every detach (and early expiry), so an expiry timer knows whether it is still
+    /// the latest.
     detach_generation: u64,
+    /// When the session was last detached (while it is).
+    detached_at: Option<Instant>,
 }
 
 impl Attachment {
@@ -56,6 +65,15 @@ pub enum SessionError {
         "session {0:?} is still attached to another connection; retry shortly (the old connection may still be closing)"
     )]
     StillAttached(String),
+    /// The server holds as many sessions as it allows.
+    #[error(
+        "the server already holds {limit} sessions (MAX_SESSIONS, attached or detached); retry \
+         once detached sessions expired, or resume one of yours with resumeSessionId"
+    )]
+    TooMany {
+        /// The limit.
+        limit: usize,
+    },
 }
 
 /// One session.
@@ -72,14 +90,17 @@ pub struct Session {
 pub struct SessionRegistry {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     ttl: Duration,
+    helpers: Arc<HelperPool>,
 }
 
 impl SessionRegistry {
-    /// A registry whose detached sessions live for `ttl`.
-    pub fn new(ttl: Duration) -> Self {
+    /// A registry whose detached sessions live for `ttl`, retiring their fs-helpers from
+    /// `helpers`.
+    pub fn new(ttl: Duration, helpers: Arc<HelperPool>) -> Self {
         Self {
             sessions: Mutex::new(HashMap::new()),
             ttl,
+            helpers,
         }
     }
 
@@ -90,7 +111,14 @@ impl SessionRegistry {
     }
 
     /// A new session attached to `connection`.
-    pub fn create(&self, connection: u64, sender: OutboundSender) -> Arc<Session> {
+    ///
+    /// # Errors
+    /// [`SessionError::TooMany`] at [`MAX_SESSIONS`].
+    pub fn create(
+        &self,
+        connection: u64,
+        sender: OutboundSender,
+    ) -> Result<Arc<Session>, SessionError> {
         let attachment = Attachment::default();
         attachment.lock().connection = Some((connection, sender));
         let session = Arc::new(Session {
@@ -98,8 +126,24 @@ impl SessionRegistry {
             processes: Arc::new(ProcessTable::default()),
             attachment: Arc::new(attachment),
         });
-        self.lock().insert(session.id.clone(), session.clone());
-        session
+        let mut sessions = self.lock();
+        if sessions.len() >= MAX_SESSIONS {
+            return Err(SessionError::TooMany {
+                limit: MAX_SESSIONS,
+            });
+        }
+        sessions.insert(session.id.clone(), session.clone());
+        Ok(session)
+    }
+
+    /// Sessions held now (attached or detached).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no session is held.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
     }
 
     /// Re-attach a detached session to `connection`.
@@ -122,6 +166,7 @@ impl SessionRegistry {
             return Err(SessionError::StillAttached(id.to_owned()));
         }
         state.connection = Some((connection, sender));
+        state.detached_at = None;
         drop(state);
         Ok(session)
     }
@@ -137,8 +182,11 @@ impl SessionRegistry {
             }
             state.connection = None;
             state.detach_generation += 1;
+            state.detached_at = Some(Instant::now());
             state.detach_generation
         };
+        self.helpers.retire_session(&session.id);
+        self.expire_excess_detached();
         let registry = Arc::clone(self);
         let session = Arc::clone(session);
         tokio::spawn(async move {
@@ -156,6 +204,43 @@ impl SessionRegistry {
                 tracing::info!(session_id = %session.id, "detached session expired; terminating its processes");
                 terminate_sessions(std::slice::from_ref(&session.processes)).await;
             }
+        });
+    }
+
+    /// Past [`MAX_DETACHED_SESSIONS`], expire the session detached longest ago now.
+    fn expire_excess_detached(&self) {
+        let oldest = {
+            let mut sessions = self.lock();
+            let detached: Vec<(Instant, String)> = sessions
+                .values()
+                .filter_map(|session| {
+                    let state = session.attachment.lock();
+                    match (&state.connection, state.detached_at) {
+                        (None, Some(at)) => Some((at, session.id.clone())),
+                        _ => None,
+                    }
+                })
+                .collect();
+            if detached.len() <= MAX_DETACHED_SESSIONS {
+                return;
+            }
+            let Some((_, id)) = detached.into_iter().min() else {
+                return;
+            };
+            let Some(session) = sessions.remove(&id) else {
+                return;
+            };
+            // The expiry timer of this detach must not act again.
+            session.attachment.lock().detach_generation += 1;
+            session
+        };
+        tracing::info!(
+            session_id = %oldest.id,
+            "more than MAX_DETACHED_SESSIONS ({MAX_DETACHED_SESSIONS}) detached sessions: \
+             expiring the oldest now and terminating its processes"
+        );
+        tokio::spawn(async move {
+            terminate_sessions(std::slice::from_ref(&oldest.processes)).await;
         });
     }
 

@@ -532,3 +532,43 @@ pub fn owned_fd_from_scm_rights(fd: RawFd) -> OwnedFd {
     // knows the number, so this is its only owner.
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
+
+/// Lower the scheduling priority of the calling thread (only: on Linux every thread has its own
+/// nice value) to `nice`. Irreversible without privilege: call it only on threads that keep
+/// this priority for good, and never on a thread that starts children (they inherit it).
+pub fn lower_current_thread_priority(nice: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: gettid has no preconditions and touches no memory.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let tid = libc::id_t::try_from(tid).map_err(|_| std::io::Error::other("bad thread id"))?;
+    if lower_thread_priority(tid, nice) {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Set the nice value of thread (or single-threaded process) `tid` to `nice`; whether it
+/// worked. Lowering the priority of one's own children needs no privilege.
+pub fn lower_thread_priority(tid: libc::id_t, nice: libc::c_int) -> bool {
+    // SAFETY: setpriority only changes the scheduling priority of the named thread.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) == 0 }
+}
+
+/// Give the allocator's free memory back to the system, now: after a large buffer was freed,
+/// glibc keeps it in the freeing thread's arena (above its mmap threshold, which it raises
+/// after the first large free), so a burst of large requests would leave the server's RSS at
+/// the sum of the arenas' peaks and the memory budget would stop describing the process.
+/// `malloc_trim` returns free pages with `madvise`, under the address space's read lock (unlike
+/// `munmap`, which would make every thread's page faults wait). Blocking: call it on the
+/// blocking pool. Whether memory was released (always false off glibc).
+pub fn release_free_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim only releases memory the allocator holds free.
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}

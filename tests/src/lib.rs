@@ -32,6 +32,7 @@ pub use proto::RpcError;
 
 pub mod relay;
 pub mod scratch;
+pub mod siege;
 
 /// The default deadline for any single wait (a response, a notification, the URL line).
 pub const DEADLINE: Duration = Duration::from_secs(10);

@@ -381,6 +381,10 @@ pub struct ReadParams {
     /// Wait up to this long for something new when nothing is available yet.
     #[serde(default)]
     pub wait_ms: Option<u64>,
+    /// Return denial records numbered after this one (records are numbered from 1 per process,
+    /// apart from `seq`); absent means from the oldest retained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_denial: Option<u64>,
 }
 
 /// Which stream a chunk came from.
@@ -441,18 +445,32 @@ pub struct ReadResult {
     /// Oldest seq still retained (present when `outputDropped`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_retained_seq: Option<u64>,
-    /// Denial records of a process started with `auditDenials` (the newest
-    /// `MAX_DENIALS_RETAINED`; not part of the seq sequence).
+    /// Denial records of a process started with `auditDenials` numbered after `afterDenial`
+    /// (the newest `MAX_DENIALS_RETAINED` and `MAX_DENIAL_BYTES_RETAINED` are kept; not part of
+    /// the seq sequence). Their bytes count toward `maxBytes`, after the chunks'.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub denials: Vec<Value>,
-    /// Denial records dropped because more than `MAX_DENIALS_RETAINED` arrived.
+    /// Denial records dropped because more than `MAX_DENIALS_RETAINED` records or
+    /// `MAX_DENIAL_BYTES_RETAINED` bytes arrived.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub denials_dropped: u64,
+    /// One past the number of the last denial record this answer covers: pass
+    /// `nextDenial - 1` as `afterDenial` to continue. Present for audited processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_denial: Option<u64>,
 }
 
 fn is_zero(value: &u64) -> bool {
     *value == 0
 }
+
+/// Longest denial record (one JSON line) `sandbox-run --audit-fd` may write; the server drops
+/// longer ones. Shared by the audit writer and the server.
+pub const MAX_DENIAL_RECORD_BYTES: usize = 64 * 1024;
+
+/// Bytes of denial records the server keeps per audited process for `process/read` (oldest
+/// dropped first). An audit writer producing more per process only loses the oldest.
+pub const MAX_DENIAL_BYTES_RETAINED: usize = 256 * 1024;
 
 /// `process/denied` notification: one record from the sandbox's denial audit (the objects
 /// `sandbox-run --audit` writes; see docs/audit.md). Not numbered in the event sequence.

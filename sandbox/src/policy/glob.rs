@@ -18,10 +18,15 @@ pub const MAX_GLOB_SCAN_MAX_DEPTH: usize = 32;
 /// widen access).
 pub const MAX_GLOB_MATCHES: usize = 4096;
 
-/// Directory entries one pattern may look at while it is expanded; more is an error. Policies
-/// come from clients and are resolved before every sandboxed request, so `/**/x` must not turn
-/// into a walk of the whole filesystem.
+/// Directory entries the glob entries of one policy may look at, together, while they are
+/// expanded; more is an error. Policies come from clients and are resolved before every
+/// sandboxed request, so `/**/x` must not turn into a walk of the whole filesystem, and neither
+/// may a policy of many globs each just under a per-pattern limit.
 pub const MAX_GLOB_SCANNED_ENTRIES: usize = 100_000;
+
+/// Distinct glob entries one policy may hold (identical entries count once); more is an error.
+/// Each costs a walk setup even when it matches nothing.
+pub const MAX_GLOB_PATTERNS: usize = 256;
 
 /// Whether `text` contains glob metacharacters.
 pub fn is_glob(text: &str) -> bool {
@@ -38,19 +43,52 @@ pub fn is_glob(text: &str) -> bool {
 /// `for_deny`: the pattern denies what it matches, so it fails closed: a directory the walk
 /// cannot read is an error (a file there could match and would stay readable), never a skipped
 /// subtree. An allowing pattern just matches less.
+#[cfg(test)]
 pub fn expand(
     pattern: &Path,
     max_depth: usize,
     for_deny: bool,
 ) -> Result<Vec<PathBuf>, PolicyError> {
-    expand_within(pattern, max_depth, MAX_GLOB_SCANNED_ENTRIES, for_deny)
+    expand_within(pattern, max_depth, &mut GlobBudget::new(), for_deny)
 }
 
-/// [`expand`] with an explicit entry budget (tests use a small one).
-fn expand_within(
+/// What is left of one policy's glob work ([`MAX_GLOB_SCANNED_ENTRIES`] directory entries and
+/// [`MAX_GLOB_PATTERNS`] patterns), shared by all its glob entries.
+#[derive(Debug)]
+pub struct GlobBudget {
+    entries_left: usize,
+    patterns_left: usize,
+}
+
+impl Default for GlobBudget {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GlobBudget {
+    /// The budget of one policy.
+    pub fn new() -> Self {
+        Self::with_entries(MAX_GLOB_SCANNED_ENTRIES)
+    }
+
+    fn with_entries(entries: usize) -> Self {
+        Self {
+            entries_left: entries,
+            patterns_left: MAX_GLOB_PATTERNS,
+        }
+    }
+}
+
+/// [`expand`] drawing on a policy's `budget`.
+///
+/// # Errors
+/// As [`expand`]; also when the policy's budget runs out (in entries, or past
+/// [`MAX_GLOB_PATTERNS`] patterns).
+pub fn expand_within(
     pattern: &Path,
     max_depth: usize,
-    budget: usize,
+    budget: &mut GlobBudget,
     for_deny: bool,
 ) -> Result<Vec<PathBuf>, PolicyError> {
     let text = pattern.to_string_lossy();
@@ -63,6 +101,13 @@ fn expand_within(
             "\"..\" and \".\" components are not allowed in a glob; write the path out".to_owned(),
         ));
     }
+    if budget.patterns_left == 0 {
+        return Err(fail(format!(
+            "the policy holds more than MAX_GLOB_PATTERNS ({MAX_GLOB_PATTERNS}) distinct glob \
+             entries; merge them"
+        )));
+    }
+    budget.patterns_left -= 1;
     if max_depth > MAX_GLOB_SCAN_MAX_DEPTH {
         return Err(fail(format!(
             "glob_scan_max_depth {max_depth} exceeds MAX_GLOB_SCAN_MAX_DEPTH ({MAX_GLOB_SCAN_MAX_DEPTH})"
@@ -96,12 +141,13 @@ fn expand_within(
     }
     let mut walk = Walk {
         found: Vec::new(),
-        entries_left: budget,
+        entries_left: budget.entries_left,
         exhausted: false,
         strict: for_deny,
         unreadable: None,
     };
     walk.walk(&base, &components[literal..], max_depth);
+    budget.entries_left = walk.entries_left;
     if let Some((dir, err)) = walk.unreadable {
         return Err(fail(format!(
             "cannot read {} ({err}); a deny pattern must see every directory it could match in, \
@@ -110,9 +156,11 @@ fn expand_within(
         )));
     }
     if walk.exhausted {
-        return Err(fail(format!(
-            "the walk reads more than MAX_GLOB_SCANNED_ENTRIES ({budget}) directory entries; start it deeper or lower glob_scan_max_depth"
-        )));
+        return Err(fail(
+            "the policy's globs together read more than MAX_GLOB_SCANNED_ENTRIES \
+             directory entries; start them deeper, merge them or lower glob_scan_max_depth"
+                .to_owned(),
+        ));
     }
     let mut found = walk.found;
     found.sort();
@@ -380,26 +428,62 @@ mod tests {
                 std::fs::write(sub.join(format!("f{j}")), "").unwrap();
             }
         }
-        let error =
-            expand_within(&dir.path().join("*/nothing-matches"), 8, 500, false).unwrap_err();
+        let budget = |entries| GlobBudget::with_entries(entries);
+        let error = expand_within(
+            &dir.path().join("*/nothing-matches"),
+            8,
+            &mut budget(500),
+            false,
+        )
+        .unwrap_err();
         assert!(
             error.to_string().contains("MAX_GLOB_SCANNED_ENTRIES"),
             "{error}"
         );
         // Reading exactly the budget is within it (d0 holds 100 entries).
         assert_eq!(
-            expand_within(&dir.path().join("d0/*"), 8, 100, false)
+            expand_within(&dir.path().join("d0/*"), 8, &mut budget(100), false)
                 .unwrap()
                 .len(),
             100
         );
         // Starting deeper stays within the budget.
         assert_eq!(
-            expand_within(&dir.path().join("d0/f1?"), 8, 500, false)
+            expand_within(&dir.path().join("d0/f1?"), 8, &mut budget(500), false)
                 .unwrap()
                 .len(),
             10
         );
+    }
+
+    #[test]
+    fn one_budget_bounds_all_the_globs_of_a_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        for j in 0..100 {
+            std::fs::write(dir.path().join(format!("f{j}")), "").unwrap();
+        }
+        // Each walk of the directory reads its 100 entries: three fit a budget of 300, the
+        // fourth does not, although each alone would.
+        let mut budget = GlobBudget::with_entries(300);
+        for suffix in ["1", "2", "3"] {
+            expand_within(
+                &dir.path().join(format!("*{suffix}")),
+                8,
+                &mut budget,
+                false,
+            )
+            .unwrap();
+        }
+        let error = expand_within(&dir.path().join("*4"), 8, &mut budget, false).unwrap_err();
+        assert!(error.to_string().contains("together"), "{error}");
+        // The number of patterns is bounded too, even when they read nothing.
+        let mut budget = GlobBudget::new();
+        let missing = dir.path().join("missing");
+        for i in 0..MAX_GLOB_PATTERNS {
+            expand_within(&missing.join(format!("{i}/*")), 8, &mut budget, false).unwrap();
+        }
+        let error = expand_within(&missing.join("last/*"), 8, &mut budget, false).unwrap_err();
+        assert!(error.to_string().contains("MAX_GLOB_PATTERNS"), "{error}");
     }
 
     #[test]

@@ -283,8 +283,22 @@ fn resolve_draft(
     }
     let mut rules = Vec::new();
     let mut named: Vec<PathBuf> = cwd.iter().map(|c| c.to_path_buf()).collect();
+    // All the globs of one policy share one budget; an entry given twice is resolved once.
+    let mut globs = glob::GlobBudget::new();
+    let mut seen = std::collections::HashSet::new();
     for (path, access) in &draft.entries {
-        let resolved = resolve_entry(path, *access, cwd, workspace_roots, ctx, draft.glob_depth)?;
+        if !seen.insert((path, *access)) {
+            continue;
+        }
+        let resolved = resolve_entry(
+            path,
+            *access,
+            cwd,
+            workspace_roots,
+            ctx,
+            draft.glob_depth,
+            &mut globs,
+        )?;
         if rules.len() + resolved.len() > MAX_RESOLVED_RULES {
             return Err(PolicyError::TooManyRules {
                 limit: MAX_RESOLVED_RULES,
@@ -396,6 +410,7 @@ fn resolve_entry(
     workspace_roots: &[PathBuf],
     ctx: &ResolveContext,
     glob_depth: usize,
+    globs: &mut glob::GlobBudget,
 ) -> Result<Vec<PathBuf>, PolicyError> {
     let need_cwd = |entry: &str| {
         cwd.map(Path::to_owned)
@@ -411,7 +426,7 @@ fn resolve_entry(
             } else {
                 need_cwd(&format!("glob {pattern:?}"))?.join(pattern)
             };
-            glob::expand(&absolute, glob_depth, access == Access::Deny)?
+            glob::expand_within(&absolute, glob_depth, globs, access == Access::Deny)?
         }
         EntryPath::Special { value } => match value {
             SpecialPath::Root => vec![PathBuf::from("/")],

@@ -221,6 +221,7 @@ mod tests {
             first_retained_seq: None,
             denials: Vec::new(),
             denials_dropped: 0,
+            next_denial: None,
         }
     }
 

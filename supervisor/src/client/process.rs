@@ -270,6 +270,7 @@ impl RemoteProcess {
             after_seq,
             max_bytes,
             wait_ms,
+            after_denial: None,
         };
         self.inner.call(PROCESS_READ, &params, Replay::Safe).await
     }

@@ -262,6 +262,7 @@ impl Inner {
                 after_seq: Some(after_seq),
                 max_bytes: Some(CATCH_UP_READ_MAX_BYTES),
                 wait_ms: Some(wait_ms),
+                after_denial: None,
             };
             let params = serde_json::to_value(params).unwrap_or_default();
             let answer = connection

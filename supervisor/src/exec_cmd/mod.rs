@@ -6,6 +6,7 @@
 //! switch the terminal to raw mode only once the remote process exists (so errors print on a
 //! sane terminal), and restore it before the exit status is returned.
 
+pub mod escapes;
 pub mod terminal;
 
 use std::collections::BTreeMap;
@@ -109,6 +110,7 @@ pub enum ExecCommandError {
 /// # Errors
 /// See [`ExecCommandError`].
 pub fn run(args: ExecArgs) -> Result<u8, ExecCommandError> {
+    let output = LocalOutput::new(args.tty || args.raw);
     let params = start_params(&args, std::env::vars(), &std::env::current_dir().ok())?;
     let token = read_token(args.token_file.as_deref())?;
     let target = exec_target(&args, token, std::env::var(REGISTRY_TOKEN_ENV).ok())?;
@@ -117,7 +119,7 @@ pub fn run(args: ExecArgs) -> Result<u8, ExecCommandError> {
         .enable_all()
         .build()
         .map_err(ExecCommandError::Runtime)?;
-    let outcome = runtime.block_on(exec(target, params));
+    let outcome = runtime.block_on(exec(target, params, output));
     // Do not wait for blocked readers of local stdin.
     runtime.shutdown_background();
     outcome
@@ -294,7 +296,11 @@ fn cwd_uri(cwd: Option<&str>, local_cwd: &Option<PathBuf>) -> Result<FileUri, Ex
     }
 }
 
-async fn exec(target: ExecTarget, params: StartParams) -> Result<u8, ExecCommandError> {
+async fn exec(
+    target: ExecTarget,
+    params: StartParams,
+    output: LocalOutput,
+) -> Result<u8, ExecCommandError> {
     let (client, relay) = match target {
         ExecTarget::Local(options) => (ExecServerClient::connect(options).await?, None),
         ExecTarget::Remote(args) => {
@@ -305,7 +311,7 @@ async fn exec(target: ExecTarget, params: StartParams) -> Result<u8, ExecCommand
             (client, Some(transport))
         }
     };
-    let outcome = run_command(&client, params).await;
+    let outcome = run_command(&client, params, output).await;
     client.close();
     if let Some(relay) = relay
         && tokio::time::timeout(RELAY_CLOSE_WAIT, relay.wait_streams_closed())
@@ -320,6 +326,7 @@ async fn exec(target: ExecTarget, params: StartParams) -> Result<u8, ExecCommand
 async fn run_command(
     client: &ExecServerClient,
     mut params: StartParams,
+    mut output: LocalOutput,
 ) -> Result<u8, ExecCommandError> {
     let tty = params.tty;
     let stdin_is_terminal = terminal::is_terminal(std::io::stdin().as_fd());
@@ -356,7 +363,7 @@ async fn run_command(
     let outcome = loop {
         tokio::select! {
             event = events.next() => match event {
-                Some(ProcessEvent::Output { stream, data, .. }) => write_local(stream, &data),
+                Some(ProcessEvent::Output { stream, data, .. }) => output.write(stream, &data),
                 Some(ProcessEvent::Exited { exit_code: code, .. }) => exit_code = Some(code),
                 Some(ProcessEvent::Closed { .. }) => break Ok(exit_status(exit_code.unwrap_or(0))),
                 Some(ProcessEvent::Failed { error }) => break Err(error.into()),
@@ -389,19 +396,53 @@ fn forward_signal(process: &crate::client::RemoteProcess, signal: SignalName) {
     });
 }
 
-fn write_local(stream: OutputStream, data: &[u8]) {
-    // Blocking writes: this command's only job is moving these bytes, and blocking here is
-    // what pushes back on the remote process when the reader of our stdout is slow.
-    let _ = match stream {
-        OutputStream::Stderr => {
-            let mut stderr = std::io::stderr().lock();
-            stderr.write_all(data).and_then(|()| stderr.flush())
+/// Where the command's output goes: our stdout and stderr, each through a
+/// [`escapes::TerminalFilter`] when it is a terminal (unless `--tty` or `--raw`).
+struct LocalOutput {
+    stdout: Option<escapes::TerminalFilter>,
+    stderr: Option<escapes::TerminalFilter>,
+    filtered: Vec<u8>,
+}
+
+impl LocalOutput {
+    /// Filters for whichever of stdout and stderr is a terminal, none when `unfiltered`.
+    fn new(unfiltered: bool) -> Self {
+        let filter_if_terminal = |fd: std::os::fd::BorrowedFd<'_>| {
+            (!unfiltered && terminal::is_terminal(fd)).then(escapes::TerminalFilter::new)
+        };
+        Self {
+            stdout: filter_if_terminal(std::io::stdout().as_fd()),
+            stderr: filter_if_terminal(std::io::stderr().as_fd()),
+            filtered: Vec::new(),
         }
-        OutputStream::Stdout | OutputStream::Pty => {
-            let mut stdout = std::io::stdout().lock();
-            stdout.write_all(data).and_then(|()| stdout.flush())
-        }
-    };
+    }
+
+    fn write(&mut self, stream: OutputStream, data: &[u8]) {
+        // Blocking writes: this command's only job is moving these bytes, and blocking here is
+        // what pushes back on the remote process when the reader of our stdout is slow.
+        let filter = match stream {
+            OutputStream::Stderr => self.stderr.as_mut(),
+            OutputStream::Stdout | OutputStream::Pty => self.stdout.as_mut(),
+        };
+        let data = match filter {
+            Some(filter) => {
+                self.filtered.clear();
+                filter.filter(data, &mut self.filtered);
+                &self.filtered[..]
+            }
+            None => data,
+        };
+        let _ = match stream {
+            OutputStream::Stderr => {
+                let mut stderr = std::io::stderr().lock();
+                stderr.write_all(data).and_then(|()| stderr.flush())
+            }
+            OutputStream::Stdout | OutputStream::Pty => {
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(data).and_then(|()| stdout.flush())
+            }
+        };
+    }
 }
 
 /// Read local stdin on a plain thread (a blocked read must not hold up exit); `None` at EOF.

@@ -1,21 +1,24 @@
-//! Open `fs/open` handles of one connection, bounded by [`MAX_OPEN_HANDLES`].
+//! Open `fs/open` handles of one connection, bounded by [`MAX_OPEN_HANDLES`] per connection and,
+//! across the server, by the client descriptor budget ([`crate::budget`]): each handle holds one
+//! descriptor of it from the moment its id is reserved.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::FsRequestError;
+use crate::budget::{Budgets, DescriptorCharge};
 use crate::limits::{MAX_HANDLE_ID_BYTES, MAX_OPEN_HANDLES};
 
 enum Slot {
-    Opening,
-    Open(Arc<File>),
+    Opening(DescriptorCharge),
+    Open(Arc<File>, DescriptorCharge),
 }
 
 /// The handles of one connection.
-#[derive(Default)]
 pub struct HandleTable {
     slots: Mutex<HashMap<String, Slot>>,
+    budgets: Arc<Budgets>,
 }
 
 /// A reserved handle id; dropped unfilled, the id is freed.
@@ -28,7 +31,12 @@ impl HandleReservation<'_> {
     /// Store the opened file.
     pub fn fill(mut self, file: File) {
         if let Some(id) = self.id.take() {
-            self.table.lock().insert(id, Slot::Open(Arc::new(file)));
+            let mut slots = self.table.lock();
+            let charge = match slots.remove(&id) {
+                Some(Slot::Opening(charge) | Slot::Open(_, charge)) => charge,
+                None => DescriptorCharge::none(),
+            };
+            slots.insert(id, Slot::Open(Arc::new(file), charge));
         }
     }
 }
@@ -42,6 +50,14 @@ impl Drop for HandleReservation<'_> {
 }
 
 impl HandleTable {
+    /// An empty table drawing descriptors from `budgets`.
+    pub fn new(budgets: Arc<Budgets>) -> Self {
+        Self {
+            slots: Mutex::new(HashMap::new()),
+            budgets,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
         self.slots
             .lock()
@@ -51,7 +67,8 @@ impl HandleTable {
     /// Reserve `id`.
     ///
     /// # Errors
-    /// Invalid or duplicate id, or the connection's handles are exhausted.
+    /// Invalid or duplicate id, the connection's handles are exhausted, or the server's
+    /// descriptor budget is.
     pub fn reserve(&self, id: &str) -> Result<HandleReservation<'_>, FsRequestError> {
         if id.is_empty() || id.len() > MAX_HANDLE_ID_BYTES {
             return Err(FsRequestError::HandleIdLength {
@@ -66,7 +83,8 @@ impl HandleTable {
         if slots.len() >= MAX_OPEN_HANDLES {
             return Err(FsRequestError::TooManyHandles(MAX_OPEN_HANDLES));
         }
-        slots.insert(id.to_owned(), Slot::Opening);
+        let charge = self.budgets.descriptors(1)?;
+        slots.insert(id.to_owned(), Slot::Opening(charge));
         Ok(HandleReservation {
             table: self,
             id: Some(id.to_owned()),
@@ -79,7 +97,7 @@ impl HandleTable {
     /// [`FsRequestError::UnknownHandle`].
     pub fn get(&self, id: &str) -> Result<Arc<File>, FsRequestError> {
         match self.lock().get(id) {
-            Some(Slot::Open(file)) => Ok(file.clone()),
+            Some(Slot::Open(file, _)) => Ok(file.clone()),
             _ => Err(FsRequestError::UnknownHandle(id.to_owned())),
         }
     }
@@ -91,7 +109,7 @@ impl HandleTable {
     pub fn close(&self, id: &str) -> Result<(), FsRequestError> {
         let mut slots = self.lock();
         match slots.get(id) {
-            Some(Slot::Open(_)) => {
+            Some(Slot::Open(..)) => {
                 slots.remove(id);
                 Ok(())
             }

@@ -4,7 +4,10 @@
 //! - A helper serves one request at a time over a socketpair (its stdin and stdout), so a
 //!   descriptor opened by `fs/open` under the policy comes back with `SCM_RIGHTS`.
 //! - The pool keeps at most [`MAX_IDLE_HELPERS_PER_POLICY`] idle helpers per key and
-//!   [`MAX_LIVE_HELPERS`] in all; idle helpers exit after [`HELPER_IDLE_TIMEOUT`].
+//!   [`MAX_LIVE_HELPERS`] in all, busy and idle alike; when a new helper is needed and none is
+//!   left, the least recently used idle helper is retired to make room. Idle helpers exit after
+//!   [`HELPER_IDLE_TIMEOUT`]; a session's idle helpers are retired when it detaches or expires.
+//! - Every helper holds [`HELPER_DESCRIPTORS`] of the server's client descriptor budget.
 //! - A helper that crashes, hangs past [`HELPER_REQUEST_TIMEOUT`] or answers garbage is killed
 //!   and never reused; its request fails with -32603 carrying the helper's stderr.
 //! - With one-shot helpers (`--one-shot-helpers`) every request gets a fresh helper.
@@ -13,7 +16,8 @@
 //!   the server's protections); it resolves nothing itself and confines itself before reading
 //!   any request.
 //!
-//! The requests are blocking socket I/O and run on tokio's blocking pool.
+//! The requests are blocking socket I/O and run on the bounded blocking pool
+//! ([`crate::budget`]), within the calling connection's share of it.
 
 use std::collections::HashMap;
 use std::io::{IoSliceMut, Read, Write};
@@ -27,14 +31,17 @@ use proto::error::{ErrorKind, RpcError};
 use sandbox::ResolvedPolicy;
 use serde_json::Value;
 use std::os::unix::process::CommandExt;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::budget::{Budgets, ConnectionBudget, DescriptorCharge};
 use crate::sandboxing::Sandboxing;
 
 /// Idle helpers kept per (session, policy).
 pub const MAX_IDLE_HELPERS_PER_POLICY: usize = 4;
-/// Helper processes alive at once, across all sessions.
+/// Helper processes alive at once, across all sessions, idle ones included.
 pub const MAX_LIVE_HELPERS: usize = 64;
+/// Descriptors the server holds per helper: its socket and its stderr pipe.
+pub const HELPER_DESCRIPTORS: usize = 2;
 /// An idle helper exits after this long unused.
 pub const HELPER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest a helper may take for one request before it is killed (big copies included).
@@ -60,6 +67,9 @@ struct Helper {
     socket: UnixStream,
     stderr: Arc<Mutex<Vec<u8>>>,
     idle_since: Instant,
+    /// Its place among the [`MAX_LIVE_HELPERS`] (taken away when it is evicted for another).
+    live: Option<OwnedSemaphorePermit>,
+    _descriptors: DescriptorCharge,
 }
 
 impl Helper {
@@ -86,16 +96,26 @@ pub struct HelperPool {
     one_shot: bool,
     idle: Mutex<HashMap<PoolKey, Vec<Helper>>>,
     live: Arc<Semaphore>,
+    budgets: Arc<Budgets>,
+}
+
+/// How a call gets its helper.
+enum Start {
+    /// An idle helper of the same key.
+    Reused(Helper),
+    /// A new one, with its place and descriptors already taken.
+    New(OwnedSemaphorePermit, DescriptorCharge),
 }
 
 impl HelperPool {
-    /// A pool running `sandboxing`'s fs-helper.
-    pub fn new(sandboxing: Arc<Sandboxing>, one_shot: bool) -> Arc<Self> {
+    /// A pool running `sandboxing`'s fs-helper, its helpers' descriptors drawn from `budgets`.
+    pub fn new(sandboxing: Arc<Sandboxing>, one_shot: bool, budgets: Arc<Budgets>) -> Arc<Self> {
         let pool = Arc::new(Self {
             sandboxing,
             one_shot,
             idle: Mutex::new(HashMap::new()),
             live: Arc::new(Semaphore::new(MAX_LIVE_HELPERS)),
+            budgets,
         });
         let weak = Arc::downgrade(&pool);
         tokio::spawn(async move {
@@ -129,55 +149,125 @@ impl HelperPool {
         expired
     }
 
-    /// Run one request (`{"operation", "params"}` as JSON bytes) under `key`'s policy.
+    /// Run one request (`{"operation", "params"}`) under `key`'s policy, on the blocking pool
+    /// within `budget`'s share (where it is also serialized).
     ///
     /// # Errors
-    /// -32603 `helperFailed` when no helper can be started or it fails mid-request.
+    /// -32603 `helperFailed` when no helper can be started or it fails mid-request; -32600
+    /// `limitExceeded` when the server's descriptor budget has no room for a new helper.
     pub async fn call(
         self: &Arc<Self>,
+        budget: &ConnectionBudget,
         key: PoolKey,
-        request: Vec<u8>,
+        request: Value,
     ) -> Result<HelperReply, RpcError> {
-        let permit = self
-            .live
+        let reused = if self.one_shot {
+            None
+        } else {
+            self.checkout(&key)
+        };
+        let start = match reused {
+            Some(helper) => Start::Reused(helper),
+            None => {
+                let live = self.live_slot().await?;
+                Start::New(live, self.budgets.descriptors(HELPER_DESCRIPTORS)?)
+            }
+        };
+        let pool = self.clone();
+        budget
+            .blocking(move || {
+                let request = serde_json::to_vec(&request)
+                    .map_err(|e| RpcError::internal(format!("cannot encode the request: {e}")))?;
+                let mut helper = match start {
+                    Start::Reused(helper) => helper,
+                    Start::New(live, descriptors) => pool.spawn(&key.1, live, descriptors)?,
+                };
+                match exchange(&mut helper, &request) {
+                    Ok(reply) => {
+                        if pool.one_shot {
+                            helper.retire();
+                        } else {
+                            pool.checkin(key, helper);
+                        }
+                        Ok(reply)
+                    }
+                    Err(reason) => {
+                        // Give a crashed helper a moment to finish writing its stderr.
+                        let _ = helper.child.try_wait();
+                        std::thread::sleep(Duration::from_millis(10));
+                        let stderr = helper.stderr_text();
+                        helper.kill();
+                        Err(helper_failed(&reason, &stderr))
+                    }
+                }
+            })
+            .await?
+    }
+
+    /// A place for one more helper: a free one, else the least recently used idle helper's
+    /// (once it has exited: the cap counts processes), else wait until a busy helper is done.
+    async fn live_slot(&self) -> Result<OwnedSemaphorePermit, RpcError> {
+        if let Ok(permit) = self.live.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        if let Some(mut victim) = self.take_least_recently_used()
+            && let Some(permit) = victim.live.take()
+        {
+            tokio::task::spawn_blocking(move || victim.retire())
+                .await
+                .map_err(|e| helper_failed(&format!("retiring an idle helper: {e}"), ""))?;
+            return Ok(permit);
+        }
+        self.live
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| helper_failed("the helper pool is closed", ""))?;
-        let pool = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let reused = if pool.one_shot {
-                None
-            } else {
-                pool.checkout(&key)
-            };
-            let mut helper = match reused {
-                Some(helper) => helper,
-                None => pool.spawn(&key.1)?,
-            };
-            match exchange(&mut helper, &request) {
-                Ok(reply) => {
-                    if pool.one_shot {
-                        helper.retire();
-                    } else {
-                        pool.checkin(key, helper);
-                    }
-                    drop(permit);
-                    Ok(reply)
-                }
-                Err(reason) => {
-                    // Give a crashed helper a moment to finish writing its stderr.
-                    let _ = helper.child.try_wait();
-                    std::thread::sleep(Duration::from_millis(10));
-                    let stderr = helper.stderr_text();
-                    helper.kill();
-                    drop(permit);
-                    Err(helper_failed(&reason, &stderr))
-                }
-            }
-        })
-        .await
-        .map_err(|e| helper_failed(&format!("helper task failed: {e}"), ""))?
+            .map_err(|_| helper_failed("the helper pool is closed", ""))
+    }
+
+    fn take_least_recently_used(&self) -> Option<Helper> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let (key, index) = idle
+            .iter()
+            .flat_map(|(key, helpers)| {
+                helpers
+                    .iter()
+                    .enumerate()
+                    .map(move |(index, helper)| (helper.idle_since, key, index))
+            })
+            .min_by_key(|(since, ..)| *since)
+            .map(|(_, key, index)| (key.clone(), index))?;
+        let helpers = idle.get_mut(&key)?;
+        let helper = helpers.swap_remove(index);
+        if helpers.is_empty() {
+            idle.remove(&key);
+        }
+        Some(helper)
+    }
+
+    /// Retire the idle helpers of `session_id` (it detached or expired). Helpers busy for it now
+    /// are pooled when done and leave by the idle timeout or to make room.
+    pub fn retire_session(&self, session_id: &str) {
+        let retired: Vec<Helper> = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let keys: Vec<PoolKey> = idle
+                .keys()
+                .filter(|(session, _)| session == session_id)
+                .cloned()
+                .collect();
+            keys.iter()
+                .filter_map(|key| idle.remove(key))
+                .flatten()
+                .collect()
+        };
+        if !retired.is_empty() {
+            tokio::task::spawn_blocking(move || retired.into_iter().for_each(Helper::retire));
+        }
+    }
+
+    /// Helper processes alive now (busy and idle).
+    pub fn live(&self) -> usize {
+        MAX_LIVE_HELPERS - self.live.available_permits()
     }
 
     fn checkout(&self, key: &PoolKey) -> Option<Helper> {
@@ -200,7 +290,12 @@ impl HelperPool {
         }
     }
 
-    fn spawn(&self, policy: &ResolvedPolicy) -> Result<Helper, RpcError> {
+    fn spawn(
+        &self,
+        policy: &ResolvedPolicy,
+        live: OwnedSemaphorePermit,
+        descriptors: DescriptorCharge,
+    ) -> Result<Helper, RpcError> {
         let (ours, theirs) = UnixStream::pair()
             .map_err(|e| helper_failed(&format!("socketpair failed: {e}"), ""))?;
         let theirs_out = theirs
@@ -227,6 +322,9 @@ impl HelperPool {
                 "",
             )
         })?;
+        // A helper moves file contents for clients: CPU work that must not take the CPU from
+        // the async workers (it is single-threaded, so its pid names its only thread).
+        crate::sys::lower_thread_priority(child.id(), crate::cpu_pool::CPU_POOL_NICE);
         let stderr = Arc::new(Mutex::new(Vec::new()));
         if let Some(mut pipe) = child.stderr.take() {
             let sink = stderr.clone();
@@ -247,6 +345,8 @@ impl HelperPool {
             socket: ours,
             stderr,
             idle_since: Instant::now(),
+            live: Some(live),
+            _descriptors: descriptors,
         };
         let policy = serde_json::to_vec(policy)
             .map_err(|e| helper_failed(&format!("cannot encode the policy: {e}"), ""))?;

@@ -23,6 +23,7 @@ use serde_json::Value;
 
 pub use handles::HandleTable;
 
+use crate::budget::{ConnectionBudget, MemoryCharge};
 use crate::rpc::connection::Connection;
 use crate::rpc::dispatch::to_value;
 use crate::session::Session;
@@ -54,14 +55,18 @@ pub enum FsRequestError {
         "this connection already has {0} open handles (MAX_OPEN_HANDLES); close some with fs/close"
     )]
     TooManyHandles(usize),
+    /// A server-wide budget has no room now.
+    #[error(transparent)]
+    Budget(#[from] crate::budget::BudgetError),
 }
 
-/// Resolve the request's `sandbox` member (off the runtime: globs walk the filesystem). `None`
-/// when nothing is restricted.
+/// Resolve the request's `sandbox` member on the bounded blocking pool (globs walk the
+/// filesystem). `None` when nothing is restricted.
 ///
 /// # Errors
 /// -32602 when the sandbox object does not parse or resolve (never run unsandboxed instead).
 async fn restricting_policy(
+    budget: &ConnectionBudget,
     sandboxing: &Arc<crate::sandboxing::Sandboxing>,
     sandbox: Option<Value>,
 ) -> Result<Option<ResolvedPolicy>, RpcError> {
@@ -69,9 +74,9 @@ async fn restricting_policy(
         return Ok(None);
     }
     let sandboxing = sandboxing.clone();
-    tokio::task::spawn_blocking(move || sandboxing.resolve(sandbox.as_ref()))
-        .await
-        .map_err(|e| RpcError::internal(format!("policy resolution failed: {e}")))?
+    budget
+        .cpu(move || sandboxing.resolve(sandbox.as_ref()))
+        .await?
         .map_err(|e| RpcError::invalid_params(e.to_string()))
 }
 
@@ -84,6 +89,7 @@ pub async fn handle(
     session: &Session,
     method: &str,
     params: Option<Value>,
+    answer: &mut MemoryCharge,
 ) -> Result<Value, RpcError> {
     match method {
         methods::FS_READ_BLOCK => {
@@ -110,19 +116,25 @@ pub async fn handle(
         .get("sandbox")
         .cloned()
         .filter(|value| !value.is_null());
-    let outcome = match restricting_policy(&connection.server.sandboxing, sandbox).await? {
+    let budget = &connection.budget;
+    if method == methods::FS_READ_FILE {
+        back_read_file_answer(budget, &params, answer).await?;
+    }
+    let outcome = match restricting_policy(budget, &connection.server.sandboxing, sandbox).await? {
         None => {
             let method = method.to_owned();
-            tokio::task::spawn_blocking(move || execute(&method, params, false))
-                .await
-                .map_err(|e| RpcError::internal(format!("filesystem task failed: {e}")))??
+            // On the blocking pool even when it moves megabytes: it frees them too, and a
+            // low-priority thread must not hold the address space's lock (see cpu_pool).
+            budget
+                .blocking(move || execute(&method, params, false))
+                .await??
         }
         Some(policy) => {
             let pool = &connection.server.helpers;
             let request = serde_json::json!({"operation": method, "params": params});
-            let request =
-                serde_json::to_vec(&request).map_err(|e| RpcError::internal(e.to_string()))?;
-            let reply = pool.call((session.id.clone(), policy), request).await?;
+            let reply = pool
+                .call(budget, (session.id.clone(), policy), request)
+                .await?;
             let value = reply.result?;
             match (method == methods::FS_OPEN, reply.file) {
                 (false, _) => Outcome::Value(value),
@@ -149,6 +161,30 @@ pub async fn handle(
     }
 }
 
+/// Back the answer of an `fs/readFile` with memory for the file's current size (capped at
+/// `READ_FILE_MAX_BYTES`) before it is read. The size is only used for this budget, never
+/// returned; a file that cannot be examined
+/// is budgeted as empty (its read will fail, or be backed when its answer is sent).
+async fn back_read_file_answer(
+    budget: &ConnectionBudget,
+    params: &Value,
+    answer: &mut MemoryCharge,
+) -> Result<(), RpcError> {
+    let Some(path) = params
+        .get("path")
+        .and_then(Value::as_str)
+        .and_then(|uri| proto::FileUri::parse(uri).ok())
+    else {
+        return Ok(());
+    };
+    let size = budget
+        .blocking(move || std::fs::metadata(path.as_path()).map_or(0, |meta| meta.len()))
+        .await?
+        .min(fs_helper::READ_FILE_MAX_BYTES);
+    answer.back(budget, crate::rpc::connection::content_answer_bytes(size))?;
+    Ok(())
+}
+
 async fn read_block(
     connection: &Arc<Connection>,
     params: ReadBlockParams,
@@ -163,11 +199,11 @@ async fn read_block(
     }
     let file = connection.handles.get(&params.handle_id)?;
     let (offset, len) = (params.offset, params.len as usize);
-    let (data, eof) =
-        tokio::task::spawn_blocking(move || fs_helper::read_block(&file, offset, len))
-            .await
-            .map_err(|e| RpcError::internal(format!("filesystem task failed: {e}")))?
-            .map_err(|error| fs_helper::wire::fs_error(&error, false))?;
+    let (data, eof) = connection
+        .budget
+        .blocking(move || fs_helper::read_block(&file, offset, len))
+        .await?
+        .map_err(|error| fs_helper::wire::fs_error(&error, false))?;
     to_value(ReadBlockResult {
         chunk: base64_simd::STANDARD.encode_to_string(data),
         eof,

@@ -11,23 +11,28 @@ use proto::methods::process::{
     StartParams, StartResult, TerminateParams, WriteParams, WriteResult, WriteStatus,
 };
 
-use super::managed::{ManagedProcess, Stdin};
+use super::managed::{ManagedProcess, ProcessCharges, Stdin};
 use super::pump::{self, PumpContext, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
-use super::{Lookup, ProcessError, ProcessTable, env_policy, watch};
+use super::{Lookup, ProcessError, ProcessTable, bounds, env_policy, watch};
+use crate::budget::{BudgetError, ConnectionBudget};
 use crate::limits::{
-    DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS, WALL_BACKSTOP_GRACE,
+    DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS, MAX_WRITE_ID_BYTES,
+    OUTPUT_READ_CHUNK_BYTES, WALL_BACKSTOP_GRACE,
 };
 use crate::server::ServerState;
 use crate::session::Session;
 
-/// `process/start`.
+/// `process/start`. Field lengths are checked first; the server's process and descriptor budgets
+/// are taken before the id is reserved; the cwd check, policy resolution, program lookup and
+/// spawn run on the blocking pool (never on the async workers).
 ///
 /// # Errors
 /// See [`ProcessError`].
 pub async fn start(
     session: &Session,
     server: &ServerState,
+    budget: &ConnectionBudget,
     params: StartParams,
 ) -> Result<StartResult, ProcessError> {
     if params.argv.is_empty() {
@@ -35,15 +40,14 @@ pub async fn start(
             "argv must not be empty; pass at least the program".into(),
         ));
     }
+    bounds::check_start(&params)?;
+    let charges = ProcessCharges {
+        live: server.budgets.process()?,
+        descriptors: server
+            .budgets
+            .descriptors(bounds::descriptors_of(&params))?,
+    };
     let cwd = params.cwd.as_path().to_path_buf();
-    // A stat of a local directory is quick enough to do inline (no blocking-pool hop).
-    match std::fs::metadata(&cwd) {
-        Err(_) => return Err(ProcessError::CwdMissing { path: cwd }),
-        Ok(metadata) if !metadata.is_dir() => {
-            return Err(ProcessError::CwdNotDirectory { path: cwd });
-        }
-        Ok(_) => {}
-    }
     let reservation = session.processes.reserve(&params.process_id)?;
     let plan = server.containment.plan(params.limits.as_ref())?;
     let pty = params.tty.then(|| {
@@ -58,7 +62,8 @@ pub async fn start(
         env_policy::server_env(),
         params.env,
     );
-    let policy = resolve_sandbox(server, params.sandbox, &cwd).await?;
+    bounds::check_path_search(&params.argv[0], &env)?;
+    let policy = resolve_sandbox(server, budget, params.sandbox, &cwd).await?;
     if params.enforce_managed_network && policy.as_ref().is_none_or(|(p, _)| p.network_fully_on()) {
         // A managed proxy is what was asked for; running with the network open would give more.
         return Err(ProcessError::Unsupported(
@@ -107,20 +112,27 @@ pub async fn start(
     let sandboxed = spec.launch.is_some();
     // The tree's cgroups exist before the child does; it joins them before it execs.
     let tree = Arc::new(server.containment.create_tree(&plan)?);
-    let spawned = match tree
-        .join_fds()
+    let check_cwd = policy_free_cwd(&spec);
+    let reaper = server.reaper.clone();
+    let joining = tree.clone();
+    let spawned = budget
+        .blocking(move || {
+            if let Some(cwd) = check_cwd {
+                directory_check(&cwd)?;
+            }
+            spec.cgroups = joining.join_fds()?;
+            spawn(&spec, reaper.as_deref()).map_err(ProcessError::from)
+        })
+        .await
         .map_err(ProcessError::from)
-        .and_then(|cgroups| {
-            spec.cgroups = cgroups;
-            spawn(&spec, server.reaper.as_deref()).map_err(ProcessError::from)
-        }) {
+        .and_then(|spawned| spawned);
+    let spawned = match spawned {
         Ok(spawned) => spawned,
         Err(error) => {
             let _ = tree.remove();
             return Err(error);
         }
     };
-    drop(spec);
     // Without a cgroup the guardian kills the leader's group through its pidfd.
     let registered = !tree.tracked();
     if registered {
@@ -157,6 +169,10 @@ pub async fn start(
         stdin,
         pty_master,
     ));
+    process.hold_charges(charges);
+    if audit {
+        process.mark_audited();
+    }
     reservation.fill(process.clone());
     if let Some(wall) = plan.wall {
         // A sandboxed command's own sandbox-run ends it first, draining its terminal.
@@ -192,20 +208,44 @@ pub async fn start(
     })
 }
 
-/// `process/read`.
+/// `process/read`. Once there is something to return (or the wait is over), `reserve` is asked
+/// for the memory of the answer, before it is built.
 ///
 /// # Errors
-/// [`ProcessError::NotFound`].
-pub async fn read(session: &Session, params: ReadParams) -> Result<ReadResult, ProcessError> {
+/// [`ProcessError::NotFound`]; [`ProcessError::Budget`] when the answer's memory is refused.
+pub async fn read(
+    session: &Session,
+    params: ReadParams,
+    reserve: impl FnOnce(usize) -> Result<(), BudgetError>,
+) -> Result<ReadResult, ProcessError> {
     let process = session.processes.get(&params.process_id)?;
     let max_bytes = params
         .max_bytes
         .unwrap_or(MAX_READ_BYTES)
         .min(MAX_READ_BYTES);
     let wait = Duration::from_millis(params.wait_ms.unwrap_or(0).min(MAX_WAIT_MS));
-    let read = process
-        .read(params.after_seq.unwrap_or(0), max_bytes, wait)
-        .await;
+    let after_seq = params.after_seq.unwrap_or(0);
+    let after_denial = params.after_denial.unwrap_or(0);
+    process.wait_for_events(after_seq, wait).await;
+    // What the answer can hold: output up to maxBytes (one chunk more may arrive meanwhile,
+    // and one chunk is returned even past maxBytes) and denial records, as base64 or JSON,
+    // built once as a value and once as text.
+    let data = max_bytes
+        .min(process.log().bytes_after(after_seq) + process.denial_bytes_after(after_denial))
+        + 2 * OUTPUT_READ_CHUNK_BYTES as u64;
+    reserve(2 * usize::try_from(data.div_ceil(3) * 4).unwrap_or(usize::MAX))?;
+    let read = process.log().read(after_seq, max_bytes);
+    let chunk_bytes: u64 = read
+        .chunks
+        .iter()
+        .map(|chunk| chunk.data.len() as u64)
+        .sum();
+    let denials = process.denials_after(
+        after_denial,
+        max_bytes.saturating_sub(chunk_bytes),
+        read.chunks.is_empty(),
+    );
+    let audited = process.audited();
     Ok(ReadResult {
         chunks: read
             .chunks
@@ -227,8 +267,9 @@ pub async fn read(session: &Session, params: ReadParams) -> Result<ReadResult, P
         failure: None,
         output_dropped: read.dropped.is_some(),
         first_retained_seq: read.dropped,
-        denials: process.denials(),
-        denials_dropped: process.denials_dropped(),
+        denials: denials.records,
+        denials_dropped: denials.dropped,
+        next_denial: audited.then_some(denials.next),
     })
 }
 
@@ -237,10 +278,35 @@ pub async fn read(session: &Session, params: ReadParams) -> Result<ReadResult, P
 ///
 /// # Errors
 /// Invalid base64 only.
-pub async fn write(session: &Session, params: WriteParams) -> Result<WriteResult, ProcessError> {
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(params.chunk.as_bytes())
-        .map_err(|error| ProcessError::InvalidBase64(error.to_string()))?;
+pub async fn write(
+    session: &Session,
+    budget: &ConnectionBudget,
+    params: WriteParams,
+) -> Result<WriteResult, ProcessError> {
+    if let Some(write_id) = &params.write_id
+        && write_id.len() > MAX_WRITE_ID_BYTES
+    {
+        return Err(ProcessError::TooLong {
+            field: "writeId".into(),
+            length: write_id.len(),
+            limit: MAX_WRITE_ID_BYTES,
+            limit_name: "MAX_WRITE_ID_BYTES",
+        });
+    }
+    let decode = |chunk: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(chunk.as_bytes())
+            .map_err(|error| ProcessError::InvalidBase64(error.to_string()))
+    };
+    // Decoding megabytes takes milliseconds: not on an async worker.
+    let data = if params.chunk.len() > LARGE_CHUNK_BYTES {
+        let chunk = params.chunk;
+        let (data, chunk) = budget.cpu(move || (decode(&chunk), chunk)).await?;
+        crate::cpu_pool::free_off_runtime(chunk);
+        data?
+    } else {
+        decode(&params.chunk)?
+    };
     let status = match session.processes.lookup(&params.process_id) {
         Lookup::Missing => WriteStatus::UnknownProcess,
         Lookup::Starting => WriteStatus::Starting,
@@ -252,6 +318,9 @@ pub async fn write(session: &Session, params: WriteParams) -> Result<WriteResult
     };
     Ok(WriteResult { status })
 }
+
+/// `process/write` chunks larger than this (base64) are decoded on the blocking pool.
+const LARGE_CHUNK_BYTES: usize = 256 * 1024;
 
 /// `process/signal`.
 ///
@@ -333,6 +402,7 @@ pub async fn terminate_sessions(tables: &[Arc<ProcessTable>]) {
 /// restricted.
 async fn resolve_sandbox(
     server: &ServerState,
+    budget: &ConnectionBudget,
     sandbox: Option<serde_json::Value>,
     cwd: &std::path::Path,
 ) -> Result<Option<(sandbox::ResolvedPolicy, std::path::PathBuf)>, ProcessError> {
@@ -341,22 +411,49 @@ async fn resolve_sandbox(
     }
     let sandboxing = server.sandboxing.clone();
     let cwd = cwd.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let Some(policy) = sandboxing
-            .resolve(sandbox.as_ref())
-            .map_err(|e| ProcessError::InvalidParams(e.to_string()))?
-        else {
-            return Ok(None);
-        };
-        policy
-            .refuse_planted_symlink(&cwd)
-            .map_err(|e| ProcessError::InvalidParams(format!("cwd: {e}")))?;
-        let cwd =
-            std::fs::canonicalize(&cwd).map_err(|_| ProcessError::CwdMissing { path: cwd })?;
-        Ok(Some((policy, cwd)))
-    })
-    .await
-    .map_err(|e| ProcessError::InvalidParams(format!("policy resolution failed: {e}")))?
+    budget
+        .cpu(move || {
+            directory_check(&cwd)?;
+            let Some(policy) = sandboxing
+                .resolve(sandbox.as_ref())
+                .map_err(|e| ProcessError::InvalidParams(e.to_string()))?
+            else {
+                return Ok(None);
+            };
+            policy
+                .refuse_planted_symlink(&cwd)
+                .map_err(|e| ProcessError::InvalidParams(format!("cwd: {e}")))?;
+            let cwd =
+                std::fs::canonicalize(&cwd).map_err(|_| ProcessError::CwdMissing { path: cwd })?;
+            if cwd.to_str().is_none() {
+                return Err(ProcessError::InvalidParams(format!(
+                    "cwd {} is not valid UTF-8: a sandboxed command's working directory travels \
+                     to sandbox-run as text; run it from a directory with a UTF-8 path",
+                    crate::untrusted::Untrusted(&cwd.to_string_lossy())
+                )));
+            }
+            Ok(Some((policy, cwd)))
+        })
+        .await?
+}
+
+/// The cwd of an unsandboxed spawn, still to be checked (a sandboxed one was checked when its
+/// policy was resolved).
+fn policy_free_cwd(spec: &SpawnSpec) -> Option<std::path::PathBuf> {
+    spec.launch.is_none().then(|| spec.cwd.clone())
+}
+
+/// `cwd` exists and is a directory.
+fn directory_check(cwd: &std::path::Path) -> Result<(), ProcessError> {
+    match std::fs::metadata(cwd) {
+        Err(_) => Err(ProcessError::CwdMissing {
+            path: cwd.to_owned(),
+        }),
+        Ok(metadata) if !metadata.is_dir() => Err(ProcessError::CwdNotDirectory {
+            path: cwd.to_owned(),
+        }),
+        Ok(_) => Ok(()),
+    }
 }
 
 /// The spawn of a sandboxed command: `sandbox-run` (from the server's own descriptor) with an

@@ -1,6 +1,7 @@
 //! One running (or recently finished) process: its event log, stdin, PTY control and signals.
 
 use std::collections::{HashSet, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,10 +18,13 @@ use proto::methods::process::WriteStatus;
 use super::ProcessError;
 use super::output::{Exit, LogRead, OutputLog};
 use super::spawn::Leader;
+use crate::budget::DescriptorCharge;
 use crate::containment::Tree;
 use crate::limits::{
-    MAX_DENIALS_RETAINED, OUTPUT_RETENTION_BYTES, TERMINATE_GRACE, WRITE_ID_MEMORY,
+    MAX_DENIAL_BYTES_RETAINED, MAX_DENIALS_RETAINED, OUTPUT_RETENTION_BYTES, TERMINATE_GRACE,
+    WRITE_ID_MEMORY,
 };
+use crate::untrusted::Untrusted;
 
 /// Where `process/write` bytes go.
 pub enum Stdin {
@@ -49,6 +53,10 @@ pub struct ManagedProcess {
     pty: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
     tty: bool,
     denials: Mutex<DenialLog>,
+    /// What the running process holds of the server's budgets; given back when it closes.
+    charges: Mutex<Option<ProcessCharges>>,
+    /// Started with `auditDenials`.
+    audited: std::sync::atomic::AtomicBool,
     /// The leader's pidfd, for signals; dropped when the process closes.
     leader: Mutex<Option<Arc<Leader>>>,
     /// Its cgroups (empty without cgroups).
@@ -70,11 +78,85 @@ pub struct KillCauses {
     pub cpu: AtomicBool,
 }
 
-/// Denial records of an audited process, bounded.
-#[derive(Default)]
+/// The server-wide budget shares of a running process ([`crate::budget`]).
+pub struct ProcessCharges {
+    /// Its live-process slot.
+    pub live: tokio::sync::OwnedSemaphorePermit,
+    /// Its pipes, terminal and pidfd.
+    pub descriptors: DescriptorCharge,
+}
+
+/// Denial records of an audited process, numbered from 1, bounded in count and bytes.
 struct DenialLog {
-    records: VecDeque<serde_json::Value>,
+    /// (number, record, its size as received).
+    records: VecDeque<(u64, serde_json::Value, usize)>,
+    bytes: usize,
+    next: u64,
     dropped: u64,
+}
+
+impl Default for DenialLog {
+    fn default() -> Self {
+        Self {
+            records: VecDeque::new(),
+            bytes: 0,
+            next: 1,
+            dropped: 0,
+        }
+    }
+}
+
+/// Denial records after a cursor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenialRead {
+    /// The records.
+    pub records: Vec<serde_json::Value>,
+    /// Their sizes, summed.
+    pub bytes: u64,
+    /// One past the number of the last record covered.
+    pub next: u64,
+    /// Records dropped so far (count or byte retention).
+    pub dropped: u64,
+}
+
+impl DenialLog {
+    fn push(&mut self, record: serde_json::Value, size: usize) {
+        self.records.push_back((self.next, record, size));
+        self.next += 1;
+        self.bytes += size;
+        while self.records.len() > MAX_DENIALS_RETAINED
+            || (self.bytes > MAX_DENIAL_BYTES_RETAINED && self.records.len() > 1)
+        {
+            if let Some((_, _, size)) = self.records.pop_front() {
+                self.bytes -= size;
+                self.dropped += 1;
+            }
+        }
+    }
+
+    /// Records numbered after `after` whose sizes fit `budget`; the first one even when it does
+    /// not, if `at_least_one`.
+    fn read(&self, after: u64, budget: u64, at_least_one: bool) -> DenialRead {
+        let mut records = Vec::new();
+        let mut bytes = 0u64;
+        let mut stopped_at = None;
+        for (number, record, size) in self.records.iter().filter(|(n, ..)| *n > after) {
+            let size = *size as u64;
+            let first = records.is_empty() && at_least_one;
+            if !first && bytes + size > budget {
+                stopped_at = Some(*number);
+                break;
+            }
+            bytes += size;
+            records.push(record.clone());
+        }
+        DenialRead {
+            records,
+            bytes,
+            next: stopped_at.unwrap_or(self.next).max(after.saturating_add(1)),
+            dropped: self.dropped,
+        }
+    }
 }
 
 impl ManagedProcess {
@@ -102,7 +184,25 @@ impl ManagedProcess {
             tty: pty.is_some(),
             pty: Mutex::new(pty),
             denials: Mutex::new(DenialLog::default()),
+            charges: Mutex::new(None),
+            audited: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Record that the process was started with `auditDenials`.
+    pub fn mark_audited(&self) {
+        self.audited
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the process was started with `auditDenials`.
+    pub fn audited(&self) -> bool {
+        self.audited.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Keep `charges` until the process closes ([`Self::release_io`]).
+    pub fn hold_charges(&self, charges: ProcessCharges) {
+        *self.charges.lock().unwrap_or_else(|p| p.into_inner()) = Some(charges);
     }
 
     /// Lock the log; `record` publishes the new seq to long-pollers when the guard's work is done.
@@ -117,33 +217,34 @@ impl ManagedProcess {
         self.events.send_replace(seq);
     }
 
-    /// Keep a denial record (the newest [`MAX_DENIALS_RETAINED`]).
-    pub fn record_denial(&self, record: serde_json::Value) {
-        let mut log = self.denials.lock().unwrap_or_else(|p| p.into_inner());
-        log.records.push_back(record);
-        if log.records.len() > MAX_DENIALS_RETAINED {
-            log.records.pop_front();
-            log.dropped += 1;
-        }
+    /// Keep a denial record of `size` bytes (the newest [`MAX_DENIALS_RETAINED`] records and at
+    /// most [`MAX_DENIAL_BYTES_RETAINED`] bytes are kept).
+    pub fn record_denial(&self, record: serde_json::Value, size: usize) {
+        self.denials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(record, size);
     }
 
-    /// The retained denial records.
-    pub fn denials(&self) -> Vec<serde_json::Value> {
+    /// Denial records numbered after `after`, their sizes within `budget` bytes (the first one
+    /// regardless when `at_least_one`).
+    pub fn denials_after(&self, after: u64, budget: u64, at_least_one: bool) -> DenialRead {
+        self.denials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .read(after, budget, at_least_one)
+    }
+
+    /// Bytes of the denial records numbered after `after`.
+    pub fn denial_bytes_after(&self, after: u64) -> u64 {
         self.denials
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .records
             .iter()
-            .cloned()
-            .collect()
-    }
-
-    /// How many denial records were dropped.
-    pub fn denials_dropped(&self) -> u64 {
-        self.denials
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .dropped
+            .filter(|(number, ..)| *number > after)
+            .map(|(.., size)| *size as u64)
+            .sum()
     }
 
     /// The exit, if the process exited.
@@ -153,6 +254,13 @@ impl ManagedProcess {
 
     /// Events after `after_seq`; when there are none yet, wait up to `wait` for one.
     pub async fn read(&self, after_seq: u64, max_bytes: u64, wait: Duration) -> LogRead {
+        self.wait_for_events(after_seq, wait).await;
+        self.log().read(after_seq, max_bytes)
+    }
+
+    /// When no event after `after_seq` exists yet and the process has not closed, wait up to
+    /// `wait` for one.
+    pub async fn wait_for_events(&self, after_seq: u64, wait: Duration) {
         let mut events = self.events.subscribe();
         // Nothing follows `closed`: a long-poll after it would only hold a request slot.
         let worth_waiting = {
@@ -162,7 +270,6 @@ impl ManagedProcess {
         if !wait.is_zero() && worth_waiting {
             let _ = tokio::time::timeout(wait, events.wait_for(|&last| last > after_seq)).await;
         }
-        self.log().read(after_seq, max_bytes)
     }
 
     /// Wait until the process exited, at most `limit`.
@@ -222,6 +329,10 @@ impl ManagedProcess {
     /// stdin (that write fails and marks stdin unavailable itself).
     pub fn release_io(&self) {
         self.pty.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.charges
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         self.leader.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Ok(mut stdin) = self.stdin.try_lock()
             && !matches!(*stdin, Stdin::Unavailable(_))
@@ -249,7 +360,7 @@ impl ManagedProcess {
             *stdin = Stdin::Unavailable("the process has exited");
         }
         let closed = |reason: &dyn std::fmt::Display| {
-            tracing::debug!(process_id = %self.id, %reason, "process/write: stdin closed");
+            tracing::debug!(process_id = %Untrusted(&self.id), %reason, "process/write: stdin closed");
             WriteStatus::StdinClosed
         };
         match &mut *stdin {
@@ -317,21 +428,37 @@ async fn write_all_pty(master: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::R
     Ok(())
 }
 
-/// The most recent write ids, bounded.
-#[derive(Default)]
+/// The most recent write ids, bounded in count and, since each is kept as a 128-bit keyed hash
+/// (two SipHash values under random keys), in memory whatever the ids' length.
 struct WriteIds {
-    order: VecDeque<String>,
-    set: HashSet<String>,
+    order: VecDeque<u128>,
+    set: HashSet<u128>,
+    keys: (RandomState, RandomState),
+}
+
+impl Default for WriteIds {
+    fn default() -> Self {
+        Self {
+            order: VecDeque::new(),
+            set: HashSet::new(),
+            keys: (RandomState::new(), RandomState::new()),
+        }
+    }
 }
 
 impl WriteIds {
+    fn fingerprint(&self, id: &str) -> u128 {
+        (u128::from(self.keys.0.hash_one(id)) << 64) | u128::from(self.keys.1.hash_one(id))
+    }
+
     fn contains(&self, id: &str) -> bool {
-        self.set.contains(id)
+        self.set.contains(&self.fingerprint(id))
     }
 
     fn remember(&mut self, id: &str) {
-        if self.set.insert(id.to_owned()) {
-            self.order.push_back(id.to_owned());
+        let fingerprint = self.fingerprint(id);
+        if self.set.insert(fingerprint) {
+            self.order.push_back(fingerprint);
             if self.order.len() > WRITE_ID_MEMORY
                 && let Some(old) = self.order.pop_front()
             {
@@ -359,5 +486,40 @@ mod tests {
         // Remembering a known id again does not evict anything.
         ids.remember("1");
         assert!(ids.contains("1") && ids.contains("2"));
+    }
+
+    #[test]
+    fn denials_are_bounded_in_bytes_and_read_by_cursor_within_a_budget() {
+        let mut log = DenialLog::default();
+        let record = |n: u64| serde_json::json!({"n": n});
+        let size = MAX_DENIAL_BYTES_RETAINED / 8;
+        for n in 1..=10 {
+            log.push(record(n), size);
+        }
+        // Only 8 records fit the byte retention; the two oldest were dropped.
+        assert_eq!(log.records.len(), 8);
+        assert_eq!(log.dropped, 2);
+        let first = log.read(0, (2 * size) as u64, true);
+        assert_eq!(first.records, vec![record(3), record(4)]);
+        assert_eq!((first.next, first.bytes), (5, (2 * size) as u64));
+        // Continue from the cursor; a budget smaller than one record still returns one when
+        // nothing else is returned.
+        let next = log.read(first.next - 1, 1, true);
+        assert_eq!((next.records, next.next), (vec![record(5)], 6));
+        let none = log.read(first.next - 1, 1, false);
+        assert_eq!((none.records.len(), none.next), (0, 5));
+        // Past the end: nothing, and the cursor stays.
+        let end = log.read(10, u64::MAX, true);
+        assert_eq!((end.records.len(), end.next), (0, 11));
+    }
+
+    #[test]
+    fn many_small_denials_are_bounded_in_count() {
+        let mut log = DenialLog::default();
+        for n in 0..(MAX_DENIALS_RETAINED as u64 + 5) {
+            log.push(serde_json::json!(n), 10);
+        }
+        assert_eq!(log.records.len(), MAX_DENIALS_RETAINED);
+        assert_eq!(log.dropped, 5);
     }
 }

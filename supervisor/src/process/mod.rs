@@ -5,6 +5,7 @@
 //! process's log ([`output`]) and notifies the attached connection; after `closed` the process
 //! stays readable for a while, then leaves the table.
 
+pub mod bounds;
 pub mod env_policy;
 pub mod guardian;
 pub mod handlers;
@@ -81,6 +82,21 @@ pub enum ProcessError {
     /// The request needs a capability this server does not have yet.
     #[error("{0}")]
     Unsupported(String),
+    /// A field is longer than its limit.
+    #[error("{field} is {length} bytes; at most {limit} ({limit_name}) are accepted")]
+    TooLong {
+        /// Which field.
+        field: String,
+        /// Its length (bytes, or entries for a list).
+        length: usize,
+        /// The limit.
+        limit: usize,
+        /// The limit's name.
+        limit_name: &'static str,
+    },
+    /// A server-wide budget (processes, descriptors, memory) has no room now.
+    #[error(transparent)]
+    Budget(#[from] crate::budget::BudgetError),
     /// The limits are invalid or cannot be enforced here.
     #[error(transparent)]
     Limits(#[from] crate::containment::plan::PlanError),

@@ -132,6 +132,16 @@ impl OutputLog {
         self.next_seq - 1
     }
 
+    /// Bytes of the retained output after `after_seq`.
+    pub fn bytes_after(&self, after_seq: u64) -> u64 {
+        self.chunks
+            .iter()
+            .rev()
+            .take_while(|chunk| chunk.seq > after_seq)
+            .map(|chunk| chunk.data.len() as u64)
+            .sum()
+    }
+
     /// Events after `after_seq`, chunks bounded by `max_bytes` (at least one chunk if any).
     pub fn read(&self, after_seq: u64, max_bytes: u64) -> LogRead {
         let mut chunks = Vec::new();

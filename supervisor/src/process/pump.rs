@@ -197,7 +197,7 @@ async fn forward_denials(
         match (&mut reader).take(limit).read_until(b'\n', &mut line).await {
             Ok(0) | Err(_) => return,
             Ok(_) if line.last() != Some(&b'\n') && line.len() as u64 >= limit => {
-                tracing::warn!(process_id = %process.id, "dropping an oversized denial record");
+                tracing::warn!(process_id = %crate::untrusted::Untrusted(&process.id), "dropping an oversized denial record");
                 // Skip the rest of the oversized line.
                 let mut rest = Vec::new();
                 if reader.read_until(b'\n', &mut rest).await.is_err() {
@@ -208,7 +208,7 @@ async fn forward_denials(
                 let Ok(record) = serde_json::from_slice::<serde_json::Value>(&line) else {
                     continue;
                 };
-                process.record_denial(record.clone());
+                process.record_denial(record.clone(), line.len());
                 if let Some(sender) = sink.sender() {
                     let params = DeniedNotification {
                         process_id: process.id.clone(),

@@ -65,7 +65,11 @@ pub enum SpawnError {
     #[error("{0} contains a NUL byte, which cannot be passed to a program")]
     Nul(&'static str),
     /// The program was not found.
-    #[error("program {program:?} not found (searched PATH={path})")]
+    #[error(
+        "program {} not found (searched PATH={})",
+        crate::untrusted::Untrusted(program),
+        crate::untrusted::Untrusted(path)
+    )]
     NotFound {
         /// `argv[0]`.
         program: String,
@@ -195,7 +199,9 @@ fn cstring(text: impl Into<Vec<u8>>, what: &'static str) -> Result<CString, Spaw
     CString::new(text).map_err(|_| SpawnError::Nul(what))
 }
 
-/// Find the program as execvp would, using the child's PATH and cwd.
+/// Find the program as execvp would, using the child's PATH and cwd. A directory named twice is
+/// searched once (the PATH's length is capped before this runs: `MAX_PATH_SEARCH_BYTES`). Blocking
+/// (one stat per directory): run it off the async workers.
 fn resolve_program(spec: &SpawnSpec) -> Result<PathBuf, SpawnError> {
     let program = &spec.argv[0];
     if program.contains('/') {
@@ -203,7 +209,11 @@ fn resolve_program(spec: &SpawnSpec) -> Result<PathBuf, SpawnError> {
     }
     let search = spec.env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
     let mut first_not_executable = None;
+    let mut searched = std::collections::HashSet::new();
     for dir in search.split(':') {
+        if !searched.insert(dir) {
+            continue;
+        }
         let dir = if dir.is_empty() {
             Path::new(".")
         } else {

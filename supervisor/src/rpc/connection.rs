@@ -15,17 +15,24 @@ use proto::error::{ErrorKind, RpcError};
 use proto::jsonrpc::{ErrorResponse, Message, Request, RequestId, Response};
 use proto::methods::INITIALIZED;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use crate::budget::{ConnectionBudget, MemoryCharge};
 use crate::fs::HandleTable;
-use crate::limits::{MAX_FRAME_BYTES, MAX_INFLIGHT_REQUESTS};
+use crate::limits::{
+    INITIALIZE_TIMEOUT, MAX_CLIENT_NAME_BYTES, MAX_CONNECTIONS, MAX_ERROR_MESSAGE_BYTES,
+    MAX_FRAME_BYTES, MAX_HTTP_RESPONSE_BODY_BYTES, MAX_INFLIGHT_REQUESTS, READ_BLOCK_MAX_BYTES,
+    READ_FILE_MAX_BYTES, SMALL_RESPONSE_BYTES,
+};
 use crate::server::ServerState;
 use crate::session::Session;
+use crate::transport::admission::PendingTicket;
+use crate::untrusted::Untrusted;
 
 pub use super::outbound::{Outbound, OutboundSender};
 use super::outbound::{Queued, outbound_queue};
@@ -42,10 +49,14 @@ pub struct Connection {
     pub outbound: OutboundSender,
     /// The session, once initialized.
     session: Mutex<Option<Arc<Session>>>,
+    /// The connection slot, taken by a successful `initialize`.
+    slot: Mutex<Option<OwnedSemaphorePermit>>,
     /// Open `fs/open` handles.
     pub handles: HandleTable,
     /// `http/request` slots and active stream ids.
     pub http: crate::http::ConnectionHttp,
+    /// This connection's memory and blocking-work share.
+    pub budget: ConnectionBudget,
     /// Flips to true when the connection ends (cancels long-polls).
     pub closed: watch::Receiver<bool>,
 }
@@ -66,6 +77,55 @@ impl Connection {
     /// Queue a message (waits when the queue is full).
     pub async fn send(&self, message: Message) {
         let _ = self.outbound.send(Outbound::Message(message)).await;
+    }
+
+    /// Queue the answer to a request with the memory reserved for it, which is given back once
+    /// the answer was written. An answer larger than its reservation grows it (waiting for this
+    /// connection's in-flight bytes, not for the server budget); one the server budget cannot
+    /// take is replaced by a retryable `limitExceeded` error.
+    pub async fn send_answer(&self, message: Message, mut charge: MemoryCharge) {
+        let id = match &message {
+            Message::Response(response) => Some(response.id.clone()),
+            Message::Error(error) => Some(error.id.clone()),
+            _ => None,
+        };
+        // A large answer (file contents) is serialized off the async workers.
+        let serialized = if is_large(&message) {
+            self.budget
+                .cpu(move || {
+                    let text = serde_json::to_string(&message);
+                    (text, message)
+                })
+                .await
+                .map_err(|error| error.to_string())
+                .and_then(|(text, message)| {
+                    crate::cpu_pool::free_off_runtime(message);
+                    text.map_err(|error| error.to_string())
+                })
+        } else {
+            serde_json::to_string(&message).map_err(|error| error.to_string())
+        };
+        let text = match serialized {
+            Ok(text) => text,
+            Err(error) => {
+                tracing::error!(%error, "cannot serialize an outgoing message");
+                return;
+            }
+        };
+        let text = match charge.back(&self.budget, text.len()) {
+            Ok(()) => text,
+            Err(error) => {
+                let refusal = RpcError::from(error);
+                let reply = reply_message(id.unwrap_or(RequestId::UNKNOWN), Err(refusal));
+                drop(text);
+                match serde_json::to_string(&reply) {
+                    Ok(text) => text,
+                    Err(_) => return,
+                }
+            }
+        };
+        charge.shrink_to(text.len());
+        let _ = self.outbound.send_reserved(text, charge).await;
     }
 }
 
@@ -90,9 +150,35 @@ pub enum OutboundFrame {
     Close(CloseCode, String),
 }
 
+/// Messages (in or out) larger than this are parsed or serialized on the blocking pool: a few
+/// hundred microseconds of work at most stays on an async worker.
+const LARGE_MESSAGE_BYTES: usize = 256 * 1024;
+
 /// Serve one upgraded websocket until it closes.
 pub async fn serve<S>(websocket: WebSocketStream<S>, server: Arc<ServerState>)
 where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    serve_websocket(websocket, server, None).await;
+}
+
+/// [`serve`] for a websocket still holding its pending slot from admission (see
+/// [`serve_admitted`]).
+pub async fn serve_pending<S>(
+    websocket: WebSocketStream<S>,
+    server: Arc<ServerState>,
+    ticket: PendingTicket,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    serve_websocket(websocket, server, Some(ticket)).await;
+}
+
+async fn serve_websocket<S>(
+    websocket: WebSocketStream<S>,
+    server: Arc<ServerState>,
+    ticket: Option<PendingTicket>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sink, stream) = websocket.split();
@@ -131,13 +217,30 @@ where
             }
         })
     });
-    serve_transport(Box::pin(stream), Box::pin(sink), server).await;
+    serve_admitted(Box::pin(stream), Box::pin(sink), server, ticket).await;
 }
 
 /// Serve one JSON-RPC connection over any transport that carries one message per item (a
 /// websocket, a relay stream) until it ends. Behaves exactly like [`serve`] in every other way.
-pub async fn serve_transport<I, O>(mut stream: I, mut sink: O, server: Arc<ServerState>)
+pub async fn serve_transport<I, O>(stream: I, sink: O, server: Arc<ServerState>)
 where
+    I: futures_util::Stream<Item = Inbound> + Unpin + Send,
+    O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
+{
+    serve_admitted(stream, sink, server, None).await;
+}
+
+/// [`serve_transport`] for a connection that still holds a pending slot from admission
+/// ([`crate::transport::admission`]): until `initialize` succeeds the connection may be evicted
+/// (the pool closes its oldest entries when full), and it is closed when
+/// [`INITIALIZE_TIMEOUT`] passes first. A successful `initialize` trades the pending slot for one
+/// of the [`crate::limits::MAX_CONNECTIONS`] connection slots.
+pub async fn serve_admitted<I, O>(
+    mut stream: I,
+    mut sink: O,
+    server: Arc<ServerState>,
+    mut pending: Option<PendingTicket>,
+) where
     I: futures_util::Stream<Item = Inbound> + Unpin + Send,
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
 {
@@ -145,10 +248,10 @@ where
     let writer = tokio::spawn(async move {
         while let Some(item) = queue.recv().await {
             match item {
-                Queued::Text(text, budget) => {
+                Queued::Text(text, held) => {
                     let sent = sink.send(OutboundFrame::Text(text)).await;
                     // The bytes are out of the queue now; let producers continue.
-                    drop(budget);
+                    drop(held);
                     if sent.is_err() {
                         break;
                     }
@@ -167,17 +270,33 @@ where
         server: server.clone(),
         outbound,
         session: Mutex::new(None),
-        handles: HandleTable::default(),
+        slot: Mutex::new(None),
+        handles: HandleTable::new(server.budgets.clone()),
         http: crate::http::ConnectionHttp::default(),
+        budget: ConnectionBudget::new(server.budgets.clone()),
         closed,
     });
     let slots = Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS));
     let mut shutdown = server.shutdown.clone();
+    let initialize_by = tokio::time::Instant::now() + INITIALIZE_TIMEOUT;
     tracing::debug!(connection = connection.id, "connection open");
     loop {
+        let initialized = connection.session().is_some();
+        if initialized {
+            // The connection slot replaced the pending one.
+            pending = None;
+        }
         let frame = tokio::select! {
             frame = stream.next() => frame,
             _ = shutdown.wait_for(|stopping| *stopping) => break,
+            () = evicted(&mut pending) => {
+                tracing::debug!(connection = connection.id, "pending connection evicted: the admission pool is full");
+                break;
+            }
+            () = tokio::time::sleep_until(initialize_by), if !initialized => Some(Inbound::Refused(
+                CloseCode::Policy,
+                format!("initialize was not sent within {INITIALIZE_TIMEOUT:?}"),
+            )),
         };
         let payload = match frame {
             None | Some(Inbound::Closed) => break,
@@ -191,13 +310,20 @@ where
                 break;
             }
         };
-        handle_payload(&connection, &slots, &payload).await;
+        if handle_payload(&connection, &slots, payload).await == Flow::Close {
+            break;
+        }
     }
     let _ = closed_tx.send(true);
     connection.handles.close_all();
     if let Some(session) = connection.session() {
         server.sessions.detach(&session, connection.id);
     }
+    connection
+        .slot
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
     // Let queued responses drain briefly, then stop the writer.
     let _ = connection
         .outbound
@@ -212,18 +338,99 @@ where
     }
 }
 
-async fn handle_payload(connection: &Arc<Connection>, slots: &Arc<Semaphore>, payload: &[u8]) {
-    let message = match Message::from_slice(payload) {
+/// Resolves when the pending slot was taken away; never when there is none.
+async fn evicted(pending: &mut Option<PendingTicket>) {
+    match pending {
+        Some(ticket) => ticket.evicted().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether `message` serializes to more than [`LARGE_MESSAGE_BYTES`] (roughly: the strings it
+/// holds; the walk stops as soon as the answer is known).
+fn is_large(message: &Message) -> bool {
+    fn size(value: &serde_json::Value, budget: &mut usize) {
+        if *budget == 0 {
+            return;
+        }
+        let own = match value {
+            serde_json::Value::String(text) => text.len(),
+            serde_json::Value::Array(items) => {
+                items.iter().for_each(|item| size(item, budget));
+                items.len()
+            }
+            serde_json::Value::Object(map) => {
+                map.iter().for_each(|(key, item)| {
+                    *budget = budget.saturating_sub(key.len());
+                    size(item, budget);
+                });
+                map.len()
+            }
+            _ => 8,
+        };
+        *budget = budget.saturating_sub(own);
+    }
+    let mut left = LARGE_MESSAGE_BYTES;
+    match message {
+        Message::Response(response) => size(&response.result, &mut left),
+        Message::Error(error) => left = left.saturating_sub(error.error.message.len()),
+        _ => {}
+    }
+    left == 0
+}
+
+/// Whether the reader goes on after a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Close,
+}
+
+async fn handle_payload(
+    connection: &Arc<Connection>,
+    slots: &Arc<Semaphore>,
+    payload: Vec<u8>,
+) -> Flow {
+    let payload_bytes = payload.len();
+    // Parsing a large message takes milliseconds: not on an async worker.
+    let parsed = if payload_bytes > LARGE_MESSAGE_BYTES {
+        match connection
+            .budget
+            .cpu(move || (Message::from_slice(&payload), payload))
+            .await
+        {
+            Ok((parsed, payload)) => {
+                crate::cpu_pool::free_off_runtime(payload);
+                parsed
+            }
+            Err(error) => {
+                tracing::warn!(connection = connection.id, %error, "cannot parse a message");
+                return Flow::Close;
+            }
+        }
+    } else {
+        Message::from_slice(&payload)
+    };
+    let message = match parsed {
         Ok(message) => message,
         Err(error) => {
             connection.send(Message::Error(error.to_response())).await;
-            return;
+            return Flow::Continue;
         }
     };
     match message {
         Message::Request(request) if request.method == proto::methods::INITIALIZE => {
-            let reply = initialize(connection, &request);
-            connection.send(reply_message(request.id, reply)).await;
+            let id = request.id.clone();
+            let (reply, flow) = match initialize(connection, &request) {
+                Ok(result) => (Ok(result), Flow::Continue),
+                // Refused for lack of room: nothing else can be done on this connection.
+                Err(error) if error.kind() == Some(ErrorKind::LimitExceeded) => {
+                    (Err(error), Flow::Close)
+                }
+                Err(error) => (Err(error), Flow::Continue),
+            };
+            connection.send(reply_message(id, reply)).await;
+            flow
         }
         Message::Request(request) => {
             let Some(session) = connection.session() else {
@@ -231,28 +438,49 @@ async fn handle_payload(connection: &Arc<Connection>, slots: &Arc<Semaphore>, pa
                     ErrorKind::NotInitialized,
                     format!(
                         "{} sent before initialize; send initialize {{clientName}} first",
-                        request.method
+                        Untrusted(&request.method)
                     ),
                 );
                 connection.send(reply_message(request.id, Err(error))).await;
-                return;
+                return Flow::Continue;
             };
             let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
+                return Flow::Continue;
             };
+            // Count the payload and the worst case of the answer in this connection's in-flight
+            // bytes before any work (waiting, and so not reading, while they are full), and back
+            // the payload with memory now; the answer is backed once its size is known.
+            let request_bytes = 2 * payload_bytes;
+            let answer_bytes = answer_reservation(&request);
+            let mut charge = match connection
+                .budget
+                .reserve(request_bytes + answer_bytes, request_bytes)
+                .await
+            {
+                Ok(charge) => charge,
+                Err(error) => {
+                    connection
+                        .send(reply_message(request.id, Err(error.into())))
+                        .await;
+                    return Flow::Continue;
+                }
+            };
+            let request_charge = charge.split(request_bytes);
             let connection = connection.clone();
             tokio::spawn(async move {
-                super::dispatch::respond(&connection, &session, request).await;
+                super::dispatch::respond(&connection, &session, request, request_charge, charge)
+                    .await;
                 drop(slot);
             });
+            Flow::Continue
         }
-        Message::Notification(notification) if notification.method == INITIALIZED => {}
+        Message::Notification(notification) if notification.method == INITIALIZED => Flow::Continue,
         Message::Notification(notification) => {
             let error = RpcError::invalid_request(
                 ErrorKind::UnexpectedNotification,
                 format!(
-                    "unexpected notification {:?}; the only client notification is \"initialized\"",
-                    notification.method
+                    "unexpected notification {}; the only client notification is \"initialized\"",
+                    Untrusted(&notification.method)
                 ),
             );
             connection
@@ -261,6 +489,7 @@ async fn handle_payload(connection: &Arc<Connection>, slots: &Arc<Semaphore>, pa
                     error,
                 }))
                 .await;
+            Flow::Continue
         }
         Message::Response(_) | Message::Error(_) => {
             let error = RpcError::invalid_request(
@@ -273,8 +502,44 @@ async fn handle_payload(connection: &Arc<Connection>, slots: &Arc<Semaphore>, pa
                     error,
                 }))
                 .await;
+            Flow::Continue
         }
     }
+}
+
+/// Bytes counted in flight for the answer of `request` before it runs: twice the largest answer
+/// its method can produce for the content-bearing methods (the answer is built once as a value
+/// and once as text), [`SMALL_RESPONSE_BYTES`] for the rest. `process/read` backs what it needs
+/// once it knows there is output to return; other answers that turn out larger draw on the
+/// budgets when they are sent.
+pub(super) fn answer_reservation(request: &Request) -> usize {
+    let params = request.params.as_ref();
+    match request.method.as_str() {
+        proto::methods::FS_READ_FILE => content_answer_bytes(READ_FILE_MAX_BYTES),
+        proto::methods::FS_READ_BLOCK => content_answer_bytes(
+            params
+                .and_then(|params| params.get("len"))
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0)
+                .min(READ_BLOCK_MAX_BYTES as u64),
+        ),
+        proto::methods::HTTP_REQUEST
+            if !params
+                .and_then(|params| params.get("streamResponse"))
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false) =>
+        {
+            content_answer_bytes(MAX_HTTP_RESPONSE_BODY_BYTES as u64)
+        }
+        _ => SMALL_RESPONSE_BYTES,
+    }
+}
+
+/// What an answer carrying `data` bytes as base64 costs while it is built: the base64 text
+/// once in the answer's value and once serialized, plus the rest of the answer.
+pub fn content_answer_bytes(data: u64) -> usize {
+    let base64 = usize::try_from(data.div_ceil(3) * 4).unwrap_or(usize::MAX / 4);
+    2 * base64 + SMALL_RESPONSE_BYTES
 }
 
 fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::Value, RpcError> {
@@ -286,21 +551,60 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
     }
     let params: proto::methods::initialize::InitializeParams =
         super::dispatch::parse_params(proto::methods::INITIALIZE, request.params.clone())?;
+    if params.client_name.len() > MAX_CLIENT_NAME_BYTES {
+        return Err(RpcError::limit_exceeded(
+            format!(
+                "clientName must be at most {MAX_CLIENT_NAME_BYTES} bytes (MAX_CLIENT_NAME_BYTES), \
+                 got {}",
+                params.client_name.len()
+            ),
+            MAX_CLIENT_NAME_BYTES as u64,
+        ));
+    }
+    let slot = connection
+        .server
+        .connection_slots
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| {
+            RpcError::limit_exceeded(
+                format!(
+                    "the server already serves {MAX_CONNECTIONS} connections (MAX_CONNECTIONS); \
+                     retry later"
+                ),
+                MAX_CONNECTIONS as u64,
+            )
+            .retryable()
+        })?;
     let sessions = &connection.server.sessions;
     let session = match &params.resume_session_id {
         Some(id) => sessions.resume(id, connection.id, connection.outbound.clone())?,
-        None => sessions.create(connection.id, connection.outbound.clone()),
+        None => sessions.create(connection.id, connection.outbound.clone())?,
     };
-    tracing::info!(connection = connection.id, session_id = %session.id, client = %params.client_name, "initialized");
+    tracing::info!(
+        connection = connection.id,
+        session_id = %session.id,
+        client = %Untrusted(&params.client_name),
+        "initialized"
+    );
+    *connection.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(slot);
     connection.set_session(session.clone());
     super::dispatch::to_value(proto::methods::initialize::InitializeResult {
         session_id: session.id.clone(),
     })
 }
 
+/// The answer to request `id`. This is where every error message is cut to
+/// [`MAX_ERROR_MESSAGE_BYTES`], so an error quoting a huge input never echoes it back whole.
 pub(super) fn reply_message(id: RequestId, reply: Result<serde_json::Value, RpcError>) -> Message {
     match reply {
         Ok(result) => Message::Response(Response { id, result }),
-        Err(error) => Message::Error(ErrorResponse { id, error }),
+        Err(mut error) => {
+            if error.message.len() > MAX_ERROR_MESSAGE_BYTES {
+                error.message =
+                    crate::untrusted::cut(&error.message, MAX_ERROR_MESSAGE_BYTES).into_owned();
+            }
+            Message::Error(ErrorResponse { id, error })
+        }
     }
 }

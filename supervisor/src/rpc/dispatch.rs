@@ -13,13 +13,32 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::connection::{Connection, reply_message};
+use crate::budget::MemoryCharge;
 use crate::process::handlers;
 use crate::session::Session;
 use crate::{environment, fs, http};
 
-/// Handle one request and queue its answer (then start a streamed body, if any).
-pub async fn respond(connection: &Arc<Connection>, session: &Arc<Session>, request: Request) {
+/// Handle one request and queue its answer (then start a streamed body, if any). The request's
+/// memory reservation is given back once it ran; the answer's travels with the answer.
+pub async fn respond(
+    connection: &Arc<Connection>,
+    session: &Arc<Session>,
+    request: Request,
+    request_charge: MemoryCharge,
+    mut answer: MemoryCharge,
+) {
     let Request { id, method, params } = request;
+    // Answers whose size is known from the request are backed before the work starts.
+    let known = match method.as_str() {
+        FS_READ_BLOCK | HTTP_REQUEST => answer.inflight_bytes(),
+        _ => 0,
+    };
+    if let Err(error) = answer.back(&connection.budget, known) {
+        connection
+            .send_answer(reply_message(id, Err(error.into())), answer)
+            .await;
+        return;
+    }
     if method == HTTP_REQUEST {
         let started = match parse_params(&method, params) {
             Ok(params) => http::request(&connection.server.http, &connection.http, params)
@@ -27,21 +46,29 @@ pub async fn respond(connection: &Arc<Connection>, session: &Arc<Session>, reque
                 .map_err(RpcError::from),
             Err(error) => Err(error),
         };
+        drop(request_charge);
         let (reply, body) = match started {
             Ok(started) => (to_value(started.result), started.body),
             Err(error) => (Err(error), None),
         };
-        connection.send(reply_message(id, reply)).await;
+        connection
+            .send_answer(reply_message(id, reply), answer)
+            .await;
         if let Some(body) = body {
             tokio::spawn(body.run(connection.outbound.clone(), connection.closed.clone()));
         }
         return;
     }
-    let reply = dispatch(connection, session, &method, params).await;
-    connection.send(reply_message(id, reply)).await;
+    let reply = dispatch(connection, session, &method, params, &mut answer).await;
+    drop(request_charge);
+    connection
+        .send_answer(reply_message(id, reply), answer)
+        .await;
 }
 
-/// Route one request.
+/// Route one request. `answer` is the memory reserved for its answer; a method that learns
+/// only while it runs how large its answer will be (`process/read`) adds to it before it builds
+/// the answer.
 ///
 /// # Errors
 /// The method's error, mapped to JSON-RPC.
@@ -50,23 +77,33 @@ pub async fn dispatch(
     session: &Arc<Session>,
     method: &str,
     params: Option<Value>,
+    answer: &mut MemoryCharge,
 ) -> Result<Value, RpcError> {
     match method {
         PROCESS_START => to_value(
-            handlers::start(session, &connection.server, parse_params(method, params)?).await?,
+            handlers::start(
+                session,
+                &connection.server,
+                &connection.budget,
+                parse_params(method, params)?,
+            )
+            .await?,
         ),
         PROCESS_READ => {
             let params = parse_params(method, params)?;
             let mut closed = connection.closed.clone();
+            let reserve = |bytes: usize| answer.back(&connection.budget, bytes);
             tokio::select! {
-                result = handlers::read(session, params) => to_value(result?),
+                result = handlers::read(session, params, reserve) => to_value(result?),
                 _ = closed.wait_for(|closed| *closed) => Err(RpcError::invalid_request(
                     ErrorKind::InvalidRequest,
                     "the connection closed while this read was waiting",
                 )),
             }
         }
-        PROCESS_WRITE => to_value(handlers::write(session, parse_params(method, params)?).await?),
+        PROCESS_WRITE => to_value(
+            handlers::write(session, &connection.budget, parse_params(method, params)?).await?,
+        ),
         PROCESS_SIGNAL => to_value(handlers::signal(session, parse_params(method, params)?)?),
         PROCESS_RESIZE => {
             handlers::resize(session, parse_params(method, params)?)?;
@@ -78,7 +115,7 @@ pub async fn dispatch(
             to_value(environment::info(&connection.server.environment).await)
         }
         method if method.starts_with("fs/") => {
-            fs::handle(connection, session, method, params).await
+            fs::handle(connection, session, method, params, answer).await
         }
         _ => Err(RpcError::method_not_found(method)),
     }

@@ -11,6 +11,10 @@ use crate::session::SessionError;
 
 impl From<ProcessError> for RpcError {
     fn from(error: ProcessError) -> Self {
+        let error = match error {
+            ProcessError::Budget(budget) => return budget.into(),
+            other => other,
+        };
         let message = error.to_string();
         let (code, kind) = match &error {
             ProcessError::InvalidParams(_) => (codes::INVALID_PARAMS, ErrorKind::InvalidParams),
@@ -19,9 +23,11 @@ impl From<ProcessError> for RpcError {
                 (codes::NOT_FOUND, ErrorKind::NotFound)
             }
             ProcessError::DuplicateId { .. } => (codes::INVALID_REQUEST, ErrorKind::AlreadyExists),
-            ProcessError::TooMany { limit } => {
+            ProcessError::TooMany { limit } | ProcessError::TooLong { limit, .. } => {
                 return RpcError::limit_exceeded(message, *limit as u64);
             }
+            // Returned above.
+            ProcessError::Budget(_) => (codes::INTERNAL_ERROR, ErrorKind::Internal),
             ProcessError::CwdNotDirectory { .. } => {
                 (codes::INVALID_REQUEST, ErrorKind::NotADirectory)
             }
@@ -62,6 +68,9 @@ impl From<SessionError> for RpcError {
             SessionError::Unknown(_) => {
                 RpcError::invalid_request(ErrorKind::UnknownSession, error.to_string())
             }
+            SessionError::TooMany { limit } => {
+                RpcError::limit_exceeded(error.to_string(), limit as u64).retryable()
+            }
             SessionError::StillAttached(_) => RpcError::new(
                 codes::SESSION_ATTACHED,
                 ErrorKind::SessionAttached,
@@ -87,6 +96,7 @@ impl From<FsRequestError> for RpcError {
             FsRequestError::TooManyHandles(limit) => {
                 RpcError::limit_exceeded(message, limit as u64)
             }
+            FsRequestError::Budget(budget) => budget.into(),
         }
     }
 }

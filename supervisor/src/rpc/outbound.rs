@@ -5,6 +5,9 @@
 //! [`OUTBOUND_QUEUE_BYTES`]. A client that stops reading therefore stalls its producers (process
 //! output waits, and the child blocks on its pipe) instead of growing server memory: at most
 //! `OUTBOUND_QUEUE_BYTES` plus one message per connection.
+//!
+//! Answers to requests are the exception: their memory was reserved before the request ran
+//! ([`crate::budget`]), so they carry that reservation instead of drawing on this budget.
 
 use std::sync::Arc;
 
@@ -12,6 +15,7 @@ use proto::jsonrpc::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
+use crate::budget::MemoryCharge;
 use crate::limits::{OUTBOUND_QUEUE_BYTES, OUTBOUND_QUEUE_MESSAGES};
 
 /// Something for the writer task.
@@ -25,13 +29,22 @@ pub enum Outbound {
     Close(CloseCode, String),
 }
 
-/// What the writer receives: serialized text (with its share of the byte budget) or a close.
+/// What the writer receives: serialized text (with its share of a byte budget) or a close.
 #[derive(Debug)]
 pub enum Queued {
-    /// One serialized message; dropping the permit returns its bytes to the budget.
-    Text(String, OwnedSemaphorePermit),
+    /// One serialized message; dropping what it holds returns its bytes to their budget.
+    Text(String, Held),
     /// Close, then stop.
     Close(CloseCode, String),
+}
+
+/// The budget share a queued message holds until the writer has sent it.
+#[derive(Debug)]
+pub enum Held {
+    /// A notification's share of [`OUTBOUND_QUEUE_BYTES`].
+    Queue(OwnedSemaphorePermit),
+    /// An answer's reservation ([`crate::budget`]), made before its request ran.
+    Answer(MemoryCharge),
 }
 
 /// The queue is gone (the connection ended).
@@ -101,10 +114,22 @@ impl OutboundSender {
                     .acquire_many_owned(cost(&text))
                     .await
                     .map_err(|_| Closed)?;
-                Queued::Text(text, permit)
+                Queued::Text(text, Held::Queue(permit))
             }
         };
         self.queue.send(queued).await.map_err(|_| Closed)
+    }
+
+    /// Queue an answer already serialized, with the memory reserved for it (it does not draw on
+    /// the notifications' [`OUTBOUND_QUEUE_BYTES`]); waits only for room in the message count.
+    ///
+    /// # Errors
+    /// [`Closed`] when the connection has ended.
+    pub async fn send_reserved(&self, text: String, charge: MemoryCharge) -> Result<(), Closed> {
+        self.queue
+            .send(Queued::Text(text, Held::Answer(charge)))
+            .await
+            .map_err(|_| Closed)
     }
 
     /// Queue an item only if there is room now.
@@ -121,7 +146,7 @@ impl OutboundSender {
                     .clone()
                     .try_acquire_many_owned(cost(&text))
                     .map_err(|_| Closed)?;
-                Queued::Text(text, permit)
+                Queued::Text(text, Held::Queue(permit))
             }
         };
         self.queue.try_send(queued).map_err(|_| Closed)

@@ -1,8 +1,12 @@
 //! Listeners (TCP and unix socket) and the per-connection handshake.
 //!
-//! Every accepted stream goes through [`http::read_head`]; only an accepted upgrade reaches the
-//! JSON-RPC layer in [`crate::rpc::connection`].
+//! Every accepted stream is admitted to the pending pool ([`admission`]) and goes through
+//! [`http::read_head`]; only an accepted upgrade reaches the JSON-RPC layer in
+//! [`crate::rpc::connection`], which trades the pending slot for a connection slot at
+//! `initialize`. No connection slot is taken before that, so sockets that never speak cannot
+//! lock out clients that do.
 
+pub mod admission;
 pub mod http;
 
 use std::path::PathBuf;
@@ -16,6 +20,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use crate::limits::MAX_FRAME_BYTES;
 use crate::listen::ListenAddress;
 use crate::server::ServerState;
+use admission::{PendingTicket, Source};
 
 /// A bound listener.
 pub enum Listener {
@@ -110,14 +115,14 @@ impl Listener {
     /// Accept one connection and serve it on its own task.
     pub async fn accept_and_spawn(&self, state: &Arc<ServerState>) {
         let accepted = match self {
-            Self::Tcp(listener) => listener.accept().await.map(|(stream, _)| {
+            Self::Tcp(listener) => listener.accept().await.map(|(stream, peer)| {
                 let _ = stream.set_nodelay(true);
-                spawn_connection(stream, state.clone());
+                spawn_connection(stream, Source::of(peer), state.clone());
             }),
             Self::Unix(listener, _) => listener
                 .accept()
                 .await
-                .map(|(stream, _)| spawn_connection(stream, state.clone())),
+                .map(|(stream, _)| spawn_connection(stream, Source::Local, state.clone())),
         };
         if let Err(error) = accepted {
             // EMFILE and friends: back off briefly instead of spinning.
@@ -127,18 +132,12 @@ impl Listener {
     }
 }
 
-fn spawn_connection<S>(stream: S, state: Arc<ServerState>)
+fn spawn_connection<S>(stream: S, source: Source, state: Arc<ServerState>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let Ok(permit) = state.connection_slots.clone().try_acquire_owned() else {
-        tracing::warn!("connection limit reached; dropping a new connection");
-        return;
-    };
-    tokio::spawn(async move {
-        handle_stream(stream, state).await;
-        drop(permit);
-    });
+    let ticket = state.admission.admit(source);
+    tokio::spawn(handle_stream(stream, state, ticket));
 }
 
 /// The websocket settings: frames and messages above [`MAX_FRAME_BYTES`] are refused on their
@@ -149,12 +148,22 @@ pub fn websocket_config() -> WebSocketConfig {
         .max_frame_size(Some(MAX_FRAME_BYTES))
 }
 
-async fn handle_stream<S>(mut stream: S, state: Arc<ServerState>)
+async fn handle_stream<S>(mut stream: S, state: Arc<ServerState>, mut ticket: PendingTicket)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    match http::read_head(&mut stream, state.auth_token.as_deref()).await {
+    let head = tokio::select! {
+        head = http::read_head(&mut stream, state.auth_token.as_deref()) => head,
+        () = ticket.evicted() => {
+            tracing::debug!("pending connection evicted before its head: the admission pool is full");
+            return;
+        }
+    };
+    match head {
         Ok(http::HeadDecision::Upgrade { key, leftover }) => {
+            if state.auth_token.is_some() {
+                ticket.authenticated();
+            }
             if http::write_upgrade(&mut stream, &key).await.is_err() {
                 return;
             }
@@ -165,7 +174,7 @@ where
                 Some(websocket_config()),
             )
             .await;
-            crate::rpc::connection::serve(websocket, state).await;
+            crate::rpc::connection::serve_pending(websocket, state, ticket).await;
         }
         Ok(http::HeadDecision::Reject { status, body }) => {
             let _ = http::write_rejection(&mut stream, status, body).await;

@@ -1,0 +1,558 @@
+//! Server-wide budgets, reserved before the work they pay for: memory for requests and their
+//! answers, descriptors clients make the server hold, live processes, and the blocking work that
+//! runs off the async workers.
+//!
+//! Rules that matter:
+//! - **Reserve first.** A request's memory (its payload and the worst case of its answer) is
+//!   reserved before it is dispatched; the answer's share travels with the answer and is only
+//!   given back once the answer was written to the socket ([`MemoryCharge`]).
+//! - **Wait per connection, refuse globally.** Each connection's own limits
+//!   ([`MAX_INFLIGHT_BYTES_PER_CONNECTION`], [`MAX_BLOCKING_TASKS_PER_CONNECTION`]) make *its*
+//!   requests wait (the reader stops reading: backpressure). The server-wide budgets
+//!   ([`MEMORY_BUDGET_BYTES`], descriptors, [`MAX_LIVE_PROCESSES`]) refuse with a retryable
+//!   `limitExceeded` instead, so one client's load never queues another's requests behind it.
+//! - **Small work is never refused.** Each connection's first [`CONNECTION_MEMORY_ALLOWANCE`]
+//!   bytes are its own; only what lies beyond draws on the shared memory budget.
+//! - **In flight is not the same as backed.** The reader counts the worst case of an answer in
+//!   the connection's in-flight bytes (so one connection holds at most
+//!   [`MAX_INFLIGHT_BYTES_PER_CONNECTION`] whatever it pipelines), but memory from the
+//!   allowance or the server budget backs only what the work turns out to need (a 4 KiB file's
+//!   read is never refused because a 32 MiB one could have been).
+//! - **Blocking work is bounded twice.** At most [`MAX_BLOCKING_TASKS`] run server-wide and
+//!   [`MAX_BLOCKING_TASKS_PER_CONNECTION`] per connection; CPU-bound work goes to the
+//!   low-priority [`CpuPool`] (one thread per core) within the same per-connection slots.
+
+use std::sync::Arc;
+
+use proto::error::RpcError;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::cpu_pool::CpuPool;
+use crate::limits::{
+    CONNECTION_MEMORY_ALLOWANCE, DESCRIPTOR_RESERVE, MAX_BLOCKING_TASKS,
+    MAX_BLOCKING_TASKS_PER_CONNECTION, MAX_CLIENT_DESCRIPTORS, MAX_CONNECTIONS, MAX_HTTP_REQUESTS,
+    MAX_INFLIGHT_BYTES_PER_CONNECTION, MAX_LIVE_PROCESSES, MAX_PENDING_CONNECTIONS,
+    MEMORY_BUDGET_BYTES,
+};
+
+/// The smallest client descriptor budget the server starts with, whatever the open-file limit
+/// says (below it, the server could not do its job at all).
+const MIN_CLIENT_DESCRIPTORS: usize = 256;
+
+/// Why a budget refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetError {
+    /// The server-wide memory budget cannot take this request now.
+    #[error(
+        "the server's memory budget (MEMORY_BUDGET_BYTES, {limit} bytes) has no room for the \
+         {needed} bytes this request and its answer need; retry later, or ask for less at once \
+         (fs/open + fs/readBlock, a smaller maxBytes)"
+    )]
+    Memory {
+        /// Bytes asked for.
+        needed: usize,
+        /// The budget.
+        limit: usize,
+    },
+    /// The descriptors clients may make the server hold are all in use.
+    #[error(
+        "the server already holds its budget of {limit} descriptors for clients (fs handles, \
+         process pipes and terminals, helpers); close handles or let processes finish, then retry"
+    )]
+    Descriptors {
+        /// Descriptors asked for.
+        needed: usize,
+        /// The budget.
+        limit: usize,
+    },
+    /// As many processes as the server runs at once are running.
+    #[error(
+        "the server already runs {limit} processes (MAX_LIVE_PROCESSES, across all sessions); \
+         retry once some have exited"
+    )]
+    Processes {
+        /// The limit.
+        limit: usize,
+    },
+    /// The server is shutting down.
+    #[error("the server is shutting down")]
+    Closed,
+    /// A blocking task panicked (a bug).
+    #[error("a blocking task failed: {0}")]
+    TaskFailed(String),
+}
+
+impl From<BudgetError> for RpcError {
+    fn from(error: BudgetError) -> Self {
+        let message = error.to_string();
+        match error {
+            BudgetError::Memory { limit, .. }
+            | BudgetError::Descriptors { limit, .. }
+            | BudgetError::Processes { limit } => {
+                RpcError::limit_exceeded(message, limit as u64).retryable()
+            }
+            BudgetError::Closed => RpcError::internal(message),
+            BudgetError::TaskFailed(_) => RpcError::internal(message),
+        }
+    }
+}
+
+/// The server-wide budgets.
+#[derive(Debug)]
+pub struct Budgets {
+    memory: Arc<Semaphore>,
+    descriptors: Arc<Semaphore>,
+    descriptor_limit: usize,
+    processes: Arc<Semaphore>,
+    blocking: Arc<Semaphore>,
+    cpu: CpuPool,
+}
+
+impl Budgets {
+    /// Budgets sized for `open_file_limit` descriptors of which `open_now` are already in use.
+    /// The client descriptor budget is what remains after [`DESCRIPTOR_RESERVE`] and one
+    /// descriptor per possible connection (pending or not) and `http/request`, capped at
+    /// [`MAX_CLIENT_DESCRIPTORS`].
+    pub fn new(open_file_limit: usize, open_now: usize) -> Self {
+        let descriptor_limit = client_descriptor_budget(open_file_limit, open_now);
+        Self {
+            memory: Arc::new(Semaphore::new(MEMORY_BUDGET_BYTES)),
+            descriptors: Arc::new(Semaphore::new(descriptor_limit)),
+            descriptor_limit,
+            processes: Arc::new(Semaphore::new(MAX_LIVE_PROCESSES)),
+            blocking: Arc::new(Semaphore::new(MAX_BLOCKING_TASKS)),
+            cpu: CpuPool::new(),
+        }
+    }
+
+    /// Budgets for this process: its open-file limit and the descriptors it has open now.
+    pub fn for_current_process() -> Self {
+        let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map_or(1024, |(soft, _)| {
+                usize::try_from(soft).unwrap_or(usize::MAX)
+            });
+        let open_now = std::fs::read_dir("/proc/self/fd").map_or(64, Iterator::count);
+        Self::new(limit, open_now)
+    }
+
+    /// The client descriptor budget.
+    pub fn descriptor_limit(&self) -> usize {
+        self.descriptor_limit
+    }
+
+    /// Descriptors clients make the server hold now.
+    pub fn descriptors_in_use(&self) -> usize {
+        self.descriptor_limit - self.descriptors.available_permits()
+    }
+
+    /// Take `count` descriptors from the client budget (refused, not waited for).
+    ///
+    /// # Errors
+    /// [`BudgetError::Descriptors`] when the budget has fewer left.
+    pub fn descriptors(&self, count: usize) -> Result<DescriptorCharge, BudgetError> {
+        let refused = || BudgetError::Descriptors {
+            needed: count,
+            limit: self.descriptor_limit,
+        };
+        let permits = u32::try_from(count).map_err(|_| refused())?;
+        let permit = self
+            .descriptors
+            .clone()
+            .try_acquire_many_owned(permits)
+            .map_err(|_| refused())?;
+        Ok(DescriptorCharge {
+            _permit: Some(permit),
+        })
+    }
+
+    /// Take one live-process slot (refused, not waited for).
+    ///
+    /// # Errors
+    /// [`BudgetError::Processes`] at [`MAX_LIVE_PROCESSES`].
+    pub fn process(&self) -> Result<OwnedSemaphorePermit, BudgetError> {
+        self.processes
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| BudgetError::Processes {
+                limit: MAX_LIVE_PROCESSES,
+            })
+    }
+
+    fn reserve_memory(&self, bytes: u32) -> Result<OwnedSemaphorePermit, BudgetError> {
+        self.memory
+            .clone()
+            .try_acquire_many_owned(bytes)
+            .map_err(|_| BudgetError::Memory {
+                needed: bytes as usize,
+                limit: MEMORY_BUDGET_BYTES,
+            })
+    }
+}
+
+/// The client descriptor budget for `open_file_limit` with `open_now` in use.
+pub fn client_descriptor_budget(open_file_limit: usize, open_now: usize) -> usize {
+    open_file_limit
+        .saturating_sub(DESCRIPTOR_RESERVE)
+        .saturating_sub(MAX_PENDING_CONNECTIONS + MAX_CONNECTIONS + MAX_HTTP_REQUESTS)
+        .saturating_sub(open_now)
+        .clamp(MIN_CLIENT_DESCRIPTORS, MAX_CLIENT_DESCRIPTORS)
+}
+
+/// Descriptors taken from the client budget; given back on drop.
+#[derive(Debug, Default)]
+pub struct DescriptorCharge {
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl DescriptorCharge {
+    /// A charge of nothing (for work that holds no descriptor).
+    pub fn none() -> Self {
+        Self { _permit: None }
+    }
+}
+
+/// One connection's share: its in-flight bytes, its memory allowance, its blocking slots.
+#[derive(Debug, Clone)]
+pub struct ConnectionBudget {
+    budgets: Arc<Budgets>,
+    inflight: Arc<Semaphore>,
+    allowance: Arc<Semaphore>,
+    blocking: Arc<Semaphore>,
+}
+
+impl ConnectionBudget {
+    /// A fresh share of `budgets`.
+    pub fn new(budgets: Arc<Budgets>) -> Self {
+        Self {
+            budgets,
+            inflight: Arc::new(Semaphore::new(MAX_INFLIGHT_BYTES_PER_CONNECTION)),
+            allowance: Arc::new(Semaphore::new(CONNECTION_MEMORY_ALLOWANCE)),
+            blocking: Arc::new(Semaphore::new(MAX_BLOCKING_TASKS_PER_CONNECTION)),
+        }
+    }
+
+    /// The server-wide budgets.
+    pub fn server(&self) -> &Arc<Budgets> {
+        &self.budgets
+    }
+
+    /// Count `inflight` bytes (at least 1, at most [`MAX_INFLIGHT_BYTES_PER_CONNECTION`]) in the
+    /// connection's in-flight bytes, waiting until they fit, and back the first `backed` of them
+    /// with memory now: from the connection's allowance or, beyond it, the server's budget.
+    /// The rest is backed later, once the work knows what it needs ([`MemoryCharge::back`]).
+    ///
+    /// # Errors
+    /// [`BudgetError::Memory`] when the server's budget cannot take `backed` bytes now;
+    /// [`BudgetError::Closed`] when the connection's budget was closed.
+    pub async fn reserve(
+        &self,
+        inflight: usize,
+        backed: usize,
+    ) -> Result<MemoryCharge, BudgetError> {
+        let inflight = self
+            .inflight
+            .clone()
+            .acquire_many_owned(clamp_bytes(inflight))
+            .await
+            .map_err(|_| BudgetError::Closed)?;
+        let mut charge = MemoryCharge {
+            inflight: Some(inflight),
+            allowance: None,
+            server: None,
+        };
+        charge.back(self, backed)?;
+        Ok(charge)
+    }
+
+    /// Back `bytes` more with memory, without waiting: from the connection's allowance or,
+    /// beyond it, the server's memory budget. (Not counted in the in-flight bytes, which only
+    /// the reader waits for: waiting here could queue behind it.)
+    ///
+    /// # Errors
+    /// [`BudgetError::Memory`] when the server's budget cannot take them now.
+    fn overdraft(&self, bytes: usize) -> Result<MemoryCharge, BudgetError> {
+        let refused = || BudgetError::Memory {
+            needed: bytes,
+            limit: MEMORY_BUDGET_BYTES,
+        };
+        let permits = u32::try_from(bytes).map_err(|_| refused())?;
+        let (allowance, server) = match self.allowance.clone().try_acquire_many_owned(permits) {
+            Ok(permit) => (Some(permit), None),
+            Err(_) => (None, Some(self.budgets.reserve_memory(permits)?)),
+        };
+        Ok(MemoryCharge {
+            inflight: None,
+            allowance,
+            server,
+        })
+    }
+
+    /// Run `work` on tokio's blocking pool (I/O: filesystem calls, helper exchanges, spawning)
+    /// once this connection and the server have a free slot (waits for both).
+    ///
+    /// # Errors
+    /// [`BudgetError::Closed`] at shutdown, [`BudgetError::TaskFailed`] when `work` panicked.
+    pub async fn blocking<F, R>(&self, work: F) -> Result<R, BudgetError>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let _own = self.own_slot().await?;
+        let _server = self
+            .budgets
+            .blocking
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| BudgetError::Closed)?;
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|error| BudgetError::TaskFailed(error.to_string()))
+    }
+
+    /// Run CPU-bound `work` (parsing, encoding, policy resolution) on the low-priority
+    /// [`CpuPool`] within this connection's slots. Never for work that starts a process.
+    ///
+    /// # Errors
+    /// [`BudgetError::Closed`] at shutdown, [`BudgetError::TaskFailed`] when `work` panicked.
+    pub async fn cpu<F, R>(&self, work: F) -> Result<R, BudgetError>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let _own = self.own_slot().await?;
+        self.budgets
+            .cpu
+            .run(work)
+            .await
+            .map_err(|error| BudgetError::TaskFailed(error.to_string()))
+    }
+
+    async fn own_slot(&self) -> Result<OwnedSemaphorePermit, BudgetError> {
+        self.blocking
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| BudgetError::Closed)
+    }
+}
+
+fn clamp_bytes(bytes: usize) -> u32 {
+    // MAX_INFLIGHT_BYTES_PER_CONNECTION is far below u32::MAX.
+    bytes.clamp(1, MAX_INFLIGHT_BYTES_PER_CONNECTION) as u32
+}
+
+/// Memory reserved on a connection: bytes counted in its in-flight share (what its reader waits
+/// for) and bytes backed by its allowance or the server's budget (what the process really may
+/// hold). Dropping it gives everything back.
+#[derive(Debug)]
+pub struct MemoryCharge {
+    inflight: Option<OwnedSemaphorePermit>,
+    allowance: Option<OwnedSemaphorePermit>,
+    server: Option<OwnedSemaphorePermit>,
+}
+
+impl MemoryCharge {
+    /// The bytes backed by memory.
+    pub fn bytes(&self) -> usize {
+        permits(&self.allowance) + permits(&self.server)
+    }
+
+    /// The bytes counted in the connection's in-flight share.
+    pub fn inflight_bytes(&self) -> usize {
+        permits(&self.inflight)
+    }
+
+    /// Make sure at least `bytes` are backed, drawing on `budget` without waiting.
+    ///
+    /// # Errors
+    /// [`BudgetError::Memory`] when the server's budget cannot take the difference now.
+    pub fn back(&mut self, budget: &ConnectionBudget, bytes: usize) -> Result<(), BudgetError> {
+        let more = bytes.saturating_sub(self.bytes());
+        if more > 0 {
+            self.merge(budget.overdraft(more)?);
+        }
+        Ok(())
+    }
+
+    /// Split off `bytes` of the in-flight share and `bytes` of the backing (as far as each
+    /// holds them) into a charge of their own.
+    pub fn split(&mut self, bytes: usize) -> MemoryCharge {
+        let inflight = split_permit(&mut self.inflight, bytes);
+        // Give back the server's bytes first: the allowance is the connection's own.
+        let from_server = permits(&self.server).min(bytes);
+        let server = split_permit(&mut self.server, from_server);
+        let from_allowance = permits(&self.allowance).min(bytes - from_server);
+        let allowance = split_permit(&mut self.allowance, from_allowance);
+        MemoryCharge {
+            inflight,
+            allowance,
+            server,
+        }
+    }
+
+    /// Give back everything beyond `bytes`, of the in-flight share and of the backing.
+    pub fn shrink_to(&mut self, bytes: usize) {
+        let inflight_excess = self.inflight_bytes().saturating_sub(bytes);
+        drop(split_permit(&mut self.inflight, inflight_excess));
+        let backing_excess = self.bytes().saturating_sub(bytes);
+        let from_server = permits(&self.server).min(backing_excess);
+        drop(split_permit(&mut self.server, from_server));
+        drop(split_permit(
+            &mut self.allowance,
+            backing_excess - from_server,
+        ));
+    }
+
+    /// Add `other`'s bytes to this charge.
+    pub fn merge(&mut self, other: MemoryCharge) {
+        merge_permit(&mut self.inflight, other.inflight);
+        merge_permit(&mut self.allowance, other.allowance);
+        merge_permit(&mut self.server, other.server);
+    }
+}
+
+fn permits(slot: &Option<OwnedSemaphorePermit>) -> usize {
+    slot.as_ref().map_or(0, OwnedSemaphorePermit::num_permits)
+}
+
+fn merge_permit(slot: &mut Option<OwnedSemaphorePermit>, other: Option<OwnedSemaphorePermit>) {
+    match (slot.as_mut(), other) {
+        (Some(held), Some(other)) => held.merge(other),
+        (None, other) => *slot = other,
+        (Some(_), None) => {}
+    }
+}
+
+/// Split `n` permits off `slot` (all of it when it holds no more).
+fn split_permit(slot: &mut Option<OwnedSemaphorePermit>, n: usize) -> Option<OwnedSemaphorePermit> {
+    let held = permits(slot);
+    if n == 0 || held == 0 {
+        None
+    } else if n >= held {
+        slot.take()
+    } else {
+        slot.as_mut()?.split(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budgets() -> Arc<Budgets> {
+        Arc::new(Budgets::new(0, 0))
+    }
+
+    #[test]
+    fn descriptor_budget_leaves_the_reserve_and_connection_descriptors_free() {
+        let fixed =
+            DESCRIPTOR_RESERVE + MAX_PENDING_CONNECTIONS + MAX_CONNECTIONS + MAX_HTTP_REQUESTS;
+        assert_eq!(client_descriptor_budget(12_000, 30), 12_000 - fixed - 30);
+        assert_eq!(
+            client_descriptor_budget(1_000_000, 30),
+            MAX_CLIENT_DESCRIPTORS
+        );
+        assert_eq!(client_descriptor_budget(1024, 30), MIN_CLIENT_DESCRIPTORS);
+    }
+
+    #[test]
+    fn descriptors_are_refused_past_the_budget_and_given_back_on_drop() {
+        let budgets = budgets();
+        let all = budgets.descriptors(MIN_CLIENT_DESCRIPTORS).unwrap();
+        assert!(matches!(
+            budgets.descriptors(1),
+            Err(BudgetError::Descriptors { .. })
+        ));
+        assert_eq!(budgets.descriptors_in_use(), MIN_CLIENT_DESCRIPTORS);
+        drop(all);
+        assert_eq!(budgets.descriptors_in_use(), 0);
+        budgets.descriptors(1).unwrap();
+    }
+
+    #[tokio::test]
+    async fn small_reservations_use_the_allowance_and_large_ones_the_server_budget() {
+        let budgets = budgets();
+        let connection = ConnectionBudget::new(budgets.clone());
+        let small = connection.reserve(1000, 1000).await.unwrap();
+        assert_eq!(budgets.memory.available_permits(), MEMORY_BUDGET_BYTES);
+        let large_bytes = CONNECTION_MEMORY_ALLOWANCE * 4;
+        let large = connection.reserve(large_bytes, large_bytes).await.unwrap();
+        assert_eq!(
+            budgets.memory.available_permits(),
+            MEMORY_BUDGET_BYTES - large_bytes
+        );
+        drop((small, large));
+        assert_eq!(budgets.memory.available_permits(), MEMORY_BUDGET_BYTES);
+    }
+
+    #[tokio::test]
+    async fn the_server_budget_refuses_instead_of_waiting() {
+        let budgets = budgets();
+        let mut held = Vec::new();
+        let big = MAX_INFLIGHT_BYTES_PER_CONNECTION;
+        for _ in 0..MEMORY_BUDGET_BYTES / big {
+            let connection = ConnectionBudget::new(budgets.clone());
+            held.push(connection.reserve(big, big).await.unwrap());
+        }
+        let other = ConnectionBudget::new(budgets.clone());
+        let needed = CONNECTION_MEMORY_ALLOWANCE + MEMORY_BUDGET_BYTES % big + 1;
+        let refused = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            other.reserve(needed, needed),
+        )
+        .await
+        .expect("a refusal, not a wait");
+        assert!(matches!(refused, Err(BudgetError::Memory { .. })));
+        // Small work on the same connection is still served from its allowance.
+        other.reserve(64 * 1024, 64 * 1024).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_connection_waits_for_its_own_in_flight_bytes_whatever_is_backed() {
+        let connection = ConnectionBudget::new(budgets());
+        // The worst case of an answer counts in flight before any memory backs it.
+        let first = connection
+            .reserve(MAX_INFLIGHT_BYTES_PER_CONNECTION, 0)
+            .await
+            .unwrap();
+        assert_eq!(first.bytes(), 0);
+        let waiting = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            connection.reserve(1, 1),
+        )
+        .await;
+        assert!(waiting.is_err(), "the second reservation must wait");
+        drop(first);
+        connection.reserve(1, 1).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn split_back_and_shrink_give_back_what_is_not_kept() {
+        let budgets = budgets();
+        let connection = ConnectionBudget::new(budgets.clone());
+        let mib = 1024 * 1024;
+        let mut charge = connection.reserve(10 * mib, 4 * mib).await.unwrap();
+        let request = charge.split(4 * mib);
+        assert_eq!(
+            (request.inflight_bytes(), request.bytes()),
+            (4 * mib, 4 * mib)
+        );
+        assert_eq!((charge.inflight_bytes(), charge.bytes()), (6 * mib, 0));
+        drop(request);
+        charge.back(&connection, 3 * mib).unwrap();
+        assert_eq!(charge.bytes(), 3 * mib);
+        charge.shrink_to(1000);
+        assert_eq!((charge.inflight_bytes(), charge.bytes()), (1000, 1000));
+        drop(charge);
+        assert_eq!(budgets.memory.available_permits(), MEMORY_BUDGET_BYTES);
+        assert_eq!(
+            connection.inflight.available_permits(),
+            MAX_INFLIGHT_BYTES_PER_CONNECTION
+        );
+        assert_eq!(
+            connection.allowance.available_permits(),
+            CONNECTION_MEMORY_ALLOWANCE
+        );
+    }
+}
