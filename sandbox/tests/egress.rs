@@ -939,7 +939,11 @@ fn the_proxy_runs_with_an_empty_environment_no_capabilities_seccomp_and_only_its
                 "{uid:?}: {set}\n{status}"
             );
         }
-        assert_eq!(status_field(&status, "NoNewPrivs"), "1", "{uid:?}\n{status}");
+        assert_eq!(
+            status_field(&status, "NoNewPrivs"),
+            "1",
+            "{uid:?}\n{status}"
+        );
         // 2: SECCOMP_MODE_FILTER.
         assert_eq!(status_field(&status, "Seccomp"), "2", "{uid:?}\n{status}");
         // Sockets, pipes and /dev/null only: the configuration memfd is closed after reading

@@ -385,7 +385,11 @@ fn a_file_written_to_tmp_is_neither_on_the_host_nor_seen_by_the_next_command() {
         let name = name.replace(['(', ')'], "");
         let write = sandbox_run(
             WW,
-            &["/bin/sh", "-c", &format!("echo secret > {name} && cat {name}")],
+            &[
+                "/bin/sh",
+                "-c",
+                &format!("echo secret > {name} && cat {name}"),
+            ],
             uid,
             &fx.ws,
         );
@@ -401,7 +405,11 @@ fn a_file_written_to_tmp_is_neither_on_the_host_nor_seen_by_the_next_command() {
         );
         let next = sandbox_run(
             WW,
-            &["/bin/sh", "-c", &format!("test -e {name} && echo seen || echo absent")],
+            &[
+                "/bin/sh",
+                "-c",
+                &format!("test -e {name} && echo seen || echo absent"),
+            ],
             uid,
             &fx.ws,
         );

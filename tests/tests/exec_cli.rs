@@ -354,6 +354,10 @@ fn sigint_sigterm_and_sighup_are_forwarded_to_the_remote_process_group_without_t
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
         wait_for(&format!("got-{name}\n"));
         let status = wait_child(&mut child, DEADLINE);
-        assert_eq!(status.code(), Some(7), "{name}: the remote shell's exit status");
+        assert_eq!(
+            status.code(),
+            Some(7),
+            "{name}: the remote shell's exit status"
+        );
     }
 }

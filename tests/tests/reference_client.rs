@@ -195,7 +195,9 @@ async fn length(body: Body) -> String {
 
 /// One MiB and one byte, numbered so a reordered or lost piece shows.
 async fn megabyte() -> Vec<u8> {
-    (0..1024 * 1024 + 1u32).map(|i| u8::try_from(i % 251).unwrap()).collect()
+    (0..1024 * 1024 + 1u32)
+        .map(|i| u8::try_from(i % 251).unwrap())
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1461,7 +1463,10 @@ async fn streamed_deltas_carry_at_most_http_body_delta_bytes_each() {
     let messages = response_and_deltas(&mut client, &id, "mb").await;
     let mut body = Vec::new();
     let mut largest = 0;
-    for delta in messages.iter().filter(|m| m["method"] == "http/request/bodyDelta") {
+    for delta in messages
+        .iter()
+        .filter(|m| m["method"] == "http/request/bodyDelta")
+    {
         let bytes = unb64(delta["params"]["deltaBase64"].as_str().unwrap());
         assert!(
             bytes.len() <= HTTP_BODY_DELTA_BYTES,

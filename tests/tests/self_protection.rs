@@ -376,12 +376,8 @@ async fn a_sandboxed_command_cannot_read_an_executors_identity_file() {
     // keeps it out.
     let identity = setup.workspace.join("executor-identity");
     let rendezvous = tests::relay::start_rendezvous("127.0.0.1:0", None);
-    let executor = tests::relay::start_executor_with(
-        &rendezvous.first_line,
-        "env-keys",
-        &identity,
-        &[],
-    );
+    let executor =
+        tests::relay::start_executor_with(&rendezvous.first_line, "env-keys", &identity, &[]);
     tests::relay::wait_registered(&rendezvous.first_line, "env-keys", &executor).await;
     assert!(
         identity.is_file(),

@@ -108,10 +108,24 @@ mod tests {
     #[test]
     fn the_proxys_policy_writes_nowhere_and_refuses_the_supervisors_ports() {
         let policy = proxy_policy(&[4242]).unwrap();
-        let writable: Vec<_> = policy.writable_roots().into_iter().map(|w| w.root).collect();
+        let writable: Vec<_> = policy
+            .writable_roots()
+            .into_iter()
+            .map(|w| w.root)
+            .collect();
         assert_eq!(writable, [Path::new("/dev/null")], "{policy:?}");
-        for path in ["/", "/tmp", "/tmp/x", "/root", "/etc/passwd", "/proc/self/mem"] {
-            assert!(!policy.can_write(Path::new(path)), "{path} writable: {policy:?}");
+        for path in [
+            "/",
+            "/tmp",
+            "/tmp/x",
+            "/root",
+            "/etc/passwd",
+            "/proc/self/mem",
+        ] {
+            assert!(
+                !policy.can_write(Path::new(path)),
+                "{path} writable: {policy:?}"
+            );
         }
         assert!(policy.can_read(Path::new("/etc/hosts")), "{policy:?}");
         assert!(policy.tmpdir.is_none(), "{policy:?}");
