@@ -1418,7 +1418,7 @@ async fn a_request_body_of_max_http_request_body_bytes_is_sent_and_one_more_byte
         .call(
             "http/request",
             json!({"method": "POST", "url": upstream.url("/length"), "requestId": "at",
-                   "bodyBase64": b64(&vec![b'b'; MAX_HTTP_REQUEST_BODY_BYTES])}),
+                   "bodyBase64": b64(vec![b'b'; MAX_HTTP_REQUEST_BODY_BYTES])}),
         )
         .await;
     assert_eq!(at_limit["status"], json!(200), "{at_limit}");
@@ -1430,7 +1430,7 @@ async fn a_request_body_of_max_http_request_body_bytes_is_sent_and_one_more_byte
         .request(
             "http/request",
             json!({"method": "POST", "url": upstream.url("/length"), "requestId": "over",
-                   "bodyBase64": b64(&vec![b'b'; MAX_HTTP_REQUEST_BODY_BYTES + 1])}),
+                   "bodyBase64": b64(vec![b'b'; MAX_HTTP_REQUEST_BODY_BYTES + 1])}),
         )
         .await;
     let error = assert_rpc_error(over, -32600, "limitExceeded");
