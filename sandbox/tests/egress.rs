@@ -875,3 +875,85 @@ impl TlsOrigin {
         Self { port, cert_pem }
     }
 }
+
+/// The `Name:` line of `/proc/<pid>/status`, value trimmed.
+fn status_field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in status:\n{status}"))
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn the_proxy_runs_with_an_empty_environment_no_capabilities_seccomp_and_only_its_descriptors() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let url = format!("http://registry.test:{}/hello", origin.port);
+        // One request through the proxy first: it serves only after it confined itself.
+        let script = format!("curl -sS -f -m 10 -o /dev/null {url} && echo ready && read line");
+        let mut child = ws
+            .command(
+                &strs(&allow(&["registry.test"], &origin)),
+                &["sh", "-c", &script],
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(DEADLINE).expect("the request went through");
+        assert_eq!(line.trim(), "ready", "{uid:?}");
+        let proxy = proxy_of(child.id()).expect("egress-proxy is a child of sandbox-run");
+        let status = std::fs::read_to_string(format!("/proc/{proxy}/status")).unwrap();
+        let environ = std::fs::read(format!("/proc/{proxy}/environ")).unwrap();
+        let fds: Vec<String> = std::fs::read_dir(format!("/proc/{proxy}/fd"))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+            .map(|target| target.to_string_lossy().into_owned())
+            .collect();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+        drop(stdin);
+        let output = wait_output(child, DEADLINE);
+        assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+
+        assert!(
+            environ.is_empty(),
+            "{uid:?}: the proxy's environment: {:?}",
+            text(&environ)
+        );
+        for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+            assert_eq!(
+                status_field(&status, set),
+                "0000000000000000",
+                "{uid:?}: {set}\n{status}"
+            );
+        }
+        assert_eq!(
+            status_field(&status, "NoNewPrivs"),
+            "1",
+            "{uid:?}\n{status}"
+        );
+        // 2: SECCOMP_MODE_FILTER.
+        assert_eq!(status_field(&status, "Seccomp"), "2", "{uid:?}\n{status}");
+        // Sockets, pipes and /dev/null only: the configuration memfd is closed after reading
+        // and no file is open.
+        assert!(
+            fds.iter().all(|target| target.starts_with("socket:")
+                || target.starts_with("pipe:")
+                || target.starts_with("anon_inode:")
+                || target == "/dev/null"),
+            "{uid:?}: the proxy's descriptors {fds:?}"
+        );
+    }
+}

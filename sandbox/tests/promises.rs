@@ -337,3 +337,112 @@ fn explain_prints_the_policy_and_its_layers_and_runs_nothing() {
         "the denied path is listed: {explain}"
     );
 }
+
+/// As uid 65534 only: as root `--audit` switches the kernel audit on for the whole machine.
+#[test]
+fn the_audit_report_is_opened_before_the_command_so_a_planted_symlink_is_not_followed() {
+    let fx = Fixture::new(Some(NOBODY));
+    let report = fx.ws.join("denials.jsonl");
+    let kept = fx.ws.join("kept.jsonl");
+    // The command moves the report aside and plants a symlink to a file outside at its name.
+    let script = format!(
+        "mv {report} {kept} && ln -s {outside} {report}",
+        report = s(&report),
+        kept = s(&kept),
+        outside = s(&fx.outside_file)
+    );
+    let out = sandbox_run(
+        &["--policy", "workspace-write", "--audit", s(&report)],
+        &["/bin/sh", "-c", &script],
+        Some(NOBODY),
+        &fx.ws,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::symlink_metadata(&report)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the command planted its symlink"
+    );
+    fx.assert_outside_untouched("the report followed the planted symlink");
+    // The report went to the file opened before the command ran, now at the moved-aside name.
+    let written = std::fs::read_to_string(&kept).unwrap();
+    let last: serde_json::Value =
+        serde_json::from_str(written.lines().last().expect("a non-empty report")).unwrap();
+    assert_eq!(last["kind"], "coverage", "{written}");
+}
+
+#[test]
+fn a_file_written_to_tmp_is_neither_on_the_host_nor_seen_by_the_next_command() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let name = format!("/tmp/execward-private-tmp-{}-{uid:?}", std::process::id());
+        let name = name.replace(['(', ')'], "");
+        let write = sandbox_run(
+            WW,
+            &[
+                "/bin/sh",
+                "-c",
+                &format!("echo secret > {name} && cat {name}"),
+            ],
+            uid,
+            &fx.ws,
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&write.stdout),
+            "secret\n",
+            "the command could write its /tmp ({uid:?}): {}",
+            String::from_utf8_lossy(&write.stderr)
+        );
+        assert!(
+            !std::path::Path::new(&name).exists(),
+            "{name} leaked to the host's /tmp ({uid:?})"
+        );
+        let next = sandbox_run(
+            WW,
+            &[
+                "/bin/sh",
+                "-c",
+                &format!("test -e {name} && echo seen || echo absent"),
+            ],
+            uid,
+            &fx.ws,
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&next.stdout),
+            "absent\n",
+            "the next command saw {name} ({uid:?}): {}",
+            String::from_utf8_lossy(&next.stderr)
+        );
+    }
+}
+
+/// x86_64's `uretprobe` (335) and `uprobe` (336) pass every seccomp filter by the kernel's
+/// design (the syscall sweep skips them); called inside the sandbox from an ordinary caller they
+/// must be refused by the kernel: `uprobe` with ENXIO, `uretprobe` with SIGILL, in a child
+/// process.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn uprobe_and_uretprobe_refuse_an_ordinary_caller_inside_the_sandbox() {
+    const ENXIO: i32 = 6;
+    const SIGILL: i32 = 4;
+    let script = "python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); \
+                  print(\"uprobe\", l.syscall(336), ctypes.get_errno())'; \
+                  python3 -c 'import ctypes; ctypes.CDLL(None).syscall(335); print(\"returned\")'; \
+                  echo \"uretprobe status $?\"";
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let out = sandbox_run(WW, &["/bin/sh", "-c", script], uid, &fx.ws);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("uprobe -1 {ENXIO}\nuretprobe status {}\n", 128 + SIGILL),
+            "as {uid:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -356,3 +356,66 @@ fn set_window_size(master: &OwnedFd, cols: u16, rows: u16) {
     let status = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
     assert_eq!(status, 0, "TIOCSWINSZ");
 }
+
+#[test]
+fn without_cwd_the_remote_command_runs_in_the_local_current_directory() {
+    let server = server();
+    let dir = tests::scratch::scratch_dir("exec-cwd-");
+    let here = std::fs::canonicalize(dir.path()).unwrap();
+    let mut cmd = Command::new(exec_server_binary());
+    cmd.args(["exec", "--connect", server.url(), "--", "/bin/pwd"])
+        .current_dir(&here);
+    let (status, stdout, stderr) = output_within(&mut cmd, b"");
+    assert_eq!(status.code(), Some(0), "stderr: {stderr}");
+    assert_eq!(stdout, format!("{}\n", here.display()), "stderr: {stderr}");
+}
+
+#[test]
+fn sigint_sigterm_and_sighup_are_forwarded_to_the_remote_process_group_without_tty() {
+    use nix::sys::signal::Signal;
+    let server = server();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        let name = signal.as_str().trim_start_matches("SIG");
+        // The child in the remote group (sleep) dies of the signal; the shell's trap reports it.
+        let script = format!(
+            "trap 'echo got-{name}; exit 7' {name}; echo ready; while :; do sleep 0.1; done"
+        );
+        let mut child = exec(server.url(), &[], &sh(&script))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut byte = [0u8; 1];
+            while stdout.read(&mut byte).unwrap_or(0) == 1 {
+                seen.push(byte[0]);
+                let _ = tx.send(String::from_utf8_lossy(&seen).into_owned());
+            }
+        });
+        let wait_for = |needle: &str| {
+            let deadline = Instant::now() + DEADLINE;
+            loop {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                let seen = rx
+                    .recv_timeout(remaining)
+                    .unwrap_or_else(|_| panic!("{name}: no {needle:?} within {DEADLINE:?}"));
+                if seen.contains(needle) {
+                    return;
+                }
+            }
+        };
+        wait_for("ready\n");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+        wait_for(&format!("got-{name}\n"));
+        let status = wait_child(&mut child, DEADLINE);
+        assert_eq!(
+            status.code(),
+            Some(7),
+            "{name}: the remote shell's exit status"
+        );
+    }
+}

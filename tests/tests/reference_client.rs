@@ -60,6 +60,10 @@ impl Drop for DropSignal {
 
 /// `MAX_HTTP_RESPONSE_BODY_BYTES` from docs/protocol.md.
 const MAX_HTTP_RESPONSE_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// `MAX_HTTP_REQUEST_BODY_BYTES` from docs/protocol.md.
+const MAX_HTTP_REQUEST_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// `HTTP_BODY_DELTA_BYTES` from docs/protocol.md.
+const HTTP_BODY_DELTA_BYTES: usize = 256 * 1024;
 
 impl Upstream {
     async fn start() -> Upstream {
@@ -76,6 +80,8 @@ impl Upstream {
             .route("/hang-body", get(hang_body))
             .route("/redirect", any(redirect))
             .route("/big", get(big))
+            .route("/length", any(length))
+            .route("/megabyte", get(megabyte))
             .with_state(state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -175,6 +181,23 @@ async fn redirect() -> Response {
 
 async fn big() -> Vec<u8> {
     vec![b'x'; MAX_HTTP_RESPONSE_BODY_BYTES + 1]
+}
+
+/// The request body's length, in decimal (read whole: axum's default 2 MB limit applies only
+/// to the `Bytes` extractor).
+async fn length(body: Body) -> String {
+    axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap()
+        .len()
+        .to_string()
+}
+
+/// One MiB and one byte, numbered so a reordered or lost piece shows.
+async fn megabyte() -> Vec<u8> {
+    (0..1024 * 1024 + 1u32)
+        .map(|i| u8::try_from(i % 251).unwrap())
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1384,4 +1407,76 @@ async fn library_client_write_reports_a_closed_stdin() {
         }
     );
     handle.process().terminate().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_request_body_of_max_http_request_body_bytes_is_sent_and_one_more_byte_is_refused() {
+    let upstream = Upstream::start().await;
+    let server = server();
+    let mut client = server.client().await;
+    let at_limit = client
+        .call(
+            "http/request",
+            json!({"method": "POST", "url": upstream.url("/length"), "requestId": "at",
+                   "bodyBase64": b64(vec![b'b'; MAX_HTTP_REQUEST_BODY_BYTES])}),
+        )
+        .await;
+    assert_eq!(at_limit["status"], json!(200), "{at_limit}");
+    assert_eq!(
+        unb64(at_limit["bodyBase64"].as_str().unwrap()),
+        MAX_HTTP_REQUEST_BODY_BYTES.to_string().as_bytes()
+    );
+    let over = client
+        .request(
+            "http/request",
+            json!({"method": "POST", "url": upstream.url("/length"), "requestId": "over",
+                   "bodyBase64": b64(vec![b'b'; MAX_HTTP_REQUEST_BODY_BYTES + 1])}),
+        )
+        .await;
+    let error = assert_rpc_error(over, -32600, "limitExceeded");
+    assert!(
+        error.message.contains("request body")
+            && error.message.contains("MAX_HTTP_REQUEST_BODY_BYTES"),
+        "{error:?}"
+    );
+    // The connection keeps serving.
+    client
+        .call(
+            "http/request",
+            json!({"method": "GET", "url": upstream.url("/echo"), "requestId": "after"}),
+        )
+        .await;
+}
+
+#[tokio::test]
+async fn streamed_deltas_carry_at_most_http_body_delta_bytes_each() {
+    let upstream = Upstream::start().await;
+    let server = server();
+    let mut client = server.client().await;
+    let id = client
+        .send_request(
+            "http/request",
+            json!({"method": "GET", "url": upstream.url("/megabyte"), "requestId": "mb",
+                   "streamResponse": true}),
+        )
+        .await;
+    let messages = response_and_deltas(&mut client, &id, "mb").await;
+    let mut body = Vec::new();
+    let mut largest = 0;
+    for delta in messages
+        .iter()
+        .filter(|m| m["method"] == "http/request/bodyDelta")
+    {
+        let bytes = unb64(delta["params"]["deltaBase64"].as_str().unwrap());
+        assert!(
+            bytes.len() <= HTTP_BODY_DELTA_BYTES,
+            "a delta of {} bytes (seq {})",
+            bytes.len(),
+            delta["params"]["seq"]
+        );
+        largest = largest.max(bytes.len());
+        body.extend(bytes);
+    }
+    assert_eq!(body, megabyte().await, "the deltas reassemble the body");
+    assert!(largest > 0, "no delta carried any body");
 }

@@ -368,3 +368,37 @@ async fn the_servers_binaries_inside_the_workspace_cannot_be_modified_or_swapped
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandboxed_command_cannot_read_an_executors_identity_file() {
+    let setup = Setup::new(None);
+    // Inside the workspace, which every policy shape lets a command read: only the hiding
+    // keeps it out.
+    let identity = setup.workspace.join("executor-identity");
+    let rendezvous = tests::relay::start_rendezvous("127.0.0.1:0", None);
+    let executor =
+        tests::relay::start_executor_with(&rendezvous.first_line, "env-keys", &identity, &[]);
+    tests::relay::wait_registered(&rendezvous.first_line, "env-keys", &executor).await;
+    assert!(
+        identity.is_file(),
+        "the executor created its key file: {}",
+        executor.stderr()
+    );
+    let mut client = tests::Client::connect(&executor.first_line).await.unwrap();
+    client.initialize().await;
+    let path = identity.to_str().unwrap();
+    for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
+        let read = probe_through(
+            &mut client,
+            &setup,
+            &format!("key-{n}"),
+            Some(sandbox),
+            &["read", path],
+        )
+        .await;
+        assert_refused(&read, &format!("identity file read: {shape}"));
+    }
+    // Control: unsandboxed, the same probe reads it.
+    let control = probe_through(&mut client, &setup, "control", None, &["read", path]).await;
+    assert_eq!(control["ok"], true, "control read: {control}");
+}

@@ -98,3 +98,37 @@ pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
         Proxy::new(config, locals, std::fs::File::from(events)),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::proxy_policy;
+
+    #[test]
+    fn the_proxys_policy_writes_nowhere_and_refuses_the_supervisors_ports() {
+        let policy = proxy_policy(&[4242]).unwrap();
+        let writable: Vec<_> = policy
+            .writable_roots()
+            .into_iter()
+            .map(|w| w.root)
+            .collect();
+        assert_eq!(writable, [Path::new("/dev/null")], "{policy:?}");
+        for path in [
+            "/",
+            "/tmp",
+            "/tmp/x",
+            "/root",
+            "/etc/passwd",
+            "/proc/self/mem",
+        ] {
+            assert!(
+                !policy.can_write(Path::new(path)),
+                "{path} writable: {policy:?}"
+            );
+        }
+        assert!(policy.can_read(Path::new("/etc/hosts")), "{policy:?}");
+        assert!(policy.tmpdir.is_none(), "{policy:?}");
+        assert_eq!(policy.denied_tcp_ports, [4242]);
+    }
+}

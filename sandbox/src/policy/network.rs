@@ -519,6 +519,34 @@ mod tests {
         Host::parse(text).unwrap()
     }
 
+    fn hosts(prefix: &str, n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("h{i}.{prefix}.test")).collect()
+    }
+
+    #[test]
+    fn an_allowlist_holds_max_egress_patterns_and_one_more_is_refused() {
+        let at_limit = EgressRules::parse(&hosts("a", MAX_EGRESS_PATTERNS), &[]).unwrap();
+        assert_eq!(at_limit.allow.len(), MAX_EGRESS_PATTERNS);
+        for (allow, deny) in [
+            (hosts("a", MAX_EGRESS_PATTERNS + 1), Vec::new()),
+            (hosts("a", MAX_EGRESS_PATTERNS), hosts("d", 1)),
+        ] {
+            let err = EgressRules::parse(&allow, &deny).unwrap_err().to_string();
+            assert!(err.contains("MAX_EGRESS_PATTERNS"), "{err}");
+        }
+        // Counted after named sets expand.
+        let set = EgressRules::parse(&["@package-registries".to_owned()], &[])
+            .unwrap()
+            .allow
+            .len();
+        let mut allow = hosts("a", MAX_EGRESS_PATTERNS - set);
+        allow.push("@package-registries".to_owned());
+        EgressRules::parse(&allow, &[]).unwrap();
+        allow.push("one-more.test".to_owned());
+        let err = EgressRules::parse(&allow, &[]).unwrap_err().to_string();
+        assert!(err.contains("MAX_EGRESS_PATTERNS"), "{err}");
+    }
+
     #[test]
     fn exact_host_allows_default_ports_only() {
         let r = rules(&["pypi.org"], &[]);
