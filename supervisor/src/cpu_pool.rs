@@ -111,7 +111,7 @@ impl CpuPool {
 }
 
 /// Free `value` (a large buffer) on tokio's blocking pool, at the server's own priority, and
-/// give the memory back to the system ([`crate::sys::release_free_memory`]): not on an async
+/// give the memory back to the system (`sys::release_free_memory`): not on an async
 /// worker (that takes milliseconds) and not on a [`CpuPool`] thread, where the kernel's lock on
 /// the address space would be held by a low-priority thread that the host's other work can
 /// keep off the CPU while every server thread waits for that lock.

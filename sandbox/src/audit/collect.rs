@@ -249,7 +249,7 @@ impl Collector {
     }
 }
 
-/// The gap when `actions_logged` (the text of [`SECCOMP_ACTIONS_LOGGED`]) lacks an action the
+/// The gap when `actions_logged` (the text of `SECCOMP_ACTIONS_LOGGED`) lacks an action the
 /// sandbox's filter returns: the kernel then logs none of those refusals.
 pub fn seccomp_logging_gap(actions_logged: &str) -> Option<String> {
     let logged: Vec<&str> = actions_logged.split_whitespace().collect();

@@ -1,7 +1,7 @@
 //! Starting a child: its own session (`setsid`), an exact environment, stdio on pipes or a PTY,
 //! nothing else inherited, its cgroups joined and its rlimits set before it execs. The child is
 //! created like `posix_spawn` does it (`CLONE_VM | CLONE_VFORK`, see
-//! [`sys::spawn_in_new_session`]), which avoids forking the whole server (the spawn round trip
+//! `sys::spawn_in_new_session`), which avoids forking the whole server (the spawn round trip
 //! is ~0.3 ms shorter than fork+exec) and reports exec failures, so a missing program is an
 //! error here, never a process that "started" and exited 127. Joining the cgroup in the child,
 //! before `execve`, is what makes containment race-free: nothing of the command runs outside
@@ -87,7 +87,7 @@ pub enum SpawnError {
     /// The child could not join its cgroup.
     #[error("cannot place {program:?} in its cgroup: {source}")]
     JoinCgroup {
-        /// argv[0].
+        /// `argv[0]`.
         program: String,
         /// The OS error.
         source: std::io::Error,
@@ -95,7 +95,7 @@ pub enum SpawnError {
     /// The child could not set its rlimits.
     #[error("cannot set the limits of {program:?} ({limits:?}): {source}")]
     Rlimit {
-        /// argv[0].
+        /// `argv[0]`.
         program: String,
         /// The limits asked for.
         limits: Box<CommandLimits>,
