@@ -893,6 +893,17 @@ fn a_flood_of_a_million_denials_keeps_sandbox_run_under_its_memory_bound() {
     }
     let aggregated = coverage["aggregated"].as_u64().unwrap();
     assert_eq!(aggregated, total - denials.len() as u64, "{coverage}");
+    // A dropped layer record leaves its syscall's EPERM/EACCES unaccounted for: when records
+    // were lost, such refusals are rightly reported as unexplained, besides the two groups.
+    let (denials, groups) = if coverage["complete"] == true {
+        (denials, groups)
+    } else {
+        let explained = |line: &Value| line["layer"] != "unexplained";
+        (
+            denials.into_iter().filter(explained).collect::<Vec<_>>(),
+            groups.into_iter().filter(explained).collect::<Vec<_>>(),
+        )
+    };
     assert_eq!(denials.len(), 2, "one distinct target per group is listed");
     let counts = group_counts(&groups);
     let socket_key = key("seccomp", "socket", "-");

@@ -130,8 +130,9 @@ fn an_out_of_range_port_is_named_as_the_port() {
     assert!(!stderr.contains("host"), "{stderr}");
 }
 
-/// Starts exec-server with `args` and stderr piped, returns its first log line, kills it.
-fn first_log_line(args: &[&str]) -> String {
+/// Starts exec-server with `args` and stderr piped, returns its log up to and including the first
+/// line that contains `needle` (the startup lines before it, e.g. containment, included), kills it.
+fn log_until(args: &[&str], needle: &'static str) -> String {
     use std::io::BufRead;
     let mut child = exec_server()
         .args(args)
@@ -142,25 +143,41 @@ fn first_log_line(args: &[&str]) -> String {
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(stderr).read_line(&mut line);
-        let _ = tx.send(line);
+        let mut log = String::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            log.push_str(&line);
+            log.push('\n');
+            if line.contains(needle) {
+                break;
+            }
+        }
+        let _ = tx.send(log);
     });
-    let line = rx.recv_timeout(std::time::Duration::from_secs(10));
+    let log = rx.recv_timeout(std::time::Duration::from_secs(10));
     let _ = child.kill();
     let _ = child.wait();
-    line.expect("exec-server logged nothing within 10 s")
+    log.expect("exec-server logged nothing within 10 s")
 }
 
 #[test]
 fn logs_carry_no_colour_off_a_terminal_and_are_json_on_request() {
-    let text = first_log_line(&["--listen", "ws://127.0.0.1:0"]);
+    let text = log_until(&["--listen", "ws://127.0.0.1:0"], "listening");
     assert!(text.contains("listening"), "{text:?}");
     assert!(!text.contains('\u{1b}'), "ANSI escapes in a pipe: {text:?}");
-    let json = first_log_line(&["--listen", "ws://127.0.0.1:0", "--log-format", "json"]);
-    let line: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(line["fields"]["message"], "listening", "{json}");
-    assert_eq!(line["level"], "INFO", "{json}");
+    let json = log_until(
+        &["--listen", "ws://127.0.0.1:0", "--log-format", "json"],
+        "listening",
+    );
+    let lines: Vec<serde_json::Value> = json
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}")))
+        .collect();
+    let listening = lines
+        .iter()
+        .find(|line| line["fields"]["message"] == "listening")
+        .unwrap_or_else(|| panic!("no listening line: {json}"));
+    assert_eq!(listening["level"], "INFO", "{json}");
     let bad = exec_server()
         .args(["--log-format", "xml"])
         .output()

@@ -183,11 +183,18 @@ async fn write_ids_beyond_write_id_memory_evict_the_oldest() {
         )
     };
     // One more id than the server remembers: w0 is evicted, w1..=w4096 are remembered.
-    let writes = (0..=WRITE_ID_MEMORY).map(|n| write(format!("w{n}"), "a"));
+    // Pipelined requests run concurrently, so w0 goes first on its own to be the oldest.
+    let (method, params) = write("w0".to_owned(), "a");
+    assert_eq!(
+        client.call(method, params).await,
+        json!({"status": "accepted"})
+    );
+    let writes = (1..=WRITE_ID_MEMORY).map(|n| write(format!("w{n}"), "a"));
     for answer in pipelined(&mut client, writes).await {
         assert_eq!(answer.unwrap(), json!({"status": "accepted"}));
     }
-    // A retry of the newest id is deduplicated: accepted, not written again.
+    // A retry of a remembered id is deduplicated: accepted, not written again (before w0 comes
+    // back, which evicts the oldest of the others).
     let retry_newest = write(format!("w{WRITE_ID_MEMORY}"), "N");
     // The evicted id is new again: written.
     let retry_evicted = write("w0".to_owned(), "E");
