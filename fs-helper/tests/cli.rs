@@ -244,7 +244,8 @@ const NOBODY: u32 = 65534;
 /// test's own uid otherwise.
 fn one_shot_unprivileged(request: &Value) -> Value {
     use std::os::unix::process::CommandExt;
-    let mut command = Command::new(HELPER);
+    // uid 65534 must be able to reach the binary, wherever the checkout lives (a 0700 home).
+    let mut command = Command::new(scratch::traversable(std::path::Path::new(HELPER)));
     command
         .env_clear()
         .stdin(Stdio::piped())
