@@ -245,8 +245,10 @@ const NOBODY: u32 = 65534;
 fn one_shot_unprivileged(request: &Value) -> Value {
     use std::os::unix::process::CommandExt;
     // uid 65534 must be able to reach the binary, wherever the checkout lives (a 0700 home).
+    // So must its working directory: cargo runs tests in the package directory.
     let mut command = Command::new(scratch::traversable(std::path::Path::new(HELPER)));
     command
+        .current_dir("/")
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
