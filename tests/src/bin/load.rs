@@ -12,10 +12,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use tests::siege::PeakRss;
 use tests::{Client, ExecServer, fd_count, rss_kib};
 
 /// `OUTPUT_RETENTION_BYTES`: output kept per process.
@@ -145,52 +145,6 @@ impl Report {
 
 fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
-}
-
-/// Samples the server's RSS every 20 ms on a thread and keeps the peak.
-struct PeakRss {
-    peak: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl PeakRss {
-    fn start(pid: i32) -> PeakRss {
-        let peak = Arc::new(AtomicU64::new(rss_kib(pid)));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (p, s) = (peak.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                let kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
-                    .ok()
-                    .and_then(|status| {
-                        status
-                            .lines()
-                            .find_map(|l| l.strip_prefix("VmRSS:"))
-                            .and_then(|v| {
-                                v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
-                            })
-                    });
-                if let Some(kib) = kib {
-                    p.fetch_max(kib, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(20)); // sampling interval
-            }
-        });
-        PeakRss {
-            peak,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn finish(mut self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-        self.peak.load(Ordering::Relaxed)
-    }
 }
 
 fn server() -> ExecServer {
