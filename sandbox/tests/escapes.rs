@@ -238,48 +238,58 @@ fn another_process_s_limits_and_scheduling_cannot_be_changed() {
     }
 }
 
-/// Host pids of processes whose command line contains `marker`.
-fn processes_with(marker: &str) -> Vec<u32> {
+/// Host pids of `sleep <marker>` processes. Only the daemon itself counts: a shell on its way
+/// to it shows its marker too, but mid-`execve` its command line reads empty for a moment, and
+/// a scan in that moment would miss a daemon that is about to exist.
+fn daemons(marker: &str) -> Vec<u32> {
+    let wanted = format!("sleep\0{marker}\0");
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(marker))
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                let line = String::from_utf8_lossy(&cmdline);
+                line == wanted || line.ends_with(&format!("/{wanted}"))
+            })
         })
         .collect()
 }
+
+/// Starts `sleep <marker>` as a `setsid` double-forked daemon and returns once it had time
+/// to reach its `sleep`.
+const DAEMON_SCRIPT: &str = "(setsid sleep MARKER >/dev/null 2>&1 &) ; sleep 0.3; echo started";
 
 #[test]
 fn a_setsid_double_forked_daemon_does_not_outlive_the_sandbox() {
     for uid in identities() {
         let fx = Fixture::new(uid);
         let marker = format!("1{}.{}", std::process::id(), uid.unwrap_or(0));
-        let script = format!("(setsid sleep {marker} >/dev/null 2>&1 &) ; sleep 0.3; echo started");
+        let script = DAEMON_SCRIPT.replace("MARKER", &marker);
         let out = sandbox_run(WW, &["/bin/sh", "-c", &script], uid, &fx.ws);
         assert_eq!(String::from_utf8_lossy(&out.stdout), "started\n", "{out:?}");
-        // Control: unsandboxed the daemon survives (the test would catch it).
         let deadline = Instant::now() + Duration::from_secs(5);
-        while !processes_with(&marker).is_empty() && Instant::now() < deadline {
+        while !daemons(&marker).is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(
-            processes_with(&marker).is_empty(),
+            daemons(&marker).is_empty(),
             "the daemon outlived sandbox-run as {uid:?}"
         );
     }
+    // Control: unsandboxed, the same script leaves the daemon running (the scan would see it).
     let control = format!("2{}", std::process::id());
-    let status = Command::new("/bin/sh")
-        .args(["-c", &format!("(setsid sleep {control} >/dev/null 2>&1 &)")])
-        .status()
+    let out = Command::new("/bin/sh")
+        .args(["-c", &DAEMON_SCRIPT.replace("MARKER", &control)])
+        .output()
         .unwrap();
-    assert!(status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "started\n", "{out:?}");
     let deadline = Instant::now() + Duration::from_secs(5);
-    while processes_with(&control).is_empty() && Instant::now() < deadline {
+    let mut survivors = daemons(&control);
+    while survivors.is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
+        survivors = daemons(&control);
     }
-    let survivors = processes_with(&control);
     assert!(
         !survivors.is_empty(),
         "control: an unsandboxed daemon survives"
