@@ -543,13 +543,6 @@ impl SiegeReport {
     /// by at most `rss_growth_bound_kib`, and the descriptors came back to their baseline.
     #[track_caller]
     pub fn assert_held(&self, what: &str, rss_growth_bound_kib: u64) {
-        self.assert_held_with_p99(what, rss_growth_bound_kib, NEIGHBOUR_P99_BOUND);
-    }
-
-    /// [`SiegeReport::assert_held`] with a case-specific p99 bound on a quiet host instead of
-    /// [`NEIGHBOUR_P99_BOUND`]: for a case with a known, documented gap.
-    #[track_caller]
-    pub fn assert_held_with_p99(&self, what: &str, rss_growth_bound_kib: u64, p99: Duration) {
         eprintln!("{what}: {self}");
         assert!(
             self.neighbour.failures.is_empty() && self.neighbour.requests > 0,
@@ -557,7 +550,7 @@ impl SiegeReport {
             self.neighbour,
             self.neighbour.failures
         );
-        let bound = p99_bound(self.neighbour.quiet_p99).max(p99);
+        let bound = p99_bound(self.neighbour.quiet_p99);
         assert!(
             self.neighbour.p99 < bound,
             "{what}: the neighbour's p99 latency {:?} is over {bound:?} ({})",

@@ -631,7 +631,7 @@ impl Executor {
         let incoming = futures_util::stream::unfold(app_rx, |mut rx| async move {
             rx.recv()
                 .await
-                .map(|message| (Inbound::Message(message), rx))
+                .map(|message| (Inbound::Message(message.into()), rx))
         });
         let outgoing = futures_util::sink::unfold(app_tx, |tx, frame: OutboundFrame| async move {
             let out = match frame {

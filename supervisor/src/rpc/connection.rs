@@ -17,6 +17,7 @@ use proto::methods::INITIALIZED;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Bytes;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -132,8 +133,10 @@ impl Connection {
 /// One incoming JSON-RPC message (or transport condition) for [`serve_transport`].
 #[derive(Debug)]
 pub enum Inbound {
-    /// The bytes of one JSON-RPC message.
-    Message(Vec<u8>),
+    /// The bytes of one JSON-RPC message: the transport's own buffer, not a copy (a frame of
+    /// tens of MiB copied, and its original freed, on an async worker stalls every connection
+    /// that worker serves).
+    Message(Bytes),
     /// The peer broke the transport's rules (a message too large, invalid UTF-8 in a text frame,
     /// a framing violation); the connection is closed with this code and reason.
     Refused(CloseCode, String),
@@ -193,8 +196,8 @@ async fn serve_websocket<S>(
     });
     let stream = stream.filter_map(|frame| {
         futures_util::future::ready(match frame {
-            Ok(WsMessage::Text(text)) => Some(Inbound::Message(text.as_bytes().to_vec())),
-            Ok(WsMessage::Binary(bytes)) => Some(Inbound::Message(bytes.to_vec())),
+            Ok(WsMessage::Text(text)) => Some(Inbound::Message(text.into())),
+            Ok(WsMessage::Binary(bytes)) => Some(Inbound::Message(bytes)),
             Ok(WsMessage::Close(_)) => Some(Inbound::Closed),
             Ok(_) => None,
             Err(WsError::Capacity(CapacityError::MessageTooLong { size, .. })) => {
@@ -395,7 +398,7 @@ enum Flow {
 async fn handle_payload(
     connection: &Arc<Connection>,
     slots: &Arc<Semaphore>,
-    payload: Vec<u8>,
+    payload: Bytes,
 ) -> Flow {
     let payload_bytes = payload.len();
     // Parsing a large message takes milliseconds: not on an async worker.
