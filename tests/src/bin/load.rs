@@ -7,16 +7,18 @@
 //! Scenarios: many live processes in one session; many concurrent sessions each running a chatty
 //! process; thousands of start/stop cycles with the server's descriptors and RSS sampled before
 //! and after; a process writing gigabytes that nobody reads (attached client that does not read,
-//! and a detached session). Every figure that has a bound is checked; the run exits 1 if one
-//! does not hold. `--quick` shrinks every count for a smoke run (well under a minute).
+//! and a detached session); hostile clients (silent sockets, 30 MiB writeIds) beside a neighbour
+//! session, as in `tests/tests/hostile.rs` but against the release build. Every figure that has
+//! a bound is checked; the run exits 1 if one does not hold. `--quick` shrinks every count for a
+//! smoke run (well under a minute); `--only SCENARIO` runs one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tests::siege::PeakRss;
-use tests::{Client, ExecServer, fd_count, rss_kib};
+use tests::siege::{PeakRss, Siege, SiegeReport, p99_bound};
+use tests::{Client, ExecServer, b64, fd_count, rss_kib};
 
 /// `OUTPUT_RETENTION_BYTES`: output kept per process.
 const OUTPUT_RETENTION_BYTES: u64 = 1024 * 1024;
@@ -37,6 +39,7 @@ struct Sizes {
     cycle_sessions: usize,
     flood_bytes: u64,
     wait_for_retention: bool,
+    silent_sockets: usize,
 }
 
 impl Sizes {
@@ -49,6 +52,7 @@ impl Sizes {
             cycle_sessions: 8,
             flood_bytes: 10 * 1024 * 1024 * 1024,
             wait_for_retention: true,
+            silent_sockets: 1030,
         }
     }
 
@@ -61,6 +65,7 @@ impl Sizes {
             cycle_sessions: 4,
             flood_bytes: 1024 * 1024 * 1024,
             wait_for_retention: false,
+            silent_sockets: 300,
         }
     }
 }
@@ -629,6 +634,117 @@ async fn unread_flood(report: &mut Report, bytes: u64) {
     }
 }
 
+/// `MAX_INFLIGHT_BYTES_PER_CONNECTION`: request and answer bytes in flight per connection.
+const MAX_INFLIGHT_BYTES_PER_CONNECTION: u64 = 160 * 1024 * 1024;
+/// Allocator and runtime slack on top of a case's own bound.
+const RSS_SLACK: u64 = 64 * 1024 * 1024;
+/// How long each hostile case lasts.
+const ATTACK_WINDOW: Duration = Duration::from_secs(3);
+
+/// One hostile case's rows: the neighbour's requests and p99, the server's RSS growth (KiB,
+/// bounded by `rss_bound`) and its descriptors afterwards.
+fn siege_rows(report: &mut Report, case: &'static str, siege: &SiegeReport, rss_bound: u64) {
+    let neighbour = &siege.neighbour;
+    let bound = p99_bound(neighbour.quiet_p99);
+    report.check(
+        case,
+        "neighbour requests failed",
+        format!("{} of {}", neighbour.failures.len(), neighbour.requests),
+        "0",
+        neighbour.failures.is_empty() && neighbour.requests > 0,
+    );
+    report.check(
+        case,
+        "neighbour p99 latency",
+        format!(
+            "{:.1} ms (quiet {:.1} ms)",
+            neighbour.p99.as_secs_f64() * 1000.0,
+            neighbour.quiet_p99.as_secs_f64() * 1000.0
+        ),
+        format!("< {} ms", bound.as_millis()),
+        neighbour.p99 < bound,
+    );
+    let growth = siege.rss_peak.saturating_sub(siege.rss_before);
+    report.check(
+        case,
+        "server RSS growth",
+        format!("{} → peak {}", mib(siege.rss_before), mib(siege.rss_peak)),
+        format!("≤ +{}", mib(rss_bound)),
+        growth <= rss_bound,
+    );
+    report.check(
+        case,
+        "server descriptors",
+        format!("{} → {}", siege.fds_before, siege.fds_after),
+        "back to baseline",
+        siege.fds_after <= siege.fds_before,
+    );
+}
+
+fn hostile_server() -> ExecServer {
+    ExecServer::start_with(&["--listen", "ws://127.0.0.1:0"], |command| {
+        command.env("RUST_LOG", "warn");
+        tests::siege::isolate_from_host_load(command);
+    })
+}
+
+/// Hostile clients beside a neighbour session: far more silent sockets than the admission pool
+/// holds, then writeIds of 30 MiB sent again and again.
+async fn hostile_clients(report: &mut Report, silent_sockets: usize) {
+    let server = hostile_server();
+    let siege = Siege::begin(&server, "silent sockets", 512 * 1024 * 1024).await;
+    let mut silent = Vec::with_capacity(silent_sockets);
+    for _ in 0..silent_sockets {
+        silent.push(tokio::net::TcpStream::connect(server.addr()).await.unwrap());
+    }
+    tokio::time::sleep(ATTACK_WINDOW).await;
+    drop(silent);
+    let ended = siege.end(&server).await;
+    siege_rows(report, "silent sockets", &ended, 64 * 1024);
+
+    let long_id = "i".repeat(30 * 1024 * 1024);
+    let requests: Vec<(i64, String)> = (0..10)
+        .map(|n| {
+            let id = 1000 + n;
+            let request = json!({"id": id, "method": "process/write", "params":
+                {"processId": "cat", "chunk": b64("x\n"), "writeId": format!("{n}{long_id}")}});
+            (id, request.to_string())
+        })
+        .collect();
+    drop(long_id);
+    let siege = Siege::begin(&server, "long writeIds", 1024 * 1024 * 1024).await;
+    let mut client = server.client().await;
+    client
+        .start("cat", &["/bin/cat"], json!({"pipeStdin": true}))
+        .await
+        .unwrap();
+    let attack = Instant::now();
+    let mut sent = 0;
+    while sent < requests.len() || attack.elapsed() < ATTACK_WINDOW {
+        let (id, request) = &requests[sent % requests.len()];
+        client.send_text(request.clone()).await;
+        let refused = client.response(&json!(id)).await.is_err();
+        assert!(refused, "a 30 MiB writeId was accepted");
+        sent += 1;
+    }
+    // The cat ends (its stdin closed) before the descriptors are counted.
+    client
+        .call(
+            "process/write",
+            json!({"processId": "cat", "chunk": "", "close": true}),
+        )
+        .await;
+    client.collect("cat").await;
+    client.close().await;
+    let ended = siege.end(&server).await;
+    siege_rows(
+        report,
+        "30 MiB writeIds",
+        &ended,
+        (MAX_INFLIGHT_BYTES_PER_CONNECTION + RSS_SLACK) / 1024,
+    );
+}
+
 /// How to read the figures; appended to the written report.
 const NOTES: &str = "## Reading the figures\n\n\
 - **Live processes**: each running child costs the server three descriptors (stdout, stderr, \
@@ -644,7 +760,11 @@ does not grow again (it need not shrink: the allocator keeps freed pages).\n\
 (`OUTBOUND_QUEUE_BYTES`, 8 MiB) fills and the child blocks on its pipe after about 10 MiB; the \
 10 GB can only be written if someone reads. With the session detached, output is retained (newest \
 `OUTPUT_RETENTION_BYTES`) and never sent, so the child runs at full speed and server memory stays \
-flat.\n";
+flat.\n\
+- **Hostile clients**: a neighbour session sends a request every 10 ms throughout; its p99 must \
+stay under 50 ms (or twice its own p99 measured for 1 s before the attack, plus 25 ms, on a \
+loaded host). Silent sockets are closed oldest first once the pending pool (64) is full; a \
+writeId over `MAX_WRITE_ID_BYTES` is refused before any work.\n";
 
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -686,6 +806,26 @@ struct Cli {
     /// Also write the report (Markdown) to FILE, e.g. docs/load.md.
     #[arg(long, value_name = "FILE")]
     write: Option<std::path::PathBuf>,
+    /// Run one scenario only.
+    #[arg(long, value_enum, value_name = "SCENARIO")]
+    only: Option<Scenario>,
+}
+
+/// The scenarios, in the order a full run takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    /// Many live processes in one session.
+    Live,
+    /// The same, each in its own cgroup.
+    Contained,
+    /// Many concurrent sessions, each running a chatty process.
+    Chatty,
+    /// Thousands of start/stop cycles.
+    Cycles,
+    /// A process writing gigabytes that nobody reads.
+    Flood,
+    /// Hostile clients beside a neighbour session.
+    Hostile,
 }
 
 #[tokio::main]
@@ -696,22 +836,37 @@ async fn main() {
     let sizes = if quick { Sizes::quick() } else { Sizes::full() };
     let mut report = Report::default();
     let started = Instant::now();
-    println!("live processes...");
-    live_processes(&mut report, sizes.live_processes).await;
-    println!("contained processes...");
-    contained_processes(&mut report, sizes.live_processes).await;
-    println!("concurrent chatty sessions...");
-    chatty_sessions(&mut report, sizes.sessions, sizes.lines_per_session).await;
-    println!("start/stop cycles...");
-    start_stop_cycles(
-        &mut report,
-        sizes.cycles,
-        sizes.cycle_sessions,
-        sizes.wait_for_retention,
-    )
-    .await;
-    println!("writer with no reader...");
-    unread_flood(&mut report, sizes.flood_bytes).await;
+    let runs = |scenario: Scenario| cli.only.is_none_or(|only| only == scenario);
+    if runs(Scenario::Live) {
+        println!("live processes...");
+        live_processes(&mut report, sizes.live_processes).await;
+    }
+    if runs(Scenario::Contained) {
+        println!("contained processes...");
+        contained_processes(&mut report, sizes.live_processes).await;
+    }
+    if runs(Scenario::Chatty) {
+        println!("concurrent chatty sessions...");
+        chatty_sessions(&mut report, sizes.sessions, sizes.lines_per_session).await;
+    }
+    if runs(Scenario::Cycles) {
+        println!("start/stop cycles...");
+        start_stop_cycles(
+            &mut report,
+            sizes.cycles,
+            sizes.cycle_sessions,
+            sizes.wait_for_retention,
+        )
+        .await;
+    }
+    if runs(Scenario::Flood) {
+        println!("writer with no reader...");
+        unread_flood(&mut report, sizes.flood_bytes).await;
+    }
+    if runs(Scenario::Hostile) {
+        println!("hostile clients...");
+        hostile_clients(&mut report, sizes.silent_sockets).await;
+    }
     let took = started.elapsed().as_secs_f64();
     let table = report.table();
     println!("\n{table}");
