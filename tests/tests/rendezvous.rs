@@ -495,3 +495,56 @@ async fn sighup_rereads_the_credentials_file() {
     }
     assert_eq!(lookup(new_token).await, 404);
 }
+
+/// `MAX_RENDEZVOUS_CONNECTIONS`: sockets the rendezvous holds at once.
+const MAX_RENDEZVOUS_CONNECTIONS: usize = 4096;
+/// `MAX_PENDING_CONNECTIONS`: connections without a valid token yet (the admission pool).
+const MAX_PENDING_CONNECTIONS: usize = 64;
+
+#[tokio::test]
+async fn silent_sockets_cannot_lock_out_token_holders() {
+    // The number that locked every executor and harness out before: more silent sockets than
+    // the rendezvous holds at all.
+    const SILENT: usize = 4200;
+    const { assert!(SILENT > MAX_RENDEZVOUS_CONNECTIONS) };
+    let rendezvous = start_rendezvous("127.0.0.1:0", None);
+    let registry = &rendezvous.first_line;
+    let address = registry.trim_start_matches("http://").to_owned();
+    let mut silent = Vec::with_capacity(SILENT);
+    for _ in 0..SILENT {
+        silent.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    }
+    // While they stay connected, a token holder is answered at once, again and again.
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let lookup = http(
+            registry,
+            "POST",
+            "/v1/environments/nobody/connect",
+            Some(TOKEN),
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(lookup.status, 404, "{lookup:?}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "a token holder waited {:?} behind silent sockets",
+            started.elapsed()
+        );
+    }
+    // The rendezvous holds at most the pending pool of them; the rest were closed, oldest first.
+    let mut closed = 0;
+    for stream in &mut silent {
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(std::time::Duration::from_millis(1), stream.read(&mut byte)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= SILENT - MAX_PENDING_CONNECTIONS - 5,
+        "only {closed} of {SILENT} silent sockets were closed"
+    );
+}

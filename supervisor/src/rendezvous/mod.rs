@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
+use axum::Extension;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -38,11 +39,14 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role as WsRole;
 
-use crate::limits::{MAX_UPGRADE_HEAD_BYTES, UPGRADE_HEAD_TIMEOUT};
+use crate::limits::{
+    MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_SOURCE, MAX_UPGRADE_HEAD_BYTES, UPGRADE_HEAD_TIMEOUT,
+};
 use crate::relay::driver::relay_websocket_config;
 use crate::relay::registry::{
     ConnectResponse, RegisterRequest, RegisterResponse, validate_environment_id,
 };
+use crate::transport::admission::{Admission, PendingTicket, Source};
 use credentials::{Caller, Credentials, CredentialsError, Role};
 use router::{RegisterError, Router};
 
@@ -165,29 +169,35 @@ impl Rendezvous {
     pub async fn serve_until(self, stop: impl std::future::Future<Output = ()>) {
         let app = app(self.state.clone());
         let connections = Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS));
+        // Connections that have not presented a valid token yet: the server's admission pool.
+        let admission = Admission::new(MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_SOURCE);
         tokio::pin!(stop);
         loop {
             tokio::select! {
                 () = &mut stop => break,
                 accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _)) => {
+                    Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
                         let Ok(permit) = connections.clone().try_acquire_owned() else {
                             continue;
                         };
+                        let ticket = admission.admit(Source::of(peer));
                         let app = app.clone();
                         let tls = self.tls.clone();
                         tokio::spawn(async move {
-                            match tls {
-                                None => serve_connection(stream, app).await,
-                                Some(acceptor) => {
-                                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                                        Ok(Ok(stream)) => serve_connection(stream, app).await,
-                                        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
-                                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                            until_evicted(ticket, move |admitted| async move {
+                                match tls {
+                                    None => serve_connection(stream, app, admitted).await,
+                                    Some(acceptor) => {
+                                        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                                            Ok(Ok(stream)) => serve_connection(stream, app, admitted).await,
+                                            Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                                            Err(_) => tracing::debug!("TLS handshake timed out"),
+                                        }
                                     }
                                 }
-                            }
+                            })
+                            .await;
                             drop(permit);
                         });
                     }
@@ -221,11 +231,51 @@ impl CredentialsReloader {
     }
 }
 
-async fn serve_connection<S>(stream: S, app: axum::Router)
+/// A connection's way out of the admission pool: the [`authenticate`] middleware marks it once
+/// a request presented a valid token.
+#[derive(Clone)]
+struct Admitted(Arc<tokio::sync::watch::Sender<bool>>);
+
+/// Serve one connection (`serve`, given the [`Admitted`] marker to put in its requests) while it
+/// holds `ticket` in the admission pool: closed if the pool evicts it first, out of the pool
+/// once a request authenticated.
+async fn until_evicted<F>(ticket: PendingTicket, serve: impl FnOnce(Admitted) -> F)
+where
+    F: std::future::Future<Output = ()>,
+{
+    let (marker, mut admitted) = tokio::sync::watch::channel(false);
+    let serve = serve(Admitted(Arc::new(marker)));
+    tokio::pin!(serve);
+    let mut ticket = Some(ticket);
+    loop {
+        tokio::select! {
+            () = &mut serve => return,
+            () = evicted(&mut ticket) => {
+                tracing::debug!("pending connection evicted: the admission pool is full");
+                return;
+            }
+            changed = admitted.changed(), if ticket.is_some() => {
+                if changed.is_err() || *admitted.borrow() {
+                    // Authenticated (or the marker is gone with the service): out of the pool.
+                    ticket = None;
+                }
+            }
+        }
+    }
+}
+
+async fn evicted(pending: &mut Option<PendingTicket>) {
+    match pending {
+        Some(ticket) => ticket.evicted().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn serve_connection<S>(stream: S, app: axum::Router, admitted: Admitted)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let service = hyper_util::service::TowerToHyperService::new(app);
+    let service = hyper_util::service::TowerToHyperService::new(app.layer(Extension(admitted)));
     let result = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(UPGRADE_HEAD_TIMEOUT)
@@ -300,6 +350,9 @@ async fn authenticate(
         bearer(request.headers()).and_then(|token| state.credentials().authenticate(token));
     match caller {
         Some(caller) => {
+            if let Some(Admitted(marker)) = request.extensions().get::<Admitted>() {
+                marker.send_replace(true);
+            }
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
