@@ -46,7 +46,7 @@ use crate::relay::driver::relay_websocket_config;
 use crate::relay::registry::{
     ConnectResponse, RegisterRequest, RegisterResponse, validate_environment_id,
 };
-use crate::transport::admission::{Admission, PendingTicket, Source};
+use crate::transport::admission::{Admission, PendingTicket, Source, evicted};
 use credentials::{Caller, Credentials, CredentialsError, Role};
 use router::{RegisterError, Router};
 
@@ -261,13 +261,6 @@ where
                 }
             }
         }
-    }
-}
-
-async fn evicted(pending: &mut Option<PendingTicket>) {
-    match pending {
-        Some(ticket) => ticket.evicted().await,
-        None => std::future::pending().await,
     }
 }
 

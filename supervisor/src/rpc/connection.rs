@@ -32,7 +32,7 @@ use crate::limits::{
 };
 use crate::server::ServerState;
 use crate::session::Session;
-use crate::transport::admission::PendingTicket;
+use crate::transport::admission::{PendingTicket, evicted};
 use crate::untrusted::Untrusted;
 
 pub use super::outbound::{Outbound, OutboundSender};
@@ -344,14 +344,6 @@ pub async fn serve_admitted<I, O>(
         .is_err()
     {
         abort.abort();
-    }
-}
-
-/// Resolves when the pending slot was taken away; never when there is none.
-async fn evicted(pending: &mut Option<PendingTicket>) {
-    match pending {
-        Some(ticket) => ticket.evicted().await,
-        None => std::future::pending().await,
     }
 }
 

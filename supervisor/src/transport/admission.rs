@@ -181,6 +181,15 @@ impl PendingTicket {
     }
 }
 
+/// Resolves when the pending slot was taken away; never when there is none (the connection
+/// has left the pool): for a `select!` beside the connection's own work.
+pub async fn evicted(pending: &mut Option<PendingTicket>) {
+    match pending {
+        Some(ticket) => ticket.evicted().await,
+        None => std::future::pending().await,
+    }
+}
+
 impl Drop for PendingTicket {
     fn drop(&mut self) {
         self.admission.lock().entries.remove(&self.id);
