@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -15,6 +14,7 @@ use common::*;
 use serde_json::Value;
 
 #[test]
+#[ignore = "entry point of the in-sandbox probe, run by the tests themselves"]
 fn probe_entry() {
     common::probe_entry();
 }
@@ -71,37 +71,21 @@ impl Home {
     /// Runs probe `op` under `sandbox-run --policy workspace-write --allow toolchain-caches`
     /// with `HOME` set to the fixture home.
     fn probe(&self, op: &[&str], uid: Option<u32>) -> Value {
-        let mut cmd = Command::new(sandbox_run_exe());
-        cmd.args(["--policy", "workspace-write", "--allow", "toolchain-caches"])
-            .arg("--cwd")
-            .arg(&self.ws)
-            .arg("--")
-            .arg(probe_exe())
-            .args([
-                "--exact",
-                "probe_entry",
-                "--nocapture",
-                "--test-threads=1",
-                "-q",
-            ])
-            .current_dir(&self.ws)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", &self.home)
-            .env(PROBE_ENV, serde_json::to_string(op).unwrap());
-        if let Some(uid) = uid {
-            cmd.uid(uid).gid(uid);
-        }
-        let output = cmd.output().unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let Some(line) = stdout.lines().find_map(|l| l.strip_prefix("PROBE_RESULT ")) else {
-            panic!(
-                "probe {op:?} as {uid:?} printed no result (status {:?})\nstderr: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            );
-        };
-        serde_json::from_str(line).unwrap()
+        let ws = self.ws.display().to_string();
+        probe_with_env(
+            &[
+                "--policy",
+                "workspace-write",
+                "--allow",
+                "toolchain-caches",
+                "--cwd",
+                &ws,
+            ],
+            op,
+            uid,
+            &self.ws,
+            &[("HOME", &self.home)],
+        )
     }
 
     fn path(&self, relative: &str) -> String {

@@ -592,3 +592,33 @@ impl std::fmt::Display for SiegeReport {
         )
     }
 }
+
+/// Ten `process/write` requests to the process `process_id`, each with a 30 MiB `writeId`
+/// (ids 1000..1010), serialized before a siege starts so that building them does not slow the
+/// neighbour.
+pub fn long_write_id_requests(process_id: &str) -> Vec<(i64, String)> {
+    let long_id = "i".repeat(30 * 1024 * 1024);
+    (0..10)
+        .map(|n| {
+            let id = 1000 + n;
+            let request = json!({"id": id, "method": "process/write", "params":
+                {"processId": process_id, "chunk": b64("x\n"), "writeId": format!("{n}{long_id}")}});
+            (id, request.to_string())
+        })
+        .collect()
+}
+
+/// How many of `sockets` the peer has closed (EOF or an error within a millisecond).
+pub async fn closed_by_peer(sockets: &mut [tokio::net::TcpStream]) -> usize {
+    use tokio::io::AsyncReadExt;
+    let mut closed = 0;
+    for stream in sockets {
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(1), stream.read(&mut byte)).await
+        {
+            closed += 1;
+        }
+    }
+    closed
+}

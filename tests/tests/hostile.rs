@@ -1218,16 +1218,7 @@ async fn blocked_writes_hold_at_most_one_connection_budget_of_payload() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_write_ids_are_refused_before_any_work() {
     // Built before the siege starts: the test's own CPU work must not slow its neighbour.
-    let long_id = "i".repeat(30 * 1024 * 1024);
-    let requests: Vec<(i64, String)> = (0..10)
-        .map(|n| {
-            let id = 1000 + n;
-            let request = json!({"id": id, "method": "process/write", "params":
-                {"processId": "cat", "chunk": b64("x\n"), "writeId": format!("{n}{long_id}")}});
-            (id, request.to_string())
-        })
-        .collect();
-    drop(long_id);
+    let requests = tests::siege::long_write_id_requests("cat");
     let server = besieged_server(&[]);
     let siege = Siege::begin(&server, "long writeIds", 1024 * 1024 * 1024).await;
     let mut client = server.client().await;
@@ -1299,15 +1290,7 @@ async fn silent_sockets_cannot_lock_out_clients_that_speak() {
         client.close().await;
     }
     // The server holds at most the pending pool of them; the rest were closed (oldest first).
-    let mut closed = 0;
-    for stream in &mut silent {
-        let mut byte = [0u8; 1];
-        if let Ok(Ok(0) | Err(_)) =
-            tokio::time::timeout(Duration::from_millis(1), stream.read(&mut byte)).await
-        {
-            closed += 1;
-        }
-    }
+    let closed = tests::siege::closed_by_peer(&mut silent).await;
     assert!(
         closed >= SILENT - MAX_PENDING_CONNECTIONS - 5,
         "only {closed} of {SILENT} silent sockets were closed"

@@ -534,15 +534,7 @@ async fn silent_sockets_cannot_lock_out_token_holders() {
         );
     }
     // The rendezvous holds at most the pending pool of them; the rest were closed, oldest first.
-    let mut closed = 0;
-    for stream in &mut silent {
-        let mut byte = [0u8; 1];
-        if let Ok(Ok(0) | Err(_)) =
-            tokio::time::timeout(std::time::Duration::from_millis(1), stream.read(&mut byte)).await
-        {
-            closed += 1;
-        }
-    }
+    let closed = tests::siege::closed_by_peer(&mut silent).await;
     assert!(
         closed >= SILENT - MAX_PENDING_CONNECTIONS - 5,
         "only {closed} of {SILENT} silent sockets were closed"

@@ -152,6 +152,17 @@ pub fn sandbox_run(
 
 /// Runs the probe `op` under `sandbox-run sandbox_args` and returns its JSON report.
 pub fn probe(sandbox_args: &[&str], op: &[&str], uid: Option<u32>, cwd: &Path) -> Value {
+    probe_with_env(sandbox_args, op, uid, cwd, &[])
+}
+
+/// [`probe`] with `env` added to the probe's environment (beside `PATH`).
+pub fn probe_with_env(
+    sandbox_args: &[&str],
+    op: &[&str],
+    uid: Option<u32>,
+    cwd: &Path,
+    env: &[(&str, &Path)],
+) -> Value {
     let exe = probe_exe();
     let mut cmd = Command::new(sandbox_run_exe());
     cmd.args(sandbox_args)
@@ -161,6 +172,7 @@ pub fn probe(sandbox_args: &[&str], op: &[&str], uid: Option<u32>, cwd: &Path) -
         .current_dir(cwd)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
+        .envs(env.iter().copied())
         .env(PROBE_ENV, serde_json::to_string(op).unwrap());
     if let Some(uid) = uid {
         cmd.uid(uid).gid(uid);

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tests::siege::{PeakRss, Siege, SiegeReport, p99_bound};
-use tests::{Client, ExecServer, b64, fd_count, rss_kib};
+use tests::{Client, ExecServer, fd_count, rss_kib};
 
 /// `OUTPUT_RETENTION_BYTES`: output kept per process.
 const OUTPUT_RETENTION_BYTES: u64 = 1024 * 1024;
@@ -702,16 +702,7 @@ async fn hostile_clients(report: &mut Report, silent_sockets: usize) {
     let ended = siege.end(&server).await;
     siege_rows(report, "silent sockets", &ended, 64 * 1024);
 
-    let long_id = "i".repeat(30 * 1024 * 1024);
-    let requests: Vec<(i64, String)> = (0..10)
-        .map(|n| {
-            let id = 1000 + n;
-            let request = json!({"id": id, "method": "process/write", "params":
-                {"processId": "cat", "chunk": b64("x\n"), "writeId": format!("{n}{long_id}")}});
-            (id, request.to_string())
-        })
-        .collect();
-    drop(long_id);
+    let requests = tests::siege::long_write_id_requests("cat");
     let siege = Siege::begin(&server, "long writeIds", 1024 * 1024 * 1024).await;
     let mut client = server.client().await;
     client
