@@ -28,6 +28,10 @@ use super::{
 /// Stack of a connection thread: buffers live on the heap.
 const THREAD_STACK_BYTES: usize = 256 * 1024;
 
+/// The pipe a direction's bytes are spliced through. Measured on 2 cores with 2 GiB bulk
+/// transfers: 256 KiB beat both 64 KiB and 1 MiB (less data in flight keeps it in cache).
+const SPLICE_PIPE_BYTES: usize = 256 * 1024;
+
 /// What every connection thread shares.
 pub struct Proxy {
     config: ProxyConfig,
@@ -469,35 +473,123 @@ fn touch(last: &AtomicU64, started: Instant) {
 }
 
 /// Copies `from` to `to` until EOF (then half-closes `to`), an error, or the tunnel's idle
-/// timeout (then closes both).
-fn copy(mut from: TcpStream, mut to: TcpStream, last: &AtomicU64, started: Instant) {
+/// timeout (then closes both). The bytes move through a pipe with `splice(2)`, so they are
+/// never copied into the proxy; a read/write loop is the fallback when no pipe can be made.
+fn copy(from: TcpStream, to: TcpStream, last: &AtomicU64, started: Instant) {
     let _ = from.set_read_timeout(Some(IDLE_CHECK_INTERVAL));
-    let mut buf = vec![0u8; RELAY_BUFFER_BYTES];
-    loop {
-        match from.read(&mut buf) {
-            Ok(0) => {
-                let _ = to.shutdown(Shutdown::Write);
-                return;
-            }
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-                touch(last, started);
-            }
-            Err(err) if err.kind() == ErrorKind::Interrupted => {}
-            Err(err) if is_timeout(&err) => {
-                let now = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-                let idle = now.saturating_sub(last.load(Ordering::Relaxed));
-                if u128::from(idle) >= IDLE_TIMEOUT.as_millis() {
-                    break;
-                }
-            }
-            Err(_) => break,
+    let ended = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok((pipe_out, pipe_in)) => {
+            let _ = nix::fcntl::fcntl(
+                &pipe_in,
+                nix::fcntl::FcntlArg::F_SETPIPE_SZ(SPLICE_PIPE_BYTES as i32),
+            );
+            splice_loop(&from, &to, &pipe_out, &pipe_in, last, started)
         }
+        Err(_) => read_write_loop(&from, &to, last, started),
+    };
+    if ended {
+        let _ = to.shutdown(Shutdown::Write);
+        return;
     }
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
+}
+
+/// What a failed read means: go on (interrupted, or a timeout before the idle limit) or stop.
+fn keep_going(err: &std::io::Error, last: &AtomicU64, started: Instant) -> bool {
+    if err.kind() == ErrorKind::Interrupted {
+        return true;
+    }
+    if !is_timeout(err) {
+        return false;
+    }
+    let now = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let idle = now.saturating_sub(last.load(Ordering::Relaxed));
+    u128::from(idle) < IDLE_TIMEOUT.as_millis()
+}
+
+/// `true` at EOF, `false` on an error or the idle timeout.
+fn splice_loop(
+    from: &TcpStream,
+    to: &TcpStream,
+    pipe_out: &std::os::fd::OwnedFd,
+    pipe_in: &std::os::fd::OwnedFd,
+    last: &AtomicU64,
+    started: Instant,
+) -> bool {
+    use std::os::fd::AsRawFd;
+    // No SPLICE_F_MORE on the sending side: it would hold a short reply back (MSG_MORE).
+    let flags = libc::SPLICE_F_MOVE;
+    loop {
+        // SAFETY: plain descriptors owned for the whole call; no offsets.
+        let got = unsafe {
+            libc::splice(
+                from.as_raw_fd(),
+                std::ptr::null_mut(),
+                pipe_in.as_raw_fd(),
+                std::ptr::null_mut(),
+                SPLICE_PIPE_BYTES,
+                flags,
+            )
+        };
+        if got == 0 {
+            return true;
+        }
+        if got < 0 {
+            if keep_going(&std::io::Error::last_os_error(), last, started) {
+                continue;
+            }
+            return false;
+        }
+        let mut pending = got as usize;
+        while pending > 0 {
+            // SAFETY: as above.
+            let sent = unsafe {
+                libc::splice(
+                    pipe_out.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    to.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    pending,
+                    flags,
+                )
+            };
+            if sent < 0 {
+                if std::io::Error::last_os_error().kind() == ErrorKind::Interrupted {
+                    continue;
+                }
+                return false;
+            }
+            if sent == 0 {
+                return false;
+            }
+            pending -= sent as usize;
+        }
+        touch(last, started);
+    }
+}
+
+/// `true` at EOF, `false` on an error or the idle timeout.
+fn read_write_loop(
+    mut from: &TcpStream,
+    mut to: &TcpStream,
+    last: &AtomicU64,
+    started: Instant,
+) -> bool {
+    let mut buf = vec![0u8; RELAY_BUFFER_BYTES];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    return false;
+                }
+                touch(last, started);
+            }
+            Err(err) if keep_going(&err, last, started) => {}
+            Err(_) => return false,
+        }
+    }
 }
 
 /// This host's interface addresses (read before the proxy confines itself).
