@@ -20,11 +20,13 @@ pub const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(5);
 /// without `initialize` yet). They live in this small pool apart from [`MAX_CONNECTIONS`]; when it
 /// is full the oldest is closed (an unauthenticated one first), so silent sockets cannot lock
 /// out the clients that do speak.
-pub const MAX_PENDING_CONNECTIONS: usize = 64;
+pub const MAX_PENDING_CONNECTIONS: usize = 256;
 /// Pending connections from one source address (an IPv6 /64 counts as one source; every unix
 /// socket peer is the same local source). Past it, the source's own oldest pending connection is
-/// closed, so one host flooding the pool churns its own slots and not others'.
-pub const MAX_PENDING_PER_SOURCE: usize = 16;
+/// closed, so one host flooding the pool churns its own slots and not others'. Large enough for
+/// a harness that opens a hundred sessions at once (at 16, most of such a burst was closed
+/// before the server had read its first request).
+pub const MAX_PENDING_PER_SOURCE: usize = 128;
 /// Requests of one connection handled at once; past this the server stops reading the socket
 /// until one completes, so a client that floods requests gets backpressure, not unbounded tasks.
 pub const MAX_INFLIGHT_REQUESTS: usize = 128;

@@ -499,7 +499,7 @@ async fn sighup_rereads_the_credentials_file() {
 /// `MAX_RENDEZVOUS_CONNECTIONS`: sockets the rendezvous holds at once.
 const MAX_RENDEZVOUS_CONNECTIONS: usize = 4096;
 /// `MAX_PENDING_CONNECTIONS`: connections without a valid token yet (the admission pool).
-const MAX_PENDING_CONNECTIONS: usize = 64;
+const MAX_PENDING_CONNECTIONS: usize = 256;
 
 #[tokio::test]
 async fn silent_sockets_cannot_lock_out_token_holders() {
