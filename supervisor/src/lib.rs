@@ -49,3 +49,4 @@ pub use proto::methods as protocol;
 /// surface.)
 pub use server::ExecServerError as ExecServerStartError;
 pub use server::{BoundServer, ServerOptions, run_main, run_main_with_options};
+pub use sys::tune_allocator;

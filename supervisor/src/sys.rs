@@ -554,6 +554,31 @@ pub fn lower_thread_priority(tid: libc::id_t, nice: libc::c_int) -> bool {
     unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) == 0 }
 }
 
+/// Set the allocator's thresholds ([`ALLOCATOR_MMAP_THRESHOLD_BYTES`],
+/// [`ALLOCATOR_TRIM_THRESHOLD_BYTES`]) so that messages of a few hundred KiB reuse arena
+/// memory instead of being mapped, faulted in and unmapped one by one. Call it first in `main`,
+/// before any thread exists. Whether both were set (always false off glibc).
+///
+/// [`ALLOCATOR_MMAP_THRESHOLD_BYTES`]: crate::limits::ALLOCATOR_MMAP_THRESHOLD_BYTES
+/// [`ALLOCATOR_TRIM_THRESHOLD_BYTES`]: crate::limits::ALLOCATOR_TRIM_THRESHOLD_BYTES
+pub fn tune_allocator() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use crate::limits::{ALLOCATOR_MMAP_THRESHOLD_BYTES, ALLOCATOR_TRIM_THRESHOLD_BYTES};
+        let set = |parameter: libc::c_int, bytes: usize| {
+            let bytes = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+            // SAFETY: mallopt only changes glibc's allocation parameters.
+            unsafe { libc::mallopt(parameter, bytes) == 1 }
+        };
+        set(libc::M_MMAP_THRESHOLD, ALLOCATOR_MMAP_THRESHOLD_BYTES)
+            && set(libc::M_TRIM_THRESHOLD, ALLOCATOR_TRIM_THRESHOLD_BYTES)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 /// Give the allocator's free memory back to the system, now: after a large buffer was freed,
 /// glibc keeps it in the freeing thread's arena (above its mmap threshold, which it raises
 /// after the first large free), so a burst of large requests would leave the server's RSS at

@@ -48,6 +48,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    supervisor::tune_allocator();
     let cli = Cli::parse();
     supervisor::cli::init_logging(cli.log_format);
     match run(cli) {

@@ -8,6 +8,7 @@ use supervisor::cli::{Cli, Command};
 use supervisor::{ExecServerRuntimePaths, ServerOptions, run_main_with_options};
 
 fn main() -> ExitCode {
+    supervisor::tune_allocator();
     let mut cli = Cli::parse();
     if let Some(Command::Exec(args)) = cli.command.take() {
         return match supervisor::exec_cmd::run(args) {
