@@ -754,7 +754,7 @@ does not grow again (it need not shrink: the allocator keeps freed pages).\n\
 flat.\n\
 - **Hostile clients**: a neighbour session sends a request every 10 ms throughout; its p99 must \
 stay under 50 ms (or twice its own p99 measured for 1 s before the attack, plus 25 ms, on a \
-loaded host). Silent sockets are closed oldest first once the pending pool (64) is full; a \
+loaded host). Silent sockets are closed oldest first once the pending pool (256) is full; a \
 writeId over `MAX_WRITE_ID_BYTES` is refused before any work.\n";
 
 fn machine() -> String {
