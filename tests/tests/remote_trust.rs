@@ -598,3 +598,24 @@ async fn a_handshake_flood_does_not_delay_another_harness() {
         executor.stderr()
     );
 }
+
+/// A harness that starts many sessions at once (an orchestrator launching agents) is not a
+/// flood: every one of them gets its stream and runs its command.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_harness_sessions_all_get_in() {
+    const SESSIONS: usize = 64;
+    let rendezvous = start_rendezvous("127.0.0.1:0", None);
+    let registry = rendezvous.first_line.clone();
+    let _executor = start_executor(&registry, "env-burst").await;
+    let mut tasks = Vec::new();
+    for n in 0..SESSIONS {
+        let registry = registry.clone();
+        tasks.push(tokio::spawn(async move {
+            one_command(&registry, "env-burst", n).await
+        }));
+    }
+    for task in tasks {
+        task.await
+            .expect("every session of the burst runs its command");
+    }
+}

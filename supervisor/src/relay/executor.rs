@@ -34,7 +34,7 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use super::driver::{AppOut, StreamChannels, connect_socket, run_stream, send_batch};
 use super::registry::{self, RegisterRequest, RegistryClient, RegistryError};
 use super::{
-    APP_QUEUE_MESSAGES, EXECUTOR_TOKEN_ENV, HANDSHAKES_PER_SOURCE_BURST,
+    APP_QUEUE_MESSAGES, EXECUTOR_TOKEN_ENV, HANDSHAKES_BUSY, HANDSHAKES_PER_SOURCE_BURST,
     HANDSHAKES_PER_SOURCE_PER_SECOND, MAX_PENDING_HANDSHAKES, MAX_PENDING_HANDSHAKES_PER_SOURCE,
     MAX_RELAY_STREAMS, MAX_STREAMS_PER_SOURCE, RECENTLY_CLOSED_STREAMS, RECONNECT_BACKOFF_INITIAL,
     SOCKET_OUTBOX_FRAMES, STREAM_INBOX_FRAMES, UNCONFIRMED_SWEEP_INTERVAL, next_backoff,
@@ -509,7 +509,7 @@ impl Executor {
         };
         if count <= own + 1 {
             return Err(format!(
-                "environment busy: MAX_PENDING_HANDSHAKES ({MAX_PENDING_HANDSHAKES}) handshakes pending"
+                "{HANDSHAKES_BUSY} ({MAX_PENDING_HANDSHAKES}) handshakes pending"
             ));
         }
         let oldest = self

@@ -30,7 +30,8 @@ use super::driver::{
 use super::registry::{ConnectResponse, RegistryClient, RegistryError};
 use super::tls::client_config_for;
 use super::{
-    APP_QUEUE_MESSAGES, RECONNECT_BACKOFF_INITIAL, SOCKET_OUTBOX_FRAMES, STREAM_INBOX_FRAMES,
+    APP_QUEUE_MESSAGES, BUSY_RETRY_FIRST_DELAY, BUSY_RETRY_MAX_DELAY, BUSY_RETRY_WINDOW,
+    HANDSHAKES_BUSY, RECONNECT_BACKOFF_INITIAL, SOCKET_OUTBOX_FRAMES, STREAM_INBOX_FRAMES,
     next_backoff,
 };
 
@@ -256,11 +257,33 @@ impl Drop for RelayHarnessConnection {
 }
 
 impl RelayHarnessConnection {
-    /// Look the environment up, open the socket and the stream, finish the handshake.
+    /// Look the environment up, open the socket and the stream, finish the handshake. A
+    /// handshake refused because the executor has [`super::MAX_PENDING_HANDSHAKES`] pending
+    /// ([`HANDSHAKES_BUSY`]) is tried again, backing off, for up to [`BUSY_RETRY_WINDOW`].
     ///
     /// # Errors
     /// [`HarnessError`] naming the step that failed.
     pub async fn connect(args: &RemoteConnectArgs) -> Result<Self, HarnessError> {
+        let started = Instant::now();
+        let mut delay = BUSY_RETRY_FIRST_DELAY;
+        loop {
+            match Self::connect_once(args).await {
+                Err(HarnessError::Handshake { reason, .. })
+                    if reason.starts_with(HANDSHAKES_BUSY)
+                        && started.elapsed() + delay < BUSY_RETRY_WINDOW =>
+                {
+                    // Jitter (up to the delay again) spreads a burst's retries apart.
+                    let jitter =
+                        delay.mul_f64(f64::from(uuid::Uuid::new_v4().as_bytes()[0]) / 255.0);
+                    tokio::time::sleep(delay + jitter).await;
+                    delay = (delay * 2).min(BUSY_RETRY_MAX_DELAY);
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn connect_once(args: &RemoteConnectArgs) -> Result<Self, HarnessError> {
         let clients = args.clients().await?;
         let info = args.lookup(&clients.registry).await?;
         let public_key = info.public_key_bytes()?;

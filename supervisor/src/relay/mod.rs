@@ -41,6 +41,18 @@ pub const MAX_STREAMS_PER_SOURCE: usize = 32;
 /// oldest pending handshake of the harness socket with the most is dropped for a newcomer, so a
 /// flood from one party never locks others out.
 pub const MAX_PENDING_HANDSHAKES: usize = 32;
+/// Start of the reset reason an executor gives when [`MAX_PENDING_HANDSHAKES`] are pending: a
+/// passing state (each pending handshake is confirmed or expires within moments), so a harness
+/// that hears it tries again ([`BUSY_RETRY_WINDOW`]).
+pub const HANDSHAKES_BUSY: &str = "environment busy: MAX_PENDING_HANDSHAKES";
+/// How long a harness keeps retrying a handshake refused with [`HANDSHAKES_BUSY`] (backing off
+/// from [`BUSY_RETRY_FIRST_DELAY`], doubling up to [`BUSY_RETRY_MAX_DELAY`], with jitter), so an
+/// orchestrator starting many sessions at once gets every one of them.
+pub const BUSY_RETRY_WINDOW: Duration = Duration::from_secs(10);
+/// First wait before retrying a busy handshake.
+pub const BUSY_RETRY_FIRST_DELAY: Duration = Duration::from_millis(20);
+/// Longest wait between retries of a busy handshake.
+pub const BUSY_RETRY_MAX_DELAY: Duration = Duration::from_millis(400);
 /// Pending handshakes one harness socket may hold; more are refused with a reset.
 pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = 4;
 /// Handshake attempts (valid or not) one harness socket may make per second once its burst is
