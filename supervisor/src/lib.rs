@@ -24,6 +24,7 @@ pub mod fs;
 pub mod http;
 pub mod limits;
 pub mod listen;
+pub mod outbound;
 pub mod paths;
 pub mod process;
 pub mod relay;

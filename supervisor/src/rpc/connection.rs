@@ -35,8 +35,7 @@ use crate::session::Session;
 use crate::transport::admission::{PendingTicket, evicted};
 use crate::untrusted::Untrusted;
 
-pub use super::outbound::{Outbound, OutboundSender};
-use super::outbound::{Queued, outbound_queue};
+use crate::outbound::{Outbound, OutboundSender, Queued, outbound_queue};
 
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
 

@@ -4,4 +4,3 @@
 pub mod connection;
 pub mod dispatch;
 pub mod errors;
-pub mod outbound;
