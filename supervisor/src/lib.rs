@@ -33,6 +33,7 @@ pub mod rpc;
 pub mod sandboxing;
 pub mod server;
 pub mod session;
+pub mod state;
 mod sys;
 pub mod transport;
 pub mod untrusted;

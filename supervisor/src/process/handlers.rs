@@ -20,8 +20,8 @@ use crate::limits::{
     DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS, MAX_WRITE_ID_BYTES,
     OUTPUT_READ_CHUNK_BYTES, WALL_BACKSTOP_GRACE,
 };
-use crate::server::ServerState;
 use crate::session::Session;
+use crate::state::ServerState;
 
 /// `process/start`. Field lengths are checked first; the server's process and descriptor budgets
 /// are taken before the id is reserved; the cwd check, policy resolution, program lookup and

@@ -30,8 +30,8 @@ use crate::limits::{
     MAX_FRAME_BYTES, MAX_HTTP_RESPONSE_BODY_BYTES, MAX_INFLIGHT_REQUESTS, READ_BLOCK_MAX_BYTES,
     READ_FILE_MAX_BYTES, SMALL_RESPONSE_BYTES,
 };
-use crate::server::ServerState;
 use crate::session::Session;
+use crate::state::ServerState;
 use crate::transport::admission::{PendingTicket, evicted};
 use crate::untrusted::Untrusted;
 
