@@ -227,7 +227,7 @@ impl BoundServer {
             .into_iter()
             .map(|session| session.processes.clone())
             .collect();
-        crate::process::handlers::terminate_sessions(&tables).await;
+        crate::process::terminate_sessions(&tables).await;
         if let Some(reaper) = &self.state.reaper {
             reaper.kill_orphans().await;
         }

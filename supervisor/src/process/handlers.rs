@@ -14,7 +14,7 @@ use proto::methods::process::{
 use super::managed::{ManagedProcess, ProcessCharges, Stdin};
 use super::pump::{self, PumpContext, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
-use super::{Lookup, ProcessError, ProcessTable, bounds, env_policy, watch};
+use super::{Lookup, ProcessError, bounds, env_policy, watch};
 use crate::budget::{BudgetError, ConnectionBudget};
 use crate::limits::{
     DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS, MAX_WRITE_ID_BYTES,
@@ -363,37 +363,6 @@ pub fn terminate(session: &Session, params: TerminateParams) -> RunningResult {
         .get(&params.process_id)
         .is_ok_and(|process| process.terminate());
     RunningResult { running }
-}
-
-/// Terminate every process of a session and wait (bounded) for them to exit.
-pub async fn terminate_all(processes: Vec<Arc<ManagedProcess>>) {
-    for process in &processes {
-        process.terminate();
-    }
-    for process in &processes {
-        if !process
-            .wait_exit(crate::limits::TERMINATE_GRACE + Duration::from_secs(1))
-            .await
-        {
-            process.kill_tree();
-        }
-    }
-}
-
-/// Sessions end (expiry, server shutdown): terminate their processes (all at once, one grace
-/// period), then kill every tree they leave behind, lingering ones of closed processes
-/// included, and remove the cgroups.
-pub async fn terminate_sessions(tables: &[Arc<ProcessTable>]) {
-    let processes: Vec<_> = tables.iter().flat_map(|table| table.all()).collect();
-    terminate_all(processes.clone()).await;
-    for process in &processes {
-        process.tree().kill_and_remove().await;
-    }
-    for table in tables {
-        for tree in table.take_lingering() {
-            tree.kill_and_remove().await;
-        }
-    }
 }
 
 /// Resolves the request's `sandbox` once, off the runtime (globs walk the filesystem), with the
