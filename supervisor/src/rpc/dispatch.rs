@@ -16,6 +16,7 @@ use super::connection::{Connection, reply_message};
 use crate::budget::MemoryCharge;
 use crate::process::handlers;
 use crate::session::Session;
+use crate::state::ServerState;
 use crate::{environment, fs, http};
 
 /// Handle one request and queue its answer (then start a streamed body, if any). The request's
@@ -83,7 +84,7 @@ pub async fn dispatch(
         PROCESS_START => to_value(
             handlers::start(
                 session,
-                &connection.server,
+                &launch_context(&connection.server),
                 &connection.budget,
                 parse_params(method, params)?,
             )
@@ -118,6 +119,17 @@ pub async fn dispatch(
             fs::handle(connection, session, method, params, answer).await
         }
         _ => Err(RpcError::method_not_found(method)),
+    }
+}
+
+/// What `process/start` may use of the server-wide state.
+fn launch_context(server: &ServerState) -> handlers::LaunchContext<'_> {
+    handlers::LaunchContext {
+        budgets: &server.budgets,
+        containment: &server.containment,
+        sandboxing: &server.sandboxing,
+        guardian: &server.guardian,
+        reaper: &server.reaper,
     }
 }
 
