@@ -23,7 +23,7 @@ use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::budget::{ConnectionBudget, MemoryCharge};
+use crate::budget::{ConnectionBudget, MemoryCharge, content_answer_bytes};
 use crate::fs::HandleTable;
 use crate::limits::{
     INITIALIZE_TIMEOUT, MAX_CLIENT_NAME_BYTES, MAX_CONNECTIONS, MAX_ERROR_MESSAGE_BYTES,
@@ -533,13 +533,6 @@ pub(super) fn answer_reservation(request: &Request) -> usize {
         }
         _ => SMALL_RESPONSE_BYTES,
     }
-}
-
-/// What an answer carrying `data` bytes as base64 costs while it is built: the base64 text
-/// once in the answer's value and once serialized, plus the rest of the answer.
-pub fn content_answer_bytes(data: u64) -> usize {
-    let base64 = usize::try_from(data.div_ceil(3) * 4).unwrap_or(usize::MAX / 4);
-    2 * base64 + SMALL_RESPONSE_BYTES
 }
 
 fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::Value, RpcError> {

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use proto::error::{ErrorKind, RpcError};
 use proto::jsonrpc::Request;
 use proto::methods::*;
-use serde::Serialize;
 use serde_json::Value;
 
 use super::connection::{Connection, reply_message};
@@ -116,7 +115,14 @@ pub async fn dispatch(
             to_value(environment::info(&connection.server.environment).await)
         }
         method if method.starts_with("fs/") => {
-            fs::handle(connection, session, method, params, answer).await
+            let context = fs::FsContext {
+                handles: &connection.handles,
+                budget: &connection.budget,
+                sandboxing: &connection.server.sandboxing,
+                helpers: &connection.server.helpers,
+                session_id: &session.id,
+            };
+            fs::handle(&context, method, params, answer).await
         }
         _ => Err(RpcError::method_not_found(method)),
     }
@@ -133,13 +139,4 @@ fn launch_context(server: &ServerState) -> handlers::LaunchContext<'_> {
     }
 }
 
-pub use proto::methods::parse_params;
-
-/// Serialize a result.
-///
-/// # Errors
-/// -32603 if serialization fails (a bug).
-pub fn to_value<T: Serialize>(result: T) -> Result<Value, RpcError> {
-    serde_json::to_value(result)
-        .map_err(|error| RpcError::internal(format!("cannot serialize the result: {error}")))
-}
+pub use proto::methods::{parse_params, to_value};
