@@ -1,5 +1,8 @@
 //! Method routing: parse params into the method's typed struct, call its handler, serialize the
-//! result. Errors become JSON-RPC errors through `errors` (the only mapping).
+//! result. Errors become JSON-RPC errors through `errors` (the only mapping). Handlers get only
+//! what they use, not the connection: the session, the connection's budget, and a narrow context
+//! built here (`process::handlers::LaunchContext` for `process/start`, `fs::FsContext` for
+//! `fs/*`).
 //!
 //! [`respond`] sends the answer; what must follow the answer (the body notifications of a
 //! streamed `http/request`) is started only once the answer is queued, so it arrives first.
@@ -11,7 +14,7 @@ use proto::jsonrpc::Request;
 use proto::methods::*;
 use serde_json::Value;
 
-use super::connection::{Connection, reply_message};
+use super::shared::{Connection, reply_message};
 use crate::budget::MemoryCharge;
 use crate::process::handlers;
 use crate::session::Session;
