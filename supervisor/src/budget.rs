@@ -436,6 +436,13 @@ fn split_permit(slot: &mut Option<OwnedSemaphorePermit>, n: usize) -> Option<Own
     }
 }
 
+/// What an answer carrying `data` bytes as base64 costs while it is built: the base64 text
+/// once in the answer's value and once serialized, plus the rest of the answer.
+pub fn content_answer_bytes(data: u64) -> usize {
+    let base64 = usize::try_from(data.div_ceil(3) * 4).unwrap_or(usize::MAX / 4);
+    2 * base64 + crate::limits::SMALL_RESPONSE_BYTES
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,10 +13,9 @@
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-/// Most threads the pool runs, whatever the core count.
-pub const MAX_CPU_POOL_THREADS: usize = 8;
-/// Nice value of the pool's threads (the async workers keep the process's own, 0 by default).
-pub const CPU_POOL_NICE: i32 = 10;
+/// Most threads the pool runs, whatever the core count; the nice value of its threads (both
+/// defined with the other limits).
+pub use crate::limits::{CPU_POOL_NICE, MAX_CPU_POOL_THREADS};
 
 type Job = Box<dyn FnOnce() + Send>;
 

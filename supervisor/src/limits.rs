@@ -96,8 +96,10 @@ pub const MAX_BLOCKING_TASKS: usize = 32;
 /// connection cannot take every blocking slot.
 pub const MAX_BLOCKING_TASKS_PER_CONNECTION: usize = 4;
 /// Threads for CPU-bound request work (large parses and encodings, policy resolution): one per
-/// core, at most this many, at a lower priority than the async workers.
-pub use crate::cpu_pool::{CPU_POOL_NICE, MAX_CPU_POOL_THREADS};
+/// core, at most this many, at a lower priority than the async workers (`cpu_pool`).
+pub const MAX_CPU_POOL_THREADS: usize = 8;
+/// Nice value of the CPU pool's threads (the async workers keep the process's own, 0 by default).
+pub const CPU_POOL_NICE: i32 = 10;
 /// Longest `argv` element or environment value, in bytes: the kernel's `MAX_ARG_STRLEN`
 /// (longer ones fail exec with E2BIG anyway).
 pub const MAX_ARG_BYTES: usize = 128 * 1024;

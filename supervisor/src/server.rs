@@ -1,4 +1,5 @@
-//! Server assembly: bind, print the URL, accept until SIGINT/SIGTERM, then terminate every child.
+//! Server assembly: bind, build the server-wide state ([`ServerState`]), print the URL, accept
+//! until SIGINT/SIGTERM, then terminate every child.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use crate::paths::ExecServerRuntimePaths;
 use crate::process::guardian::Guardian;
 use crate::sandboxing::Sandboxing;
 use crate::session::SessionRegistry;
+use crate::state::ServerState;
 use crate::transport::admission::Admission;
 use crate::transport::{BindError, Listener};
 
@@ -107,39 +109,6 @@ pub enum ExecServerError {
     /// The server could not become a child subreaper (needed without cgroups).
     #[error("cannot make the server a child subreaper (PR_SET_CHILD_SUBREAPER): {0}")]
     Subreaper(std::io::Error),
-}
-
-/// Server-wide shared state.
-pub struct ServerState {
-    /// Sessions.
-    pub sessions: Arc<SessionRegistry>,
-    /// Helper binaries.
-    pub runtime_paths: ExecServerRuntimePaths,
-    /// Required bearer token.
-    pub auth_token: Option<Vec<u8>>,
-    /// Connection slots (taken by `initialize`).
-    pub connection_slots: Arc<Semaphore>,
-    /// Connections accepted and not yet initialized.
-    pub admission: Arc<Admission>,
-    /// Memory, descriptor, process and blocking-work budgets.
-    pub budgets: Arc<Budgets>,
-    /// True once shutdown started.
-    pub shutdown: watch::Receiver<bool>,
-    /// Kills our process groups if the server dies.
-    pub guardian: Arc<Guardian>,
-    /// Pooled fs-helpers for sandboxed filesystem requests.
-    pub helpers: Arc<HelperPool>,
-    /// Policy resolution, protections and helper binaries for sandboxed work.
-    pub sandboxing: Arc<Sandboxing>,
-    /// `http/request`: pooled clients, the server's own listeners (never reachable by default),
-    /// the server-wide slots.
-    pub http: Arc<crate::http::HttpContext>,
-    /// `environment/info`.
-    pub environment: crate::environment::EnvironmentContext,
-    /// How process trees are contained and limited on this host.
-    pub containment: Arc<Containment>,
-    /// Without cgroups: the orphan reaper (the server is a child subreaper).
-    pub reaper: Option<Arc<Reaper>>,
 }
 
 /// A bound server, not yet serving.
@@ -258,7 +227,7 @@ impl BoundServer {
             .into_iter()
             .map(|session| session.processes.clone())
             .collect();
-        crate::process::handlers::terminate_sessions(&tables).await;
+        crate::process::terminate_sessions(&tables).await;
         if let Some(reaper) = &self.state.reaper {
             reaper.kill_orphans().await;
         }

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use crate::fs::helpers::HelperPool;
 use crate::limits::{MAX_DETACHED_SESSIONS, MAX_SESSIONS};
+use crate::outbound::OutboundSender;
 use crate::process::ProcessTable;
-use crate::process::handlers::terminate_sessions;
-use crate::rpc::connection::OutboundSender;
+use crate::process::terminate_sessions;
 
 /// Which connection (if any) receives a session's notifications.
 #[derive(Default)]

@@ -102,6 +102,18 @@ pub fn parse_params<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// Serialize a method's result.
+///
+/// # Errors
+/// -32603 if serialization fails (a bug).
+pub fn to_value<T: serde::Serialize>(
+    result: T,
+) -> Result<serde_json::Value, crate::error::RpcError> {
+    serde_json::to_value(result).map_err(|error| {
+        crate::error::RpcError::internal(format!("cannot serialize the result: {error}"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -109,7 +109,7 @@ pub(crate) struct Inner {
     processes: Mutex<HashMap<String, ProcessEntry>>,
     pub starts_in_flight: watch::Sender<usize>,
     /// Open `http/request` body streams.
-    pub http_streams: super::http::HttpStreams,
+    pub http_streams: super::http_streams::HttpStreams,
     next_request_id: AtomicI64,
     next_generation: AtomicU64,
 }
@@ -124,7 +124,7 @@ impl Inner {
             state: watch::channel(ConnectionState::Recovering { lost_generation: 0 }).0,
             processes: Mutex::new(HashMap::new()),
             starts_in_flight: watch::channel(0).0,
-            http_streams: super::http::HttpStreams::default(),
+            http_streams: super::http_streams::HttpStreams::default(),
             next_request_id: AtomicI64::new(1),
             next_generation: AtomicU64::new(1),
         })

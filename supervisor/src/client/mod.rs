@@ -85,6 +85,7 @@ pub mod error;
 pub mod events;
 mod fs;
 pub mod http;
+mod http_streams;
 pub mod process;
 pub mod recovery;
 pub mod remote;

@@ -8,7 +8,8 @@
 //! error, and a helper that cannot start fails the request.
 //!
 //! `fs/readBlock` and `fs/close` act on the connection's handles (`handles`), whichever path
-//! opened them.
+//! opened them. A request sees only what [`FsContext`] gives it: those handles, its
+//! connection's budget, the sandboxing and the helper pool.
 
 mod handles;
 pub mod helpers;
@@ -17,17 +18,16 @@ use std::sync::Arc;
 
 use proto::error::{ErrorKind, RpcError};
 use proto::methods::fs::{CloseParams, OpenParams, ReadBlockParams, ReadBlockResult};
-use proto::methods::{self, Empty, parse_params};
+use proto::methods::{self, Empty, parse_params, to_value};
 use sandbox::ResolvedPolicy;
 use serde_json::Value;
 
 pub use handles::HandleTable;
 
-use crate::budget::{ConnectionBudget, MemoryCharge};
-use crate::rpc::connection::Connection;
-use crate::rpc::dispatch::to_value;
-use crate::session::Session;
+use crate::budget::{ConnectionBudget, MemoryCharge, content_answer_bytes};
+use crate::sandboxing::Sandboxing;
 use fs_helper::wire::{Outcome, execute};
+use helpers::HelperPool;
 
 /// Why a handle operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +67,7 @@ pub enum FsRequestError {
 /// -32602 when the sandbox object does not parse or resolve (never run unsandboxed instead).
 async fn restricting_policy(
     budget: &ConnectionBudget,
-    sandboxing: &Arc<crate::sandboxing::Sandboxing>,
+    sandboxing: &Arc<Sandboxing>,
     sandbox: Option<Value>,
 ) -> Result<Option<ResolvedPolicy>, RpcError> {
     if sandbox.as_ref().is_none_or(Value::is_null) {
@@ -80,24 +80,38 @@ async fn restricting_policy(
         .map_err(|e| RpcError::invalid_params(e.to_string()))
 }
 
+/// What the `fs/*` methods use of their connection and of the server (`rpc::dispatch` builds
+/// it).
+pub struct FsContext<'a> {
+    /// The connection's open handles.
+    pub handles: &'a HandleTable,
+    /// The connection's memory and blocking-work share.
+    pub budget: &'a ConnectionBudget,
+    /// Policy resolution for the request's `sandbox`.
+    pub sandboxing: &'a Arc<Sandboxing>,
+    /// The pooled fs-helpers that run requests under a restricting policy.
+    pub helpers: &'a Arc<HelperPool>,
+    /// The session of the request (helpers are pooled per session).
+    pub session_id: &'a str,
+}
+
 /// Serve one `fs/*` request.
 ///
 /// # Errors
 /// The method's JSON-RPC error.
 pub async fn handle(
-    connection: &Arc<Connection>,
-    session: &Session,
+    context: &FsContext<'_>,
     method: &str,
     params: Option<Value>,
     answer: &mut MemoryCharge,
 ) -> Result<Value, RpcError> {
     match method {
         methods::FS_READ_BLOCK => {
-            return read_block(connection, parse_params(method, params)?).await;
+            return read_block(context, parse_params(method, params)?).await;
         }
         methods::FS_CLOSE => {
             let params: CloseParams = parse_params(method, params)?;
-            connection.handles.close(&params.handle_id)?;
+            context.handles.close(&params.handle_id)?;
             return to_value(Empty {});
         }
         _ => {}
@@ -108,7 +122,7 @@ pub async fn handle(
     };
     let reservation = if method == methods::FS_OPEN {
         let open: OpenParams = parse_params(method, Some(params.clone()))?;
-        Some(connection.handles.reserve(&open.handle_id)?)
+        Some(context.handles.reserve(&open.handle_id)?)
     } else {
         None
     };
@@ -116,11 +130,11 @@ pub async fn handle(
         .get("sandbox")
         .cloned()
         .filter(|value| !value.is_null());
-    let budget = &connection.budget;
+    let budget = context.budget;
     if method == methods::FS_READ_FILE {
         back_read_file_answer(budget, &params, answer).await?;
     }
-    let outcome = match restricting_policy(budget, &connection.server.sandboxing, sandbox).await? {
+    let outcome = match restricting_policy(budget, context.sandboxing, sandbox).await? {
         None => {
             let method = method.to_owned();
             // On the blocking pool even when it moves megabytes: it frees them too, and a
@@ -130,10 +144,10 @@ pub async fn handle(
                 .await??
         }
         Some(policy) => {
-            let pool = &connection.server.helpers;
+            let pool = context.helpers;
             let request = serde_json::json!({"operation": method, "params": params});
             let reply = pool
-                .call(budget, (session.id.clone(), policy), request)
+                .call(budget, (context.session_id.to_owned(), policy), request)
                 .await?;
             let value = reply.result?;
             match (method == methods::FS_OPEN, reply.file) {
@@ -181,14 +195,11 @@ async fn back_read_file_answer(
         .blocking(move || std::fs::metadata(path.as_path()).map_or(0, |meta| meta.len()))
         .await?
         .min(fs_helper::READ_FILE_MAX_BYTES);
-    answer.back(budget, crate::rpc::connection::content_answer_bytes(size))?;
+    answer.back(budget, content_answer_bytes(size))?;
     Ok(())
 }
 
-async fn read_block(
-    connection: &Arc<Connection>,
-    params: ReadBlockParams,
-) -> Result<Value, RpcError> {
+async fn read_block(context: &FsContext<'_>, params: ReadBlockParams) -> Result<Value, RpcError> {
     let limit = fs_helper::READ_BLOCK_MAX_BYTES;
     if params.len == 0 || params.len > limit as u64 {
         return Err(FsRequestError::InvalidParams(format!(
@@ -197,9 +208,9 @@ async fn read_block(
         ))
         .into());
     }
-    let file = connection.handles.get(&params.handle_id)?;
+    let file = context.handles.get(&params.handle_id)?;
     let (offset, len) = (params.offset, params.len as usize);
-    let (data, eof) = connection
+    let (data, eof) = context
         .budget
         .blocking(move || fs_helper::read_block(&file, offset, len))
         .await?

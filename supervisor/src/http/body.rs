@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::{HttpError, Slots, StreamReservation};
 use crate::limits::{HTTP_BODY_DELTA_BYTES, MAX_HTTP_RESPONSE_BODY_BYTES};
-use crate::rpc::outbound::{Outbound, OutboundSender};
+use crate::outbound::{Outbound, OutboundSender};
 
 /// Read the whole body, at most `limit` bytes.
 ///

@@ -11,17 +11,36 @@ use proto::methods::process::{
     StartParams, StartResult, TerminateParams, WriteParams, WriteResult, WriteStatus,
 };
 
+use super::guardian::Guardian;
 use super::managed::{ManagedProcess, ProcessCharges, Stdin};
 use super::pump::{self, PumpContext, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
-use super::{Lookup, ProcessError, ProcessTable, bounds, env_policy, watch};
-use crate::budget::{BudgetError, ConnectionBudget};
+use super::{Lookup, ProcessError, bounds, env_policy, watch};
+use crate::budget::{BudgetError, Budgets, ConnectionBudget};
+use crate::containment::Containment;
+use crate::containment::reaper::Reaper;
 use crate::limits::{
     DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS, MAX_WRITE_ID_BYTES,
     OUTPUT_READ_CHUNK_BYTES, WALL_BACKSTOP_GRACE,
 };
-use crate::server::ServerState;
+use crate::sandboxing::Sandboxing;
 use crate::session::Session;
+
+/// What `process/start` uses of the server-wide state (`rpc::dispatch` builds it): budgets,
+/// containment, the sandboxing (policy resolution, protections, the `sandbox-run` helper) and
+/// who must hear of every started process (guardian, reaper).
+pub struct LaunchContext<'a> {
+    /// Process and descriptor budgets.
+    pub budgets: &'a Budgets,
+    /// How process trees are contained and limited on this host.
+    pub containment: &'a Containment,
+    /// Policy resolution, protections and helper binaries for sandboxed work.
+    pub sandboxing: &'a Arc<Sandboxing>,
+    /// Kills our process groups if the server dies.
+    pub guardian: &'a Arc<Guardian>,
+    /// Without cgroups: the orphan reaper.
+    pub reaper: &'a Option<Arc<Reaper>>,
+}
 
 /// `process/start`. Field lengths are checked first; the server's process and descriptor budgets
 /// are taken before the id is reserved; the cwd check, policy resolution, program lookup and
@@ -31,7 +50,7 @@ use crate::session::Session;
 /// See [`ProcessError`].
 pub async fn start(
     session: &Session,
-    server: &ServerState,
+    launch: &LaunchContext<'_>,
     budget: &ConnectionBudget,
     params: StartParams,
 ) -> Result<StartResult, ProcessError> {
@@ -42,14 +61,14 @@ pub async fn start(
     }
     bounds::check_start(&params)?;
     let charges = ProcessCharges {
-        live: server.budgets.process()?,
-        descriptors: server
+        live: launch.budgets.process()?,
+        descriptors: launch
             .budgets
             .descriptors(bounds::descriptors_of(&params))?,
     };
     let cwd = params.cwd.as_path().to_path_buf();
     let reservation = session.processes.reserve(&params.process_id)?;
-    let plan = server.containment.plan(params.limits.as_ref())?;
+    let plan = launch.containment.plan(params.limits.as_ref())?;
     let pty = params.tty.then(|| {
         (
             params.cols.unwrap_or(DEFAULT_PTY_COLS),
@@ -63,7 +82,7 @@ pub async fn start(
         params.env,
     );
     bounds::check_path_search(&params.argv[0], &env)?;
-    let policy = resolve_sandbox(server, budget, params.sandbox, &cwd).await?;
+    let policy = resolve_sandbox(launch, budget, params.sandbox, &cwd).await?;
     if params.enforce_managed_network && policy.as_ref().is_none_or(|(p, _)| p.network_fully_on()) {
         // A managed proxy is what was asked for; running with the network open would give more.
         return Err(ProcessError::Unsupported(
@@ -98,7 +117,7 @@ pub async fn start(
             ));
         }
         Some((policy, cwd)) => sandboxed_spec(
-            &server.sandboxing,
+            launch.sandboxing,
             policy,
             params.argv,
             env,
@@ -111,9 +130,9 @@ pub async fn start(
     };
     let sandboxed = spec.launch.is_some();
     // The tree's cgroups exist before the child does; it joins them before it execs.
-    let tree = Arc::new(server.containment.create_tree(&plan)?);
+    let tree = Arc::new(launch.containment.create_tree(&plan)?);
     let check_cwd = policy_free_cwd(&spec);
-    let reaper = server.reaper.clone();
+    let reaper = launch.reaper.clone();
     let joining = tree.clone();
     let spawned = budget
         .blocking(move || {
@@ -136,7 +155,7 @@ pub async fn start(
     // Without a cgroup the guardian kills the leader's group through its pidfd.
     let registered = !tree.tracked();
     if registered {
-        server
+        launch
             .guardian
             .register(spawned.pid, spawned.leader.pidfd());
     }
@@ -189,8 +208,8 @@ pub async fn start(
     let context = PumpContext {
         sink: session.attachment.clone(),
         table: Arc::downgrade(&session.processes),
-        guardian: registered.then(|| server.guardian.clone()),
-        reaper: server.reaper.clone(),
+        guardian: registered.then(|| launch.guardian.clone()),
+        reaper: launch.reaper.clone(),
         cpu_limit: plan.rlimits.cpu_seconds.map(Duration::from_secs),
         wall_limit: plan.wall,
     };
@@ -365,43 +384,12 @@ pub fn terminate(session: &Session, params: TerminateParams) -> RunningResult {
     RunningResult { running }
 }
 
-/// Terminate every process of a session and wait (bounded) for them to exit.
-pub async fn terminate_all(processes: Vec<Arc<ManagedProcess>>) {
-    for process in &processes {
-        process.terminate();
-    }
-    for process in &processes {
-        if !process
-            .wait_exit(crate::limits::TERMINATE_GRACE + Duration::from_secs(1))
-            .await
-        {
-            process.kill_tree();
-        }
-    }
-}
-
-/// Sessions end (expiry, server shutdown): terminate their processes (all at once, one grace
-/// period), then kill every tree they leave behind, lingering ones of closed processes
-/// included, and remove the cgroups.
-pub async fn terminate_sessions(tables: &[Arc<ProcessTable>]) {
-    let processes: Vec<_> = tables.iter().flat_map(|table| table.all()).collect();
-    terminate_all(processes.clone()).await;
-    for process in &processes {
-        process.tree().kill_and_remove().await;
-    }
-    for table in tables {
-        for tree in table.take_lingering() {
-            tree.kill_and_remove().await;
-        }
-    }
-}
-
 /// Resolves the request's `sandbox` once, off the runtime (globs walk the filesystem), with the
 /// server's protections, and the command's working directory under it (canonical; refused when
 /// a symlink an earlier command could have planted is on its way); `None` when nothing is
 /// restricted.
 async fn resolve_sandbox(
-    server: &ServerState,
+    launch: &LaunchContext<'_>,
     budget: &ConnectionBudget,
     sandbox: Option<serde_json::Value>,
     cwd: &std::path::Path,
@@ -409,7 +397,7 @@ async fn resolve_sandbox(
     if sandbox.as_ref().is_none_or(serde_json::Value::is_null) {
         return Ok(None);
     }
-    let sandboxing = server.sandboxing.clone();
+    let sandboxing = launch.sandboxing.clone();
     let cwd = cwd.to_owned();
     budget
         .cpu(move || {
@@ -462,7 +450,7 @@ fn directory_check(cwd: &std::path::Path) -> Result<(), ProcessError> {
 /// `sandbox-run` before it is confined.
 #[allow(clippy::too_many_arguments)]
 fn sandboxed_spec(
-    sandboxing: &crate::sandboxing::Sandboxing,
+    sandboxing: &Sandboxing,
     policy: sandbox::ResolvedPolicy,
     argv: Vec<String>,
     env: std::collections::BTreeMap<String, String>,

@@ -1,4 +1,5 @@
-//! The process table of a session and the `process/*` methods.
+//! The process table of a session, the `process/*` methods ([`handlers`]), and the end of a
+//! session's processes ([`terminate_sessions`]).
 //!
 //! Lifecycle: `start` reserves the id (so racing starts with one id cannot both win), spawns the
 //! child, and hands its I/O to one pump task ([`pump`]); the pump records every event in the
@@ -258,6 +259,37 @@ impl ProcessTable {
         if matches!(slots.get(&process.id), Some(Slot::Ready(current)) if Arc::ptr_eq(current, process))
         {
             slots.remove(&process.id);
+        }
+    }
+}
+
+/// Terminate every process of a session and wait (bounded) for them to exit.
+pub async fn terminate_all(processes: Vec<Arc<ManagedProcess>>) {
+    for process in &processes {
+        process.terminate();
+    }
+    for process in &processes {
+        if !process
+            .wait_exit(crate::limits::TERMINATE_GRACE + std::time::Duration::from_secs(1))
+            .await
+        {
+            process.kill_tree();
+        }
+    }
+}
+
+/// Sessions end (expiry, server shutdown): terminate their processes (all at once, one grace
+/// period), then kill every tree they leave behind, lingering ones of closed processes
+/// included, and remove the cgroups.
+pub async fn terminate_sessions(tables: &[Arc<ProcessTable>]) {
+    let processes: Vec<_> = tables.iter().flat_map(|table| table.all()).collect();
+    terminate_all(processes.clone()).await;
+    for process in &processes {
+        process.tree().kill_and_remove().await;
+    }
+    for table in tables {
+        for tree in table.take_lingering() {
+            tree.kill_and_remove().await;
         }
     }
 }

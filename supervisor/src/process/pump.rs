@@ -219,7 +219,7 @@ async fn forward_denials(
                         params: serde_json::to_value(params).ok(),
                     });
                     let _ = sender
-                        .send(crate::rpc::connection::Outbound::Message(message))
+                        .send(crate::outbound::Outbound::Message(message))
                         .await;
                 }
             }
@@ -303,9 +303,7 @@ impl Emitter<'_> {
         base64_simd::STANDARD.encode_append(data, &mut text);
         text.push_str("\"}}");
         if let Some(sender) = self.sink.sender() {
-            let _ = sender
-                .send(crate::rpc::connection::Outbound::Text(text))
-                .await;
+            let _ = sender.send(crate::outbound::Outbound::Text(text)).await;
         }
     }
 
@@ -348,7 +346,7 @@ impl Emitter<'_> {
         // A closed connection drops the notification; the event stays in the log for
         // `process/read` after a resume.
         let _ = sender
-            .send(crate::rpc::connection::Outbound::Message(message))
+            .send(crate::outbound::Outbound::Message(message))
             .await;
     }
 }

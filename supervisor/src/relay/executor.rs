@@ -40,7 +40,7 @@ use super::{
     SOCKET_OUTBOX_FRAMES, STREAM_INBOX_FRAMES, UNCONFIRMED_SWEEP_INTERVAL, next_backoff,
 };
 use crate::rpc::connection::{Inbound, OutboundFrame, serve_transport};
-use crate::server::ServerState;
+use crate::state::ServerState;
 
 /// Where and as what an environment registers.
 #[derive(Clone)]

@@ -6,16 +6,19 @@
 //! - Other requests run concurrently, at most [`MAX_INFLIGHT_REQUESTS`] at once; when all slots
 //!   are busy the reader stops reading (backpressure on the socket).
 //! - All outgoing messages go through one bounded queue drained by the writer task.
+//!
+//! What the request tasks share of the connection ([`Connection`]) lives in [`super::shared`];
+//! the tasks run [`super::dispatch::respond`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::{SinkExt, StreamExt};
 use proto::error::{ErrorKind, RpcError};
-use proto::jsonrpc::{ErrorResponse, Message, Request, RequestId, Response};
+use proto::jsonrpc::{ErrorResponse, Message, Request, RequestId};
 use proto::methods::INITIALIZED;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Bytes;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
@@ -23,112 +26,22 @@ use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
-use crate::budget::{ConnectionBudget, MemoryCharge};
+use crate::budget::{ConnectionBudget, content_answer_bytes};
 use crate::fs::HandleTable;
 use crate::limits::{
-    INITIALIZE_TIMEOUT, MAX_CLIENT_NAME_BYTES, MAX_CONNECTIONS, MAX_ERROR_MESSAGE_BYTES,
-    MAX_FRAME_BYTES, MAX_HTTP_RESPONSE_BODY_BYTES, MAX_INFLIGHT_REQUESTS, READ_BLOCK_MAX_BYTES,
-    READ_FILE_MAX_BYTES, SMALL_RESPONSE_BYTES,
+    INITIALIZE_TIMEOUT, MAX_CLIENT_NAME_BYTES, MAX_CONNECTIONS, MAX_FRAME_BYTES,
+    MAX_HTTP_RESPONSE_BODY_BYTES, MAX_INFLIGHT_REQUESTS, READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES,
+    SMALL_RESPONSE_BYTES,
 };
-use crate::server::ServerState;
-use crate::session::Session;
+use crate::state::ServerState;
 use crate::transport::admission::{PendingTicket, evicted};
 use crate::untrusted::Untrusted;
 
-pub use super::outbound::{Outbound, OutboundSender};
-use super::outbound::{Queued, outbound_queue};
+use crate::outbound::{Outbound, Queued, outbound_queue};
+
+use super::shared::{Connection, LARGE_MESSAGE_BYTES, reply_message};
 
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Per-connection state shared with request tasks.
-pub struct Connection {
-    /// Unique per server run.
-    pub id: u64,
-    /// Server-wide state.
-    pub server: Arc<ServerState>,
-    /// Outbound queue.
-    pub outbound: OutboundSender,
-    /// The session, once initialized.
-    session: Mutex<Option<Arc<Session>>>,
-    /// The connection slot, taken by a successful `initialize`.
-    slot: Mutex<Option<OwnedSemaphorePermit>>,
-    /// Open `fs/open` handles.
-    pub handles: HandleTable,
-    /// `http/request` slots and active stream ids.
-    pub http: crate::http::ConnectionHttp,
-    /// This connection's memory and blocking-work share.
-    pub budget: ConnectionBudget,
-    /// Flips to true when the connection ends (cancels long-polls).
-    pub closed: watch::Receiver<bool>,
-}
-
-impl Connection {
-    /// The session, if `initialize` succeeded.
-    pub fn session(&self) -> Option<Arc<Session>> {
-        self.session
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn set_session(&self, session: Arc<Session>) {
-        *self.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
-    }
-
-    /// Queue a message (waits when the queue is full).
-    pub async fn send(&self, message: Message) {
-        let _ = self.outbound.send(Outbound::Message(message)).await;
-    }
-
-    /// Queue the answer to a request with the memory reserved for it, which is given back once
-    /// the answer was written. An answer larger than its reservation grows it (waiting for this
-    /// connection's in-flight bytes, not for the server budget); one the server budget cannot
-    /// take is replaced by a retryable `limitExceeded` error.
-    pub async fn send_answer(&self, message: Message, mut charge: MemoryCharge) {
-        let id = match &message {
-            Message::Response(response) => Some(response.id.clone()),
-            Message::Error(error) => Some(error.id.clone()),
-            _ => None,
-        };
-        // A large answer (file contents) is serialized off the async workers.
-        let serialized = if is_large(&message) {
-            self.budget
-                .cpu(move || {
-                    let text = serde_json::to_string(&message);
-                    (text, message)
-                })
-                .await
-                .map_err(|error| error.to_string())
-                .and_then(|(text, message)| {
-                    crate::cpu_pool::free_off_runtime(message);
-                    text.map_err(|error| error.to_string())
-                })
-        } else {
-            serde_json::to_string(&message).map_err(|error| error.to_string())
-        };
-        let text = match serialized {
-            Ok(text) => text,
-            Err(error) => {
-                tracing::error!(%error, "cannot serialize an outgoing message");
-                return;
-            }
-        };
-        let text = match charge.back(&self.budget, text.len()) {
-            Ok(()) => text,
-            Err(error) => {
-                let refusal = RpcError::from(error);
-                let reply = reply_message(id.unwrap_or(RequestId::UNKNOWN), Err(refusal));
-                drop(text);
-                match serde_json::to_string(&reply) {
-                    Ok(text) => text,
-                    Err(_) => return,
-                }
-            }
-        };
-        charge.shrink_to(text.len());
-        let _ = self.outbound.send_reserved(text, charge).await;
-    }
-}
 
 /// One incoming JSON-RPC message (or transport condition) for [`serve_transport`].
 #[derive(Debug)]
@@ -152,10 +65,6 @@ pub enum OutboundFrame {
     /// Close with this code and reason (a websocket close frame; a relay reset).
     Close(CloseCode, String),
 }
-
-/// Messages (in or out) larger than this are parsed or serialized on the blocking pool: a few
-/// hundred microseconds of work at most stays on an async worker.
-const LARGE_MESSAGE_BYTES: usize = 256 * 1024;
 
 /// Serve one upgraded websocket until it closes.
 pub async fn serve<S>(websocket: WebSocketStream<S>, server: Arc<ServerState>)
@@ -347,39 +256,6 @@ pub async fn serve_admitted<I, O>(
     }
 }
 
-/// Whether `message` serializes to more than [`LARGE_MESSAGE_BYTES`] (roughly: the strings it
-/// holds; the walk stops as soon as the answer is known).
-fn is_large(message: &Message) -> bool {
-    fn size(value: &serde_json::Value, budget: &mut usize) {
-        if *budget == 0 {
-            return;
-        }
-        let own = match value {
-            serde_json::Value::String(text) => text.len(),
-            serde_json::Value::Array(items) => {
-                items.iter().for_each(|item| size(item, budget));
-                items.len()
-            }
-            serde_json::Value::Object(map) => {
-                map.iter().for_each(|(key, item)| {
-                    *budget = budget.saturating_sub(key.len());
-                    size(item, budget);
-                });
-                map.len()
-            }
-            _ => 8,
-        };
-        *budget = budget.saturating_sub(own);
-    }
-    let mut left = LARGE_MESSAGE_BYTES;
-    match message {
-        Message::Response(response) => size(&response.result, &mut left),
-        Message::Error(error) => left = left.saturating_sub(error.error.message.len()),
-        _ => {}
-    }
-    left == 0
-}
-
 /// Whether the reader goes on after a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flow {
@@ -536,13 +412,6 @@ pub(super) fn answer_reservation(request: &Request) -> usize {
     }
 }
 
-/// What an answer carrying `data` bytes as base64 costs while it is built: the base64 text
-/// once in the answer's value and once serialized, plus the rest of the answer.
-pub fn content_answer_bytes(data: u64) -> usize {
-    let base64 = usize::try_from(data.div_ceil(3) * 4).unwrap_or(usize::MAX / 4);
-    2 * base64 + SMALL_RESPONSE_BYTES
-}
-
 fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::Value, RpcError> {
     if connection.session().is_some() {
         return Err(RpcError::invalid_request(
@@ -551,7 +420,7 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
         ));
     }
     let params: proto::methods::initialize::InitializeParams =
-        super::dispatch::parse_params(proto::methods::INITIALIZE, request.params.clone())?;
+        proto::methods::parse_params(proto::methods::INITIALIZE, request.params.clone())?;
     if params.client_name.len() > MAX_CLIENT_NAME_BYTES {
         return Err(RpcError::limit_exceeded(
             format!(
@@ -590,22 +459,7 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
     );
     *connection.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(slot);
     connection.set_session(session.clone());
-    super::dispatch::to_value(proto::methods::initialize::InitializeResult {
+    proto::methods::to_value(proto::methods::initialize::InitializeResult {
         session_id: session.id.clone(),
     })
-}
-
-/// The answer to request `id`. This is where every error message is cut to
-/// [`MAX_ERROR_MESSAGE_BYTES`], so an error quoting a huge input never echoes it back whole.
-pub(super) fn reply_message(id: RequestId, reply: Result<serde_json::Value, RpcError>) -> Message {
-    match reply {
-        Ok(result) => Message::Response(Response { id, result }),
-        Err(mut error) => {
-            if error.message.len() > MAX_ERROR_MESSAGE_BYTES {
-                error.message =
-                    crate::untrusted::cut(&error.message, MAX_ERROR_MESSAGE_BYTES).into_owned();
-            }
-            Message::Error(ErrorResponse { id, error })
-        }
-    }
 }

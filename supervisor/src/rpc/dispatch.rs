@@ -1,5 +1,8 @@
 //! Method routing: parse params into the method's typed struct, call its handler, serialize the
-//! result. Errors become JSON-RPC errors through `errors` (the only mapping).
+//! result. Errors become JSON-RPC errors through `errors` (the only mapping). Handlers get only
+//! what they use, not the connection: the session, the connection's budget, and a narrow context
+//! built here (`process::handlers::LaunchContext` for `process/start`, `fs::FsContext` for
+//! `fs/*`).
 //!
 //! [`respond`] sends the answer; what must follow the answer (the body notifications of a
 //! streamed `http/request`) is started only once the answer is queued, so it arrives first.
@@ -9,13 +12,13 @@ use std::sync::Arc;
 use proto::error::{ErrorKind, RpcError};
 use proto::jsonrpc::Request;
 use proto::methods::*;
-use serde::Serialize;
 use serde_json::Value;
 
-use super::connection::{Connection, reply_message};
+use super::shared::{Connection, reply_message};
 use crate::budget::MemoryCharge;
 use crate::process::handlers;
 use crate::session::Session;
+use crate::state::ServerState;
 use crate::{environment, fs, http};
 
 /// Handle one request and queue its answer (then start a streamed body, if any). The request's
@@ -83,7 +86,7 @@ pub async fn dispatch(
         PROCESS_START => to_value(
             handlers::start(
                 session,
-                &connection.server,
+                &launch_context(&connection.server),
                 &connection.budget,
                 parse_params(method, params)?,
             )
@@ -115,19 +118,28 @@ pub async fn dispatch(
             to_value(environment::info(&connection.server.environment).await)
         }
         method if method.starts_with("fs/") => {
-            fs::handle(connection, session, method, params, answer).await
+            let context = fs::FsContext {
+                handles: &connection.handles,
+                budget: &connection.budget,
+                sandboxing: &connection.server.sandboxing,
+                helpers: &connection.server.helpers,
+                session_id: &session.id,
+            };
+            fs::handle(&context, method, params, answer).await
         }
         _ => Err(RpcError::method_not_found(method)),
     }
 }
 
-pub use proto::methods::parse_params;
-
-/// Serialize a result.
-///
-/// # Errors
-/// -32603 if serialization fails (a bug).
-pub fn to_value<T: Serialize>(result: T) -> Result<Value, RpcError> {
-    serde_json::to_value(result)
-        .map_err(|error| RpcError::internal(format!("cannot serialize the result: {error}")))
+/// What `process/start` may use of the server-wide state.
+fn launch_context(server: &ServerState) -> handlers::LaunchContext<'_> {
+    handlers::LaunchContext {
+        budgets: &server.budgets,
+        containment: &server.containment,
+        sandboxing: &server.sandboxing,
+        guardian: &server.guardian,
+        reaper: &server.reaper,
+    }
 }
+
+pub use proto::methods::{parse_params, to_value};

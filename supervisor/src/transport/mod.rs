@@ -19,7 +19,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 use crate::limits::MAX_FRAME_BYTES;
 use crate::listen::ListenAddress;
-use crate::server::ServerState;
+use crate::state::ServerState;
 use admission::{PendingTicket, Source};
 
 /// A bound listener.

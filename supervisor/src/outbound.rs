@@ -1,4 +1,7 @@
-//! A connection's outbound queue, bounded by bytes as well as by count.
+//! A connection's outbound queue, bounded by bytes as well as by count. A leaf below the
+//! connection loop (`rpc::connection`, whose writer task drains it), the session (which holds the
+//! attached connection's sender) and the producers of notifications (process pumps, response
+//! body streams).
 //!
 //! Messages are serialized by the task that sends them (not by the writer), so their size is
 //! known when they are queued: a sender waits until the queued text fits in
