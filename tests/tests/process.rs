@@ -238,6 +238,16 @@ async fn child_inherits_no_descriptors_beyond_stdio() {
             .await
             .unwrap();
         let pid = first_line_pid(&mut client, id).await;
+        // The shell printed its pid before it exec'd sleep: read the descriptors of sleep, not
+        // of the shell on its way there.
+        let until = Instant::now() + tests::DEADLINE;
+        while !std::fs::read(format!("/proc/{pid}/cmdline"))
+            .unwrap_or_default()
+            .starts_with(b"/bin/sleep\0")
+        {
+            assert!(Instant::now() < until, "the {id} child never exec'd sleep");
+            tokio::time::sleep(Duration::from_millis(5)).await; // polling interval
+        }
         let fds: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
