@@ -20,19 +20,21 @@
 //! command.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigmaskHow, Signal, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 
-use super::init::{self, InitChannels, STATUS_EXITED, STATUS_SIGNALED};
+use super::init::{self, InitChannels};
 use super::{EnforceOptions, EnvMode, NamespaceMode, SandboxError, namespaces, pty};
 use crate::policy::ResolvedPolicy;
+
+mod outer;
+use outer::{Outer, wall_deadline};
 
 pub use crate::run::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED};
 
@@ -464,201 +466,6 @@ fn start_proxy(
                 what: "the egress proxy",
                 source: std::io::Error::other(err.to_string()),
             })
-        }
-    }
-}
-
-/// The outer's state while the sandbox runs.
-struct Outer {
-    signals: SignalFd,
-    /// PID 1's status channel (absent without namespaces: the root is the command itself).
-    status: Option<OwnedFd>,
-    relay: Option<pty::Relay>,
-    root: Pid,
-    reported: Option<Ended>,
-    root_status: Option<Ended>,
-    /// When the wall-clock limit kills the sandbox (taken once it fired).
-    deadline: Option<std::time::Instant>,
-    /// The egress proxy (network allowlist only), stopped when the sandbox has ended.
-    proxy: Option<crate::egress::launch::ProxyProcess>,
-    /// Where egress decisions are logged.
-    egress_log: Option<std::sync::Arc<std::fs::File>>,
-}
-
-/// When `limits.wall_seconds` runs out, counted from now.
-fn wall_deadline(limits: &crate::limits::CommandLimits) -> Option<std::time::Instant> {
-    limits
-        .wall_seconds
-        .map(|seconds| std::time::Instant::now() + std::time::Duration::from_secs(seconds))
-}
-
-impl Outer {
-    /// Forwards signals, relays the terminal and feeds the observer until the command has
-    /// ended and its output is drained.
-    fn wait(&mut self, mut observer: Option<&mut dyn Observer>) -> Ended {
-        loop {
-            if self.root_status.is_some() && self.relay.as_ref().is_none_or(|r| !r.open()) {
-                break;
-            }
-            self.poll_once(observer.as_deref());
-            if let Some(observer) = observer.as_deref_mut() {
-                observer.readable();
-            }
-            if let Some(proxy) = self.proxy.as_mut() {
-                let events = proxy.read_events();
-                self.egress_events(events, &mut observer);
-            }
-            self.handle_signals();
-            self.enforce_wall_clock();
-            self.read_status();
-            if let Some(relay) = self.relay.as_mut() {
-                relay.pump();
-            }
-            self.reap_root();
-        }
-        self.read_status();
-        if let Some(proxy) = self.proxy.take() {
-            let events = proxy.stop();
-            self.egress_events(events, &mut observer);
-        }
-        if let Some(relay) = self.relay.as_mut() {
-            relay.restore_terminal();
-        }
-        self.reported
-            .or(self.root_status)
-            .unwrap_or(Ended::Exited(i32::from(EXIT_SETUP_FAILED)))
-    }
-
-    /// Logs the proxy's decisions and reports its refusals: to the observer (the denial
-    /// audit) when there is one, else on stderr.
-    fn egress_events(
-        &mut self,
-        events: Vec<crate::egress::EgressEvent>,
-        observer: &mut Option<&mut dyn Observer>,
-    ) {
-        use std::io::Write;
-        for event in events {
-            if let Some(log) = self.egress_log.as_deref() {
-                let mut line = serde_json::to_string(&event).unwrap_or_default();
-                line.push('\n');
-                let mut log = log;
-                let _ = log.write_all(line.as_bytes());
-            }
-            if event.allowed {
-                continue;
-            }
-            match observer {
-                Some(observer) => observer.denial(event.to_denial()),
-                None => eprintln!("sandbox-run: {}", event.describe()),
-            }
-        }
-    }
-
-    fn poll_once(&self, observer: Option<&dyn Observer>) {
-        let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
-        if let Some(status) = &self.status {
-            fds.push(PollFd::new(status.as_fd(), PollFlags::POLLIN));
-        }
-        if let Some(relay) = &self.relay {
-            for (fd, read, write) in relay.interests() {
-                let mut flags = PollFlags::empty();
-                if read {
-                    flags |= PollFlags::POLLIN;
-                }
-                if write {
-                    flags |= PollFlags::POLLOUT;
-                }
-                fds.push(PollFd::new(fd, flags));
-            }
-        }
-        if let Some(fd) = observer.and_then(Observer::poll_fd) {
-            fds.push(PollFd::new(fd, PollFlags::POLLIN));
-        }
-        if let Some(fd) = self.proxy.as_ref().and_then(|p| p.events_fd()) {
-            fds.push(PollFd::new(fd, PollFlags::POLLIN));
-        }
-        // The root's exit is announced by SIGCHLD on the signalfd; a timeout only guards
-        // against a lost wakeup (and wakes us for the wall-clock limit).
-        let wait_ms = self.deadline.map_or(1000, |deadline| {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            u16::try_from(left.as_millis().min(1000)).unwrap_or(1000)
-        });
-        let _ = poll(&mut fds, PollTimeout::from(wait_ms));
-    }
-
-    /// Past the wall-clock limit: kill the sandbox's root (with namespaces, PID 1, whose end
-    /// takes the whole PID namespace along). The terminal relay keeps draining what the
-    /// command wrote before.
-    fn enforce_wall_clock(&mut self) {
-        if self.root_status.is_some()
-            || self
-                .deadline
-                .is_none_or(|deadline| std::time::Instant::now() < deadline)
-        {
-            return;
-        }
-        self.deadline = None;
-        let _ = nix::sys::signal::kill(self.root, Signal::SIGKILL);
-    }
-
-    fn handle_signals(&mut self) {
-        while let Ok(Some(info)) = self.signals.read_signal() {
-            let signo = i32::try_from(info.ssi_signo).unwrap_or(0);
-            match Signal::try_from(signo) {
-                Ok(Signal::SIGCHLD) => {}
-                Ok(Signal::SIGWINCH) => {
-                    if let Some(relay) = &self.relay {
-                        pty::copy_window_size(relay.size_source(), relay.master());
-                    }
-                }
-                Ok(signal) => {
-                    let _ = nix::sys::signal::kill(self.root, signal);
-                }
-                Err(_) => {}
-            }
-        }
-    }
-
-    /// Reads PID 1's status message when it is there (the channel is non-blocking).
-    fn read_status(&mut self) {
-        let Some(status) = &self.status else {
-            return;
-        };
-        let mut message = [0u8; 5];
-        let read = loop {
-            match nix::unistd::read(status, &mut message) {
-                Err(nix::errno::Errno::EINTR) => {}
-                other => break other,
-            }
-        };
-        match read {
-            Err(nix::errno::Errno::EAGAIN) => return,
-            // Written in one piece before PID 1 exits (shorter than PIPE_BUF).
-            Ok(5) => {
-                let value = i32::from_le_bytes([message[1], message[2], message[3], message[4]]);
-                self.reported = match message[0] {
-                    STATUS_EXITED => Some(Ended::Exited(value)),
-                    STATUS_SIGNALED => Some(Ended::Signaled(value)),
-                    _ => None,
-                };
-            }
-            // EOF without a message: PID 1 failed; its own exit status says how.
-            _ => {}
-        }
-        self.status = None;
-    }
-
-    fn reap_root(&mut self) {
-        if self.root_status.is_some() {
-            return;
-        }
-        match waitpid(self.root, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => self.root_status = Some(Ended::Exited(code)),
-            Ok(WaitStatus::Signaled(_, signal, _)) => {
-                self.root_status = Some(Ended::Signaled(signal as i32));
-            }
-            Ok(_) => {}
-            Err(_) => self.root_status = Some(Ended::Exited(i32::from(EXIT_SETUP_FAILED))),
         }
     }
 }

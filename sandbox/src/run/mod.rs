@@ -1,0 +1,335 @@
+//! `sandbox-run`: resolve a policy once, then run a command in a sandbox of its own.
+//!
+//! Exit status: the program's own (or `sandbox-run` dies of the signal that killed it); 125
+//! when the sandbox could not be set up (reason on stderr); 126/127 when the program could not
+//! be executed / was not found.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::policy::ResolvedPolicy;
+
+mod cli;
+mod resolve;
+pub use cli::{Cli, command};
+pub use resolve::resolve_cli_policy;
+
+/// Exit status for a setup failure.
+pub const EXIT_SETUP_FAILED: u8 = 125;
+/// Exit status when the program exists but cannot be executed.
+pub const EXIT_CANNOT_EXECUTE: u8 = 126;
+/// Exit status when the program is not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// Why `sandbox-run` stopped before the program ran.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Policy or sandbox setup failed (exit 125).
+    #[error("{0}")]
+    Setup(String),
+    /// `execve` failed (exit 126 or 127).
+    #[error("cannot execute {program}: {source}")]
+    Exec {
+        /// The program.
+        program: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl RunError {
+    /// The exit status for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RunError::Setup(_) => EXIT_SETUP_FAILED,
+            RunError::Exec { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                EXIT_NOT_FOUND
+            }
+            RunError::Exec { .. } => EXIT_CANNOT_EXECUTE,
+        }
+    }
+}
+
+/// A resolved run: the policy, what to run, where.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    /// The policy, resolved once.
+    pub policy: ResolvedPolicy,
+    /// Program and arguments.
+    pub argv: Vec<OsString>,
+    /// The command's environment.
+    pub env: Vec<(OsString, OsString)>,
+    /// The command's working directory.
+    pub cwd: PathBuf,
+    /// Best effort was asked.
+    pub best_effort: bool,
+    /// The command's rlimits and wall-clock time.
+    pub limits: crate::limits::CommandLimits,
+    /// The egress proxy's name mapping (`--egress-hosts`).
+    pub egress_hosts: Vec<(String, std::net::IpAddr)>,
+}
+
+/// Resolves what the command line (or exec-server's launch request) asks for.
+///
+/// # Errors
+/// [`RunError::Setup`] naming the problem.
+pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
+    if let Some(fd) = cli.launch_fd {
+        let request = crate::launch::LaunchRequest::read_from_fd(fd)
+            .map_err(|err| RunError::Setup(err.to_string()))?;
+        return Ok(Prepared {
+            policy: request.policy,
+            argv: request.argv.into_iter().map(OsString::from).collect(),
+            env: request
+                .env
+                .into_iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+                .collect(),
+            cwd: request.cwd,
+            best_effort: request.best_effort || cli.best_effort,
+            limits: request.limits,
+            egress_hosts: egress_hosts(cli)?,
+        });
+    }
+    let (policy, cwd) = resolve_cli_policy(cli)?;
+    Ok(Prepared {
+        policy,
+        argv: cli.command.clone(),
+        env: std::env::vars_os().collect(),
+        cwd,
+        best_effort: cli.best_effort,
+        limits: cli_limits(cli)?,
+        egress_hosts: egress_hosts(cli)?,
+    })
+}
+
+/// The limits `--memory`, `--pids`, `--cpu-time` and `--wall-time` ask for.
+///
+/// # Errors
+/// [`RunError::Setup`] for `--pids` as root without `--best-effort` (RLIMIT_NPROC does not bind
+/// uid 0, so the limit would silently not apply).
+fn cli_limits(cli: &Cli) -> Result<crate::limits::CommandLimits, RunError> {
+    #[cfg(target_os = "linux")]
+    if cli.pids.is_some() && !cli.best_effort && nix::unistd::geteuid().is_root() {
+        return Err(RunError::Setup(
+            "--pids cannot be enforced: it is RLIMIT_NPROC, which the kernel does not apply to \
+             uid 0; run sandbox-run as another user or under exec-server (whose pids cgroup \
+             bounds the tree), or pass --best-effort to run without it"
+                .to_owned(),
+        ));
+    }
+    Ok(crate::limits::CommandLimits {
+        cpu_seconds: cli.cpu_time,
+        file_size_bytes: None,
+        open_files: None,
+        address_space_bytes: cli.memory,
+        processes: cli.pids,
+        wall_seconds: cli.wall_time,
+    })
+}
+
+/// The egress proxy's name mapping read from `--egress-hosts`.
+fn egress_hosts(cli: &Cli) -> Result<Vec<(String, std::net::IpAddr)>, RunError> {
+    match &cli.egress_hosts {
+        Some(path) => crate::egress::hosts::load(path).map_err(|e| RunError::Setup(e.to_string())),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// `--explain` output (documented in `policies/README.md`).
+#[derive(Debug, Serialize)]
+pub struct Explain {
+    /// The resolved policy.
+    pub policy: ResolvedPolicy,
+    /// The command that would run.
+    pub command: Vec<String>,
+    /// Its working directory.
+    pub cwd: PathBuf,
+    /// Whether best effort was asked.
+    pub best_effort: bool,
+    /// The allowances applied (`--allow`), already part of `policy`.
+    pub allowances: Vec<String>,
+    /// The layers.
+    pub layers: serde_json::Value,
+    /// Rules no available layer can enforce (the run would fail without --best-effort).
+    pub unenforceable: Vec<String>,
+}
+
+/// Builds the `--explain` document.
+#[cfg(target_os = "linux")]
+pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
+    use crate::linux::{landlock, mounts, namespaces, seccomp};
+    let policy = &prepared.policy;
+    let abi = crate::sys::landlock_abi();
+    let namespaces_on = !cli.no_namespaces && !policy.is_unrestricted();
+    let userns = namespaces_on && namespaces::available();
+    let needing = namespaces::rules_needing_namespace(policy);
+    let unenforceable = if userns { Vec::new() } else { needing };
+    let seccomp_filters: Vec<String> = if policy.is_unrestricted() {
+        Vec::new()
+    } else {
+        let mut names = vec!["x32_guard".to_owned()];
+        let variant = seccomp::Variant {
+            network_allowed: policy.network_allowed(),
+            audit: false,
+        };
+        if let Ok(filters) = seccomp::filters_for(variant) {
+            names.extend(filters.into_iter().map(|(name, _)| name));
+        }
+        names
+    };
+    let layout = crate::linux::command_layout(policy, &prepared.cwd);
+    let layers = serde_json::json!({
+        "no_new_privs": !policy.is_unrestricted(),
+        "capabilities": if policy.is_unrestricted() { "kept" } else { "all dropped" },
+        "namespaces": {
+            "enabled": namespaces_on,
+            "available": userns,
+            "pid": userns,
+            "ipc": userns,
+            "mount": userns,
+            "network": userns && policy.needs_network_namespace(),
+            "egress_proxy": policy.egress().is_some() && userns,
+            "mounts": if userns { mounts::mount_plan(policy, &layout) } else { Vec::new() },
+        },
+        "landlock": {
+            "abi": abi,
+            "filesystem": policy.restricts_filesystem() && abi > 0,
+            "tcp_denied": (!policy.network_fully_on() || !policy.denied_tcp_ports.is_empty()) && abi >= 4,
+            "scoped": !policy.is_unrestricted() && abi >= 6,
+            "rules": if policy.restricts_filesystem() {
+                landlock::rules_for(policy, &if userns { landlock::private_ttys() } else { landlock::session_ttys() })
+            } else {
+                Vec::new()
+            },
+        },
+        "seccomp": { "filters": seccomp_filters },
+    });
+    Explain {
+        policy: policy.clone(),
+        command: prepared
+            .argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        cwd: prepared.cwd.clone(),
+        best_effort: prepared.best_effort,
+        allowances: cli.allowances.clone(),
+        layers,
+        unenforceable,
+    }
+}
+
+/// The options `sandbox-run`'s flags select; opens the `--egress-log` file (before the command
+/// starts, by descriptor, as the audit report: [`crate::audit::output`]).
+///
+/// # Errors
+/// [`RunError::Setup`] when the egress log cannot be created.
+#[cfg(target_os = "linux")]
+pub fn run_options(
+    cli: &Cli,
+    prepared: &Prepared,
+    audit_log: bool,
+    keep_fds: Vec<i32>,
+) -> Result<crate::linux::command::RunOptions, RunError> {
+    use crate::linux::NamespaceMode;
+    let egress_log = match &cli.egress_log {
+        None => None,
+        Some(path) => match crate::audit::output::ReportFile::open(path, &prepared.policy)? {
+            crate::audit::output::ReportFile::File(file) => Some(std::sync::Arc::new(file)),
+            crate::audit::output::ReportFile::Stdout => {
+                return Err(RunError::Setup(
+                    "--egress-log needs a file path ('-' is not supported)".to_owned(),
+                ));
+            }
+        },
+    };
+    Ok(crate::linux::command::RunOptions {
+        best_effort: prepared.best_effort,
+        namespaces: if cli.no_namespaces {
+            NamespaceMode::Off
+        } else {
+            NamespaceMode::Auto
+        },
+        audit_log,
+        report: cli.report,
+        keep_fds,
+        egress_hosts: prepared.egress_hosts.clone(),
+        egress_log,
+    })
+}
+
+/// The command to run.
+#[cfg(target_os = "linux")]
+pub fn command_of(prepared: &Prepared) -> crate::linux::command::Command {
+    crate::linux::command::Command {
+        argv: prepared.argv.clone(),
+        env: prepared.env.clone(),
+        cwd: prepared.cwd.clone(),
+        limits: prepared.limits.clone(),
+    }
+}
+
+/// Runs the command in its sandbox; returns how it ended (the caller exits with it).
+///
+/// # Errors
+/// [`RunError`]; the caller exits with [`RunError::exit_code`].
+#[cfg(target_os = "linux")]
+pub fn run(cli: &Cli) -> Result<crate::linux::command::Ended, RunError> {
+    let prepared = prepare(cli)?;
+    if cli.explain {
+        let text = serde_json::to_string_pretty(&explain(cli, &prepared))
+            .map_err(|err| RunError::Setup(err.to_string()))?;
+        println!("{text}");
+        return Ok(crate::linux::command::Ended::Exited(0));
+    }
+    if prepared.argv.is_empty() {
+        return Err(RunError::Setup("no program given".to_owned()));
+    }
+    let options = run_options(cli, &prepared, false, Vec::new())?;
+    crate::linux::command::run(&prepared.policy, &command_of(&prepared), &options, None)
+        .map_err(from_command_error)
+}
+
+/// Maps the runner's error to `sandbox-run`'s.
+#[cfg(target_os = "linux")]
+pub fn from_command_error(err: crate::linux::command::CommandError) -> RunError {
+    match err {
+        crate::linux::command::CommandError::Exec { program, source } => {
+            RunError::Exec { program, source }
+        }
+        other => RunError::Setup(other.to_string()),
+    }
+}
+
+/// Runs the command under Seatbelt. Returns only on failure.
+///
+/// # Errors
+/// [`RunError`]; the caller exits with [`RunError::exit_code`].
+#[cfg(target_os = "macos")]
+pub fn run(cli: &Cli) -> Result<std::convert::Infallible, RunError> {
+    let prepared = prepare(cli)?;
+    if prepared.policy.egress().is_some() && !cli.explain {
+        return Err(RunError::Setup(
+            "network allowlists need the egress proxy, which sandbox-run runs on Linux only; \
+             use the network on or off here"
+                .to_owned(),
+        ));
+    }
+    if cli.explain {
+        let profile = crate::macos::seatbelt_profile(&prepared.policy);
+        println!("{}", profile.map(|p| p.text).unwrap_or_default());
+        std::process::exit(0);
+    }
+    let source = crate::macos::exec_under_seatbelt(&prepared.policy, &prepared.argv);
+    Err(RunError::Exec {
+        program: prepared
+            .argv
+            .first()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        source,
+    })
+}
