@@ -15,7 +15,7 @@ use std::path::PathBuf;
 mod seccomp_policy;
 
 #[allow(dead_code)]
-#[path = "src/syscall_table.rs"]
+#[path = "src/syscall_table/mod.rs"]
 mod syscall_table;
 
 /// The programs written: constant name, policy file, filter name, network variant.
@@ -50,7 +50,7 @@ fn generate() -> Result<(), String> {
     let dir = manifest.join("../policies/seccomp");
     println!("cargo::rerun-if-changed={}", dir.display());
     println!("cargo::rerun-if-changed=src/linux/seccomp_policy.rs");
-    println!("cargo::rerun-if-changed=src/syscall_table.rs");
+    println!("cargo::rerun-if-changed=src/syscall_table");
     for (file, _) in seccomp_policy::POLICY_FILES {
         println!("cargo::rerun-if-changed={}", dir.join(file).display());
     }

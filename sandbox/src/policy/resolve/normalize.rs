@@ -1,0 +1,139 @@
+//! Normalising resolved rules: canonical paths, deduplication against ancestor rules, and the
+//! read rules that protect `.git` and the other protected names found in writable roots.
+
+use std::path::{Component, Path, PathBuf};
+
+use crate::policy::{Access, PathRule, effective_access, parent_access};
+
+/// Canonical path when it exists, else the lexically normalised absolute path.
+pub(crate) fn normalize_existing(path: &Path) -> PathBuf {
+    if path.starts_with("/proc") || path.starts_with("/dev") {
+        // /proc/self and /dev/fd links resolve to the resolving process, not the sandboxed one.
+        return lexical(path);
+    }
+    std::fs::canonicalize(path).unwrap_or_else(|_| lexical(path))
+}
+
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => out.push(part),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+/// Dedupes (highest precedence per path wins), sorts, and drops rules that repeat the access of
+/// their nearest ancestor rule (including `deny` at the top, which is the default).
+pub(crate) fn normalize_rules(mut rules: Vec<PathRule>) -> Vec<PathRule> {
+    rules.sort_by(|a, b| a.path.cmp(&b.path).then(b.access.cmp(&a.access)));
+    rules.dedup_by(|later, earlier| later.path == earlier.path);
+    let all = rules.clone();
+    rules.retain(|rule| parent_access(&all, &rule.path) != rule.access);
+    rules
+}
+
+/// Directory entries the search for nested protected names reads per writable root.
+/// Protected names (`.git`, ...) are found at any depth up to this budget and
+/// [`PROTECTED_SCAN_MAX_DEPTH`]; deeper or later ones (and ones created after the sandbox started)
+/// are not protected (README, known limits). About 10 ms of `readdir` per start at the limit.
+pub const PROTECTED_SCAN_MAX_ENTRIES: usize = 10_000;
+/// Directory levels below a writable root searched for nested protected names.
+pub const PROTECTED_SCAN_MAX_DEPTH: usize = 8;
+
+/// Normalises `raw` and adds read rules for protected names (`.git`, ...) found in every
+/// writable root in it (also roots nested in other writable roots, which normalisation drops),
+/// at any depth within [`PROTECTED_SCAN_MAX_ENTRIES`]/[`PROTECTED_SCAN_MAX_DEPTH`] (a vendored
+/// repository's `.git/hooks` runs code outside the sandbox as surely as the top-level one),
+/// including the directory a `.git` pointer file names and a symlink's target, where they are
+/// otherwise writable. `skip` lists writable roots that are the sandbox's own fresh directories
+/// (`/tmp`, `$TMPDIR`), whose host contents no command sees.
+pub(crate) fn protect_subpaths(
+    raw: Vec<PathRule>,
+    protected: &[String],
+    skip: &[PathBuf],
+) -> Vec<PathRule> {
+    let rules = normalize_rules(raw.clone());
+    let mut extra = Vec::new();
+    if !protected.is_empty() {
+        for root in raw.iter().filter(|r| r.access == Access::Write) {
+            if skip.contains(&root.path) {
+                continue;
+            }
+            for found in find_protected(&root.path, protected) {
+                let Ok(meta) = found.symlink_metadata() else {
+                    continue;
+                };
+                let mut targets = vec![found.clone()];
+                if meta.file_type().is_symlink() {
+                    targets.extend(std::fs::canonicalize(&found).ok());
+                }
+                if meta.is_file() {
+                    targets.extend(gitdir_target(&found));
+                }
+                extra.extend(targets.into_iter().map(|path| PathRule {
+                    path: lexical(&path),
+                    access: Access::Read,
+                }));
+            }
+        }
+    }
+    let narrowing: Vec<PathRule> = extra
+        .into_iter()
+        .filter(|rule| {
+            effective_access(&rules, &rule.path) == Access::Write
+                && !rules.iter().any(|r| r.path == rule.path)
+        })
+        .collect();
+    let mut all = rules;
+    all.extend(narrowing);
+    normalize_rules(all)
+}
+
+/// Paths under `root` (breadth first, not following symlinks, not descending into what it
+/// finds) whose name is one of `names`.
+fn find_protected(root: &Path, names: &[String]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut budget = PROTECTED_SCAN_MAX_ENTRIES;
+    let mut level = vec![root.to_path_buf()];
+    for _ in 0..=PROTECTED_SCAN_MAX_DEPTH {
+        let mut next = Vec::new();
+        for dir in level {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if budget == 0 {
+                    return found;
+                }
+                budget -= 1;
+                let name = entry.file_name();
+                let path = entry.path();
+                if names.iter().any(|n| std::ffi::OsStr::new(n) == name) {
+                    found.push(path);
+                } else if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    next.push(path);
+                }
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        level = next;
+    }
+    found
+}
+
+/// The directory a `gitdir: PATH` pointer file names (worktrees, submodules); a relative
+/// `PATH` is relative to the pointer's directory.
+fn gitdir_target(pointer: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(pointer).ok()?;
+    let target = text.lines().next()?.strip_prefix("gitdir:")?.trim();
+    let path = pointer.parent()?.join(target);
+    Some(std::fs::canonicalize(&path).unwrap_or_else(|_| lexical(&path)))
+}
