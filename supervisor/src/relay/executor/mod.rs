@@ -8,9 +8,9 @@
 //!   of the environment id to it survives restarts; a registry that refuses it (409: bound to
 //!   another key) is reported at error level on every retry.
 //! - A new `stream_id` must open with a handshake. Accounting is per harness socket (the
-//!   rendezvous tags every frame with its `source`): [`HANDSHAKES_PER_SOURCE_PER_SECOND`]
-//!   attempts, [`MAX_PENDING_HANDSHAKES_PER_SOURCE`] pending and [`MAX_STREAMS_PER_SOURCE`] open
-//!   per source; [`MAX_RELAY_STREAMS`] open and [`MAX_PENDING_HANDSHAKES`] pending in all, the
+//!   rendezvous tags every frame with its `source`): [`HANDSHAKES_PER_SOURCE_PER_SECOND`](super::HANDSHAKES_PER_SOURCE_PER_SECOND)
+//!   attempts, [`MAX_PENDING_HANDSHAKES_PER_SOURCE`](super::MAX_PENDING_HANDSHAKES_PER_SOURCE) pending and [`MAX_STREAMS_PER_SOURCE`] open
+//!   per source; [`MAX_RELAY_STREAMS`] open and [`MAX_PENDING_HANDSHAKES`](super::MAX_PENDING_HANDSHAKES) pending in all, the
 //!   oldest pending handshake of the busiest source giving way to a newcomer. A stream not
 //!   confirmed within [`UNCONFIRMED_STREAM_TIMEOUT`] is dropped. Failed handshakes are answered
 //!   with a reset and never close the shared socket.
@@ -18,7 +18,6 @@
 //!   liveness timeout, or the server's shutdown.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -34,168 +33,18 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use super::driver::{AppOut, StreamChannels, connect_socket, run_stream, send_batch};
 use super::registry::{self, RegisterRequest, RegistryClient, RegistryError};
 use super::{
-    APP_QUEUE_MESSAGES, EXECUTOR_TOKEN_ENV, HANDSHAKES_BUSY, HANDSHAKES_PER_SOURCE_BURST,
-    HANDSHAKES_PER_SOURCE_PER_SECOND, MAX_PENDING_HANDSHAKES, MAX_PENDING_HANDSHAKES_PER_SOURCE,
-    MAX_RELAY_STREAMS, MAX_STREAMS_PER_SOURCE, RECENTLY_CLOSED_STREAMS, RECONNECT_BACKOFF_INITIAL,
-    SOCKET_OUTBOX_FRAMES, STREAM_INBOX_FRAMES, UNCONFIRMED_SWEEP_INTERVAL, next_backoff,
+    APP_QUEUE_MESSAGES, HANDSHAKES_PER_SOURCE_BURST, MAX_RELAY_STREAMS, MAX_STREAMS_PER_SOURCE,
+    RECENTLY_CLOSED_STREAMS, RECONNECT_BACKOFF_INITIAL, SOCKET_OUTBOX_FRAMES, STREAM_INBOX_FRAMES,
+    UNCONFIRMED_SWEEP_INTERVAL, next_backoff,
 };
 use crate::rpc::connection::{Inbound, OutboundFrame, serve_transport};
 use crate::state::ServerState;
 
-/// Where and as what an environment registers.
-#[derive(Clone)]
-pub struct RemoteEnvironmentConfig {
-    /// `https://HOST:PORT` of the registry (`http://` to a loopback host only).
-    pub registry_url: String,
-    /// The environment id harnesses connect to.
-    pub environment_id: String,
-    /// Display name.
-    pub name: String,
-    /// The executor credential for the registry and the rendezvous.
-    pub bearer_token: String,
-    /// The persistent identity file (created 0600 if missing); `None`: a fresh key per run,
-    /// which a registry that bound the id to an earlier key refuses.
-    pub identity_file: Option<PathBuf>,
-    /// Extra trusted CA certificates (PEM) besides the system's.
-    pub ca_file: Option<PathBuf>,
-}
+mod admission;
+mod config;
 
-impl std::fmt::Debug for RemoteEnvironmentConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteEnvironmentConfig")
-            .field("registry_url", &self.registry_url)
-            .field("environment_id", &self.environment_id)
-            .field("name", &self.name)
-            .field("bearer_token", &"<redacted>")
-            .field("identity_file", &self.identity_file)
-            .field("ca_file", &self.ca_file)
-            .finish()
-    }
-}
-
-/// Why remote mode cannot start.
-#[derive(Debug, thiserror::Error)]
-pub enum RemoteError {
-    /// No executor credential.
-    #[error(
-        "remote mode needs the executor credential: pass --token-file FILE or set ${EXECUTOR_TOKEN_ENV}"
-    )]
-    MissingToken,
-    /// The token file is unreadable or empty.
-    #[error("--token-file {path}: {reason}")]
-    TokenFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// Bad environment id.
-    #[error("{0}")]
-    EnvironmentId(String),
-    /// The identity file is unusable.
-    #[error(transparent)]
-    Identity(#[from] super::identity::IdentityError),
-    /// The registry URL or TLS settings are unusable.
-    #[error(transparent)]
-    Registry(#[from] RegistryError),
-    /// The static key could not be generated.
-    #[error(transparent)]
-    Noise(#[from] proto::relay::noise::NoiseError),
-    /// The local server could not start.
-    #[error(transparent)]
-    Server(#[from] crate::server::ExecServerError),
-}
-
-impl RemoteEnvironmentConfig {
-    /// A config with an explicit token (for embedding and tests); the name defaults to the id,
-    /// no identity file (a fresh key), system roots.
-    pub fn with_bearer_token(
-        registry_url: impl Into<String>,
-        environment_id: impl Into<String>,
-        bearer_token: impl Into<String>,
-    ) -> Self {
-        let environment_id = environment_id.into();
-        Self {
-            registry_url: registry_url.into(),
-            name: environment_id.clone(),
-            environment_id,
-            bearer_token: bearer_token.into(),
-            identity_file: None,
-            ca_file: None,
-        }
-    }
-
-    /// A config whose token is `token_file`'s content (surrounding whitespace removed), or else
-    /// `$EXECWARD_EXECUTOR_TOKEN`'s.
-    ///
-    /// # Errors
-    /// [`RemoteError::TokenFile`] for an unreadable or empty file, [`RemoteError::MissingToken`]
-    /// when there is no token at all.
-    pub fn from_token_source(
-        registry_url: impl Into<String>,
-        environment_id: impl Into<String>,
-        name: Option<String>,
-        token_file: Option<&std::path::Path>,
-    ) -> Result<Self, RemoteError> {
-        let token = match token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| RemoteError::TokenFile {
-                    path: path.to_owned(),
-                    reason: e.to_string(),
-                })?;
-                let token = text.trim().to_owned();
-                if token.is_empty() {
-                    return Err(RemoteError::TokenFile {
-                        path: path.to_owned(),
-                        reason: "the file is empty".into(),
-                    });
-                }
-                token
-            }
-            None => {
-                let token = std::env::var(EXECUTOR_TOKEN_ENV).unwrap_or_default();
-                let token = token.trim().to_owned();
-                if token.is_empty() {
-                    return Err(RemoteError::MissingToken);
-                }
-                token
-            }
-        };
-        let mut config = Self::with_bearer_token(registry_url, environment_id, token);
-        if let Some(name) = name {
-            config.name = name;
-        }
-        Ok(config)
-    }
-
-    /// The keypair: the identity file's (created if missing), or a fresh one.
-    ///
-    /// # Errors
-    /// [`RemoteError::Identity`] or [`RemoteError::Noise`].
-    pub fn keypair(&self) -> Result<StaticKeypair, RemoteError> {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        match &self.identity_file {
-            Some(path) => {
-                let (keypair, created) = super::identity::load_or_create(path)?;
-                tracing::info!(
-                    path = %path.display(),
-                    created,
-                    public_key = %b64.encode(keypair.public()),
-                    "executor identity"
-                );
-                Ok(keypair)
-            }
-            None => {
-                let keypair = StaticKeypair::generate()?;
-                tracing::warn!(
-                    public_key = %b64.encode(keypair.public()),
-                    "no --identity-file: this executor's key changes on every start, so a restart cannot re-register the same environment id"
-                );
-                Ok(keypair)
-            }
-        }
-    }
-}
+use admission::SourceBudget;
+pub use config::{RemoteEnvironmentConfig, RemoteError};
 
 struct StreamHandle {
     inbox: mpsc::Sender<Frame>,
@@ -203,13 +52,6 @@ struct StreamHandle {
     /// The harness socket that opened it.
     source: u64,
     opened: Instant,
-}
-
-/// Handshake attempts of one harness socket (token bucket).
-struct SourceBudget {
-    tokens: f64,
-    refilled: Instant,
-    refused: u64,
 }
 
 /// Everything the socket loop needs across reconnects.
@@ -452,78 +294,6 @@ impl Executor {
                 ),
             );
         }
-    }
-
-    /// Take one handshake attempt from `source`'s budget; false when it is spent.
-    fn spend_handshake(&mut self, source: u64, now: Instant) -> bool {
-        let budget = self.budgets.entry(source).or_insert(SourceBudget {
-            tokens: HANDSHAKES_PER_SOURCE_BURST,
-            refilled: now,
-            refused: 0,
-        });
-        let elapsed = now.saturating_duration_since(budget.refilled);
-        budget.refilled = now;
-        budget.tokens = (budget.tokens + elapsed.as_secs_f64() * HANDSHAKES_PER_SOURCE_PER_SECOND)
-            .min(HANDSHAKES_PER_SOURCE_BURST);
-        if budget.tokens < 1.0 {
-            budget.refused += 1;
-            if budget.refused.is_power_of_two() {
-                tracing::warn!(
-                    source,
-                    refused = budget.refused,
-                    "a harness socket exceeds its handshake rate; dropping its handshakes"
-                );
-            }
-            return false;
-        }
-        budget.tokens -= 1.0;
-        true
-    }
-
-    fn pending(&self) -> impl Iterator<Item = (&String, &StreamHandle)> {
-        self.streams
-            .iter()
-            .filter(|(_, s)| !s.confirmed.load(Ordering::Relaxed))
-    }
-
-    /// Make room for one more pending handshake from `source`: refuse (a message) when the
-    /// source is at its own limit, or evict the oldest pending handshake of the source holding
-    /// the most when everything is full.
-    fn admit_pending(&mut self, source: u64) -> Result<(), String> {
-        let mut per_source: HashMap<u64, usize> = HashMap::new();
-        for (_, handle) in self.pending() {
-            *per_source.entry(handle.source).or_default() += 1;
-        }
-        let own = per_source.get(&source).copied().unwrap_or(0);
-        if own >= MAX_PENDING_HANDSHAKES_PER_SOURCE {
-            return Err(format!(
-                "too many handshakes pending on this connection: MAX_PENDING_HANDSHAKES_PER_SOURCE ({MAX_PENDING_HANDSHAKES_PER_SOURCE})"
-            ));
-        }
-        let total: usize = per_source.values().sum();
-        if total < MAX_PENDING_HANDSHAKES {
-            return Ok(());
-        }
-        let Some((&busiest, &count)) = per_source.iter().max_by_key(|(_, count)| **count) else {
-            return Ok(());
-        };
-        if count <= own + 1 {
-            return Err(format!(
-                "{HANDSHAKES_BUSY} ({MAX_PENDING_HANDSHAKES}) handshakes pending"
-            ));
-        }
-        let oldest = self
-            .pending()
-            .filter(|(_, handle)| handle.source == busiest)
-            .min_by_key(|(_, handle)| handle.opened)
-            .map(|(id, _)| id.clone());
-        if let Some(id) = oldest {
-            self.drop_stream(
-                &id,
-                "handshake evicted: this connection holds the most pending handshakes".into(),
-            );
-        }
-        Ok(())
     }
 
     /// Route one frame from the rendezvous.
