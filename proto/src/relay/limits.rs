@@ -79,6 +79,14 @@ pub const MAX_RTO: Duration = Duration::from_secs(1);
 pub const ACK_BITS_SPAN: u64 = 32;
 /// A segment is retransmitted at once when this many later seqs were acknowledged in ack_bits.
 pub const FAST_RETRANSMIT_SACKS: u64 = 3;
+/// Longest an ack for in-order data waits for a frame to ride on (a reply, the next request)
+/// before it goes out alone. A request and its reply then cost two frames instead of four
+/// (each side's ack travels on its next data frame). Well under [`MIN_RTO`], so a delayed ack
+/// never makes the peer retransmit.
+pub const ACK_DELAY: Duration = Duration::from_millis(5);
+/// In-order data segments received without an ack going out after which one goes out at once
+/// (as TCP acks every second full segment), so a bulk sender's window keeps moving.
+pub const ACK_EVERY_SEGMENTS: u32 = 2;
 /// Smallest reordering window of time-based loss detection: a segment sent this much (or a
 /// quarter of the smoothed round trip, if longer) before one the peer acknowledged is lost.
 /// Relay frames travel over one ordered websocket, so reordering is rare and short.

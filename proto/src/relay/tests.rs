@@ -369,6 +369,46 @@ fn ack_and_ack_bits_describe_what_arrived() {
 }
 
 #[test]
+fn in_order_data_waits_for_a_reply_to_carry_its_ack_and_anything_else_is_acked_at_once() {
+    let now = Instant::now();
+    let (mut a, mut b) = pair(now);
+    for i in 0..4u8 {
+        a.send_message(vec![i]).unwrap();
+    }
+    let frames: Vec<Frame> = std::iter::from_fn(|| a.poll_transmit(now)).collect();
+    // One in-order segment: no ack-only frame yet, and the timer says when it is due.
+    b.handle_frame(frames[0].clone(), now);
+    assert_eq!(b.poll_transmit(now), None);
+    assert_eq!(b.poll_timeout(), Some(now + ACK_DELAY));
+    // A reply sent before the deadline carries the ack; no ack-only frame follows it.
+    b.send_message(b"reply".to_vec()).unwrap();
+    let reply = b.poll_transmit(now).unwrap();
+    assert!(matches!(reply.body, Body::Data(_)), "{reply:?}");
+    assert_eq!(reply.ack, Some(0));
+    assert_eq!(b.poll_transmit(now + ACK_DELAY), None);
+    // With nothing to send, the ack goes out alone at the deadline, not before.
+    b.handle_frame(frames[1].clone(), now);
+    let later = now + ACK_DELAY / 2;
+    assert_eq!(b.poll_transmit(later), None);
+    let ack = b.poll_transmit(now + ACK_DELAY).unwrap();
+    assert_eq!((ack.body, ack.ack), (Body::Ack, Some(1)));
+    // Every ACK_EVERY_SEGMENTS-th in-order segment is acknowledged at once.
+    assert_eq!(ACK_EVERY_SEGMENTS, 2);
+    b.handle_frame(frames[2].clone(), now);
+    b.handle_frame(frames[3].clone(), now);
+    let ack = b.poll_transmit(now).unwrap();
+    assert_eq!((ack.body, ack.ack), (Body::Ack, Some(3)));
+    // A duplicate (or a gap) is acknowledged at once, so the sender's loss detection sees it.
+    b.handle_frame(frames[3].clone(), now);
+    let ack = b.poll_transmit(now).unwrap();
+    assert_eq!((ack.body, ack.ack), (Body::Ack, Some(3)));
+    let (_, mut c) = pair(now);
+    c.handle_frame(frames[1].clone(), now);
+    let ack = c.poll_transmit(now).unwrap();
+    assert_eq!((ack.body, ack.ack, ack.ack_bits), (Body::Ack, None, 0b10));
+}
+
+#[test]
 fn unacknowledged_segments_are_retransmitted_with_backoff() {
     let now = Instant::now();
     let (mut a, _) = pair(now);
@@ -904,7 +944,8 @@ fn a_replayed_ack_is_detected_and_ignored() {
     harness.send_message(b"second".to_vec()).unwrap();
     let data = harness.poll_transmit(now).unwrap();
     environment.handle_frame(data, now);
-    let newer = environment.poll_transmit(now).unwrap();
+    // In-order data alone is acknowledged once ACK_DELAY passes.
+    let newer = environment.poll_transmit(now + ACK_DELAY).unwrap();
     assert_eq!(newer.ack, Some(1));
     harness.handle_frame(newer, now);
     assert!(harness.is_idle());

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p tests --bin bench -- [--quick]
-//!     [--only spawn|output|sandbox|remote|egress] [--write docs/benchmarks.md] [--check]
+//!     [--only spawn|output|sandbox|remote|remote-latency|egress] [--write docs/benchmarks.md] [--check]
 //! ```
 //! Figures are medians with p10-p90 spreads; ratios compare ours to the baseline, and each row
 //! with a target says whether it holds (`--check`: exit 1 when one does not). The binaries
@@ -514,6 +514,8 @@ enum Group {
     Sandbox,
     /// Remote mode through a local rendezvous.
     Remote,
+    /// Only the round-trip rows of remote mode (for profiling the request path).
+    RemoteLatency,
     /// The egress proxy of an allowlisted sandbox network.
     Egress,
 }
@@ -548,6 +550,10 @@ async fn main() -> std::process::ExitCode {
     }
     if wanted(Group::Remote) {
         remote_mode(&mut rows, quick).await;
+    }
+    if only == Some(Group::RemoteLatency) {
+        let setup = remote_setup().await;
+        relay_request_latency(&mut rows, &setup, if quick { 200 } else { 1000 }).await;
     }
     if wanted(Group::Egress) {
         egress_proxy(

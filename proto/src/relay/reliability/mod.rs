@@ -8,8 +8,10 @@
 //! - A segment is sealed by the [`SegmentCipher`] once, when it gets its seq; retransmissions
 //!   resend the same bytes. The plaintext starts with the segment index and count, so a router
 //!   cannot re-label segments.
-//! - Every outbound frame carries the cumulative `ack` and `ack_bits`; an ack-only frame goes
-//!   out when something arrived and nothing else is sent.
+//! - Every outbound frame carries the cumulative `ack` and `ack_bits`. An ack-only frame goes
+//!   out at once for out-of-order, duplicate or refused data and for every
+//!   [`ACK_EVERY_SEGMENTS`]th in-order segment; otherwise in-order data waits up to
+//!   [`ACK_DELAY`] for a frame (a reply, the next request) to carry its ack.
 //! - Unacknowledged segments are retransmitted after the retransmission timeout (RFC 6298
 //!   estimate, doubled for each timeout of the oldest segment while nothing is heard from the
 //!   peer, up to [`MAX_RTO`]; back to the estimate once a frame arrives), or at once when
@@ -43,8 +45,9 @@ use super::limits::{ACK_RECORD_BYTES, MAX_MESSAGE_BYTES, MAX_SEND_QUEUE_BYTES};
 // Named only by the doc comments (the code that uses them is in the submodules).
 #[cfg(doc)]
 use super::limits::{
-    ACK_BITS_SPAN, ACK_NONCE_BASE, FAST_RETRANSMIT_SACKS, MAX_OUT_OF_ORDER_BYTES, MAX_RTO,
-    MAX_UNACKED_BYTES, MAX_UNACKED_SEGMENTS, MAX_UNDELIVERED_BYTES, RECEIVE_WINDOW_SEGMENTS,
+    ACK_BITS_SPAN, ACK_DELAY, ACK_EVERY_SEGMENTS, ACK_NONCE_BASE, FAST_RETRANSMIT_SACKS,
+    MAX_OUT_OF_ORDER_BYTES, MAX_RTO, MAX_UNACKED_BYTES, MAX_UNACKED_SEGMENTS,
+    MAX_UNDELIVERED_BYTES, RECEIVE_WINDOW_SEGMENTS,
 };
 
 use receive::{Reassembly, Received};
@@ -177,7 +180,13 @@ pub struct ReliableStream<C> {
     reassembly: Option<Reassembly>,
     delivered: VecDeque<Vec<u8>>,
     delivered_bytes: usize,
+    /// An ack-only frame goes out on the next poll (unless another frame carries the ack).
     ack_pending: bool,
+    /// In-order data arrived: an ack-only frame goes out at this time unless a frame carrying
+    /// the ack leaves first ([`ACK_DELAY`]).
+    ack_deadline: Option<Instant>,
+    /// In-order data segments received since the last frame went out ([`ACK_EVERY_SEGMENTS`]).
+    unacked_in_order: u32,
     // Control.
     control: VecDeque<Body>,
     closed: Option<String>,
@@ -221,6 +230,8 @@ impl<C: SegmentCipher> ReliableStream<C> {
             delivered: VecDeque::new(),
             delivered_bytes: 0,
             ack_pending: false,
+            ack_deadline: None,
+            unacked_in_order: 0,
             control: VecDeque::new(),
             closed: None,
             events: VecDeque::new(),

@@ -8,9 +8,10 @@ use super::send::InFlight;
 use super::{ReliableStream, SegmentCipher, ack_record};
 use crate::relay::frame::{Body, Data, Frame};
 use crate::relay::limits::{
-    ACK_BITS_SPAN, ACK_NONCE_BASE, FAST_RETRANSMIT_SACKS, MAX_AUTH_FAILURES, MAX_DATA_SEQ,
-    MAX_MESSAGE_BYTES, MAX_OUT_OF_ORDER_BYTES, MAX_SEGMENT_PLAINTEXT_BYTES, MAX_UNDELIVERED_BYTES,
-    RECEIVE_WINDOW_SEGMENTS, REORDERING_WINDOW_MIN, SEGMENT_HEADER_BYTES,
+    ACK_BITS_SPAN, ACK_DELAY, ACK_EVERY_SEGMENTS, ACK_NONCE_BASE, FAST_RETRANSMIT_SACKS,
+    MAX_AUTH_FAILURES, MAX_DATA_SEQ, MAX_MESSAGE_BYTES, MAX_OUT_OF_ORDER_BYTES,
+    MAX_SEGMENT_PLAINTEXT_BYTES, MAX_UNDELIVERED_BYTES, RECEIVE_WINDOW_SEGMENTS,
+    REORDERING_WINDOW_MIN, SEGMENT_HEADER_BYTES,
 };
 
 #[derive(Debug)]
@@ -60,7 +61,7 @@ impl<C: SegmentCipher> ReliableStream<C> {
         }
         match frame.body {
             Body::Data(data) => {
-                if let Err(reason) = self.receive_data(data) {
+                if let Err(reason) = self.receive_data(data, now) {
                     self.fail(reason, false);
                 }
             }
@@ -256,9 +257,21 @@ impl<C: SegmentCipher> ReliableStream<C> {
         segment.first_sent
     }
 
-    fn receive_data(&mut self, data: Data) -> Result<(), String> {
-        self.ack_pending = true;
+    /// Data arrived: in-order data may wait for its ack to ride on a later frame (up to
+    /// [`ACK_DELAY`], or until [`ACK_EVERY_SEGMENTS`] segments wait); anything else (a gap, a
+    /// duplicate) is acknowledged at once so the sender's loss detection sees it promptly.
+    fn schedule_ack(&mut self, in_order: bool, now: Instant) {
+        self.unacked_in_order += u32::from(in_order);
+        if !in_order || self.unacked_in_order >= ACK_EVERY_SEGMENTS {
+            self.ack_pending = true;
+        } else {
+            self.ack_deadline.get_or_insert(now + ACK_DELAY);
+        }
+    }
+
+    fn receive_data(&mut self, data: Data, now: Instant) -> Result<(), String> {
         let seq = data.seq;
+        self.schedule_ack(seq == self.expected, now);
         if seq < self.expected || self.out_of_order.contains_key(&seq) {
             self.stats.duplicates += 1;
             return Ok(());

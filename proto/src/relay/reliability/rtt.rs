@@ -54,6 +54,9 @@ impl<C: SegmentCipher> ReliableStream<C> {
         if let Some(retransmit) = self.next_retransmit {
             next = next.min(retransmit);
         }
+        if let Some(ack) = self.ack_deadline {
+            next = next.min(ack);
+        }
         Some(next)
     }
 

@@ -47,6 +47,8 @@ impl<C: SegmentCipher> ReliableStream<C> {
         let body = self.next_body(now)?;
         self.last_sent = now;
         self.ack_pending = false;
+        self.ack_deadline = None;
+        self.unacked_in_order = 0;
         let (ack, ack_bits) = self.ack_fields();
         let ack_auth = self.seal_ack(ack, ack_bits, &body);
         Some(Frame {
@@ -104,7 +106,7 @@ impl<C: SegmentCipher> ReliableStream<C> {
                 return self.next_body(now);
             }
         }
-        if self.ack_pending {
+        if self.ack_pending || self.ack_deadline.is_some_and(|at| now >= at) {
             return Some(Body::Ack);
         }
         if now >= self.last_sent + HEARTBEAT_INTERVAL {
