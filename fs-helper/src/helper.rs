@@ -81,22 +81,13 @@ pub fn run_one_shot(denies: &[PathBuf]) -> Result<(), SetupError> {
     let response = if input.len() > MAX_HELPER_REQUEST_BYTES {
         Err(too_large())
     } else {
-        match serde_json::from_slice::<HelperRequest>(&input) {
-            Err(error) => Err(RpcError::invalid_request(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "helper request must be {{\"operation\", \"params\", \"sandbox\"}}: {error}"
-                ),
-            )),
+        match HelperRequest::decode(&input) {
+            Err(error) => Err(error),
             Ok(request) => {
                 let policy =
                     resolve(request.sandbox.as_ref(), denies).map_err(SetupError::Policy)?;
                 restrict(&policy)?;
-                match execute(
-                    &request.operation,
-                    request.params,
-                    !policy.is_unrestricted(),
-                ) {
+                match execute(request.request, !policy.is_unrestricted()) {
                     Ok(Outcome::Value(value)) => Ok(value),
                     Ok(Outcome::Opened(..)) => Err(RpcError::invalid_request(
                         ErrorKind::Unsupported,
@@ -196,20 +187,9 @@ fn serve_one(
     requests: &Requests<'_>,
     sandboxed: bool,
 ) -> (Result<Value, RpcError>, Option<std::fs::File>) {
-    let request: HelperRequest = match serde_json::from_slice(body) {
+    let request = match HelperRequest::decode(body) {
         Ok(request) => request,
-        Err(error) => {
-            let message = format!(
-                "helper request must be {{\"operation\", \"params\", \"sandbox\"}}: {error}"
-            );
-            return (
-                Err(RpcError::invalid_request(
-                    ErrorKind::InvalidRequest,
-                    message,
-                )),
-                None,
-            );
-        }
+        Err(error) => return (Err(error), None),
     };
     let denies = match requests {
         Requests::MustMatch(denies) => *denies,
@@ -255,7 +235,7 @@ fn execute_one(
     request: HelperRequest,
     sandboxed: bool,
 ) -> (Result<Value, RpcError>, Option<std::fs::File>) {
-    match execute(&request.operation, request.params, sandboxed) {
+    match execute(request.request, sandboxed) {
         Ok(Outcome::Value(value)) => (Ok(value), None),
         Ok(Outcome::Opened(file, value)) => (Ok(value), Some(file)),
         Err(error) => (Err(error), None),

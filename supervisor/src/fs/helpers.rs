@@ -27,7 +27,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fs_helper::wire::HelperRequest;
 use proto::error::{ErrorKind, RpcError};
+use proto::methods::fs::FsRequest;
 use sandbox::ResolvedPolicy;
 use serde_json::Value;
 use std::os::unix::process::CommandExt;
@@ -149,7 +151,7 @@ impl HelperPool {
         expired
     }
 
-    /// Run one request (`{"operation", "params"}`) under `key`'s policy, on the blocking pool
+    /// Run one request under `key`'s policy, on the blocking pool
     /// within `budget`'s share (where it is also serialized).
     ///
     /// # Errors
@@ -159,7 +161,7 @@ impl HelperPool {
         self: &Arc<Self>,
         budget: &ConnectionBudget,
         key: PoolKey,
-        request: Value,
+        request: FsRequest,
     ) -> Result<HelperReply, RpcError> {
         let reused = if self.one_shot {
             None
@@ -176,6 +178,11 @@ impl HelperPool {
         let pool = self.clone();
         budget
             .blocking(move || {
+                // The server resolved the policy the helper serves: no sandbox of its own.
+                let request = HelperRequest {
+                    request,
+                    sandbox: None,
+                };
                 let request = serde_json::to_vec(&request)
                     .map_err(|e| RpcError::internal(format!("cannot encode the request: {e}")))?;
                 let mut helper = match start {
