@@ -19,13 +19,16 @@
 //! - **Errors name the operation and its inputs.** [`FsError::kind`] classifies them for the
 //!   wire (`notFound`, `sandboxDenied` from `PermissionDenied`, ...).
 
-#![forbid(unsafe_code)]
+// All unsafe code is in `sys`: owning a descriptor received with SCM_RIGHTS.
+#![deny(unsafe_code)]
 
 mod dirfd;
 mod error;
+pub mod frame;
 pub mod helper;
 mod open;
 mod ops;
+mod sys;
 mod temp;
 #[cfg(test)]
 mod test_support;
