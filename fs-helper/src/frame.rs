@@ -110,10 +110,12 @@ pub fn write_frame<S: Write + AsFd>(
         max: MAX_ENCODABLE_BYTES,
     })?;
     let header = len.to_be_bytes();
-    let io = |part| move |source| FrameError::Io {
-        verb: "write",
-        part,
-        source,
+    let io = |part| {
+        move |source| FrameError::Io {
+            verb: "write",
+            part,
+            source,
+        }
     };
     let sent = match fd {
         None => 0,
@@ -158,13 +160,12 @@ pub fn read_frame<S: Read + AsFd>(
     let mut filled = 0;
     let mut fd = None;
     while filled < HEADER_BYTES {
-        let (read, received) = receive(stream, &mut header[filled..]).map_err(|source| {
-            FrameError::Io {
+        let (read, received) =
+            receive(stream, &mut header[filled..]).map_err(|source| FrameError::Io {
                 verb: "read",
                 part: FramePart::Header,
                 source,
-            }
-        })?;
+            })?;
         let truncated = received.truncated;
         let count = received.fds.len() + usize::from(fd.is_some());
         for received in received.fds {
@@ -270,10 +271,9 @@ fn receive<S: Read + AsFd>(stream: &mut S, buf: &mut [u8]) -> io::Result<(usize,
         let bytes = message.bytes;
         for cmsg in message.cmsgs()? {
             if let ControlMessageOwned::ScmRights(fds) = cmsg {
-                received.fds.extend(
-                    fds.into_iter()
-                        .map(crate::sys::owned_fd_from_scm_rights),
-                );
+                received
+                    .fds
+                    .extend(fds.into_iter().map(crate::sys::owned_fd_from_scm_rights));
             }
         }
         return Ok((bytes, received));
@@ -313,7 +313,10 @@ mod tests {
         write_frame(&mut ours, b"", None).unwrap();
         drop(ours);
         let first = read_frame(&mut theirs, 16).unwrap().unwrap();
-        assert_eq!((first.body.as_slice(), first.fd.is_none()), (&b"first"[..], true));
+        assert_eq!(
+            (first.body.as_slice(), first.fd.is_none()),
+            (&b"first"[..], true)
+        );
         assert_eq!(read_frame(&mut theirs, 16).unwrap().unwrap().body, b"");
         assert!(read_frame(&mut theirs, 16).unwrap().is_none());
     }
@@ -333,7 +336,10 @@ mod tests {
         passed.read_to_string(&mut text).unwrap();
         assert_eq!(text, "passed");
         let next = read_frame(&mut theirs, 64).unwrap().unwrap();
-        assert_eq!((next.body.as_slice(), next.fd.is_none()), (&b"next"[..], true));
+        assert_eq!(
+            (next.body.as_slice(), next.fd.is_none()),
+            (&b"next"[..], true)
+        );
     }
 
     #[test]
@@ -387,7 +393,10 @@ mod tests {
         ours.write_all(&frame_bytes(10, b"abc")).unwrap();
         drop(ours);
         let error = skip_body(&mut theirs, 20).unwrap_err();
-        assert!(matches!(error, FrameError::Truncated { got: 7, .. }), "{error}");
+        assert!(
+            matches!(error, FrameError::Truncated { got: 7, .. }),
+            "{error}"
+        );
     }
 
     #[test]

@@ -21,8 +21,8 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use proto::error::{ErrorKind, RpcError};
-use sandbox::linux::{EnforceOptions, restrict_current_process};
 use sandbox::linux::SandboxError;
+use sandbox::linux::{EnforceOptions, restrict_current_process};
 use sandbox::{ResolvedPolicy, SandboxSpec};
 use serde_json::Value;
 
@@ -96,8 +96,8 @@ fn resolve(sandbox: Option<&Value>, denies: &[PathBuf]) -> Result<ResolvedPolicy
     let Some(sandbox) = sandbox.filter(|value| !value.is_null()) else {
         return Ok(ResolvedPolicy::unrestricted());
     };
-    let spec: SandboxSpec = serde_json::from_value(sandbox.clone())
-        .map_err(|source| PolicyError::Spec { source })?;
+    let spec: SandboxSpec =
+        serde_json::from_value(sandbox.clone()).map_err(|source| PolicyError::Spec { source })?;
     let mut policy = spec
         .resolve()
         .map_err(|source| PolicyError::Resolve { source })?;
@@ -168,8 +168,8 @@ fn too_large() -> RpcError {
 /// # Errors
 /// [`SetupError`] when the policy is invalid or cannot be applied, or stdio fails.
 pub fn run_serve(sandbox_json: &str, denies: &[PathBuf]) -> Result<(), SetupError> {
-    let sandbox: Value = serde_json::from_str(sandbox_json)
-        .map_err(|source| PolicyError::Json { source })?;
+    let sandbox: Value =
+        serde_json::from_str(sandbox_json).map_err(|source| PolicyError::Json { source })?;
     let policy = resolve(Some(&sandbox), denies)?;
     serve(&policy, Requests::MustMatch(denies))
 }

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use base64::Engine;
 use proto::FileUri;
 use proto::error::{self as codes, ErrorKind, RpcError};
-use proto::methods::fs::*;
 use proto::methods::Empty;
+use proto::methods::fs::*;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -298,10 +298,7 @@ mod tests {
             .unwrap()
             .to_uri_string();
         let write = request("fs/writeFile", json!({"path": path, "dataBase64": "aGk="}));
-        assert!(matches!(
-            execute(write, false).unwrap(),
-            Outcome::Value(_)
-        ));
+        assert!(matches!(execute(write, false).unwrap(), Outcome::Value(_)));
         let Outcome::Value(read) =
             execute(request("fs/readFile", json!({"path": path})), false).unwrap()
         else {
@@ -311,8 +308,7 @@ mod tests {
         let missing = FileUri::from_path(dir.path().join("nope"))
             .unwrap()
             .to_uri_string();
-        let error =
-            execute(request("fs/readFile", json!({"path": missing})), false).unwrap_err();
+        let error = execute(request("fs/readFile", json!({"path": missing})), false).unwrap_err();
         assert_eq!(error.code, codes::NOT_FOUND);
     }
 

@@ -96,9 +96,9 @@ impl FsRequest {
             FsRequest::ReadFile(p) => &p.sandbox,
             FsRequest::WriteFile(p) => &p.sandbox,
             FsRequest::CreateDirectory(p) => &p.sandbox,
-            FsRequest::GetMetadata(p) | FsRequest::Canonicalize(p) | FsRequest::ReadDirectory(p) => {
-                &p.sandbox
-            }
+            FsRequest::GetMetadata(p)
+            | FsRequest::Canonicalize(p)
+            | FsRequest::ReadDirectory(p) => &p.sandbox,
             FsRequest::Remove(p) => &p.sandbox,
             FsRequest::Copy(p) => &p.sandbox,
             FsRequest::Open(p) => &p.sandbox,
@@ -333,8 +333,8 @@ mod tests {
 
     #[test]
     fn parse_reports_bad_params_as_parse_params_does_and_skips_handle_methods() {
-        let error = FsRequest::parse("fs/readFile", Some(json!({"path": "/etc/hostname"})))
-            .unwrap_err();
+        let error =
+            FsRequest::parse("fs/readFile", Some(json!({"path": "/etc/hostname"}))).unwrap_err();
         let expected =
             parse_params::<ReadFileParams>("fs/readFile", Some(json!({"path": "/etc/hostname"})))
                 .unwrap_err();
@@ -342,7 +342,10 @@ mod tests {
         assert_eq!(error.code, INVALID_PARAMS);
         assert_eq!(error.kind(), Some(ErrorKind::InvalidPath));
         let missing = FsRequest::parse("fs/remove", None).unwrap_err();
-        assert!(missing.message.contains("missing field `path`"), "{missing:?}");
+        assert!(
+            missing.message.contains("missing field `path`"),
+            "{missing:?}"
+        );
         for method in ["fs/readBlock", "fs/close", "process/start"] {
             assert_eq!(FsRequest::parse(method, Some(json!({}))).unwrap(), None);
         }
