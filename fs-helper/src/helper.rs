@@ -15,9 +15,8 @@
 //! Exit status is non-zero (125) only when the helper cannot set itself up (bad policy, sandbox
 //! cannot be applied); the reason goes to stderr.
 
-use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 
 use proto::error::{ErrorKind, RpcError};
@@ -181,21 +180,41 @@ pub fn run_serve(sandbox_json: &str, denies: &[PathBuf]) -> Result<(), SetupErro
 /// [`SetupError`] when the policy frame is missing or malformed, cannot be applied, or stdio
 /// fails.
 pub fn run_serve_resolved() -> Result<(), SetupError> {
-    // Read through a duplicate of stdin, closed before the sandbox closes inherited descriptors.
-    let frame = {
-        let mut stdin = stdio_file(std::io::stdin().as_fd())?;
-        read_frame(&mut stdin, MAX_HELPER_REQUEST_BYTES).map_err(SetupError::ReadPolicyFrame)?
-    };
+    let stdin = std::io::stdin();
+    let mut stdin = Stdio(stdin.as_fd());
+    let frame =
+        read_frame(&mut stdin, MAX_HELPER_REQUEST_BYTES).map_err(SetupError::ReadPolicyFrame)?;
     let frame = frame.ok_or(SetupError::NoPolicyFrame)?;
     let policy: ResolvedPolicy = serde_json::from_slice(&frame.body)
         .map_err(|source| SetupError::DecodePolicyFrame { source })?;
     serve(&policy, Requests::WithoutSandbox)
 }
 
-/// An unbuffered `File` on a duplicate of a stdio descriptor (the frame codec reads and writes
-/// the descriptor directly; std's stdio buffers).
-fn stdio_file(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<File> {
-    fd.try_clone_to_owned().map(File::from)
+/// Unbuffered reads and writes straight on a stdio descriptor (the frame codec needs the
+/// descriptor itself for `SCM_RIGHTS`; std's stdio buffers). Borrowed, not duplicated: the
+/// helper holds only its socket (0, 1) and stderr (2).
+struct Stdio<'a>(BorrowedFd<'a>);
+
+impl Read for Stdio<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        nix::unistd::read(self.0, buf).map_err(std::io::Error::from)
+    }
+}
+
+impl Write for Stdio<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        nix::unistd::write(self.0, buf).map_err(std::io::Error::from)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsFd for Stdio<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0
+    }
 }
 
 /// How serve mode treats a request's own `sandbox` member.
@@ -209,8 +228,9 @@ enum Requests<'a> {
 fn serve(policy: &ResolvedPolicy, requests: Requests<'_>) -> Result<(), SetupError> {
     restrict(policy)?;
     let sandboxed = !policy.is_unrestricted();
-    let mut input = stdio_file(std::io::stdin().as_fd())?;
-    let mut output = stdio_file(std::io::stdout().as_fd())?;
+    let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
+    let mut input = Stdio(stdin.as_fd());
+    let mut output = Stdio(stdout.as_fd());
     loop {
         let (response, file) = match read_frame(&mut input, MAX_HELPER_REQUEST_BYTES) {
             Ok(None) => return Ok(()),
