@@ -190,6 +190,38 @@ pub fn execute(request: FsRequest, sandboxed: bool) -> Result<Outcome, RpcError>
             .map_err(fs)?;
             to_value(Empty {})
         }
+        FsRequest::Walk(p) => {
+            let max_depth = bounded(
+                "maxDepth",
+                p.max_depth,
+                crate::MAX_TREE_DEPTH,
+                (crate::MAX_TREE_DEPTH, "MAX_TREE_DEPTH"),
+            )?;
+            let max_entries = bounded(
+                "maxEntries",
+                p.max_entries,
+                crate::WALK_DEFAULT_ENTRIES,
+                (crate::WALK_MAX_ENTRIES, "WALK_MAX_ENTRIES"),
+            )?;
+            let walk = crate::walk(p.path.as_path(), max_depth, max_entries).map_err(fs)?;
+            let entries = walk
+                .entries
+                .into_iter()
+                .map(|entry| {
+                    Ok(WalkEntry {
+                        path: uri(entry.path)?,
+                        depth: entry.depth,
+                        is_directory: entry.is_directory,
+                        is_file: entry.is_file,
+                        is_symlink: entry.is_symlink,
+                    })
+                })
+                .collect::<Result<Vec<_>, RpcError>>()?;
+            to_value(WalkResult {
+                entries,
+                truncated: walk.truncated,
+            })
+        }
         FsRequest::Open(p) => {
             let file = crate::open_for_streaming(p.path.as_path()).map_err(fs)?;
             return Ok(Outcome::Opened(
@@ -201,6 +233,22 @@ pub fn execute(request: FsRequest, sandboxed: bool) -> Result<Outcome, RpcError>
         }
     }?;
     Ok(Outcome::Value(value))
+}
+
+/// `value` (`default` when absent) if it is from 1 to the named `limit`.
+fn bounded(
+    name: &str,
+    value: Option<usize>,
+    default: usize,
+    (limit, limit_name): (usize, &str),
+) -> Result<usize, RpcError> {
+    match value {
+        None => Ok(default),
+        Some(value) if (1..=limit).contains(&value) => Ok(value),
+        Some(value) => Err(RpcError::invalid_params(format!(
+            "{name} must be from 1 to {limit} ({limit_name}), got {value}"
+        ))),
+    }
 }
 
 fn to_value<T: Serialize>(result: T) -> Result<Value, RpcError> {

@@ -47,6 +47,9 @@ pub enum FsRequest {
     /// `fs/open`.
     #[serde(rename = "fs/open")]
     Open(OpenParams),
+    /// `fs/walk`.
+    #[serde(rename = "fs/walk")]
+    Walk(WalkParams),
 }
 
 impl FsRequest {
@@ -69,6 +72,7 @@ impl FsRequest {
             methods::FS_REMOVE => FsRequest::Remove(parse_params(method, params)?),
             methods::FS_COPY => FsRequest::Copy(parse_params(method, params)?),
             methods::FS_OPEN => FsRequest::Open(parse_params(method, params)?),
+            methods::FS_WALK => FsRequest::Walk(parse_params(method, params)?),
             _ => return Ok(None),
         };
         Ok(Some(request))
@@ -86,6 +90,7 @@ impl FsRequest {
             FsRequest::Remove(_) => methods::FS_REMOVE,
             FsRequest::Copy(_) => methods::FS_COPY,
             FsRequest::Open(_) => methods::FS_OPEN,
+            FsRequest::Walk(_) => methods::FS_WALK,
         }
     }
 
@@ -102,6 +107,7 @@ impl FsRequest {
             FsRequest::Remove(p) => &p.sandbox,
             FsRequest::Copy(p) => &p.sandbox,
             FsRequest::Open(p) => &p.sandbox,
+            FsRequest::Walk(p) => &p.sandbox,
         };
         sandbox.as_ref().filter(|value| !value.is_null())
     }
@@ -220,6 +226,49 @@ pub struct DirectoryEntry {
 pub struct ReadDirectoryResult {
     /// Entries sorted by name bytes.
     pub entries: Vec<DirectoryEntry>,
+}
+
+/// Params of `fs/walk`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalkParams {
+    /// The directory whose tree is listed (followed if it is a symlink).
+    pub path: FileUri,
+    /// Levels below `path` to list: 1 to `MAX_TREE_DEPTH` (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_depth: Option<usize>,
+    /// Entries to return at most: 1 to `WALK_MAX_ENTRIES` (default 10,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<usize>,
+    /// Optional sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Value>,
+}
+
+/// One entry of `fs/walk`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalkEntry {
+    /// The entry's full path; exact even when a name is not UTF-8.
+    pub path: FileUri,
+    /// Its level below the walked directory (1 for that directory's own entries).
+    pub depth: usize,
+    /// Is a directory (never true for a symlink: links are not followed).
+    pub is_directory: bool,
+    /// Is a regular file.
+    pub is_file: bool,
+    /// Is a symlink (listed, not followed).
+    pub is_symlink: bool,
+}
+
+/// Result of `fs/walk`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalkResult {
+    /// Depth-first, sorted by name bytes within each directory.
+    pub entries: Vec<WalkEntry>,
+    /// The tree has more entries than `maxEntries`.
+    pub truncated: bool,
 }
 
 /// Params of `fs/remove`.
