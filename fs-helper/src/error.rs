@@ -30,11 +30,13 @@ pub enum FsOperation {
     Open,
     /// `fs/readBlock`: read a block from an opened file.
     ReadBlock,
+    /// `fs/walk`: list a directory tree.
+    Walk,
 }
 
 impl FsOperation {
     /// Every operation, in wire-documentation order.
-    pub const ALL: [FsOperation; 10] = [
+    pub const ALL: [FsOperation; 11] = [
         FsOperation::ReadFile,
         FsOperation::WriteFile,
         FsOperation::CreateDirectory,
@@ -45,6 +47,7 @@ impl FsOperation {
         FsOperation::Copy,
         FsOperation::Open,
         FsOperation::ReadBlock,
+        FsOperation::Walk,
     ];
 
     /// The JSON-RPC method name, for example `"fs/readFile"`.
@@ -60,6 +63,7 @@ impl FsOperation {
             FsOperation::Copy => "fs/copy",
             FsOperation::Open => "fs/open",
             FsOperation::ReadBlock => "fs/readBlock",
+            FsOperation::Walk => "fs/walk",
         }
     }
 
@@ -76,6 +80,7 @@ impl FsOperation {
             FsOperation::Copy => "copy",
             FsOperation::Open => "open",
             FsOperation::ReadBlock => "read block from",
+            FsOperation::Walk => "walk",
         }
     }
 

@@ -5,50 +5,101 @@
 //!   [`HelperResponse`] on stdout, exit 0. `fs/open` is refused here: a descriptor cannot travel
 //!   through a pipe.
 //! - **Serve** (`--serve --sandbox JSON`): apply that one policy once, then answer framed
-//!   requests on stdin and write framed responses on stdout until EOF. A frame is a 4-byte
-//!   big-endian length and that many bytes of JSON. When stdout is a unix socket, `fs/open`
-//!   passes the opened descriptor with `SCM_RIGHTS`, attached to the response's length prefix.
+//!   requests on stdin and write framed responses on stdout until EOF ([`crate::frame`]: a
+//!   4-byte big-endian length and that many bytes of JSON). When stdout is a unix socket,
+//!   `fs/open` passes the opened descriptor with `SCM_RIGHTS`, attached to the response's
+//!   length prefix.
 //!   A request whose sandbox resolves to a different policy is refused. A frame longer than
 //!   [`MAX_HELPER_REQUEST_BYTES`] is skipped (never buffered) and answered with `limitExceeded`.
 //!
 //! Exit status is non-zero (125) only when the helper cannot set itself up (bad policy, sandbox
 //! cannot be applied); the reason goes to stderr.
 
-use std::io::{IoSlice, Read, Write};
-use std::os::fd::{AsFd, AsRawFd};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 
 use proto::error::{ErrorKind, RpcError};
+use sandbox::linux::SandboxError;
 use sandbox::linux::{EnforceOptions, restrict_current_process};
 use sandbox::{ResolvedPolicy, SandboxSpec};
 use serde_json::Value;
 
+use crate::frame::{FrameError, read_frame, skip_body, write_frame};
 use crate::wire::{HelperRequest, HelperResponse, MAX_HELPER_REQUEST_BYTES, Outcome, execute};
 
 /// Exit status when the helper cannot set itself up.
 pub const EXIT_SETUP_FAILED: u8 = 125;
 
-/// Why the helper could not set itself up.
+/// Why a wire sandbox object does not give a policy.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// It is not JSON.
+    #[error("the sandbox is not JSON: {source}")]
+    Json {
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// It is not a sandbox object.
+    #[error("{source}")]
+    Spec {
+        /// What is wrong with it.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// It does not resolve (unknown profile, a path that cannot be resolved, ...).
+    #[error("{source}")]
+    Resolve {
+        /// Why.
+        #[source]
+        source: sandbox::PolicyError,
+    },
+}
+
+/// Why the helper could not set itself up (or lost its server).
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    /// The policy does not parse or resolve.
+    /// `--serve` without a policy to serve.
+    #[error("--serve needs --sandbox JSON (or, from exec-server, --policy-frame)")]
+    ServeWithoutSandbox,
+    /// The `--sandbox` or request sandbox does not give a policy.
     #[error("invalid sandbox policy: {0}")]
-    Policy(String),
+    Policy(#[from] PolicyError),
+    /// The policy frame exec-server sent could not be read.
+    #[error("cannot read the policy frame: {0}")]
+    ReadPolicyFrame(#[source] FrameError),
+    /// stdin ended before the policy frame.
+    #[error("stdin ended before the policy frame")]
+    NoPolicyFrame,
+    /// The policy frame is not a resolved policy.
+    #[error("the policy frame is not a resolved policy: {source}")]
+    DecodePolicyFrame {
+        /// The decode error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The sandbox cannot be applied.
     #[error("cannot apply the sandbox: {0}")]
-    Enforce(String),
+    Enforce(#[source] SandboxError),
+    /// A request frame could not be read or a response frame written.
+    #[error("serving requests failed: {0}")]
+    Frame(#[from] FrameError),
     /// stdin/stdout failed.
     #[error("helper I/O failed: {0}")]
     Io(#[from] std::io::Error),
 }
 
 /// Resolve a wire sandbox object (absent or null: unrestricted) and add `denies`.
-fn resolve(sandbox: Option<&Value>, denies: &[PathBuf]) -> Result<ResolvedPolicy, String> {
+fn resolve(sandbox: Option<&Value>, denies: &[PathBuf]) -> Result<ResolvedPolicy, PolicyError> {
     let Some(sandbox) = sandbox.filter(|value| !value.is_null()) else {
         return Ok(ResolvedPolicy::unrestricted());
     };
-    let spec: SandboxSpec = serde_json::from_value(sandbox.clone()).map_err(|e| e.to_string())?;
-    let mut policy = spec.resolve().map_err(|e| e.to_string())?;
+    let spec: SandboxSpec =
+        serde_json::from_value(sandbox.clone()).map_err(|source| PolicyError::Spec { source })?;
+    let mut policy = spec
+        .resolve()
+        .map_err(|source| PolicyError::Resolve { source })?;
     for path in denies {
         policy = policy.with_hidden_path(path);
     }
@@ -61,7 +112,7 @@ fn restrict(policy: &ResolvedPolicy) -> Result<(), SetupError> {
     }
     restrict_current_process(policy, &EnforceOptions::for_helper(&[]))
         .map(|_| ())
-        .map_err(|e| SetupError::Enforce(e.to_string()))
+        .map_err(SetupError::Enforce)
 }
 
 fn respond_json(result: Result<Value, RpcError>) -> Vec<u8> {
@@ -81,22 +132,12 @@ pub fn run_one_shot(denies: &[PathBuf]) -> Result<(), SetupError> {
     let response = if input.len() > MAX_HELPER_REQUEST_BYTES {
         Err(too_large())
     } else {
-        match serde_json::from_slice::<HelperRequest>(&input) {
-            Err(error) => Err(RpcError::invalid_request(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "helper request must be {{\"operation\", \"params\", \"sandbox\"}}: {error}"
-                ),
-            )),
+        match HelperRequest::decode(&input) {
+            Err(error) => Err(error),
             Ok(request) => {
-                let policy =
-                    resolve(request.sandbox.as_ref(), denies).map_err(SetupError::Policy)?;
+                let policy = resolve(request.sandbox.as_ref(), denies)?;
                 restrict(&policy)?;
-                match execute(
-                    &request.operation,
-                    request.params,
-                    !policy.is_unrestricted(),
-                ) {
+                match execute(request.request, !policy.is_unrestricted()) {
                     Ok(Outcome::Value(value)) => Ok(value),
                     Ok(Outcome::Opened(..)) => Err(RpcError::invalid_request(
                         ErrorKind::Unsupported,
@@ -127,8 +168,8 @@ fn too_large() -> RpcError {
 /// [`SetupError`] when the policy is invalid or cannot be applied, or stdio fails.
 pub fn run_serve(sandbox_json: &str, denies: &[PathBuf]) -> Result<(), SetupError> {
     let sandbox: Value =
-        serde_json::from_str(sandbox_json).map_err(|e| SetupError::Policy(e.to_string()))?;
-    let policy = resolve(Some(&sandbox), denies).map_err(SetupError::Policy)?;
+        serde_json::from_str(sandbox_json).map_err(|source| PolicyError::Json { source })?;
+    let policy = resolve(Some(&sandbox), denies)?;
     serve(&policy, Requests::MustMatch(denies))
 }
 
@@ -139,21 +180,41 @@ pub fn run_serve(sandbox_json: &str, denies: &[PathBuf]) -> Result<(), SetupErro
 /// [`SetupError`] when the policy frame is missing or malformed, cannot be applied, or stdio
 /// fails.
 pub fn run_serve_resolved() -> Result<(), SetupError> {
-    let mut stdin = std::io::stdin().lock();
-    let mut header = [0u8; 4];
-    stdin.read_exact(&mut header)?;
-    let len = u32::from_be_bytes(header) as usize;
-    if len > MAX_HELPER_REQUEST_BYTES {
-        return Err(SetupError::Policy(
-            "the policy frame is larger than MAX_HELPER_REQUEST_BYTES".to_owned(),
-        ));
-    }
-    let mut body = vec![0u8; len];
-    stdin.read_exact(&mut body)?;
-    drop(stdin);
-    let policy: ResolvedPolicy =
-        serde_json::from_slice(&body).map_err(|e| SetupError::Policy(e.to_string()))?;
+    let stdin = std::io::stdin();
+    let mut stdin = Stdio(stdin.as_fd());
+    let frame =
+        read_frame(&mut stdin, MAX_HELPER_REQUEST_BYTES).map_err(SetupError::ReadPolicyFrame)?;
+    let frame = frame.ok_or(SetupError::NoPolicyFrame)?;
+    let policy: ResolvedPolicy = serde_json::from_slice(&frame.body)
+        .map_err(|source| SetupError::DecodePolicyFrame { source })?;
     serve(&policy, Requests::WithoutSandbox)
+}
+
+/// Unbuffered reads and writes straight on a stdio descriptor (the frame codec needs the
+/// descriptor itself for `SCM_RIGHTS`; std's stdio buffers). Borrowed, not duplicated: the
+/// helper holds only its socket (0, 1) and stderr (2).
+struct Stdio<'a>(BorrowedFd<'a>);
+
+impl Read for Stdio<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        nix::unistd::read(self.0, buf).map_err(std::io::Error::from)
+    }
+}
+
+impl Write for Stdio<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        nix::unistd::write(self.0, buf).map_err(std::io::Error::from)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsFd for Stdio<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0
+    }
 }
 
 /// How serve mode treats a request's own `sandbox` member.
@@ -167,26 +228,22 @@ enum Requests<'a> {
 fn serve(policy: &ResolvedPolicy, requests: Requests<'_>) -> Result<(), SetupError> {
     restrict(policy)?;
     let sandboxed = !policy.is_unrestricted();
-    let mut stdin = std::io::stdin().lock();
-    let stdout = std::io::stdout();
+    let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
+    let mut input = Stdio(stdin.as_fd());
+    let mut output = Stdio(stdout.as_fd());
     loop {
-        let mut header = [0u8; 4];
-        match stdin.read_exact(&mut header) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+        let (response, file) = match read_frame(&mut input, MAX_HELPER_REQUEST_BYTES) {
+            Ok(None) => return Ok(()),
+            // A request never carries a descriptor; one sent anyway is closed with the frame.
+            Ok(Some(frame)) => serve_one(&frame.body, policy, &requests, sandboxed),
+            Err(FrameError::TooLarge { len, .. }) => {
+                skip_body(&mut input, len)?;
+                (Err(too_large()), None)
+            }
             Err(error) => return Err(error.into()),
-        }
-        let len = u32::from_be_bytes(header) as usize;
-        let (response, file) = if len > MAX_HELPER_REQUEST_BYTES {
-            std::io::copy(&mut (&mut stdin).take(len as u64), &mut std::io::sink())?;
-            (Err(too_large()), None)
-        } else {
-            let mut body = vec![0u8; len];
-            stdin.read_exact(&mut body)?;
-            serve_one(&body, policy, &requests, sandboxed)
         };
         let body = respond_json(response);
-        write_frame(&stdout, &body, file.as_ref())?;
+        write_frame(&mut output, &body, file.as_ref().map(AsFd::as_fd))?;
     }
 }
 
@@ -196,20 +253,9 @@ fn serve_one(
     requests: &Requests<'_>,
     sandboxed: bool,
 ) -> (Result<Value, RpcError>, Option<std::fs::File>) {
-    let request: HelperRequest = match serde_json::from_slice(body) {
+    let request = match HelperRequest::decode(body) {
         Ok(request) => request,
-        Err(error) => {
-            let message = format!(
-                "helper request must be {{\"operation\", \"params\", \"sandbox\"}}: {error}"
-            );
-            return (
-                Err(RpcError::invalid_request(
-                    ErrorKind::InvalidRequest,
-                    message,
-                )),
-                None,
-            );
-        }
+        Err(error) => return (Err(error), None),
     };
     let denies = match requests {
         Requests::MustMatch(denies) => *denies,
@@ -255,37 +301,9 @@ fn execute_one(
     request: HelperRequest,
     sandboxed: bool,
 ) -> (Result<Value, RpcError>, Option<std::fs::File>) {
-    match execute(&request.operation, request.params, sandboxed) {
+    match execute(request.request, sandboxed) {
         Ok(Outcome::Value(value)) => (Ok(value), None),
         Ok(Outcome::Opened(file, value)) => (Ok(value), Some(file)),
         Err(error) => (Err(error), None),
     }
-}
-
-/// Write one frame; attach `file` to its length prefix with SCM_RIGHTS.
-fn write_frame(
-    stdout: &std::io::Stdout,
-    body: &[u8],
-    file: Option<&std::fs::File>,
-) -> std::io::Result<()> {
-    let header = (body.len() as u32).to_be_bytes();
-    let mut out = stdout.lock();
-    match file {
-        None => out.write_all(&header)?,
-        Some(file) => {
-            use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
-            let fds = [file.as_raw_fd()];
-            let sent = sendmsg::<()>(
-                out.as_fd().as_raw_fd(),
-                &[IoSlice::new(&header)],
-                &[ControlMessage::ScmRights(&fds)],
-                MsgFlags::empty(),
-                None,
-            )
-            .map_err(std::io::Error::from)?;
-            out.write_all(&header[sent..])?;
-        }
-    }
-    out.write_all(body)?;
-    out.flush()
 }

@@ -19,13 +19,16 @@
 //! - **Errors name the operation and its inputs.** [`FsError::kind`] classifies them for the
 //!   wire (`notFound`, `sandboxDenied` from `PermissionDenied`, ...).
 
-#![forbid(unsafe_code)]
+// All unsafe code is in `sys`: owning a descriptor received with SCM_RIGHTS.
+#![deny(unsafe_code)]
 
 mod dirfd;
 mod error;
+pub mod frame;
 pub mod helper;
 mod open;
 mod ops;
+mod sys;
 mod temp;
 #[cfg(test)]
 mod test_support;
@@ -40,5 +43,6 @@ pub use ops::read::{
     READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES, open_for_streaming, read_block, read_file,
 };
 pub use ops::remove::remove;
+pub use ops::walk::{WALK_DEFAULT_ENTRIES, WALK_MAX_ENTRIES, Walk, WalkEntry, walk};
 pub use ops::write::{WriteOptions, write_file};
 pub use temp::ATOMIC_TEMP_PREFIX;

@@ -12,25 +12,62 @@ use std::path::PathBuf;
 use base64::Engine;
 use proto::FileUri;
 use proto::error::{self as codes, ErrorKind, RpcError};
+use proto::methods::Empty;
 use proto::methods::fs::*;
-use proto::methods::{self, Empty, parse_params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{FsError, FsErrorKind, WriteOptions};
 
-/// A request to the helper binary: `{"operation", "params", "sandbox"}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A request to the helper binary: `{"operation", "params", "sandbox"}`, the typed request
+/// ([`FsRequest`]'s own JSON) plus the sandbox it must run under.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HelperRequest {
-    /// The wire method, e.g. `fs/readFile`.
-    pub operation: String,
-    /// The method's params (a `sandbox` member inside them is ignored; the top-level one counts).
-    #[serde(default)]
-    pub params: Value,
+    /// The operation and its params (a `sandbox` member inside the params is ignored; the
+    /// top-level one counts).
+    #[serde(flatten)]
+    pub request: FsRequest,
     /// The wire sandbox object the operation must run under (absent: no sandbox).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<Value>,
+}
+
+/// The envelope of a [`HelperRequest`] before its params are parsed: strict (an unknown member
+/// is an error), while the params follow the tolerant rules of the wire.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    operation: String,
+    #[serde(default)]
+    params: Value,
+    #[serde(default)]
+    sandbox: Option<Value>,
+}
+
+impl HelperRequest {
+    /// Decode a helper request from JSON: the envelope strictly, then the params as the server
+    /// parses a method's params ([`FsRequest::parse`]), so the helper reports bad params
+    /// exactly as the server does.
+    ///
+    /// # Errors
+    /// -32600 when the bytes are not a `{"operation", "params", "sandbox"}` object, -32601 for
+    /// an operation that is not a helper-executed `fs/*` method, -32602 for bad params.
+    pub fn decode(bytes: &[u8]) -> Result<Self, RpcError> {
+        let envelope: Envelope = serde_json::from_slice(bytes).map_err(|error| {
+            RpcError::invalid_request(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "helper request must be {{\"operation\", \"params\", \"sandbox\"}}: {error}"
+                ),
+            )
+        })?;
+        let request = FsRequest::parse(&envelope.operation, Some(envelope.params))?
+            .ok_or_else(|| RpcError::method_not_found(&envelope.operation))?;
+        Ok(HelperRequest {
+            request,
+            sandbox: envelope.sandbox,
+        })
+    }
 }
 
 /// The helper's answer: `{"status": "ok", "payload": result}` or
@@ -74,25 +111,22 @@ pub enum Outcome {
 /// Largest request the helper accepts (a 32 MiB `fs/writeFile` in base64 plus the envelope).
 pub const MAX_HELPER_REQUEST_BYTES: usize = 48 * 1024 * 1024;
 
-/// Execute one `fs/*` method. `sandboxed` turns permission errors into `sandboxDenied`.
+/// Execute one `fs/*` request. `sandboxed` turns permission errors into `sandboxDenied`.
 ///
 /// # Errors
 /// The JSON-RPC error to send: -32602 for bad params, -32004 for missing paths, -32600 for
 /// denials and other refusals, -32603 for other OS errors.
-pub fn execute(operation: &str, params: Value, sandboxed: bool) -> Result<Outcome, RpcError> {
-    let params = Some(params);
+pub fn execute(request: FsRequest, sandboxed: bool) -> Result<Outcome, RpcError> {
     let fs = |error: FsError| fs_error(&error, sandboxed);
-    let value = match operation {
-        methods::FS_READ_FILE => {
-            let p: ReadFileParams = parse_params(operation, params)?;
+    let value = match request {
+        FsRequest::ReadFile(p) => {
             let data =
                 crate::read_file(p.path.as_path(), crate::READ_FILE_MAX_BYTES).map_err(fs)?;
             to_value(ReadFileResult {
                 data_base64: base64::engine::general_purpose::STANDARD.encode(data),
             })
         }
-        methods::FS_WRITE_FILE => {
-            let p: WriteFileParams = parse_params(operation, params)?;
+        FsRequest::WriteFile(p) => {
             let data = base64::engine::general_purpose::STANDARD
                 .decode(p.data_base64.as_bytes())
                 .map_err(|e| {
@@ -106,13 +140,11 @@ pub fn execute(operation: &str, params: Value, sandboxed: bool) -> Result<Outcom
                 .map_err(fs)?;
             to_value(Empty {})
         }
-        methods::FS_CREATE_DIRECTORY => {
-            let p: CreateDirectoryParams = parse_params(operation, params)?;
+        FsRequest::CreateDirectory(p) => {
             crate::create_directory(p.path.as_path(), p.recursive).map_err(fs)?;
             to_value(Empty {})
         }
-        methods::FS_GET_METADATA => {
-            let p: PathParams = parse_params(operation, params)?;
+        FsRequest::GetMetadata(p) => {
             let m = crate::get_metadata(p.path.as_path()).map_err(fs)?;
             to_value(GetMetadataResult {
                 is_directory: m.is_directory,
@@ -123,15 +155,13 @@ pub fn execute(operation: &str, params: Value, sandboxed: bool) -> Result<Outcom
                 modified_at_ms: m.modified_at_ms.unwrap_or(0),
             })
         }
-        methods::FS_CANONICALIZE => {
-            let p: PathParams = parse_params(operation, params)?;
+        FsRequest::Canonicalize(p) => {
             let canonical = crate::canonicalize(p.path.as_path()).map_err(fs)?;
             to_value(CanonicalizeResult {
                 path: uri(canonical)?,
             })
         }
-        methods::FS_READ_DIRECTORY => {
-            let p: PathParams = parse_params(operation, params)?;
+        FsRequest::ReadDirectory(p) => {
             let entries = crate::read_directory(p.path.as_path()).map_err(fs)?;
             let entries = entries
                 .into_iter()
@@ -147,13 +177,11 @@ pub fn execute(operation: &str, params: Value, sandboxed: bool) -> Result<Outcom
                 .collect::<Result<Vec<_>, RpcError>>()?;
             to_value(ReadDirectoryResult { entries })
         }
-        methods::FS_REMOVE => {
-            let p: RemoveParams = parse_params(operation, params)?;
+        FsRequest::Remove(p) => {
             crate::remove(p.path.as_path(), p.recursive, p.force).map_err(fs)?;
             to_value(Empty {})
         }
-        methods::FS_COPY => {
-            let p: CopyParams = parse_params(operation, params)?;
+        FsRequest::Copy(p) => {
             crate::copy(
                 p.source_path.as_path(),
                 p.destination_path.as_path(),
@@ -162,8 +190,39 @@ pub fn execute(operation: &str, params: Value, sandboxed: bool) -> Result<Outcom
             .map_err(fs)?;
             to_value(Empty {})
         }
-        methods::FS_OPEN => {
-            let p: OpenParams = parse_params(operation, params)?;
+        FsRequest::Walk(p) => {
+            let max_depth = bounded(
+                "maxDepth",
+                p.max_depth,
+                crate::MAX_TREE_DEPTH,
+                (crate::MAX_TREE_DEPTH, "MAX_TREE_DEPTH"),
+            )?;
+            let max_entries = bounded(
+                "maxEntries",
+                p.max_entries,
+                crate::WALK_DEFAULT_ENTRIES,
+                (crate::WALK_MAX_ENTRIES, "WALK_MAX_ENTRIES"),
+            )?;
+            let walk = crate::walk(p.path.as_path(), max_depth, max_entries).map_err(fs)?;
+            let entries = walk
+                .entries
+                .into_iter()
+                .map(|entry| {
+                    Ok(WalkEntry {
+                        path: uri(entry.path)?,
+                        depth: entry.depth,
+                        is_directory: entry.is_directory,
+                        is_file: entry.is_file,
+                        is_symlink: entry.is_symlink,
+                    })
+                })
+                .collect::<Result<Vec<_>, RpcError>>()?;
+            to_value(WalkResult {
+                entries,
+                truncated: walk.truncated,
+            })
+        }
+        FsRequest::Open(p) => {
             let file = crate::open_for_streaming(p.path.as_path()).map_err(fs)?;
             return Ok(Outcome::Opened(
                 file,
@@ -172,11 +231,24 @@ pub fn execute(operation: &str, params: Value, sandboxed: bool) -> Result<Outcom
                 })?,
             ));
         }
-        other => {
-            return Err(RpcError::method_not_found(other));
-        }
     }?;
     Ok(Outcome::Value(value))
+}
+
+/// `value` (`default` when absent) if it is from 1 to the named `limit`.
+fn bounded(
+    name: &str,
+    value: Option<usize>,
+    default: usize,
+    (limit, limit_name): (usize, &str),
+) -> Result<usize, RpcError> {
+    match value {
+        None => Ok(default),
+        Some(value) if (1..=limit).contains(&value) => Ok(value),
+        Some(value) => Err(RpcError::invalid_params(format!(
+            "{name} must be from 1 to {limit} ({limit_name}), got {value}"
+        ))),
+    }
 }
 
 fn to_value<T: Serialize>(result: T) -> Result<Value, RpcError> {
@@ -263,18 +335,20 @@ mod tests {
         );
     }
 
+    fn request(method: &str, params: Value) -> FsRequest {
+        FsRequest::parse(method, Some(params)).unwrap().unwrap()
+    }
+
     #[test]
     fn execute_round_trips_a_file_and_maps_missing_paths() {
         let dir = tempfile::tempdir().unwrap();
         let path = FileUri::from_path(dir.path().join("f"))
             .unwrap()
             .to_uri_string();
-        let write = json!({"path": path, "dataBase64": "aGk="});
-        assert!(matches!(
-            execute("fs/writeFile", write, false).unwrap(),
-            Outcome::Value(_)
-        ));
-        let Outcome::Value(read) = execute("fs/readFile", json!({"path": path}), false).unwrap()
+        let write = request("fs/writeFile", json!({"path": path, "dataBase64": "aGk="}));
+        assert!(matches!(execute(write, false).unwrap(), Outcome::Value(_)));
+        let Outcome::Value(read) =
+            execute(request("fs/readFile", json!({"path": path})), false).unwrap()
         else {
             panic!()
         };
@@ -282,11 +356,31 @@ mod tests {
         let missing = FileUri::from_path(dir.path().join("nope"))
             .unwrap()
             .to_uri_string();
-        let error = execute("fs/readFile", json!({"path": missing}), false).unwrap_err();
+        let error = execute(request("fs/readFile", json!({"path": missing})), false).unwrap_err();
         assert_eq!(error.code, codes::NOT_FOUND);
+    }
+
+    #[test]
+    fn helper_request_decodes_strict_envelope_and_tolerant_params() {
+        let bytes = br#"{"operation": "fs/readFile", "params": {"path": "file:///x", "newer": 1},
+                         "sandbox": {"profile": "read-only"}}"#;
+        let decoded = HelperRequest::decode(bytes).unwrap();
+        assert_eq!(decoded.request.method(), "fs/readFile");
+        assert_eq!(decoded.sandbox, Some(json!({"profile": "read-only"})));
+        let encoded = serde_json::to_vec(&decoded).unwrap();
+        assert_eq!(HelperRequest::decode(&encoded).unwrap(), decoded);
         assert_eq!(
-            execute("fs/bogus", json!({}), false).unwrap_err().code,
-            codes::METHOD_NOT_FOUND
+            serde_json::from_slice::<Value>(&encoded).unwrap(),
+            json!({"operation": "fs/readFile", "params": {"path": "file:///x"},
+                   "sandbox": {"profile": "read-only"}})
         );
+        let envelope = HelperRequest::decode(br#"{"operation": "fs/readFile", "x": 1}"#);
+        assert_eq!(envelope.unwrap_err().code, codes::INVALID_REQUEST);
+        let unknown = HelperRequest::decode(br#"{"operation": "fs/bogus", "params": {}}"#);
+        assert_eq!(unknown.unwrap_err().code, codes::METHOD_NOT_FOUND);
+        let handle = HelperRequest::decode(br#"{"operation": "fs/close", "params": {}}"#);
+        assert_eq!(handle.unwrap_err().code, codes::METHOD_NOT_FOUND);
+        let bad = HelperRequest::decode(br#"{"operation": "fs/readFile", "params": {}}"#);
+        assert_eq!(bad.unwrap_err().code, codes::INVALID_PARAMS);
     }
 }

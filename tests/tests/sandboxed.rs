@@ -394,6 +394,60 @@ async fn deny_entries_block_reads_listing_and_copy_sources_also_through_symlinks
 }
 
 #[tokio::test]
+async fn walk_under_a_sandbox_leaves_out_the_subtree_the_policy_hides() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let tree = dirs.ws("tree");
+    std::fs::create_dir_all(tree.join("hidden/inner")).unwrap();
+    std::fs::write(tree.join("hidden/inner/key.pem"), b"secret").unwrap();
+    std::fs::create_dir(tree.join("visible")).unwrap();
+    std::fs::write(tree.join("visible/b.txt"), b"b").unwrap();
+    std::fs::write(tree.join("a.txt"), b"a").unwrap();
+    let policy = json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+            {"path": {"type": "path", "path": tree.join("hidden")}, "access": "deny"}
+        ]}},
+        "cwd": file_uri(dirs.workspace.path())
+    });
+    let listed = |result: &Value| -> Vec<String> {
+        result["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .map(|e| e["path"].as_str().expect("path").to_owned())
+            .collect()
+    };
+    let r = fs_call(
+        &mut client,
+        "fs/walk",
+        json!({"path": file_uri(&tree)}),
+        policy,
+    )
+    .await;
+    let result = r.expect("the walk succeeds around the hidden subtree");
+    assert_eq!(result["truncated"], json!(false));
+    assert_eq!(
+        listed(&result),
+        ["a.txt", "visible", "visible/b.txt"].map(|name| file_uri(tree.join(name)))
+    );
+    // Without the deny the same walk sees the subtree: its absence above is the policy's.
+    let r = fs_call(
+        &mut client,
+        "fs/walk",
+        json!({"path": file_uri(&tree)}),
+        read_only(),
+    )
+    .await;
+    let paths = listed(&r.expect("a read-only walk"));
+    assert!(
+        paths.contains(&file_uri(tree.join("hidden/inner/key.pem"))),
+        "{paths:?}"
+    );
+}
+
+#[tokio::test]
 async fn sandboxed_streaming_read_works_through_a_passed_descriptor() {
     let dirs = Dirs::new();
     let server = ExecServer::start(&[]);

@@ -41,9 +41,7 @@ fn main() -> ExitCode {
     let result = match (cli.serve, &cli.sandbox, cli.policy_frame) {
         (true, _, true) => fs_helper::helper::run_serve_resolved(),
         (true, Some(sandbox), false) => fs_helper::helper::run_serve(sandbox, &cli.denies),
-        (true, None, false) => Err(fs_helper::helper::SetupError::Policy(
-            "--serve needs --sandbox JSON".to_owned(),
-        )),
+        (true, None, false) => Err(fs_helper::helper::SetupError::ServeWithoutSandbox),
         (false, ..) => fs_helper::helper::run_one_shot(&cli.denies),
     };
     match result {

@@ -190,7 +190,8 @@ pub fn read_directory(path: &Path) -> Result<Vec<DirEntry>, FsError> {
     Ok(entries)
 }
 
-fn type_of(kind: SFlag) -> Type {
+/// The directory-entry type for a stat's file type bits.
+pub(crate) fn type_of(kind: SFlag) -> Type {
     match kind {
         SFlag::S_IFDIR => Type::Directory,
         SFlag::S_IFREG => Type::File,

@@ -9,10 +9,11 @@ pub mod directory;
 pub mod metadata;
 pub mod read;
 pub mod remove;
+pub mod walk;
 pub mod write;
 
 /// Deepest directory level below the named path that a recursive `fs/copy` or `fs/remove`
-/// descends to.
+/// descends to, and the default and largest `maxDepth` of `fs/walk`.
 ///
 /// The walk holds one descriptor per level (two for a copy) and one stack frame per level;
 /// bounding it keeps a hostile tree (thousands of nested directories made by a sandboxed

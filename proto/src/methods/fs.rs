@@ -1,10 +1,117 @@
 //! `fs/*` params and results. Every path is a [`FileUri`]; every method accepts an optional
 //! `sandbox` object (see policies/README.md).
+//!
+//! [`FsRequest`] is the one typed form of the `fs/*` methods that operate on paths: the server
+//! parses a request into it once, runs it in-process or sends it to a sandboxed `fs-helper`
+//! (whose request JSON is the enum's own serde form), and the executor matches on it. Adding an
+//! `fs/*` method means one variant here, one operation in fs-helper, and the docs.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error::RpcError;
+use crate::methods::{self, parse_params};
 use crate::uri::FileUri;
+
+/// One `fs/*` request that runs where its sandbox says (in the server or in an `fs-helper`):
+/// every `fs/*` method but the handle methods `fs/readBlock` and `fs/close`.
+///
+/// Its JSON is `{"operation": "fs/readFile", "params": {...}}`, the shape of a helper request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "operation", content = "params")]
+pub enum FsRequest {
+    /// `fs/readFile`.
+    #[serde(rename = "fs/readFile")]
+    ReadFile(ReadFileParams),
+    /// `fs/writeFile`.
+    #[serde(rename = "fs/writeFile")]
+    WriteFile(WriteFileParams),
+    /// `fs/createDirectory`.
+    #[serde(rename = "fs/createDirectory")]
+    CreateDirectory(CreateDirectoryParams),
+    /// `fs/getMetadata`.
+    #[serde(rename = "fs/getMetadata")]
+    GetMetadata(PathParams),
+    /// `fs/canonicalize`.
+    #[serde(rename = "fs/canonicalize")]
+    Canonicalize(PathParams),
+    /// `fs/readDirectory`.
+    #[serde(rename = "fs/readDirectory")]
+    ReadDirectory(PathParams),
+    /// `fs/remove`.
+    #[serde(rename = "fs/remove")]
+    Remove(RemoveParams),
+    /// `fs/copy`.
+    #[serde(rename = "fs/copy")]
+    Copy(CopyParams),
+    /// `fs/open`.
+    #[serde(rename = "fs/open")]
+    Open(OpenParams),
+    /// `fs/walk`.
+    #[serde(rename = "fs/walk")]
+    Walk(WalkParams),
+}
+
+impl FsRequest {
+    /// Parse `method`'s params into its variant, with the rules of [`parse_params`] (absent or
+    /// `null` params read as `{}`, unknown top-level fields ignored). `None` when `method` is
+    /// not one of the variants (`fs/readBlock`, `fs/close`, or not an `fs/*` method at all).
+    ///
+    /// # Errors
+    /// -32602 naming the method and what was wrong, as [`parse_params`].
+    pub fn parse(method: &str, params: Option<Value>) -> Result<Option<Self>, RpcError> {
+        let request = match method {
+            methods::FS_READ_FILE => FsRequest::ReadFile(parse_params(method, params)?),
+            methods::FS_WRITE_FILE => FsRequest::WriteFile(parse_params(method, params)?),
+            methods::FS_CREATE_DIRECTORY => {
+                FsRequest::CreateDirectory(parse_params(method, params)?)
+            }
+            methods::FS_GET_METADATA => FsRequest::GetMetadata(parse_params(method, params)?),
+            methods::FS_CANONICALIZE => FsRequest::Canonicalize(parse_params(method, params)?),
+            methods::FS_READ_DIRECTORY => FsRequest::ReadDirectory(parse_params(method, params)?),
+            methods::FS_REMOVE => FsRequest::Remove(parse_params(method, params)?),
+            methods::FS_COPY => FsRequest::Copy(parse_params(method, params)?),
+            methods::FS_OPEN => FsRequest::Open(parse_params(method, params)?),
+            methods::FS_WALK => FsRequest::Walk(parse_params(method, params)?),
+            _ => return Ok(None),
+        };
+        Ok(Some(request))
+    }
+
+    /// The wire method name, e.g. `fs/readFile`.
+    pub fn method(&self) -> &'static str {
+        match self {
+            FsRequest::ReadFile(_) => methods::FS_READ_FILE,
+            FsRequest::WriteFile(_) => methods::FS_WRITE_FILE,
+            FsRequest::CreateDirectory(_) => methods::FS_CREATE_DIRECTORY,
+            FsRequest::GetMetadata(_) => methods::FS_GET_METADATA,
+            FsRequest::Canonicalize(_) => methods::FS_CANONICALIZE,
+            FsRequest::ReadDirectory(_) => methods::FS_READ_DIRECTORY,
+            FsRequest::Remove(_) => methods::FS_REMOVE,
+            FsRequest::Copy(_) => methods::FS_COPY,
+            FsRequest::Open(_) => methods::FS_OPEN,
+            FsRequest::Walk(_) => methods::FS_WALK,
+        }
+    }
+
+    /// The request's `sandbox` object, unless absent or `null` (unparsed: it is resolved
+    /// strictly where the request runs).
+    pub fn sandbox(&self) -> Option<&Value> {
+        let sandbox = match self {
+            FsRequest::ReadFile(p) => &p.sandbox,
+            FsRequest::WriteFile(p) => &p.sandbox,
+            FsRequest::CreateDirectory(p) => &p.sandbox,
+            FsRequest::GetMetadata(p)
+            | FsRequest::Canonicalize(p)
+            | FsRequest::ReadDirectory(p) => &p.sandbox,
+            FsRequest::Remove(p) => &p.sandbox,
+            FsRequest::Copy(p) => &p.sandbox,
+            FsRequest::Open(p) => &p.sandbox,
+            FsRequest::Walk(p) => &p.sandbox,
+        };
+        sandbox.as_ref().filter(|value| !value.is_null())
+    }
+}
 
 fn default_true() -> bool {
     true
@@ -121,6 +228,49 @@ pub struct ReadDirectoryResult {
     pub entries: Vec<DirectoryEntry>,
 }
 
+/// Params of `fs/walk`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalkParams {
+    /// The directory whose tree is listed (followed if it is a symlink).
+    pub path: FileUri,
+    /// Levels below `path` to list: 1 to `MAX_TREE_DEPTH` (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_depth: Option<usize>,
+    /// Entries to return at most: 1 to `WALK_MAX_ENTRIES` (default 10,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<usize>,
+    /// Optional sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Value>,
+}
+
+/// One entry of `fs/walk`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalkEntry {
+    /// The entry's full path; exact even when a name is not UTF-8.
+    pub path: FileUri,
+    /// Its level below the walked directory (1 for that directory's own entries).
+    pub depth: usize,
+    /// Is a directory (never true for a symlink: links are not followed).
+    pub is_directory: bool,
+    /// Is a regular file.
+    pub is_file: bool,
+    /// Is a symlink (listed, not followed).
+    pub is_symlink: bool,
+}
+
+/// Result of `fs/walk`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WalkResult {
+    /// Depth-first, sorted by name bytes within each directory.
+    pub entries: Vec<WalkEntry>,
+    /// The tree has more entries than `maxEntries`.
+    pub truncated: bool,
+}
+
 /// Params of `fs/remove`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -203,4 +353,61 @@ pub struct ReadBlockResult {
 pub struct CloseParams {
     /// The handle to close.
     pub handle_id: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{ErrorKind, INVALID_PARAMS};
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    #[test]
+    fn parse_tolerates_unknown_fields_and_serializes_as_a_helper_request() {
+        let params = json!({"path": "file:///tmp/x", "fromANewerClient": 1,
+                            "sandbox": {"profile": "read-only"}});
+        let request = FsRequest::parse("fs/readDirectory", Some(params))
+            .unwrap()
+            .unwrap();
+        assert_eq!(request.method(), "fs/readDirectory");
+        assert_eq!(request.sandbox(), Some(&json!({"profile": "read-only"})));
+        let wire = serde_json::to_value(&request).unwrap();
+        assert_eq!(
+            wire,
+            json!({"operation": "fs/readDirectory",
+                   "params": {"path": "file:///tmp/x", "sandbox": {"profile": "read-only"}}})
+        );
+        assert_eq!(serde_json::from_value::<FsRequest>(wire).unwrap(), request);
+    }
+
+    #[test]
+    fn parse_reports_bad_params_as_parse_params_does_and_skips_handle_methods() {
+        let error =
+            FsRequest::parse("fs/readFile", Some(json!({"path": "/etc/hostname"}))).unwrap_err();
+        let expected =
+            parse_params::<ReadFileParams>("fs/readFile", Some(json!({"path": "/etc/hostname"})))
+                .unwrap_err();
+        assert_eq!(error, expected);
+        assert_eq!(error.code, INVALID_PARAMS);
+        assert_eq!(error.kind(), Some(ErrorKind::InvalidPath));
+        let missing = FsRequest::parse("fs/remove", None).unwrap_err();
+        assert!(
+            missing.message.contains("missing field `path`"),
+            "{missing:?}"
+        );
+        for method in ["fs/readBlock", "fs/close", "process/start"] {
+            assert_eq!(FsRequest::parse(method, Some(json!({}))).unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn a_null_sandbox_is_no_sandbox() {
+        let request = FsRequest::parse(
+            "fs/open",
+            Some(json!({"handleId": "h", "path": "file:///x", "sandbox": null})),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(request.sandbox(), None);
+    }
 }

@@ -50,6 +50,8 @@ pub const FS_READ_DIRECTORY: &str = "fs/readDirectory";
 pub const FS_REMOVE: &str = "fs/remove";
 /// `fs/copy`.
 pub const FS_COPY: &str = "fs/copy";
+/// `fs/walk`.
+pub const FS_WALK: &str = "fs/walk";
 /// `fs/open`.
 pub const FS_OPEN: &str = "fs/open";
 /// `fs/readBlock`.

@@ -20,14 +20,18 @@
 //! ([`crate::budget`]), within the calling connection's share of it.
 
 use std::collections::HashMap;
-use std::io::{IoSliceMut, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::io::Read;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fs_helper::frame::{FrameError, read_frame, write_frame};
+use fs_helper::wire::{HelperRequest, HelperResponse};
 use proto::error::{ErrorKind, RpcError};
+use proto::methods::fs::FsRequest;
 use sandbox::ResolvedPolicy;
 use serde_json::Value;
 use std::os::unix::process::CommandExt;
@@ -50,6 +54,51 @@ pub const HELPER_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 const HELPER_STDERR_BYTES: usize = 8 * 1024;
 /// The environment a helper starts with: only these variables, from the server's environment.
 const HELPER_ENV_ALLOWLIST: [&str; 4] = ["PATH", "TMPDIR", "TMP", "TEMP"];
+
+/// Why a helper could not be started or failed a request (it is then killed, never reused).
+/// Reported as -32603 `helperFailed` with the helper's stderr.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// The socketpair to a new helper could not be made.
+    #[error("socketpair failed: {0}")]
+    SocketPair(#[source] std::io::Error),
+    /// Its end of the socketpair could not be duplicated for its stdout.
+    #[error("socket dup failed: {0}")]
+    DuplicateSocket(#[source] std::io::Error),
+    /// The binary could not be started.
+    #[error("cannot start {}: {source}", binary.display())]
+    Spawn {
+        /// The fs-helper binary.
+        binary: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The resolved policy could not be encoded (a bug).
+    #[error("cannot encode the policy: {0}")]
+    EncodePolicy(#[source] serde_json::Error),
+    /// The policy frame could not be sent.
+    #[error("sending the policy: {0}")]
+    SendPolicy(#[source] FrameError),
+    /// The request frame could not be sent.
+    #[error("sending the request: {0}")]
+    SendRequest(#[source] FrameError),
+    /// The response frame could not be read (too large, cut off, timed out, ...).
+    #[error("reading the response: {0}")]
+    ReadResponse(#[source] FrameError),
+    /// The helper closed its socket before answering (it crashed or was killed).
+    #[error("the helper exited before answering")]
+    ExitedBeforeAnswering,
+    /// The response is not a helper response.
+    #[error("unparsable response: {0}")]
+    UnparsableResponse(#[source] serde_json::Error),
+    /// Retiring an idle helper to make room panicked.
+    #[error("retiring an idle helper: {0}")]
+    Retire(#[source] tokio::task::JoinError),
+    /// The pool is shutting down.
+    #[error("the helper pool is closed")]
+    PoolClosed,
+}
 
 /// A pool key: which session and which resolved policy.
 pub type PoolKey = (String, ResolvedPolicy);
@@ -149,7 +198,7 @@ impl HelperPool {
         expired
     }
 
-    /// Run one request (`{"operation", "params"}`) under `key`'s policy, on the blocking pool
+    /// Run one request under `key`'s policy, on the blocking pool
     /// within `budget`'s share (where it is also serialized).
     ///
     /// # Errors
@@ -159,7 +208,7 @@ impl HelperPool {
         self: &Arc<Self>,
         budget: &ConnectionBudget,
         key: PoolKey,
-        request: Value,
+        request: FsRequest,
     ) -> Result<HelperReply, RpcError> {
         let reused = if self.one_shot {
             None
@@ -176,6 +225,11 @@ impl HelperPool {
         let pool = self.clone();
         budget
             .blocking(move || {
+                // The server resolved the policy the helper serves: no sandbox of its own.
+                let request = HelperRequest {
+                    request,
+                    sandbox: None,
+                };
                 let request = serde_json::to_vec(&request)
                     .map_err(|e| RpcError::internal(format!("cannot encode the request: {e}")))?;
                 let mut helper = match start {
@@ -191,13 +245,13 @@ impl HelperPool {
                         }
                         Ok(reply)
                     }
-                    Err(reason) => {
+                    Err(error) => {
                         // Give a crashed helper a moment to finish writing its stderr.
                         let _ = helper.child.try_wait();
                         std::thread::sleep(Duration::from_millis(10));
                         let stderr = helper.stderr_text();
                         helper.kill();
-                        Err(helper_failed(&reason, &stderr))
+                        Err(helper_failed(&error, &stderr))
                     }
                 }
             })
@@ -215,14 +269,14 @@ impl HelperPool {
         {
             tokio::task::spawn_blocking(move || victim.retire())
                 .await
-                .map_err(|e| helper_failed(&format!("retiring an idle helper: {e}"), ""))?;
+                .map_err(|e| helper_failed(&HelperError::Retire(e), ""))?;
             return Ok(permit);
         }
         self.live
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| helper_failed("the helper pool is closed", ""))
+            .map_err(|_| helper_failed(&HelperError::PoolClosed, ""))
     }
 
     fn take_least_recently_used(&self) -> Option<Helper> {
@@ -296,11 +350,11 @@ impl HelperPool {
         live: OwnedSemaphorePermit,
         descriptors: DescriptorCharge,
     ) -> Result<Helper, RpcError> {
-        let (ours, theirs) = UnixStream::pair()
-            .map_err(|e| helper_failed(&format!("socketpair failed: {e}"), ""))?;
+        let (ours, theirs) =
+            UnixStream::pair().map_err(|e| helper_failed(&HelperError::SocketPair(e), ""))?;
         let theirs_out = theirs
             .try_clone()
-            .map_err(|e| helper_failed(&format!("socket dup failed: {e}"), ""))?;
+            .map_err(|e| helper_failed(&HelperError::DuplicateSocket(e), ""))?;
         let binary = &self.sandboxing.fs_helper;
         let mut command = Command::new(binary.exec_path());
         command
@@ -316,11 +370,9 @@ impl HelperPool {
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::from(OwnedFd::from(theirs_out)))
             .stderr(Stdio::piped());
-        let mut child = command.spawn().map_err(|e| {
-            helper_failed(
-                &format!("cannot start {}: {e}", binary.path().display()),
-                "",
-            )
+        let mut child = command.spawn().map_err(|source| {
+            let binary = binary.path().to_path_buf();
+            helper_failed(&HelperError::Spawn { binary, source }, "")
         })?;
         // A helper moves file contents for clients: CPU work that must not take the CPU from
         // the async workers (it is single-threaded, so its pid names its only thread).
@@ -349,21 +401,21 @@ impl HelperPool {
             _descriptors: descriptors,
         };
         let policy = serde_json::to_vec(policy)
-            .map_err(|e| helper_failed(&format!("cannot encode the policy: {e}"), ""))?;
-        if let Err(e) = write_frame(&mut helper.socket, &policy) {
+            .map_err(|e| helper_failed(&HelperError::EncodePolicy(e), ""))?;
+        if let Err(e) = write_frame(&mut helper.socket, &policy, None) {
             let stderr = helper.stderr_text();
             helper.kill();
-            return Err(helper_failed(&format!("sending the policy: {e}"), &stderr));
+            return Err(helper_failed(&HelperError::SendPolicy(e), &stderr));
         }
         Ok(helper)
     }
 }
 
-fn helper_failed(reason: &str, stderr: &str) -> RpcError {
+fn helper_failed(error: &HelperError, stderr: &str) -> RpcError {
     let message = if stderr.is_empty() {
-        format!("fs-helper failed: {reason}")
+        format!("fs-helper failed: {error}")
     } else {
-        format!("fs-helper failed: {reason}; its stderr: {stderr}")
+        format!("fs-helper failed: {error}; its stderr: {stderr}")
     };
     RpcError::new(
         proto::error::INTERNAL_ERROR,
@@ -372,70 +424,16 @@ fn helper_failed(reason: &str, stderr: &str) -> RpcError {
     )
 }
 
-/// Writes one frame: a 4-byte big-endian length, then the bytes.
-fn write_frame(socket: &mut UnixStream, body: &[u8]) -> std::io::Result<()> {
-    let len =
-        u32::try_from(body.len()).map_err(|_| std::io::Error::other("frame longer than 4 GiB"))?;
-    let mut frame = Vec::with_capacity(body.len() + 4);
-    frame.extend_from_slice(&len.to_be_bytes());
-    frame.extend_from_slice(body);
-    socket.write_all(&frame)
-}
-
 /// One framed request and response; any failure means the helper is unusable.
-fn exchange(helper: &mut Helper, request: &[u8]) -> Result<HelperReply, String> {
-    write_frame(&mut helper.socket, request).map_err(|e| format!("sending the request: {e}"))?;
-    let (header, file) = read_header(&helper.socket)?;
-    let len = u32::from_be_bytes(header) as usize;
-    if len > crate::limits::MAX_FRAME_BYTES {
-        return Err(format!(
-            "response of {len} bytes is larger than MAX_FRAME_BYTES"
-        ));
-    }
-    let mut body = vec![0u8; len];
-    helper
-        .socket
-        .read_exact(&mut body)
-        .map_err(|e| format!("reading the response: {e}"))?;
-    let response: fs_helper::wire::HelperResponse =
-        serde_json::from_slice(&body).map_err(|e| format!("unparsable response: {e}"))?;
+fn exchange(helper: &mut Helper, request: &[u8]) -> Result<HelperReply, HelperError> {
+    write_frame(&mut helper.socket, request, None).map_err(HelperError::SendRequest)?;
+    let frame = read_frame(&mut helper.socket, crate::limits::MAX_FRAME_BYTES)
+        .map_err(HelperError::ReadResponse)?
+        .ok_or(HelperError::ExitedBeforeAnswering)?;
+    let response: HelperResponse =
+        serde_json::from_slice(&frame.body).map_err(HelperError::UnparsableResponse)?;
     Ok(HelperReply {
         result: response.into(),
-        file,
+        file: frame.fd.map(std::fs::File::from),
     })
-}
-
-/// Read the 4-byte length prefix with recvmsg, collecting a descriptor sent with it.
-fn read_header(socket: &UnixStream) -> Result<([u8; 4], Option<std::fs::File>), String> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    let mut header = [0u8; 4];
-    let mut filled = 0;
-    let mut file = None;
-    while filled < 4 {
-        let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-        let mut iov = [IoSliceMut::new(&mut header[filled..])];
-        let message = recvmsg::<()>(
-            socket.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(|e| format!("reading the response: {e}"))?;
-        if message.bytes == 0 {
-            return Err("the helper exited before answering".into());
-        }
-        filled += message.bytes;
-        for cmsg in message
-            .cmsgs()
-            .map_err(|e| format!("reading the response: {e}"))?
-        {
-            if let ControlMessageOwned::ScmRights(fds) = cmsg {
-                for fd in fds {
-                    let owned = crate::sys::owned_fd_from_scm_rights(fd);
-                    file.get_or_insert(std::fs::File::from(owned));
-                }
-            }
-        }
-    }
-    Ok((header, file))
 }

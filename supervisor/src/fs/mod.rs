@@ -7,8 +7,9 @@
 //! A request is never run with less restriction than it asked for: an unparsable sandbox is an
 //! error, and a helper that cannot start fails the request.
 //!
+//! `rpc::dispatch` parses a request once into an [`FsRequest`]; [`handle`] runs it.
 //! `fs/readBlock` and `fs/close` act on the connection's handles (`handles`), whichever path
-//! opened them. A request sees only what [`FsContext`] gives it: those handles, its
+//! opened them ([`read_block`], [`close`]). A request sees only what [`FsContext`] gives it: those handles, its
 //! connection's budget, the sandboxing and the helper pool.
 
 mod handles;
@@ -17,12 +18,13 @@ pub mod helpers;
 use std::sync::Arc;
 
 use proto::error::{ErrorKind, RpcError};
-use proto::methods::fs::{CloseParams, OpenParams, ReadBlockParams, ReadBlockResult};
-use proto::methods::{self, Empty, parse_params, to_value};
+use proto::methods::fs::{CloseParams, ReadBlockParams, ReadBlockResult, ReadFileParams};
+use proto::methods::{Empty, to_value};
 use sandbox::ResolvedPolicy;
 use serde_json::Value;
 
 pub use handles::HandleTable;
+pub use proto::methods::fs::FsRequest;
 
 use crate::budget::{ConnectionBudget, MemoryCharge, content_answer_bytes};
 use crate::sandboxing::Sandboxing;
@@ -95,62 +97,38 @@ pub struct FsContext<'a> {
     pub session_id: &'a str,
 }
 
-/// Serve one `fs/*` request.
+/// Serve one `fs/*` request (any but the handle methods [`read_block`] and [`close`]).
 ///
 /// # Errors
 /// The method's JSON-RPC error.
 pub async fn handle(
     context: &FsContext<'_>,
-    method: &str,
-    params: Option<Value>,
+    request: FsRequest,
     answer: &mut MemoryCharge,
 ) -> Result<Value, RpcError> {
-    match method {
-        methods::FS_READ_BLOCK => {
-            return read_block(context, parse_params(method, params)?).await;
-        }
-        methods::FS_CLOSE => {
-            let params: CloseParams = parse_params(method, params)?;
-            context.handles.close(&params.handle_id)?;
-            return to_value(Empty {});
-        }
-        _ => {}
-    }
-    let params = match params {
-        None | Some(Value::Null) => Value::Object(Default::default()),
-        Some(params) => params,
+    let reservation = match &request {
+        FsRequest::Open(open) => Some(context.handles.reserve(&open.handle_id)?),
+        _ => None,
     };
-    let reservation = if method == methods::FS_OPEN {
-        let open: OpenParams = parse_params(method, Some(params.clone()))?;
-        Some(context.handles.reserve(&open.handle_id)?)
-    } else {
-        None
-    };
-    let sandbox = params
-        .get("sandbox")
-        .cloned()
-        .filter(|value| !value.is_null());
+    let opens = reservation.is_some();
     let budget = context.budget;
-    if method == methods::FS_READ_FILE {
-        back_read_file_answer(budget, &params, answer).await?;
+    if let FsRequest::ReadFile(params) = &request {
+        back_read_file_answer(budget, params, answer).await?;
     }
+    let sandbox = request.sandbox().cloned();
     let outcome = match restricting_policy(budget, context.sandboxing, sandbox).await? {
         None => {
-            let method = method.to_owned();
             // On the blocking pool even when it moves megabytes: it frees them too, and a
             // low-priority thread must not hold the address space's lock (see cpu_pool).
-            budget
-                .blocking(move || execute(&method, params, false))
-                .await??
+            budget.blocking(move || execute(request, false)).await??
         }
         Some(policy) => {
             let pool = context.helpers;
-            let request = serde_json::json!({"operation": method, "params": params});
             let reply = pool
                 .call(budget, (context.session_id.to_owned(), policy), request)
                 .await?;
             let value = reply.result?;
-            match (method == methods::FS_OPEN, reply.file) {
+            match (opens, reply.file) {
                 (false, _) => Outcome::Value(value),
                 (true, Some(file)) => Outcome::Opened(file, value),
                 (true, None) => {
@@ -175,22 +153,25 @@ pub async fn handle(
     }
 }
 
+/// `fs/close`: close a handle of the connection.
+///
+/// # Errors
+/// -32600 for an unknown handle.
+pub fn close(handles: &HandleTable, params: CloseParams) -> Result<Value, RpcError> {
+    handles.close(&params.handle_id)?;
+    to_value(Empty {})
+}
+
 /// Back the answer of an `fs/readFile` with memory for the file's current size (capped at
 /// `READ_FILE_MAX_BYTES`) before it is read. The size is only used for this budget, never
 /// returned; a file that cannot be examined
 /// is budgeted as empty (its read will fail, or be backed when its answer is sent).
 async fn back_read_file_answer(
     budget: &ConnectionBudget,
-    params: &Value,
+    params: &ReadFileParams,
     answer: &mut MemoryCharge,
 ) -> Result<(), RpcError> {
-    let Some(path) = params
-        .get("path")
-        .and_then(Value::as_str)
-        .and_then(|uri| proto::FileUri::parse(uri).ok())
-    else {
-        return Ok(());
-    };
+    let path = params.path.clone();
     let size = budget
         .blocking(move || std::fs::metadata(path.as_path()).map_or(0, |meta| meta.len()))
         .await?
@@ -199,7 +180,15 @@ async fn back_read_file_answer(
     Ok(())
 }
 
-async fn read_block(context: &FsContext<'_>, params: ReadBlockParams) -> Result<Value, RpcError> {
+/// `fs/readBlock`: read from a handle of the connection, on the blocking pool within `budget`.
+///
+/// # Errors
+/// -32602 for a `len` out of range, -32600 for an unknown handle, the read's error.
+pub async fn read_block(
+    handles: &HandleTable,
+    budget: &ConnectionBudget,
+    params: ReadBlockParams,
+) -> Result<Value, RpcError> {
     let limit = fs_helper::READ_BLOCK_MAX_BYTES;
     if params.len == 0 || params.len > limit as u64 {
         return Err(FsRequestError::InvalidParams(format!(
@@ -208,10 +197,9 @@ async fn read_block(context: &FsContext<'_>, params: ReadBlockParams) -> Result<
         ))
         .into());
     }
-    let file = context.handles.get(&params.handle_id)?;
+    let file = handles.get(&params.handle_id)?;
     let (offset, len) = (params.offset, params.len as usize);
-    let (data, eof) = context
-        .budget
+    let (data, eof) = budget
         .blocking(move || fs_helper::read_block(&file, offset, len))
         .await?
         .map_err(|error| fs_helper::wire::fs_error(&error, false))?;

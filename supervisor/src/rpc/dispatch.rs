@@ -2,7 +2,7 @@
 //! result. Errors become JSON-RPC errors through `errors` (the only mapping). Handlers get only
 //! what they use, not the connection: the session, the connection's budget, and a narrow context
 //! built here (`process::handlers::LaunchContext` for `process/start`, `fs::FsContext` for
-//! `fs/*`).
+//! the `fs/*` methods, parsed once into an `fs::FsRequest`).
 //!
 //! [`respond`] sends the answer; what must follow the answer (the body notifications of a
 //! streamed `http/request`) is started only once the answer is queued, so it arrives first.
@@ -117,7 +117,19 @@ pub async fn dispatch(
             let Empty {} = parse_params(method, params)?;
             to_value(environment::info(&connection.server.environment).await)
         }
+        FS_READ_BLOCK => {
+            fs::read_block(
+                &connection.handles,
+                &connection.budget,
+                parse_params(method, params)?,
+            )
+            .await
+        }
+        FS_CLOSE => fs::close(&connection.handles, parse_params(method, params)?),
         method if method.starts_with("fs/") => {
+            let Some(request) = fs::FsRequest::parse(method, params)? else {
+                return Err(RpcError::method_not_found(method));
+            };
             let context = fs::FsContext {
                 handles: &connection.handles,
                 budget: &connection.budget,
@@ -125,7 +137,7 @@ pub async fn dispatch(
                 helpers: &connection.server.helpers,
                 session_id: &session.id,
             };
-            fs::handle(&context, method, params, answer).await
+            fs::handle(&context, request, answer).await
         }
         _ => Err(RpcError::method_not_found(method)),
     }
