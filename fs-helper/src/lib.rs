@@ -43,6 +43,8 @@ pub use ops::read::{
     READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES, open_for_streaming, read_block, read_file,
 };
 pub use ops::remove::remove;
-pub use ops::walk::{WALK_DEFAULT_ENTRIES, WALK_MAX_ENTRIES, Walk, WalkEntry, walk};
+pub use ops::walk::{
+    WALK_DEFAULT_ENTRIES, WALK_MAX_ENTRIES, WALK_MAX_PATH_BYTES, Walk, WalkEntry, walk,
+};
 pub use ops::write::{WriteOptions, write_file};
 pub use temp::ATOMIC_TEMP_PREFIX;

@@ -27,11 +27,18 @@ use crate::ops::directory::type_of;
 
 const OP: FsOperation = FsOperation::Walk;
 
-/// Default and largest number of entries one `fs/walk` returns.
+/// Largest number of entries one `fs/walk` returns (`maxEntries` may not exceed it).
 ///
-/// The answer is built in memory (about 200 bytes of JSON per entry), so this bounds it near
-/// 20 MiB, below `READ_FILE_MAX_BYTES`-sized answers; larger trees are walked in parts.
+/// The answer is built in memory (about 150 bytes of JSON per entry with short paths), so this
+/// and [`WALK_MAX_PATH_BYTES`] bound it; larger trees are walked in parts.
 pub const WALK_MAX_ENTRIES: usize = 100_000;
+
+/// Largest total of the entries' path bytes one `fs/walk` returns; past it the walk stops with
+/// `truncated`, as past `maxEntries`. Deep trees with long names would otherwise make an answer
+/// of hundreds of MiB within [`WALK_MAX_ENTRIES`] (100,000 paths of 4 KiB); with this, the
+/// answer stays under about 40 MiB (paths as percent-encoded URIs plus the other fields), below
+/// the 64 MiB helper frame limit.
+pub const WALK_MAX_PATH_BYTES: usize = 8 * 1024 * 1024;
 
 /// Entries one `fs/walk` returns when the request does not say.
 pub const WALK_DEFAULT_ENTRIES: usize = 10_000;
@@ -82,24 +89,29 @@ pub fn walk(path: &Path, max_depth: usize, max_entries: usize) -> Result<Walk, F
     let limits = Limits {
         max_depth,
         max_entries,
+        max_path_bytes: WALK_MAX_PATH_BYTES,
     };
-    walk_directory(&root, path, 1, &limits, &mut walk)?;
+    let mut path_bytes = 0;
+    walk_directory(&root, path, 1, &limits, &mut walk, &mut path_bytes)?;
     Ok(walk)
 }
 
 struct Limits {
     max_depth: usize,
     max_entries: usize,
+    max_path_bytes: usize,
 }
 
 /// Appends the entries of the directory `dir` (at `path`), whose entries are at `depth`, and
-/// of the directories below it. Stops once `walk` is truncated.
+/// of the directories below it. Stops once `walk` is truncated. `path_bytes` counts the path
+/// bytes listed so far.
 fn walk_directory(
     dir: &OwnedFd,
     path: &Path,
     depth: usize,
     limits: &Limits,
     walk: &mut Walk,
+    path_bytes: &mut usize,
 ) -> Result<(), FsError> {
     let error = |e: io::Error| FsError::io(OP, path, e);
     let mut names: Vec<(OsString, Option<Type>)> = list(dir.as_fd())
@@ -137,10 +149,14 @@ fn walk_directory(
                 Err(e) => return Err(FsError::io(OP, &entry_path, e)),
             }
         }
-        if walk.entries.len() == limits.max_entries {
+        let entry_bytes = entry_path.as_os_str().len();
+        if walk.entries.len() == limits.max_entries
+            || *path_bytes + entry_bytes > limits.max_path_bytes
+        {
             walk.truncated = true;
             return Ok(());
         }
+        *path_bytes += entry_bytes;
         walk.entries.push(WalkEntry {
             path: entry_path.clone(),
             depth,
@@ -151,7 +167,7 @@ fn walk_directory(
         if let Some(child) = child
             && depth < limits.max_depth
         {
-            walk_directory(&child, &entry_path, depth + 1, limits, walk)?;
+            walk_directory(&child, &entry_path, depth + 1, limits, walk, path_bytes)?;
             if walk.truncated {
                 return Ok(());
             }
@@ -232,6 +248,26 @@ mod tests {
         // The root itself is followed when it is a link, as fs/readDirectory does.
         let through = walk(&dir.path().join("escape"), 1, WALK_MAX_ENTRIES).unwrap();
         assert_eq!(through.entries.len(), 3);
+    }
+
+    #[test]
+    fn walk_truncates_once_the_paths_would_pass_their_byte_bound() {
+        let dir = tree();
+        let root = dir.path();
+        let first_two = root.join("a.txt").as_os_str().len() + root.join("b").as_os_str().len();
+        let open_root = open(root, OFlag::O_RDONLY | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
+        for (bound, listed) in [(first_two, 2), (first_two - 1, 1)] {
+            let limits = Limits {
+                max_depth: 8,
+                max_entries: 100,
+                max_path_bytes: bound,
+            };
+            let (mut walk, mut path_bytes) = (Walk::default(), 0);
+            walk_directory(&open_root, root, 1, &limits, &mut walk, &mut path_bytes).unwrap();
+            assert_eq!(walk.entries.len(), listed, "bound {bound}");
+            assert!(walk.truncated);
+            assert!(path_bytes <= bound);
+        }
     }
 
     #[test]
