@@ -343,3 +343,41 @@ pub struct InvalidEnvironmentId {
     /// The id given.
     pub id: String,
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_public_key_is_refused_for_its_encoding_or_its_length() {
+        assert!(matches!(
+            decode_public_key("not base64!"),
+            Err(PublicKeyError::Base64(_))
+        ));
+        let short = base64::engine::general_purpose::STANDARD.encode([7u8; 3]);
+        match decode_public_key(&short) {
+            Err(PublicKeyError::Length { length, expected }) => {
+                assert_eq!(length, 3);
+                assert_eq!(expected, proto::relay::noise::PUBLIC_KEY_BYTES);
+            }
+            other => panic!("expected a length error, got {other:?}"),
+        }
+        let key = base64::engine::general_purpose::STANDARD
+            .encode([7u8; proto::relay::noise::PUBLIC_KEY_BYTES]);
+        assert_eq!(
+            decode_public_key(&key).unwrap().len(),
+            proto::relay::noise::PUBLIC_KEY_BYTES
+        );
+    }
+
+    #[test]
+    fn an_environment_id_is_refused_naming_the_id_and_the_accepted_form() {
+        for bad in ["", "a/b", "a b", &"x".repeat(MAX_ENVIRONMENT_ID_BYTES + 1)] {
+            let error = validate_environment_id(bad).unwrap_err();
+            assert_eq!(error.id, bad);
+            assert!(error.to_string().contains("A-Z a-z 0-9 . _ -"), "{error}");
+        }
+        validate_environment_id("env-1.prod_x").unwrap();
+    }
+}

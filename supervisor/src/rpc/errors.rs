@@ -8,6 +8,7 @@ use crate::fs::FsRequestError;
 use crate::http::HttpError;
 use crate::process::ProcessError;
 use crate::process::spawn::SpawnError;
+use crate::rpc::connection::ConnectionError;
 use crate::session::SessionError;
 
 impl From<ProcessError> for RpcError {
@@ -69,6 +70,32 @@ impl From<ProcessError> for RpcError {
             }
         };
         RpcError::new(code, kind, message)
+    }
+}
+
+impl From<ConnectionError> for RpcError {
+    fn from(error: ConnectionError) -> Self {
+        let message = error.to_string();
+        match error {
+            ConnectionError::NotInitialized { .. } => {
+                RpcError::invalid_request(ErrorKind::NotInitialized, message)
+            }
+            ConnectionError::UnexpectedNotification { .. } => {
+                RpcError::invalid_request(ErrorKind::UnexpectedNotification, message)
+            }
+            ConnectionError::UnexpectedResponse => {
+                RpcError::invalid_request(ErrorKind::InvalidRequest, message)
+            }
+            ConnectionError::AlreadyInitialized => {
+                RpcError::invalid_request(ErrorKind::AlreadyInitialized, message)
+            }
+            ConnectionError::ClientNameTooLong { limit, .. } => {
+                RpcError::limit_exceeded(message, limit as u64)
+            }
+            ConnectionError::TooManyConnections { limit } => {
+                RpcError::limit_exceeded(message, limit as u64).retryable()
+            }
+        }
     }
 }
 
