@@ -19,8 +19,8 @@ use reqwest::header::{AUTHORIZATION, COOKIE, HeaderMap, LOCATION, PROXY_AUTHORIZ
 use reqwest::{Method, StatusCode, Url};
 use tokio::time::Instant;
 
-use super::HttpError;
 use super::targets::{RunningHost, TargetPolicy};
+use super::{AllowlistRefusal, HttpError};
 use crate::limits::{
     HTTP_CLIENT_CACHE_ENTRIES, HTTP_POOL_IDLE_TIMEOUT, HTTP_POOL_MAX_IDLE_PER_HOST,
     MAX_HTTP_REDIRECTS,
@@ -98,7 +98,7 @@ impl HttpClients {
             let response = request
                 .send()
                 .await
-                .map_err(|error| HttpError::upstream(&outgoing.url, &error, timeout_ms))?;
+                .map_err(|error| HttpError::upstream(&outgoing.url, error, timeout_ms))?;
             match redirect(&outgoing, &response) {
                 Some(next) if redirects == HttpRedirectPolicy::Follow => outgoing = next,
                 _ => return Ok(response),
@@ -266,25 +266,31 @@ fn check_allowlist(
     url: &Url,
 ) -> Result<(), HttpError> {
     use sandbox::policy::network::{Decision, Host, Refusal, suggested_rule};
-    let refused = |named: String, reason: String, rule: String| HttpError::NotInAllowlist {
-        url: url.to_string(),
-        host: named,
-        port,
-        reason,
-        rule,
-    };
-    let parsed = Host::parse(host)
-        .map_err(|error| refused(host.to_owned(), error.to_string(), "none".to_owned()))?;
+    let refused =
+        |named: String, reason: AllowlistRefusal, rule: String| HttpError::NotInAllowlist {
+            url: url.to_string(),
+            host: named,
+            port,
+            reason,
+            rule,
+        };
+    let parsed = Host::parse(host).map_err(|error| {
+        refused(
+            host.to_owned(),
+            AllowlistRefusal::BadHost(error),
+            "none".to_owned(),
+        )
+    })?;
     match rules.decide(&parsed, port) {
         Decision::Allowed(_) => Ok(()),
         Decision::Denied(Refusal::NotAllowed) => Err(refused(
             parsed.to_string(),
-            "not in the sandbox's network allowlist".to_owned(),
+            AllowlistRefusal::NotAllowed,
             suggested_rule(&parsed, port),
         )),
         Decision::Denied(Refusal::DeniedByRule(rule)) => Err(refused(
             parsed.to_string(),
-            format!("denied by the pattern {rule:?}"),
+            AllowlistRefusal::DeniedByPattern { pattern: rule },
             "none (remove the deny pattern)".to_owned(),
         )),
     }

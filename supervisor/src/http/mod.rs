@@ -165,7 +165,7 @@ pub enum HttpError {
         /// The port.
         port: u16,
         /// Why.
-        reason: String,
+        reason: AllowlistRefusal,
         /// The pattern that would allow it.
         rule: String,
     },
@@ -213,12 +213,14 @@ pub enum HttpError {
         timeout_ms: u64,
     },
     /// Connecting, sending or reading failed.
-    #[error("http/request failed: {url}: {reason}")]
+    #[error("http/request failed: {url}: {}", error_chain(source))]
     Upstream {
         /// The URL.
         url: String,
-        /// The error chain.
-        reason: String,
+        /// reqwest's error (its causes are part of the message: reqwest's own text is only the
+        /// outermost).
+        #[source]
+        source: reqwest::Error,
     },
     /// Redirects did not end.
     #[error("http/request failed: more than {limit} redirects (MAX_HTTP_REDIRECTS), last to {url}")]
@@ -238,24 +240,46 @@ pub enum HttpError {
 
 impl HttpError {
     /// A reqwest failure: a timeout, or an upstream error with its whole cause chain.
-    pub fn upstream(url: &Url, error: &reqwest::Error, timeout_ms: Option<u64>) -> Self {
+    pub fn upstream(url: &Url, error: reqwest::Error, timeout_ms: Option<u64>) -> Self {
         if error.is_timeout() {
             return HttpError::TimedOut {
                 timeout_ms: timeout_ms.unwrap_or(0),
             };
         }
-        let mut reason = error.to_string();
-        let mut source = std::error::Error::source(error);
-        while let Some(cause) = source {
-            reason.push_str(": ");
-            reason.push_str(&cause.to_string());
-            source = cause.source();
-        }
         HttpError::Upstream {
             url: url.to_string(),
-            reason,
+            source: error,
         }
     }
+}
+
+/// An error and its causes on one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Why the request's network allowlist refuses a host.
+#[derive(Debug, thiserror::Error)]
+pub enum AllowlistRefusal {
+    /// The URL's host is not a valid host name (so no pattern can name it).
+    #[error(transparent)]
+    BadHost(sandbox::policy::network::HostNameError),
+    /// No `allow` pattern matches.
+    #[error("not in the sandbox's network allowlist")]
+    NotAllowed,
+    /// A `deny` pattern matches.
+    #[error("denied by the pattern {pattern:?}")]
+    DeniedByPattern {
+        /// The pattern.
+        pattern: String,
+    },
 }
 
 /// Server-wide state of `http/request`.
