@@ -56,7 +56,7 @@ impl From<ProcessError> for RpcError {
             ProcessError::Spawn(SpawnError::NotFound { .. }) => {
                 (codes::NOT_FOUND, ErrorKind::NotFound)
             }
-            ProcessError::Spawn(SpawnError::Nul(_)) => {
+            ProcessError::Spawn(SpawnError::Nul(_) | SpawnError::EnvName { .. }) => {
                 (codes::INVALID_PARAMS, ErrorKind::InvalidParams)
             }
             ProcessError::Spawn(SpawnError::Setup { .. } | SpawnError::JoinCgroup { .. })
@@ -239,6 +239,10 @@ mod tests {
             (
                 ProcessError::AuditWithoutSandbox,
                 "auditDenials needs a restricting sandbox",
+            ),
+            (
+                ProcessError::Spawn(SpawnError::EnvName { name: "A=B".into() }),
+                "environment variable name \"A=B\" is empty or contains '='",
             ),
         ];
         for (error, expected) in cases {
