@@ -24,7 +24,6 @@
 
 use std::sync::Arc;
 
-use proto::error::RpcError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::cpu_pool::CpuPool;
@@ -77,24 +76,12 @@ pub enum BudgetError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     Closed,
-    /// A blocking task panicked (a bug).
+    /// A blocking task panicked or was cancelled (a bug).
     #[error("a blocking task failed: {0}")]
-    TaskFailed(String),
-}
-
-impl From<BudgetError> for RpcError {
-    fn from(error: BudgetError) -> Self {
-        let message = error.to_string();
-        match error {
-            BudgetError::Memory { limit, .. }
-            | BudgetError::Descriptors { limit, .. }
-            | BudgetError::Processes { limit } => {
-                RpcError::limit_exceeded(message, limit as u64).retryable()
-            }
-            BudgetError::Closed => RpcError::internal(message),
-            BudgetError::TaskFailed(_) => RpcError::internal(message),
-        }
-    }
+    TaskFailed(#[source] tokio::task::JoinError),
+    /// A CPU pool job panicked, or the pool is gone.
+    #[error("a blocking task failed: {0}")]
+    CpuJobFailed(#[source] crate::cpu_pool::CpuPoolError),
 }
 
 /// The server-wide budgets.
@@ -307,14 +294,14 @@ impl ConnectionBudget {
             .map_err(|_| BudgetError::Closed)?;
         tokio::task::spawn_blocking(work)
             .await
-            .map_err(|error| BudgetError::TaskFailed(error.to_string()))
+            .map_err(BudgetError::TaskFailed)
     }
 
     /// Run CPU-bound `work` (parsing, encoding, policy resolution) on the low-priority
     /// [`CpuPool`] within this connection's slots. Never for work that starts a process.
     ///
     /// # Errors
-    /// [`BudgetError::Closed`] at shutdown, [`BudgetError::TaskFailed`] when `work` panicked.
+    /// [`BudgetError::Closed`] at shutdown, [`BudgetError::CpuJobFailed`] when `work` panicked.
     pub async fn cpu<F, R>(&self, work: F) -> Result<R, BudgetError>
     where
         F: FnOnce() -> R + Send + 'static,
@@ -325,7 +312,7 @@ impl ConnectionBudget {
             .cpu
             .run(work)
             .await
-            .map_err(|error| BudgetError::TaskFailed(error.to_string()))
+            .map_err(BudgetError::CpuJobFailed)
     }
 
     async fn own_slot(&self) -> Result<OwnedSemaphorePermit, BudgetError> {

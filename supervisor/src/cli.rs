@@ -48,7 +48,7 @@ pub struct Cli {
     /// sizes may end in K, M or G), and optionally bestEffort. The server refuses to start when
     /// one cannot be enforced here (unless bestEffort). Example:
     /// memoryBytes=4G,processes=1024,wallSeconds=3600
-    #[arg(long, value_name = "LIST", value_parser = parse_default_limits)]
+    #[arg(long, value_name = "LIST", value_parser = crate::containment::plan::parse_default_limits)]
     pub default_limits: Option<proto::methods::process::Limits>,
 
     /// Do not use cgroups: track process trees by process group (the server becomes a child
@@ -198,10 +198,6 @@ pub struct ExecArgs {
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]
     pub command: Vec<String>,
-}
-
-fn parse_default_limits(text: &str) -> Result<proto::methods::process::Limits, String> {
-    crate::containment::plan::parse_default_limits(text).map_err(|error| error.to_string())
 }
 
 /// How log lines are written (`--log-format`).

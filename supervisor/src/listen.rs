@@ -24,7 +24,48 @@ pub struct ExecServerListenUrlParseError {
     /// The rejected input.
     pub url: String,
     /// What was wrong with it.
-    pub reason: String,
+    pub reason: ListenUrlProblem,
+}
+
+/// What is wrong with a `--listen` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListenUrlProblem {
+    /// `unix:` with a relative path.
+    #[error("the unix socket path must be absolute")]
+    RelativeUnixPath,
+    /// Neither `ws://` nor `unix:`.
+    #[error("unsupported scheme")]
+    UnsupportedScheme,
+    /// `ws://IP:PORT/path`.
+    #[error("a path is not allowed")]
+    Path,
+    /// No `:PORT`.
+    #[error("the port is missing: give IP:PORT (port 0 picks a free port)")]
+    MissingPort,
+    /// The port is not decimal digits.
+    #[error("the port {port:?} is not a number from 0 to 65535")]
+    PortNotANumber {
+        /// The port as given.
+        port: String,
+    },
+    /// The port is past 65535.
+    #[error("the port {port} is out of range (0 to 65535)")]
+    PortOutOfRange {
+        /// The port as given.
+        port: String,
+    },
+    /// The host is a name (only `localhost` is accepted) or not an address.
+    #[error(
+        "the host {host:?} is not an IP address (IPv6 in brackets; names other than localhost \
+         are not resolved)"
+    )]
+    HostNotAnAddress {
+        /// The host as given.
+        host: String,
+    },
+    /// An IPv6 address without brackets.
+    #[error("an IPv6 address must be in brackets, e.g. ws://[::1]:0")]
+    Ipv6WithoutBrackets,
 }
 
 impl ListenAddress {
@@ -33,33 +74,31 @@ impl ListenAddress {
     /// # Errors
     /// [`ExecServerListenUrlParseError`] naming the problem.
     pub fn parse(url: &str) -> Result<Self, ExecServerListenUrlParseError> {
-        let error = |reason: &str| ExecServerListenUrlParseError {
+        let error = |reason: ListenUrlProblem| ExecServerListenUrlParseError {
             url: url.to_owned(),
-            reason: reason.to_owned(),
+            reason,
         };
         if let Some(path) = url.strip_prefix("unix:") {
             let path = PathBuf::from(path);
             if !path.is_absolute() {
-                return Err(error("the unix socket path must be absolute"));
+                return Err(error(ListenUrlProblem::RelativeUnixPath));
             }
             return Ok(Self::Unix(path));
         }
         let Some(authority) = url.strip_prefix("ws://") else {
-            return Err(error("unsupported scheme"));
+            return Err(error(ListenUrlProblem::UnsupportedScheme));
         };
         let authority = authority.strip_suffix('/').unwrap_or(authority);
         if authority.contains('/') {
-            return Err(error("a path is not allowed"));
+            return Err(error(ListenUrlProblem::Path));
         }
         let Some((host, port)) = authority.rsplit_once(':').filter(|(host, _)| {
             // `[::1]` alone has colons but no port.
             !host.is_empty() && (!host.starts_with('[') || host.ends_with(']'))
         }) else {
-            return Err(error(
-                "the port is missing: give IP:PORT (port 0 picks a free port)",
-            ));
+            return Err(error(ListenUrlProblem::MissingPort));
         };
-        let port = parse_port(port).map_err(|reason| error(&reason))?;
+        let port = parse_port(port).map_err(error)?;
         let ip = if host == "localhost" {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         } else {
@@ -68,16 +107,13 @@ impl ListenAddress {
                 .and_then(|h| h.strip_suffix(']'))
                 .unwrap_or(host);
             bare.parse::<IpAddr>().map_err(|_| {
-                error(&format!(
-                    "the host {host:?} is not an IP address (IPv6 in brackets; names other than \
-                     localhost are not resolved)"
-                ))
+                error(ListenUrlProblem::HostNotAnAddress {
+                    host: host.to_owned(),
+                })
             })?
         };
         if ip.is_ipv6() && !host.starts_with('[') {
-            return Err(error(
-                "an IPv6 address must be in brackets, e.g. ws://[::1]:0",
-            ));
+            return Err(error(ListenUrlProblem::Ipv6WithoutBrackets));
         }
         Ok(Self::Tcp(SocketAddr::new(ip, port)))
     }
@@ -92,12 +128,16 @@ impl ListenAddress {
 }
 
 /// A decimal port from 0 to 65535, or what is wrong with `text`.
-fn parse_port(text: &str) -> Result<u16, String> {
+fn parse_port(text: &str) -> Result<u16, ListenUrlProblem> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("the port {text:?} is not a number from 0 to 65535"));
+        return Err(ListenUrlProblem::PortNotANumber {
+            port: text.to_owned(),
+        });
     }
     text.parse::<u16>()
-        .map_err(|_| format!("the port {text} is out of range (0 to 65535)"))
+        .map_err(|_| ListenUrlProblem::PortOutOfRange {
+            port: text.to_owned(),
+        })
 }
 
 #[cfg(test)]
@@ -143,7 +183,7 @@ mod tests {
 
     #[test]
     fn each_part_of_a_bad_tcp_url_is_named() {
-        let reason = |url: &str| ListenAddress::parse(url).unwrap_err().reason;
+        let reason = |url: &str| ListenAddress::parse(url).unwrap_err().reason.to_string();
         assert_eq!(
             reason("ws://127.0.0.1:99999"),
             "the port 99999 is out of range (0 to 65535)"

@@ -81,7 +81,7 @@ impl HelperBinary {
 pub enum SandboxRequestError {
     /// It does not parse.
     #[error("invalid sandbox: {0}; see policies/README.md for the accepted shapes")]
-    Shape(String),
+    Shape(#[source] serde_json::Error),
     /// It does not resolve.
     #[error("invalid sandbox: {0}")]
     Resolve(#[from] sandbox::PolicyError),
@@ -153,8 +153,8 @@ impl Sandboxing {
         let Some(sandbox) = sandbox.filter(|value| !value.is_null()) else {
             return Ok(None);
         };
-        let spec: SandboxSpec = serde_json::from_value(sandbox.clone())
-            .map_err(|err| SandboxRequestError::Shape(err.to_string()))?;
+        let spec: SandboxSpec =
+            serde_json::from_value(sandbox.clone()).map_err(SandboxRequestError::Shape)?;
         let policy = spec.resolve_with(&self.context)?;
         if policy.is_unrestricted() {
             return Ok(None);

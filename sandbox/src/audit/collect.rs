@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::audit::denial::Coverage;
-use crate::audit::enable::{self, EnableGuard};
+use crate::audit::enable::{self, EnableError, EnableGuard};
 use crate::audit::netlink::{
-    Control, MulticastReader, RECV_BUFFER_BYTES, Status, session_exit_rule,
+    Control, MulticastReader, NetlinkError, RECV_BUFFER_BYTES, Status, session_exit_rule,
 };
 use crate::audit::records::{AUDIT_TRUSTED_APP, Record};
 
@@ -54,23 +54,35 @@ pub struct Collector {
     buf: Vec<u8>,
 }
 
+/// Why audit records cannot be collected here.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectorOpenError {
+    /// Joining the audit multicast group failed (no `CAP_AUDIT_READ`, no audit in the kernel).
+    #[error(transparent)]
+    Multicast(NetlinkError),
+    /// Opening the audit control socket failed.
+    #[error(transparent)]
+    Control(NetlinkError),
+    /// The audit status could not be read.
+    #[error("reading the audit status failed: {0}")]
+    Status(#[source] NetlinkError),
+    /// Auditing is off and could not be turned on.
+    #[error("auditing is off and turning it on failed: {0}")]
+    Enable(#[source] EnableError),
+}
+
 impl Collector {
     /// Joins the multicast group and turns auditing on if needed.
     ///
     /// # Errors
-    /// A plain-words reason when collection is impossible (no `CAP_AUDIT_READ`, no audit in
+    /// [`CollectorOpenError`] when collection is impossible (no `CAP_AUDIT_READ`, no audit in
     /// the kernel, auditing off and not allowed to turn it on).
-    pub fn open() -> Result<Self, String> {
-        let reader = MulticastReader::open().map_err(|err| err.to_string())?;
-        let mut control = Control::open().map_err(|err| err.to_string())?;
-        let status = control
-            .status()
-            .map_err(|err| format!("reading the audit status failed: {err}"))?;
+    pub fn open() -> Result<Self, CollectorOpenError> {
+        let reader = MulticastReader::open().map_err(CollectorOpenError::Multicast)?;
+        let mut control = Control::open().map_err(CollectorOpenError::Control)?;
+        let status = control.status().map_err(CollectorOpenError::Status)?;
         let enable = if status.enabled == 0 {
-            Some(
-                enable::acquire(&mut control)
-                    .map_err(|err| format!("auditing is off and turning it on failed: {err}"))?,
-            )
+            Some(enable::acquire(&mut control).map_err(CollectorOpenError::Enable)?)
         } else {
             // Register anyway, so an overlapping run that turned it on keeps it on for us.
             enable::acquire(&mut control).ok()

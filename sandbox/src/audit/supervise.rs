@@ -147,7 +147,7 @@ pub fn run_audited(
     );
     let (collector, blind_reason) = match Collector::open() {
         Ok(collector) => (Some(collector), None),
-        Err(reason) => (None, Some(reason)),
+        Err(error) => (None, Some(error.to_string())),
     };
     let abi = crate::sys::landlock_abi();
     let mut session = None;

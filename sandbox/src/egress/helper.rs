@@ -29,8 +29,8 @@ pub enum HelperError {
         source: std::io::Error,
     },
     /// The configuration could not be read.
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] super::launch::ConfigReadError),
     /// The proxy's own policy could not be built.
     #[error("building the proxy's own policy failed: {0}")]
     Policy(#[from] crate::policy::PolicyError),
@@ -86,8 +86,7 @@ pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
     };
     let listen = take("listener", fds.listen)?;
     let events = take("event pipe", fds.events)?;
-    let config = super::launch::read_config(take("configuration", fds.config)?)
-        .map_err(HelperError::Config)?;
+    let config = super::launch::read_config(take("configuration", fds.config)?)?;
     let locals = local_addresses();
     let policy = proxy_policy(&config.denied_ports)?;
     let options = EnforceOptions::for_helper(&[listen.as_raw_fd(), events.as_raw_fd()]);

@@ -210,20 +210,37 @@ fn config_memfd(config: &ProxyConfig) -> Result<OwnedFd, LaunchError> {
 /// Largest configuration the proxy reads.
 pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
 
+/// Why the proxy could not read its configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigReadError {
+    /// Reading the descriptor failed.
+    #[error("reading the configuration failed: {0}")]
+    Read(#[source] std::io::Error),
+    /// It is larger than [`MAX_CONFIG_BYTES`].
+    #[error("the configuration is larger than MAX_CONFIG_BYTES ({limit})")]
+    TooLarge {
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// It is not the JSON of a [`ProxyConfig`].
+    #[error("the configuration is malformed: {0}")]
+    Malformed(#[source] serde_json::Error),
+}
+
 /// Reads the configuration from inherited descriptor `fd` (the proxy's side).
 ///
 /// # Errors
-/// A message naming what was wrong.
-pub fn read_config(fd: OwnedFd) -> Result<ProxyConfig, String> {
+/// [`ConfigReadError`] naming what was wrong.
+pub fn read_config(fd: OwnedFd) -> Result<ProxyConfig, ConfigReadError> {
     let mut text = Vec::new();
     std::fs::File::from(fd)
         .take(MAX_CONFIG_BYTES + 1)
         .read_to_end(&mut text)
-        .map_err(|err| format!("reading the configuration failed: {err}"))?;
+        .map_err(ConfigReadError::Read)?;
     if text.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(format!(
-            "the configuration is larger than MAX_CONFIG_BYTES ({MAX_CONFIG_BYTES})"
-        ));
+        return Err(ConfigReadError::TooLarge {
+            limit: MAX_CONFIG_BYTES,
+        });
     }
-    serde_json::from_slice(&text).map_err(|err| format!("the configuration is malformed: {err}"))
+    serde_json::from_slice(&text).map_err(ConfigReadError::Malformed)
 }

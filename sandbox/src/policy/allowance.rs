@@ -34,12 +34,13 @@ pub enum AllowanceError {
         known: String,
     },
     /// The TOML does not have the allowance format.
-    #[error("allowance {name}: {message}")]
+    #[error("allowance {name}: {source}")]
     Format {
         /// The allowance.
         name: String,
         /// What is wrong and what is expected.
-        message: String,
+        #[source]
+        source: AllowanceFormatError,
     },
     /// A `write` entry is, contains or lies inside a path of the `never` list.
     #[error(
@@ -61,6 +62,53 @@ pub enum AllowanceError {
         name: String,
         /// The policy error.
         source: super::PolicyError,
+    },
+}
+
+/// What is wrong with an allowance file's shape.
+#[derive(Debug, thiserror::Error)]
+pub enum AllowanceFormatError {
+    /// It is not TOML of the allowance's shape.
+    #[error("{0}")]
+    Toml(#[source] toml::de::Error),
+    /// A path is not `:BASE/SUBPATH`.
+    #[error(
+        "path {path:?} must be :BASE/SUBPATH with BASE one of :{} (a base itself is never \
+         allowed: a command could create any file there)",
+        BASE_NAMES.join(", :")
+    )]
+    NotBased {
+        /// The path as written.
+        path: String,
+    },
+    /// A path starts from a base that does not exist.
+    #[error(
+        "path {path:?} starts from unknown base :{base} (expected :{})",
+        BASE_NAMES.join(", :")
+    )]
+    UnknownBase {
+        /// The path as written.
+        path: String,
+        /// The base named.
+        base: String,
+    },
+    /// A path's subpath is empty or holds `.` or `..`.
+    #[error("path {path:?} must name a relative subpath below its base, without '.' or '..'")]
+    Subpath {
+        /// The path as written.
+        path: String,
+    },
+    /// An entry without a comment.
+    #[error("entry {path} needs a comment saying why it is allowed")]
+    MissingComment {
+        /// The entry's path.
+        path: String,
+    },
+    /// A `deny` entry.
+    #[error("entry {path} is deny; an allowance only grants write (or keeps read-only)")]
+    DenyEntry {
+        /// The entry's path.
+        path: String,
     },
 }
 
@@ -130,26 +178,24 @@ const BASE_NAMES: &[&str] = &["cargo_home", "cache_home", "home"];
 
 /// `:base/sub` split into the base's name and the relative subpath; the subpath must be
 /// non-empty and stay below the base.
-fn split_key(key: &str) -> Result<(&str, &Path), String> {
+fn split_key(key: &str) -> Result<(&str, &Path), AllowanceFormatError> {
     let Some((base, sub)) = key.strip_prefix(':').and_then(|rest| rest.split_once('/')) else {
-        return Err(format!(
-            "path {key:?} must be :BASE/SUBPATH with BASE one of :{} (a base itself is never \
-             allowed: a command could create any file there)",
-            BASE_NAMES.join(", :")
-        ));
+        return Err(AllowanceFormatError::NotBased {
+            path: key.to_owned(),
+        });
     };
     if !BASE_NAMES.contains(&base) {
-        return Err(format!(
-            "path {key:?} starts from unknown base :{base} (expected :{})",
-            BASE_NAMES.join(", :")
-        ));
+        return Err(AllowanceFormatError::UnknownBase {
+            path: key.to_owned(),
+            base: base.to_owned(),
+        });
     }
     let sub = Path::new(sub);
     let plain = sub.components().all(|c| matches!(c, Component::Normal(_)));
     if sub.as_os_str().is_empty() || !plain {
-        return Err(format!(
-            "path {key:?} must name a relative subpath below its base, without '.' or '..'"
-        ));
+        return Err(AllowanceFormatError::Subpath {
+            path: key.to_owned(),
+        });
     }
     Ok((base, sub))
 }
@@ -194,27 +240,26 @@ impl Allowance {
     /// `:BASE/SUBPATH`, an empty comment or a `deny` entry; [`AllowanceError::Never`] for a
     /// `write` entry that overlaps a `never` path.
     pub fn parse(name: &str, text: &str) -> Result<Self, AllowanceError> {
-        let format = |message: String| AllowanceError::Format {
+        let format = |source: AllowanceFormatError| AllowanceError::Format {
             name: name.to_owned(),
-            message,
+            source,
         };
-        let file: AllowanceFile = toml::from_str(text).map_err(|err| format(err.to_string()))?;
+        let file: AllowanceFile =
+            toml::from_str(text).map_err(|err| format(AllowanceFormatError::Toml(err)))?;
         for never in &file.never {
             split_key(never).map_err(format)?;
         }
         for entry in &file.entries {
             let (base, sub) = split_key(&entry.path).map_err(format)?;
             if entry.comment.trim().is_empty() {
-                return Err(format(format!(
-                    "entry {} needs a comment saying why it is allowed",
-                    entry.path
-                )));
+                return Err(format(AllowanceFormatError::MissingComment {
+                    path: entry.path.clone(),
+                }));
             }
             if entry.access == Access::Deny {
-                return Err(format(format!(
-                    "entry {} is deny; an allowance only grants write (or keeps read-only)",
-                    entry.path
-                )));
+                return Err(format(AllowanceFormatError::DenyEntry {
+                    path: entry.path.clone(),
+                }));
             }
             if entry.access != Access::Write {
                 continue;

@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use allowance::{Allowance, AllowanceBases, AllowanceError, BUILTIN_ALLOWANCES};
+pub use allowance::{
+    Allowance, AllowanceBases, AllowanceError, AllowanceFormatError, BUILTIN_ALLOWANCES,
+};
 pub use network::{EgressRules, HostPattern, NetworkPolicy};
 pub use profile::{BUILTIN_PROFILES, DEFAULT_PROTECTED_SUBPATHS, ProfileFile, builtin_profile};
 pub use resolve::{MAX_RESOLVED_RULES, ResolveContext};
@@ -416,11 +418,8 @@ pub enum PolicyError {
         limit: usize,
     },
     /// The `network` value or an egress pattern is malformed.
-    #[error("invalid network policy: {message}")]
-    Network {
-        /// What was wrong and what is expected.
-        message: String,
-    },
+    #[error("invalid network policy: {0}")]
+    Network(#[from] network::NetworkError),
     /// Reading a profile file failed.
     #[error("cannot read profile file {path}: {source}")]
     ReadProfile {

@@ -76,12 +76,7 @@ impl NetworkPolicy {
             NetworkSetting::Mode(mode) => match mode.as_str() {
                 "off" | "restricted" => Ok(Self::Off),
                 "on" | "enabled" => Ok(Self::On),
-                other => Err(PolicyError::Network {
-                    message: format!(
-                        "network {other:?} is unknown (expected \"off\", \"on\" or \
-                         {{\"allow\": [...], \"deny\": [...]}})"
-                    ),
-                }),
+                _ => Err(NetworkError::UnknownMode { mode }.into()),
             },
             NetworkSetting::Allowlist(spec) => Ok(Self::Allowlist(EgressRules::parse(
                 &spec.allow,
@@ -110,6 +105,98 @@ impl From<NetworkPolicy> for NetworkSetting {
             }),
         }
     }
+}
+
+/// What is wrong with a `network` value or an egress pattern.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    /// A mode string other than `"off"` / `"on"` (`"restricted"` / `"enabled"`).
+    #[error(
+        "network {mode:?} is unknown (expected \"off\", \"on\" or {{\"allow\": [...], \"deny\": [...]}})"
+    )]
+    UnknownMode {
+        /// The mode given.
+        mode: String,
+    },
+    /// The value has none of the accepted shapes.
+    #[error(
+        "network is malformed (expected \"off\", \"on\" or {{\"allow\": [PATTERN, ...], \"deny\": \
+         [PATTERN, ...]}} with no other keys; got {value})"
+    )]
+    Malformed {
+        /// The value given.
+        value: serde_json::Value,
+    },
+    /// More patterns than [`MAX_EGRESS_PATTERNS`] once named sets are expanded.
+    #[error(
+        "the allowlist expands to more than {limit} patterns (MAX_EGRESS_PATTERNS); use *.suffix patterns"
+    )]
+    TooManyPatterns {
+        /// The limit.
+        limit: usize,
+    },
+    /// `@NAME` names no shipped set.
+    #[error(
+        "unknown named set {name:?} (expected one of: {})",
+        NAMED_SETS.iter().map(|(set, _)| format!("@{set}")).collect::<Vec<_>>().join(", ")
+    )]
+    UnknownSet {
+        /// The item as written (with its `@`).
+        name: String,
+    },
+    /// An egress pattern is malformed.
+    #[error(
+        "egress pattern {pattern:?}: {source} (expected HOST, *.DOMAIN or an IP literal, \
+         optionally :PORT, e.g. \"*.crates.io\", \"github.com:443\", \"[::1]:8080\")"
+    )]
+    Pattern {
+        /// The pattern as written.
+        pattern: String,
+        /// What is wrong with it.
+        #[source]
+        source: PatternError,
+    },
+}
+
+/// What is wrong with one egress pattern.
+#[derive(Debug, thiserror::Error)]
+pub enum PatternError {
+    /// The port is not 1 to 65535.
+    #[error("port {port:?} is not a number from 1 to 65535")]
+    Port {
+        /// The port as written.
+        port: String,
+    },
+    /// `[` without `]`.
+    #[error("unclosed '['")]
+    UnclosedBracket,
+    /// Something other than `:PORT` after `]`.
+    #[error("unexpected {rest:?} after ']'")]
+    AfterBracket {
+        /// What follows the `]`.
+        rest: String,
+    },
+    /// `*.TLD`.
+    #[error("a wildcard must keep at least two labels (*.example.com, not *.com)")]
+    WildcardTooWide,
+    /// A `*` that is not a leading `*.` label.
+    #[error(
+        "'*' is only allowed as a leading \"*.\" label; to allow everything use network \"on\""
+    )]
+    WildcardInside,
+    /// The host is not a valid name.
+    #[error(transparent)]
+    Host(#[from] HostNameError),
+}
+
+/// A host that is neither an IP literal nor a valid DNS name.
+#[derive(Debug, thiserror::Error)]
+#[error("{host:?} is not a valid host name ({reason})")]
+pub struct HostNameError {
+    /// The host as given.
+    pub host: String,
+    /// Which rule it breaks.
+    pub reason: &'static str,
 }
 
 /// The `network` value as written.
@@ -157,12 +244,10 @@ impl EgressRules {
             deny: parse_list(deny)?,
         };
         if rules.allow.len() + rules.deny.len() > MAX_EGRESS_PATTERNS {
-            return Err(PolicyError::Network {
-                message: format!(
-                    "the allowlist expands to more than {MAX_EGRESS_PATTERNS} patterns \
-                     (MAX_EGRESS_PATTERNS); use *.suffix patterns"
-                ),
-            });
+            return Err(NetworkError::TooManyPatterns {
+                limit: MAX_EGRESS_PATTERNS,
+            }
+            .into());
         }
         Ok(rules)
     }
@@ -210,15 +295,8 @@ fn parse_list(items: &[String]) -> Result<Vec<HostPattern>, PolicyError> {
             let (_, text) = NAMED_SETS
                 .iter()
                 .find(|(set, _)| *set == name)
-                .ok_or_else(|| PolicyError::Network {
-                    message: format!(
-                        "unknown named set {item:?} (expected one of: {})",
-                        NAMED_SETS
-                            .iter()
-                            .map(|(set, _)| format!("@{set}"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
+                .ok_or_else(|| NetworkError::UnknownSet {
+                    name: item.to_owned(),
                 })?;
             for line in text.lines() {
                 let line = line.split('#').next().unwrap_or_default().trim();
@@ -230,12 +308,10 @@ fn parse_list(items: &[String]) -> Result<Vec<HostPattern>, PolicyError> {
             out.push(HostPattern::parse(item)?);
         }
         if out.len() > MAX_EGRESS_PATTERNS {
-            return Err(PolicyError::Network {
-                message: format!(
-                    "the allowlist expands to more than {MAX_EGRESS_PATTERNS} patterns \
-                     (MAX_EGRESS_PATTERNS)"
-                ),
-            });
+            return Err(NetworkError::TooManyPatterns {
+                limit: MAX_EGRESS_PATTERNS,
+            }
+            .into());
         }
     }
     out.sort_by_key(ToString::to_string);
@@ -275,8 +351,8 @@ impl Host {
     /// `[::1]` or `::1`).
     ///
     /// # Errors
-    /// [`PolicyError::Network`] when it is neither an IP literal nor a valid DNS name.
-    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+    /// [`HostNameError`] when it is neither an IP literal nor a valid DNS name.
+    pub fn parse(text: &str) -> Result<Self, HostNameError> {
         let bare = text
             .strip_prefix('[')
             .and_then(|t| t.strip_suffix(']'))
@@ -299,9 +375,10 @@ impl fmt::Display for Host {
 }
 
 /// Lowercase, IDNA (UTS 46) to ASCII, no trailing dot; letters, digits, `-` and `_` only.
-fn normalize_name(text: &str) -> Result<String, PolicyError> {
-    let bad = |why: &str| PolicyError::Network {
-        message: format!("{text:?} is not a valid host name ({why})"),
+fn normalize_name(text: &str) -> Result<String, HostNameError> {
+    let bad = |reason: &'static str| HostNameError {
+        host: text.to_owned(),
+        reason,
     };
     let trimmed = text.strip_suffix('.').unwrap_or(text);
     if trimmed.is_empty() {
@@ -350,31 +427,22 @@ impl HostPattern {
     /// # Errors
     /// [`PolicyError::Network`] naming the pattern and the expected form.
     pub fn parse(text: &str) -> Result<Self, PolicyError> {
-        let bad = |why: String| PolicyError::Network {
-            message: format!(
-                "egress pattern {text:?}: {why} (expected HOST, *.DOMAIN or an IP literal, \
-                 optionally :PORT, e.g. \"*.crates.io\", \"github.com:443\", \"[::1]:8080\")"
-            ),
+        let bad = |source: PatternError| NetworkError::Pattern {
+            pattern: text.to_owned(),
+            source,
         };
         let text = text.trim();
         let (host, port) = split_port(text).map_err(bad)?;
         let host = if let Some(suffix) = host.strip_prefix("*.") {
-            let name = normalize_name(suffix).map_err(|e| bad(e.to_string()))?;
+            let name = normalize_name(suffix).map_err(|e| bad(e.into()))?;
             if !name.contains('.') {
-                return Err(bad(
-                    "a wildcard must keep at least two labels (*.example.com, not *.com)"
-                        .to_owned(),
-                ));
+                return Err(bad(PatternError::WildcardTooWide).into());
             }
             HostMatch::Subdomains(name)
         } else if host.contains('*') {
-            return Err(bad(
-                "'*' is only allowed as a leading \"*.\" label; to allow everything use \
-                 network \"on\""
-                    .to_owned(),
-            ));
+            return Err(bad(PatternError::WildcardInside).into());
         } else {
-            HostMatch::Exact(Host::parse(host).map_err(|e| bad(e.to_string()))?)
+            HostMatch::Exact(Host::parse(host).map_err(|e| bad(e.into()))?)
         };
         Ok(Self { host, port })
     }
@@ -397,20 +465,22 @@ impl HostPattern {
 }
 
 /// Splits `host[:port]` (`[v6]:port`, bare v6 without a port).
-fn split_port(text: &str) -> Result<(&str, Option<u16>), String> {
+fn split_port(text: &str) -> Result<(&str, Option<u16>), PatternError> {
     let parse_port = |p: &str| {
         p.parse::<u16>()
             .ok()
             .filter(|p| *p != 0)
-            .ok_or_else(|| format!("port {p:?} is not a number from 1 to 65535"))
+            .ok_or_else(|| PatternError::Port { port: p.to_owned() })
     };
     if text.starts_with('[') {
-        let end = text.find(']').ok_or("unclosed '['")?;
+        let end = text.find(']').ok_or(PatternError::UnclosedBracket)?;
         let rest = &text[end + 1..];
         return match rest.strip_prefix(':') {
             Some(port) => Ok((&text[..=end], Some(parse_port(port)?))),
             None if rest.is_empty() => Ok((&text[..=end], None)),
-            None => Err(format!("unexpected {rest:?} after ']'")),
+            None => Err(PatternError::AfterBracket {
+                rest: rest.to_owned(),
+            }),
         };
     }
     if text.matches(':').count() > 1 {
@@ -659,6 +729,38 @@ mod tests {
             let err = EgressRules::parse(&[bad.to_owned()], &[]).unwrap_err();
             assert!(err.to_string().contains("expected"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn a_bad_pattern_names_the_pattern_and_its_fault_once() {
+        let fault = |text: &str| match EgressRules::parse(&[text.to_owned()], &[]) {
+            Err(PolicyError::Network(NetworkError::Pattern { pattern, source })) => {
+                (pattern, source)
+            }
+            other => panic!("{text}: expected a pattern error, got {other:?}"),
+        };
+        let (pattern, source) = fault("example.com:0");
+        assert_eq!(pattern, "example.com:0");
+        assert!(matches!(source, PatternError::Port { port } if port == "0"));
+        assert!(matches!(fault("*.com").1, PatternError::WildcardTooWide));
+        assert!(matches!(
+            fault("a*.example.com").1,
+            PatternError::WildcardInside
+        ));
+        assert!(matches!(fault("[::1]x").1, PatternError::AfterBracket { rest } if rest == "x"));
+        let (_, source) = fault("exa mple.com");
+        assert!(
+            matches!(&source, PatternError::Host(HostNameError { host, .. }) if host == "exa mple.com"),
+            "{source:?}"
+        );
+        let message = EgressRules::parse(&["exa mple.com".to_owned()], &[])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message.matches("invalid network policy").count(),
+            1,
+            "{message}"
+        );
     }
 
     #[test]

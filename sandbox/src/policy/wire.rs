@@ -433,13 +433,8 @@ fn object(value: Result<Value, serde_json::Error>) -> Map<String, Value> {
 
 /// The top-level `network` value, with a message that shows the accepted forms.
 fn network_value(value: Value) -> Result<super::NetworkPolicy, PolicyError> {
-    let setting: super::network::NetworkSetting =
-        serde_json::from_value(value.clone()).map_err(|_| PolicyError::Network {
-            message: format!(
-                "network is malformed (expected \"off\", \"on\" or {{\"allow\": [PATTERN, ...], \"deny\": \
-                 [PATTERN, ...]}} with no other keys; got {value})"
-            ),
-        })?;
+    let setting: super::network::NetworkSetting = serde_json::from_value(value.clone())
+        .map_err(|_| super::network::NetworkError::Malformed { value })?;
     super::NetworkPolicy::from_setting(setting)
 }
 

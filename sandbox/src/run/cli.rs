@@ -135,8 +135,25 @@ pub fn command() -> clap::Command {
     }
 }
 
+/// Why a `--memory` value is not a size.
+#[derive(Debug, thiserror::Error)]
+pub enum SizeError {
+    /// A letter other than K, M or G ends it.
+    #[error("unknown size suffix {suffix:?} (use K, M or G)")]
+    Suffix {
+        /// The suffix given.
+        suffix: char,
+    },
+    /// It is not a positive number (of bytes, or of K, M, G) that fits in 64 bits.
+    #[error("{text:?} is not a size (a positive number of bytes, or 512M, 2G)")]
+    NotASize {
+        /// The value given (trimmed).
+        text: String,
+    },
+}
+
 /// `--memory`'s value: bytes, or a number with a K, M or G suffix (powers of 1024).
-fn parse_size(text: &str) -> Result<u64, String> {
+fn parse_size(text: &str) -> Result<u64, SizeError> {
     let text = text.trim();
     let (digits, unit) = match text.char_indices().last() {
         Some((at, suffix)) if suffix.is_ascii_alphabetic() => {
@@ -144,7 +161,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
                 'K' => 1 << 10,
                 'M' => 1 << 20,
                 'G' => 1 << 30,
-                _ => return Err(format!("unknown size suffix {suffix:?} (use K, M or G)")),
+                _ => return Err(SizeError::Suffix { suffix }),
             };
             (&text[..at], unit)
         }
@@ -155,5 +172,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .ok()
         .and_then(|n| n.checked_mul(unit))
         .filter(|bytes| *bytes > 0)
-        .ok_or_else(|| format!("{text:?} is not a size (a positive number of bytes, or 512M, 2G)"))
+        .ok_or_else(|| SizeError::NotASize {
+            text: text.to_owned(),
+        })
 }

@@ -76,7 +76,7 @@ pub enum ExecCommandError {
     RegistrationWait(f64),
     /// `--executor-key` is not a base64 public key.
     #[error("--executor-key: {0}")]
-    ExecutorKey(String),
+    ExecutorKey(#[source] crate::relay::registry::PublicKeyError),
     /// Neither `--connect` nor `--remote` (clap normally refuses this first).
     #[error("pass --connect URL or --remote REGISTRY_URL --environment-id ID")]
     NoServer,

@@ -42,7 +42,7 @@ pub async fn read_bounded(
     while let Some(chunk) = response
         .chunk()
         .await
-        .map_err(|error| HttpError::upstream(&url, &error, timeout_ms))?
+        .map_err(|error| HttpError::upstream(&url, error, timeout_ms))?
     {
         if body.len() + chunk.len() > limit {
             return Err(too_large());
@@ -106,7 +106,7 @@ impl BodyStream {
                     continue;
                 }
                 Ok(None) => None,
-                Err(error) => Some(HttpError::upstream(&url, &error, self.timeout_ms).to_string()),
+                Err(error) => Some(HttpError::upstream(&url, error, self.timeout_ms).to_string()),
             };
             if let Some(error) = &last {
                 tracing::debug!(request_id = %self.request_id, %error, "http/request body failed");

@@ -19,8 +19,8 @@ use reqwest::header::{AUTHORIZATION, COOKIE, HeaderMap, LOCATION, PROXY_AUTHORIZ
 use reqwest::{Method, StatusCode, Url};
 use tokio::time::Instant;
 
-use super::HttpError;
 use super::targets::{RunningHost, TargetPolicy};
+use super::{AllowlistRefusal, HttpError};
 use crate::limits::{
     HTTP_CLIENT_CACHE_ENTRIES, HTTP_POOL_IDLE_TIMEOUT, HTTP_POOL_MAX_IDLE_PER_HOST,
     MAX_HTTP_REDIRECTS,
@@ -50,7 +50,7 @@ struct PinKey {
 /// Server-wide HTTP machinery: the server's listeners, TLS roots, and the client cache.
 pub struct HttpClients {
     host: RunningHost,
-    tls: OnceLock<Result<rustls::ClientConfig, String>>,
+    tls: OnceLock<Result<rustls::ClientConfig, rustls::Error>>,
     cache: Mutex<VecDeque<(PinKey, reqwest::Client)>>,
 }
 
@@ -98,7 +98,7 @@ impl HttpClients {
             let response = request
                 .send()
                 .await
-                .map_err(|error| HttpError::upstream(&outgoing.url, &error, timeout_ms))?;
+                .map_err(|error| HttpError::upstream(&outgoing.url, error, timeout_ms))?;
             match redirect(&outgoing, &response) {
                 Some(next) if redirects == HttpRedirectPolicy::Follow => outgoing = next,
                 _ => return Ok(response),
@@ -118,11 +118,11 @@ impl HttpClients {
     ) -> Result<reqwest::Client, HttpError> {
         let port = url
             .port_or_known_default()
-            .ok_or_else(|| HttpError::InvalidParams(format!("url {url} has no port")))?;
-        let host = url.host_str().ok_or_else(|| {
-            HttpError::InvalidParams(format!(
-                "url {url} has no host; send an absolute http:// or https:// URL"
-            ))
+            .ok_or_else(|| HttpError::UrlWithoutPort {
+                url: url.to_string(),
+            })?;
+        let host = url.host_str().ok_or_else(|| HttpError::UrlWithoutHost {
+            url: url.to_string(),
         })?;
         if let Some(rules) = &policy.egress {
             check_allowlist(rules, host, port, url)?;
@@ -181,13 +181,12 @@ impl HttpClients {
             .await
             .map_err(|source| HttpError::Resolve {
                 host: name.to_owned(),
-                reason: source.to_string(),
+                source,
             })?
             .collect();
         if resolved.is_empty() {
-            return Err(HttpError::Resolve {
+            return Err(HttpError::NoAddress {
                 host: name.to_owned(),
-                reason: "the name has no address".into(),
             });
         }
         for address in &resolved {
@@ -220,9 +219,7 @@ impl HttpClients {
         if !key.host.is_empty() {
             builder = builder.resolve_to_addrs(&key.host, &key.addresses);
         }
-        let client = builder
-            .build()
-            .map_err(|error| HttpError::Tls(format!("cannot build the HTTP client: {error}")))?;
+        let client = builder.build().map_err(HttpError::Client)?;
         if cache.len() >= HTTP_CLIENT_CACHE_ENTRIES {
             cache.pop_front();
         }
@@ -233,7 +230,7 @@ impl HttpClients {
 
 /// rustls with the ring provider and the system's trust roots (`SSL_CERT_FILE` and
 /// `SSL_CERT_DIR` are honoured).
-fn tls_config() -> Result<rustls::ClientConfig, String> {
+fn tls_config() -> Result<rustls::ClientConfig, rustls::Error> {
     let mut roots = rustls::RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     for error in &native.errors {
@@ -243,8 +240,7 @@ fn tls_config() -> Result<rustls::ClientConfig, String> {
     tracing::debug!(added, ignored, "http/request: loaded system trust roots");
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|error| format!("cannot configure TLS: {error}"))?
+        .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(config)
@@ -270,25 +266,31 @@ fn check_allowlist(
     url: &Url,
 ) -> Result<(), HttpError> {
     use sandbox::policy::network::{Decision, Host, Refusal, suggested_rule};
-    let refused = |named: String, reason: String, rule: String| HttpError::NotInAllowlist {
-        url: url.to_string(),
-        host: named,
-        port,
-        reason,
-        rule,
-    };
-    let parsed = Host::parse(host)
-        .map_err(|error| refused(host.to_owned(), error.to_string(), "none".to_owned()))?;
+    let refused =
+        |named: String, reason: AllowlistRefusal, rule: String| HttpError::NotInAllowlist {
+            url: url.to_string(),
+            host: named,
+            port,
+            reason,
+            rule,
+        };
+    let parsed = Host::parse(host).map_err(|error| {
+        refused(
+            host.to_owned(),
+            AllowlistRefusal::BadHost(error),
+            "none".to_owned(),
+        )
+    })?;
     match rules.decide(&parsed, port) {
         Decision::Allowed(_) => Ok(()),
         Decision::Denied(Refusal::NotAllowed) => Err(refused(
             parsed.to_string(),
-            "not in the sandbox's network allowlist".to_owned(),
+            AllowlistRefusal::NotAllowed,
             suggested_rule(&parsed, port),
         )),
         Decision::Denied(Refusal::DeniedByRule(rule)) => Err(refused(
             parsed.to_string(),
-            format!("denied by the pattern {rule:?}"),
+            AllowlistRefusal::DeniedByPattern { pattern: rule },
             "none (remove the deny pattern)".to_owned(),
         )),
     }

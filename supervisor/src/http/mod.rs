@@ -40,12 +40,84 @@ use crate::limits::{
 /// Why an `http/request` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    /// A param is malformed.
-    #[error("invalid params for http/request: {0}")]
-    InvalidParams(String),
+    /// `requestId` is empty or longer than its limit.
+    #[error(
+        "invalid params for http/request: requestId must be 1 to {limit} bytes (MAX_HTTP_REQUEST_ID_BYTES), got {length}"
+    )]
+    RequestIdLength {
+        /// Its length in bytes.
+        length: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// `method` is not an HTTP method token.
+    #[error("invalid params for http/request: method {method:?} is invalid: {source}")]
+    InvalidMethod {
+        /// The method given.
+        method: String,
+        /// Why it does not parse (`http::method::InvalidMethod`).
+        #[source]
+        source: <Method as std::str::FromStr>::Err,
+    },
+    /// `method` is `CONNECT`.
+    #[error(
+        "invalid params for http/request: method CONNECT is not supported (it would open a tunnel)"
+    )]
+    ConnectMethod,
+    /// `url` does not parse.
+    #[error(
+        "invalid params for http/request: url {url:?} is invalid: {source}; send an absolute http:// or https:// URL"
+    )]
+    InvalidUrl {
+        /// The URL given.
+        url: String,
+        /// Why it does not parse (`url::ParseError`).
+        #[source]
+        source: <Url as std::str::FromStr>::Err,
+    },
+    /// `url` is not `http:` or `https:`.
+    #[error(
+        "invalid params for http/request: only http and https URLs are supported, got scheme {scheme:?}"
+    )]
+    UnsupportedScheme {
+        /// The scheme given.
+        scheme: String,
+    },
+    /// A URL (of the request or a redirect) has no host.
+    #[error(
+        "invalid params for http/request: url {url} has no host; send an absolute http:// or https:// URL"
+    )]
+    UrlWithoutHost {
+        /// The URL.
+        url: String,
+    },
+    /// A URL (of the request or a redirect) has no port and no known default for its scheme.
+    #[error("invalid params for http/request: url {url} has no port")]
+    UrlWithoutPort {
+        /// The URL.
+        url: String,
+    },
+    /// A header name is not a valid token.
+    #[error("invalid params for http/request: header name {name:?} is invalid: {source}")]
+    InvalidHeaderName {
+        /// The name given.
+        name: String,
+        /// Why it is invalid.
+        #[source]
+        source: reqwest::header::InvalidHeaderName,
+    },
+    /// A header value holds bytes a header cannot carry.
+    #[error("invalid params for http/request: the value of header {name:?} is invalid: {source}")]
+    InvalidHeaderValue {
+        /// The header's name.
+        name: String,
+        /// Why the value is invalid.
+        #[source]
+        source: reqwest::header::InvalidHeaderValue,
+    },
     /// `bodyBase64` does not decode.
     #[error("bodyBase64 is not valid base64: {0}")]
-    InvalidBase64(String),
+    InvalidBase64(#[source] base64::DecodeError),
     /// A streamed request with this `requestId` is still active on the connection. (The
     /// reference's words exactly: its tests compare them.)
     #[error("http/request streamResponse requestId `{request_id}` is already active")]
@@ -93,13 +165,16 @@ pub enum HttpError {
         /// The port.
         port: u16,
         /// Why.
-        reason: String,
+        reason: AllowlistRefusal,
         /// The pattern that would allow it.
         rule: String,
     },
-    /// The sandbox object does not parse or resolve.
+    /// The sandbox object does not parse.
     #[error("invalid sandbox: {0}; see policies/README.md for the accepted shapes")]
-    InvalidSandbox(String),
+    SandboxShape(#[source] serde_json::Error),
+    /// The sandbox object parses but does not resolve.
+    #[error("invalid sandbox: {0}; see policies/README.md for the accepted shapes")]
+    SandboxPolicy(#[source] sandbox::PolicyError),
     /// The target address is refused.
     #[error("sandbox denied: http/request to {url}: {address} is {reason}")]
     TargetRefused {
@@ -117,12 +192,19 @@ pub enum HttpError {
         name: String,
     },
     /// The host name does not resolve.
-    #[error("http/request failed: cannot resolve {host}: {reason}")]
+    #[error("http/request failed: cannot resolve {host}: {source}")]
     Resolve {
         /// The name.
         host: String,
-        /// Why.
-        reason: String,
+        /// The resolver's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The host name resolves to no address.
+    #[error("http/request failed: cannot resolve {host}: the name has no address")]
+    NoAddress {
+        /// The name.
+        host: String,
     },
     /// `timeoutMs` passed.
     #[error("http/request failed: timed out after timeoutMs ({timeout_ms} ms)")]
@@ -131,12 +213,14 @@ pub enum HttpError {
         timeout_ms: u64,
     },
     /// Connecting, sending or reading failed.
-    #[error("http/request failed: {url}: {reason}")]
+    #[error("http/request failed: {url}: {}", error_chain(source))]
     Upstream {
         /// The URL.
         url: String,
-        /// The error chain.
-        reason: String,
+        /// reqwest's error (its causes are part of the message: reqwest's own text is only the
+        /// outermost).
+        #[source]
+        source: reqwest::Error,
     },
     /// Redirects did not end.
     #[error("http/request failed: more than {limit} redirects (MAX_HTTP_REDIRECTS), last to {url}")]
@@ -146,31 +230,56 @@ pub enum HttpError {
         /// The limit.
         limit: usize,
     },
-    /// TLS could not be set up.
-    #[error("http/request: {0}")]
-    Tls(String),
+    /// The TLS client configuration could not be built.
+    #[error("http/request: cannot configure TLS: {0}")]
+    Tls(#[source] rustls::Error),
+    /// The HTTP client (for one pinned address set) could not be built.
+    #[error("http/request: cannot build the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
 }
 
 impl HttpError {
     /// A reqwest failure: a timeout, or an upstream error with its whole cause chain.
-    pub fn upstream(url: &Url, error: &reqwest::Error, timeout_ms: Option<u64>) -> Self {
+    pub fn upstream(url: &Url, error: reqwest::Error, timeout_ms: Option<u64>) -> Self {
         if error.is_timeout() {
             return HttpError::TimedOut {
                 timeout_ms: timeout_ms.unwrap_or(0),
             };
         }
-        let mut reason = error.to_string();
-        let mut source = std::error::Error::source(error);
-        while let Some(cause) = source {
-            reason.push_str(": ");
-            reason.push_str(&cause.to_string());
-            source = cause.source();
-        }
         HttpError::Upstream {
             url: url.to_string(),
-            reason,
+            source: error,
         }
     }
+}
+
+/// An error and its causes on one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Why the request's network allowlist refuses a host.
+#[derive(Debug, thiserror::Error)]
+pub enum AllowlistRefusal {
+    /// The URL's host is not a valid host name (so no pattern can name it).
+    #[error(transparent)]
+    BadHost(sandbox::policy::network::HostNameError),
+    /// No `allow` pattern matches.
+    #[error("not in the sandbox's network allowlist")]
+    NotAllowed,
+    /// A `deny` pattern matches.
+    #[error("denied by the pattern {pattern:?}")]
+    DeniedByPattern {
+        /// The pattern.
+        pattern: String,
+    },
 }
 
 /// Server-wide state of `http/request`.
@@ -246,11 +355,9 @@ pub async fn request(
     let outgoing = validate(&params)?;
     let mut egress = None;
     if let Some(sandbox) = params.sandbox.as_ref().filter(|value| !value.is_null()) {
-        let spec: sandbox::SandboxSpec = serde_json::from_value(sandbox.clone())
-            .map_err(|error| HttpError::InvalidSandbox(error.to_string()))?;
-        let policy = spec
-            .resolve()
-            .map_err(|error| HttpError::InvalidSandbox(error.to_string()))?;
+        let spec: sandbox::SandboxSpec =
+            serde_json::from_value(sandbox.clone()).map_err(HttpError::SandboxShape)?;
+        let policy = spec.resolve().map_err(HttpError::SandboxPolicy)?;
         if !policy.network_allowed() {
             return Err(HttpError::NetworkOff {
                 url: params.url.clone(),
@@ -318,30 +425,29 @@ pub async fn request(
 
 /// Params → the first hop, or -32602 naming what is wrong.
 fn validate(params: &HttpRequestParams) -> Result<Outgoing, HttpError> {
-    let invalid = |message: String| Err(HttpError::InvalidParams(message));
     if params.request_id.is_empty() || params.request_id.len() > MAX_HTTP_REQUEST_ID_BYTES {
-        return invalid(format!(
-            "requestId must be 1 to {MAX_HTTP_REQUEST_ID_BYTES} bytes (MAX_HTTP_REQUEST_ID_BYTES), got {}",
-            params.request_id.len()
-        ));
+        return Err(HttpError::RequestIdLength {
+            length: params.request_id.len(),
+            limit: MAX_HTTP_REQUEST_ID_BYTES,
+        });
     }
-    let method = Method::from_bytes(params.method.as_bytes()).map_err(|error| {
-        HttpError::InvalidParams(format!("method {:?} is invalid: {error}", params.method))
+    let method = Method::from_bytes(params.method.as_bytes()).map_err(|source| {
+        HttpError::InvalidMethod {
+            method: params.method.clone(),
+            source,
+        }
     })?;
     if method == Method::CONNECT {
-        return invalid("method CONNECT is not supported (it would open a tunnel)".into());
+        return Err(HttpError::ConnectMethod);
     }
-    let url = Url::parse(&params.url).map_err(|error| {
-        HttpError::InvalidParams(format!(
-            "url {:?} is invalid: {error}; send an absolute http:// or https:// URL",
-            params.url
-        ))
+    let url = Url::parse(&params.url).map_err(|source| HttpError::InvalidUrl {
+        url: params.url.clone(),
+        source,
     })?;
     if !matches!(url.scheme(), "http" | "https") {
-        return invalid(format!(
-            "only http and https URLs are supported, got scheme {:?}",
-            url.scheme()
-        ));
+        return Err(HttpError::UnsupportedScheme {
+            scheme: url.scheme().to_owned(),
+        });
     }
     let mut headers = HeaderMap::new();
     for HttpHeader {
@@ -353,12 +459,17 @@ fn validate(params: &HttpRequestParams) -> Result<Outgoing, HttpError> {
         if value_env_var.is_some() {
             return Err(HttpError::ValueEnvVar { name: name.clone() });
         }
-        let header_name = HeaderName::from_bytes(name.as_bytes()).map_err(|error| {
-            HttpError::InvalidParams(format!("header name {name:?} is invalid: {error}"))
+        let header_name = HeaderName::from_bytes(name.as_bytes()).map_err(|source| {
+            HttpError::InvalidHeaderName {
+                name: name.clone(),
+                source,
+            }
         })?;
-        let header_value = HeaderValue::from_str(value).map_err(|error| {
-            HttpError::InvalidParams(format!("the value of header {name:?} is invalid: {error}"))
-        })?;
+        let header_value =
+            HeaderValue::from_str(value).map_err(|source| HttpError::InvalidHeaderValue {
+                name: name.clone(),
+                source,
+            })?;
         headers.append(header_name, header_value);
     }
     let body = match &params.body_base64 {
@@ -370,7 +481,7 @@ fn validate(params: &HttpRequestParams) -> Result<Outgoing, HttpError> {
             }
             let body = base64::engine::general_purpose::STANDARD
                 .decode(text.as_bytes())
-                .map_err(|error| HttpError::InvalidBase64(error.to_string()))?;
+                .map_err(HttpError::InvalidBase64)?;
             if body.len() > MAX_HTTP_REQUEST_BODY_BYTES {
                 return Err(request_body_too_large());
             }
@@ -464,8 +575,16 @@ mod tests {
 
     fn invalid(extra: serde_json::Value) -> String {
         match validate(&params(extra)) {
-            Err(HttpError::InvalidParams(message)) => message,
-            other => panic!("expected InvalidParams, got {other:?}"),
+            Err(
+                error @ (HttpError::RequestIdLength { .. }
+                | HttpError::InvalidMethod { .. }
+                | HttpError::ConnectMethod
+                | HttpError::InvalidUrl { .. }
+                | HttpError::UnsupportedScheme { .. }
+                | HttpError::InvalidHeaderName { .. }
+                | HttpError::InvalidHeaderValue { .. }),
+            ) => error.to_string(),
+            other => panic!("expected an invalid-params error, got {other:?}"),
         }
     }
 

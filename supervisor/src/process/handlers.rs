@@ -15,7 +15,7 @@ use super::guardian::Guardian;
 use super::managed::{ManagedProcess, ProcessCharges, Stdin};
 use super::pump::{self, PumpContext, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
-use super::{Lookup, ProcessError, bounds, env_policy, watch};
+use super::{Lookup, ProcessError, UnsupportedFeature, bounds, env_policy, watch};
 use crate::budget::{BudgetError, Budgets, ConnectionBudget};
 use crate::containment::Containment;
 use crate::containment::reaper::Reaper;
@@ -55,9 +55,7 @@ pub async fn start(
     params: StartParams,
 ) -> Result<StartResult, ProcessError> {
     if params.argv.is_empty() {
-        return Err(ProcessError::InvalidParams(
-            "argv must not be empty; pass at least the program".into(),
-        ));
+        return Err(ProcessError::EmptyArgv);
     }
     bounds::check_start(&params)?;
     let charges = ProcessCharges {
@@ -85,19 +83,13 @@ pub async fn start(
     let policy = resolve_sandbox(launch, budget, params.sandbox, &cwd).await?;
     if params.enforce_managed_network && policy.as_ref().is_none_or(|(p, _)| p.network_fully_on()) {
         // A managed proxy is what was asked for; running with the network open would give more.
-        return Err(ProcessError::Unsupported(
-            "enforceManagedNetwork: the sandbox's network is fully on, so it does not go through \
-             a managed proxy; send a sandbox whose network is off or an allowlist \
-             (\"network\": {\"allow\": [...]}), or leave enforceManagedNetwork out to run with \
-             the network the sandbox allows"
-                .into(),
-        ));
+        return Err(ProcessError::Unsupported {
+            feature: UnsupportedFeature::EnforceManagedNetworkWithOpenNetwork,
+        });
     }
     let mut spec = match policy {
         None if audit => {
-            return Err(ProcessError::InvalidParams(
-                "auditDenials needs a restricting sandbox".into(),
-            ));
+            return Err(ProcessError::AuditWithoutSandbox);
         }
         None => SpawnSpec {
             argv: params.argv,
@@ -112,9 +104,9 @@ pub async fn start(
             rlimits: plan.rlimits.clone(),
         },
         Some(_) if params.arg0.is_some() => {
-            return Err(ProcessError::InvalidParams(
-                "arg0 cannot be combined with a sandbox (the sandbox execs argv[0])".into(),
-            ));
+            return Err(ProcessError::Arg0WithSandbox {
+                arg0: params.arg0.unwrap_or_default(),
+            });
         }
         Some((policy, cwd)) => sandboxed_spec(
             launch.sandboxing,
@@ -315,7 +307,7 @@ pub async fn write(
     let decode = |chunk: &str| {
         base64::engine::general_purpose::STANDARD
             .decode(chunk.as_bytes())
-            .map_err(|error| ProcessError::InvalidBase64(error.to_string()))
+            .map_err(ProcessError::InvalidBase64)
     };
     // Decoding megabytes takes milliseconds: not on an async worker.
     let data = if params.chunk.len() > LARGE_CHUNK_BYTES {
@@ -364,9 +356,10 @@ pub fn signal(session: &Session, params: SignalParams) -> Result<RunningResult, 
 /// Unknown process, not a PTY, resize failure.
 pub fn resize(session: &Session, params: ResizeParams) -> Result<(), ProcessError> {
     if params.cols == 0 || params.rows == 0 {
-        return Err(ProcessError::InvalidParams(
-            "cols and rows must be at least 1".into(),
-        ));
+        return Err(ProcessError::ZeroTerminalSize {
+            cols: params.cols,
+            rows: params.rows,
+        });
     }
     session
         .processes
@@ -402,23 +395,19 @@ async fn resolve_sandbox(
     budget
         .cpu(move || {
             directory_check(&cwd)?;
-            let Some(policy) = sandboxing
-                .resolve(sandbox.as_ref())
-                .map_err(|e| ProcessError::InvalidParams(e.to_string()))?
-            else {
+            let Some(policy) = sandboxing.resolve(sandbox.as_ref())? else {
                 return Ok(None);
             };
             policy
                 .refuse_planted_symlink(&cwd)
-                .map_err(|e| ProcessError::InvalidParams(format!("cwd: {e}")))?;
+                .map_err(|source| ProcessError::CwdRefused {
+                    path: cwd.clone(),
+                    source,
+                })?;
             let cwd =
                 std::fs::canonicalize(&cwd).map_err(|_| ProcessError::CwdMissing { path: cwd })?;
             if cwd.to_str().is_none() {
-                return Err(ProcessError::InvalidParams(format!(
-                    "cwd {} is not valid UTF-8: a sandboxed command's working directory travels \
-                     to sandbox-run as text; run it from a directory with a UTF-8 path",
-                    crate::untrusted::Untrusted(&cwd.to_string_lossy())
-                )));
+                return Err(ProcessError::CwdNotUtf8 { path: cwd });
             }
             Ok(Some((policy, cwd)))
         })

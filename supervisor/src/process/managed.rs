@@ -405,12 +405,18 @@ impl ManagedProcess {
         }
         let pty = self.pty.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let Some(pty) = pty else {
-            return Err(ProcessError::Resize(
-                "the process has closed its terminal".into(),
-            ));
+            return Err(ProcessError::TerminalClosed {
+                process_id: self.id.clone(),
+            });
         };
-        crate::sys::set_window_size(pty.get_ref(), cols, rows)
-            .map_err(|e| ProcessError::Resize(e.to_string()))
+        crate::sys::set_window_size(pty.get_ref(), cols, rows).map_err(|source| {
+            ProcessError::Resize {
+                process_id: self.id.clone(),
+                cols,
+                rows,
+                source,
+            }
+        })
     }
 }
 

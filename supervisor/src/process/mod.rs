@@ -28,9 +28,61 @@ use crate::limits::{MAX_PROCESS_ID_BYTES, MAX_PROCESSES_PER_SESSION};
 /// Why a `process/*` call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
-    /// A param is out of its domain.
-    #[error("{0}")]
-    InvalidParams(String),
+    /// `argv` is empty.
+    #[error("argv must not be empty; pass at least the program")]
+    EmptyArgv,
+    /// `processId` is empty or longer than its limit.
+    #[error("processId must be 1 to {limit} bytes (got {length})")]
+    ProcessIdLength {
+        /// Its length in bytes.
+        length: usize,
+        /// The limit ([`MAX_PROCESS_ID_BYTES`]).
+        limit: usize,
+    },
+    /// `auditDenials` without a sandbox that restricts anything (there would be nothing to
+    /// audit).
+    #[error("auditDenials needs a restricting sandbox")]
+    AuditWithoutSandbox,
+    /// `arg0` together with a sandbox.
+    #[error(
+        "arg0 {} cannot be combined with a sandbox (the sandbox execs argv[0])",
+        crate::untrusted::Untrusted(arg0)
+    )]
+    Arg0WithSandbox {
+        /// The `arg0` given.
+        arg0: String,
+    },
+    /// `process/resize` to a zero size.
+    #[error("cols and rows must be at least 1 (got cols {cols}, rows {rows})")]
+    ZeroTerminalSize {
+        /// The `cols` given.
+        cols: u16,
+        /// The `rows` given.
+        rows: u16,
+    },
+    /// The request's `sandbox` does not parse or resolve.
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandboxing::SandboxRequestError),
+    /// The sandbox refuses the cwd (a symlink an earlier command could have planted is on its
+    /// way).
+    #[error("cwd: {source}")]
+    CwdRefused {
+        /// The cwd, as given.
+        path: PathBuf,
+        /// Why the sandbox refuses it.
+        #[source]
+        source: sandbox::PolicyError,
+    },
+    /// A sandboxed command's cwd is not UTF-8 (it travels to `sandbox-run` as text).
+    #[error(
+        "cwd {} is not valid UTF-8: a sandboxed command's working directory travels to \
+         sandbox-run as text; run it from a directory with a UTF-8 path",
+        crate::untrusted::Untrusted(&path.to_string_lossy())
+    )]
+    CwdNotUtf8 {
+        /// The canonical cwd.
+        path: PathBuf,
+    },
     /// No process with this id in the session.
     #[error("unknown process {process_id:?} in this session")]
     NotFound {
@@ -70,19 +122,40 @@ pub enum ProcessError {
     Spawn(#[from] spawn::SpawnError),
     /// `chunk` is not base64.
     #[error("chunk is not valid base64: {0}")]
-    InvalidBase64(String),
+    InvalidBase64(#[source] base64::DecodeError),
     /// Resize of a pipe-mode process.
     #[error("process {process_id:?} has no terminal (start it with tty: true to resize it)")]
     NotPty {
         /// The id.
         process_id: String,
     },
+    /// Resize of a process whose terminal is already closed.
+    #[error(
+        "resizing the terminal of process {process_id:?} failed: the process has closed its terminal"
+    )]
+    TerminalClosed {
+        /// The id.
+        process_id: String,
+    },
     /// The PTY refused the size.
-    #[error("resizing the terminal failed: {0}")]
-    Resize(String),
-    /// The request needs a capability this server does not have yet.
-    #[error("{0}")]
-    Unsupported(String),
+    #[error("resizing the terminal of process {process_id:?} to {cols}x{rows} failed: {source}")]
+    Resize {
+        /// The id.
+        process_id: String,
+        /// The `cols` asked for.
+        cols: u16,
+        /// The `rows` asked for.
+        rows: u16,
+        /// The `TIOCSWINSZ` error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The request needs a capability this server does not have (in the combination asked for).
+    #[error("{}: {}", feature.field(), feature.explanation())]
+    Unsupported {
+        /// What was asked for.
+        feature: UnsupportedFeature,
+    },
     /// A field is longer than its limit.
     #[error("{field} is {length} bytes; at most {limit} ({limit_name}) are accepted")]
     TooLong {
@@ -104,6 +177,36 @@ pub enum ProcessError {
     /// The process's cgroups could not be set up.
     #[error(transparent)]
     Containment(#[from] crate::containment::ContainmentError),
+}
+
+/// A request feature this server cannot honour as asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnsupportedFeature {
+    /// `enforceManagedNetwork: true` with a sandbox whose network is fully on: there is no
+    /// managed proxy to confine the command to, and running with the open network would give
+    /// more than was asked.
+    EnforceManagedNetworkWithOpenNetwork,
+}
+
+impl UnsupportedFeature {
+    /// The request field that asked for it.
+    pub fn field(self) -> &'static str {
+        match self {
+            UnsupportedFeature::EnforceManagedNetworkWithOpenNetwork => "enforceManagedNetwork",
+        }
+    }
+
+    /// Why it is refused and what to send instead.
+    pub fn explanation(self) -> &'static str {
+        match self {
+            UnsupportedFeature::EnforceManagedNetworkWithOpenNetwork => {
+                "the sandbox's network is fully on, so it does not go through a managed proxy; \
+                 send a sandbox whose network is off or an allowlist \
+                 (\"network\": {\"allow\": [...]}), or leave enforceManagedNetwork out to run \
+                 with the network the sandbox allows"
+            }
+        }
+    }
 }
 
 enum Slot {
@@ -166,10 +269,10 @@ impl ProcessTable {
     /// Invalid, duplicate id, or the session is full.
     pub fn reserve(&self, id: &str) -> Result<Reservation<'_>, ProcessError> {
         if id.is_empty() || id.len() > MAX_PROCESS_ID_BYTES {
-            return Err(ProcessError::InvalidParams(format!(
-                "processId must be 1 to {MAX_PROCESS_ID_BYTES} bytes (got {})",
-                id.len()
-            )));
+            return Err(ProcessError::ProcessIdLength {
+                length: id.len(),
+                limit: MAX_PROCESS_ID_BYTES,
+            });
         }
         let mut slots = self.lock();
         if slots.len() >= MAX_PROCESSES_PER_SESSION {

@@ -64,6 +64,15 @@ pub enum SpawnError {
     /// An argument or variable holds a NUL byte.
     #[error("{0} contains a NUL byte, which cannot be passed to a program")]
     Nul(&'static str),
+    /// An environment variable name is empty or contains `=`.
+    #[error(
+        "environment variable name {} is empty or contains '=', which cannot be passed to a program",
+        crate::untrusted::Untrusted(name)
+    )]
+    EnvName {
+        /// The name given.
+        name: String,
+    },
     /// The program was not found.
     #[error(
         "program {} not found (searched PATH={})",
@@ -267,9 +276,7 @@ pub fn spawn(spec: &SpawnSpec, reaper: Option<&Reaper>) -> Result<Spawned, Spawn
         .iter()
         .map(|(key, value)| {
             if key.is_empty() || key.contains('=') {
-                return Err(SpawnError::Nul(
-                    "an environment variable name (empty or with '=')",
-                ));
+                return Err(SpawnError::EnvName { name: key.clone() });
             }
             cstring(format!("{key}={value}"), "the environment")
         })

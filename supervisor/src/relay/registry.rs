@@ -54,26 +54,42 @@ impl ConnectResponse {
     /// The decoded public key.
     ///
     /// # Errors
-    /// [`RegistryError::Response`] when it is not base64.
+    /// [`RegistryError::PublicKey`] when it is not base64 or not a key's length.
     pub fn public_key_bytes(&self) -> Result<Vec<u8>, RegistryError> {
-        decode_public_key(&self.public_key).map_err(RegistryError::Response)
+        Ok(decode_public_key(&self.public_key)?)
     }
+}
+
+/// Why a Noise public key (`publicKey`, `--executor-key`, a pinned key) is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum PublicKeyError {
+    /// It is not base64.
+    #[error("publicKey must be base64: {0}")]
+    Base64(#[source] base64::DecodeError),
+    /// It decodes to the wrong length.
+    #[error("publicKey must be {expected} bytes (got {length})")]
+    Length {
+        /// The decoded length, in bytes.
+        length: usize,
+        /// The length of a key ([`proto::relay::noise::PUBLIC_KEY_BYTES`]).
+        expected: usize,
+    },
 }
 
 /// Decode a base64 Noise public key and check its length.
 ///
 /// # Errors
-/// A message saying what is expected.
-pub fn decode_public_key(text: &str) -> Result<Vec<u8>, String> {
+/// [`PublicKeyError`] saying what is expected.
+pub fn decode_public_key(text: &str) -> Result<Vec<u8>, PublicKeyError> {
     use proto::relay::noise::PUBLIC_KEY_BYTES;
     let key = base64::engine::general_purpose::STANDARD
         .decode(text.trim())
-        .map_err(|e| format!("publicKey must be base64: {e}"))?;
+        .map_err(PublicKeyError::Base64)?;
     if key.len() != PUBLIC_KEY_BYTES {
-        return Err(format!(
-            "publicKey must be {PUBLIC_KEY_BYTES} bytes (got {})",
-            key.len()
-        ));
+        return Err(PublicKeyError::Length {
+            length: key.len(),
+            expected: PUBLIC_KEY_BYTES,
+        });
     }
     Ok(key)
 }
@@ -81,23 +97,30 @@ pub fn decode_public_key(text: &str) -> Result<Vec<u8>, String> {
 /// Why a registry call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    /// The URL is unusable (or plain text to a non-loopback host), or the environment id is.
-    #[error("{0}")]
-    Url(String),
+    /// The URL is unusable (or plain text to a non-loopback host).
+    #[error(transparent)]
+    Url(super::tls::TlsError),
+    /// The environment id is unusable.
+    #[error(transparent)]
+    EnvironmentId(#[from] InvalidEnvironmentId),
     /// TLS settings are unusable.
     #[error(transparent)]
     Tls(#[from] super::tls::TlsError),
     /// Connecting or exchanging failed.
-    #[error("registry {url}: {reason}")]
+    #[error("registry {url}: {}", error_chain(source))]
     Http {
         /// The URL.
         url: String,
-        /// The error, with its causes.
-        reason: String,
+        /// The error (its causes are part of the message).
+        #[source]
+        source: reqwest::Error,
     },
     /// No answer in time.
-    #[error("registry {0} did not answer within {REGISTRY_TIMEOUT:?}")]
-    Timeout(String),
+    #[error("registry {url} did not answer within {REGISTRY_TIMEOUT:?}")]
+    Timeout {
+        /// The registry URL.
+        url: String,
+    },
     /// A non-200 status.
     #[error("registry answered {status} to {path}: {body}")]
     Status {
@@ -108,9 +131,27 @@ pub enum RegistryError {
         /// Response body (truncated).
         body: String,
     },
-    /// An unreadable response.
+    /// The request body could not be encoded.
+    #[error("cannot encode the registry request: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// The response is larger than its limit.
+    #[error("registry response unreadable: larger than {limit} bytes")]
+    TooLarge {
+        /// The limit ([`MAX_REGISTRY_RESPONSE_BYTES`]).
+        limit: usize,
+    },
+    /// The response is not the JSON expected.
+    #[error("registry response unreadable: {source}")]
+    Response {
+        /// The request path.
+        path: String,
+        /// Why it does not parse.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The public key in a response is unusable.
     #[error("registry response unreadable: {0}")]
-    Response(String),
+    PublicKey(#[from] PublicKeyError),
 }
 
 /// The registry's HTTP client: one reqwest client (connection pool, TLS settings) for every
@@ -137,8 +178,7 @@ impl RegistryClient {
     /// [`RegistryError::Url`] for a URL that is not allowed, [`RegistryError::Http`] when the
     /// client cannot be built.
     pub fn new(registry_url: &str, tls: &Arc<rustls::ClientConfig>) -> Result<Self, RegistryError> {
-        check_url(registry_url, ["http", "https"])
-            .map_err(|e| RegistryError::Url(e.to_string()))?;
+        check_url(registry_url, ["http", "https"]).map_err(RegistryError::Url)?;
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(rustls::ClientConfig::clone(tls))
             .timeout(REGISTRY_TIMEOUT)
@@ -146,9 +186,9 @@ impl RegistryClient {
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .build()
-            .map_err(|e| RegistryError::Http {
+            .map_err(|source| RegistryError::Http {
                 url: registry_url.to_owned(),
-                reason: error_chain(&e),
+                source,
             })?;
         Ok(Self {
             base: registry_url.trim_end_matches('/').to_owned(),
@@ -178,9 +218,8 @@ impl RegistryClient {
         request: &RegisterRequest,
         token: &str,
     ) -> Result<RegisterResponse, RegistryError> {
-        let body =
-            serde_json::to_vec(request).map_err(|e| RegistryError::Response(e.to_string()))?;
-        validate_environment_id(environment_id).map_err(RegistryError::Url)?;
+        let body = serde_json::to_vec(request).map_err(RegistryError::Encode)?;
+        validate_environment_id(environment_id)?;
         self.post(&format!("/v1/environments/{environment_id}"), body, token)
             .await
     }
@@ -194,7 +233,7 @@ impl RegistryClient {
         environment_id: &str,
         token: &str,
     ) -> Result<ConnectResponse, RegistryError> {
-        validate_environment_id(environment_id).map_err(RegistryError::Url)?;
+        validate_environment_id(environment_id)?;
         self.post(
             &format!("/v1/environments/{environment_id}/connect"),
             b"{}".to_vec(),
@@ -210,13 +249,15 @@ impl RegistryClient {
         token: &str,
     ) -> Result<T, RegistryError> {
         let url = format!("{}{path}", self.base);
-        let failed = |e: reqwest::Error| {
-            if e.is_timeout() {
-                RegistryError::Timeout(self.base.clone())
+        let failed = |source: reqwest::Error| {
+            if source.is_timeout() {
+                RegistryError::Timeout {
+                    url: self.base.clone(),
+                }
             } else {
                 RegistryError::Http {
                     url: self.base.clone(),
-                    reason: error_chain(&e),
+                    source,
                 }
             }
         };
@@ -234,9 +275,9 @@ impl RegistryClient {
         let mut bytes = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(failed)? {
             if bytes.len() + chunk.len() > MAX_REGISTRY_RESPONSE_BYTES {
-                return Err(RegistryError::Response(format!(
-                    "larger than {MAX_REGISTRY_RESPONSE_BYTES} bytes"
-                )));
+                return Err(RegistryError::TooLarge {
+                    limit: MAX_REGISTRY_RESPONSE_BYTES,
+                });
             }
             bytes.extend_from_slice(&chunk);
         }
@@ -253,7 +294,10 @@ impl RegistryClient {
                 body: text,
             });
         }
-        serde_json::from_slice(&bytes).map_err(|e| RegistryError::Response(e.to_string()))
+        serde_json::from_slice(&bytes).map_err(|source| RegistryError::Response {
+            path: path.to_owned(),
+            source,
+        })
     }
 }
 
@@ -276,8 +320,8 @@ pub const MAX_ENVIRONMENT_ID_BYTES: usize = 128;
 /// URL path segment as it stands.
 ///
 /// # Errors
-/// A message saying what is expected.
-pub fn validate_environment_id(id: &str) -> Result<(), String> {
+/// [`InvalidEnvironmentId`] saying what is expected.
+pub fn validate_environment_id(id: &str) -> Result<(), InvalidEnvironmentId> {
     let ok = !id.is_empty()
         && id.len() <= MAX_ENVIRONMENT_ID_BYTES
         && id
@@ -286,8 +330,54 @@ pub fn validate_environment_id(id: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "environment id must be 1..={MAX_ENVIRONMENT_ID_BYTES} characters of A-Z a-z 0-9 . _ - (got {id:?})"
-        ))
+        Err(InvalidEnvironmentId { id: id.to_owned() })
+    }
+}
+
+/// An environment id that is not 1..=[`MAX_ENVIRONMENT_ID_BYTES`] of `A-Z a-z 0-9 . _ -`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "environment id must be 1..={MAX_ENVIRONMENT_ID_BYTES} characters of A-Z a-z 0-9 . _ - (got {id:?})"
+)]
+pub struct InvalidEnvironmentId {
+    /// The id given.
+    pub id: String,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_public_key_is_refused_for_its_encoding_or_its_length() {
+        assert!(matches!(
+            decode_public_key("not base64!"),
+            Err(PublicKeyError::Base64(_))
+        ));
+        let short = base64::engine::general_purpose::STANDARD.encode([7u8; 3]);
+        match decode_public_key(&short) {
+            Err(PublicKeyError::Length { length, expected }) => {
+                assert_eq!(length, 3);
+                assert_eq!(expected, proto::relay::noise::PUBLIC_KEY_BYTES);
+            }
+            other => panic!("expected a length error, got {other:?}"),
+        }
+        let key = base64::engine::general_purpose::STANDARD
+            .encode([7u8; proto::relay::noise::PUBLIC_KEY_BYTES]);
+        assert_eq!(
+            decode_public_key(&key).unwrap().len(),
+            proto::relay::noise::PUBLIC_KEY_BYTES
+        );
+    }
+
+    #[test]
+    fn an_environment_id_is_refused_naming_the_id_and_the_accepted_form() {
+        for bad in ["", "a/b", "a b", &"x".repeat(MAX_ENVIRONMENT_ID_BYTES + 1)] {
+            let error = validate_environment_id(bad).unwrap_err();
+            assert_eq!(error.id, bad);
+            assert!(error.to_string().contains("A-Z a-z 0-9 . _ -"), "{error}");
+        }
+        validate_environment_id("env-1.prod_x").unwrap();
     }
 }

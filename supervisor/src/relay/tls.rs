@@ -16,22 +16,76 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 /// Why a TLS setting or a URL is unusable.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// A PEM file could not be read or holds nothing usable.
-    #[error("cannot read {what} from {path}: {reason}")]
+    /// A PEM file could not be read or parsed.
+    #[error("cannot read {what} from {path}: {source}")]
     Pem {
         /// What was expected (certificates, a private key).
         what: &'static str,
         /// The file.
         path: PathBuf,
         /// Why.
-        reason: String,
+        #[source]
+        source: rustls_pki_types::pem::Error,
     },
+    /// A PEM file holds no certificate.
+    #[error("cannot read PEM certificates from {path}: no CERTIFICATE block found")]
+    NoCertificate {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A `--ca-file` certificate cannot be a trust root.
+    #[error("cannot read a CA certificate from {path}: {source}")]
+    CaCertificate {
+        /// The file.
+        path: PathBuf,
+        /// rustls's refusal.
+        #[source]
+        source: rustls::Error,
+    },
+    /// Neither the system store nor `--ca-file` gave a trust root.
+    #[error(
+        "TLS configuration refused: no trusted root certificates: the system store is empty; pass --ca-file"
+    )]
+    NoRoots,
     /// rustls refused the configuration.
     #[error("TLS configuration refused: {0}")]
-    Config(String),
-    /// The URL is not one this client may use.
-    #[error("{0}")]
-    Url(String),
+    Config(#[source] rustls::Error),
+    /// The URL does not parse.
+    #[error("{url:?} is not a URL ({source}); expected {tls}://HOST:PORT or {plain}://HOST:PORT")]
+    NotAUrl {
+        /// The URL given.
+        url: String,
+        /// The encrypted scheme expected (`https`, `wss`).
+        tls: String,
+        /// The plain scheme allowed on loopback (`http`, `ws`).
+        plain: String,
+        /// Why it does not parse (`url::ParseError`).
+        #[source]
+        source: <reqwest::Url as std::str::FromStr>::Err,
+    },
+    /// The URL's scheme is neither of the allowed ones.
+    #[error("{url:?} must start with {tls}:// (or {plain}:// on loopback only)")]
+    WrongScheme {
+        /// The URL given.
+        url: String,
+        /// The encrypted scheme expected.
+        tls: String,
+        /// The plain scheme allowed on loopback.
+        plain: String,
+    },
+    /// A plain URL to a host that is not loopback (a bearer token would cross the network in
+    /// clear).
+    #[error(
+        "refusing to send a bearer token over plain {plain}:// to {host:?}, which is not loopback; use {tls}://"
+    )]
+    PlainToRemote {
+        /// The host.
+        host: String,
+        /// The encrypted scheme to use instead.
+        tls: String,
+        /// The plain scheme given.
+        plain: String,
+    },
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -43,17 +97,19 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// # Errors
 /// [`TlsError::Pem`] when the file is unreadable or holds no certificate.
 pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = |reason: String| TlsError::Pem {
+    let pem = |source| TlsError::Pem {
         what: "PEM certificates",
         path: path.to_owned(),
-        reason,
+        source,
     };
     let certificates = CertificateDer::pem_file_iter(path)
-        .map_err(|e| pem(e.to_string()))?
+        .map_err(pem)?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| pem(e.to_string()))?;
+        .map_err(pem)?;
     if certificates.is_empty() {
-        return Err(pem("no CERTIFICATE block found".into()));
+        return Err(TlsError::NoCertificate {
+            path: path.to_owned(),
+        });
     }
     Ok(certificates)
 }
@@ -74,21 +130,20 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>
     }
     if let Some(path) = ca_file {
         for certificate in read_certificates(path)? {
-            roots.add(certificate).map_err(|e| TlsError::Pem {
-                what: "a CA certificate",
-                path: path.to_owned(),
-                reason: e.to_string(),
-            })?;
+            roots
+                .add(certificate)
+                .map_err(|source| TlsError::CaCertificate {
+                    path: path.to_owned(),
+                    source,
+                })?;
         }
     }
     if roots.is_empty() {
-        return Err(TlsError::Config(
-            "no trusted root certificates: the system store is empty; pass --ca-file".into(),
-        ));
+        return Err(TlsError::NoRoots);
     }
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
+        .map_err(TlsError::Config)?
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -112,7 +167,7 @@ pub fn client_config_for(
     if plain && ca_file.is_none() {
         let config = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError::Config(e.to_string()))?
+            .map_err(TlsError::Config)?
             .with_root_certificates(RootCertStore::empty())
             .with_no_client_auth();
         return Ok(Arc::new(config));
@@ -126,17 +181,17 @@ pub fn client_config_for(
 /// [`TlsError`] when either file is unusable or the key does not match the certificate.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let certificates = read_certificates(cert)?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Pem {
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| TlsError::Pem {
         what: "a PEM private key",
         path: key.to_owned(),
-        reason: e.to_string(),
+        source,
     })?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
+        .map_err(TlsError::Config)?
         .with_no_client_auth()
         .with_single_cert(certificates, key)
-        .map_err(|e| TlsError::Config(e.to_string()))?;
+        .map_err(TlsError::Config)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -155,31 +210,33 @@ pub enum Scheme {
 /// and a plain one is allowed only towards a loopback host (`localhost`, 127.0.0.0/8, `::1`).
 ///
 /// # Errors
-/// [`TlsError::Url`] saying what is wrong and what to use instead.
+/// [`TlsError::NotAUrl`], [`TlsError::WrongScheme`] or [`TlsError::PlainToRemote`], saying what
+/// is wrong and what to use instead.
 pub fn check_url(url: &str, allowed: [&str; 2]) -> Result<Scheme, TlsError> {
-    let parsed = reqwest::Url::parse(url).map_err(|e| {
-        TlsError::Url(format!(
-            "{url:?} is not a URL ({e}); expected {}://HOST:PORT or {}://HOST:PORT",
-            allowed[1], allowed[0]
-        ))
+    let [plain, tls] = allowed.map(str::to_owned);
+    let parsed = reqwest::Url::parse(url).map_err(|source| TlsError::NotAUrl {
+        url: url.to_owned(),
+        tls: tls.clone(),
+        plain: plain.clone(),
+        source,
     })?;
     let scheme = if parsed.scheme() == allowed[1] {
         Scheme::Tls
     } else if parsed.scheme() == allowed[0] {
         Scheme::Plain
     } else {
-        return Err(TlsError::Url(format!(
-            "{url:?} must start with {}:// (or {}:// on loopback only)",
-            allowed[1], allowed[0]
-        )));
+        return Err(TlsError::WrongScheme {
+            url: url.to_owned(),
+            tls,
+            plain,
+        });
     };
     if scheme == Scheme::Plain && !is_loopback(&parsed) {
-        return Err(TlsError::Url(format!(
-            "refusing to send a bearer token over plain {}:// to {:?}, which is not loopback; use {}://",
-            allowed[0],
-            parsed.host_str().unwrap_or_default(),
-            allowed[1]
-        )));
+        return Err(TlsError::PlainToRemote {
+            host: parsed.host_str().unwrap_or_default().to_owned(),
+            tls,
+            plain,
+        });
     }
     Ok(scheme)
 }

@@ -278,7 +278,7 @@ impl Credentials {
         }
         let mut pins = HashMap::new();
         for pin in file.environment {
-            validate_environment_id(&pin.id).map_err(|e| (false, e))?;
+            validate_environment_id(&pin.id).map_err(|e| (false, e.to_string()))?;
             crate::relay::registry::decode_public_key(&pin.public_key)
                 .map_err(|e| (false, format!("environment {:?}: {e}", pin.id)))?;
             pins.insert(pin.id, pin.public_key);

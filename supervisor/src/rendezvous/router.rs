@@ -54,9 +54,17 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// Why a registration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
-    /// The body is unusable.
-    #[error("{0}")]
-    Invalid(String),
+    /// The body's public key is unusable.
+    #[error(transparent)]
+    PublicKey(#[from] crate::relay::registry::PublicKeyError),
+    /// The body's display name is longer than [`MAX_NAME_BYTES`].
+    #[error("name must be at most {limit} bytes (got {length})")]
+    NameTooLong {
+        /// Its length in bytes.
+        length: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The id is bound to another key.
     #[error(
         "environment {id:?} is bound to another public key; an operator must release the binding (DELETE /v1/environments/{id} with an admin credential) before a new key can register"
@@ -105,11 +113,12 @@ impl Router {
         registration: RegisterRequest,
         pinned: Option<&str>,
     ) -> Result<(), RegisterError> {
-        decode_public_key(&registration.public_key).map_err(RegisterError::Invalid)?;
+        decode_public_key(&registration.public_key)?;
         if registration.name.len() > MAX_NAME_BYTES {
-            return Err(RegisterError::Invalid(format!(
-                "name must be at most {MAX_NAME_BYTES} bytes"
-            )));
+            return Err(RegisterError::NameTooLong {
+                length: registration.name.len(),
+                limit: MAX_NAME_BYTES,
+            });
         }
         let conflict = || RegisterError::KeyConflict { id: id.to_owned() };
         if pinned.is_some_and(|key| key != registration.public_key) {

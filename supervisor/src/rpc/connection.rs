@@ -41,6 +41,51 @@ use crate::outbound::{Outbound, Queued, outbound_queue};
 
 use super::shared::{Connection, LARGE_MESSAGE_BYTES, reply_message};
 
+/// Why a message was refused by the connection itself, before any method ran.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    /// A request other than `initialize` before `initialize`.
+    #[error(
+        "{} sent before initialize; send initialize {{clientName}} first",
+        Untrusted(method)
+    )]
+    NotInitialized {
+        /// The request's method.
+        method: String,
+    },
+    /// A notification other than `initialized`.
+    #[error(
+        "unexpected notification {}; the only client notification is \"initialized\"",
+        Untrusted(method)
+    )]
+    UnexpectedNotification {
+        /// The notification's method.
+        method: String,
+    },
+    /// A response or error response (this server sends no requests).
+    #[error("unexpected response: this server sends no requests to clients")]
+    UnexpectedResponse,
+    /// A second `initialize`.
+    #[error(
+        "initialize was already called on this connection; open a new connection for another session"
+    )]
+    AlreadyInitialized,
+    /// `clientName` is longer than its limit.
+    #[error("clientName must be at most {limit} bytes (MAX_CLIENT_NAME_BYTES), got {length}")]
+    ClientNameTooLong {
+        /// Its length in bytes.
+        length: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Every connection slot is taken.
+    #[error("the server already serves {limit} connections (MAX_CONNECTIONS); retry later")]
+    TooManyConnections {
+        /// The limit.
+        limit: usize,
+    },
+}
+
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
 
 /// One incoming JSON-RPC message (or transport condition) for [`serve_transport`].
@@ -311,13 +356,9 @@ async fn handle_payload(
         }
         Message::Request(request) => {
             let Some(session) = connection.session() else {
-                let error = RpcError::invalid_request(
-                    ErrorKind::NotInitialized,
-                    format!(
-                        "{} sent before initialize; send initialize {{clientName}} first",
-                        Untrusted(&request.method)
-                    ),
-                );
+                let error = RpcError::from(ConnectionError::NotInitialized {
+                    method: request.method.clone(),
+                });
                 connection.send(reply_message(request.id, Err(error))).await;
                 return Flow::Continue;
             };
@@ -353,13 +394,9 @@ async fn handle_payload(
         }
         Message::Notification(notification) if notification.method == INITIALIZED => Flow::Continue,
         Message::Notification(notification) => {
-            let error = RpcError::invalid_request(
-                ErrorKind::UnexpectedNotification,
-                format!(
-                    "unexpected notification {}; the only client notification is \"initialized\"",
-                    Untrusted(&notification.method)
-                ),
-            );
+            let error = RpcError::from(ConnectionError::UnexpectedNotification {
+                method: notification.method,
+            });
             connection
                 .send(Message::Error(ErrorResponse {
                     id: RequestId::UNKNOWN,
@@ -369,10 +406,7 @@ async fn handle_payload(
             Flow::Continue
         }
         Message::Response(_) | Message::Error(_) => {
-            let error = RpcError::invalid_request(
-                ErrorKind::InvalidRequest,
-                "unexpected response: this server sends no requests to clients",
-            );
+            let error = RpcError::from(ConnectionError::UnexpectedResponse);
             connection
                 .send(Message::Error(ErrorResponse {
                     id: RequestId::UNKNOWN,
@@ -414,37 +448,24 @@ pub(super) fn answer_reservation(request: &Request) -> usize {
 
 fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::Value, RpcError> {
     if connection.session().is_some() {
-        return Err(RpcError::invalid_request(
-            ErrorKind::AlreadyInitialized,
-            "initialize was already called on this connection; open a new connection for another session",
-        ));
+        return Err(ConnectionError::AlreadyInitialized.into());
     }
     let params: proto::methods::initialize::InitializeParams =
         proto::methods::parse_params(proto::methods::INITIALIZE, request.params.clone())?;
     if params.client_name.len() > MAX_CLIENT_NAME_BYTES {
-        return Err(RpcError::limit_exceeded(
-            format!(
-                "clientName must be at most {MAX_CLIENT_NAME_BYTES} bytes (MAX_CLIENT_NAME_BYTES), \
-                 got {}",
-                params.client_name.len()
-            ),
-            MAX_CLIENT_NAME_BYTES as u64,
-        ));
+        return Err(ConnectionError::ClientNameTooLong {
+            length: params.client_name.len(),
+            limit: MAX_CLIENT_NAME_BYTES,
+        }
+        .into());
     }
     let slot = connection
         .server
         .connection_slots
         .clone()
         .try_acquire_owned()
-        .map_err(|_| {
-            RpcError::limit_exceeded(
-                format!(
-                    "the server already serves {MAX_CONNECTIONS} connections (MAX_CONNECTIONS); \
-                     retry later"
-                ),
-                MAX_CONNECTIONS as u64,
-            )
-            .retryable()
+        .map_err(|_| ConnectionError::TooManyConnections {
+            limit: MAX_CONNECTIONS,
         })?;
     let sessions = &connection.server.sessions;
     let session = match &params.resume_session_id {

@@ -2,11 +2,13 @@
 
 use proto::error::{self as codes, ErrorKind, RpcError};
 
+use crate::budget::BudgetError;
 use crate::containment::plan::PlanError;
 use crate::fs::FsRequestError;
 use crate::http::HttpError;
 use crate::process::ProcessError;
 use crate::process::spawn::SpawnError;
+use crate::rpc::connection::ConnectionError;
 use crate::session::SessionError;
 
 impl From<ProcessError> for RpcError {
@@ -17,7 +19,14 @@ impl From<ProcessError> for RpcError {
         };
         let message = error.to_string();
         let (code, kind) = match &error {
-            ProcessError::InvalidParams(_) => (codes::INVALID_PARAMS, ErrorKind::InvalidParams),
+            ProcessError::EmptyArgv
+            | ProcessError::ProcessIdLength { .. }
+            | ProcessError::AuditWithoutSandbox
+            | ProcessError::Arg0WithSandbox { .. }
+            | ProcessError::ZeroTerminalSize { .. }
+            | ProcessError::Sandbox(_)
+            | ProcessError::CwdRefused { .. }
+            | ProcessError::CwdNotUtf8 { .. } => (codes::INVALID_PARAMS, ErrorKind::InvalidParams),
             ProcessError::InvalidBase64(_) => (codes::INVALID_PARAMS, ErrorKind::InvalidBase64),
             ProcessError::NotFound { .. } | ProcessError::CwdMissing { .. } => {
                 (codes::NOT_FOUND, ErrorKind::NotFound)
@@ -31,10 +40,12 @@ impl From<ProcessError> for RpcError {
             ProcessError::CwdNotDirectory { .. } => {
                 (codes::INVALID_REQUEST, ErrorKind::NotADirectory)
             }
-            ProcessError::NotPty { .. } | ProcessError::Unsupported(_) => {
+            ProcessError::NotPty { .. } | ProcessError::Unsupported { .. } => {
                 (codes::INVALID_REQUEST, ErrorKind::Unsupported)
             }
-            ProcessError::Resize(_) => (codes::INTERNAL_ERROR, ErrorKind::Io),
+            ProcessError::Resize { .. } | ProcessError::TerminalClosed { .. } => {
+                (codes::INTERNAL_ERROR, ErrorKind::Io)
+            }
             ProcessError::Spawn(SpawnError::Exec { source, .. }) => match source.kind() {
                 std::io::ErrorKind::NotFound => (codes::NOT_FOUND, ErrorKind::NotFound),
                 std::io::ErrorKind::PermissionDenied => {
@@ -45,7 +56,7 @@ impl From<ProcessError> for RpcError {
             ProcessError::Spawn(SpawnError::NotFound { .. }) => {
                 (codes::NOT_FOUND, ErrorKind::NotFound)
             }
-            ProcessError::Spawn(SpawnError::Nul(_)) => {
+            ProcessError::Spawn(SpawnError::Nul(_) | SpawnError::EnvName { .. }) => {
                 (codes::INVALID_PARAMS, ErrorKind::InvalidParams)
             }
             ProcessError::Spawn(SpawnError::Setup { .. } | SpawnError::JoinCgroup { .. })
@@ -59,6 +70,48 @@ impl From<ProcessError> for RpcError {
             }
         };
         RpcError::new(code, kind, message)
+    }
+}
+
+impl From<ConnectionError> for RpcError {
+    fn from(error: ConnectionError) -> Self {
+        let message = error.to_string();
+        match error {
+            ConnectionError::NotInitialized { .. } => {
+                RpcError::invalid_request(ErrorKind::NotInitialized, message)
+            }
+            ConnectionError::UnexpectedNotification { .. } => {
+                RpcError::invalid_request(ErrorKind::UnexpectedNotification, message)
+            }
+            ConnectionError::UnexpectedResponse => {
+                RpcError::invalid_request(ErrorKind::InvalidRequest, message)
+            }
+            ConnectionError::AlreadyInitialized => {
+                RpcError::invalid_request(ErrorKind::AlreadyInitialized, message)
+            }
+            ConnectionError::ClientNameTooLong { limit, .. } => {
+                RpcError::limit_exceeded(message, limit as u64)
+            }
+            ConnectionError::TooManyConnections { limit } => {
+                RpcError::limit_exceeded(message, limit as u64).retryable()
+            }
+        }
+    }
+}
+
+impl From<BudgetError> for RpcError {
+    fn from(error: BudgetError) -> Self {
+        let message = error.to_string();
+        match error {
+            BudgetError::Memory { limit, .. }
+            | BudgetError::Descriptors { limit, .. }
+            | BudgetError::Processes { limit } => {
+                RpcError::limit_exceeded(message, limit as u64).retryable()
+            }
+            BudgetError::Closed | BudgetError::TaskFailed(_) | BudgetError::CpuJobFailed(_) => {
+                RpcError::internal(message)
+            }
+        }
     }
 }
 
@@ -105,9 +158,18 @@ impl From<HttpError> for RpcError {
     fn from(error: HttpError) -> Self {
         let message = error.to_string();
         let rpc = match &error {
-            HttpError::InvalidParams(_)
+            HttpError::RequestIdLength { .. }
+            | HttpError::InvalidMethod { .. }
+            | HttpError::ConnectMethod
+            | HttpError::InvalidUrl { .. }
+            | HttpError::UnsupportedScheme { .. }
+            | HttpError::UrlWithoutHost { .. }
+            | HttpError::UrlWithoutPort { .. }
+            | HttpError::InvalidHeaderName { .. }
+            | HttpError::InvalidHeaderValue { .. }
             | HttpError::DuplicateStream { .. }
-            | HttpError::InvalidSandbox(_) => RpcError::invalid_params(message),
+            | HttpError::SandboxShape(_)
+            | HttpError::SandboxPolicy(_) => RpcError::invalid_params(message),
             HttpError::InvalidBase64(_) => {
                 RpcError::new(codes::INVALID_PARAMS, ErrorKind::InvalidBase64, message)
             }
@@ -123,15 +185,137 @@ impl From<HttpError> for RpcError {
                 RpcError::new(codes::INTERNAL_ERROR, ErrorKind::TimedOut, message)
             }
             HttpError::Resolve { .. }
+            | HttpError::NoAddress { .. }
             | HttpError::Upstream { .. }
             | HttpError::TooManyRedirects { .. } => {
                 RpcError::new(codes::INTERNAL_ERROR, ErrorKind::Io, message)
             }
-            HttpError::Tls(_) => RpcError::internal(message),
+            HttpError::Tls(_) | HttpError::Client(_) => RpcError::internal(message),
             HttpError::ValueEnvVar { .. } => {
                 RpcError::invalid_request(ErrorKind::Unsupported, message)
             }
         };
         rpc.with_operation(proto::methods::HTTP_REQUEST)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::error::Error as _;
+
+    use base64::Engine as _;
+
+    use super::*;
+    use crate::process::UnsupportedFeature;
+
+    fn invalid_base64() -> base64::DecodeError {
+        base64::engine::general_purpose::STANDARD
+            .decode("!!")
+            .unwrap_err()
+    }
+
+    #[test]
+    fn each_invalid_process_input_is_invalid_params_naming_the_input() {
+        let cases = [
+            (ProcessError::EmptyArgv, "argv must not be empty"),
+            (
+                ProcessError::ProcessIdLength {
+                    length: 129,
+                    limit: 128,
+                },
+                "processId must be 1 to 128 bytes (got 129)",
+            ),
+            (
+                ProcessError::Arg0WithSandbox {
+                    arg0: "login-shell\n".into(),
+                },
+                "arg0 \"login-shell\\n\" cannot be combined with a sandbox",
+            ),
+            (
+                ProcessError::ZeroTerminalSize { cols: 0, rows: 24 },
+                "cols and rows must be at least 1 (got cols 0, rows 24)",
+            ),
+            (
+                ProcessError::AuditWithoutSandbox,
+                "auditDenials needs a restricting sandbox",
+            ),
+            (
+                ProcessError::Spawn(SpawnError::EnvName { name: "A=B".into() }),
+                "environment variable name \"A=B\" is empty or contains '='",
+            ),
+        ];
+        for (error, expected) in cases {
+            let rpc = RpcError::from(error);
+            assert_eq!(rpc.code, codes::INVALID_PARAMS, "{rpc:?}");
+            assert_eq!(rpc.kind(), Some(ErrorKind::InvalidParams), "{rpc:?}");
+            assert!(rpc.message.contains(expected), "{rpc:?}");
+        }
+    }
+
+    #[test]
+    fn invalid_base64_chunk_keeps_the_decoder_error_as_its_source() {
+        let error = ProcessError::InvalidBase64(invalid_base64());
+        assert!(error.source().is_some());
+        let rpc = RpcError::from(error);
+        assert_eq!(rpc.code, codes::INVALID_PARAMS);
+        assert_eq!(rpc.kind(), Some(ErrorKind::InvalidBase64));
+        assert!(
+            rpc.message.starts_with("chunk is not valid base64: "),
+            "{rpc:?}"
+        );
+    }
+
+    #[test]
+    fn resize_failure_names_the_process_and_keeps_the_os_error() {
+        let error = ProcessError::Resize {
+            process_id: "p1".into(),
+            cols: 80,
+            rows: 24,
+            source: std::io::Error::from_raw_os_error(libc::ENOTTY),
+        };
+        let os = error
+            .source()
+            .and_then(|source| source.downcast_ref::<std::io::Error>())
+            .and_then(std::io::Error::raw_os_error);
+        assert_eq!(os, Some(libc::ENOTTY));
+        let rpc = RpcError::from(error);
+        assert_eq!(rpc.code, codes::INTERNAL_ERROR);
+        assert!(rpc.message.contains("\"p1\""), "{rpc:?}");
+        assert!(rpc.message.contains("80x24"), "{rpc:?}");
+    }
+
+    #[test]
+    fn an_unsupported_feature_is_refused_as_unsupported_naming_the_field() {
+        let rpc = RpcError::from(ProcessError::Unsupported {
+            feature: UnsupportedFeature::EnforceManagedNetworkWithOpenNetwork,
+        });
+        assert_eq!(rpc.code, codes::INVALID_REQUEST);
+        assert_eq!(rpc.kind(), Some(ErrorKind::Unsupported));
+        assert!(
+            rpc.message.starts_with("enforceManagedNetwork: "),
+            "{rpc:?}"
+        );
+    }
+
+    #[test]
+    fn a_malformed_sandbox_is_invalid_params_for_processes_and_http_alike() {
+        let shape = || serde_json::from_str::<sandbox::SandboxSpec>("42").unwrap_err();
+        let process = RpcError::from(ProcessError::Sandbox(
+            crate::sandboxing::SandboxRequestError::Shape(shape()),
+        ));
+        let http = RpcError::from(HttpError::SandboxShape(shape()));
+        for rpc in [process, http] {
+            assert_eq!(rpc.code, codes::INVALID_PARAMS, "{rpc:?}");
+            assert!(rpc.message.starts_with("invalid sandbox: "), "{rpc:?}");
+            assert!(rpc.message.contains("policies/README.md"), "{rpc:?}");
+        }
+    }
+
+    #[test]
+    fn http_body_base64_error_is_invalid_base64() {
+        let rpc = RpcError::from(HttpError::InvalidBase64(invalid_base64()));
+        assert_eq!(rpc.code, codes::INVALID_PARAMS);
+        assert_eq!(rpc.kind(), Some(ErrorKind::InvalidBase64));
     }
 }

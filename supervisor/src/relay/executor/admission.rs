@@ -6,6 +6,27 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Executor, StreamHandle};
+
+/// Why a new stream's handshake was refused before it started.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum HandshakeRefused {
+    /// The harness connection (relay `source`) already holds its share of pending handshakes.
+    #[error(
+        "too many handshakes pending on this connection: MAX_PENDING_HANDSHAKES_PER_SOURCE ({limit})"
+    )]
+    ConnectionFull {
+        /// The relay `source` of the harness connection.
+        connection: u64,
+        /// The limit.
+        limit: usize,
+    },
+    /// Every pending slot is taken and this connection holds no more than the others.
+    #[error("{HANDSHAKES_BUSY} ({limit}) handshakes pending")]
+    AllFull {
+        /// The limit ([`MAX_PENDING_HANDSHAKES`]).
+        limit: usize,
+    },
+}
 use crate::relay::{
     HANDSHAKES_BUSY, HANDSHAKES_PER_SOURCE_BURST, HANDSHAKES_PER_SOURCE_PER_SECOND,
     MAX_PENDING_HANDSHAKES, MAX_PENDING_HANDSHAKES_PER_SOURCE,
@@ -51,19 +72,23 @@ impl Executor {
             .filter(|(_, s)| !s.confirmed.load(Ordering::Relaxed))
     }
 
-    /// Make room for one more pending handshake from `source`: refuse (a message) when the
-    /// source is at its own limit, or evict the oldest pending handshake of the source holding
-    /// the most when everything is full.
-    pub(super) fn admit_pending(&mut self, source: u64) -> Result<(), String> {
+    /// Make room for one more pending handshake from `source`: refuse when the source is at its
+    /// own limit, or evict the oldest pending handshake of the source holding the most when
+    /// everything is full.
+    ///
+    /// # Errors
+    /// [`HandshakeRefused`], whose text is the reset reason the harness sees.
+    pub(super) fn admit_pending(&mut self, source: u64) -> Result<(), HandshakeRefused> {
         let mut per_source: HashMap<u64, usize> = HashMap::new();
         for (_, handle) in self.pending() {
             *per_source.entry(handle.source).or_default() += 1;
         }
         let own = per_source.get(&source).copied().unwrap_or(0);
         if own >= MAX_PENDING_HANDSHAKES_PER_SOURCE {
-            return Err(format!(
-                "too many handshakes pending on this connection: MAX_PENDING_HANDSHAKES_PER_SOURCE ({MAX_PENDING_HANDSHAKES_PER_SOURCE})"
-            ));
+            return Err(HandshakeRefused::ConnectionFull {
+                connection: source,
+                limit: MAX_PENDING_HANDSHAKES_PER_SOURCE,
+            });
         }
         let total: usize = per_source.values().sum();
         if total < MAX_PENDING_HANDSHAKES {
@@ -73,9 +98,9 @@ impl Executor {
             return Ok(());
         };
         if count <= own + 1 {
-            return Err(format!(
-                "{HANDSHAKES_BUSY} ({MAX_PENDING_HANDSHAKES}) handshakes pending"
-            ));
+            return Err(HandshakeRefused::AllFull {
+                limit: MAX_PENDING_HANDSHAKES,
+            });
         }
         let oldest = self
             .pending()

@@ -58,8 +58,8 @@ pub enum RemoteError {
         reason: String,
     },
     /// Bad environment id.
-    #[error("{0}")]
-    EnvironmentId(String),
+    #[error(transparent)]
+    EnvironmentId(#[from] crate::relay::registry::InvalidEnvironmentId),
     /// The identity file is unusable.
     #[error(transparent)]
     Identity(#[from] crate::relay::identity::IdentityError),

@@ -85,8 +85,7 @@ impl PreparedEnvironment {
     /// # Errors
     /// [`RemoteError`] naming what is unusable.
     pub fn new(config: RemoteEnvironmentConfig) -> Result<Self, RemoteError> {
-        registry::validate_environment_id(&config.environment_id)
-            .map_err(RemoteError::EnvironmentId)?;
+        registry::validate_environment_id(&config.environment_id)?;
         let tls = super::tls::client_config_for(&config.registry_url, config.ca_file.as_deref())
             .map_err(RegistryError::from)?;
         let registry = RegistryClient::new(&config.registry_url, &tls)?;
@@ -172,13 +171,30 @@ pub async fn serve_prepared(prepared: PreparedEnvironment, server: Arc<ServerSta
     }
 }
 
+/// Why one attempt to register and open the rendezvous socket failed (the executor retries).
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    /// Registering with the registry failed.
+    #[error(transparent)]
+    Register(RegistryError),
+    /// Opening the rendezvous websocket failed.
+    #[error("rendezvous {url}: {source}")]
+    Socket {
+        /// The rendezvous URL the registry gave.
+        url: String,
+        /// Why.
+        #[source]
+        source: super::driver::SocketError,
+    },
+}
+
 /// Resolves once shutdown started (without holding the watch guard).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stopping| *stopping).await;
 }
 
 impl Executor {
-    async fn connect(&self) -> Result<super::driver::RelaySocket, String> {
+    async fn connect(&self) -> Result<super::driver::RelaySocket, ConnectError> {
         let request = RegisterRequest {
             name: self.config.name.clone(),
             public_key: base64::engine::general_purpose::STANDARD.encode(self.keypair.public()),
@@ -197,7 +213,7 @@ impl Executor {
                 {
                     tracing::error!(error = %e, "the registry refuses this executor; an operator must fix the credential or the key binding");
                 }
-                e.to_string()
+                ConnectError::Register(e)
             })?;
         tracing::info!(environment = %self.config.environment_id, "registered");
         connect_socket(
@@ -206,7 +222,10 @@ impl Executor {
             &self.tls,
         )
         .await
-        .map_err(|e| format!("rendezvous {}: {e}", registered.rendezvous_url))
+        .map_err(|source| ConnectError::Socket {
+            url: registered.rendezvous_url.clone(),
+            source,
+        })
     }
 
     async fn serve_socket(
@@ -349,8 +368,8 @@ impl Executor {
             );
             return;
         }
-        if let Err(reason) = self.admit_pending(frame.source) {
-            self.reply_reset(&frame.stream_id, reason);
+        if let Err(refused) = self.admit_pending(frame.source) {
+            self.reply_reset(&frame.stream_id, refused.to_string());
             return;
         }
         match SecureStream::accept(
