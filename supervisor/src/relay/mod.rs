@@ -14,15 +14,20 @@
 //! frame: the peer retransmits), so one slow stream never blocks another.
 
 pub mod driver;
+#[cfg(feature = "server")]
 pub mod executor;
+#[cfg(feature = "client")]
 pub mod harness;
-pub mod identity;
+#[cfg(feature = "server")]
+mod identity;
 pub mod registry;
 pub mod tls;
 
 use std::time::Duration;
 
+#[cfg(feature = "server")]
 pub use executor::{RemoteEnvironmentConfig, RemoteError, run_main_remote, run_remote_environment};
+#[cfg(feature = "client")]
 pub use harness::{REGISTRATION_WAIT, RelayHarnessConnection, RemoteConnectArgs};
 
 /// Environment variable holding a harness's credential (`exec --remote` without
