@@ -1,12 +1,25 @@
-//! execward's supervisor: the `exec-server` binary's library.
+//! execward's supervisor: the `exec-server` binary's library, the Rust client, remote mode and
+//! the reference rendezvous.
 //!
 //! A client connects over a websocket (TCP or unix socket), speaks JSON-RPC (see
 //! `docs/protocol.md`), and drives processes and files. The server holds no extra privilege and
-//! never sandboxes itself; sandboxed work is done by separately exec'd helpers whose paths are
-//! given by [`ExecServerRuntimePaths`].
+//! never sandboxes itself; sandboxed work is done by separately exec'd helpers.
 //!
-//! Embedding:
+//! Cargo features, one per product (all on by default):
+//!
+//! | feature | builds | adds dependencies |
+//! |---|---|---|
+//! | `client` | the client library: `ExecServerClient` over `ws://` and `unix:` ([`client`]) | none beyond tokio, tokio-tungstenite, serde and `proto` without its relay |
+//! | `remote` | remote mode's relay glue (`relay`); with `client`, `ExecServerClient::connect_remote`; with `server`, the executor (`exec-server --remote`) | `proto`'s relay (prost, snow), reqwest, rustls |
+//! | `server` | the exec server (`exec-server`, `exec-guardian`, the `exec` subcommand); includes `client` and `remote`, which that binary also serves | `sandbox`, `fs-helper` (Landlock, seccomp), clap |
+//! | `rendezvous` | the reference registry + rendezvous (`exec-rendezvous`); includes `server` | axum, hyper |
+//!
+//! An embedder that only drives servers builds `--no-default-features --features client` (add
+//! `remote` to reach executors through a rendezvous): no sandbox, helpers or HTTP server.
+//!
+//! Embedding the server (feature `server`):
 //! ```no_run
+//! # #[cfg(feature = "server")]
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use supervisor::{DEFAULT_LISTEN_URL, ExecServerRuntimePaths, run_main};
 //! run_main(DEFAULT_LISTEN_URL, ExecServerRuntimePaths::next_to_current_exe()?).await?;
@@ -87,7 +100,7 @@ pub use client::{RelayTransport, RemoteExecServerConnectArgs};
 #[cfg(feature = "server")]
 pub use listen::{DEFAULT_LISTEN_URL, ExecServerListenUrlParseError, ListenAddress};
 #[cfg(feature = "server")]
-pub use paths::ExecServerRuntimePaths;
+pub use paths::{ExecServerRuntimePaths, RuntimePathsError};
 /// `exec-guardian`'s side of the guardian protocol (the binary is a call to
 /// [`guardian::serve`]).
 #[cfg(feature = "server")]

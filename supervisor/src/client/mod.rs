@@ -17,8 +17,8 @@
 //!   every process gets a terminal [`ProcessEvent::Failed`].
 //!
 //! Transports sit behind the [`Transport`] trait: [`WebSocketTransport`] for `ws://` and
-//! `unix:`; [`RelayTransport`] for remote mode through a rendezvous
-//! ([`ExecServerClient::connect_remote`]); any other with
+//! `unix:`; `RelayTransport` for remote mode through a rendezvous
+//! (`ExecServerClient::connect_remote`, feature `remote`); any other with
 //! [`ExecServerClient::connect_with_transport`].
 //!
 //! ```no_run
