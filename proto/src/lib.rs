@@ -5,13 +5,18 @@
 //! - [`error`]: the error codes, the machine-readable `data.kind`, and [`error::RpcError`].
 //! - [`uri`]: [`uri::FileUri`], the `file:` URI every path on the wire is written as.
 //! - [`methods`]: typed params and results of every method and notification.
+//! - [`limits`]: the protocol limits both ends rely on (the server enforces them, clients size
+//!   their requests by them).
 //!
-//! - [`relay`]: the relay frames of remote mode (protobuf), the sans-I/O reliable stream and Noise.
+//! - `relay` (feature `relay`, on by default): the relay frames of remote mode (protobuf), the
+//!   sans-I/O reliable stream and Noise. Without it, neither prost nor snow is built.
 #![forbid(unsafe_code)]
 
 pub mod error;
 pub mod jsonrpc;
+pub mod limits;
 pub mod methods;
+#[cfg(feature = "relay")]
 pub mod relay;
 pub mod uri;
 

@@ -34,7 +34,6 @@ pub enum CpuPoolError {
 #[derive(Debug)]
 pub struct CpuPool {
     jobs: Mutex<mpsc::Sender<Job>>,
-    threads: usize,
 }
 
 impl CpuPool {
@@ -73,13 +72,7 @@ impl CpuPool {
         }
         Self {
             jobs: Mutex::new(sender),
-            threads,
         }
-    }
-
-    /// The number of threads.
-    pub fn threads(&self) -> usize {
-        self.threads
     }
 
     /// Run `work` on the pool and wait for its result.

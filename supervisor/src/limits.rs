@@ -111,14 +111,14 @@ pub const MAX_ARGV_ENV_BYTES: usize = 1024 * 1024;
 pub const MAX_PATH_SEARCH_BYTES: usize = 16 * 1024;
 /// Output retained per process for `process/read`; older chunks are dropped first.
 pub const OUTPUT_RETENTION_BYTES: usize = 1024 * 1024;
-/// Largest read of a child's pipe or PTY in one go (one `process/output` chunk at most). Keep it
-/// well below [`OUTPUT_RETENTION_BYTES`]: retention drops whole chunks, so chunks as large as the
-/// retention would leave as little as one chunk readable.
-pub const OUTPUT_READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Largest read of a child's pipe or PTY in one go (one `process/output` chunk at most), well
+/// below [`OUTPUT_RETENTION_BYTES`]. A protocol limit the client relies on too, so it lives in
+/// `proto`.
+pub use proto::limits::OUTPUT_READ_CHUNK_BYTES;
 /// Pipe buffer requested for a child's stdout/stderr (fewer, larger chunks at high throughput).
 pub const CHILD_PIPE_BYTES: i32 = 1024 * 1024;
-/// Cap (and default) of `process/read`'s `maxBytes`.
-pub const MAX_READ_BYTES: u64 = 8 * 1024 * 1024;
+/// Cap (and default) of `process/read`'s `maxBytes` (shared with the client through `proto`).
+pub use proto::limits::MAX_READ_BYTES;
 /// Cap of `process/read`'s `waitMs`: a long-poll never holds a request slot longer than this.
 pub const MAX_WAIT_MS: u64 = 60_000;
 /// Processes (running or retained after exit) one session may hold.
@@ -145,11 +145,12 @@ pub const TERMINATE_GRACE: Duration = Duration::from_secs(2);
 pub const CLOSED_PROCESS_RETENTION: Duration = Duration::from_secs(30);
 /// How long a detached session (its connection lost) keeps its processes for a resume.
 pub const DETACHED_SESSION_TTL: Duration = Duration::from_secs(30);
-/// Largest `fs/readBlock` (1 MiB).
-pub use fs_helper::READ_BLOCK_MAX_BYTES;
+/// Largest `fs/readBlock` (1 MiB; shared with the client and the fs-helper, which enforces it,
+/// through `proto`).
+pub use proto::limits::READ_BLOCK_MAX_BYTES;
 /// Largest file `fs/readFile` returns (32 MiB); larger files are read with `fs/open` +
-/// `fs/readBlock`. Defined by the fs-helper library, which enforces it.
-pub use fs_helper::READ_FILE_MAX_BYTES;
+/// `fs/readBlock`. Shared with the fs-helper, which enforces it, through `proto`.
+pub use proto::limits::READ_FILE_MAX_BYTES;
 /// Open `fs/open` handles per connection.
 pub const MAX_OPEN_HANDLES: usize = 128;
 /// Longest `handleId`, in bytes.

@@ -45,9 +45,18 @@ pub enum Queued {
 #[derive(Debug)]
 pub enum Held {
     /// A notification's share of [`OUTBOUND_QUEUE_BYTES`].
-    Queue(OwnedSemaphorePermit),
+    Queue(
+        #[expect(dead_code, reason = "held for its Drop, which returns the share")]
+        OwnedSemaphorePermit,
+    ),
     /// An answer's reservation ([`crate::budget`]), made before its request ran.
-    Answer(MemoryCharge),
+    Answer(
+        #[expect(
+            dead_code,
+            reason = "held for its Drop, which releases the reservation"
+        )]
+        MemoryCharge,
+    ),
 }
 
 /// The queue is gone (the connection ended).

@@ -81,7 +81,7 @@ impl ExecServerRuntimePaths {
     }
 
     /// Helpers for the running executable: next to it (a build tree, `cargo install`), else in
-    /// [`INSTALLED_HELPER_DIR`] beside its directory (`install.sh`). Never through `$PATH`.
+    /// `INSTALLED_HELPER_DIR` beside its directory (`install.sh`). Never through `$PATH`.
     ///
     /// # Errors
     /// [`RuntimePathsError::CurrentExe`]; [`RuntimePathsError::Missing`] naming every

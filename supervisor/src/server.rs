@@ -1,4 +1,4 @@
-//! Server assembly: bind, build the server-wide state ([`ServerState`]), print the URL, accept
+//! Server assembly: bind, build the server-wide state (`ServerState`), print the URL, accept
 //! until SIGINT/SIGTERM, then terminate every child.
 
 use std::path::PathBuf;

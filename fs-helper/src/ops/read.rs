@@ -8,17 +8,9 @@ use std::path::Path;
 use crate::error::{FsError, FsOperation};
 use crate::open::open_regular_for_read;
 
-/// Default size limit of [`read_file`], in bytes (32 MiB).
-///
-/// A whole-file read is held in memory and sent base64-encoded in one JSON-RPC message (a third
-/// larger again), so it must stay bounded; larger files are read with `fs/open` + `fs/readBlock`.
-pub const READ_FILE_MAX_BYTES: u64 = 32 * 1024 * 1024;
-
-/// Largest block [`read_block`] returns in one call, in bytes (1 MiB).
-///
-/// One block is one JSON-RPC response; this bounds the memory a single request can pin and keeps
-/// a block small enough not to stall other traffic on the same connection.
-pub const READ_BLOCK_MAX_BYTES: usize = 1024 * 1024;
+/// Default size limit of [`read_file`] and largest block [`read_block`] returns: protocol limits
+/// the client sizes its requests by, so they live in `proto`.
+pub use proto::limits::{READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES};
 
 /// Reads a whole regular file, following symlinks.
 ///

@@ -4,7 +4,7 @@
 //! (and, without cgroups, the pidfds of the process groups it starts). When the socket reaches
 //! end of file (the server exited, crashed or was SIGKILLed), every tree gets SIGKILL through
 //! its cgroup or pidfd and the server's cgroups are removed; the protocol is described in
-//! `supervisor::process::guardian`. Terminal signals are ignored so that Ctrl-C reaches the
+//! `supervisor::guardian`. Terminal signals are ignored so that Ctrl-C reaches the
 //! server, which shuts down in order first.
 
 use clap::Parser;
@@ -31,5 +31,5 @@ fn main() {
         // SAFETY: SIG_IGN installs no handler code; nothing else runs in this process yet.
         let _ = unsafe { signal(terminal_signal, SigHandler::SigIgn) };
     }
-    supervisor::process::guardian::serve(&std::io::stdin());
+    supervisor::guardian::serve(&std::io::stdin());
 }

@@ -17,8 +17,8 @@
 //!   every process gets a terminal [`ProcessEvent::Failed`].
 //!
 //! Transports sit behind the [`Transport`] trait: [`WebSocketTransport`] for `ws://` and
-//! `unix:`; [`RelayTransport`] for remote mode through a rendezvous
-//! ([`ExecServerClient::connect_remote`]); any other with
+//! `unix:`; `RelayTransport` for remote mode through a rendezvous
+//! (`ExecServerClient::connect_remote`, feature `remote`); any other with
 //! [`ExecServerClient::connect_with_transport`].
 //!
 //! ```no_run
@@ -88,6 +88,7 @@ pub mod http;
 mod http_streams;
 pub mod process;
 pub mod recovery;
+#[cfg(feature = "remote")]
 pub mod remote;
 pub mod stream;
 pub mod transport;
@@ -108,6 +109,7 @@ pub use events::ProcessEvent;
 pub use http::{HttpBody, HttpRequest, HttpResponseData, HttpStreamResponse};
 pub use process::{ProcessEvents, ProcessHandle, ProcessOutput, RemoteProcess};
 pub use recovery::RECOVERY_DEADLINE;
+#[cfg(feature = "remote")]
 pub use remote::{RelayTransport, RemoteExecServerConnectArgs};
 pub use stream::RemoteFileReader;
 pub use transport::{Transport, TransportConnection, WebSocketTransport};

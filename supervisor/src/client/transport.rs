@@ -1,6 +1,6 @@
 //! How the client reaches a server: a [`Transport`] opens one message channel per connection
 //! generation. [`WebSocketTransport`] speaks to a local `exec-server` over `ws://` or `unix:`;
-//! [`super::RelayTransport`] (remote mode) implements the same small trait.
+//! `RelayTransport` (remote mode, feature `remote`) implements the same small trait.
 //!
 //! A [`TransportConnection`] is message-oriented: each outgoing `String` is one JSON-RPC message
 //! and each incoming item one whole message. The incoming channel ends when the connection is

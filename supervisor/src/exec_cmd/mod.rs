@@ -6,8 +6,8 @@
 //! switch the terminal to raw mode only once the remote process exists (so errors print on a
 //! sane terminal), and restore it before the exit status is returned.
 
-pub mod escapes;
-pub mod terminal;
+pub(crate) mod escapes;
+pub(crate) mod terminal;
 
 use std::collections::BTreeMap;
 use std::io::Write;

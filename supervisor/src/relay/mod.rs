@@ -1,28 +1,33 @@
 //! Remote mode: the tokio glue around the sans-I/O relay in [`proto::relay`].
 //!
 //! - [`executor`]: `exec-server --remote`: register with the registry, hold one websocket to the
-//!   rendezvous, run one JSON-RPC connection ([`crate::rpc::connection::serve_transport`]) per
+//!   rendezvous, run one JSON-RPC connection (`rpc::connection::serve_transport`) per
 //!   relay stream, reconnect with backoff and resume every stream.
 //! - [`harness`]: the client end of one stream ([`harness::RelayHarnessConnection`]).
 //! - [`driver`]: the per-stream task both ends share (timers, frames in and out).
 //! - [`registry`]: the HTTP client for the registry's register/connect endpoints.
 //! - [`tls`]: rustls settings, and the rule that a token never crosses the network in clear.
-//! - [`identity`]: the executor's persistent Noise key (`--identity-file`).
+//! - `identity`: the executor's persistent Noise key (`--identity-file`).
 //!
 //! Ordering rules: a stream task owns its [`proto::relay::SecureStream`]; the socket task only
 //! decodes frames and routes them by `stream_id` into bounded inboxes (a full inbox drops the
 //! frame: the peer retransmits), so one slow stream never blocks another.
 
 pub mod driver;
+#[cfg(feature = "server")]
 pub mod executor;
+#[cfg(feature = "client")]
 pub mod harness;
-pub mod identity;
+#[cfg(feature = "server")]
+mod identity;
 pub mod registry;
 pub mod tls;
 
 use std::time::Duration;
 
+#[cfg(feature = "server")]
 pub use executor::{RemoteEnvironmentConfig, RemoteError, run_main_remote, run_remote_environment};
+#[cfg(feature = "client")]
 pub use harness::{REGISTRATION_WAIT, RelayHarnessConnection, RemoteConnectArgs};
 
 /// Environment variable holding a harness's credential (`exec --remote` without

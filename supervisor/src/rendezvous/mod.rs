@@ -2,7 +2,7 @@
 //! through axum on hyper 1, TLS through rustls when given a certificate.
 //!
 //! Every request but `GET /readyz` needs `Authorization: Bearer <token>` naming a credential of
-//! the credentials file ([`credentials`]); each endpoint needs one role:
+//! the credentials file (see `credentials.rs`); each endpoint needs one role:
 //! - `POST /v1/environments/{id}` `{"name","publicKey"}` → `{"rendezvousUrl"}` (executor): an
 //!   executor registers (again after every reconnect). The first registration binds the id to
 //!   its key; another key is refused with 409 while the binding stands.
@@ -16,12 +16,12 @@
 //!   many streams.
 //!
 //! An unknown token is 401; a known one of the wrong role, or not granted the id, is 403.
-//! Routing ([`router`]) reads only a frame's envelope for its `stream_id`; payloads are opaque
+//! Routing (`router.rs`) reads only a frame's envelope for its `stream_id`; payloads are opaque
 //! (Noise ciphertext) and never inspected. Reliability is the endpoints' job: a frame with no
 //! route, or for a full socket queue, is dropped.
 
-pub mod credentials;
-pub mod router;
+pub(crate) mod credentials;
+pub(crate) mod router;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -47,7 +47,8 @@ use crate::relay::registry::{
     ConnectResponse, RegisterRequest, RegisterResponse, validate_environment_id,
 };
 use crate::transport::admission::{Admission, PendingTicket, Source, evicted};
-use credentials::{Caller, Credentials, CredentialsError, Role};
+pub use credentials::CredentialsError;
+use credentials::{Caller, Credentials, Role};
 use router::{RegisterError, Router};
 
 /// Simultaneous TCP connections (HTTP and websockets); more are closed right after accept.

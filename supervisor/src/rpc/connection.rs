@@ -111,16 +111,8 @@ pub enum OutboundFrame {
     Close(CloseCode, String),
 }
 
-/// Serve one upgraded websocket until it closes.
-pub async fn serve<S>(websocket: WebSocketStream<S>, server: Arc<ServerState>)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    serve_websocket(websocket, server, None).await;
-}
-
-/// [`serve`] for a websocket still holding its pending slot from admission (see
-/// [`serve_admitted`]).
+/// Serve one upgraded websocket until it closes; it still holds its pending slot from admission
+/// (see [`serve_admitted`]).
 pub async fn serve_pending<S>(
     websocket: WebSocketStream<S>,
     server: Arc<ServerState>,
@@ -178,7 +170,8 @@ async fn serve_websocket<S>(
 }
 
 /// Serve one JSON-RPC connection over any transport that carries one message per item (a
-/// websocket, a relay stream) until it ends. Behaves exactly like [`serve`] in every other way.
+/// websocket, a relay stream) until it ends. Behaves exactly like [`serve_pending`] in every other
+/// way.
 pub async fn serve_transport<I, O>(stream: I, sink: O, server: Arc<ServerState>)
 where
     I: futures_util::Stream<Item = Inbound> + Unpin + Send,

@@ -4,7 +4,7 @@
 //! Ordering rules:
 //! - Every (re)connection registers first (the registry may have restarted and forgotten us),
 //!   then opens the websocket it was given; only then are streams told to resume.
-//! - The static key is the persistent identity ([`super::identity`]), so the registry's binding
+//! - The static key is the persistent identity (`relay::identity`), so the registry's binding
 //!   of the environment id to it survives restarts; a registry that refuses it (409: bound to
 //!   another key) is reported at error level on every retry.
 //! - A new `stream_id` must open with a handshake. Accounting is per harness socket (the
