@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use fs_helper::frame::{FrameError, read_frame, write_frame};
 use fs_helper::wire::{HelperRequest, HelperResponse};
-use proto::error::{ErrorKind, RpcError};
+use proto::error::RpcError;
 use proto::methods::fs::FsRequest;
 use sandbox::ResolvedPolicy;
 use serde_json::Value;
@@ -77,6 +77,9 @@ pub enum HelperError {
     /// The resolved policy could not be encoded (a bug).
     #[error("cannot encode the policy: {0}")]
     EncodePolicy(#[source] serde_json::Error),
+    /// The request could not be encoded (a bug).
+    #[error("cannot encode the request: {0}")]
+    EncodeRequest(#[source] serde_json::Error),
     /// The policy frame could not be sent.
     #[error("sending the policy: {0}")]
     SendPolicy(#[source] FrameError),
@@ -231,7 +234,7 @@ impl HelperPool {
                     sandbox: None,
                 };
                 let request = serde_json::to_vec(&request)
-                    .map_err(|e| RpcError::internal(format!("cannot encode the request: {e}")))?;
+                    .map_err(|e| helper_failed(HelperError::EncodeRequest(e), ""))?;
                 let mut helper = match start {
                     Start::Reused(helper) => helper,
                     Start::New(live, descriptors) => pool.spawn(&key.1, live, descriptors)?,
@@ -251,7 +254,7 @@ impl HelperPool {
                         std::thread::sleep(Duration::from_millis(10));
                         let stderr = helper.stderr_text();
                         helper.kill();
-                        Err(helper_failed(&error, &stderr))
+                        Err(helper_failed(error, &stderr))
                     }
                 }
             })
@@ -269,14 +272,14 @@ impl HelperPool {
         {
             tokio::task::spawn_blocking(move || victim.retire())
                 .await
-                .map_err(|e| helper_failed(&HelperError::Retire(e), ""))?;
+                .map_err(|e| helper_failed(HelperError::Retire(e), ""))?;
             return Ok(permit);
         }
         self.live
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| helper_failed(&HelperError::PoolClosed, ""))
+            .map_err(|_| helper_failed(HelperError::PoolClosed, ""))
     }
 
     fn take_least_recently_used(&self) -> Option<Helper> {
@@ -351,10 +354,10 @@ impl HelperPool {
         descriptors: DescriptorCharge,
     ) -> Result<Helper, RpcError> {
         let (ours, theirs) =
-            UnixStream::pair().map_err(|e| helper_failed(&HelperError::SocketPair(e), ""))?;
+            UnixStream::pair().map_err(|e| helper_failed(HelperError::SocketPair(e), ""))?;
         let theirs_out = theirs
             .try_clone()
-            .map_err(|e| helper_failed(&HelperError::DuplicateSocket(e), ""))?;
+            .map_err(|e| helper_failed(HelperError::DuplicateSocket(e), ""))?;
         let binary = &self.sandboxing.fs_helper;
         let mut command = Command::new(binary.exec_path());
         command
@@ -372,7 +375,7 @@ impl HelperPool {
             .stderr(Stdio::piped());
         let mut child = command.spawn().map_err(|source| {
             let binary = binary.path().to_path_buf();
-            helper_failed(&HelperError::Spawn { binary, source }, "")
+            helper_failed(HelperError::Spawn { binary, source }, "")
         })?;
         // A helper moves file contents for clients: CPU work that must not take the CPU from
         // the async workers (it is single-threaded, so its pid names its only thread).
@@ -401,27 +404,32 @@ impl HelperPool {
             _descriptors: descriptors,
         };
         let policy = serde_json::to_vec(policy)
-            .map_err(|e| helper_failed(&HelperError::EncodePolicy(e), ""))?;
+            .map_err(|e| helper_failed(HelperError::EncodePolicy(e), ""))?;
         if let Err(e) = write_frame(&mut helper.socket, &policy, None) {
             let stderr = helper.stderr_text();
             helper.kill();
-            return Err(helper_failed(&HelperError::SendPolicy(e), &stderr));
+            return Err(helper_failed(HelperError::SendPolicy(e), &stderr));
         }
         Ok(helper)
     }
 }
 
-fn helper_failed(error: &HelperError, stderr: &str) -> RpcError {
-    let message = if stderr.is_empty() {
-        format!("fs-helper failed: {error}")
-    } else {
-        format!("fs-helper failed: {error}; its stderr: {stderr}")
-    };
-    RpcError::new(
-        proto::error::INTERNAL_ERROR,
-        ErrorKind::HelperFailed,
-        message,
-    )
+/// A helper failure as reported to the client: the error and the helper's stderr (mapped to
+/// -32603 `helperFailed` in `rpc::errors`).
+#[derive(Debug)]
+pub struct HelperFailure {
+    /// What failed.
+    pub error: HelperError,
+    /// The helper's stderr (empty when it had not started or said nothing).
+    pub stderr: String,
+}
+
+fn helper_failed(error: HelperError, stderr: &str) -> RpcError {
+    HelperFailure {
+        error,
+        stderr: stderr.to_owned(),
+    }
+    .into()
 }
 
 /// One framed request and response; any failure means the helper is unusable.

@@ -17,7 +17,7 @@ pub mod helpers;
 
 use std::sync::Arc;
 
-use proto::error::{ErrorKind, RpcError};
+use proto::error::RpcError;
 use proto::methods::fs::{CloseParams, ReadBlockParams, ReadBlockResult, ReadFileParams};
 use proto::methods::{Empty, to_value};
 use sandbox::ResolvedPolicy;
@@ -34,9 +34,23 @@ use helpers::HelperPool;
 /// Why a handle operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FsRequestError {
-    /// A param is out of its domain.
-    #[error("{0}")]
-    InvalidParams(String),
+    /// `fs/readBlock`'s `len` is 0 or above [`fs_helper::READ_BLOCK_MAX_BYTES`].
+    #[error("len must be from 1 to {limit} (READ_BLOCK_MAX_BYTES), got {len}")]
+    BlockLength {
+        /// The `len` asked for.
+        len: u64,
+        /// The limit.
+        limit: usize,
+    },
+    /// The request's `sandbox` does not parse or resolve (never run unsandboxed instead).
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandboxing::SandboxRequestError),
+    /// A helper answered `fs/open` without passing the descriptor.
+    #[error("fs-helper answered fs/open without passing the descriptor")]
+    OpenWithoutDescriptor,
+    /// A file came back for a method other than `fs/open` (a bug).
+    #[error("a file was opened for a method other than fs/open")]
+    UnexpectedDescriptor,
     /// `handleId` is empty or longer than [`crate::limits::MAX_HANDLE_ID_BYTES`] (-32600, as the
     /// reference client maps it to `InvalidInput`).
     #[error("handleId must be 1 to {limit} bytes (MAX_HANDLE_ID_BYTES), got {length}")]
@@ -79,7 +93,7 @@ async fn restricting_policy(
     budget
         .cpu(move || sandboxing.resolve(sandbox.as_ref()))
         .await?
-        .map_err(|e| RpcError::invalid_params(e.to_string()))
+        .map_err(|e| FsRequestError::Sandbox(e).into())
 }
 
 /// What the `fs/*` methods use of their connection and of the server (`rpc::dispatch` builds
@@ -131,13 +145,7 @@ pub async fn handle(
             match (opens, reply.file) {
                 (false, _) => Outcome::Value(value),
                 (true, Some(file)) => Outcome::Opened(file, value),
-                (true, None) => {
-                    return Err(RpcError::new(
-                        proto::error::INTERNAL_ERROR,
-                        ErrorKind::HelperFailed,
-                        "fs-helper answered fs/open without passing the descriptor",
-                    ));
-                }
+                (true, None) => return Err(FsRequestError::OpenWithoutDescriptor.into()),
             }
         }
     };
@@ -147,9 +155,7 @@ pub async fn handle(
             Ok(value)
         }
         (Outcome::Value(value), _) => Ok(value),
-        (Outcome::Opened(..), None) => Err(RpcError::internal(
-            "a file was opened for a method other than fs/open",
-        )),
+        (Outcome::Opened(..), None) => Err(FsRequestError::UnexpectedDescriptor.into()),
     }
 }
 
@@ -191,10 +197,10 @@ pub async fn read_block(
 ) -> Result<Value, RpcError> {
     let limit = fs_helper::READ_BLOCK_MAX_BYTES;
     if params.len == 0 || params.len > limit as u64 {
-        return Err(FsRequestError::InvalidParams(format!(
-            "len must be from 1 to {limit} (READ_BLOCK_MAX_BYTES), got {}",
-            params.len
-        ))
+        return Err(FsRequestError::BlockLength {
+            len: params.len,
+            limit,
+        }
         .into());
     }
     let file = handles.get(&params.handle_id)?;

@@ -39,52 +39,7 @@ use crate::untrusted::Untrusted;
 
 use crate::outbound::{Outbound, Queued, outbound_queue};
 
-use super::shared::{Connection, LARGE_MESSAGE_BYTES, reply_message};
-
-/// Why a message was refused by the connection itself, before any method ran.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectionError {
-    /// A request other than `initialize` before `initialize`.
-    #[error(
-        "{} sent before initialize; send initialize {{clientName}} first",
-        Untrusted(method)
-    )]
-    NotInitialized {
-        /// The request's method.
-        method: String,
-    },
-    /// A notification other than `initialized`.
-    #[error(
-        "unexpected notification {}; the only client notification is \"initialized\"",
-        Untrusted(method)
-    )]
-    UnexpectedNotification {
-        /// The notification's method.
-        method: String,
-    },
-    /// A response or error response (this server sends no requests).
-    #[error("unexpected response: this server sends no requests to clients")]
-    UnexpectedResponse,
-    /// A second `initialize`.
-    #[error(
-        "initialize was already called on this connection; open a new connection for another session"
-    )]
-    AlreadyInitialized,
-    /// `clientName` is longer than its limit.
-    #[error("clientName must be at most {limit} bytes (MAX_CLIENT_NAME_BYTES), got {length}")]
-    ClientNameTooLong {
-        /// Its length in bytes.
-        length: usize,
-        /// The limit.
-        limit: usize,
-    },
-    /// Every connection slot is taken.
-    #[error("the server already serves {limit} connections (MAX_CONNECTIONS); retry later")]
-    TooManyConnections {
-        /// The limit.
-        limit: usize,
-    },
-}
+use super::shared::{Connection, ConnectionError, LARGE_MESSAGE_BYTES, reply_message};
 
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
 

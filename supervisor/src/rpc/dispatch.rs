@@ -9,12 +9,12 @@
 
 use std::sync::Arc;
 
-use proto::error::{ErrorKind, RpcError};
+use proto::error::RpcError;
 use proto::jsonrpc::Request;
 use proto::methods::*;
 use serde_json::Value;
 
-use super::shared::{Connection, reply_message};
+use super::shared::{Connection, ConnectionError, reply_message};
 use crate::budget::MemoryCharge;
 use crate::process::handlers;
 use crate::session::Session;
@@ -98,10 +98,7 @@ pub async fn dispatch(
             let reserve = |bytes: usize| answer.back(&connection.budget, bytes);
             tokio::select! {
                 result = handlers::read(session, params, reserve) => to_value(result?),
-                _ = closed.wait_for(|closed| *closed) => Err(RpcError::invalid_request(
-                    ErrorKind::InvalidRequest,
-                    "the connection closed while this read was waiting",
-                )),
+                _ = closed.wait_for(|closed| *closed) => Err(ConnectionError::ClosedWhileReading.into()),
             }
         }
         PROCESS_WRITE => to_value(

@@ -5,10 +5,11 @@ use proto::error::{self as codes, ErrorKind, RpcError};
 use crate::budget::BudgetError;
 use crate::containment::plan::PlanError;
 use crate::fs::FsRequestError;
+use crate::fs::helpers::HelperFailure;
 use crate::http::HttpError;
 use crate::process::ProcessError;
 use crate::process::spawn::SpawnError;
-use crate::rpc::connection::ConnectionError;
+use crate::rpc::shared::ConnectionError;
 use crate::session::SessionError;
 
 impl From<ProcessError> for RpcError {
@@ -73,6 +74,18 @@ impl From<ProcessError> for RpcError {
     }
 }
 
+impl From<HelperFailure> for RpcError {
+    fn from(failure: HelperFailure) -> Self {
+        let HelperFailure { error, stderr } = failure;
+        let message = if stderr.is_empty() {
+            format!("fs-helper failed: {error}")
+        } else {
+            format!("fs-helper failed: {error}; its stderr: {stderr}")
+        };
+        RpcError::new(codes::INTERNAL_ERROR, ErrorKind::HelperFailed, message)
+    }
+}
+
 impl From<ConnectionError> for RpcError {
     fn from(error: ConnectionError) -> Self {
         let message = error.to_string();
@@ -83,7 +96,7 @@ impl From<ConnectionError> for RpcError {
             ConnectionError::UnexpectedNotification { .. } => {
                 RpcError::invalid_request(ErrorKind::UnexpectedNotification, message)
             }
-            ConnectionError::UnexpectedResponse => {
+            ConnectionError::UnexpectedResponse | ConnectionError::ClosedWhileReading => {
                 RpcError::invalid_request(ErrorKind::InvalidRequest, message)
             }
             ConnectionError::AlreadyInitialized => {
@@ -138,7 +151,13 @@ impl From<FsRequestError> for RpcError {
     fn from(error: FsRequestError) -> Self {
         let message = error.to_string();
         match error {
-            FsRequestError::InvalidParams(_) => RpcError::invalid_params(message),
+            FsRequestError::BlockLength { .. } | FsRequestError::Sandbox(_) => {
+                RpcError::invalid_params(message)
+            }
+            FsRequestError::OpenWithoutDescriptor => {
+                RpcError::new(codes::INTERNAL_ERROR, ErrorKind::HelperFailed, message)
+            }
+            FsRequestError::UnexpectedDescriptor => RpcError::internal(message),
             FsRequestError::HandleIdLength { limit, .. } => {
                 RpcError::limit_exceeded(message, limit as u64)
             }

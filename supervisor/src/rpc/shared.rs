@@ -15,6 +15,7 @@ use crate::limits::MAX_ERROR_MESSAGE_BYTES;
 use crate::outbound::{Outbound, OutboundSender};
 use crate::session::Session;
 use crate::state::ServerState;
+use crate::untrusted::Untrusted;
 
 /// Per-connection state shared with request tasks.
 pub struct Connection {
@@ -156,4 +157,52 @@ pub fn reply_message(id: RequestId, reply: Result<serde_json::Value, RpcError>) 
             Message::Error(ErrorResponse { id, error })
         }
     }
+}
+
+/// Why a message was refused by the connection itself, before any method ran.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    /// A request other than `initialize` before `initialize`.
+    #[error(
+        "{} sent before initialize; send initialize {{clientName}} first",
+        Untrusted(method)
+    )]
+    NotInitialized {
+        /// The request's method.
+        method: String,
+    },
+    /// A notification other than `initialized`.
+    #[error(
+        "unexpected notification {}; the only client notification is \"initialized\"",
+        Untrusted(method)
+    )]
+    UnexpectedNotification {
+        /// The notification's method.
+        method: String,
+    },
+    /// The connection closed while a `process/read` waited for output.
+    #[error("the connection closed while this read was waiting")]
+    ClosedWhileReading,
+    /// A response or error response (this server sends no requests).
+    #[error("unexpected response: this server sends no requests to clients")]
+    UnexpectedResponse,
+    /// A second `initialize`.
+    #[error(
+        "initialize was already called on this connection; open a new connection for another session"
+    )]
+    AlreadyInitialized,
+    /// `clientName` is longer than its limit.
+    #[error("clientName must be at most {limit} bytes (MAX_CLIENT_NAME_BYTES), got {length}")]
+    ClientNameTooLong {
+        /// Its length in bytes.
+        length: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Every connection slot is taken.
+    #[error("the server already serves {limit} connections (MAX_CONNECTIONS); retry later")]
+    TooManyConnections {
+        /// The limit.
+        limit: usize,
+    },
 }
