@@ -1,0 +1,196 @@
+//! The egress group: a sandboxed client through `egress-proxy` against a direct connection.
+//!
+//! The egress proxy: bytes and connections from inside a sandbox whose network is an allowlist
+//! (through `egress-proxy`) against the same client connecting directly over loopback.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+
+use crate::bin_dir;
+use crate::table::{Row, summary_ms, throughput_row};
+
+/// The client, run directly and inside the sandbox: `bulk MIB` sends MIB MiB and waits for the
+/// sink's one-byte acknowledgement, printing MiB/s; `connect N` opens N connections, each until
+/// its first echoed byte, printing each time in milliseconds. Through the proxy (`HTTPS_PROXY`
+/// set) each connection is a CONNECT tunnel.
+const EGRESS_CLIENT: &str = r#"
+import os, socket, sys, time
+mode, count, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+proxy = os.environ.get('HTTPS_PROXY')
+def connect():
+    if not proxy:
+        return socket.create_connection(('127.0.0.1', port))
+    s = socket.create_connection(('127.0.0.1', int(proxy.rsplit(':', 1)[1])))
+    s.sendall(b'CONNECT 127.0.0.1:%d HTTP/1.1\r\n\r\n' % port)
+    head = b''
+    while not head.endswith(b'\r\n\r\n'):
+        head += s.recv(1)
+    assert head.startswith(b'HTTP/1.1 200'), head
+    return s
+if mode == 'bulk':
+    s = connect()
+    s.sendall(b'B')
+    block = memoryview(bytearray(1 << 20))
+    started = time.perf_counter()
+    for _ in range(count):
+        s.sendall(block)
+    s.shutdown(socket.SHUT_WR)
+    assert s.recv(1) == b'k'
+    print(count / (time.perf_counter() - started))
+else:
+    for _ in range(count):
+        started = time.perf_counter()
+        s = connect()
+        s.sendall(b'E')
+        assert s.recv(1) == b'E'
+        print((time.perf_counter() - started) * 1000)
+        s.close()
+"#;
+
+/// A sink on 127.0.0.1: `B` then bytes until EOF, answered with `k`; `E` echoed.
+fn egress_sink() -> u16 {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut first = [0u8; 1];
+                if stream.read_exact(&mut first).is_err() {
+                    return;
+                }
+                if first[0] == b'E' {
+                    let _ = stream.write_all(b"E");
+                    return;
+                }
+                let mut buf = vec![0u8; 1 << 20];
+                while stream.read(&mut buf).is_ok_and(|n| n > 0) {}
+                let _ = stream.write_all(b"k");
+            });
+        }
+    });
+    port
+}
+
+/// Runs [`EGRESS_CLIENT`] directly or inside `sandbox-run --allow-domain 127.0.0.1:PORT`;
+/// returns the numbers it printed.
+fn egress_client(sandboxed: bool, mode: &str, count: usize, port: u16) -> Vec<f64> {
+    let args = [mode.to_owned(), count.to_string(), port.to_string()];
+    let mut command = if sandboxed {
+        let mut command = Command::new(bin_dir().join("sandbox-run"));
+        command
+            .args(["--policy", "read-only", "--allow-domain"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["--", "/usr/bin/python3", "-c", EGRESS_CLIENT]);
+        command
+    } else {
+        let mut command = Command::new("/usr/bin/python3");
+        command.args(["-c", EGRESS_CLIENT]);
+        command
+    };
+    let output = command
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "egress client {mode} failed");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| line.trim().parse::<f64>().unwrap())
+        .collect()
+}
+
+/// The floor of the proxy's topology: a bare relay on 127.0.0.1 (no sandbox, no policy, no
+/// handshake) that splices each connection to the sink through a pipe as the proxy does, so
+/// its bytes cross the same two loopback TCP hops.
+fn splice_relay(sink: u16) -> u16 {
+    fn pump(from: std::net::TcpStream, to: std::net::TcpStream) {
+        use std::os::fd::AsRawFd;
+        let (pipe_out, pipe_in) = nix::unistd::pipe().unwrap();
+        let _ = nix::fcntl::fcntl(&pipe_in, nix::fcntl::FcntlArg::F_SETPIPE_SZ(256 * 1024));
+        let splice = |from: i32, to: i32, len: usize| {
+            // SAFETY: descriptors owned by this function; no offsets.
+            let n = unsafe {
+                libc::splice(from, std::ptr::null_mut(), to, std::ptr::null_mut(), len, 0)
+            };
+            usize::try_from(n).unwrap_or(0)
+        };
+        loop {
+            let mut pending = splice(from.as_raw_fd(), pipe_in.as_raw_fd(), 256 * 1024);
+            if pending == 0 {
+                break;
+            }
+            while pending > 0 {
+                let sent = splice(pipe_out.as_raw_fd(), to.as_raw_fd(), pending);
+                if sent == 0 {
+                    return;
+                }
+                pending -= sent;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let upstream = std::net::TcpStream::connect(("127.0.0.1", sink)).unwrap();
+            let (client_reader, upstream_writer) =
+                (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+            std::thread::spawn(move || pump(client_reader, upstream_writer));
+            std::thread::spawn(move || pump(upstream, client));
+        }
+    });
+    port
+}
+
+pub(crate) fn egress_proxy(rows: &mut Vec<Row>, mib: usize, runs: usize, connects: usize) {
+    let port = egress_sink();
+    let relay = splice_relay(port);
+    let (mut proxied, mut bare, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        proxied.extend(egress_client(true, "bulk", mib, port));
+        bare.extend(egress_client(false, "bulk", mib, relay));
+        direct.extend(egress_client(false, "bulk", mib, port));
+    }
+    rows.push(throughput_row(
+        format!("{mib} MiB through the egress proxy (CONNECT tunnel) vs direct loopback TCP ({runs} runs)"),
+        (proxied.clone(), ""),
+        (direct.clone(), " direct"),
+        70.0,
+    ));
+    let mut floor = throughput_row(
+        format!(
+            "{mib} MiB through a bare splice relay (the same two loopback hops, no sandbox) vs \
+             direct: the topology's floor"
+        ),
+        (bare.clone(), " bare relay"),
+        (direct, " direct"),
+        0.0,
+    );
+    floor.target = "floor reported".into();
+    floor.holds = None;
+    rows.push(floor);
+    rows.push(throughput_row(
+        format!("{mib} MiB through the egress proxy vs the bare splice relay"),
+        (proxied, ""),
+        (bare, " bare relay"),
+        85.0,
+    ));
+    let (ours, ours_text) = summary_ms(egress_client(true, "connect", connects, port));
+    let (base, base_text) = summary_ms(egress_client(false, "connect", connects, port));
+    rows.push(Row {
+        figure: format!(
+            "connect + first byte through the egress proxy vs direct ({connects} connections)"
+        ),
+        ours: ours_text,
+        baseline: base_text,
+        ratio: format!("+{:.2} ms", ours - base),
+        target: "added latency reported".into(),
+        holds: None,
+    });
+}

@@ -1,0 +1,220 @@
+//! The remote group: the relay against a local websocket, throughput and request latency.
+//!
+//! Remote mode: the relay through a local exec-rendezvous against the same executor's local
+//! websocket. Both sides use the library client (`ExecServerClient`), so the figures differ only
+//! in the transport: one websocket vs. harness -> rendezvous -> executor with Noise and the
+//! endpoints' reliability layer.
+
+use std::process::Command;
+use std::time::Instant;
+
+use crate::table::{Row, summary_with_p99, throughput_row};
+use crate::{Server, bin_dir};
+
+/// Harness credential of the bench's own rendezvous (handed to its children through the
+/// environment).
+const BENCH_REGISTRY_TOKEN: &str = "execward-bench-harness-token";
+/// Executor credential of the bench's own rendezvous.
+const BENCH_EXECUTOR_TOKEN: &str = "execward-bench-executor-token";
+/// Environment id the bench's executor registers as.
+const BENCH_ENVIRONMENT: &str = "bench";
+/// How long the executor may take to register.
+const REGISTRATION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Start `binary` (next to this executable) with the bench credentials; its first stdout line
+/// is its URL.
+fn start_with_registry_token(binary: &str, args: &[&str]) -> Server {
+    Server::spawn(
+        Command::new(bin_dir().join(binary))
+            .args(args)
+            .env(supervisor::relay::REGISTRY_TOKEN_ENV, BENCH_REGISTRY_TOKEN)
+            .env(supervisor::relay::EXECUTOR_TOKEN_ENV, BENCH_EXECUTOR_TOKEN),
+    )
+}
+
+/// A rendezvous and one executor registered with it; `executor.url` is its local websocket.
+pub(crate) struct RemoteSetup {
+    _rendezvous: Server,
+    executor: Server,
+    registry: String,
+    _dir: tempfile::TempDir,
+}
+
+pub(crate) async fn remote_setup() -> RemoteSetup {
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = dir.path().join("credentials.toml");
+    std::fs::write(
+        &credentials,
+        format!(
+            "[[executor]]\ntoken = \"{BENCH_EXECUTOR_TOKEN}\"\nenvironments = [\"{BENCH_ENVIRONMENT}\"]\n\n[[harness]]\ntoken = \"{BENCH_REGISTRY_TOKEN}\"\nenvironments = [\"{BENCH_ENVIRONMENT}\"]\n"
+        ),
+    )
+    .unwrap();
+    let identity = dir.path().join("identity");
+    let rendezvous = start_with_registry_token(
+        "exec-rendezvous",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--credentials",
+            credentials.to_str().unwrap(),
+        ],
+    );
+    let registry = rendezvous.url.clone();
+    let executor = start_with_registry_token(
+        "exec-server",
+        &[
+            "--listen",
+            "ws://127.0.0.1:0",
+            "--remote",
+            &registry,
+            "--environment-id",
+            BENCH_ENVIRONMENT,
+            "--identity-file",
+            identity.to_str().unwrap(),
+        ],
+    );
+    let tls = supervisor::relay::tls::client_config_for(&registry, None).unwrap();
+    let client = supervisor::relay::registry::RegistryClient::new(&registry, &tls).unwrap();
+    let deadline = Instant::now() + REGISTRATION_DEADLINE;
+    while client
+        .connect(BENCH_ENVIRONMENT, BENCH_REGISTRY_TOKEN)
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the executor did not register within {REGISTRATION_DEADLINE:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    RemoteSetup {
+        _rendezvous: rendezvous,
+        executor,
+        registry,
+        _dir: dir,
+    }
+}
+
+/// (relay client, local websocket client) of the same executor.
+async fn relay_and_local_clients(
+    setup: &RemoteSetup,
+) -> (supervisor::ExecServerClient, supervisor::ExecServerClient) {
+    let relay = supervisor::ExecServerClient::connect_remote(
+        supervisor::RemoteExecServerConnectArgs::new(
+            &setup.registry,
+            BENCH_ENVIRONMENT,
+            BENCH_REGISTRY_TOKEN,
+        )
+        .with_client_name("bench-relay"),
+    )
+    .await
+    .unwrap();
+    let local = supervisor::ExecServerClient::connect(
+        supervisor::ExecServerClientConnectOptions::new(&setup.executor.url)
+            .with_client_name("bench-local"),
+    )
+    .await
+    .unwrap();
+    (relay, local)
+}
+
+/// Run `argv` through the library client; the output bytes received by `closed`.
+async fn library_output_bytes(
+    client: &supervisor::ExecServerClient,
+    process_id: &str,
+    argv: &[&str],
+) -> u64 {
+    let mut params = tests::start_params(process_id, argv);
+    params.cwd = supervisor::FileUri::from_path(std::path::Path::new("/tmp")).unwrap();
+    let (_process, mut events) = client.start_process(params).await.unwrap().into_parts();
+    let mut bytes = 0u64;
+    while let Some(event) = events.next().await {
+        match event {
+            supervisor::ProcessEvent::Output { data, .. } => bytes += data.len() as u64,
+            supervisor::ProcessEvent::Closed { .. } => return bytes,
+            supervisor::ProcessEvent::Failed { error } => panic!("{process_id} failed: {error}"),
+            supervisor::ProcessEvent::Exited { .. } => {}
+        }
+    }
+    panic!("the events of {process_id} ended without closed");
+}
+
+async fn relay_output_throughput(rows: &mut Vec<Row>, setup: &RemoteSetup, mib: u64, runs: usize) {
+    let (relay, local) = relay_and_local_clients(setup).await;
+    let count = format!("{}", mib * 1024 * 1024);
+    let argv = ["head", "-c", count.as_str(), "/dev/zero"];
+    let mut ours = Vec::new();
+    let mut baseline = Vec::new();
+    for run in 0..runs {
+        // Alternate which goes first so neither always runs on a warmer machine.
+        for relay_turn in [run % 2 == 0, run % 2 == 1] {
+            let (client, samples, name) = if relay_turn {
+                (&relay, &mut ours, "relay")
+            } else {
+                (&local, &mut baseline, "local")
+            };
+            let started = Instant::now();
+            let bytes = library_output_bytes(client, &format!("{name}-head-{run}"), &argv).await;
+            assert_eq!(bytes, mib * 1024 * 1024, "every byte must arrive ({name})");
+            samples.push(mib as f64 / started.elapsed().as_secs_f64());
+        }
+    }
+    rows.push(throughput_row(
+        format!(
+            "remote mode: output throughput, head -c {mib}M /dev/zero, library client ({runs} runs)"
+        ),
+        (ours, " relay"),
+        (baseline, " local websocket"),
+        60.0,
+    ));
+    relay.close();
+    local.close();
+}
+
+pub(crate) async fn relay_request_latency(rows: &mut Vec<Row>, setup: &RemoteSetup, runs: usize) {
+    let (relay, local) = relay_and_local_clients(setup).await;
+    let path = supervisor::FileUri::from_path(std::path::Path::new("/tmp")).unwrap();
+    let mut ours = Vec::new();
+    let mut baseline = Vec::new();
+    for run in 0..runs + 10 {
+        for (client, samples) in [(&relay, &mut ours), (&local, &mut baseline)] {
+            let started = Instant::now();
+            let metadata = client
+                .fs_get_metadata(proto::methods::fs::PathParams {
+                    path: path.clone(),
+                    sandbox: None,
+                })
+                .await
+                .unwrap();
+            assert!(metadata.is_directory);
+            if run >= 10 {
+                samples.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    let (ours_median, ours_text) = summary_with_p99(ours);
+    let (baseline_median, baseline_text) = summary_with_p99(baseline);
+    rows.push(Row {
+        figure: format!("remote mode: fs/getMetadata round trip, library client ({runs} runs)"),
+        ours: format!("{ours_text} relay"),
+        baseline: format!("{baseline_text} local websocket"),
+        ratio: format!("{:.2}x", ours_median / baseline_median),
+        target: "reported (no target)".into(),
+        holds: None,
+    });
+    relay.close();
+    local.close();
+}
+
+pub(crate) async fn remote_mode(rows: &mut Vec<Row>, quick: bool) {
+    let setup = remote_setup().await;
+    relay_output_throughput(
+        rows,
+        &setup,
+        if quick { 256 } else { 1024 },
+        if quick { 2 } else { 3 },
+    )
+    .await;
+    relay_request_latency(rows, &setup, if quick { 200 } else { 1000 }).await;
+}

@@ -1,0 +1,143 @@
+//! The sandbox group: requests and spawns inside a sandbox against the same without one, and
+//! the `sandbox-run` startup table.
+
+use std::process::Command;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use crate::table::{Row, summary_ms, summary_with_p99};
+use crate::{Client, Server, bin_dir, run_to_close};
+
+async fn timed_requests(
+    client: &mut Client,
+    method: &str,
+    params: &Value,
+    runs: usize,
+) -> Vec<f64> {
+    let mut samples = Vec::with_capacity(runs);
+    for run in 0..runs + 5 {
+        let started = Instant::now();
+        client.request(method, params.clone()).await;
+        if run >= 5 {
+            samples.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    samples
+}
+
+pub(crate) async fn sandboxed_read_file(rows: &mut Vec<Row>, runs: usize) {
+    let dir = std::env::temp_dir().join(format!("execward-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("4k.bin");
+    std::fs::write(&file, vec![7u8; 4096]).unwrap();
+    let uri = format!("file://{}", file.display());
+    let plain = json!({"path": uri});
+    let sandboxed = json!({"path": uri, "sandbox": {"profile": "read-only"}});
+    let server = Server::start();
+    let mut client = Client::connect(&server.url).await;
+    let (unsandboxed_median, unsandboxed_text) =
+        summary_with_p99(timed_requests(&mut client, "fs/readFile", &plain, runs).await);
+    let (pooled_median, pooled_text) =
+        summary_with_p99(timed_requests(&mut client, "fs/readFile", &sandboxed, runs).await);
+    let one_shot_server = Server::start_with(&["--one-shot-helpers"]);
+    let mut one_shot_client = Client::connect(&one_shot_server.url).await;
+    let (one_shot_median, one_shot_text) = summary_with_p99(
+        timed_requests(&mut one_shot_client, "fs/readFile", &sandboxed, runs / 5).await,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    rows.push(Row {
+        figure: format!("sandboxed fs/readFile 4 KiB, pooled helpers ({runs} runs)"),
+        ours: pooled_text.clone(),
+        baseline: format!("{unsandboxed_text} unsandboxed"),
+        ratio: format!("{:.2}x", pooled_median / unsandboxed_median),
+        target: "<= 3x".into(),
+        holds: Some(pooled_median / unsandboxed_median <= 3.0),
+    });
+    rows.push(Row {
+        figure: format!(
+            "sandboxed fs/readFile 4 KiB, one helper per request ({} runs)",
+            runs / 5
+        ),
+        ours: one_shot_text,
+        baseline: format!("{pooled_text} pooled"),
+        ratio: format!("pooled {:.1}x faster", one_shot_median / pooled_median),
+        target: "pooled >= 10x faster".into(),
+        holds: Some(one_shot_median / pooled_median >= 10.0),
+    });
+}
+
+pub(crate) async fn sandboxed_spawn(rows: &mut Vec<Row>, runs: usize) {
+    let server = Server::start();
+    let mut client = Client::connect(&server.url).await;
+    let mut scratch = Vec::new();
+    let sandbox = json!({"profile": "workspace-write", "cwd": "file:///tmp"});
+    let mut plain = Vec::new();
+    let mut sandboxed = Vec::new();
+    let mut direct = Vec::new();
+    for run in 0..runs + 5 {
+        let started = Instant::now();
+        run_to_close(
+            &mut client,
+            &format!("p-{run}"),
+            &["/bin/true"],
+            None,
+            &mut scratch,
+        )
+        .await;
+        let plain_ms = started.elapsed().as_secs_f64() * 1e3;
+        let started = Instant::now();
+        run_to_close(
+            &mut client,
+            &format!("s-{run}"),
+            &["/bin/true"],
+            Some(&sandbox),
+            &mut scratch,
+        )
+        .await;
+        let sandboxed_ms = started.elapsed().as_secs_f64() * 1e3;
+        let started = Instant::now();
+        Command::new("/bin/true").status().unwrap();
+        let direct_ms = started.elapsed().as_secs_f64() * 1e3;
+        if run >= 5 {
+            plain.push(plain_ms);
+            sandboxed.push(sandboxed_ms);
+            direct.push(direct_ms);
+        }
+    }
+    let (sandboxed_median, sandboxed_text) = summary_ms(sandboxed);
+    let (plain_median, plain_text) = summary_ms(plain);
+    let (direct_median, direct_text) = summary_ms(direct);
+    rows.push(Row {
+        figure: format!(
+            "sandboxed process/start of /bin/true (workspace-write), start to closed ({runs} runs)"
+        ),
+        ours: sandboxed_text,
+        baseline: format!("{plain_text} unsandboxed; {direct_text} direct spawn"),
+        ratio: format!(
+            "{:.2}x unsandboxed, {:.2}x direct",
+            sandboxed_median / plain_median,
+            sandboxed_median / direct_median
+        ),
+        target: "<= 2x direct".into(),
+        holds: Some(sandboxed_median / direct_median <= 2.0),
+    });
+}
+/// The `sandbox-run` startup benchmark (`sandbox-bench`, next to this binary): /bin/true
+/// directly, through sandbox-run with namespaces on and off, and through bwrap when installed.
+pub(crate) fn sandbox_run_table(runs: usize) -> String {
+    let output = Command::new(bin_dir().join("sandbox-bench"))
+        .arg(runs.to_string())
+        .output();
+    match output {
+        Ok(output) if output.status.success() => format!(
+            "\n## sandbox-run startup (sandbox-bench, target: within 2x of direct)\n\n```text\n{}```\n",
+            String::from_utf8_lossy(&output.stdout)
+        ),
+        Ok(output) => format!(
+            "\n## sandbox-run startup\n\nsandbox-bench failed: {}\n",
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        Err(error) => format!("\n## sandbox-run startup\n\nsandbox-bench could not run: {error}\n"),
+    }
+}
