@@ -85,6 +85,10 @@ pub mod relay;
 #[cfg(feature = "rendezvous")]
 pub mod rendezvous;
 
+// Error text shared by the server's and the relay's messages.
+#[cfg(any(feature = "server", feature = "remote"))]
+mod error_text;
+
 // Every limit, with its unit and reason (all features; the protocol limits clients rely on come
 // from `proto::limits`).
 pub mod limits;

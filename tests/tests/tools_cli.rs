@@ -47,7 +47,7 @@ fn bench_refuses_bad_arguments_as_usage_errors() {
     for (args, needle) in [
         (
             &["--only", "bogus"][..],
-            "possible values: spawn, output, sandbox, remote, egress",
+            "possible values: spawn, output, sandbox, remote, remote-latency, egress",
         ),
         (&["--write"][..], "a value is required for '--write <FILE>'"),
         (&["--frobnicate"][..], "unexpected argument '--frobnicate'"),

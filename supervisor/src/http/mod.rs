@@ -32,6 +32,7 @@ pub use body::BodyStream;
 use client::{HttpClients, Outgoing};
 use targets::TargetPolicy;
 
+use crate::error_text::error_chain;
 use crate::limits::{
     MAX_HTTP_REQUEST_BODY_BYTES, MAX_HTTP_REQUEST_ID_BYTES, MAX_HTTP_REQUESTS,
     MAX_HTTP_REQUESTS_PER_CONNECTION, MAX_HTTP_RESPONSE_BODY_BYTES,
@@ -251,18 +252,6 @@ impl HttpError {
             source: error,
         }
     }
-}
-
-/// An error and its causes on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Why the request's network allowlist refuses a host.

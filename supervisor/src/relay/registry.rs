@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::tls::{Scheme, check_url};
 use super::{MAX_REGISTRY_RESPONSE_BYTES, REGISTRY_TIMEOUT};
+use crate::error_text::error_chain;
 
 /// Characters of an error response's body kept in [`RegistryError::Status`] (enough for a
 /// message, not a page).
@@ -299,18 +300,6 @@ impl RegistryClient {
             source,
         })
     }
-}
-
-/// An error and its causes on one line (reqwest's own message is only the outermost).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Longest environment id, in bytes.
