@@ -84,16 +84,7 @@ impl LaunchRequest {
         })?;
         // SAFETY: `fd` was handed to us for this purpose alone (exec-server's file action); the
         // check above proved it open, and nothing else in this process uses it.
-        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let mut text = Vec::new();
-        (&file)
-            .take(MAX_LAUNCH_REQUEST_BYTES + 1)
-            .read_to_end(&mut text)
-            .map_err(|source| LaunchError::Read { fd, source })?;
-        if text.len() as u64 > MAX_LAUNCH_REQUEST_BYTES {
-            return Err(LaunchError::TooLarge);
-        }
-        serde_json::from_slice(&text).map_err(|err| LaunchError::Malformed(err.to_string()))
+        read_json(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
     /// The request in a sealed memfd, positioned at its start, ready to be inherited.
@@ -101,23 +92,51 @@ impl LaunchRequest {
     /// # Errors
     /// [`LaunchError::Write`].
     pub fn to_memfd(&self) -> Result<OwnedFd, LaunchError> {
-        use nix::sys::memfd::{MFdFlags, memfd_create};
-        use std::io::{Seek, Write};
-        let json = serde_json::to_vec(self).map_err(|e| LaunchError::Write(e.into()))?;
-        let fd = memfd_create(
-            c"execward-launch",
-            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-        )
-        .map_err(|e| LaunchError::Write(e.into()))?;
-        let mut file = std::fs::File::from(fd);
-        file.write_all(&json).map_err(LaunchError::Write)?;
-        file.rewind().map_err(LaunchError::Write)?;
-        let seals = nix::fcntl::SealFlag::F_SEAL_SEAL
-            | nix::fcntl::SealFlag::F_SEAL_SHRINK
-            | nix::fcntl::SealFlag::F_SEAL_GROW
-            | nix::fcntl::SealFlag::F_SEAL_WRITE;
-        nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_ADD_SEALS(seals))
-            .map_err(|e| LaunchError::Write(e.into()))?;
-        Ok(OwnedFd::from(file))
+        write_json(self)
     }
+}
+
+/// Reads one JSON value of at most [`MAX_LAUNCH_REQUEST_BYTES`] from `fd` (a memfd made by
+/// [`write_json`]) and closes it.
+///
+/// # Errors
+/// [`LaunchError`] when the descriptor cannot be read or the JSON is malformed.
+pub fn read_json<T: serde::de::DeserializeOwned>(fd: OwnedFd) -> Result<T, LaunchError> {
+    use std::os::fd::AsRawFd;
+    let raw = fd.as_raw_fd();
+    let file = std::fs::File::from(fd);
+    let mut text = Vec::new();
+    (&file)
+        .take(MAX_LAUNCH_REQUEST_BYTES + 1)
+        .read_to_end(&mut text)
+        .map_err(|source| LaunchError::Read { fd: raw, source })?;
+    if text.len() as u64 > MAX_LAUNCH_REQUEST_BYTES {
+        return Err(LaunchError::TooLarge);
+    }
+    serde_json::from_slice(&text).map_err(|err| LaunchError::Malformed(err.to_string()))
+}
+
+/// `value` as JSON in a sealed memfd, positioned at its start, ready to be inherited or sent.
+///
+/// # Errors
+/// [`LaunchError::Write`].
+pub fn write_json<T: Serialize>(value: &T) -> Result<OwnedFd, LaunchError> {
+    use nix::sys::memfd::{MFdFlags, memfd_create};
+    use std::io::{Seek, Write};
+    let json = serde_json::to_vec(value).map_err(|e| LaunchError::Write(e.into()))?;
+    let fd = memfd_create(
+        c"execward-launch",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(|e| LaunchError::Write(e.into()))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(&json).map_err(LaunchError::Write)?;
+    file.rewind().map_err(LaunchError::Write)?;
+    let seals = nix::fcntl::SealFlag::F_SEAL_SEAL
+        | nix::fcntl::SealFlag::F_SEAL_SHRINK
+        | nix::fcntl::SealFlag::F_SEAL_GROW
+        | nix::fcntl::SealFlag::F_SEAL_WRITE;
+    nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_ADD_SEALS(seals))
+        .map_err(|e| LaunchError::Write(e.into()))?;
+    Ok(OwnedFd::from(file))
 }

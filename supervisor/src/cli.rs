@@ -43,6 +43,13 @@ pub struct Cli {
     #[arg(long)]
     pub one_shot_helpers: bool,
 
+    /// Start every sandboxed command with a sandbox-run of its own (new namespaces, mount
+    /// layout, Landlock and seccomp each time) instead of through the session's pre-confined
+    /// launcher for its policy (slower; for comparison, and for hosts where a long-lived
+    /// launcher is unwanted). Terminal, audited and network-allowlist starts always use it.
+    #[arg(long)]
+    pub one_shot_sandbox: bool,
+
     /// Limits of every process/start that does not set its own, as comma-separated NAME=VALUE
     /// items: memoryBytes, processes, cpuSeconds, wallSeconds, fileSizeBytes, openFiles (byte
     /// sizes may end in K, M or G), and optionally bestEffort. The server refuses to start when

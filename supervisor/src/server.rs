@@ -36,6 +36,8 @@ pub struct ServerOptions {
     pub detached_session_ttl: Duration,
     /// Start a fresh fs-helper for every sandboxed filesystem request instead of pooling.
     pub one_shot_helpers: bool,
+    /// Start every sandboxed command with its own `sandbox-run` instead of a pooled launcher.
+    pub one_shot_sandbox: bool,
     /// Files every sandboxed command and helper must not see, besides the server's own socket
     /// and token file (remote mode adds its identity key).
     pub protected_files: Vec<PathBuf>,
@@ -54,6 +56,7 @@ impl ServerOptions {
             auth_token_file: None,
             detached_session_ttl: DETACHED_SESSION_TTL,
             one_shot_helpers: false,
+            one_shot_sandbox: false,
             protected_files: Vec::new(),
             use_cgroups: true,
             default_limits: proto::methods::process::Limits::default(),
@@ -169,6 +172,10 @@ impl BoundServer {
             options.one_shot_helpers,
             budgets.clone(),
         );
+        let launchers = crate::process::launcher::Launchers::new(
+            sandboxing.sandbox_run.exec_path(),
+            options.one_shot_sandbox,
+        );
         let own_listeners = match &listener {
             Listener::Tcp(tcp) => tcp.local_addr().into_iter().collect(),
             Listener::Unix(..) => Vec::new(),
@@ -178,6 +185,7 @@ impl BoundServer {
             sessions: Arc::new(SessionRegistry::new(
                 options.detached_session_ttl,
                 helpers.clone(),
+                launchers.clone(),
             )),
             runtime_paths: options.runtime_paths.clone(),
             auth_token,
@@ -192,6 +200,7 @@ impl BoundServer {
                 sandboxing.sandbox_run.exec_path(),
                 containment.support(),
             ),
+            launchers,
             sandboxing,
             containment,
             reaper,

@@ -91,16 +91,22 @@ pub struct SessionRegistry {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     ttl: Duration,
     helpers: Arc<HelperPool>,
+    launchers: Arc<crate::process::launcher::Launchers>,
 }
 
 impl SessionRegistry {
-    /// A registry whose detached sessions live for `ttl`, retiring their fs-helpers from
-    /// `helpers`.
-    pub fn new(ttl: Duration, helpers: Arc<HelperPool>) -> Self {
+    /// A registry whose detached sessions live for `ttl`, retiring their idle fs-helpers from
+    /// `helpers` and their idle sandbox launchers from `launchers` when they detach.
+    pub fn new(
+        ttl: Duration,
+        helpers: Arc<HelperPool>,
+        launchers: Arc<crate::process::launcher::Launchers>,
+    ) -> Self {
         Self {
             sessions: Mutex::new(HashMap::new()),
             ttl,
             helpers,
+            launchers,
         }
     }
 
@@ -186,6 +192,7 @@ impl SessionRegistry {
             state.detach_generation
         };
         self.helpers.retire_session(&session.id);
+        self.launchers.retire_session(&session.id);
         self.expire_excess_detached();
         let registry = Arc::clone(self);
         let session = Arc::clone(session);

@@ -47,4 +47,6 @@ pub struct ServerState {
     pub containment: Arc<Containment>,
     /// Without cgroups: the orphan reaper (the server is a child subreaper).
     pub reaper: Option<Arc<Reaper>>,
+    /// Pre-confined launchers for sandboxed starts.
+    pub launchers: Arc<crate::process::launcher::Launchers>,
 }

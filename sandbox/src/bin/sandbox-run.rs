@@ -34,6 +34,18 @@ fn run(cli: &Cli, audit: &audit_flags::AuditArgs) -> ExitCode {
         eprintln!("sandbox-run: closing inherited file descriptors failed: {source}");
         return ExitCode::from(sandbox::run::EXIT_SETUP_FAILED);
     }
+    if cli.launcher {
+        // The server hands the launcher its socket as stdin.
+        use std::os::fd::AsFd;
+        let stdin = std::io::stdin();
+        return match sandbox::linux::launcher::serve(stdin.as_fd()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("sandbox-run: {err}");
+                ExitCode::from(sandbox::run::EXIT_SETUP_FAILED)
+            }
+        };
+    }
     if audit.requested() && !cli.explain {
         let prepared = match sandbox::run::prepare(cli) {
             Ok(prepared) => prepared,

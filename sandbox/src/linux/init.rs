@@ -274,7 +274,7 @@ pub const FORWARDED_SIGNALS: [Signal; 7] = [
 ];
 
 /// Forwards signals and reaps until the command ends; returns its status message.
-fn supervise(signals: &SignalFd, command: Pid) -> (u8, i32) {
+pub(super) fn supervise(signals: &SignalFd, command: Pid) -> (u8, i32) {
     loop {
         let Ok(Some(info)) = signals.read_signal() else {
             continue;
@@ -305,7 +305,7 @@ fn supervise(signals: &SignalFd, command: Pid) -> (u8, i32) {
 }
 
 /// The command's `execve` arguments, prepared before the fork.
-struct Exec {
+pub(super) struct Exec {
     program: OsString,
     candidates: Vec<CString>,
     argv: Vec<CString>,
@@ -316,7 +316,7 @@ struct Exec {
 impl Exec {
     /// With `egress_port`, the proxy variables are set to the egress proxy (and override the
     /// command's own: nothing else is reachable).
-    fn new(command: &Command, egress_port: Option<u16>) -> Self {
+    pub(super) fn new(command: &Command, egress_port: Option<u16>) -> Self {
         let cstring = |bytes: &[u8]| CString::new(bytes).unwrap_or_default();
         let program = command.argv.first().cloned().unwrap_or_default();
         let argv = command.argv.iter().map(|a| cstring(a.as_bytes())).collect();
@@ -389,7 +389,7 @@ fn search_path(program: &OsStr, path: &OsStr) -> Vec<PathBuf> {
 
 /// The command's process: its own session, the sandbox's terminal as its controlling
 /// terminal, default signals, its rlimits, then `execve`. Never returns.
-fn start_command(exec: &Exec, slave: Option<OwnedFd>, relayed: [bool; 3]) -> ! {
+pub(super) fn start_command(exec: &Exec, slave: Option<OwnedFd>, relayed: [bool; 3]) -> ! {
     crate::sys::reset_signals_for_exec();
     let _ = nix::unistd::setsid();
     if let Some(slave) = slave {

@@ -33,6 +33,7 @@ pub mod hygiene;
 mod init;
 pub use init::command_layout;
 pub mod landlock;
+pub mod launcher;
 pub mod mounts;
 pub mod namespaces;
 mod pty;
@@ -306,7 +307,7 @@ fn tolerate_missing_namespaces(
 
 /// `chdir` into `path` inside the new mount layout, without following symlinks (the working
 /// directory was resolved with the policy; a symlink there now is a swap).
-fn enter_directory(path: &Path) -> Result<(), SandboxError> {
+pub(crate) fn enter_directory(path: &Path) -> Result<(), SandboxError> {
     let chdir_error = |source: std::io::Error| SandboxError::Chdir {
         path: path.to_owned(),
         source,
@@ -316,7 +317,7 @@ fn enter_directory(path: &Path) -> Result<(), SandboxError> {
 }
 
 /// Steps 4 to 6: capabilities, Landlock, seccomp.
-fn finish_confinement(
+pub(crate) fn finish_confinement(
     policy: &ResolvedPolicy,
     ttys: &[PathBuf],
     options: &EnforceOptions,

@@ -110,11 +110,15 @@ pub struct Cli {
     /// descriptor N instead of the options above.
     #[arg(long, value_name = "N", hide = true, conflicts_with_all = ["policy_json", "cwd", "writable_roots", "allowances", "denies", "allow_network", "allow_domains", "deny_domains", "explain", "memory", "pids", "cpu_time", "wall_time"])]
     pub launch_fd: Option<i32>,
+    /// Internal (exec-server): serve as a pre-confined launcher on the `SOCK_SEQPACKET`
+    /// socket on stdin (see `sandbox::linux::launcher`).
+    #[arg(long, hide = true, conflicts_with_all = ["launch_fd", "policy_json", "cwd", "writable_roots", "allowances", "denies", "allow_network", "allow_domains", "deny_domains", "explain", "memory", "pids", "cpu_time", "wall_time"])]
+    pub launcher: bool,
     /// The program and its arguments.
     #[arg(
         last = true,
         value_name = "PROGRAM [ARGS]...",
-        required_unless_present = "launch_fd"
+        required_unless_present_any = ["launch_fd", "launcher"]
     )]
     pub command: Vec<OsString>,
 }

@@ -364,3 +364,18 @@ pub fn bring_loopback_up() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// `pidfd_open(2)` of `pid` (close-on-exec). Call it on an unreaped child of the caller, whose
+/// pid cannot be recycled yet.
+///
+/// # Errors
+/// The OS error of `pidfd_open(2)`.
+pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    Ok(owned_fd(fd))
+}

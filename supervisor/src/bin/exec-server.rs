@@ -43,6 +43,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let mut options = ServerOptions::new(cli.listen, runtime_paths);
     options.auth_token_file = cli.auth_token_file;
     options.one_shot_helpers = cli.one_shot_helpers;
+    options.one_shot_sandbox = cli.one_shot_sandbox;
     options.detached_session_ttl = Duration::from_secs_f64(cli.detached_session_ttl);
     options.use_cgroups = !cli.no_cgroups;
     options.default_limits = cli.default_limits.unwrap_or_default();

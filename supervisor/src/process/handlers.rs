@@ -40,6 +40,8 @@ pub struct LaunchContext<'a> {
     pub guardian: &'a Arc<Guardian>,
     /// Without cgroups: the orphan reaper.
     pub reaper: &'a Option<Arc<Reaper>>,
+    /// Pre-confined launchers for sandboxed starts.
+    pub launchers: &'a Arc<super::launcher::Launchers>,
 }
 
 /// `process/start`. Field lengths are checked first; the server's process and descriptor budgets
@@ -87,6 +89,25 @@ pub async fn start(
             feature: UnsupportedFeature::EnforceManagedNetworkWithOpenNetwork,
         });
     }
+    // A pipe-mode start in a policy a launcher can serve goes through the session's launcher.
+    let via_launcher = match &policy {
+        Some((policy, cwd))
+            if params.arg0.is_none() && launch.launchers.eligible(policy, pty.is_some(), audit) =>
+        {
+            Some((
+                launch.launchers.clone(),
+                session.id.clone(),
+                policy.clone(),
+                sandbox::linux::launcher::StartCommand {
+                    argv: params.argv.clone(),
+                    env: env.clone().into_iter().collect(),
+                    cwd: cwd.clone(),
+                    limits: plan.rlimits.clone(),
+                },
+            ))
+        }
+        _ => None,
+    };
     let mut spec = match policy {
         None if audit => {
             return Err(ProcessError::AuditWithoutSandbox);
@@ -132,12 +153,20 @@ pub async fn start(
                 directory_check(&cwd)?;
             }
             spec.cgroups = joining.join_fds()?;
-            spawn(&spec, reaper.as_deref()).map_err(ProcessError::from)
+            if let Some((launchers, session_id, policy, command)) = via_launcher {
+                let (child_ends, pipes) = super::spawn::stdio_pipes(spec.pipe_stdin)?;
+                if let Some(started) =
+                    launchers.start(&session_id, &policy, &command, child_ends, &spec.cgroups)?
+                {
+                    return Ok((super::spawn::launched(started, pipes)?, true));
+                }
+            }
+            Ok((spawn(&spec, reaper.as_deref())?, false))
         })
         .await
         .map_err(ProcessError::from)
         .and_then(|spawned| spawned);
-    let spawned = match spawned {
+    let (spawned, launched) = match spawned {
         Ok(spawned) => spawned,
         Err(error) => {
             let _ = tree.remove();
@@ -187,7 +216,8 @@ pub async fn start(
     reservation.fill(process.clone());
     if let Some(wall) = plan.wall {
         // A sandboxed command's own sandbox-run ends it first, draining its terminal.
-        let backstop = if sandboxed {
+        // A launched one has no sandbox-run of its own: the server's watch is the deadline.
+        let backstop = if sandboxed && !launched {
             WALL_BACKSTOP_GRACE
         } else {
             Duration::ZERO

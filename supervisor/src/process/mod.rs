@@ -10,6 +10,7 @@ pub mod bounds;
 pub mod env_policy;
 pub mod guardian;
 pub mod handlers;
+pub mod launcher;
 pub mod managed;
 pub mod output;
 pub mod pump;
@@ -120,6 +121,9 @@ pub enum ProcessError {
     /// The child could not be started.
     #[error(transparent)]
     Spawn(#[from] spawn::SpawnError),
+    /// The sandbox launcher failed this start.
+    #[error(transparent)]
+    Launcher(#[from] launcher::LauncherFailure),
     /// `chunk` is not base64.
     #[error("chunk is not valid base64: {0}")]
     InvalidBase64(#[source] base64::DecodeError),

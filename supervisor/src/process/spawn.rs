@@ -156,6 +156,16 @@ pub struct Leader {
     pidfd: AsyncFd<OwnedFd>,
     /// Set (under the lock) when the child is reaped: from then on its pid may be recycled.
     reaped: Mutex<bool>,
+    /// Started by a launcher (the PID 1 of a sandboxed command): not our child.
+    launched: Option<LaunchedLeader>,
+}
+
+/// What a launched leader has instead of being our child.
+struct LaunchedLeader {
+    /// PID 1's status pipe: the command's status, written just before PID 1 exits.
+    status: OwnedFd,
+    /// Keeps the launcher (its commands die with it).
+    _lease: super::launcher::Lease,
 }
 
 impl Leader {
@@ -171,6 +181,12 @@ impl Leader {
                 return failed;
             };
             let mut reaped = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(launched) = &self.launched {
+                // A pidfd is readable once its process has exited; PID 1 wrote the status
+                // before, and everything else in its namespace died with it.
+                *reaped = true;
+                return launched_exit(&launched.status);
+            }
             match sys::reap_pidfd(self.pidfd.get_ref()) {
                 Ok(Some(exit)) => {
                     *reaped = true;
@@ -193,6 +209,11 @@ impl Leader {
         let reaped = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
         if *reaped {
             return false;
+        }
+        if self.launched.is_some() {
+            // PID 1 passes the signal on to the command's group; SIGKILL ends the namespace.
+            let _ = sys::pidfd_send_signal(self.pidfd.get_ref(), signal as libc::c_int, false);
+            return true;
         }
         let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.pid), signal);
         true
@@ -323,20 +344,7 @@ pub fn spawn(spec: &SpawnSpec, reaper: Option<&Reaper>) -> Result<Spawned, Spawn
     );
     match spec.pty {
         None => {
-            let (stdout_read, stdout_write) = pipe_pair()?;
-            let (stderr_read, stderr_write) = pipe_pair()?;
-            let (stdin_child, stdin_parent) = if spec.pipe_stdin {
-                let (read, write) = pipe_pair()?;
-                (read, Some(write))
-            } else {
-                let null = nix::fcntl::open(
-                    "/dev/null",
-                    OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-                    nix::sys::stat::Mode::empty(),
-                )
-                .map_err(|e| setup("stdin")(e.into()))?;
-                (null, None)
-            };
+            let ([stdin_child, stdout_write, stderr_write], pipes) = stdio_pipes(spec.pipe_stdin)?;
             let mut actions = vec![
                 FileAction::Dup(stdin_child.as_raw_fd(), 0),
                 FileAction::Dup(stdout_write.as_raw_fd(), 1),
@@ -348,24 +356,10 @@ pub fn spawn(spec: &SpawnSpec, reaper: Option<&Reaper>) -> Result<Spawned, Spawn
             let audit = audit.map(|(read, _write)| read);
             let leader = leader(pid)?;
             drop((stdin_child, stdout_write, stderr_write));
-            let stdin = stdin_parent
-                .map(pipe::Sender::from_owned_fd)
-                .transpose()
-                .map_err(setup("stdin pipe"))?;
-            let stdout =
-                pipe::Receiver::from_owned_fd(stdout_read).map_err(setup("stdout pipe"))?;
-            let stderr =
-                pipe::Receiver::from_owned_fd(stderr_read).map_err(setup("stderr pipe"))?;
-            enlarge_pipe(&stdout);
-            enlarge_pipe(&stderr);
             Ok(Spawned {
                 pid,
                 leader,
-                io: ChildIo::Pipes {
-                    stdin,
-                    stdout,
-                    stderr,
-                },
+                io: pipes.into_io()?,
                 audit,
             })
         }
@@ -416,7 +410,116 @@ fn leader(pid: libc::pid_t) -> Result<Arc<Leader>, SpawnError> {
         pid,
         pidfd,
         reaped: Mutex::new(false),
+        launched: None,
     }))
+}
+
+/// The exit a launched PID 1 reported; none (it was killed before it could say) means the
+/// whole sandbox was killed with `SIGKILL`.
+fn launched_exit(status: &OwnedFd) -> ChildExit {
+    let mut message = [0u8; sandbox::linux::launcher::STATUS_BYTES];
+    let _ = nix::fcntl::fcntl(status, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+    let read = nix::unistd::read(status, &mut message).unwrap_or(0);
+    match sandbox::linux::launcher::decode_status(&message[..read]) {
+        Some((sandbox::linux::command::Ended::Exited(code), cpu)) => ChildExit {
+            code,
+            signal: None,
+            cpu,
+        },
+        Some((sandbox::linux::command::Ended::Signaled(signal), cpu)) => ChildExit {
+            code: 128 + signal,
+            signal: Some(signal),
+            cpu,
+        },
+        None => ChildExit {
+            code: 128 + libc::SIGKILL,
+            signal: Some(libc::SIGKILL),
+            cpu: std::time::Duration::ZERO,
+        },
+    }
+}
+
+/// A sandboxed command a launcher started, with the server's ends of its pipes.
+///
+/// # Errors
+/// [`SpawnError::Setup`] when its pidfd cannot be watched or a pipe registered.
+pub fn launched(
+    started: super::launcher::Launched,
+    pipes: ServerPipes,
+) -> Result<Spawned, SpawnError> {
+    let pid = started.pid;
+    let pidfd = sys::register_async_fd(started.pidfd).map_err(setup("exit watch"))?;
+    let leader = Arc::new(Leader {
+        pid,
+        pidfd,
+        reaped: Mutex::new(false),
+        launched: Some(LaunchedLeader {
+            status: started.status,
+            _lease: started.lease,
+        }),
+    });
+    Ok(Spawned {
+        pid,
+        leader,
+        io: pipes.into_io()?,
+        audit: None,
+    })
+}
+
+/// The server's ends of a child's stdio pipes.
+pub struct ServerPipes {
+    stdin: Option<OwnedFd>,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+impl ServerPipes {
+    fn into_io(self) -> Result<ChildIo, SpawnError> {
+        let stdin = self
+            .stdin
+            .map(pipe::Sender::from_owned_fd)
+            .transpose()
+            .map_err(setup("stdin pipe"))?;
+        let stdout = pipe::Receiver::from_owned_fd(self.stdout).map_err(setup("stdout pipe"))?;
+        let stderr = pipe::Receiver::from_owned_fd(self.stderr).map_err(setup("stderr pipe"))?;
+        enlarge_pipe(&stdout);
+        enlarge_pipe(&stderr);
+        Ok(ChildIo::Pipes {
+            stdin,
+            stdout,
+            stderr,
+        })
+    }
+}
+
+/// Stdio pipes for a child: its ends (stdin, stdout, stderr; stdin is `/dev/null` without
+/// `pipe_stdin`) and the server's.
+///
+/// # Errors
+/// [`SpawnError::Setup`].
+pub fn stdio_pipes(pipe_stdin: bool) -> Result<([OwnedFd; 3], ServerPipes), SpawnError> {
+    let (stdout_read, stdout_write) = pipe_pair()?;
+    let (stderr_read, stderr_write) = pipe_pair()?;
+    let (stdin_child, stdin_parent) = if pipe_stdin {
+        let (read, write) = pipe_pair()?;
+        (read, Some(write))
+    } else {
+        let null = nix::fcntl::open(
+            "/dev/null",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| setup("stdin")(e.into()))?;
+        (null, None)
+    };
+    Ok((
+        [stdin_child, stdout_write, stderr_write],
+        ServerPipes {
+            stdin: stdin_parent,
+            stdout: stdout_read,
+            stderr: stderr_read,
+        },
+    ))
 }
 
 /// The rlimits as the child sets them.

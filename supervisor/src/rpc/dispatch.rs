@@ -148,6 +148,7 @@ fn launch_context(server: &ServerState) -> handlers::LaunchContext<'_> {
         sandboxing: &server.sandboxing,
         guardian: &server.guardian,
         reaper: &server.reaper,
+        launchers: &server.launchers,
     }
 }
 

@@ -62,6 +62,7 @@ impl From<ProcessError> for RpcError {
             }
             ProcessError::Spawn(SpawnError::Setup { .. } | SpawnError::JoinCgroup { .. })
             | ProcessError::Containment(_) => (codes::INTERNAL_ERROR, ErrorKind::Io),
+            ProcessError::Launcher(_) => (codes::INTERNAL_ERROR, ErrorKind::HelperFailed),
             ProcessError::Spawn(SpawnError::Rlimit { .. })
             | ProcessError::Limits(PlanError::Unenforceable { .. }) => {
                 (codes::INVALID_REQUEST, ErrorKind::Unsupported)

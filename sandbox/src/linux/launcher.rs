@@ -1,0 +1,602 @@
+//! A pre-confined launcher: one `sandbox-run --launcher` per (session, policy, working
+//! directory) that builds the expensive part of a sandbox once and then starts each command
+//! inside it.
+//!
+//! ```text
+//! exec-server ── SOCK_SEQPACKET (stdin) ──┐
+//! sandbox-run --launcher   (new user, mount, IPC [, network] namespaces; the policy's mount
+//!  │                        layout; keeps its capabilities in its own user namespace only)
+//!  └─ PID 1 per command    (clone: new PID, mount and IPC namespaces; fresh /proc, /dev, /tmp,
+//!      │                    $TMPDIR, /run; every capability dropped, Landlock, seccomp)
+//!      └─ the command      (its own session; stdio as received)
+//! ```
+//!
+//! What is built once: the user namespace (and its id maps), the network namespace, the mount
+//! layout, and the exec of `sandbox-run` itself. What every command still gets of its own,
+//! exactly as a one-shot `sandbox-run` gives it: a PID namespace (it cannot see or signal
+//! other commands, and everything it leaves behind dies with its PID 1), an IPC namespace,
+//! fresh private directories and devpts instance (nothing another command wrote there is
+//! visible), its own Landlock domain (signal and abstract-socket scoping separate it from its
+//! siblings) and its own seccomp filter, no descriptor but its stdio, and its rlimits.
+//!
+//! Protocol (one message per `sendmsg`, descriptors as `SCM_RIGHTS`):
+//! - setup: body `setup`, descriptors `[memfd]` holding a [`LaunchRequest`] (the policy and the
+//!   working directory; argv and env unused). Reply [`Reply::Ready`] or [`Reply::Failed`].
+//! - start: body `start`, descriptors `[memfd, stdin, stdout, stderr, cgroup.procs...]`, the
+//!   memfd holding a [`StartCommand`]. Reply [`Reply::Started`] with `[pidfd, status]` (the
+//!   pidfd of the command's PID 1 and the read end of its status pipe, which gets
+//!   [`STATUS_BYTES`] just before PID 1 exits) or [`Reply::Failed`].
+//!
+//! The launcher exits when its socket closes; every PID 1 it started gets `SIGKILL` then
+//! (`PR_SET_PDEATHSIG`), which ends its namespace. It never runs code of a command: the
+//! commands are its grandchildren, in PID namespaces below it, and hold no descriptor of it.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+use super::command::{Command, EXIT_SETUP_FAILED, Ended};
+use super::init::{self, Exec};
+use super::mounts::{self, MountOp};
+use super::{EnforceOptions, EnforcementReport, EnvMode, NamespaceMode, landlock, namespaces};
+use crate::launch::{LaunchRequest, read_json};
+use crate::limits::CommandLimits;
+use crate::policy::ResolvedPolicy;
+
+/// Largest message body on a launcher socket (bodies are a word or a small JSON reply; the
+/// command itself travels in a memfd).
+pub const MAX_MESSAGE_BYTES: usize = 4096;
+/// Most cgroups one command joins (the server's containment uses one).
+pub const MAX_CGROUPS: usize = 8;
+/// Most descriptors in one message: the memfd, stdin, stdout, stderr and the cgroups.
+pub const MAX_MESSAGE_FDS: usize = 4 + MAX_CGROUPS;
+/// A status message: kind (1 exited, 2 killed by a signal), the value (i32, little-endian),
+/// the CPU time of the command and everything it started (microseconds, u64, little-endian).
+pub const STATUS_BYTES: usize = 13;
+
+/// One command for a launcher (in a memfd: argv and environment can be large).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartCommand {
+    /// Program and arguments (the program is searched in the command's `PATH`).
+    pub argv: Vec<String>,
+    /// The command's complete environment.
+    pub env: Vec<(String, String)>,
+    /// The working directory: the launcher's own (its layout carries it).
+    pub cwd: PathBuf,
+    /// Rlimits, set right before `execve` (the wall clock is the server's to watch).
+    #[serde(default)]
+    pub limits: CommandLimits,
+}
+
+/// A launcher's answer to a message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "camelCase", deny_unknown_fields)]
+pub enum Reply {
+    /// Setup done: starts are welcome.
+    Ready,
+    /// The command's PID 1 runs (pid in the launcher's, i.e. the server's, PID namespace).
+    Started {
+        /// Its pid.
+        pid: i32,
+    },
+    /// Setup or the start failed.
+    Failed {
+        /// Why.
+        error: String,
+    },
+}
+
+/// Why the launcher stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    /// The socket failed.
+    #[error("the launcher socket failed: {source}")]
+    Socket {
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The first message was not a setup with its request.
+    #[error("the launcher's first message must be `setup` with a launch request: {reason}")]
+    Setup {
+        /// What was wrong.
+        reason: String,
+    },
+    /// Blocking or reading `SIGCHLD` failed.
+    #[error("watching the launcher's children failed: {source}")]
+    Signals {
+        /// The OS error.
+        source: nix::Error,
+    },
+}
+
+/// Sends one message.
+///
+/// # Errors
+/// The OS error of `sendmsg(2)`.
+pub fn send(socket: BorrowedFd<'_>, body: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let control = if raw.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(&raw)]
+    };
+    sendmsg::<()>(
+        socket.as_raw_fd(),
+        &[IoSlice::new(body)],
+        &control,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
+    Ok(())
+}
+
+/// Receives one message: its body and descriptors (close-on-exec); `None` at end of stream.
+///
+/// # Errors
+/// The OS error of `recvmsg(2)`; `InvalidData` for a message larger than
+/// [`MAX_MESSAGE_BYTES`] or with more than [`MAX_MESSAGE_FDS`] descriptors.
+pub fn receive(socket: BorrowedFd<'_>) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut body = vec![0u8; MAX_MESSAGE_BYTES];
+    let mut space = nix::cmsg_space!([RawFd; MAX_MESSAGE_FDS]);
+    let (bytes, flags, fds) = {
+        let mut iov = [IoSliceMut::new(&mut body)];
+        let message = recvmsg::<()>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )?;
+        let mut fds = Vec::new();
+        for cmsg in message.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(received) = cmsg {
+                fds.extend(received.into_iter().map(crate::sys::owned_fd));
+            }
+        }
+        (message.bytes, message.flags, fds)
+    };
+    if flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "a launcher message larger than {MAX_MESSAGE_BYTES} bytes or with more than \
+                 {MAX_MESSAGE_FDS} descriptors"
+            ),
+        ));
+    }
+    if bytes == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    body.truncate(bytes);
+    Ok(Some((body, fds)))
+}
+
+/// The status message for `ended` after `cpu`.
+pub fn encode_status(ended: Ended, cpu: Duration) -> [u8; STATUS_BYTES] {
+    let (kind, value) = match ended {
+        Ended::Exited(code) => (init::STATUS_EXITED, code),
+        Ended::Signaled(signal) => (init::STATUS_SIGNALED, signal),
+    };
+    let mut message = [0u8; STATUS_BYTES];
+    message[0] = kind;
+    message[1..5].copy_from_slice(&value.to_le_bytes());
+    let micros = u64::try_from(cpu.as_micros()).unwrap_or(u64::MAX);
+    message[5..].copy_from_slice(&micros.to_le_bytes());
+    message
+}
+
+/// The inverse of [`encode_status`]; `None` for anything else.
+pub fn decode_status(message: &[u8]) -> Option<(Ended, Duration)> {
+    let message: &[u8; STATUS_BYTES] = message.try_into().ok()?;
+    let value = i32::from_le_bytes(message[1..5].try_into().ok()?);
+    let micros = u64::from_le_bytes(message[5..].try_into().ok()?);
+    let ended = match message[0] {
+        init::STATUS_EXITED => Ended::Exited(value),
+        init::STATUS_SIGNALED => Ended::Signaled(value),
+        _ => return None,
+    };
+    Some((ended, Duration::from_micros(micros)))
+}
+
+/// What the launcher built once.
+struct Setup {
+    policy: ResolvedPolicy,
+    cwd: PathBuf,
+    /// The steps every command redoes in its own mount namespace (fresh `/proc`, `/dev`,
+    /// private directories and what is carried into them), in plan order.
+    per_command: Vec<MountOp>,
+    /// Narrower outcomes of the shared layout, repeated on each command's stderr (as a
+    /// one-shot `sandbox-run` prints them).
+    warnings: Vec<String>,
+}
+
+/// The steps of `plan` that belong to one command: its `/proc` (its PID namespace's), its
+/// `/dev` (its devpts instance), its private directories and everything mounted inside them.
+pub fn per_command_steps(plan: &[MountOp]) -> Vec<MountOp> {
+    let fresh: Vec<&Path> = plan
+        .iter()
+        .filter(|op| {
+            matches!(
+                op,
+                MountOp::PrivateDir(_) | MountOp::PrivateDev | MountOp::Proc
+            )
+        })
+        .map(MountOp::path)
+        .collect();
+    plan.iter()
+        .filter(|op| fresh.iter().any(|dir| op.path().starts_with(dir)))
+        .cloned()
+        .collect()
+}
+
+/// The identity (device, inode, file type) or absence of every path the layout of `policy`
+/// for `cwd` is built from: its mount steps, and every path a rule names (present or not). A
+/// launcher's layout is a snapshot of these; the server serves a start through a launcher only
+/// while the fingerprint it was set up with still holds, so a workspace replaced since, a
+/// denied path created since, or a pinned directory swapped gets a new layout (as a one-shot
+/// `sandbox-run` would build it) instead of the stale one.
+pub fn layout_fingerprint(policy: &ResolvedPolicy, cwd: &Path) -> Vec<u8> {
+    use std::os::unix::fs::MetadataExt;
+    let layout = init::command_layout(policy, cwd);
+    let mut paths: Vec<&Path> = Vec::new();
+    let plan = mounts::mount_plan(policy, &layout);
+    paths.extend(plan.iter().map(MountOp::path));
+    paths.extend(policy.rules().iter().map(|rule| rule.path.as_path()));
+    paths.extend(policy.hidden_paths().iter().map(PathBuf::as_path));
+    paths.extend(policy.read_only_paths().iter().map(PathBuf::as_path));
+    paths.extend(layout.carry.iter().map(PathBuf::as_path));
+    paths.sort();
+    paths.dedup();
+    let mut fingerprint = Vec::with_capacity(paths.len() * 20);
+    for path in paths {
+        match path.symlink_metadata() {
+            Ok(meta) => {
+                fingerprint.push(1);
+                fingerprint.extend_from_slice(&meta.dev().to_le_bytes());
+                fingerprint.extend_from_slice(&meta.ino().to_le_bytes());
+                fingerprint.extend_from_slice(&(meta.mode() & libc::S_IFMT).to_le_bytes());
+            }
+            Err(_) => fingerprint.push(0),
+        }
+    }
+    fingerprint
+}
+
+impl Setup {
+    /// Namespaces and the shared layout, in this process, irreversibly.
+    fn build(request: &LaunchRequest) -> Result<Self, String> {
+        let policy = &request.policy;
+        if policy.is_unrestricted() {
+            return Err("an unrestricted policy needs no launcher".to_owned());
+        }
+        if policy.egress().is_some() {
+            return Err("a network allowlist is started one sandbox-run at a time".to_owned());
+        }
+        nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+        let _ = crate::sys::set_dumpable(false);
+        let entered = namespaces::unshare_for_current_process(policy).map_err(|e| e.to_string())?;
+        let full = init::command_layout(policy, &request.cwd);
+        let shared = mounts::Layout {
+            proc: false,
+            ..full.clone()
+        };
+        let mut warnings = Vec::new();
+        if entered.mount {
+            let applied =
+                mounts::apply(&mounts::mount_plan(policy, &shared)).map_err(|e| e.to_string())?;
+            warnings = applied.warnings;
+        }
+        Ok(Self {
+            policy: policy.clone(),
+            cwd: request.cwd.clone(),
+            per_command: per_command_steps(&mounts::mount_plan(policy, &full)),
+            warnings,
+        })
+    }
+}
+
+/// Serves the launcher protocol on `socket` until it closes.
+///
+/// # Errors
+/// [`LauncherError`] when the socket fails, the setup message is wrong, or children cannot
+/// be watched. A failed setup is also replied, so the server can say why.
+pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
+    let socket_error = |source: io::Error| LauncherError::Socket { source };
+    let Some((body, mut fds)) = receive(socket).map_err(socket_error)? else {
+        return Ok(());
+    };
+    if body != b"setup" || fds.len() != 1 {
+        return Err(LauncherError::Setup {
+            reason: format!("got {} with {} descriptors", body.escape_ascii(), fds.len()),
+        });
+    }
+    let request: LaunchRequest = read_json(fds.remove(0)).map_err(|e| LauncherError::Setup {
+        reason: e.to_string(),
+    })?;
+    let setup = match Setup::build(&request) {
+        Ok(setup) => setup,
+        Err(error) => {
+            reply(socket, &Reply::Failed { error }, &[]).map_err(socket_error)?;
+            return Ok(());
+        }
+    };
+    reply(socket, &Reply::Ready, &[]).map_err(socket_error)?;
+    // Blocked here so that each PID 1 starts with them blocked: a signal the server sends
+    // while PID 1 is still setting up waits for it (unblocked, PID 1 of a namespace would
+    // ignore it) and is passed on to the command once it runs.
+    sigprocmask(
+        SigmaskHow::SIG_BLOCK,
+        Some(&init::forwarded_signals()),
+        None,
+    )
+    .map_err(|source| LauncherError::Signals { source })?;
+    let mut children = SigSet::empty();
+    children.add(Signal::SIGCHLD);
+    let exits = SignalFd::with_flags(&children, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|source| LauncherError::Signals { source })?;
+    loop {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let mut interests = [
+            PollFd::new(socket, PollFlags::POLLIN),
+            PollFd::new(exits.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut interests, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(source) => return Err(LauncherError::Signals { source }),
+        }
+        let request_waiting = interests[0]
+            .revents()
+            .is_some_and(|events| !events.is_empty());
+        while let Ok(Some(_)) = exits.read_signal() {}
+        reap_children();
+        if !request_waiting {
+            continue;
+        }
+        let (body, fds) = match receive(socket) {
+            Ok(Some(message)) => message,
+            Ok(None) => return Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(socket_error(err)),
+        };
+        let answer = if body == b"start" {
+            start(&setup, fds)
+        } else {
+            Err(format!("unknown launcher message {}", body.escape_ascii()))
+        };
+        match answer {
+            Ok((pid, pidfd, status)) => reply(
+                socket,
+                &Reply::Started { pid: pid.as_raw() },
+                &[pidfd.as_fd(), status.as_fd()],
+            ),
+            Err(error) => reply(socket, &Reply::Failed { error }, &[]),
+        }
+        .map_err(socket_error)?;
+    }
+}
+
+fn reply(socket: BorrowedFd<'_>, reply: &Reply, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let body = serde_json::to_vec(reply).map_err(io::Error::other)?;
+    send(socket, &body, fds)
+}
+
+/// Reaps every PID 1 that has exited (their status went to the server through their pipes).
+fn reap_children() {
+    while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+/// Starts one command: its PID 1 in new PID, mount and IPC namespaces.
+fn start(setup: &Setup, fds: Vec<OwnedFd>) -> Result<(Pid, OwnedFd, OwnedFd), String> {
+    if fds.len() < 4 || fds.len() > MAX_MESSAGE_FDS {
+        return Err(format!(
+            "a start carries 4 to {MAX_MESSAGE_FDS} descriptors (memfd, stdin, stdout, stderr, \
+             cgroups), got {}",
+            fds.len()
+        ));
+    }
+    let mut fds = fds.into_iter();
+    let memfd = fds.next().ok_or("no memfd")?;
+    let command: StartCommand = read_json(memfd).map_err(|e| e.to_string())?;
+    if command.cwd != setup.cwd {
+        return Err(format!(
+            "working directory {} differs from the launcher's {}",
+            command.cwd.display(),
+            setup.cwd.display()
+        ));
+    }
+    if command.argv.is_empty() {
+        return Err("an empty argv".to_owned());
+    }
+    let stdio: Vec<OwnedFd> = fds.by_ref().take(3).collect();
+    let cgroups: Vec<OwnedFd> = fds.collect();
+    let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("status pipe: {e}"))?;
+    let flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
+    match crate::sys::clone_into_namespaces(flags)
+        .map_err(|e| format!("creating the command's PID, mount and IPC namespaces: {e}"))?
+    {
+        None => command_init(setup, &command, &stdio, &cgroups, &status_write),
+        Some(pid) => {
+            drop(status_write);
+            let pidfd = crate::sys::pidfd_open(pid).map_err(|e| format!("pidfd_open: {e}"))?;
+            Ok((pid, pidfd, status_read))
+        }
+    }
+}
+
+/// PID 1 of one command. Never returns.
+fn command_init(
+    setup: &Setup,
+    command: &StartCommand,
+    stdio: &[OwnedFd],
+    cgroups: &[OwnedFd],
+    status: &OwnedFd,
+) -> ! {
+    let _ = crate::sys::set_parent_death_signal(libc::SIGKILL);
+    for (target, fd) in stdio.iter().enumerate() {
+        // SAFETY: dup2 onto 0-2 of this single-threaded child replaces its own stdio with the
+        // command's (the launcher's stay with the launcher).
+        if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
+            setup_failed(status, "placing the command's stdio failed");
+        }
+    }
+    for cgroup in cgroups {
+        if let Err(err) = nix::unistd::write(cgroup, b"0") {
+            setup_failed(
+                status,
+                &format!("joining the command's cgroup failed: {err}"),
+            );
+        }
+    }
+    if super::hygiene::close_inherited_fds(&[0, 1, 2, status.as_raw_fd()]).is_err() {
+        setup_failed(status, "closing the launcher's descriptors failed");
+    }
+    let _ = nix::unistd::setsid();
+    for warning in &setup.warnings {
+        eprintln!("sandbox-run: warning: {warning}");
+    }
+    let mut report = EnforcementReport::default();
+    if let Err(err) = mounts::apply(&setup.per_command) {
+        setup_failed(status, &err.to_string());
+    }
+    if let Err(err) = super::enter_directory(&command.cwd) {
+        setup_failed(status, &err.to_string());
+    }
+    let _ = crate::sys::set_dumpable(false);
+    let enforce = EnforceOptions {
+        best_effort: false,
+        keep_fds: Vec::new(),
+        env: EnvMode::Keep,
+        namespaces: NamespaceMode::Auto,
+        audit_log: false,
+        egress_port: None,
+    };
+    report.namespaces.user = true;
+    if let Err(err) = super::finish_confinement(
+        &setup.policy,
+        &landlock::private_ttys(),
+        &enforce,
+        &mut report,
+    ) {
+        setup_failed(status, &err.to_string());
+    }
+    for warning in &report.warnings {
+        eprintln!("sandbox-run: warning: {warning}");
+    }
+    let forwarded = init::forwarded_signals();
+    let signals = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&forwarded), None)
+        .and_then(|()| SignalFd::with_flags(&forwarded, SfdFlags::SFD_CLOEXEC));
+    let signals = match signals {
+        Ok(signals) => signals,
+        Err(err) => setup_failed(status, &format!("signalfd: {err}")),
+    };
+    let exec = Exec::new(
+        &Command {
+            argv: command.argv.iter().map(Into::into).collect(),
+            env: command
+                .env
+                .iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+            cwd: command.cwd.clone(),
+            limits: command.limits.clone(),
+        },
+        None,
+    );
+    // SAFETY: PID 1 is single-threaded; the child only sets up its session and execs (or
+    // leaves through _exit).
+    let child = match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(signals);
+            init::start_command(&exec, None, [false; 3])
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+        Err(err) => setup_failed(status, &format!("cannot start the command: {err}")),
+    };
+    let (kind, value) = init::supervise(&signals, child);
+    let ended = if kind == init::STATUS_SIGNALED {
+        Ended::Signaled(value)
+    } else {
+        Ended::Exited(value)
+    };
+    let cpu = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .map(|usage| {
+            let time = |t: nix::sys::time::TimeVal| {
+                Duration::from_secs(u64::try_from(t.tv_sec()).unwrap_or(0))
+                    + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
+            };
+            time(usage.user_time()) + time(usage.system_time())
+        })
+        .unwrap_or_default();
+    let _ = nix::unistd::write(status, &encode_status(ended, cpu));
+    crate::sys::exit_now(0)
+}
+
+/// Says why on the command's stderr, reports exit status 125, and exits.
+fn setup_failed(status: &OwnedFd, message: &str) -> ! {
+    eprintln!("sandbox-run: {message}");
+    let _ = nix::unistd::write(
+        status,
+        &encode_status(Ended::Exited(i32::from(EXIT_SETUP_FAILED)), Duration::ZERO),
+    );
+    crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_survives_its_encoding_and_anything_else_is_refused() {
+        for ended in [Ended::Exited(0), Ended::Exited(255), Ended::Signaled(9)] {
+            let cpu = Duration::from_micros(1_234_567);
+            assert_eq!(
+                decode_status(&encode_status(ended, cpu)),
+                Some((ended, cpu))
+            );
+        }
+        assert_eq!(decode_status(&[]), None);
+        let mut bad = encode_status(Ended::Exited(1), Duration::ZERO);
+        bad[0] = 7;
+        assert_eq!(decode_status(&bad), None);
+    }
+
+    #[test]
+    fn each_command_redoes_its_proc_dev_and_private_directories_with_what_they_carry() {
+        let plan = vec![
+            MountOp::ReadOnlyRoot,
+            MountOp::PrivateDev,
+            MountOp::Proc,
+            MountOp::PrivateDir(PathBuf::from("/dev/shm")),
+            MountOp::PrivateDir(PathBuf::from("/tmp")),
+            MountOp::WritableBind(PathBuf::from("/home/me/work")),
+            MountOp::WritableBind(PathBuf::from("/tmp/work")),
+            MountOp::MaskFile(PathBuf::from("/tmp/work/.env")),
+            MountOp::ReadOnlyBind(PathBuf::from("/home/me/work/.git")),
+        ];
+        assert_eq!(
+            per_command_steps(&plan),
+            vec![
+                MountOp::PrivateDev,
+                MountOp::Proc,
+                MountOp::PrivateDir(PathBuf::from("/dev/shm")),
+                MountOp::PrivateDir(PathBuf::from("/tmp")),
+                MountOp::WritableBind(PathBuf::from("/tmp/work")),
+                MountOp::MaskFile(PathBuf::from("/tmp/work/.env")),
+            ]
+        );
+    }
+}

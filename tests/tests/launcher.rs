@@ -1,0 +1,223 @@
+//! Sandboxed `process/start` through the session's pre-confined launcher: commands of one
+//! launcher are as separate as commands started one `sandbox-run` at a time, a dead launcher
+//! takes only its own commands with it, and `--one-shot-sandbox` turns the launchers off.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tests::{ExecServer, file_uri, sh};
+use tests::{children_of, cmdline};
+
+fn policy(dirs: &tests::SandboxDirs) -> Value {
+    json!({
+        "sandbox": {"profile": "workspace-write", "cwd": file_uri(dirs.workspace.path())},
+        "cwd": file_uri(dirs.workspace.path()),
+    })
+}
+
+/// The server's children running `sandbox-run` with `flag`.
+fn helpers_of(server: &ExecServer, flag: &str) -> Vec<i32> {
+    children_of(server.pid())
+        .into_iter()
+        .filter(|pid| cmdline(*pid).starts_with(&format!("sandbox-run {flag}")))
+        .collect()
+}
+
+/// Waits until `what` holds (the process tables change after the RPCs return).
+async fn eventually<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + tests::DEADLINE;
+    loop {
+        if let Some(found) = probe() {
+            return found;
+        }
+        assert!(Instant::now() < until, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await; // polling interval
+    }
+}
+
+/// Connects to its own abstract socket (the control) and to the sibling's (`$N`).
+const REACH: &str = r#"
+import os, socket
+def reach(name):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(name)
+        return "connected"
+    except OSError as e:
+        return e.__class__.__name__
+own = socket.socket(socket.AF_UNIX)
+own.bind(b"\0execward-own")
+own.listen()
+print("own=" + reach(b"\0execward-own"))
+print("sibling=" + reach(b"\0" + os.environ["N"].encode()))
+"#;
+
+#[tokio::test]
+async fn commands_of_one_launcher_cannot_see_or_reach_each_other() {
+    let dirs = tests::SandboxDirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    // A leaves traces everywhere a sibling could look: a file in /tmp, a SysV message
+    // queue, a listening abstract unix socket, and its own process.
+    let first = "echo secret > /tmp/first-file; ipcmk -Q > /dev/null; \
+                 exec python3 -c 'import socket,time; s=socket.socket(socket.AF_UNIX); \
+                 s.bind(b\"\\0execward-launcher-first\"); s.listen(); print(\"ready\", flush=True); \
+                 time.sleep(1000)'";
+    client
+        .start("first", &sh(first), policy(&dirs))
+        .await
+        .unwrap();
+    client.wait_for_output("first", "ready").await;
+    let launchers = helpers_of(&server, "--launcher");
+    assert_eq!(launchers.len(), 1, "one launcher for the session's policy");
+    let host_pid = tests::descendants(launchers[0])
+        .into_iter()
+        .find(|pid| cmdline(*pid).contains("execward-launcher-first"))
+        .expect("the first command runs under the launcher");
+    // B builds the name from parts, so its own command lines never contain it.
+    let second = format!(
+        "echo pid=$$; ls -A /tmp | tr '\\n' ' '; echo; \
+         N=execward-launcher-; N=${{N}}first; \
+         echo seen=$(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c \"$N\"); \
+         echo queues=$(ipcs -q | grep -c '^0x'); \
+         kill -0 {host_pid} 2>/dev/null; echo kill_rc=$?; \
+         N=$N python3 -c \"$REACH\""
+    );
+    let mut extra = policy(&dirs);
+    extra["env"] = json!({"PATH": "/usr/bin:/bin", "REACH": REACH});
+    let out = client.run("second", &sh(&second), extra).await;
+    let text = out.stdout_text();
+    assert_eq!(out.exit_code, Some(0), "{text} {}", out.stderr_text());
+    assert_eq!(
+        helpers_of(&server, "--launcher"),
+        launchers,
+        "the second command used the same launcher"
+    );
+    assert!(text.contains("pid=2\n"), "its own PID namespace: {text}");
+    assert!(!text.contains("first-file"), "a private /tmp: {text}");
+    assert!(text.contains("seen=0\n"), "no sibling in its /proc: {text}");
+    assert!(text.contains("queues=0\n"), "its own IPC namespace: {text}");
+    assert!(
+        text.contains("kill_rc=") && !text.contains("kill_rc=0"),
+        "cannot signal the sibling: {text}"
+    );
+    assert!(
+        text.contains("own=connected"),
+        "abstract sockets work: {text}"
+    );
+    assert!(
+        text.contains("sibling=") && !text.contains("sibling=connected"),
+        "the sibling's abstract socket is out of reach: {text}"
+    );
+    assert!(
+        std::path::Path::new(&format!("/proc/{host_pid}")).exists(),
+        "the first command is untouched"
+    );
+    client
+        .call("process/terminate", json!({"processId": "first"}))
+        .await;
+    assert_eq!(client.collect("first").await.exit_code, Some(143));
+}
+
+#[tokio::test]
+async fn a_killed_launcher_ends_its_commands_and_the_next_start_gets_a_new_one() {
+    let dirs = tests::SandboxDirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    client
+        .start("sleeper", &["/bin/sleep", "1000"], policy(&dirs))
+        .await
+        .unwrap();
+    let launcher = eventually("a launcher runs", || {
+        helpers_of(&server, "--launcher").first().copied()
+    })
+    .await;
+    let sleeper = eventually("the command runs under it", || {
+        tests::descendants(launcher)
+            .into_iter()
+            .find(|pid| cmdline(*pid).starts_with("/bin/sleep"))
+    })
+    .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(launcher),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let out = client.collect("sleeper").await;
+    assert_eq!(
+        out.exit_code,
+        Some(137),
+        "the command died with its sandbox"
+    );
+    tests::wait_process_dead(sleeper, tests::DEADLINE, "the sandboxed sleep");
+    let out = client
+        .run("after", &["/bin/echo", "still serving"], policy(&dirs))
+        .await;
+    assert_eq!(
+        out.stdout_text(),
+        "still serving\n",
+        "{}",
+        out.stderr_text()
+    );
+    assert_eq!(out.exit_code, Some(0));
+    let replacement = helpers_of(&server, "--launcher");
+    assert_eq!(replacement.len(), 1, "a new launcher");
+    assert_ne!(replacement[0], launcher);
+}
+
+#[tokio::test]
+async fn one_shot_sandbox_starts_each_command_with_a_sandbox_run_of_its_own() {
+    let dirs = tests::SandboxDirs::new();
+    let server = ExecServer::start(&["--one-shot-sandbox"]);
+    let mut client = server.client().await;
+    client
+        .start("sleeper", &["/bin/sleep", "1000"], policy(&dirs))
+        .await
+        .unwrap();
+    eventually("the command runs in a sandbox-run of its own", || {
+        (!helpers_of(&server, "--launch-fd").is_empty()).then_some(())
+    })
+    .await;
+    assert!(helpers_of(&server, "--launcher").is_empty(), "no launcher");
+    let out = client
+        .run("echo", &["/bin/echo", "one shot"], policy(&dirs))
+        .await;
+    assert_eq!(out.stdout_text(), "one shot\n");
+    client
+        .call("process/terminate", json!({"processId": "sleeper"}))
+        .await;
+    assert_eq!(client.collect("sleeper").await.exit_code, Some(143));
+}
+
+#[tokio::test]
+async fn a_workspace_replaced_since_the_launcher_started_is_seen_as_it_is_now() {
+    let dirs = tests::SandboxDirs::new();
+    let workspace = dirs.workspace.path().to_owned();
+    std::fs::write(workspace.join("old-marker"), b"old").unwrap();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let out = client
+        .run("before", &["/bin/ls", "-A"], policy(&dirs))
+        .await;
+    assert_eq!(out.stdout_text(), "old-marker\n");
+    // On the host, the workspace directory is swapped for a new one at the same path.
+    let moved = dirs.outside.path().join("old-workspace");
+    std::fs::rename(&workspace, &moved).unwrap();
+    std::fs::create_dir(&workspace).unwrap();
+    std::fs::write(workspace.join("new-marker"), b"new").unwrap();
+    let out = client
+        .run(
+            "after",
+            &sh("ls -A; echo written > from-sandbox"),
+            policy(&dirs),
+        )
+        .await;
+    assert_eq!(out.stdout_text(), "new-marker\n", "{}", out.stderr_text());
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("from-sandbox")).unwrap(),
+        "written\n",
+        "the write landed in the new workspace"
+    );
+    assert!(!moved.join("from-sandbox").exists(), "not in the old one");
+}
