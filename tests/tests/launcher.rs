@@ -75,11 +75,12 @@ async fn commands_of_one_launcher_cannot_see_or_reach_each_other() {
         .into_iter()
         .find(|pid| cmdline(*pid).contains("execward-launcher-first"))
         .expect("the first command runs under the launcher");
-    // B builds the name from parts, so its own command lines never contain it.
+    // B's own command lines never contain the name (it is built from parts, and grep's
+    // pattern does not match itself).
     let second = format!(
         "echo pid=$$; ls -A /tmp | tr '\\n' ' '; echo; \
          N=execward-launcher-; N=${{N}}first; \
-         echo seen=$(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c \"$N\"); \
+         echo seen=$(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'execward-launcher-firs[t]'); \
          echo queues=$(ipcs -q | grep -c '^0x'); \
          kill -0 {host_pid} 2>/dev/null; echo kill_rc=$?; \
          N=$N python3 -c \"$REACH\""
