@@ -12,7 +12,9 @@
 //! ```
 //!
 //! What is built once: the user namespace (and its id maps), the network namespace, the mount
-//! layout, and the exec of `sandbox-run` itself. What every command still gets of its own,
+//! layout, and the exec of `sandbox-run` itself. Each command's PID 1 is prepared ahead (cloned,
+//! mounted, confined) while the previous command runs, and only waits for its command: a start
+//! costs the hand-over, a fork and the command's `execve`. What every command still gets of its own,
 //! exactly as a one-shot `sandbox-run` gives it: a PID namespace (it cannot see or signal
 //! other commands, and everything it leaves behind dies with its PID 1), an IPC namespace,
 //! fresh private directories and devpts instance (nothing another command wrote there is
@@ -23,9 +25,11 @@
 //! - setup: body `setup`, descriptors `[memfd]` holding a [`LaunchRequest`] (the policy and the
 //!   working directory; argv and env unused). Reply [`Reply::Ready`] or [`Reply::Failed`].
 //! - start: body `start`, descriptors `[memfd, stdin, stdout, stderr, cgroup.procs...]`, the
-//!   memfd holding a [`StartCommand`]. Reply [`Reply::Started`] with `[pidfd, status]` (the
-//!   pidfd of the command's PID 1 and the read end of its status pipe, which gets
-//!   [`STATUS_BYTES`] just before PID 1 exits) or [`Reply::Failed`].
+//!   memfd holding a [`StartCommand`]. The launcher passes the same message on to the ready
+//!   PID 1 and replies [`Reply::Started`] with `[pidfd, status]` (the pidfd of the command's
+//!   PID 1 and the read end of its status pipe, which gets [`STATUS_BYTES`] just before PID 1
+//!   exits) or [`Reply::Failed`]. A PID 1 whose own setup failed reports that on the command's
+//!   stderr and exits 125, as a one-shot `sandbox-run` does.
 //!
 //! The launcher exits when its socket closes; every PID 1 it started gets `SIGKILL` then
 //! (`PR_SET_PDEATHSIG`), which ends its namespace. It never runs code of a command: the
@@ -343,6 +347,7 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
     children.add(Signal::SIGCHLD);
     let exits = SignalFd::with_flags(&children, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|source| LauncherError::Signals { source })?;
+    let mut warm = Warm::prepare(&setup).ok();
     loop {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         let mut interests = [
@@ -368,19 +373,25 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
             Err(err) => return Err(socket_error(err)),
         };
         let answer = if body == b"start" {
-            start(&setup, fds)
+            start(&setup, &mut warm, fds)
         } else {
             Err(format!("unknown launcher message {}", body.escape_ascii()))
         };
         match answer {
-            Ok((pid, pidfd, status)) => reply(
+            Ok(started) => reply(
                 socket,
-                &Reply::Started { pid: pid.as_raw() },
-                &[pidfd.as_fd(), status.as_fd()],
+                &Reply::Started {
+                    pid: started.pid.as_raw(),
+                },
+                &[started.pidfd.as_fd(), started.status.as_fd()],
             ),
             Err(error) => reply(socket, &Reply::Failed { error }, &[]),
         }
         .map_err(socket_error)?;
+        // The next command's PID 1 sets up while nobody waits for it.
+        if warm.is_none() {
+            warm = Warm::prepare(&setup).ok();
+        }
     }
 }
 
@@ -398,8 +409,54 @@ fn reap_children() {
     }
 }
 
-/// Starts one command: its PID 1 in new PID, mount and IPC namespaces.
-fn start(setup: &Setup, fds: Vec<OwnedFd>) -> Result<(Pid, OwnedFd, OwnedFd), String> {
+/// A PID 1 that is ready: in its own PID, mount and IPC namespaces, with its mounts, working
+/// directory, Landlock domain and seccomp filter in place, waiting on its channel for the one
+/// command it will run. Preparing the next one while the current command runs takes the
+/// sandbox's setup off the start's path.
+struct Warm {
+    pid: Pid,
+    pidfd: OwnedFd,
+    status: OwnedFd,
+    channel: OwnedFd,
+}
+
+impl Warm {
+    fn prepare(setup: &Setup) -> Result<Self, String> {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+        let (channel, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| format!("PID 1's channel: {e}"))?;
+        let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| format!("PID 1's status pipe: {e}"))?;
+        let flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
+        match crate::sys::clone_into_namespaces(flags)
+            .map_err(|e| format!("creating the command's PID, mount and IPC namespaces: {e}"))?
+        {
+            None => {
+                drop(channel);
+                command_init(setup, &theirs, &status_write)
+            }
+            Some(pid) => {
+                drop((theirs, status_write));
+                let pidfd = crate::sys::pidfd_open(pid).map_err(|e| format!("pidfd_open: {e}"))?;
+                Ok(Self {
+                    pid,
+                    pidfd,
+                    status: status_read,
+                    channel,
+                })
+            }
+        }
+    }
+}
+
+/// Hands one command to a ready PID 1 (making one now if none is ready, or if the ready one
+/// died meanwhile).
+fn start(setup: &Setup, warm: &mut Option<Warm>, fds: Vec<OwnedFd>) -> Result<Warm, String> {
     if fds.len() < 4 || fds.len() > MAX_MESSAGE_FDS {
         return Err(format!(
             "a start carries 4 to {MAX_MESSAGE_FDS} descriptors (memfd, stdin, stdout, stderr, \
@@ -407,102 +464,101 @@ fn start(setup: &Setup, fds: Vec<OwnedFd>) -> Result<(Pid, OwnedFd, OwnedFd), St
             fds.len()
         ));
     }
-    let mut fds = fds.into_iter();
-    let memfd = fds.next().ok_or("no memfd")?;
-    let command: StartCommand = read_json(memfd).map_err(|e| e.to_string())?;
-    if command.cwd != setup.cwd {
-        return Err(format!(
-            "working directory {} differs from the launcher's {}",
-            command.cwd.display(),
-            setup.cwd.display()
-        ));
-    }
-    if command.argv.is_empty() {
-        return Err("an empty argv".to_owned());
-    }
-    let stdio: Vec<OwnedFd> = fds.by_ref().take(3).collect();
-    let cgroups: Vec<OwnedFd> = fds.collect();
-    let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| format!("status pipe: {e}"))?;
-    let flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
-    match crate::sys::clone_into_namespaces(flags)
-        .map_err(|e| format!("creating the command's PID, mount and IPC namespaces: {e}"))?
-    {
-        None => command_init(setup, &command, &stdio, &cgroups, &status_write),
-        Some(pid) => {
-            drop(status_write);
-            let pidfd = crate::sys::pidfd_open(pid).map_err(|e| format!("pidfd_open: {e}"))?;
-            Ok((pid, pidfd, status_read))
+    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+    for attempt in 0..2 {
+        let ready = match warm.take() {
+            Some(ready) => ready,
+            None => Warm::prepare(setup)?,
+        };
+        match send(ready.channel.as_fd(), b"start", &borrowed) {
+            Ok(()) => return Ok(ready),
+            Err(err) if attempt == 1 => {
+                return Err(format!("handing the command to its PID 1: {err}"));
+            }
+            Err(_) => {}
         }
     }
+    Err("handing the command to its PID 1 failed".to_owned())
 }
 
 /// PID 1 of one command. Never returns.
-fn command_init(
-    setup: &Setup,
-    command: &StartCommand,
-    stdio: &[OwnedFd],
-    cgroups: &[OwnedFd],
-    status: &OwnedFd,
-) -> ! {
+///
+/// Sets up first (a failure is kept and reported to the command's stderr once it arrives),
+/// then waits for its command on `channel`: the memfd with the [`StartCommand`], stdio and the
+/// cgroups to join.
+fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd) -> ! {
     let _ = crate::sys::set_parent_death_signal(libc::SIGKILL);
+    // Nothing of the launcher's: its socket to the server is its stdin.
+    if let Ok(null) = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        // SAFETY: dup2 onto 0 and 1 of this single-threaded child.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 0);
+            libc::dup2(null.as_raw_fd(), 1);
+        }
+    }
+    let keep = [0, 1, 2, channel.as_raw_fd(), status.as_raw_fd()];
+    let warm_up = if super::hygiene::close_inherited_fds(&keep).is_err() {
+        Err("closing the launcher's descriptors failed".to_owned())
+    } else {
+        warm_up(setup)
+    };
+    let Ok(Some((body, fds))) = receive(channel.as_fd()) else {
+        // The launcher is gone (or retired this PID 1 unused).
+        crate::sys::exit_now(0)
+    };
+    if body != b"start" || fds.len() < 4 {
+        crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
+    }
+    let mut fds = fds.into_iter();
+    let memfd = fds.next();
+    let stdio: Vec<OwnedFd> = fds.by_ref().take(3).collect();
     for (target, fd) in stdio.iter().enumerate() {
-        // SAFETY: dup2 onto 0-2 of this single-threaded child replaces its own stdio with the
-        // command's (the launcher's stay with the launcher).
+        // SAFETY: dup2 onto 0-2 of this single-threaded process: the command's stdio.
         if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
             setup_failed(status, "placing the command's stdio failed");
         }
     }
-    for cgroup in cgroups {
-        if let Err(err) = nix::unistd::write(cgroup, b"0") {
+    drop(stdio);
+    for cgroup in fds {
+        if let Err(err) = nix::unistd::write(&cgroup, b"0") {
             setup_failed(
                 status,
                 &format!("joining the command's cgroup failed: {err}"),
             );
         }
     }
-    if super::hygiene::close_inherited_fds(&[0, 1, 2, status.as_raw_fd()]).is_err() {
-        setup_failed(status, "closing the launcher's descriptors failed");
+    let (signals, warnings) = match warm_up {
+        Ok(ready) => ready,
+        Err(message) => setup_failed(status, &message),
+    };
+    let command: StartCommand = match memfd.map(read_json) {
+        Some(Ok(command)) => command,
+        Some(Err(err)) => setup_failed(status, &err.to_string()),
+        None => setup_failed(status, "no command"),
+    };
+    if command.cwd != setup.cwd || command.argv.is_empty() {
+        setup_failed(
+            status,
+            &format!(
+                "a launcher for {} got a command for {} (argv {:?})",
+                setup.cwd.display(),
+                command.cwd.display(),
+                command.argv
+            ),
+        );
     }
-    let _ = nix::unistd::setsid();
-    for warning in &setup.warnings {
+    // The channel and anything else left from the launcher; the signalfd stays.
+    let keep = [0, 1, 2, status.as_raw_fd(), signals.as_raw_fd()];
+    if super::hygiene::close_inherited_fds(&keep).is_err() {
+        setup_failed(status, "closing the channel failed");
+    }
+    for warning in setup.warnings.iter().chain(&warnings) {
         eprintln!("sandbox-run: warning: {warning}");
     }
-    let mut report = EnforcementReport::default();
-    if let Err(err) = mounts::apply(&setup.per_command) {
-        setup_failed(status, &err.to_string());
-    }
-    if let Err(err) = super::enter_directory(&command.cwd) {
-        setup_failed(status, &err.to_string());
-    }
-    let _ = crate::sys::set_dumpable(false);
-    let enforce = EnforceOptions {
-        best_effort: false,
-        keep_fds: Vec::new(),
-        env: EnvMode::Keep,
-        namespaces: NamespaceMode::Auto,
-        audit_log: false,
-        egress_port: None,
-    };
-    report.namespaces.user = true;
-    if let Err(err) = super::finish_confinement(
-        &setup.policy,
-        &landlock::private_ttys(),
-        &enforce,
-        &mut report,
-    ) {
-        setup_failed(status, &err.to_string());
-    }
-    for warning in &report.warnings {
-        eprintln!("sandbox-run: warning: {warning}");
-    }
-    let forwarded = init::forwarded_signals();
-    let signals = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&forwarded), None)
-        .and_then(|()| SignalFd::with_flags(&forwarded, SfdFlags::SFD_CLOEXEC));
-    let signals = match signals {
-        Ok(signals) => signals,
-        Err(err) => setup_failed(status, &format!("signalfd: {err}")),
-    };
     let exec = Exec::new(
         &Command {
             argv: command.argv.iter().map(Into::into).collect(),
@@ -543,6 +599,38 @@ fn command_init(
         .unwrap_or_default();
     let _ = nix::unistd::write(status, &encode_status(ended, cpu));
     crate::sys::exit_now(0)
+}
+
+/// PID 1's own setup, before its command arrives: a session of its own, the per-command
+/// mounts, the working directory, every capability dropped, Landlock and seccomp, and the
+/// signalfd it forwards signals from.
+fn warm_up(setup: &Setup) -> Result<(SignalFd, Vec<String>), String> {
+    let _ = nix::unistd::setsid();
+    mounts::apply(&setup.per_command).map_err(|e| e.to_string())?;
+    super::enter_directory(&setup.cwd).map_err(|e| e.to_string())?;
+    let _ = crate::sys::set_dumpable(false);
+    let enforce = EnforceOptions {
+        best_effort: false,
+        keep_fds: Vec::new(),
+        env: EnvMode::Keep,
+        namespaces: NamespaceMode::Auto,
+        audit_log: false,
+        egress_port: None,
+    };
+    let mut report = EnforcementReport::default();
+    report.namespaces.user = true;
+    super::finish_confinement(
+        &setup.policy,
+        &landlock::private_ttys(),
+        &enforce,
+        &mut report,
+    )
+    .map_err(|e| e.to_string())?;
+    let forwarded = init::forwarded_signals();
+    let signals = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&forwarded), None)
+        .and_then(|()| SignalFd::with_flags(&forwarded, SfdFlags::SFD_CLOEXEC))
+        .map_err(|e| format!("signalfd: {e}"))?;
+    Ok((signals, report.warnings))
 }
 
 /// Says why on the command's stderr, reports exit status 125, and exits.

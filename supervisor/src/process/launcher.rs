@@ -1,8 +1,9 @@
 //! Pre-confined launchers for sandboxed `process/start` (see `sandbox::linux::launcher`).
 //!
 //! One `sandbox-run --launcher` per (session, resolved policy, working directory) builds the
-//! user and network namespaces and the mount layout once; each start then costs a `clone` of
-//! the command's PID 1 inside it instead of an exec of `sandbox-run` and a new sandbox.
+//! user and network namespaces and the mount layout once, and keeps the next command's PID 1
+//! ready (in its own PID, mount and IPC namespaces, confined); a start then costs handing the
+//! command over, a fork and its `execve` instead of an exec of `sandbox-run` and a new sandbox.
 //!
 //! - Used for pipe-mode starts without the denial audit and without a network allowlist;
 //!   terminal, audited and allowlisted starts keep the one-shot `sandbox-run` (which relays
