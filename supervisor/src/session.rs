@@ -210,6 +210,8 @@ impl SessionRegistry {
             if expired {
                 tracing::info!(session_id = %session.id, "detached session expired; terminating its processes");
                 terminate_sessions(std::slice::from_ref(&session.processes)).await;
+                // Launchers whose commands have ended go now; the idle timeout takes the rest.
+                registry.launchers.retire_session(&session.id);
             }
         });
     }
@@ -246,8 +248,10 @@ impl SessionRegistry {
             "more than MAX_DETACHED_SESSIONS ({MAX_DETACHED_SESSIONS}) detached sessions: \
              expiring the oldest now and terminating its processes"
         );
+        let launchers = self.launchers.clone();
         tokio::spawn(async move {
             terminate_sessions(std::slice::from_ref(&oldest.processes)).await;
+            launchers.retire_session(&oldest.id);
         });
     }
 

@@ -222,3 +222,30 @@ async fn a_workspace_replaced_since_the_launcher_started_is_seen_as_it_is_now() 
     );
     assert!(!moved.join("from-sandbox").exists(), "not in the old one");
 }
+
+#[tokio::test]
+async fn past_four_launchers_a_session_starts_one_shot_and_every_command_runs() {
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    // Five working directories: five layouts, one launcher each until the session's bound.
+    let workspaces: Vec<tests::SandboxDirs> = (0..5).map(|_| tests::SandboxDirs::new()).collect();
+    for (index, dirs) in workspaces.iter().enumerate() {
+        client
+            .start(&format!("sleeper-{index}"), &["/bin/sleep", "1000"], policy(dirs))
+            .await
+            .unwrap();
+    }
+    eventually("four launchers and one one-shot sandbox-run", || {
+        (helpers_of(&server, "--launcher").len() == 4
+            && helpers_of(&server, "--launch-fd").len() == 1)
+            .then_some(())
+    })
+    .await;
+    for index in 0..5 {
+        let id = format!("sleeper-{index}");
+        client
+            .call("process/terminate", json!({"processId": id}))
+            .await;
+        assert_eq!(client.collect(&id).await.exit_code, Some(143), "{id}");
+    }
+}
