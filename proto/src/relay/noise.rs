@@ -226,6 +226,51 @@ impl SegmentCipher for NoiseCipher {
         Ok(out)
     }
 
+    fn seal_append(
+        &mut self,
+        seq: u64,
+        plaintext: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), CipherError> {
+        let start = out.len();
+        out.resize(start + plaintext.len() + NOISE_TAG_BYTES, 0);
+        match self.0.write_message(seq, plaintext, &mut out[start..]) {
+            Ok(len) => {
+                out.truncate(start + len);
+                Ok(())
+            }
+            Err(e) => {
+                out.truncate(start);
+                Err(CipherError {
+                    seq,
+                    reason: e.to_string(),
+                })
+            }
+        }
+    }
+
+    fn open_into(
+        &mut self,
+        seq: u64,
+        ciphertext: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, CipherError> {
+        let fail = |reason: String| CipherError { seq, reason };
+        if ciphertext.len() < NOISE_TAG_BYTES || ciphertext.len() > MAX_SEGMENT_PAYLOAD_BYTES {
+            return Err(fail(format!("ciphertext of {} bytes", ciphertext.len())));
+        }
+        if out.len() < ciphertext.len() - NOISE_TAG_BYTES {
+            return Err(fail(format!(
+                "plaintext of {} bytes does not fit a {}-byte buffer",
+                ciphertext.len() - NOISE_TAG_BYTES,
+                out.len()
+            )));
+        }
+        self.0
+            .read_message(seq, ciphertext, out)
+            .map_err(|e| fail(e.to_string()))
+    }
+
     fn open(&mut self, seq: u64, ciphertext: &[u8]) -> Result<Vec<u8>, CipherError> {
         let fail = |reason: String| CipherError { seq, reason };
         if ciphertext.len() < NOISE_TAG_BYTES || ciphertext.len() > MAX_SEGMENT_PAYLOAD_BYTES {
@@ -272,6 +317,28 @@ mod tests {
         let back = environment.seal(0, b"reply").unwrap();
         assert_eq!(harness.open(0, &back).unwrap(), b"reply");
         assert!(environment.open(0, &back).is_err());
+    }
+
+    #[test]
+    fn sealing_in_place_matches_seal_and_opening_in_place_checks_the_tag_and_the_room() {
+        let (mut harness, mut environment) = pair("env", "s1");
+        let mut out = b"prefix".to_vec();
+        harness.seal_append(7, b"ack record", &mut out).unwrap();
+        assert_eq!(&out[..6], b"prefix");
+        let sealed = out[6..].to_vec();
+        assert_eq!(sealed.len(), b"ack record".len() + NOISE_TAG_BYTES);
+        // The same bytes as the allocating form, which the peer opens either way.
+        assert_eq!(environment.open(7, &sealed).unwrap(), b"ack record");
+        let mut record = [0u8; 10];
+        assert_eq!(environment.open_into(7, &sealed, &mut record).unwrap(), 10);
+        assert_eq!(&record, b"ack record");
+        // Too little room, another nonce, or one flipped bit: refused.
+        assert!(environment.open_into(7, &sealed, &mut [0u8; 9]).is_err());
+        assert!(environment.open_into(8, &sealed, &mut record).is_err());
+        let mut tampered = sealed.clone();
+        tampered[0] ^= 1;
+        assert!(environment.open_into(7, &tampered, &mut record).is_err());
+        assert!(environment.open_into(7, &sealed[..8], &mut record).is_err());
     }
 
     #[test]

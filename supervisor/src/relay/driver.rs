@@ -28,7 +28,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use super::tls::{Scheme, TlsError, check_url};
-use super::{CLOSE_LINGER, REGISTRY_TIMEOUT};
+use super::{CLOSE_LINGER, REGISTRY_TIMEOUT, RELAY_READ_BUFFER_BYTES};
 
 /// A websocket to the rendezvous.
 pub type RelaySocket = WebSocketStream<RelayIo>;
@@ -139,11 +139,13 @@ pub struct StreamChannels {
     pub confirmed: Arc<AtomicBool>,
 }
 
-/// The websocket settings for relay sockets: a frame never exceeds [`MAX_RELAY_FRAME_BYTES`].
+/// The websocket settings for relay sockets: a frame never exceeds [`MAX_RELAY_FRAME_BYTES`];
+/// reads go through a [`RELAY_READ_BUFFER_BYTES`] buffer.
 pub fn relay_websocket_config() -> WebSocketConfig {
     WebSocketConfig::default()
         .max_message_size(Some(MAX_RELAY_FRAME_BYTES))
         .max_frame_size(Some(MAX_RELAY_FRAME_BYTES))
+        .read_buffer_size(RELAY_READ_BUFFER_BYTES)
 }
 
 /// Open a websocket to the rendezvous with the bearer token: `wss://` through `tls`, or

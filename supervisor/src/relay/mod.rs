@@ -70,6 +70,11 @@ pub const HANDSHAKES_PER_SOURCE_BURST: f64 = 16.0;
 /// How often the executor looks for unconfirmed streams older than
 /// [`proto::relay::limits::UNCONFIRMED_STREAM_TIMEOUT`].
 pub const UNCONFIRMED_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// Bytes a relay websocket reads from its socket at once (tungstenite's read buffer, 128 KiB by
+/// default). tungstenite zero-fills this much before every read, including each read that finds
+/// the socket empty, so at 128 KiB every small frame cost two 128 KiB memsets in each process it
+/// crossed. A full segment frame (about 64 KiB) now takes a few reads instead of one.
+pub const RELAY_READ_BUFFER_BYTES: usize = 16 * 1024;
 /// Frames queued for one stream task; more are dropped (and retransmitted by the peer).
 pub const STREAM_INBOX_FRAMES: usize = 1024;
 /// Frames queued for the rendezvous socket; more are dropped (and retransmitted).

@@ -67,6 +67,45 @@ pub trait SegmentCipher {
     /// # Errors
     /// [`CipherError`] when authentication fails.
     fn open(&mut self, seq: u64, ciphertext: &[u8]) -> Result<Vec<u8>, CipherError>;
+    /// [`Self::seal`], appending the ciphertext to `out` (no allocation when `out` has room:
+    /// the per-frame `ack_auth` is sealed straight into the field).
+    ///
+    /// # Errors
+    /// As [`Self::seal`].
+    fn seal_append(
+        &mut self,
+        seq: u64,
+        plaintext: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), CipherError> {
+        out.extend_from_slice(&self.seal(seq, plaintext)?);
+        Ok(())
+    }
+    /// [`Self::open`] into `out`; returns the plaintext's length (the per-frame `ack_auth`
+    /// record opens into a stack buffer).
+    ///
+    /// # Errors
+    /// As [`Self::open`], and when the plaintext is longer than `out`.
+    fn open_into(
+        &mut self,
+        seq: u64,
+        ciphertext: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, CipherError> {
+        let plaintext = self.open(seq, ciphertext)?;
+        let Some(target) = out.get_mut(..plaintext.len()) else {
+            return Err(CipherError {
+                seq,
+                reason: format!(
+                    "plaintext of {} bytes does not fit a {}-byte buffer",
+                    plaintext.len(),
+                    out.len()
+                ),
+            });
+        };
+        target.copy_from_slice(&plaintext);
+        Ok(plaintext.len())
+    }
     /// Whether [`Self::open`] authenticates (false only for [`PlaintextCipher`]); acks are
     /// authenticated only with a cipher that does.
     fn authenticates(&self) -> bool {
@@ -164,6 +203,9 @@ pub struct ReliableStream<C> {
     queued_bytes: usize,
     head_offset: usize,
     head_index: u32,
+    /// Where the next segment's plaintext is built before sealing (kept between segments up to
+    /// `send::PLAINTEXT_SCRATCH_KEPT_BYTES`).
+    plaintext_scratch: Vec<u8>,
     in_flight: BTreeMap<u64, InFlight>,
     in_flight_bytes: usize,
     next_retransmit: Option<Instant>,
@@ -214,6 +256,7 @@ impl<C: SegmentCipher> ReliableStream<C> {
             queued_bytes: 0,
             head_offset: 0,
             head_index: 0,
+            plaintext_scratch: Vec::new(),
             in_flight: BTreeMap::new(),
             in_flight_bytes: 0,
             next_retransmit: None,
@@ -367,12 +410,9 @@ impl<C: SegmentCipher> ReliableStream<C> {
     }
 }
 
-/// The fields `ack_auth` covers, in a fixed layout ([`ACK_RECORD_BYTES`]).
-fn ack_record(ack: Option<u64>, ack_bits: u32, body: &Body) -> Vec<u8> {
-    let mut record = Vec::with_capacity(ACK_RECORD_BYTES);
-    record.push(u8::from(ack.is_some()));
-    record.extend_from_slice(&ack.unwrap_or(0).to_be_bytes());
-    record.extend_from_slice(&ack_bits.to_be_bytes());
+/// The fields `ack_auth` covers, in a fixed layout ([`ACK_RECORD_BYTES`]); on the stack, since
+/// every frame sent and received builds one.
+fn ack_record(ack: Option<u64>, ack_bits: u32, body: &Body) -> [u8; ACK_RECORD_BYTES] {
     let (kind, next_seq) = match body {
         Body::Data(_) => (1u8, 0),
         Body::Ack => (2, 0),
@@ -381,7 +421,11 @@ fn ack_record(ack: Option<u64>, ack_bits: u32, body: &Body) -> Vec<u8> {
         Body::Heartbeat => (5, 0),
         Body::Handshake(_) => (6, 0),
     };
-    record.push(kind);
-    record.extend_from_slice(&next_seq.to_be_bytes());
+    let mut record = [0u8; ACK_RECORD_BYTES];
+    record[0] = u8::from(ack.is_some());
+    record[1..9].copy_from_slice(&ack.unwrap_or(0).to_be_bytes());
+    record[9..13].copy_from_slice(&ack_bits.to_be_bytes());
+    record[13] = kind;
+    record[14..22].copy_from_slice(&next_seq.to_be_bytes());
     record
 }

@@ -8,10 +8,10 @@ use super::send::InFlight;
 use super::{ReliableStream, SegmentCipher, ack_record};
 use crate::relay::frame::{Body, Data, Frame};
 use crate::relay::limits::{
-    ACK_BITS_SPAN, ACK_DELAY, ACK_EVERY_SEGMENTS, ACK_NONCE_BASE, FAST_RETRANSMIT_SACKS,
-    MAX_AUTH_FAILURES, MAX_DATA_SEQ, MAX_MESSAGE_BYTES, MAX_OUT_OF_ORDER_BYTES,
-    MAX_SEGMENT_PLAINTEXT_BYTES, MAX_UNDELIVERED_BYTES, RECEIVE_WINDOW_SEGMENTS,
-    REORDERING_WINDOW_MIN, SEGMENT_HEADER_BYTES,
+    ACK_BITS_SPAN, ACK_DELAY, ACK_EVERY_SEGMENTS, ACK_NONCE_BASE, ACK_RECORD_BYTES,
+    FAST_RETRANSMIT_SACKS, MAX_AUTH_FAILURES, MAX_DATA_SEQ, MAX_MESSAGE_BYTES,
+    MAX_OUT_OF_ORDER_BYTES, MAX_SEGMENT_PLAINTEXT_BYTES, MAX_UNDELIVERED_BYTES,
+    RECEIVE_WINDOW_SEGMENTS, REORDERING_WINDOW_MIN, SEGMENT_HEADER_BYTES,
 };
 
 #[derive(Debug)]
@@ -114,11 +114,12 @@ impl<C: SegmentCipher> ReliableStream<C> {
         if counter >= MAX_DATA_SEQ {
             return Err(format!("forged ack: counter {counter} out of range"));
         }
-        let record = self
+        let mut record = [0u8; ACK_RECORD_BYTES];
+        let len = self
             .cipher
-            .open(ACK_NONCE_BASE + counter, sealed)
+            .open_into(ACK_NONCE_BASE + counter, sealed, &mut record)
             .map_err(|e| format!("forged ack: ack_auth {counter} does not authenticate ({e})"))?;
-        if record != ack_record(frame.ack, frame.ack_bits, &frame.body) {
+        if len != ACK_RECORD_BYTES || record != ack_record(frame.ack, frame.ack_bits, &frame.body) {
             return Err(format!(
                 "forged ack: ack {:?} / ack_bits {:#x} differ from what ack_auth {counter} authenticates",
                 frame.ack, frame.ack_bits

@@ -7,8 +7,13 @@ use super::{ReliableStream, SegmentCipher, StreamError, ack_record};
 use crate::relay::frame::{Body, Data, Frame};
 use crate::relay::limits::{
     ACK_AUTH_BYTES, ACK_BITS_SPAN, ACK_NONCE_BASE, HEARTBEAT_INTERVAL, MAX_DATA_SEQ, MAX_RTO,
-    MAX_SEGMENT_PLAINTEXT_BYTES, MAX_UNACKED_BYTES, MAX_UNACKED_SEGMENTS, SEGMENT_HEADER_BYTES,
+    MAX_SEGMENT_PLAINTEXT_BYTES, MAX_UNACKED_BYTES, MAX_UNACKED_SEGMENTS, NOISE_TAG_BYTES,
 };
+
+/// Largest plaintext buffer, in bytes, a stream keeps between segments for building the next
+/// one: enough for every JSON-RPC request and reply of an interactive session, so those cost no
+/// allocation for it; a bulk segment's larger buffer is freed, so an idle stream holds little.
+const PLAINTEXT_SCRATCH_KEPT_BYTES: usize = 4096;
 
 #[derive(Debug)]
 pub(super) struct InFlight {
@@ -70,13 +75,13 @@ impl<C: SegmentCipher> ReliableStream<C> {
         let counter = self.ack_counter;
         self.ack_counter += 1;
         let record = ack_record(ack, ack_bits, body);
-        match self.cipher.seal(ACK_NONCE_BASE + counter, &record) {
-            Ok(sealed) => {
-                let mut auth = Vec::with_capacity(ACK_AUTH_BYTES);
-                auth.extend_from_slice(&counter.to_be_bytes());
-                auth.extend_from_slice(&sealed);
-                auth
-            }
+        let mut auth = Vec::with_capacity(ACK_AUTH_BYTES);
+        auth.extend_from_slice(&counter.to_be_bytes());
+        match self
+            .cipher
+            .seal_append(ACK_NONCE_BASE + counter, &record, &mut auth)
+        {
+            Ok(()) => auth,
             Err(_) => Vec::new(),
         }
     }
@@ -182,12 +187,20 @@ impl<C: SegmentCipher> ReliableStream<C> {
         // count <= MAX_SEGMENTS_PER_MESSAGE because head.len() <= MAX_MESSAGE_BYTES.
         let count = u32::try_from(count).unwrap_or(u32::MAX);
         let index = self.head_index;
-        let mut plaintext = Vec::with_capacity(SEGMENT_HEADER_BYTES + chunk_len);
+        // The plaintext is built in a buffer the stream keeps (one allocation less per segment)
+        // and sealed straight into the payload.
+        let plaintext = &mut self.plaintext_scratch;
+        plaintext.clear();
         plaintext.extend_from_slice(&index.to_be_bytes());
         plaintext.extend_from_slice(&count.to_be_bytes());
         plaintext.extend_from_slice(&head[self.head_offset..end]);
         let seq = self.next_seq;
-        let payload = self.cipher.seal(seq, &plaintext)?;
+        let mut payload = Vec::with_capacity(plaintext.len() + NOISE_TAG_BYTES);
+        self.cipher.seal_append(seq, plaintext, &mut payload)?;
+        if plaintext.capacity() > PLAINTEXT_SCRATCH_KEPT_BYTES {
+            // A bulk segment's buffer is not kept: an idle stream holds no 64 KiB.
+            *plaintext = Vec::new();
+        }
         self.next_seq += 1;
         if end == head.len() {
             let len = head.len();
