@@ -231,7 +231,11 @@ async fn past_four_launchers_a_session_starts_one_shot_and_every_command_runs() 
     let workspaces: Vec<tests::SandboxDirs> = (0..5).map(|_| tests::SandboxDirs::new()).collect();
     for (index, dirs) in workspaces.iter().enumerate() {
         client
-            .start(&format!("sleeper-{index}"), &["/bin/sleep", "1000"], policy(dirs))
+            .start(
+                &format!("sleeper-{index}"),
+                &["/bin/sleep", "1000"],
+                policy(dirs),
+            )
             .await
             .unwrap();
     }

@@ -276,8 +276,12 @@ pub const FORWARDED_SIGNALS: [Signal; 7] = [
 /// Forwards signals and reaps until the command ends; returns its status message.
 pub(super) fn supervise(signals: &SignalFd, command: Pid) -> (u8, i32) {
     loop {
-        let Ok(Some(info)) = signals.read_signal() else {
-            continue;
+        let info = match signals.read_signal() {
+            Ok(Some(info)) => info,
+            Ok(None) | Err(nix::errno::Errno::EINTR) => continue,
+            // The signalfd is unusable: no signal can be passed on, and looping would spin.
+            // End the command and report how it ended.
+            Err(_) => return end_unsupervised(command),
         };
         let signo = i32::try_from(info.ssi_signo).unwrap_or(0);
         if signo != libc::SIGCHLD {
@@ -300,6 +304,20 @@ pub(super) fn supervise(signals: &SignalFd, command: Pid) -> (u8, i32) {
                 Ok(WaitStatus::StillAlive) | Err(_) => break,
                 Ok(_) => {}
             }
+        }
+    }
+}
+
+/// Kills the command's group and waits for the command (without the signalfd).
+fn end_unsupervised(command: Pid) -> (u8, i32) {
+    let _ = nix::sys::signal::killpg(command, Signal::SIGKILL);
+    let _ = nix::sys::signal::kill(command, Signal::SIGKILL);
+    loop {
+        match waitpid(command, None) {
+            Ok(WaitStatus::Exited(_, code)) => return (STATUS_EXITED, code),
+            Ok(WaitStatus::Signaled(_, signal, _)) => return (STATUS_SIGNALED, signal as i32),
+            Err(nix::errno::Errno::EINTR) | Ok(_) => {}
+            Err(_) => return (STATUS_SIGNALED, libc::SIGKILL),
         }
     }
 }

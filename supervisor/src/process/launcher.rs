@@ -256,6 +256,7 @@ impl Launchers {
         cgroups: &[OwnedFd],
     ) -> Result<Option<Launched>, LauncherFailure> {
         let failure = |error: LauncherError, stderr: String| LauncherFailure { error, stderr };
+        let began = Instant::now();
         let key = Key {
             session: session.to_owned(),
             policy: serde_json::to_vec(policy).unwrap_or_default(),
@@ -270,6 +271,7 @@ impl Launchers {
         // A launcher that died since its last start (killed, or out of memory) never saw this
         // one: one retry with a fresh launcher.
         let mut attempts = 0;
+        let exchanged = Instant::now();
         let (launcher, answer) = loop {
             attempts += 1;
             let Some(launcher) = self.launcher_for(&key, policy)? else {
@@ -285,6 +287,11 @@ impl Launchers {
             }
         };
         drop((memfd, stdio));
+        tracing::debug!(
+            prepared_us = (exchanged - began).as_micros() as u64,
+            exchange_us = exchanged.elapsed().as_micros() as u64,
+            "sandbox launcher start"
+        );
         match answer {
             Ok((Reply::Started { pid }, mut fds)) if fds.len() == 2 => {
                 let status = fds.pop();
