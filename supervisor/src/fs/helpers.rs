@@ -20,7 +20,6 @@
 //! ([`crate::budget`]), within the calling connection's share of it.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -28,6 +27,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::error_text::StderrTail;
 use fs_helper::frame::{FrameError, read_frame, write_frame};
 use fs_helper::wire::{HelperRequest, HelperResponse};
 use proto::error::RpcError;
@@ -117,7 +117,7 @@ pub struct HelperReply {
 struct Helper {
     child: Child,
     socket: UnixStream,
-    stderr: Arc<Mutex<Vec<u8>>>,
+    stderr: StderrTail,
     idle_since: Instant,
     /// Its place among the [`MAX_LIVE_HELPERS`] (taken away when it is evicted for another).
     live: Option<OwnedSemaphorePermit>,
@@ -126,8 +126,7 @@ struct Helper {
 
 impl Helper {
     fn stderr_text(&self) -> String {
-        let stderr = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
-        String::from_utf8_lossy(&stderr).trim().to_owned()
+        self.stderr.text()
     }
 
     fn kill(mut self) {
@@ -380,19 +379,7 @@ impl HelperPool {
         // A helper moves file contents for clients: CPU work that must not take the CPU from
         // the async workers (it is single-threaded, so its pid names its only thread).
         crate::sys::lower_thread_priority(child.id(), crate::cpu_pool::CPU_POOL_NICE);
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        if let Some(mut pipe) = child.stderr.take() {
-            let sink = stderr.clone();
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 1024];
-                while let Ok(n @ 1..) = pipe.read(&mut buf) {
-                    let mut kept = sink.lock().unwrap_or_else(|p| p.into_inner());
-                    kept.extend_from_slice(&buf[..n]);
-                    let excess = kept.len().saturating_sub(HELPER_STDERR_BYTES);
-                    kept.drain(..excess);
-                }
-            });
-        }
+        let stderr = StderrTail::collect(child.stderr.take(), HELPER_STDERR_BYTES);
         let _ = ours.set_read_timeout(Some(HELPER_REQUEST_TIMEOUT));
         let _ = ours.set_write_timeout(Some(HELPER_REQUEST_TIMEOUT));
         let mut helper = Helper {

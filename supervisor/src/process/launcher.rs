@@ -19,7 +19,6 @@
 //!   stderr; the next start gets a fresh one.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -29,6 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sandbox::ResolvedPolicy;
+
+use crate::error_text::StderrTail;
 use sandbox::linux::launcher::{self, Reply, StartCommand};
 
 /// Launchers one session may hold (one per policy and working directory it uses).
@@ -100,15 +101,14 @@ struct Launcher {
     child: Mutex<Child>,
     /// One exchange at a time.
     socket: Mutex<OwnedFd>,
-    stderr: Arc<Mutex<Vec<u8>>>,
+    stderr: StderrTail,
     live: AtomicUsize,
     idle_since: Mutex<Instant>,
 }
 
 impl Launcher {
     fn stderr_text(&self) -> String {
-        let kept = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
-        String::from_utf8_lossy(&kept).trim().to_owned()
+        self.stderr.text()
     }
 
     fn idle_for(&self) -> Option<Duration> {
@@ -420,19 +420,7 @@ impl Launchers {
                     String::new(),
                 )
             })?;
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        if let Some(mut pipe) = child.stderr.take() {
-            let sink = stderr.clone();
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 1024];
-                while let Ok(n @ 1..) = pipe.read(&mut buf) {
-                    let mut kept = sink.lock().unwrap_or_else(|p| p.into_inner());
-                    kept.extend_from_slice(&buf[..n]);
-                    let excess = kept.len().saturating_sub(LAUNCHER_STDERR_BYTES);
-                    kept.drain(..excess);
-                }
-            });
-        }
+        let stderr = StderrTail::collect(child.stderr.take(), LAUNCHER_STDERR_BYTES);
         let launcher = Arc::new(Launcher {
             child: Mutex::new(child),
             socket: Mutex::new(ours),
