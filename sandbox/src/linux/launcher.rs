@@ -286,8 +286,10 @@ impl Setup {
             return Err("a network allowlist is started one sandbox-run at a time".to_owned());
         }
         nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
-        let _ = crate::sys::set_dumpable(false);
         let entered = namespaces::unshare_for_current_process(policy).map_err(|e| e.to_string())?;
+        // Only now: a process that is not dumpable cannot write its own /proc/self/uid_map
+        // (what an unprivileged launcher does to map itself into its user namespace).
+        let _ = crate::sys::set_dumpable(false);
         let full = init::command_layout(policy, &request.cwd);
         let shared = mounts::Layout {
             proc: false,
