@@ -10,11 +10,19 @@ use tests::{ExecServer, file_uri, sh};
 use tests::{children_of, cmdline};
 
 fn policy(dirs: &tests::SandboxDirs) -> Value {
+    policy_in(dirs.workspace.path())
+}
+
+/// workspace-write with `workspace` as the sandbox's workspace and the command's cwd.
+fn policy_in(workspace: &std::path::Path) -> Value {
     json!({
-        "sandbox": {"profile": "workspace-write", "cwd": file_uri(dirs.workspace.path())},
-        "cwd": file_uri(dirs.workspace.path()),
+        "sandbox": {"profile": "workspace-write", "cwd": file_uri(workspace)},
+        "cwd": file_uri(workspace),
     })
 }
+
+/// The unprivileged identity the server also runs as.
+const NOBODY: u32 = 65534;
 
 /// The server's children running `sandbox-run` with `flag`.
 fn helpers_of(server: &ExecServer, flag: &str) -> Vec<i32> {
@@ -55,8 +63,33 @@ print("sibling=" + reach(b"\0" + os.environ["N"].encode()))
 
 #[tokio::test]
 async fn commands_of_one_launcher_cannot_see_or_reach_each_other() {
-    let dirs = tests::SandboxDirs::new();
-    let server = ExecServer::start(&[]);
+    siblings_cannot_see_or_reach_each_other(None).await;
+}
+
+#[tokio::test]
+async fn commands_of_one_launcher_cannot_see_or_reach_each_other_under_an_unprivileged_server() {
+    tests::require_root("the server runs as uid 65534");
+    siblings_cannot_see_or_reach_each_other(Some(NOBODY)).await;
+}
+
+/// Two commands of one launcher, with the server run as root (`None`) or as `uid`: the
+/// workspace and an install of the binaries live where that uid can reach them.
+async fn siblings_cannot_see_or_reach_each_other(uid: Option<u32>) {
+    let base = tests::scratch::scratch_dir("launcher-");
+    let root = std::fs::canonicalize(base.path()).unwrap();
+    let workspace = root.join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(&workspace, Some(uid), Some(uid)).unwrap();
+    }
+    let bin = root.join("bin");
+    tests::install_binaries(&bin);
+    let server = ExecServer::start_binary(&bin.join("exec-server"), &[], |command| {
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt;
+            command.uid(uid).gid(uid);
+        }
+    });
     let mut client = server.client().await;
     // A leaves traces everywhere a sibling could look: a file in /tmp, a SysV message
     // queue, a listening abstract unix socket, and its own process.
@@ -65,7 +98,7 @@ async fn commands_of_one_launcher_cannot_see_or_reach_each_other() {
                  s.bind(b\"\\0execward-launcher-first\"); s.listen(); print(\"ready\", flush=True); \
                  time.sleep(1000)'";
     client
-        .start("first", &sh(first), policy(&dirs))
+        .start("first", &sh(first), policy_in(&workspace))
         .await
         .unwrap();
     client.wait_for_output("first", "ready").await;
@@ -85,7 +118,7 @@ async fn commands_of_one_launcher_cannot_see_or_reach_each_other() {
          kill -0 {host_pid} 2>/dev/null; echo kill_rc=$?; \
          N=$N python3 -c \"$REACH\""
     );
-    let mut extra = policy(&dirs);
+    let mut extra = policy_in(&workspace);
     extra["env"] = json!({"PATH": "/usr/bin:/bin", "REACH": REACH});
     let out = client.run("second", &sh(&second), extra).await;
     let text = out.stdout_text();
