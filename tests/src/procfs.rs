@@ -69,6 +69,24 @@ pub fn fd_count(pid: i32) -> usize {
         .count()
 }
 
+/// What each open descriptor of `pid` refers to (`fd -> target`, as `/proc/<pid>/fd` links
+/// show it), sorted by descriptor; for naming the descriptors a leak left behind.
+pub fn fd_targets(pid: i32) -> Vec<(i32, String)> {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    let mut targets: Vec<(i32, String)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let fd = entry.file_name().to_string_lossy().parse().ok()?;
+            let target = std::fs::read_link(entry.path()).ok()?;
+            Some((fd, target.to_string_lossy().into_owned()))
+        })
+        .collect();
+    targets.sort_unstable();
+    targets
+}
+
 /// Pids of every live (non-zombie) descendant of `pid`, found through `/proc/*/stat` parents.
 pub fn descendants(pid: i32) -> Vec<i32> {
     let mut parents = HashMap::new();

@@ -150,6 +150,11 @@ pub async fn serve_admitted<I, O>(
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
 {
     let (outbound, mut queue) = outbound_queue();
+    // Flips when the connection ends: the reader saw it end, or the writer could not write
+    // (the peer is gone). Either way nothing more is read, dispatched or worked on for it.
+    let (closed_tx, mut closed) = watch::channel(false);
+    let closed_tx = Arc::new(closed_tx);
+    let writer_closed = closed_tx.clone();
     let writer = tokio::spawn(async move {
         while let Some(item) = queue.recv().await {
             match item {
@@ -167,9 +172,9 @@ pub async fn serve_admitted<I, O>(
                 }
             }
         }
+        writer_closed.send_replace(true);
         let _ = sink.close().await;
     });
-    let (closed_tx, closed) = watch::channel(false);
     let connection = Arc::new(Connection {
         id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
         server: server.clone(),
@@ -179,7 +184,7 @@ pub async fn serve_admitted<I, O>(
         handles: HandleTable::new(server.budgets.clone()),
         http: crate::http::ConnectionHttp::default(),
         budget: ConnectionBudget::new(server.budgets.clone()),
-        closed,
+        closed: closed.clone(),
     });
     let slots = Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS));
     let mut shutdown = server.shutdown.clone();
@@ -194,6 +199,10 @@ pub async fn serve_admitted<I, O>(
         let frame = tokio::select! {
             frame = stream.next() => frame,
             _ = shutdown.wait_for(|stopping| *stopping) => break,
+            _ = closed.wait_for(|closed| *closed) => {
+                tracing::debug!(connection = connection.id, "the peer is gone: a write failed");
+                break;
+            }
             () = evicted(&mut pending) => {
                 tracing::debug!(connection = connection.id, "pending connection evicted: the admission pool is full");
                 break;
@@ -221,11 +230,17 @@ pub async fn serve_admitted<I, O>(
                 break;
             }
         };
-        if handle_payload(&connection, &slots, payload).await == Flow::Close {
+        // Waiting here (for a request slot, for in-flight bytes) must not outlive the peer:
+        // the requests still buffered behind it would each be worked on for nobody.
+        let flow = tokio::select! {
+            flow = handle_payload(&connection, &slots, payload) => flow,
+            _ = closed.wait_for(|closed| *closed) => Flow::Close,
+        };
+        if flow == Flow::Close {
             break;
         }
     }
-    let _ = closed_tx.send(true);
+    closed_tx.send_replace(true);
     connection.handles.close_all();
     if let Some(session) = connection.session() {
         server.sessions.detach(&session, connection.id);

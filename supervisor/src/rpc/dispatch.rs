@@ -62,11 +62,38 @@ pub async fn respond(
         }
         return;
     }
-    let reply = dispatch(connection, session, &method, params, &mut answer).await;
+    let reply = if changes_nothing(&method) {
+        // Its answer is all it produces: once nobody can receive it, stop working on it.
+        let mut closed = connection.closed.clone();
+        tokio::select! {
+            reply = dispatch(connection, session, &method, params, &mut answer) => reply,
+            _ = closed.wait_for(|closed| *closed) => return,
+        }
+    } else {
+        // The rest change state a resumed session sees (a started process, a written file):
+        // they run to the end even when the connection is gone.
+        dispatch(connection, session, &method, params, &mut answer).await
+    };
     drop(request_charge);
     connection
         .send_answer(reply_message(id, reply), answer)
         .await;
+}
+
+/// Whether `method` has no effect but its answer (reads, metadata, the environment), so its
+/// work can stop when the connection ends.
+fn changes_nothing(method: &str) -> bool {
+    matches!(
+        method,
+        FS_READ_FILE
+            | FS_READ_BLOCK
+            | FS_GET_METADATA
+            | FS_CANONICALIZE
+            | FS_READ_DIRECTORY
+            | FS_WALK
+            | ENVIRONMENT_INFO
+            | PROCESS_READ
+    )
 }
 
 /// Route one request. `answer` is the memory reserved for its answer; a method that learns

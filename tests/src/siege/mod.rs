@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::{DEADLINE, ExecServer, b64, fd_count, rss_kib};
+use crate::{DEADLINE, ExecServer, b64, fd_count, fd_targets, rss_kib};
 
 /// The neighbour's p99 latency must stay under this while a hostile client attacks (on a host
 /// whose own load already slows the neighbour before the attack, see [`p99_bound`]).
@@ -63,6 +63,8 @@ pub struct Siege {
     rss: PeakRss,
     rss_before: u64,
     fds_before: usize,
+    /// The descriptors themselves, to name the ones still open at the end.
+    fd_targets_before: Vec<(i32, String)>,
     cgroup: Option<MemoryCgroup>,
     what: &'static str,
     /// When the quiet period ended.
@@ -82,6 +84,10 @@ pub struct SiegeReport {
     pub fds_before: usize,
     /// Server descriptors once they were back (or at the deadline).
     pub fds_after: usize,
+    /// The descriptors open at the end that were not open before (`fd -> target`).
+    pub fds_added: Vec<(i32, String)>,
+    /// How long `end` waited for the descriptors to come back.
+    pub fds_settled_in: Duration,
     /// The memory cgroup's limit, peak usage and limit hits, when the server ran in one.
     pub cgroup: Option<(u64, u64, u64)>,
 }
@@ -104,6 +110,7 @@ impl Siege {
         // What the host costs the neighbour before anything hostile happens.
         tokio::time::sleep(QUIET_PERIOD).await;
         let attack_started = Instant::now();
+        let fd_targets_before = fd_targets(server.pid());
         let fds_before = fd_count(server.pid());
         let rss_before = rss_kib(server.pid());
         Siege {
@@ -112,6 +119,7 @@ impl Siege {
             rss: PeakRss::start(server.pid()),
             rss_before,
             fds_before,
+            fd_targets_before,
             cgroup,
             what,
             attack_started,
@@ -132,6 +140,10 @@ impl Siege {
             tokio::time::sleep(Duration::from_millis(20)).await; // polling interval
             fds_after = fd_count(server.pid());
         }
+        let fds_added = fd_targets(server.pid())
+            .into_iter()
+            .filter(|fd| !self.fd_targets_before.contains(fd))
+            .collect();
         let neighbour = self.neighbour.stop().await.split_at(self.attack_started);
         let rss_peak = self.rss.finish();
         if let Some(group) = &self.cgroup {
@@ -148,6 +160,8 @@ impl Siege {
             rss_peak,
             fds_before: self.fds_before,
             fds_after,
+            fds_added,
+            fds_settled_in: started.elapsed(),
             cgroup: self.cgroup.as_ref().map(|group| {
                 let (peak, failures) = group.peak_and_failures();
                 (group.limit(), peak, failures)
@@ -184,9 +198,10 @@ impl SiegeReport {
         );
         assert!(
             self.fds_after <= self.fds_before,
-            "{what}: the server holds {} descriptors, {} before the attack",
+            "{what}: the server holds {} descriptors, {} before the attack; new since: {:?}",
             self.fds_after,
-            self.fds_before
+            self.fds_before,
+            self.fds_added
         );
     }
 }
@@ -195,12 +210,13 @@ impl std::fmt::Display for SiegeReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "neighbour {}; server RSS {:.1} -> peak {:.1} MiB; fds {} -> {}{}",
+            "neighbour {}; server RSS {:.1} -> peak {:.1} MiB; fds {} -> {} (settled in {:?}){}",
             self.neighbour,
             self.rss_before as f64 / 1024.0,
             self.rss_peak as f64 / 1024.0,
             self.fds_before,
             self.fds_after,
+            self.fds_settled_in,
             self.cgroup
                 .map_or(String::new(), |(limit, peak, failures)| format!(
                     "; memory cgroup limit {} MiB, peak {} MiB, {failures} limit hits",
