@@ -82,7 +82,9 @@ pub async fn start(
         params.env,
     );
     bounds::check_path_search(&params.argv[0], &env)?;
+    let began = std::time::Instant::now();
     let policy = resolve_sandbox(launch, budget, params.sandbox, &cwd).await?;
+    let resolved = began.elapsed();
     if params.enforce_managed_network && policy.as_ref().is_none_or(|(p, _)| p.network_fully_on()) {
         // A managed proxy is what was asked for; running with the network open would give more.
         return Err(ProcessError::Unsupported {
@@ -142,8 +144,10 @@ pub async fn start(
         )?,
     };
     let sandboxed = spec.launch.is_some();
+    let specified = began.elapsed();
     // The tree's cgroups exist before the child does; it joins them before it execs.
     let tree = Arc::new(launch.containment.create_tree(&plan)?);
+    let treed = began.elapsed();
     let check_cwd = policy_free_cwd(&spec);
     let reaper = launch.reaper.clone();
     let joining = tree.clone();
@@ -173,6 +177,15 @@ pub async fn start(
             return Err(error);
         }
     };
+    tracing::debug!(
+        resolve_us = resolved.as_micros(),
+        spec_us = (specified - resolved).as_micros(),
+        tree_us = (treed - specified).as_micros(),
+        spawn_us = (began.elapsed() - treed).as_micros(),
+        sandboxed,
+        launched,
+        "process start phases"
+    );
     // Without a cgroup the guardian kills the leader's group through its pidfd.
     let registered = !tree.tracked();
     if registered {
