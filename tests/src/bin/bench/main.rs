@@ -34,7 +34,7 @@ use crate::egress::egress_proxy;
 use crate::output::output_throughput;
 use crate::remote::{relay_request_latency, remote_mode, remote_setup};
 use crate::sandbox::{sandbox_run_table, sandboxed_read_file, sandboxed_spawn};
-use crate::spawn::spawn_round_trip;
+use crate::spawn::{spawn_round_trip, start_after_idle};
 use crate::table::{Row, render};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -231,6 +231,7 @@ async fn main() -> std::process::ExitCode {
     let mut rows = Vec::new();
     if wanted(Group::Spawn) {
         spawn_round_trip(&mut rows, if quick { 50 } else { 200 }).await;
+        start_after_idle(&mut rows, if quick { 10 } else { 40 }).await;
     }
     if wanted(Group::Output) {
         output_throughput(

@@ -42,3 +42,75 @@ pub(crate) async fn spawn_round_trip(rows: &mut Vec<Row>, runs: usize) {
         holds: Some(ours_median / direct_median <= 1.5),
     });
 }
+
+/// Idle time before each start of [`start_after_idle`]: longer than an RCU grace period, so the
+/// kernel has left the state in which a cgroup migration is cheap.
+const IDLE_BEFORE_START: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The same start after [`IDLE_BEFORE_START`] of quiet, as an agent's commands arrive (seconds
+/// apart, not back to back): plain and sandboxed through the server against a direct spawn
+/// after the same idle. Back-to-back rows hide what the first start after a pause costs: on a
+/// cgroup v1 host each join of the command's cgroups waits for an RCU grace period then.
+pub(crate) async fn start_after_idle(rows: &mut Vec<Row>, runs: usize) {
+    let server = Server::start();
+    let mut client = Client::connect(&server.url).await;
+    let mut scratch = Vec::new();
+    let workspace =
+        std::env::temp_dir().join(format!("execward-bench-idle-{}", std::process::id()));
+    std::fs::create_dir_all(&workspace).unwrap();
+    let sandbox = serde_json::json!({"profile": "workspace-write", "cwd": format!("file://{}", workspace.display())});
+    let (mut plain, mut sandboxed, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..runs + 2 {
+        tokio::time::sleep(IDLE_BEFORE_START).await; // the idle being measured, not a wait
+        let started = Instant::now();
+        run_to_close(
+            &mut client,
+            &format!("p-{run}"),
+            &["/bin/true"],
+            None,
+            &mut scratch,
+        )
+        .await;
+        let plain_ms = started.elapsed().as_secs_f64() * 1e3;
+        tokio::time::sleep(IDLE_BEFORE_START).await; // the idle being measured, not a wait
+        let started = Instant::now();
+        run_to_close(
+            &mut client,
+            &format!("s-{run}"),
+            &["/bin/true"],
+            Some(&sandbox),
+            &mut scratch,
+        )
+        .await;
+        let sandboxed_ms = started.elapsed().as_secs_f64() * 1e3;
+        tokio::time::sleep(IDLE_BEFORE_START).await; // the idle being measured, not a wait
+        let started = Instant::now();
+        Command::new("/bin/true").status().unwrap();
+        let direct_ms = started.elapsed().as_secs_f64() * 1e3;
+        // The first sandboxed start of a session creates its launcher.
+        if run >= 2 {
+            plain.push(plain_ms);
+            sandboxed.push(sandboxed_ms);
+            direct.push(direct_ms);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&workspace);
+    let (direct_median, direct_text) = summary_ms(direct);
+    for (what, samples) in [
+        ("process/start", plain),
+        ("sandboxed process/start (workspace-write)", sandboxed),
+    ] {
+        let (median, text) = summary_ms(samples);
+        rows.push(Row {
+            figure: format!(
+                "{what} of /bin/true after {} ms idle, start to closed ({runs} runs)",
+                IDLE_BEFORE_START.as_millis()
+            ),
+            ours: text,
+            baseline: format!("{direct_text} direct spawn+wait after the same idle"),
+            ratio: format!("{:.2}x", median / direct_median),
+            target: "reported (no target)".into(),
+            holds: None,
+        });
+    }
+}
