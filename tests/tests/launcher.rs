@@ -286,3 +286,93 @@ async fn past_four_launchers_a_session_starts_one_shot_and_every_command_runs() 
         assert_eq!(client.collect(&id).await.exit_code, Some(143), "{id}");
     }
 }
+
+/// The host directory of the pids cgroup a process is in, from its `/proc/PID/cgroup` text:
+/// the v1 pids hierarchy when there is one, else the unified (v2) one.
+fn pids_cgroup_of(proc_cgroup: &str) -> std::path::PathBuf {
+    if let Some(path) = proc_cgroup
+        .lines()
+        .find_map(|line| line.split_once(":pids:").map(|(_, path)| path.to_owned()))
+    {
+        return format!("/sys/fs/cgroup/pids{path}").into();
+    }
+    let path = proc_cgroup
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .unwrap_or_else(|| panic!("no cgroup in {proc_cgroup:?}"));
+    let mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find_map(|line| {
+            let (mount, filesystem) = line.split_once(" - ")?;
+            filesystem
+                .starts_with("cgroup2 ")
+                .then(|| mount.split(' ').nth(4).unwrap().to_owned())
+        })
+        .expect("a cgroup2 mount");
+    format!("{mount}{path}").into()
+}
+
+#[tokio::test]
+async fn each_command_is_born_in_cgroups_of_its_own_that_its_pid_1_joined_ahead() {
+    let dirs = tests::SandboxDirs::new();
+    let server = ExecServer::start(&["--default-limits", "processes=40"]);
+    let mut client = server.client().await;
+    let mut params = policy(&dirs);
+    params["pipeStdin"] = json!(true);
+    let mut used: Vec<std::path::PathBuf> = Vec::new();
+    // The tree the launcher's waiting PID 1 joined.
+    let mut ready: Option<std::path::PathBuf> = None;
+    for n in 0..3 {
+        let id = format!("c{n}");
+        client
+            .start(&id, &sh("cat /proc/self/cgroup; read line"), params.clone())
+            .await
+            .unwrap();
+        let tree = pids_cgroup_of(&client.wait_for_output(&id, "0::").await);
+        assert_eq!(
+            std::fs::read_to_string(tree.join("pids.max"))
+                .unwrap()
+                .trim(),
+            "40",
+            "{} has the default limit",
+            tree.display()
+        );
+        assert!(!used.contains(&tree), "{} is new", tree.display());
+        if let Some(ready) = &ready {
+            assert_eq!(
+                &tree, ready,
+                "the command runs in the tree its PID 1 joined ahead"
+            );
+        }
+        // The next PID 1 joins the next command's tree before any start asks for it.
+        let launcher = helpers_of(&server, "--launcher")[0];
+        let base = tree.parent().unwrap().to_owned();
+        ready = Some(
+            eventually("the next PID 1 sits in a tree of its own", || {
+                children_of(launcher).into_iter().find_map(|pid| {
+                    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+                    let joined = pids_cgroup_of(&cgroup);
+                    (joined != tree && joined.parent() == Some(base.as_path())).then_some(joined)
+                })
+            })
+            .await,
+        );
+        used.push(tree);
+        client
+            .call("process/terminate", json!({"processId": id}))
+            .await;
+        assert_eq!(client.collect(&id).await.exit_code, Some(143));
+    }
+    let base = used[0].parent().unwrap().to_owned();
+    client.close().await;
+    eventually("every tree is removed once the session is gone", || {
+        let left = std::fs::read_dir(&base)
+            .unwrap()
+            .flatten()
+            .filter(|entry| entry.path().is_dir())
+            .count();
+        (left == 0).then_some(())
+    })
+    .await;
+}

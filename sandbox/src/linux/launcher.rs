@@ -13,19 +13,24 @@
 //!
 //! What is built once: the user namespace (and its id maps), the network namespace, the mount
 //! layout, and the exec of `sandbox-run` itself. Each command's PID 1 is prepared ahead (cloned,
-//! mounted, confined) while the previous command runs, and only waits for its command: a start
-//! costs the hand-over, a fork and the command's `execve`. What every command still gets of its own,
-//! exactly as a one-shot `sandbox-run` gives it: a PID namespace (it cannot see or signal
-//! other commands, and everything it leaves behind dies with its PID 1), an IPC namespace,
+//! into the cgroups the server sent for the next command, mounted, confined) while the previous
+//! command runs, and only waits for its command: a start costs the hand-over, a fork and the
+//! command's `execve`. What every command still gets of its own, exactly as a one-shot
+//! `sandbox-run` gives it: a PID namespace (it cannot see or signal other commands, and
+//! everything it leaves behind dies with its PID 1), an IPC namespace,
 //! fresh private directories and devpts instance (nothing another command wrote there is
 //! visible), its own Landlock domain (signal and abstract-socket scoping separate it from its
 //! siblings) and its own seccomp filter, no descriptor but its stdio, and its rlimits.
 //!
 //! Protocol (one message per `sendmsg`, descriptors as `SCM_RIGHTS`):
-//! - setup: body `setup`, descriptors `[memfd]` holding a [`LaunchRequest`] (the policy and the
-//!   working directory; argv and env unused). Reply [`Reply::Ready`] or [`Reply::Failed`].
-//! - start: body `start`, descriptors `[memfd, stdin, stdout, stderr, cgroup.procs...]`, the
-//!   memfd holding a [`StartCommand`]. The launcher passes the same message on to the ready
+//! - setup: body `setup`, descriptors `[memfd, ahead...]`, the memfd holding a
+//!   [`LaunchRequest`] (the policy and the working directory; argv and env unused), `ahead` the
+//!   `cgroup.procs` of the cgroups the first PID 1 joins while it prepares. Reply
+//!   [`Reply::Ready`] or [`Reply::Failed`].
+//! - start: body `start:N`, descriptors `[memfd, stdin, stdout, stderr, cgroup.procs...,
+//!   next...]`, the memfd holding a [`StartCommand`], then the cgroups this command's PID 1
+//!   joins as it starts (none when it joined them ahead), then the N cgroups the next PID 1
+//!   joins while it prepares. The launcher passes the message without those N on to the ready
 //!   PID 1 and replies [`Reply::Started`] with `[pidfd, status]` (the pidfd of the command's
 //!   PID 1 and the read end of its status pipe, which gets [`STATUS_BYTES`] just before PID 1
 //!   exits) or [`Reply::Failed`]. A PID 1 whose own setup failed reports that on the command's
@@ -59,8 +64,12 @@ use crate::policy::ResolvedPolicy;
 pub const MAX_MESSAGE_BYTES: usize = 4096;
 /// Most cgroups one command joins (the server's containment uses one).
 pub const MAX_CGROUPS: usize = 8;
-/// Most descriptors in one message: the memfd, stdin, stdout, stderr and the cgroups.
-pub const MAX_MESSAGE_FDS: usize = 4 + MAX_CGROUPS;
+/// Most descriptors in one message: the memfd, stdin, stdout, stderr, the cgroups this
+/// command joins as it starts and the cgroups the next command's PID 1 joins ahead.
+pub const MAX_MESSAGE_FDS: usize = 4 + 2 * MAX_CGROUPS;
+/// The body of a start message; `start:N` when its last N descriptors are the `cgroup.procs`
+/// of the cgroups the *next* command's PID 1 joins while it prepares (see [`serve`]).
+pub const START: &str = "start";
 /// A status message: kind (1 exited, 2 killed by a signal), the value (i32, little-endian),
 /// the CPU time of the command and everything it started (microseconds, u64, little-endian).
 pub const STATUS_BYTES: usize = 13;
@@ -320,11 +329,13 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
     let Some((body, mut fds)) = receive(socket).map_err(socket_error)? else {
         return Ok(());
     };
-    if body != b"setup" || fds.len() != 1 {
+    if body != b"setup" || fds.is_empty() || fds.len() > 1 + MAX_CGROUPS {
         return Err(LauncherError::Setup {
             reason: format!("got {} with {} descriptors", body.escape_ascii(), fds.len()),
         });
     }
+    // After the request: the cgroups the first command's PID 1 joins ahead.
+    let mut ahead = fds.split_off(1);
     let request: LaunchRequest = read_json(fds.remove(0)).map_err(|e| LauncherError::Setup {
         reason: e.to_string(),
     })?;
@@ -349,7 +360,7 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
     children.add(Signal::SIGCHLD);
     let exits = SignalFd::with_flags(&children, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|source| LauncherError::Signals { source })?;
-    let mut warm = Warm::prepare(&setup).ok();
+    let mut warm = Warm::prepare(&setup, &ahead).ok();
     loop {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         let mut interests = [
@@ -368,16 +379,22 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
         if !request_waiting {
             continue;
         }
-        let (body, fds) = match receive(socket) {
+        let (body, mut fds) = match receive(socket) {
             Ok(Some(message)) => message,
             Ok(None) => return Ok(()),
             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
             Err(err) => return Err(socket_error(err)),
         };
-        let answer = if body == b"start" {
-            start(&setup, &mut warm, fds)
-        } else {
-            Err(format!("unknown launcher message {}", body.escape_ascii()))
+        let answer = match start_message(&body, fds.len()) {
+            Ok(next) => {
+                let next_ahead = fds.split_off(fds.len() - next);
+                let answer = start(&setup, &mut warm, &ahead, fds);
+                // The PID 1 that joined `ahead` has its command now (or the start failed
+                // and the server gives those cgroups up): the next one joins the new ones.
+                ahead = next_ahead;
+                answer
+            }
+            Err(error) => Err(error),
         };
         match answer {
             Ok(started) => reply(
@@ -392,8 +409,28 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
         .map_err(socket_error)?;
         // The next command's PID 1 sets up while nobody waits for it.
         if warm.is_none() {
-            warm = Warm::prepare(&setup).ok();
+            warm = Warm::prepare(&setup, &ahead).ok();
         }
+    }
+}
+
+/// How many of a start message's `count` descriptors are for the next PID 1 (`start:N`).
+fn start_message(body: &[u8], count: usize) -> Result<usize, String> {
+    let next = match body.strip_prefix(START.as_bytes()) {
+        Some(b"") => Some(0),
+        Some(rest) => rest
+            .strip_prefix(b":")
+            .and_then(|n| std::str::from_utf8(n).ok())
+            .and_then(|n| n.parse::<usize>().ok()),
+        None => None,
+    };
+    match next {
+        Some(next) if next <= MAX_CGROUPS && next + 4 <= count => Ok(next),
+        Some(next) => Err(format!(
+            "a start carries the memfd, stdin, stdout, stderr, then cgroups; {next} of its {count} \
+             descriptors cannot be for the next command"
+        )),
+        None => Err(format!("unknown launcher message {}", body.escape_ascii())),
     }
 }
 
@@ -423,7 +460,9 @@ struct Warm {
 }
 
 impl Warm {
-    fn prepare(setup: &Setup) -> Result<Self, String> {
+    /// Clones the next PID 1, which joins the cgroups `ahead` (their `cgroup.procs`) and
+    /// confines itself without waiting for a command.
+    fn prepare(setup: &Setup, ahead: &[OwnedFd]) -> Result<Self, String> {
         use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
         let (channel, theirs) = socketpair(
             AddressFamily::Unix,
@@ -440,7 +479,7 @@ impl Warm {
         {
             None => {
                 drop(channel);
-                command_init(setup, &theirs, &status_write)
+                command_init(setup, &theirs, &status_write, ahead)
             }
             Some(pid) => {
                 drop((theirs, status_write));
@@ -458,7 +497,12 @@ impl Warm {
 
 /// Hands one command to a ready PID 1 (making one now if none is ready, or if the ready one
 /// died meanwhile).
-fn start(setup: &Setup, warm: &mut Option<Warm>, fds: Vec<OwnedFd>) -> Result<Warm, String> {
+fn start(
+    setup: &Setup,
+    warm: &mut Option<Warm>,
+    ahead: &[OwnedFd],
+    fds: Vec<OwnedFd>,
+) -> Result<Warm, String> {
     if fds.len() < 4 || fds.len() > MAX_MESSAGE_FDS {
         return Err(format!(
             "a start carries 4 to {MAX_MESSAGE_FDS} descriptors (memfd, stdin, stdout, stderr, \
@@ -470,7 +514,7 @@ fn start(setup: &Setup, warm: &mut Option<Warm>, fds: Vec<OwnedFd>) -> Result<Wa
     for attempt in 0..2 {
         let ready = match warm.take() {
             Some(ready) => ready,
-            None => Warm::prepare(setup)?,
+            None => Warm::prepare(setup, ahead)?,
         };
         match send(ready.channel.as_fd(), b"start", &borrowed) {
             Ok(()) => return Ok(ready),
@@ -488,7 +532,7 @@ fn start(setup: &Setup, warm: &mut Option<Warm>, fds: Vec<OwnedFd>) -> Result<Wa
 /// Sets up first (a failure is kept and reported to the command's stderr once it arrives),
 /// then waits for its command on `channel`: the memfd with the [`StartCommand`], stdio and the
 /// cgroups to join.
-fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd) -> ! {
+fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[OwnedFd]) -> ! {
     let _ = crate::sys::set_parent_death_signal(libc::SIGKILL);
     // Nothing of the launcher's: its socket to the server is its stdin.
     if let Ok(null) = nix::fcntl::open(
@@ -502,12 +546,20 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd) -> ! {
             libc::dup2(null.as_raw_fd(), 1);
         }
     }
-    let keep = [0, 1, 2, channel.as_raw_fd(), status.as_raw_fd()];
+    let mut keep = vec![0, 1, 2, channel.as_raw_fd(), status.as_raw_fd()];
+    keep.extend(ahead.iter().map(AsRawFd::as_raw_fd));
     let warm_up = if super::hygiene::close_inherited_fds(&keep).is_err() {
         Err("closing the launcher's descriptors failed".to_owned())
     } else {
-        warm_up(setup)
+        // The command's cgroups, joined now: a migration can wait for an RCU grace period
+        // (milliseconds on an idle host), which the start then does not pay. The command is
+        // born inside them.
+        join_cgroups(ahead.iter().map(AsFd::as_fd)).and_then(|()| warm_up(setup))
     };
+    for cgroup in ahead {
+        // SAFETY: this process's copies of the launcher's descriptors, not used again.
+        unsafe { libc::close(cgroup.as_raw_fd()) };
+    }
     let Ok(Some((body, fds))) = receive(channel.as_fd()) else {
         // The launcher is gone (or retired this PID 1 unused).
         crate::sys::exit_now(0)
@@ -525,14 +577,11 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd) -> ! {
         }
     }
     drop(stdio);
-    for cgroup in fds {
-        if let Err(err) = nix::unistd::write(&cgroup, b"0") {
-            setup_failed(
-                status,
-                &format!("joining the command's cgroup failed: {err}"),
-            );
-        }
+    let joining: Vec<OwnedFd> = fds.collect();
+    if let Err(message) = join_cgroups(joining.iter().map(AsFd::as_fd)) {
+        setup_failed(status, &message);
     }
+    drop(joining);
     let (signals, warnings) = match warm_up {
         Ok(ready) => ready,
         Err(message) => setup_failed(status, &message),
@@ -601,6 +650,15 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd) -> ! {
         .unwrap_or_default();
     let _ = nix::unistd::write(status, &encode_status(ended, cpu));
     crate::sys::exit_now(0)
+}
+
+/// Moves this process into each cgroup (a `cgroup.procs` descriptor).
+fn join_cgroups<'a>(cgroups: impl Iterator<Item = BorrowedFd<'a>>) -> Result<(), String> {
+    for cgroup in cgroups {
+        nix::unistd::write(cgroup, b"0")
+            .map_err(|err| format!("joining the command's cgroup failed: {err}"))?;
+    }
+    Ok(())
 }
 
 /// PID 1's own setup, before its command arrives: a session of its own, the per-command

@@ -28,8 +28,8 @@ pub mod reaper;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proto::methods::environment::{ContainmentSupport, Tracking};
@@ -508,16 +508,46 @@ impl Tree {
         Ok(())
     }
 
-    /// Kill the tree, wait (bounded) until it is empty, and remove its cgroups.
-    pub async fn kill_and_remove(&self) {
+    /// Give up a tree no command of ours runs in (the cgroups a launcher's PID 1 joined ahead
+    /// for a command it never got): kill what is in it and remove it once empty, on a thread
+    /// of its own, since the caller may be an async worker and the PID 1 takes a moment to die.
+    pub fn discard(self) {
         if !self.tracked() && self.v1.is_empty() {
             return;
         }
-        self.kill();
+        let spawned = std::thread::Builder::new()
+            .name("discard-cgroups".into())
+            .spawn(move || {
+                self.kill();
+                let deadline = std::time::Instant::now() + CGROUP_EMPTY_DEADLINE;
+                while self.populated() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(CGROUP_EMPTY_POLL); // polling interval
+                }
+                if let Err(error) = self.remove() {
+                    tracing::warn!(%error, "leaving an unused process cgroup behind");
+                }
+            });
+        if let Err(error) = spawned {
+            tracing::warn!(%error, "cannot start a thread to remove unused cgroups");
+        }
+    }
+
+    /// Kill the tree, wait (bounded) until it is empty, and remove its cgroups. The kill and
+    /// the removal run on the blocking pool: both take the kernel's cgroup mutex, which a
+    /// migration elsewhere can hold for an RCU grace period (tens of milliseconds on an idle
+    /// host), and an async worker must not wait for it.
+    pub async fn kill_and_remove(self: &Arc<Self>) {
+        if !self.tracked() && self.v1.is_empty() {
+            return;
+        }
+        let tree = self.clone();
+        let _ = tokio::task::spawn_blocking(move || tree.kill()).await;
         if !wait_until(|| !self.populated()).await {
             tracing::warn!(leaf = ?self.leaf(), "a killed tree did not empty in time");
         }
-        if let Err(error) = self.remove() {
+        let tree = self.clone();
+        let removed = tokio::task::spawn_blocking(move || tree.remove()).await;
+        if let Ok(Err(error)) = removed {
             tracing::warn!(%error, "leaving a process cgroup behind");
         }
     }

@@ -56,6 +56,14 @@ pub struct Plan {
     pub cpu_budget: Option<Duration>,
 }
 
+impl Plan {
+    /// Whether a tree made for `other` is the tree this plan makes: the same controllers with
+    /// the same limits (the rest of a plan is enforced outside the cgroups).
+    pub fn same_cgroups(&self, other: &Plan) -> bool {
+        self.memory == other.memory && self.pids == other.pids
+    }
+}
+
 /// Why a start's limits were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {

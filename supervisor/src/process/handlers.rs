@@ -33,7 +33,7 @@ pub struct LaunchContext<'a> {
     /// Process and descriptor budgets.
     pub budgets: &'a Budgets,
     /// How process trees are contained and limited on this host.
-    pub containment: &'a Containment,
+    pub containment: &'a Arc<Containment>,
     /// Policy resolution, protections and helper binaries for sandboxed work.
     pub sandboxing: &'a Arc<Sandboxing>,
     /// Kills our process groups if the server dies.
@@ -145,43 +145,61 @@ pub async fn start(
     };
     let sandboxed = spec.launch.is_some();
     let specified = began.elapsed();
-    // The tree's cgroups exist before the child does; it joins them before it execs.
-    let tree = Arc::new(launch.containment.create_tree(&plan)?);
-    let treed = began.elapsed();
     let check_cwd = policy_free_cwd(&spec);
     let reaper = launch.reaper.clone();
-    let joining = tree.clone();
+    let containment = launch.containment.clone();
+    let tree_plan = plan.clone();
     let spawned = budget
         .blocking(move || {
             if let Some(cwd) = check_cwd {
                 directory_check(&cwd)?;
             }
-            spec.cgroups = joining.join_fds()?;
             if let Some((launchers, session_id, policy, command)) = via_launcher {
                 let (child_ends, pipes) = super::spawn::stdio_pipes(spec.pipe_stdin)?;
-                if let Some(started) =
-                    launchers.start(&session_id, &policy, &command, child_ends, &spec.cgroups)?
-                {
-                    return Ok((super::spawn::launched(started, pipes)?, true));
+                // The launcher's PID 1 joined its cgroups ahead (or joins new ones now).
+                if let Some((started, tree)) = launchers.start(
+                    &session_id,
+                    &policy,
+                    &command,
+                    child_ends,
+                    &containment,
+                    &tree_plan,
+                )? {
+                    return match super::spawn::launched(started, pipes) {
+                        Ok(spawned) => Ok((spawned, true, tree)),
+                        Err(error) => {
+                            tree.discard();
+                            Err(error.into())
+                        }
+                    };
                 }
             }
-            Ok((spawn(&spec, reaper.as_deref())?, false))
+            // The tree's cgroups exist before the child does; it joins them before it execs.
+            let tree = containment.create_tree(&tree_plan)?;
+            let spawned = tree
+                .join_fds()
+                .map_err(ProcessError::from)
+                .and_then(|cgroups| {
+                    spec.cgroups = cgroups;
+                    spawn(&spec, reaper.as_deref()).map_err(ProcessError::from)
+                });
+            match spawned {
+                Ok(spawned) => Ok((spawned, false, tree)),
+                Err(error) => {
+                    let _ = tree.remove();
+                    Err(error)
+                }
+            }
         })
         .await
         .map_err(ProcessError::from)
         .and_then(|spawned| spawned);
-    let (spawned, launched) = match spawned {
-        Ok(spawned) => spawned,
-        Err(error) => {
-            let _ = tree.remove();
-            return Err(error);
-        }
-    };
+    let (spawned, launched, tree) = spawned?;
+    let tree = Arc::new(tree);
     tracing::debug!(
         resolve_us = resolved.as_micros(),
         spec_us = (specified - resolved).as_micros(),
-        tree_us = (treed - specified).as_micros(),
-        spawn_us = (began.elapsed() - treed).as_micros(),
+        spawn_us = (began.elapsed() - specified).as_micros(),
         sandboxed,
         launched,
         "process start phases"

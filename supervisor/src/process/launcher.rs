@@ -5,6 +5,11 @@
 //! ready (in its own PID, mount and IPC namespaces, confined); a start then costs handing the
 //! command over, a fork and its `execve` instead of an exec of `sandbox-run` and a new sandbox.
 //!
+//! - Each launcher's waiting PID 1 has already joined the next command's cgroups (a tree with
+//!   the server's default limits, [`Launcher::ahead`]): a cgroup v1 migration after a pause waits
+//!   for an RCU grace period while holding the kernel's cgroup mutex, and that wait now happens
+//!   before the start, not in it. A start that asks for other memory or process limits runs
+//!   one-shot.
 //! - Used for pipe-mode starts without the denial audit and without a network allowlist;
 //!   terminal, audited and allowlisted starts keep the one-shot `sandbox-run` (which relays
 //!   the terminal, collects the audit, runs the egress proxy). `--one-shot-sandbox` keeps the
@@ -29,6 +34,8 @@ use std::time::{Duration, Instant};
 
 use sandbox::ResolvedPolicy;
 
+use crate::containment::plan::Plan;
+use crate::containment::{Containment, ContainmentError, Tree};
 use crate::error_text::StderrTail;
 use sandbox::linux::launcher::{self, Reply, StartCommand};
 
@@ -78,6 +85,9 @@ pub enum LauncherError {
         /// What it said.
         answer: String,
     },
+    /// The command's cgroups could not be made.
+    #[error("cannot make the command's cgroups: {0}")]
+    Cgroups(ContainmentError),
     /// The launcher refused the start.
     #[error("the sandbox launcher could not start the command: {error}")]
     Refused {
@@ -104,6 +114,9 @@ struct Launcher {
     stderr: StderrTail,
     live: AtomicUsize,
     idle_since: Mutex<Instant>,
+    /// The cgroups its next PID 1 joins (or joined) while it prepares: the next command's
+    /// tree. None when they could not be made; that command's PID 1 joins its own as it starts.
+    ahead: Mutex<Option<Tree>>,
 }
 
 impl Launcher {
@@ -127,6 +140,15 @@ impl Drop for Launcher {
         let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
         let _ = child.kill();
         let _ = child.wait();
+        // Its waiting PID 1 dies with it (parent-death signal).
+        if let Some(tree) = self
+            .ahead
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            tree.discard();
+        }
     }
 }
 
@@ -242,8 +264,11 @@ impl Launchers {
     }
 
     /// Starts `command` through the launcher of (`session`, `policy`, its cwd), creating it
-    /// when needed. Blocking. `Ok(None)`: no launcher for this start (bounds reached, or
-    /// launchers cannot be set up for this policy here): take the one-shot path.
+    /// when needed, in the cgroup tree of `plan`: the one the launcher's PID 1 joined ahead
+    /// (made for the server's default limits), or a new one it joins as the command starts.
+    /// Blocking. `Ok(None)`: no launcher for this start (bounds reached, launchers cannot be
+    /// set up for this policy here, or `plan` asks for other cgroup limits than the default
+    /// ones): take the one-shot path.
     ///
     /// # Errors
     /// [`LauncherFailure`] when the launcher failed this start.
@@ -253,9 +278,17 @@ impl Launchers {
         policy: &ResolvedPolicy,
         command: &StartCommand,
         stdio: [OwnedFd; 3],
-        cgroups: &[OwnedFd],
-    ) -> Result<Option<Launched>, LauncherFailure> {
+        containment: &Containment,
+        plan: &Plan,
+    ) -> Result<Option<(Launched, Tree)>, LauncherFailure> {
         let failure = |error: LauncherError, stderr: String| LauncherFailure { error, stderr };
+        let Ok(ahead_plan) = containment.plan(None) else {
+            return Ok(None);
+        };
+        if !plan.same_cgroups(&ahead_plan) {
+            // Its PID 1 already sits in cgroups with the default limits.
+            return Ok(None);
+        }
         let began = Instant::now();
         let key = Key {
             session: session.to_owned(),
@@ -265,25 +298,59 @@ impl Launchers {
         };
         let memfd =
             sandbox::launch::write_json(command).map_err(|e| failure(e.into(), String::new()))?;
-        let mut fds = vec![memfd.as_fd()];
-        fds.extend(stdio.iter().map(AsFd::as_fd));
-        fds.extend(cgroups.iter().map(AsFd::as_fd));
         // A launcher that died since its last start (killed, or out of memory) never saw this
         // one: one retry with a fresh launcher.
         let mut attempts = 0;
         let exchanged = Instant::now();
-        let (launcher, answer) = loop {
+        let (launcher, answer, tree) = loop {
             attempts += 1;
-            let Some(launcher) = self.launcher_for(&key, policy)? else {
+            let Some(launcher) = self.launcher_for(&key, policy, containment, &ahead_plan)? else {
                 return Ok(None);
             };
-            let answer = {
-                let socket = launcher.socket.lock().unwrap_or_else(|p| p.into_inner());
-                exchange(socket.as_fd(), b"start", &fds)
+            // One start at a time per launcher: the tree its ready PID 1 joined is this
+            // command's, and the tree sent along is the next one's.
+            let socket = launcher.socket.lock().unwrap_or_else(|p| p.into_inner());
+            let joined = launcher
+                .ahead
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            let (tree, join_now) = match joined {
+                Some(tree) => (tree, Vec::new()),
+                None => {
+                    let tree = containment
+                        .create_tree(plan)
+                        .map_err(|e| failure(LauncherError::Cgroups(e), String::new()))?;
+                    match tree.join_fds() {
+                        Ok(fds) => (tree, fds),
+                        Err(error) => {
+                            let _ = tree.remove();
+                            return Err(failure(LauncherError::Cgroups(error), String::new()));
+                        }
+                    }
+                }
             };
+            let next = ahead_tree(containment, &ahead_plan);
+            let mut fds = vec![memfd.as_fd()];
+            fds.extend(stdio.iter().map(AsFd::as_fd));
+            fds.extend(join_now.iter().map(AsFd::as_fd));
+            let next_fds = next.as_ref().map_or(&[][..], |(_, fds)| fds.as_slice());
+            fds.extend(next_fds.iter().map(AsFd::as_fd));
+            let body = format!("{}:{}", launcher::START, next_fds.len());
+            let answer = exchange(socket.as_fd(), body.as_bytes(), &fds);
+            let next = next.map(|(tree, _)| tree);
+            if matches!(answer, Ok((Reply::Started { .. }, _))) {
+                *launcher.ahead.lock().unwrap_or_else(|p| p.into_inner()) = next;
+            } else if let Some(next) = next {
+                next.discard();
+            }
+            drop(socket);
             match answer {
-                Err(LauncherError::Send { .. }) if attempts < 2 => self.discard(&key),
-                answer => break (launcher, answer),
+                Err(LauncherError::Send { .. }) if attempts < 2 => {
+                    tree.discard();
+                    self.discard(&key);
+                }
+                answer => break (launcher, answer, tree),
             }
         };
         drop((memfd, stdio));
@@ -300,17 +367,24 @@ impl Launchers {
                     return Err(failure(LauncherError::Exited, String::new()));
                 };
                 launcher.live.fetch_add(1, Ordering::AcqRel);
-                Ok(Some(Launched {
-                    pid,
-                    pidfd,
-                    status,
-                    lease: Lease(launcher),
-                }))
+                Ok(Some((
+                    Launched {
+                        pid,
+                        pidfd,
+                        status,
+                        lease: Lease(launcher),
+                    },
+                    tree,
+                )))
             }
             Ok((Reply::Failed { error }, _)) => {
+                // Which PID 1 sits in which cgroups is unknown now: a fresh launcher next time.
+                tree.discard();
+                self.discard(&key);
                 Err(failure(LauncherError::Refused { error }, String::new()))
             }
             Ok((other, _)) => {
+                tree.discard();
                 self.discard(&key);
                 Err(failure(
                     LauncherError::Unexpected {
@@ -320,6 +394,7 @@ impl Launchers {
                 ))
             }
             Err(error) => {
+                tree.discard();
                 self.discard(&key);
                 {
                     // Let the launcher finish dying, so its stderr says why.
@@ -346,6 +421,8 @@ impl Launchers {
         &self,
         key: &Key,
         policy: &ResolvedPolicy,
+        containment: &Containment,
+        ahead_plan: &Plan,
     ) -> Result<Option<Arc<Launcher>>, LauncherFailure> {
         if self
             .unsupported
@@ -365,7 +442,7 @@ impl Launchers {
                 return Ok(None);
             }
         }
-        let launcher = match self.spawn(key, policy) {
+        let launcher = match self.spawn(key, policy, containment, ahead_plan) {
             Ok(launcher) => launcher,
             Err(Setup::Unsupported(reason)) => {
                 tracing::info!(%reason, "sandbox launcher unavailable for this policy; starting one-shot");
@@ -382,7 +459,13 @@ impl Launchers {
         Ok(Some(pool.entry(key.clone()).or_insert(launcher).clone()))
     }
 
-    fn spawn(&self, key: &Key, policy: &ResolvedPolicy) -> Result<Arc<Launcher>, Setup> {
+    fn spawn(
+        &self,
+        key: &Key,
+        policy: &ResolvedPolicy,
+        containment: &Containment,
+        ahead_plan: &Plan,
+    ) -> Result<Arc<Launcher>, Setup> {
         let failed =
             |error: LauncherError, stderr: String| Setup::Failed(LauncherFailure { error, stderr });
         let (ours, theirs) = nix::sys::socket::socketpair(
@@ -427,6 +510,7 @@ impl Launchers {
             stderr,
             live: AtomicUsize::new(0),
             idle_since: Mutex::new(Instant::now()),
+            ahead: Mutex::new(None),
         });
         let request = sandbox::launch::LaunchRequest {
             policy: policy.clone(),
@@ -439,10 +523,18 @@ impl Launchers {
         let memfd = request
             .to_memfd()
             .map_err(|e| failed(e.into(), String::new()))?;
+        // The first PID 1 joins its command's cgroups while it prepares.
+        let ahead = ahead_tree(containment, ahead_plan);
+        let mut fds = vec![memfd.as_fd()];
+        if let Some((_, cgroups)) = &ahead {
+            fds.extend(cgroups.iter().map(AsFd::as_fd));
+        }
         let answer = {
             let socket = launcher.socket.lock().unwrap_or_else(|p| p.into_inner());
-            exchange(socket.as_fd(), b"setup", &[memfd.as_fd()])
+            exchange(socket.as_fd(), b"setup", &fds)
         };
+        // Dropping the launcher on failure discards the tree.
+        *launcher.ahead.lock().unwrap_or_else(|p| p.into_inner()) = ahead.map(|(tree, _)| tree);
         match answer {
             Ok((Reply::Ready, _)) => Ok(launcher),
             Ok((Reply::Failed { error }, _)) => Err(Setup::Unsupported(error)),
@@ -453,6 +545,23 @@ impl Launchers {
                 launcher.stderr_text(),
             )),
             Err(error) => Err(failed(error, launcher.stderr_text())),
+        }
+    }
+}
+
+/// A new tree for a launcher's next PID 1 to join while it prepares, with its `cgroup.procs`;
+/// none when it cannot be made (that PID 1's command then joins its own as it starts).
+fn ahead_tree(containment: &Containment, plan: &Plan) -> Option<(Tree, Vec<OwnedFd>)> {
+    let tree = containment
+        .create_tree(plan)
+        .map_err(|error| tracing::debug!(%error, "no cgroups ahead for a launcher's PID 1"))
+        .ok()?;
+    match tree.join_fds() {
+        Ok(fds) => Some((tree, fds)),
+        Err(error) => {
+            tracing::debug!(%error, "no cgroups ahead for a launcher's PID 1");
+            let _ = tree.remove();
+            None
         }
     }
 }

@@ -172,7 +172,12 @@ pub async fn run(
     process.release_io();
     emitter.closed().await;
     match context.table.upgrade() {
-        Some(table) => table.release_tree(process.tree()),
+        // rmdir takes the kernel's cgroup mutex (held for milliseconds by a migration
+        // elsewhere): on the blocking pool, not on an async worker.
+        Some(table) => {
+            let tree = process.tree().clone();
+            let _ = tokio::task::spawn_blocking(move || table.release_tree(&tree)).await;
+        }
         None => process.tree().kill_and_remove().await,
     }
     tokio::time::sleep(CLOSED_PROCESS_RETENTION).await;
