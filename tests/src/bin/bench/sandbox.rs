@@ -70,7 +70,7 @@ pub(crate) async fn sandboxed_read_file(rows: &mut Vec<Row>, runs: usize) {
 /// bubblewrap with the same shape as a workspace-write sandbox (its own user, PID, IPC and
 /// network namespaces, `/` read-only, the workspace writable, a fresh /proc and /dev), when
 /// installed.
-fn bwrap_true(workspace: &str) -> Option<Command> {
+pub(crate) fn bwrap_true(workspace: &str) -> Option<Command> {
     let bwrap = std::path::Path::new("/usr/bin/bwrap");
     bwrap.exists().then(|| {
         let mut command = Command::new(bwrap);

@@ -59,7 +59,9 @@ pub(crate) async fn start_after_idle(rows: &mut Vec<Row>, runs: usize) {
         std::env::temp_dir().join(format!("execward-bench-idle-{}", std::process::id()));
     std::fs::create_dir_all(&workspace).unwrap();
     let sandbox = serde_json::json!({"profile": "workspace-write", "cwd": format!("file://{}", workspace.display())});
-    let (mut plain, mut sandboxed, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+    let mut bwrap = crate::sandbox::bwrap_true(&workspace.display().to_string());
+    let (mut plain, mut sandboxed, mut direct, mut bubblewrap) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs + 2 {
         tokio::time::sleep(IDLE_BEFORE_START).await; // the idle being measured, not a wait
         let started = Instant::now();
@@ -87,15 +89,25 @@ pub(crate) async fn start_after_idle(rows: &mut Vec<Row>, runs: usize) {
         let started = Instant::now();
         Command::new("/bin/true").status().unwrap();
         let direct_ms = started.elapsed().as_secs_f64() * 1e3;
+        let mut bwrap_ms = None;
+        if let Some(bwrap) = bwrap.as_mut() {
+            tokio::time::sleep(IDLE_BEFORE_START).await; // the idle being measured, not a wait
+            let started = Instant::now();
+            let status = bwrap.status().unwrap();
+            assert!(status.success(), "bwrap failed: {status}");
+            bwrap_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+        }
         // The first sandboxed start of a session creates its launcher.
         if run >= 2 {
             plain.push(plain_ms);
             sandboxed.push(sandboxed_ms);
             direct.push(direct_ms);
+            bubblewrap.extend(bwrap_ms);
         }
     }
     let _ = std::fs::remove_dir_all(&workspace);
     let (direct_median, direct_text) = summary_ms(direct);
+    let (sandboxed_median, sandboxed_text) = summary_ms(sandboxed.clone());
     for (what, samples) in [
         ("process/start", plain),
         ("sandboxed process/start (workspace-write)", sandboxed),
@@ -113,4 +125,27 @@ pub(crate) async fn start_after_idle(rows: &mut Vec<Row>, runs: usize) {
             holds: None,
         });
     }
+    rows.push(if bubblewrap.is_empty() {
+        Row {
+            figure: "sandboxed process/start vs bwrap --unshare-all /bin/true, both after the same idle".into(),
+            ours: sandboxed_text,
+            baseline: "bwrap not installed".into(),
+            ratio: "-".into(),
+            target: "reported (no target)".into(),
+            holds: None,
+        }
+    } else {
+        let (bwrap_median, bwrap_text) = summary_ms(bubblewrap);
+        Row {
+            figure: format!(
+                "sandboxed process/start vs bwrap --unshare-all /bin/true, both after {} ms idle ({runs} runs)",
+                IDLE_BEFORE_START.as_millis()
+            ),
+            ours: sandboxed_text,
+            baseline: format!("{bwrap_text} bwrap"),
+            ratio: format!("{:.1}x faster", bwrap_median / sandboxed_median),
+            target: "reported (no target)".into(),
+            holds: None,
+        }
+    });
 }
