@@ -178,6 +178,27 @@ async fn run_to_close(
     }
 }
 
+/// Milliseconds from start to `closed` of one `/bin/true` through `client` (sandboxed when
+/// `sandbox` is given).
+async fn true_to_close_ms(
+    client: &mut Client,
+    id: &str,
+    sandbox: Option<&Value>,
+    scratch: &mut Vec<u8>,
+) -> f64 {
+    let started = std::time::Instant::now();
+    run_to_close(client, id, &["/bin/true"], sandbox, scratch).await;
+    started.elapsed().as_secs_f64() * 1e3
+}
+
+/// Milliseconds `command` took to spawn and exit (it must succeed).
+fn status_ms(command: &mut Command) -> f64 {
+    let started = std::time::Instant::now();
+    let status = command.status().unwrap();
+    assert!(status.success(), "{command:?} failed: {status}");
+    started.elapsed().as_secs_f64() * 1e3
+}
+
 /// Every benchmark of the project beside its baseline, each row marked against its target.
 ///
 /// The binaries measured are the ones next to this executable: build with

@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use crate::table::{Row, summary_ms, summary_with_p99};
-use crate::{Client, Server, bin_dir, run_to_close};
+use crate::{Client, Server, bin_dir, status_ms, true_to_close_ms};
 
 async fn timed_requests(
     client: &mut Client,
@@ -96,45 +96,23 @@ pub(crate) async fn sandboxed_spawn(rows: &mut Vec<Row>, runs: usize) {
     let (mut plain, mut sandboxed, mut one_shot, mut direct, mut bubblewrap) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs + 5 {
-        let started = Instant::now();
-        run_to_close(
-            &mut client,
-            &format!("p-{run}"),
-            &["/bin/true"],
-            None,
-            &mut scratch,
-        )
-        .await;
-        let plain_ms = started.elapsed().as_secs_f64() * 1e3;
-        let started = Instant::now();
-        run_to_close(
+        let plain_ms = true_to_close_ms(&mut client, &format!("p-{run}"), None, &mut scratch).await;
+        let sandboxed_ms = true_to_close_ms(
             &mut client,
             &format!("s-{run}"),
-            &["/bin/true"],
             Some(&sandbox),
             &mut scratch,
         )
         .await;
-        let sandboxed_ms = started.elapsed().as_secs_f64() * 1e3;
-        let started = Instant::now();
-        run_to_close(
+        let one_shot_ms = true_to_close_ms(
             &mut one_shot_client,
             &format!("o-{run}"),
-            &["/bin/true"],
             Some(&sandbox),
             &mut scratch,
         )
         .await;
-        let one_shot_ms = started.elapsed().as_secs_f64() * 1e3;
-        let started = Instant::now();
-        Command::new("/bin/true").status().unwrap();
-        let direct_ms = started.elapsed().as_secs_f64() * 1e3;
-        let bwrap_ms = bwrap.as_mut().map(|bwrap| {
-            let started = Instant::now();
-            let status = bwrap.status().unwrap();
-            assert!(status.success(), "bwrap failed: {status}");
-            started.elapsed().as_secs_f64() * 1e3
-        });
+        let direct_ms = status_ms(&mut Command::new("/bin/true"));
+        let bwrap_ms = bwrap.as_mut().map(status_ms);
         if run >= 5 {
             plain.push(plain_ms);
             sandboxed.push(sandboxed_ms);

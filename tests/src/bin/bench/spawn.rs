@@ -1,10 +1,9 @@
 //! The spawn group: the round trip of `/bin/true` through the server against a direct spawn.
 
 use std::process::Command;
-use std::time::Instant;
 
 use crate::table::{Row, summary_ms};
-use crate::{Client, Server, run_to_close};
+use crate::{Client, Server, status_ms, true_to_close_ms};
 
 pub(crate) async fn spawn_round_trip(rows: &mut Vec<Row>, runs: usize) {
     let server = Server::start();
@@ -13,19 +12,9 @@ pub(crate) async fn spawn_round_trip(rows: &mut Vec<Row>, runs: usize) {
     let mut ours = Vec::new();
     let mut direct = Vec::new();
     for run in 0..runs + 10 {
-        let started = Instant::now();
-        run_to_close(
-            &mut client,
-            &format!("true-{run}"),
-            &["/bin/true"],
-            None,
-            &mut scratch,
-        )
-        .await;
-        let ours_ms = started.elapsed().as_secs_f64() * 1e3;
-        let started = Instant::now();
-        Command::new("/bin/true").status().unwrap();
-        let direct_ms = started.elapsed().as_secs_f64() * 1e3;
+        let ours_ms =
+            true_to_close_ms(&mut client, &format!("true-{run}"), None, &mut scratch).await;
+        let direct_ms = status_ms(&mut Command::new("/bin/true"));
         if run >= 10 {
             ours.push(ours_ms);
             direct.push(direct_ms);
@@ -64,38 +53,21 @@ pub(crate) async fn start_after_idle(rows: &mut Vec<Row>, runs: usize) {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs + 2 {
         tokio::time::sleep(IDLE_BEFORE_START).await; // the idle being measured, not a wait
-        let started = Instant::now();
-        run_to_close(
-            &mut client,
-            &format!("p-{run}"),
-            &["/bin/true"],
-            None,
-            &mut scratch,
-        )
-        .await;
-        let plain_ms = started.elapsed().as_secs_f64() * 1e3;
+        let plain_ms = true_to_close_ms(&mut client, &format!("p-{run}"), None, &mut scratch).await;
         tokio::time::sleep(IDLE_BEFORE_START).await; // the idle being measured, not a wait
-        let started = Instant::now();
-        run_to_close(
+        let sandboxed_ms = true_to_close_ms(
             &mut client,
             &format!("s-{run}"),
-            &["/bin/true"],
             Some(&sandbox),
             &mut scratch,
         )
         .await;
-        let sandboxed_ms = started.elapsed().as_secs_f64() * 1e3;
         tokio::time::sleep(IDLE_BEFORE_START).await; // the idle being measured, not a wait
-        let started = Instant::now();
-        Command::new("/bin/true").status().unwrap();
-        let direct_ms = started.elapsed().as_secs_f64() * 1e3;
+        let direct_ms = status_ms(&mut Command::new("/bin/true"));
         let mut bwrap_ms = None;
         if let Some(bwrap) = bwrap.as_mut() {
             tokio::time::sleep(IDLE_BEFORE_START).await; // the idle being measured, not a wait
-            let started = Instant::now();
-            let status = bwrap.status().unwrap();
-            assert!(status.success(), "bwrap failed: {status}");
-            bwrap_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+            bwrap_ms = Some(status_ms(bwrap));
         }
         // The first sandboxed start of a session creates its launcher.
         if run >= 2 {
@@ -125,27 +97,24 @@ pub(crate) async fn start_after_idle(rows: &mut Vec<Row>, runs: usize) {
             holds: None,
         });
     }
-    rows.push(if bubblewrap.is_empty() {
-        Row {
-            figure: "sandboxed process/start vs bwrap --unshare-all /bin/true, both after the same idle".into(),
-            ours: sandboxed_text,
-            baseline: "bwrap not installed".into(),
-            ratio: "-".into(),
-            target: "reported (no target)".into(),
-            holds: None,
-        }
+    let (baseline, ratio) = if bubblewrap.is_empty() {
+        ("bwrap not installed".to_owned(), "-".to_owned())
     } else {
         let (bwrap_median, bwrap_text) = summary_ms(bubblewrap);
-        Row {
-            figure: format!(
-                "sandboxed process/start vs bwrap --unshare-all /bin/true, both after {} ms idle ({runs} runs)",
-                IDLE_BEFORE_START.as_millis()
-            ),
-            ours: sandboxed_text,
-            baseline: format!("{bwrap_text} bwrap"),
-            ratio: format!("{:.1}x faster", bwrap_median / sandboxed_median),
-            target: "reported (no target)".into(),
-            holds: None,
-        }
+        (
+            format!("{bwrap_text} bwrap"),
+            format!("{:.1}x faster", bwrap_median / sandboxed_median),
+        )
+    };
+    rows.push(Row {
+        figure: format!(
+            "sandboxed process/start vs bwrap --unshare-all /bin/true, both after {} ms idle ({runs} runs)",
+            IDLE_BEFORE_START.as_millis()
+        ),
+        ours: sandboxed_text,
+        baseline,
+        ratio,
+        target: "reported (no target)".into(),
+        holds: None,
     });
 }
