@@ -300,8 +300,18 @@ impl ManagedProcess {
 
     /// SIGKILL the whole tree: its cgroup when it has one (descendants that left the group
     /// included), else the process group while the leader is unreaped.
-    pub fn kill_tree(&self) {
-        if !self.tree.kill() {
+    pub async fn kill_tree(self: &Arc<Self>) {
+        let killed = if self.tree.tracked() {
+            // `cgroup.kill` takes the kernel's cgroup mutex, which a migration elsewhere can
+            // hold for an RCU grace period: not on an async worker.
+            let tree = self.tree.clone();
+            tokio::task::spawn_blocking(move || tree.kill())
+                .await
+                .unwrap_or(false)
+        } else {
+            false
+        };
+        if !killed {
             self.signal(Signal::SIGKILL);
         }
     }
@@ -313,13 +323,16 @@ impl ManagedProcess {
     pub fn terminate(self: &Arc<Self>) -> bool {
         self.kills.terminated.store(true, Ordering::Relaxed);
         if !self.signal(Signal::SIGTERM) {
-            self.tree.kill();
+            if self.tree.tracked() {
+                let tree = self.tree.clone();
+                tokio::task::spawn_blocking(move || tree.kill());
+            }
             return false;
         }
         let process = self.clone();
         tokio::spawn(async move {
             process.wait_exit(TERMINATE_GRACE).await;
-            process.kill_tree();
+            process.kill_tree().await;
         });
         true
     }

@@ -380,7 +380,7 @@ pub async fn terminate_all(processes: Vec<Arc<ManagedProcess>>) {
             .wait_exit(crate::limits::TERMINATE_GRACE + std::time::Duration::from_secs(1))
             .await
         {
-            process.kill_tree();
+            process.kill_tree().await;
         }
     }
 }

@@ -18,7 +18,7 @@ pub fn watch_wall_clock(process: Arc<ManagedProcess>, after: Duration) {
             return;
         }
         process.kills.wall.store(true, Ordering::Relaxed);
-        process.kill_tree();
+        process.kill_tree().await;
     });
 }
 
@@ -35,7 +35,7 @@ pub fn watch_cpu_budget(process: Arc<ManagedProcess>, budget: Duration) {
             };
             if used >= budget {
                 process.kills.cpu.store(true, Ordering::Relaxed);
-                process.kill_tree();
+                process.kill_tree().await;
                 return;
             }
             let pause = ((budget - used) / cpus).max(CPU_BUDGET_MIN_CHECK);
