@@ -91,61 +91,66 @@ pub async fn start(
             feature: UnsupportedFeature::EnforceManagedNetworkWithOpenNetwork,
         });
     }
-    // A pipe-mode start in a policy a launcher can serve goes through the session's launcher.
-    let via_launcher = match &policy {
+    let how = match policy {
+        // A pipe-mode start in a policy a launcher can serve goes through the session's
+        // launcher; its one-shot spec is made only if no launcher takes it.
         Some((policy, cwd))
-            if params.arg0.is_none() && launch.launchers.eligible(policy, pty.is_some(), audit) =>
+            if params.arg0.is_none()
+                && launch.launchers.eligible(&policy, pty.is_some(), audit) =>
         {
-            Some((
-                launch.launchers.clone(),
-                session.id.clone(),
-                policy.clone(),
-                sandbox::linux::launcher::StartCommand {
-                    argv: params.argv.clone(),
-                    env: env.clone().into_iter().collect(),
-                    cwd: cwd.clone(),
+            How::Launcher(LauncherStart {
+                launchers: launch.launchers.clone(),
+                sandboxing: launch.sandboxing.clone(),
+                session_id: session.id.clone(),
+                policy,
+                command: sandbox::linux::launcher::StartCommand {
+                    argv: params.argv,
+                    env: env.into_iter().collect(),
+                    cwd,
                     limits: plan.rlimits.clone(),
                 },
-            ))
+                pipe_stdin: params.pipe_stdin,
+            })
         }
-        _ => None,
+        policy => How::Spawn(match policy {
+            None if audit => {
+                return Err(ProcessError::AuditWithoutSandbox);
+            }
+            None => SpawnSpec {
+                argv: params.argv,
+                arg0: params.arg0,
+                cwd,
+                env,
+                pty,
+                pipe_stdin: params.pipe_stdin,
+                audit_pipe: false,
+                launch: None,
+                cgroups: Vec::new(),
+                rlimits: plan.rlimits.clone(),
+            },
+            Some(_) if params.arg0.is_some() => {
+                return Err(ProcessError::Arg0WithSandbox {
+                    arg0: params.arg0.unwrap_or_default(),
+                });
+            }
+            Some((policy, cwd)) => sandboxed_spec(
+                launch.sandboxing,
+                policy,
+                params.argv,
+                env,
+                cwd,
+                pty,
+                params.pipe_stdin,
+                audit,
+                plan.rlimits.clone(),
+            )?,
+        }),
     };
-    let mut spec = match policy {
-        None if audit => {
-            return Err(ProcessError::AuditWithoutSandbox);
-        }
-        None => SpawnSpec {
-            argv: params.argv,
-            arg0: params.arg0,
-            cwd,
-            env,
-            pty,
-            pipe_stdin: params.pipe_stdin,
-            audit_pipe: false,
-            launch: None,
-            cgroups: Vec::new(),
-            rlimits: plan.rlimits.clone(),
-        },
-        Some(_) if params.arg0.is_some() => {
-            return Err(ProcessError::Arg0WithSandbox {
-                arg0: params.arg0.unwrap_or_default(),
-            });
-        }
-        Some((policy, cwd)) => sandboxed_spec(
-            launch.sandboxing,
-            policy,
-            params.argv,
-            env,
-            cwd,
-            pty,
-            params.pipe_stdin,
-            audit,
-            plan.rlimits.clone(),
-        )?,
+    let (sandboxed, check_cwd) = match &how {
+        How::Spawn(spec) => (spec.launch.is_some(), policy_free_cwd(spec)),
+        How::Launcher(_) => (true, None),
     };
-    let sandboxed = spec.launch.is_some();
     let specified = began.elapsed();
-    let check_cwd = policy_free_cwd(&spec);
     let reaper = launch.reaper.clone();
     let containment = launch.containment.clone();
     let tree_plan = plan.clone();
@@ -154,26 +159,30 @@ pub async fn start(
             if let Some(cwd) = check_cwd {
                 directory_check(&cwd)?;
             }
-            if let Some((launchers, session_id, policy, command)) = via_launcher {
-                let (child_ends, pipes) = super::spawn::stdio_pipes(spec.pipe_stdin)?;
-                // The launcher's PID 1 joined its cgroups ahead (or joins new ones now).
-                if let Some((started, tree)) = launchers.start(
-                    &session_id,
-                    &policy,
-                    &command,
-                    child_ends,
-                    &containment,
-                    &tree_plan,
-                )? {
-                    return match super::spawn::launched(started, pipes) {
-                        Ok(spawned) => Ok((spawned, true, tree)),
-                        Err(error) => {
-                            tree.discard();
-                            Err(error.into())
-                        }
-                    };
+            let mut spec = match how {
+                How::Spawn(spec) => spec,
+                How::Launcher(start) => {
+                    let (child_ends, pipes) = super::spawn::stdio_pipes(start.pipe_stdin)?;
+                    // The launcher's PID 1 joined its cgroups ahead (or joins new ones now).
+                    if let Some((started, tree)) = start.launchers.start(
+                        &start.session_id,
+                        &start.policy,
+                        &start.command,
+                        child_ends,
+                        &containment,
+                        &tree_plan,
+                    )? {
+                        return match super::spawn::launched(started, pipes) {
+                            Ok(spawned) => Ok((spawned, true, tree)),
+                            Err(error) => {
+                                tree.discard();
+                                Err(error.into())
+                            }
+                        };
+                    }
+                    start.one_shot()?
                 }
-            }
+            };
             // The tree's cgroups exist before the child does; it joins them before it execs.
             let tree = containment.create_tree(&tree_plan)?;
             let spawned = tree
@@ -436,6 +445,43 @@ pub fn terminate(session: &Session, params: TerminateParams) -> RunningResult {
         .get(&params.process_id)
         .is_ok_and(|process| process.terminate());
     RunningResult { running }
+}
+
+/// How a start's process is made.
+enum How {
+    /// Spawned by the server (unsandboxed, or through a `sandbox-run` of its own).
+    Spawn(SpawnSpec),
+    /// Through the session's launcher.
+    Launcher(LauncherStart),
+}
+
+/// A start for the session's launcher, with what its one-shot fallback needs.
+struct LauncherStart {
+    launchers: Arc<super::launcher::Launchers>,
+    sandboxing: Arc<Sandboxing>,
+    session_id: String,
+    policy: sandbox::ResolvedPolicy,
+    command: sandbox::linux::launcher::StartCommand,
+    pipe_stdin: bool,
+}
+
+impl LauncherStart {
+    /// No launcher took it (bounds reached, unsupported here, other limits than the
+    /// defaults): a `sandbox-run` of its own.
+    fn one_shot(self) -> Result<SpawnSpec, ProcessError> {
+        let command = self.command;
+        sandboxed_spec(
+            &self.sandboxing,
+            self.policy,
+            command.argv,
+            command.env.into_iter().collect(),
+            command.cwd,
+            None,
+            self.pipe_stdin,
+            false,
+            command.limits,
+        )
+    }
 }
 
 /// Resolves the request's `sandbox` once, off the runtime (globs walk the filesystem), with the
