@@ -44,6 +44,14 @@ async fn eventually<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// Terminates `id` and checks it ended by the SIGTERM (143).
+async fn terminated_by_sigterm(client: &mut tests::Client, id: &str) {
+    client
+        .call("process/terminate", json!({"processId": id}))
+        .await;
+    assert_eq!(client.collect(id).await.exit_code, Some(143), "{id}");
+}
+
 /// Connects to its own abstract socket (the control) and to the sibling's (`$N`).
 const REACH: &str = r#"
 import os, socket
@@ -148,10 +156,7 @@ async fn siblings_cannot_see_or_reach_each_other(uid: Option<u32>) {
         std::path::Path::new(&format!("/proc/{host_pid}")).exists(),
         "the first command is untouched"
     );
-    client
-        .call("process/terminate", json!({"processId": "first"}))
-        .await;
-    assert_eq!(client.collect("first").await.exit_code, Some(143));
+    terminated_by_sigterm(&mut client, "first").await;
 }
 
 #[tokio::test]
@@ -218,10 +223,7 @@ async fn one_shot_sandbox_starts_each_command_with_a_sandbox_run_of_its_own() {
         .run("echo", &["/bin/echo", "one shot"], policy(&dirs))
         .await;
     assert_eq!(out.stdout_text(), "one shot\n");
-    client
-        .call("process/terminate", json!({"processId": "sleeper"}))
-        .await;
-    assert_eq!(client.collect("sleeper").await.exit_code, Some(143));
+    terminated_by_sigterm(&mut client, "sleeper").await;
 }
 
 #[tokio::test]
@@ -280,10 +282,7 @@ async fn past_four_launchers_a_session_starts_one_shot_and_every_command_runs() 
     .await;
     for index in 0..5 {
         let id = format!("sleeper-{index}");
-        client
-            .call("process/terminate", json!({"processId": id}))
-            .await;
-        assert_eq!(client.collect(&id).await.exit_code, Some(143), "{id}");
+        terminated_by_sigterm(&mut client, &id).await;
     }
 }
 
@@ -359,11 +358,25 @@ async fn each_command_is_born_in_cgroups_of_its_own_that_its_pid_1_joined_ahead(
             .await,
         );
         used.push(tree);
-        client
-            .call("process/terminate", json!({"processId": id}))
-            .await;
-        assert_eq!(client.collect(&id).await.exit_code, Some(143));
+        terminated_by_sigterm(&mut client, &id).await;
     }
+    // Other limits than the defaults: not the waiting PID 1's tree, but one with its own.
+    let mut limited = params.clone();
+    limited["limits"] = json!({"processes": 8});
+    client
+        .start("limited", &sh("cat /proc/self/cgroup; read line"), limited)
+        .await
+        .unwrap();
+    let tree = pids_cgroup_of(&client.wait_for_output("limited", "0::").await);
+    assert_eq!(
+        std::fs::read_to_string(tree.join("pids.max"))
+            .unwrap()
+            .trim(),
+        "8",
+        "a start's own limits hold"
+    );
+    assert_ne!(Some(&tree), ready.as_ref(), "not the tree made ahead");
+    terminated_by_sigterm(&mut client, "limited").await;
     let base = used[0].parent().unwrap().to_owned();
     client.close().await;
     eventually("every tree is removed once the session is gone", || {
