@@ -90,6 +90,24 @@ impl CgroupDir {
             .map_err(|source| ContainmentError::Join { path, source })
     }
 
+    /// The directory itself, opened read-only (close-on-exec), for a child to be born in
+    /// (`clone3(CLONE_INTO_CGROUP)` takes a directory descriptor).
+    ///
+    /// # Errors
+    /// [`ContainmentError::Join`].
+    pub fn open_directory(&self) -> Result<OwnedFd, ContainmentError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(&self.path)
+            .map(OwnedFd::from)
+            .map_err(|source| ContainmentError::Join {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
     /// v2: some process is in this cgroup or below (`cgroup.events` `populated`). A directory
     /// that is gone or unreadable counts as empty.
     pub fn populated(&self) -> bool {

@@ -4,7 +4,8 @@
 //! - **Tracking.** Where the server can create a cgroup v2 directory (as root, or in a delegated
 //!   subtree such as systemd's `user@.service`), it makes one for itself at startup
 //!   (`<its own cgroup>/execward-<pid>`) and a leaf below it for each started process
-//!   ([`Tree`]). The child joins its leaf before it execs (see `sys::spawn_in_new_session`), so
+//!   ([`Tree`]). The child is born in its leaf (`clone3(CLONE_INTO_CGROUP)`; where the kernel
+//!   cannot do that it joins the leaf before it execs, see `sys::spawn_in_new_session`), so
 //!   everything it ever starts is in it: `setsid`, `setpgid` and double forks change nothing.
 //!   `cgroup.kill` ends a tree at once (terminate after the grace, session expiry, shutdown) and
 //!   `exec-guardian` kills the server's whole directory if the server dies.
@@ -421,6 +422,16 @@ pub async fn wait_until(mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A tree's cgroups as a child of the server starts in them (see `sys::ChildCgroups`).
+#[derive(Debug, Default)]
+pub struct ChildCgroupFds {
+    /// The v2 leaf: its directory, for the child to be born in, and its `cgroup.procs`, to
+    /// join where the kernel cannot place a child at birth.
+    pub leaf: Option<(OwnedFd, OwnedFd)>,
+    /// `cgroup.procs` of the v1 leaves, which the child joins.
+    pub v1: Vec<OwnedFd>,
+}
+
 /// The cgroups of one process tree (none without cgroups).
 #[derive(Debug, Default)]
 pub struct Tree {
@@ -443,6 +454,24 @@ impl Tree {
             .chain(&self.v1)
             .map(CgroupDir::open_procs)
             .collect()
+    }
+
+    /// What a child of the server needs to start in this tree: the leaf to be born in and the
+    /// v1 cgroups to join.
+    ///
+    /// # Errors
+    /// [`ContainmentError::Join`].
+    pub fn child_cgroups(&self) -> Result<ChildCgroupFds, ContainmentError> {
+        let leaf = match &self.leaf {
+            Some(leaf) => Some((leaf.open_directory()?, leaf.open_procs()?)),
+            None => None,
+        };
+        let v1 = self
+            .v1
+            .iter()
+            .map(CgroupDir::open_procs)
+            .collect::<Result<_, _>>()?;
+        Ok(ChildCgroupFds { leaf, v1 })
     }
 
     /// The tree is tracked by a cgroup v2 leaf.

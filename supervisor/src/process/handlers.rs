@@ -17,8 +17,8 @@ use super::pump::{self, PumpContext, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
 use super::{Lookup, ProcessError, UnsupportedFeature, bounds, env_policy, watch};
 use crate::budget::{BudgetError, Budgets, ConnectionBudget};
-use crate::containment::Containment;
 use crate::containment::reaper::Reaper;
+use crate::containment::{ChildCgroupFds, Containment};
 use crate::limits::{
     DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS, MAX_READ_BYTES, MAX_WAIT_MS, MAX_WRITE_ID_BYTES,
     OUTPUT_READ_CHUNK_BYTES, WALL_BACKSTOP_GRACE,
@@ -125,7 +125,7 @@ pub async fn start(
                 pipe_stdin: params.pipe_stdin,
                 audit_pipe: false,
                 launch: None,
-                cgroups: Vec::new(),
+                cgroups: ChildCgroupFds::default(),
                 rlimits: plan.rlimits.clone(),
             },
             Some(_) if params.arg0.is_some() => {
@@ -186,7 +186,7 @@ pub async fn start(
             // The tree's cgroups exist before the child does; it joins them before it execs.
             let tree = containment.create_tree(&tree_plan)?;
             let spawned = tree
-                .join_fds()
+                .child_cgroups()
                 .map_err(ProcessError::from)
                 .and_then(|cgroups| {
                     spec.cgroups = cgroups;
@@ -588,7 +588,7 @@ fn sandboxed_spec(
         pipe_stdin,
         audit_pipe: audit,
         launch: Some(launch),
-        cgroups: Vec::new(),
+        cgroups: ChildCgroupFds::default(),
         // The command's rlimits are set by sandbox-run right before it execs the command, not
         // on sandbox-run itself (its terminal relay must not run out of CPU time).
         rlimits: sandbox::limits::CommandLimits::default(),
