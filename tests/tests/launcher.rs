@@ -389,3 +389,42 @@ async fn each_command_is_born_in_cgroups_of_its_own_that_its_pid_1_joined_ahead(
     })
     .await;
 }
+
+/// The launcher answers a start before it hands the command over, so it must not answer for a
+/// PID 1 that died while it waited: that one is replaced, in the same launcher, and the command
+/// runs.
+#[tokio::test]
+async fn a_waiting_pid_1_that_died_is_replaced_before_the_start_is_answered() {
+    let dirs = tests::SandboxDirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let first = client.run("first", &["/bin/true"], policy(&dirs)).await;
+    assert_eq!(first.exit_code, Some(0), "{}", first.stderr_text());
+    let launcher = eventually("a launcher runs", || {
+        helpers_of(&server, "--launcher").first().copied()
+    })
+    .await;
+    // Once the first command's PID 1 is gone, the launcher's only child is the next one,
+    // waiting for its command.
+    let waiting = eventually("one PID 1 waits", || match children_of(launcher)[..] {
+        [only] => Some(only),
+        _ => None,
+    })
+    .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(waiting),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    tests::wait_process_dead(waiting, tests::DEADLINE, "the waiting PID 1");
+    let out = client
+        .run("second", &["/bin/echo", "ran"], policy(&dirs))
+        .await;
+    assert_eq!(out.stdout_text(), "ran\n", "{}", out.stderr_text());
+    assert_eq!(out.exit_code, Some(0));
+    assert_eq!(
+        helpers_of(&server, "--launcher"),
+        vec![launcher],
+        "the same launcher served it"
+    );
+}
