@@ -30,10 +30,10 @@
 //! - start: body `start:N`, descriptors `[memfd, stdin, stdout, stderr, cgroup.procs...,
 //!   next...]`, the memfd holding a [`StartCommand`], then the cgroups this command's PID 1
 //!   joins as it starts (none when it joined them ahead), then the N cgroups the next PID 1
-//!   joins while it prepares. The launcher replies [`Reply::Started`] with `[pidfd, status]`
-//!   (the pidfd of the command's PID 1 and the read end of its status pipe, which gets
-//!   [`STATUS_BYTES`] just before PID 1 exits) or [`Reply::Failed`], then passes the message
-//!   without those N on to the ready PID 1. A PID 1 whose own setup failed reports that on the command's
+//!   joins while it prepares. The launcher passes the message without those N on to the ready
+//!   PID 1 and replies [`Reply::Started`] with `[pidfd, status]` (the pidfd of the command's
+//!   PID 1 and the read end of its status pipe, which gets [`STATUS_BYTES`] just before PID 1
+//!   exits) or [`Reply::Failed`]. A PID 1 whose own setup failed reports that on the command's
 //!   stderr and exits 125, as a one-shot `sandbox-run` does.
 //!
 //! The launcher exits when its socket closes; every PID 1 it started gets `SIGKILL` then
@@ -385,16 +385,28 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
             Err(err) => return Err(socket_error(err)),
         };
-        match start_message(&body, fds.len()) {
+        let answer = match start_message(&body, fds.len()) {
             Ok(next) => {
                 let next_ahead = fds.split_off(fds.len() - next);
-                start(socket, &setup, &mut warm, &ahead, fds).map_err(socket_error)?;
+                let answer = start(&setup, &mut warm, &ahead, fds);
                 // The PID 1 that joined `ahead` has its command now (or the start failed
                 // and the server gives those cgroups up): the next one joins the new ones.
                 ahead = next_ahead;
+                answer
             }
-            Err(error) => reply(socket, &Reply::Failed { error }, &[]).map_err(socket_error)?,
+            Err(error) => Err(error),
+        };
+        match answer {
+            Ok(started) => reply(
+                socket,
+                &Reply::Started {
+                    pid: started.pid.as_raw(),
+                },
+                &[started.pidfd.as_fd(), started.status.as_fd()],
+            ),
+            Err(error) => reply(socket, &Reply::Failed { error }, &[]),
         }
+        .map_err(socket_error)?;
         // The next command's PID 1 sets up while nobody waits for it.
         if warm.is_none() {
             warm = Warm::prepare(&setup, &ahead).ok();
@@ -448,13 +460,6 @@ struct Warm {
 }
 
 impl Warm {
-    /// PID 1 has not exited (its pidfd is not readable yet).
-    fn alive(&self) -> bool {
-        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-        let mut exited = [PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
-        matches!(poll(&mut exited, PollTimeout::ZERO), Ok(0))
-    }
-
     /// Clones the next PID 1, which joins the cgroups `ahead` (their `cgroup.procs`) and
     /// confines itself without waiting for a command.
     fn prepare(setup: &Setup, ahead: &[OwnedFd]) -> Result<Self, String> {
@@ -491,52 +496,35 @@ impl Warm {
 }
 
 /// Hands one command to a ready PID 1 (making one now if none is ready, or if the ready one
-/// died meanwhile) and answers the server.
-///
-/// The answer ([`Reply::Started`] with PID 1's pidfd and status pipe) goes out *before* the
-/// command does: once PID 1 has its command it runs at once, and on a busy host it (and the
-/// command) would keep this process off the CPU until the command ended, holding the answer
-/// back for the whole run. A PID 1 found dead before the answer is replaced; one that dies
-/// between the answer and the hand-over is killed for good measure, and the server sees a
-/// command ended by `SIGKILL` (its status pipe closes without a status).
-///
-/// # Errors
-/// Only a failure to answer the server.
+/// died meanwhile).
 fn start(
-    socket: BorrowedFd<'_>,
     setup: &Setup,
     warm: &mut Option<Warm>,
     ahead: &[OwnedFd],
     fds: Vec<OwnedFd>,
-) -> io::Result<()> {
+) -> Result<Warm, String> {
     if fds.len() < 4 || fds.len() > MAX_MESSAGE_FDS {
-        let error = format!(
+        return Err(format!(
             "a start carries 4 to {MAX_MESSAGE_FDS} descriptors (memfd, stdin, stdout, stderr, \
              cgroups), got {}",
             fds.len()
-        );
-        return reply(socket, &Reply::Failed { error }, &[]);
+        ));
     }
-    let ready = match warm.take().filter(Warm::alive) {
-        Some(ready) => ready,
-        None => match Warm::prepare(setup, ahead) {
-            Ok(ready) => ready,
-            Err(error) => return reply(socket, &Reply::Failed { error }, &[]),
-        },
-    };
-    reply(
-        socket,
-        &Reply::Started {
-            pid: ready.pid.as_raw(),
-        },
-        &[ready.pidfd.as_fd(), ready.status.as_fd()],
-    )?;
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
-    if send(ready.channel.as_fd(), b"start", &borrowed).is_err() {
-        // Not reaped yet (only the loop in `serve` reaps), so the pid is still PID 1's.
-        let _ = nix::sys::signal::kill(ready.pid, Signal::SIGKILL);
+    for attempt in 0..2 {
+        let ready = match warm.take() {
+            Some(ready) => ready,
+            None => Warm::prepare(setup, ahead)?,
+        };
+        match send(ready.channel.as_fd(), b"start", &borrowed) {
+            Ok(()) => return Ok(ready),
+            Err(err) if attempt == 1 => {
+                return Err(format!("handing the command to its PID 1: {err}"));
+            }
+            Err(_) => {}
+        }
     }
-    Ok(())
+    Err("handing the command to its PID 1 failed".to_owned())
 }
 
 /// PID 1 of one command. Never returns.
