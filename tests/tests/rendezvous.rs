@@ -7,7 +7,7 @@ use base64::Engine as _;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tests::DEADLINE;
-use tests::relay::{ADMIN_TOKEN, EXECUTOR_TOKEN, TOKEN, start_rendezvous};
+use tests::relay::{ADMIN_TOKEN, EXECUTOR_TOKEN, TOKEN, start_rendezvous, start_rendezvous_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A response: status code and body.
@@ -539,4 +539,102 @@ async fn silent_sockets_cannot_lock_out_token_holders() {
         closed >= SILENT - MAX_PENDING_CONNECTIONS - 5,
         "only {closed} of {SILENT} silent sockets were closed"
     );
+}
+
+/// Open a websocket upgrade on `path` with `token` and keep the connection: the status, the
+/// response (head and whatever body came with it) and the stream.
+async fn hold_socket(
+    registry: &str,
+    path: &str,
+    token: &str,
+) -> (u16, String, tokio::net::TcpStream) {
+    let address = registry.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let mut head =
+        format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\n");
+    for header in UPGRADE {
+        head.push_str(header);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let read = async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut chunk).await.unwrap();
+            response.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&response);
+            let complete = text.split_once("\r\n\r\n").is_some_and(|(head, body)| {
+                head.starts_with("HTTP/1.1 101 ") || n == 0 || body.ends_with('\n')
+            });
+            if complete {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(DEADLINE, read)
+        .await
+        .expect("response deadline");
+    let text = String::from_utf8(response).unwrap();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text:?}"));
+    (status, text, stream)
+}
+
+/// One credential cannot take every socket: past `--max-sockets-per-credential` its next
+/// websocket is refused with 503 naming the limit, another credential still gets one, and a
+/// closed socket frees its place.
+#[tokio::test]
+async fn one_credential_holds_at_most_its_share_of_sockets() {
+    let rendezvous =
+        start_rendezvous_with("127.0.0.1:0", None, &["--max-sockets-per-credential", "2"]);
+    let registry = &rendezvous.first_line;
+    for (id, token) in [
+        ("env-cap", EXECUTOR_TOKEN),
+        ("env-narrow", tests::relay::NARROW_EXECUTOR_TOKEN),
+    ] {
+        let register = json!({"name": id, "publicKey": public_key(1)}).to_string();
+        let path = format!("/v1/environments/{id}");
+        let registered = http(registry, "POST", &path, Some(token), &[], &register).await;
+        assert_eq!(registered.status, 200, "{registered:?}");
+    }
+    let executor = "/v1/environments/env-cap/executor";
+    let harness = "/v1/environments/env-cap/harness";
+    let (status, text, _executor) = hold_socket(registry, executor, EXECUTOR_TOKEN).await;
+    assert_eq!(status, 101, "{text}");
+    let (first, text, first_socket) = hold_socket(registry, harness, TOKEN).await;
+    assert_eq!(first, 101, "{text}");
+    let (second, text, _second_socket) = hold_socket(registry, harness, TOKEN).await;
+    assert_eq!(second, 101, "{text}");
+    let (third, text, _) = hold_socket(registry, harness, TOKEN).await;
+    assert_eq!(third, 503, "{text}");
+    assert!(text.contains("at most 2"), "{text}");
+    // Another credential is not held back by the first one's sockets.
+    let (other, text, _other_socket) = hold_socket(
+        registry,
+        "/v1/environments/env-narrow/executor",
+        tests::relay::NARROW_EXECUTOR_TOKEN,
+    )
+    .await;
+    assert_eq!(other, 101, "{text}");
+    // Closing a socket gives its place back (once the rendezvous has seen the close).
+    drop(first_socket);
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        let (status, text, socket) = hold_socket(registry, harness, TOKEN).await;
+        if status == 101 {
+            drop(socket);
+            break;
+        }
+        assert_eq!(status, 503, "{text}");
+        assert!(
+            std::time::Instant::now() < until,
+            "a closed socket never gave its place back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await; // polling interval
+    }
 }

@@ -42,6 +42,15 @@ struct Cli {
     /// listen address, wss:// with TLS).
     #[arg(long, value_name = "URL")]
     public_url: Option<String>,
+    /// Websockets (executor and harness) one credential may hold at once; more are refused
+    /// with 503, so one token cannot take every socket the rendezvous has.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = supervisor::rendezvous::MAX_SOCKETS_PER_CREDENTIAL,
+        value_parser = at_least_one
+    )]
+    max_sockets_per_credential: usize,
     /// Log format on stderr: text (coloured only on a terminal) or json (one object per line).
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = supervisor::cli::LogFormat::Text)]
     log_format: supervisor::cli::LogFormat,
@@ -60,6 +69,15 @@ fn main() -> ExitCode {
             );
             ExitCode::from(2)
         }
+    }
+}
+
+/// A count of at least 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(count) => Ok(count),
+        Err(error) => Err(format!("expected a whole number: {error}")),
     }
 }
 
@@ -100,6 +118,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         credentials_file: cli.credentials,
         tls,
         public_url: cli.public_url,
+        max_sockets_per_credential: cli.max_sockets_per_credential,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -53,6 +53,10 @@ use router::{RegisterError, Router};
 
 /// Simultaneous TCP connections (HTTP and websockets); more are closed right after accept.
 pub const MAX_RENDEZVOUS_CONNECTIONS: usize = 4096;
+/// Default for [`RendezvousOptions::max_sockets_per_credential`]: websockets one credential
+/// holds at once, so that a single token (a leaked harness token, a runaway CI job) cannot take
+/// every one of [`MAX_RENDEZVOUS_CONNECTIONS`] and lock out everyone else.
+pub const MAX_SOCKETS_PER_CREDENTIAL: usize = 1024;
 /// Largest request body (a registration is a few hundred bytes); larger ones are 413.
 pub const MAX_REQUEST_BODY_BYTES: usize = 16 * 1024;
 /// Time for a TLS handshake after accept.
@@ -71,6 +75,9 @@ pub struct RendezvousOptions {
     /// Base `ws(s)://HOST:PORT` handed out in `rendezvousUrl` (default: the bound address, with
     /// `wss` when serving TLS). Lets a proxy sit between endpoints and the rendezvous.
     pub public_url: Option<String>,
+    /// Websockets (executor and harness) one credential may hold at once; more are refused
+    /// with 503 naming the limit. At least 1.
+    pub max_sockets_per_credential: usize,
 }
 
 /// Why the rendezvous cannot start.
@@ -105,6 +112,50 @@ struct AppState {
     public_url: String,
     router: Router,
     sockets: Arc<tokio::sync::Semaphore>,
+    /// Open websockets per credential label.
+    per_credential: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    max_per_credential: usize,
+}
+
+/// One websocket counted against its credential until dropped.
+struct CredentialSocket {
+    state: Arc<AppState>,
+    label: String,
+}
+
+impl CredentialSocket {
+    /// A slot for one more websocket of `label`; none when it holds the most it may.
+    fn take(state: &Arc<AppState>, label: &str) -> Option<Self> {
+        let mut open = state
+            .per_credential
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(label.to_owned()).or_insert(0);
+        if *count >= state.max_per_credential {
+            return None;
+        }
+        *count += 1;
+        Some(Self {
+            state: state.clone(),
+            label: label.to_owned(),
+        })
+    }
+}
+
+impl Drop for CredentialSocket {
+    fn drop(&mut self) {
+        let mut open = self
+            .state
+            .per_credential
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.label) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.label);
+            }
+        }
+    }
 }
 
 impl AppState {
@@ -148,6 +199,8 @@ impl Rendezvous {
                 public_url: public_url.trim_end_matches('/').to_owned(),
                 router: Router::default(),
                 sockets: Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS)),
+                per_credential: std::sync::Mutex::default(),
+                max_per_credential: options.max_sockets_per_credential.max(1),
             }),
         })
     }
@@ -488,7 +541,10 @@ async fn executor_socket(
     if let Some(response) = refusal(caller.as_deref(), Role::Executor, &id) {
         return response;
     }
-    upgrade(state, id, true, request)
+    let label = caller
+        .map(|caller| caller.label.clone())
+        .unwrap_or_default();
+    upgrade(state, id, &label, true, request)
 }
 
 async fn harness_socket(
@@ -500,11 +556,20 @@ async fn harness_socket(
     if let Some(response) = refusal(caller.as_deref(), Role::Harness, &id) {
         return response;
     }
-    upgrade(state, id, false, request)
+    let label = caller
+        .map(|caller| caller.label.clone())
+        .unwrap_or_default();
+    upgrade(state, id, &label, false, request)
 }
 
 /// Answer a websocket upgrade with 101 and serve the socket once hyper hands it over.
-fn upgrade(state: Arc<AppState>, id: String, executor: bool, mut request: Request) -> Response {
+fn upgrade(
+    state: Arc<AppState>,
+    id: String,
+    credential: &str,
+    executor: bool,
+    mut request: Request,
+) -> Response {
     if state.router.lookup(&id).is_none() {
         return text(StatusCode::NOT_FOUND, "environment not registered\n");
     }
@@ -524,6 +589,21 @@ fn upgrade(state: Arc<AppState>, id: String, executor: bool, mut request: Reques
             StatusCode::SERVICE_UNAVAILABLE,
             &format!(
                 "too many sockets: MAX_RENDEZVOUS_CONNECTIONS ({MAX_RENDEZVOUS_CONNECTIONS})\n"
+            ),
+        );
+    };
+    let Some(slot) = CredentialSocket::take(&state, credential) else {
+        tracing::info!(
+            credential,
+            environment = id,
+            "refused: too many sockets for one credential"
+        );
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "too many sockets for this credential: at most {} at once \
+                 (exec-rendezvous --max-sockets-per-credential)\n",
+                state.max_per_credential
             ),
         );
     };
@@ -547,7 +627,7 @@ fn upgrade(state: Arc<AppState>, id: String, executor: bool, mut request: Reques
         } else {
             state.router.serve_harness(&id, socket).await;
         }
-        drop(permit);
+        drop((slot, permit));
     });
     let accept = derive_accept_key(key.as_bytes());
     let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
