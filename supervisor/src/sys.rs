@@ -153,6 +153,7 @@ struct CloneArgs {
 
 /// Set once `clone3` with `CLONE_INTO_CGROUP` turned out to be missing (`ENOSYS`: before Linux
 /// 5.3; `E2BIG`: before 5.7): from then on every child joins its leaf by writing `cgroup.procs`.
+#[cfg(target_arch = "x86_64")]
 static CLONE_INTO_CGROUP_MISSING: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
@@ -215,6 +216,7 @@ pub fn spawn_in_new_session(
         .into_iter()
         .chain(cgroups.join.iter().copied())
         .collect();
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut plan = ChildPlan {
         program,
         argv: &argv_ptrs,
@@ -237,6 +239,7 @@ pub fn spawn_in_new_session(
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut previous);
     }
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut pid = -1;
     #[cfg(target_arch = "x86_64")]
     if let Some((directory, _)) = cgroups.born_in
