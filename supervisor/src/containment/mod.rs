@@ -22,6 +22,7 @@
 //! when empty (by the server, or by the guardian after the server's death).
 
 pub mod cgroupfs;
+pub mod cleanup;
 pub mod detect;
 pub mod plan;
 pub mod reaper;
@@ -538,27 +539,23 @@ impl Tree {
     }
 
     /// Give up a tree no command of ours runs in (the cgroups a launcher's PID 1 joined ahead
-    /// for a command it never got): kill what is in it and remove it once empty, on a thread
-    /// of its own, since the caller may be an async worker and the PID 1 takes a moment to die.
+    /// for a command it never got): kill what is in it and remove it once empty, on the
+    /// cleanup thread ([`cleanup::in_background`]), since the caller may be an async worker and
+    /// the PID 1 takes a moment to die.
     pub fn discard(self) {
         if !self.tracked() && self.v1.is_empty() {
             return;
         }
-        let spawned = std::thread::Builder::new()
-            .name("discard-cgroups".into())
-            .spawn(move || {
-                self.kill();
-                let deadline = std::time::Instant::now() + CGROUP_EMPTY_DEADLINE;
-                while self.populated() && std::time::Instant::now() < deadline {
-                    std::thread::sleep(CGROUP_EMPTY_POLL); // polling interval
-                }
-                if let Err(error) = self.remove() {
-                    tracing::warn!(%error, "leaving an unused process cgroup behind");
-                }
-            });
-        if let Err(error) = spawned {
-            tracing::warn!(%error, "cannot start a thread to remove unused cgroups");
-        }
+        cleanup::in_background(move || {
+            self.kill();
+            let deadline = std::time::Instant::now() + CGROUP_EMPTY_DEADLINE;
+            while self.populated() && std::time::Instant::now() < deadline {
+                std::thread::sleep(CGROUP_EMPTY_POLL); // polling interval
+            }
+            if let Err(error) = self.remove() {
+                tracing::warn!(%error, "leaving an unused process cgroup behind");
+            }
+        });
     }
 
     /// Kill the tree, wait (bounded) until it is empty, and remove its cgroups. The kill and

@@ -136,10 +136,18 @@ impl Launcher {
 
 impl Drop for Launcher {
     fn drop(&mut self) {
-        // Closing the socket ends it; the kill covers a launcher stuck in a start.
+        // Closing the socket ends it; the kill covers a launcher stuck in a start. The last
+        // `Lease` may be dropped on an async worker, so a launcher not reaped yet is reaped on
+        // the cleanup thread. Until then it is our unreaped child (a zombie at worst), so its
+        // pid cannot have been reused; one already reaped is never waited for again.
         let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
         let _ = child.kill();
-        let _ = child.wait();
+        if let (Ok(None), Ok(pid)) = (child.try_wait(), i32::try_from(child.id())) {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            crate::containment::cleanup::in_background(move || {
+                let _ = nix::sys::wait::waitpid(pid, None);
+            });
+        }
         // Its waiting PID 1 dies with it (parent-death signal).
         if let Some(tree) = self
             .ahead
