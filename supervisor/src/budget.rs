@@ -29,9 +29,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::cpu_pool::CpuPool;
 use crate::limits::{
     CONNECTION_MEMORY_ALLOWANCE, DESCRIPTOR_RESERVE, MAX_BLOCKING_TASKS,
-    MAX_BLOCKING_TASKS_PER_CONNECTION, MAX_CLIENT_DESCRIPTORS, MAX_CONNECTIONS, MAX_HTTP_REQUESTS,
-    MAX_INFLIGHT_BYTES_PER_CONNECTION, MAX_LIVE_PROCESSES, MAX_PENDING_CONNECTIONS,
-    MEMORY_BUDGET_BYTES,
+    MAX_BLOCKING_TASKS_PER_CONNECTION, MAX_BULK_READS, MAX_CLIENT_DESCRIPTORS, MAX_CONNECTIONS,
+    MAX_HTTP_REQUESTS, MAX_INFLIGHT_BYTES_PER_CONNECTION, MAX_LIVE_PROCESSES,
+    MAX_PENDING_CONNECTIONS, MEMORY_BUDGET_BYTES,
 };
 
 /// The smallest client descriptor budget the server starts with, whatever the open-file limit
@@ -92,6 +92,7 @@ pub struct Budgets {
     descriptor_limit: usize,
     processes: Arc<Semaphore>,
     blocking: Arc<Semaphore>,
+    bulk_reads: Arc<Semaphore>,
     cpu: CpuPool,
 }
 
@@ -108,6 +109,7 @@ impl Budgets {
             descriptor_limit,
             processes: Arc::new(Semaphore::new(MAX_LIVE_PROCESSES)),
             blocking: Arc::new(Semaphore::new(MAX_BLOCKING_TASKS)),
+            bulk_reads: Arc::new(Semaphore::new(MAX_BULK_READS)),
             cpu: CpuPool::new(),
         }
     }
@@ -295,6 +297,21 @@ impl ConnectionBudget {
         tokio::task::spawn_blocking(work)
             .await
             .map_err(BudgetError::TaskFailed)
+    }
+
+    /// Wait for a turn at a bulk read (an `fs/readFile` of at least `BULK_READ_BYTES`): at most
+    /// [`MAX_BULK_READS`] are read and encoded at once server-wide. Hold the permit until the
+    /// answer is built.
+    ///
+    /// # Errors
+    /// [`BudgetError::Closed`] at shutdown.
+    pub async fn bulk_read(&self) -> Result<OwnedSemaphorePermit, BudgetError> {
+        self.budgets
+            .bulk_reads
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| BudgetError::Closed)
     }
 
     /// Run CPU-bound `work` (parsing, encoding, policy resolution) on the low-priority

@@ -27,6 +27,7 @@ pub use handles::HandleTable;
 pub use proto::methods::fs::FsRequest;
 
 use crate::budget::{ConnectionBudget, MemoryCharge, content_answer_bytes};
+use crate::limits::BULK_READ_BYTES;
 use crate::sandboxing::Sandboxing;
 use fs_helper::wire::{Outcome, execute};
 use helpers::HelperPool;
@@ -126,9 +127,18 @@ pub async fn handle(
     };
     let opens = reservation.is_some();
     let budget = context.budget;
-    if let FsRequest::ReadFile(params) = &request {
-        back_read_file_answer(budget, params, answer).await?;
-    }
+    // A large read waits for its turn before it takes a blocking slot or a helper.
+    let _bulk = match &request {
+        FsRequest::ReadFile(params) => {
+            let size = back_read_file_answer(budget, params, answer).await?;
+            if size >= BULK_READ_BYTES {
+                Some(budget.bulk_read().await?)
+            } else {
+                None
+            }
+        }
+        _ => None,
+    };
     let sandbox = request.sandbox().cloned();
     let outcome = match restricting_policy(budget, context.sandboxing, sandbox).await? {
         None => {
@@ -171,19 +181,20 @@ pub fn close(handles: &HandleTable, params: CloseParams) -> Result<Value, RpcErr
 /// Back the answer of an `fs/readFile` with memory for the file's current size (capped at
 /// `READ_FILE_MAX_BYTES`) before it is read. The size is only used for this budget, never
 /// returned; a file that cannot be examined
-/// is budgeted as empty (its read will fail, or be backed when its answer is sent).
+/// is budgeted as empty (its read will fail, or be backed when its answer is sent). The size
+/// budgeted.
 async fn back_read_file_answer(
     budget: &ConnectionBudget,
     params: &ReadFileParams,
     answer: &mut MemoryCharge,
-) -> Result<(), RpcError> {
+) -> Result<u64, RpcError> {
     let path = params.path.clone();
     let size = budget
         .blocking(move || std::fs::metadata(path.as_path()).map_or(0, |meta| meta.len()))
         .await?
         .min(fs_helper::READ_FILE_MAX_BYTES);
     answer.back(budget, content_answer_bytes(size))?;
-    Ok(())
+    Ok(size)
 }
 
 /// `fs/readBlock`: read from a handle of the connection, on the blocking pool within `budget`.
