@@ -179,10 +179,9 @@ pub fn close(handles: &HandleTable, params: CloseParams) -> Result<Value, RpcErr
 }
 
 /// Back the answer of an `fs/readFile` with memory for the file's current size (capped at
-/// `READ_FILE_MAX_BYTES`) before it is read. The size is only used for this budget, never
-/// returned; a file that cannot be examined
-/// is budgeted as empty (its read will fail, or be backed when its answer is sent). The size
-/// budgeted.
+/// `READ_FILE_MAX_BYTES`) before it is read, and return that size (for this budget and the
+/// bulk-read turn; it is never sent to the client). A file that cannot be examined is budgeted
+/// as empty (its read will fail, or be backed when its answer is sent).
 async fn back_read_file_answer(
     budget: &ConnectionBudget,
     params: &ReadFileParams,
