@@ -34,6 +34,20 @@ async fn http(
     extra: &[&str],
     body: &str,
 ) -> Answer {
+    http_keep(registry, method, path, token, extra, body)
+        .await
+        .0
+}
+
+/// [`http`], keeping the connection (an upgraded websocket stays open while it is held).
+async fn http_keep(
+    registry: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    extra: &[&str],
+    body: &str,
+) -> (Answer, tokio::net::TcpStream) {
     let address = registry.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
     let mut head = format!(
@@ -76,10 +90,11 @@ async fn http(
         .nth(1)
         .and_then(|code| code.parse().ok())
         .unwrap_or_else(|| panic!("no status in {head:?}"));
-    Answer {
+    let answer = Answer {
         status,
         body: body.to_owned(),
-    }
+    };
+    (answer, stream)
 }
 
 fn public_key(fill: u8) -> String {
@@ -542,47 +557,14 @@ async fn silent_sockets_cannot_lock_out_token_holders() {
 }
 
 /// Open a websocket upgrade on `path` with `token` and keep the connection: the status, the
-/// response (head and whatever body came with it) and the stream.
+/// body of a refusal, and the stream.
 async fn hold_socket(
     registry: &str,
     path: &str,
     token: &str,
 ) -> (u16, String, tokio::net::TcpStream) {
-    let address = registry.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let mut head =
-        format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\n");
-    for header in UPGRADE {
-        head.push_str(header);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    let read = async {
-        let mut chunk = [0u8; 4096];
-        loop {
-            let n = stream.read(&mut chunk).await.unwrap();
-            response.extend_from_slice(&chunk[..n]);
-            let text = String::from_utf8_lossy(&response);
-            let complete = text.split_once("\r\n\r\n").is_some_and(|(head, body)| {
-                head.starts_with("HTTP/1.1 101 ") || n == 0 || body.ends_with('\n')
-            });
-            if complete {
-                return;
-            }
-        }
-    };
-    tokio::time::timeout(DEADLINE, read)
-        .await
-        .expect("response deadline");
-    let text = String::from_utf8(response).unwrap();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {text:?}"));
-    (status, text, stream)
+    let (answer, stream) = http_keep(registry, "GET", path, Some(token), &UPGRADE, "").await;
+    (answer.status, answer.body, stream)
 }
 
 /// One credential cannot take every socket: past `--max-sockets-per-credential` its next
