@@ -205,6 +205,62 @@ async fn a_killed_launcher_ends_its_commands_and_the_next_start_gets_a_new_one()
     assert_ne!(replacement[0], launcher);
 }
 
+/// The mount namespaces `pid` holds open (`/proc/PID/fd` entries `mnt:[...]`).
+fn mount_namespaces_held_by(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+                .filter(|target| target.to_string_lossy().starts_with("mnt:["))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn the_launcher_holds_a_commands_mount_namespace_only_until_its_pid_1_is_gone() {
+    let dirs = tests::SandboxDirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let out = client.run("first", &["/bin/true"], policy(&dirs)).await;
+    assert_eq!(out.exit_code, Some(0), "{}", out.stderr_text());
+    let launcher = eventually("a launcher runs", || {
+        helpers_of(&server, "--launcher").first().copied()
+    })
+    .await;
+    for id in ["sleeper-1", "sleeper-2"] {
+        client
+            .start(id, &["/bin/sleep", "1000"], policy(&dirs))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        mount_namespaces_held_by(launcher),
+        2,
+        "one namespace per running command"
+    );
+    for id in ["sleeper-1", "sleeper-2"] {
+        terminated_by_sigterm(&mut client, id).await;
+    }
+    // Ended commands leave nothing held: a namespace per start would pile up otherwise.
+    for run in 0..20 {
+        let out = client
+            .run(&format!("short-{run}"), &["/bin/true"], policy(&dirs))
+            .await;
+        assert_eq!(out.exit_code, Some(0), "{}", out.stderr_text());
+    }
+    eventually("every ended command's namespace is let go", || {
+        (mount_namespaces_held_by(launcher) == 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        helpers_of(&server, "--launcher"),
+        [launcher],
+        "one launcher"
+    );
+}
+
 #[tokio::test]
 async fn one_shot_sandbox_starts_each_command_with_a_sandbox_run_of_its_own() {
     let dirs = tests::SandboxDirs::new();

@@ -35,6 +35,12 @@
 //!   PID 1 and the read end of its status pipe, which gets [`STATUS_BYTES`] just before PID 1
 //!   exits) or [`Reply::Failed`]. A PID 1 whose own setup failed reports that on the command's
 //!   stderr and exits 125, as a one-shot `sandbox-run` does.
+//! - PID 1 to the launcher, once, first thing: body [`MOUNT_NAMESPACE`], the descriptor of its
+//!   own mount namespace (none if it could not open it). The launcher reads it before it hands
+//!   over the command, and holds the namespace until it reaps that PID 1, so
+//!   the namespace is torn down then, in the launcher, and not in PID 1's exit: unmounting
+//!   waits for an expedited RCU grace period, which would otherwise come between the command's
+//!   exit and the moment its stdio closes for the server.
 //!
 //! The launcher exits when its socket closes; every PID 1 it started gets `SIGKILL` then
 //! (`PR_SET_PDEATHSIG`), which ends its namespace. It never runs code of a command: the
@@ -70,6 +76,10 @@ pub const MAX_MESSAGE_FDS: usize = 4 + 2 * MAX_CGROUPS;
 /// The body of a start message; `start:N` when its last N descriptors are the `cgroup.procs`
 /// of the cgroups the *next* command's PID 1 joins while it prepares (see [`serve`]).
 pub const START: &str = "start";
+/// The body of PID 1's one message to the launcher, carrying its mount namespace: the
+/// launcher lets go of it once PID 1 is reaped, so the namespace is torn down off the start's
+/// path.
+pub const MOUNT_NAMESPACE: &[u8] = b"mount-namespace";
 /// A status message: kind (1 exited, 2 killed by a signal), the value (i32, little-endian),
 /// the CPU time of the command and everything it started (microseconds, u64, little-endian).
 pub const STATUS_BYTES: usize = 13;
@@ -158,6 +168,14 @@ pub fn send(socket: BorrowedFd<'_>, body: &[u8], fds: &[BorrowedFd<'_>]) -> io::
 /// The OS error of `recvmsg(2)`; `InvalidData` for a message larger than
 /// [`MAX_MESSAGE_BYTES`] or with more than [`MAX_MESSAGE_FDS`] descriptors.
 pub fn receive(socket: BorrowedFd<'_>) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    receive_with(socket, nix::sys::socket::MsgFlags::empty())
+}
+
+/// [`receive`] with `recvmsg(2)` flags (`MSG_DONTWAIT`).
+fn receive_with(
+    socket: BorrowedFd<'_>,
+    extra: nix::sys::socket::MsgFlags,
+) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let mut body = vec![0u8; MAX_MESSAGE_BYTES];
     let mut space = nix::cmsg_space!([RawFd; MAX_MESSAGE_FDS]);
@@ -167,7 +185,7 @@ pub fn receive(socket: BorrowedFd<'_>) -> io::Result<Option<(Vec<u8>, Vec<OwnedF
             socket.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
+            MsgFlags::MSG_CMSG_CLOEXEC | extra,
         )?;
         let mut fds = Vec::new();
         for cmsg in message.cmsgs()? {
@@ -361,6 +379,8 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
     let exits = SignalFd::with_flags(&children, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|source| LauncherError::Signals { source })?;
     let mut warm = Warm::prepare(&setup, &ahead).ok();
+    // The mount namespaces of the started PID 1s, until they are reaped.
+    let mut held: Vec<(Pid, OwnedFd)> = Vec::new();
     loop {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         let mut interests = [
@@ -375,7 +395,7 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
             .revents()
             .is_some_and(|events| !events.is_empty());
         while let Ok(Some(_)) = exits.read_signal() {}
-        reap_children();
+        reap_children(&mut held);
         if !request_waiting {
             continue;
         }
@@ -396,6 +416,12 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
             }
             Err(error) => Err(error),
         };
+        let answer = answer.map(|mut started| {
+            if let Some(namespace) = started.mount_namespace.take() {
+                held.push((started.pid, namespace));
+            }
+            started
+        });
         match answer {
             Ok(started) => reply(
                 socket,
@@ -439,11 +465,27 @@ fn reply(socket: BorrowedFd<'_>, reply: &Reply, fds: &[BorrowedFd<'_>]) -> io::R
     send(socket, &body, fds)
 }
 
-/// Reaps every PID 1 that has exited (their status went to the server through their pipes).
-fn reap_children() {
+/// The mount namespace a ready PID 1 sends of itself ([`MOUNT_NAMESPACE`]) as the first thing
+/// it does; `None` when it could not open it, or died before. Every PID 1 sends this message,
+/// and it must be read before the launcher closes its end of the channel: a socket closed with
+/// a message unread resets the connection, and PID 1 would lose its start.
+fn take_mount_namespace(channel: BorrowedFd<'_>) -> Option<OwnedFd> {
+    match receive(channel) {
+        Ok(Some((body, mut fds))) if body == MOUNT_NAMESPACE && fds.len() <= 1 => fds.pop(),
+        _ => None,
+    }
+}
+
+/// Reaps every PID 1 that has exited (their status went to the server through their pipes),
+/// and lets go of its mount namespace (`held`), which is torn down now, after the server has
+/// seen the command end.
+fn reap_children(held: &mut Vec<(Pid, OwnedFd)>) {
     while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
         if status == WaitStatus::StillAlive {
             break;
+        }
+        if let Some(pid) = status.pid() {
+            held.retain(|(running, _)| *running != pid);
         }
     }
 }
@@ -457,6 +499,8 @@ struct Warm {
     pidfd: OwnedFd,
     status: OwnedFd,
     channel: OwnedFd,
+    /// Its mount namespace, once it has sent it ([`MOUNT_NAMESPACE`]).
+    mount_namespace: Option<OwnedFd>,
 }
 
 impl Warm {
@@ -489,6 +533,7 @@ impl Warm {
                     pidfd,
                     status: status_read,
                     channel,
+                    mount_namespace: None,
                 })
             }
         }
@@ -512,10 +557,11 @@ fn start(
     }
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
     for attempt in 0..2 {
-        let ready = match warm.take() {
+        let mut ready = match warm.take() {
             Some(ready) => ready,
             None => Warm::prepare(setup, ahead)?,
         };
+        ready.mount_namespace = take_mount_namespace(ready.channel.as_fd());
         match send(ready.channel.as_fd(), b"start", &borrowed) {
             Ok(()) => return Ok(ready),
             Err(err) if attempt == 1 => {
@@ -548,6 +594,21 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
     }
     let mut keep = vec![0, 1, 2, channel.as_raw_fd(), status.as_raw_fd()];
     keep.extend(ahead.iter().map(AsRawFd::as_raw_fd));
+    // The launcher holds the namespace from now on, so that PID 1's exit does not tear it
+    // down: unmounting waits for an expedited RCU grace period (about 0.1 ms), which would
+    // come before the command's stdio closes for the server. Sent even without it: the
+    // launcher reads this message before it hands over the command.
+    let namespace = crate::sys::own_mount_namespace().ok();
+    let _ = send(
+        channel.as_fd(),
+        MOUNT_NAMESPACE,
+        &namespace
+            .as_ref()
+            .map(AsFd::as_fd)
+            .into_iter()
+            .collect::<Vec<_>>(),
+    );
+    drop(namespace);
     let warm_up = if super::hygiene::close_inherited_fds(&keep).is_err() {
         Err("closing the launcher's descriptors failed".to_owned())
     } else {

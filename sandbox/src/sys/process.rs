@@ -365,6 +365,32 @@ pub fn bring_loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// A descriptor (close-on-exec) of the calling process's mount namespace: a reference that
+/// keeps the namespace, and every mount in it, alive after the last process in it has exited.
+/// Through the process's own pidfd (`PIDFD_GET_MNT_NAMESPACE`, Linux 6.11), else
+/// `/proc/self/ns/mnt`.
+///
+/// # Errors
+/// The OS error of opening `/proc/self/ns/mnt` when the pidfd way is not there.
+pub fn own_mount_namespace() -> io::Result<OwnedFd> {
+    /// `_IO(PIDFS_IOCTL_MAGIC, 3)` of `<linux/pidfd.h>`.
+    const PIDFD_GET_MNT_NAMESPACE: libc::c_ulong = 0xFF03;
+    if let Ok(me) = pidfd_open(nix::unistd::getpid()) {
+        // SAFETY: an ioctl without an argument on a descriptor owned here; it returns a new
+        // descriptor (close-on-exec) or -1.
+        let fd = unsafe { libc::ioctl(me.as_raw_fd(), PIDFD_GET_MNT_NAMESPACE as _, 0) };
+        if fd >= 0 {
+            return Ok(owned_fd(fd));
+        }
+    }
+    nix::fcntl::open(
+        "/proc/self/ns/mnt",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(io::Error::from)
+}
+
 /// `pidfd_open(2)` of `pid` (close-on-exec). Call it on an unreaped child of the caller, whose
 /// pid cannot be recycled yet.
 ///
@@ -378,4 +404,19 @@ pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
     }
     let fd = RawFd::try_from(fd).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
     Ok(owned_fd(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::own_mount_namespace;
+
+    #[test]
+    fn the_own_mount_namespace_descriptor_is_this_processs_namespace() {
+        let held = own_mount_namespace().unwrap();
+        let held = std::fs::File::from(held).metadata().unwrap();
+        let current = std::fs::metadata("/proc/self/ns/mnt").unwrap();
+        assert_eq!((held.dev(), held.ino()), (current.dev(), current.ino()));
+    }
 }
