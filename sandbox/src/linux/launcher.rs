@@ -14,8 +14,9 @@
 //! What is built once: the user namespace (and its id maps), the network namespace, the mount
 //! layout, and the exec of `sandbox-run` itself. Each command's PID 1 is prepared ahead (cloned,
 //! into the cgroups the server sent for the next command, mounted, confined) while the previous
-//! command runs, and only waits for its command: a start costs the hand-over, a fork and the
-//! command's `execve`. What every command still gets of its own, exactly as a one-shot
+//! command runs, and only waits for its command: a start costs the hand-over, a `clone` that
+//! shares PID 1's memory until the command's `execve` (no page table is copied), and the
+//! `execve`. What every command still gets of its own, exactly as a one-shot
 //! `sandbox-run` gives it: a PID namespace (it cannot see or signal other commands, and
 //! everything it leaves behind dies with its PID 1), an IPC namespace,
 //! fresh private directories and devpts instance (nothing another command wrote there is
@@ -684,14 +685,13 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
         },
         None,
     );
-    // SAFETY: PID 1 is single-threaded; the child only sets up its session and execs (or
-    // leaves through _exit).
-    let child = match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => {
-            drop(signals);
-            init::start_command(&exec, None, [false; 3])
-        }
-        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+    // Sharing PID 1's memory until its execve: PID 1 is single-threaded, and the child only
+    // resets its own signals, session and rlimits before it execs (its signalfd and the status
+    // pipe are close-on-exec) or leaves through _exit.
+    let child = match crate::sys::spawn_sharing_memory(&mut || {
+        init::start_command(&exec, None, [false; 3]);
+    }) {
+        Ok(child) => child,
         Err(err) => setup_failed(status, &format!("cannot start the command: {err}")),
     };
     let (kind, value) = init::supervise(&signals, child);

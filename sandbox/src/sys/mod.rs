@@ -221,5 +221,5 @@ pub use process::{
     bring_loopback_up, clone_into_namespaces, die_of_signal, drop_all_capabilities, execve,
     exit_now, open_pty_peer, own_mount_namespace, owned_fd, pidfd_open, require_no_capabilities,
     reset_signals_for_exec, set_controlling_terminal, set_dumpable, set_parent_death_signal,
-    take_inherited_fd,
+    spawn_sharing_memory, take_inherited_fd,
 };
