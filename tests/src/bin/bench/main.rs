@@ -61,11 +61,12 @@ impl Server {
         Server::spawn(Command::new(bin_dir().join("exec-server")).args(args))
     }
 
-    /// Start `command` (a binary next to this one, `RUST_LOG=warn`); its first stdout line is
-    /// its URL.
+    /// Start `command` (a binary next to this one, `RUST_LOG=warn`, or `$BENCH_SERVER_LOG` for
+    /// profiling, e.g. `supervisor::process=debug`); its first stdout line is its URL.
     fn spawn(command: &mut Command) -> Server {
+        let log = std::env::var("BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".to_owned());
         let mut child = command
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", log)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| {
