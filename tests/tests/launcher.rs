@@ -261,6 +261,59 @@ async fn the_launcher_holds_a_commands_mount_namespace_only_until_its_pid_1_is_g
     );
 }
 
+/// Live processes whose command line is exactly `sleep MARK`.
+fn sleeping(mark: &str) -> Vec<i32> {
+    let wanted = format!("sleep\0{mark}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted.as_bytes())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_launched_commands_exit_is_reported_once_what_it_left_behind_is_gone() {
+    let dirs = tests::SandboxDirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    // Without the kill, the daemon would die only as PID 1 finishes exiting, a fraction of a
+    // millisecond after the status: enough runs catch that in all but freak cases.
+    for run in 0..30 {
+        // A daemon in a session of its own, holding none of the command's stdio: only the
+        // end of the command's PID namespace stops it.
+        let mark = format!("{}{run}", 4_000_000 + std::process::id());
+        let id = format!("leaves-{run}");
+        client
+            .start(
+                &id,
+                &sh(&format!(
+                    "( setsid sleep {mark} >/dev/null 2>&1 & ); echo started"
+                )),
+                policy(&dirs),
+            )
+            .await
+            .unwrap();
+        let exited = client
+            .wait_for_notification("the exit", tests::DEADLINE, |message| {
+                message["method"] == "process/exited" && message["params"]["processId"] == id
+            })
+            .await;
+        // Checked the moment the exit arrives: the daemon was killed and reaped before.
+        assert_eq!(sleeping(&mark), Vec::<i32>::new(), "run {run}");
+        assert_eq!(exited["params"]["exitCode"], 0, "{exited}");
+        let out = client.collect(&id).await;
+        assert_eq!(out.stdout_text(), "started\n", "{}", out.stderr_text());
+    }
+    assert_eq!(
+        helpers_of(&server, "--launcher").len(),
+        1,
+        "through a launcher"
+    );
+}
+
 #[tokio::test]
 async fn one_shot_sandbox_starts_each_command_with_a_sandbox_run_of_its_own() {
     let dirs = tests::SandboxDirs::new();

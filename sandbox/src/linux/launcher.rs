@@ -33,8 +33,10 @@
 //!   joins as it starts (none when it joined them ahead), then the N cgroups the next PID 1
 //!   joins while it prepares. The launcher passes the message without those N on to the ready
 //!   PID 1 and replies [`Reply::Started`] with `[pidfd, status]` (the pidfd of the command's
-//!   PID 1 and the read end of its status pipe, which gets [`STATUS_BYTES`] just before PID 1
-//!   exits) or [`Reply::Failed`]. A PID 1 whose own setup failed reports that on the command's
+//!   PID 1 and the read end of its status pipe, which gets [`STATUS_BYTES`] once the command
+//!   and everything else in its namespace are gone: the server reports the exit on it, while
+//!   PID 1 itself, which holds none of the command's stdio by then, is still exiting; a pipe
+//!   that closes without it means PID 1 was killed) or [`Reply::Failed`]. A PID 1 whose own setup failed reports that on the command's
 //!   stderr and exits 125, as a one-shot `sandbox-run` does.
 //! - PID 1 to the launcher, once, first thing: body [`MOUNT_NAMESPACE`], the descriptor of its
 //!   own mount namespace (none if it could not open it). The launcher reads it before it hands
@@ -694,7 +696,13 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
         Ok(child) => child,
         Err(err) => setup_failed(status, &format!("cannot start the command: {err}")),
     };
+    // PID 1 keeps none of the command's stdio: it closes for the server when the command and
+    // what it started close it, not when PID 1 is gone.
+    release_stdio();
     let (kind, value) = init::supervise(&signals, child);
+    // What the command left behind dies before its status goes out: the server reports the
+    // exit on the status, and nothing of the command outlives that report.
+    end_the_rest();
     let ended = if kind == init::STATUS_SIGNALED {
         Ended::Signaled(value)
     } else {
@@ -711,6 +719,33 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
         .unwrap_or_default();
     let _ = nix::unistd::write(status, &encode_status(ended, cpu));
     crate::sys::exit_now(0)
+}
+
+/// Points PID 1's descriptors 0-2 at `/dev/null` (its copies of the command's stdio).
+fn release_stdio() {
+    if let Ok(null) = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        for target in 0..3 {
+            // SAFETY: dup2 onto 0-2 of this single-threaded process, which uses them no more.
+            unsafe { libc::dup2(null.as_raw_fd(), target) };
+        }
+    }
+}
+
+/// Kills every other process of PID 1's namespace (`kill(-1)` from a namespace's init reaches
+/// all of them but itself) and reaps them all, killing again after each reap in case one was
+/// being forked while the first kill went round.
+fn end_the_rest() {
+    loop {
+        let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    }
 }
 
 /// Moves this process into each cgroup (a `cgroup.procs` descriptor).

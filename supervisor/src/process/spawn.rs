@@ -165,8 +165,9 @@ pub struct Leader {
 
 /// What a launched leader has instead of being our child.
 struct LaunchedLeader {
-    /// PID 1's status pipe: the command's status, written just before PID 1 exits.
-    status: OwnedFd,
+    /// PID 1's status pipe (non-blocking): the command's status, written once the command and
+    /// everything it left in its namespace are gone.
+    status: AsyncFd<OwnedFd>,
     /// Keeps the launcher (its commands die with it).
     _lease: super::launcher::Lease,
 }
@@ -179,17 +180,14 @@ impl Leader {
             signal: None,
             cpu: std::time::Duration::ZERO,
         };
+        if let Some(launched) = &self.launched {
+            return self.wait_launched(launched).await;
+        }
         loop {
             let Ok(mut guard) = self.pidfd.readable().await else {
                 return failed;
             };
             let mut reaped = self.reaped.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(launched) = &self.launched {
-                // A pidfd is readable once its process has exited; PID 1 wrote the status
-                // before, and everything else in its namespace died with it.
-                *reaped = true;
-                return launched_exit(&launched.status);
-            }
             match sys::reap_pidfd(self.pidfd.get_ref()) {
                 Ok(Some(exit)) => {
                     *reaped = true;
@@ -203,6 +201,35 @@ impl Leader {
                 }
             }
         }
+    }
+
+    /// The exit of a launched command: its status, as soon as PID 1 writes it (PID 1 has killed
+    /// and reaped everything else in the namespace by then, and holds none of the command's
+    /// stdio; its own exit, the teardown of its address space, is off the start's path). A
+    /// pipe that closes without a status means PID 1 was killed: the exit is reported once
+    /// PID 1 is gone, and the kernel has ended its namespace with it.
+    async fn wait_launched(&self, launched: &LaunchedLeader) -> ChildExit {
+        let said = loop {
+            let Ok(mut guard) = launched.status.readable().await else {
+                break None;
+            };
+            match launched_status(launched.status.get_ref()) {
+                Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
+                Err(nix::errno::Errno::EINTR) => {}
+                Ok(said) => break said,
+                Err(_) => break None,
+            }
+        };
+        if said.is_none() {
+            // Readable once PID 1 has exited, after the kernel killed its namespace.
+            let _ = self.pidfd.readable().await;
+        }
+        *self.reaped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        said.unwrap_or(ChildExit {
+            code: 128 + libc::SIGKILL,
+            signal: Some(libc::SIGKILL),
+            cpu: std::time::Duration::ZERO,
+        })
     }
 
     /// Send `signal` to the child's process group; false once the child is reaped. While it
@@ -426,29 +453,27 @@ fn leader(pid: libc::pid_t) -> Result<Arc<Leader>, SpawnError> {
     }))
 }
 
-/// The exit a launched PID 1 reported; none (it was killed before it could say) means the
-/// whole sandbox was killed with `SIGKILL`.
-fn launched_exit(status: &OwnedFd) -> ChildExit {
+/// The exit a launched PID 1 reported (`Ok(None)`: the pipe closed without one, PID 1 was
+/// killed before it could say); `EAGAIN` while nothing has arrived yet.
+fn launched_status(status: &OwnedFd) -> nix::Result<Option<ChildExit>> {
     let mut message = [0u8; sandbox::linux::launcher::STATUS_BYTES];
-    let _ = nix::fcntl::fcntl(status, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
-    let read = nix::unistd::read(status, &mut message).unwrap_or(0);
-    match sandbox::linux::launcher::decode_status(&message[..read]) {
-        Some((sandbox::linux::command::Ended::Exited(code), cpu)) => ChildExit {
-            code,
-            signal: None,
-            cpu,
+    // PID 1 writes the message with one write(2), smaller than PIPE_BUF: it arrives whole.
+    let read = nix::unistd::read(status, &mut message)?;
+    Ok(
+        match sandbox::linux::launcher::decode_status(&message[..read]) {
+            Some((sandbox::linux::command::Ended::Exited(code), cpu)) => Some(ChildExit {
+                code,
+                signal: None,
+                cpu,
+            }),
+            Some((sandbox::linux::command::Ended::Signaled(signal), cpu)) => Some(ChildExit {
+                code: 128 + signal,
+                signal: Some(signal),
+                cpu,
+            }),
+            None => None,
         },
-        Some((sandbox::linux::command::Ended::Signaled(signal), cpu)) => ChildExit {
-            code: 128 + signal,
-            signal: Some(signal),
-            cpu,
-        },
-        None => ChildExit {
-            code: 128 + libc::SIGKILL,
-            signal: Some(libc::SIGKILL),
-            cpu: std::time::Duration::ZERO,
-        },
-    }
+    )
 }
 
 /// A sandboxed command a launcher started, with the server's ends of its pipes.
@@ -466,7 +491,7 @@ pub fn launched(
         pidfd,
         reaped: Mutex::new(false),
         launched: Some(LaunchedLeader {
-            status: started.status,
+            status: status_watch(started.status)?,
             _lease: started.lease,
         }),
     });
@@ -476,6 +501,13 @@ pub fn launched(
         io: pipes.into_io()?,
         audit: None,
     })
+}
+
+/// PID 1's status pipe, non-blocking and registered with the runtime.
+fn status_watch(status: OwnedFd) -> Result<AsyncFd<OwnedFd>, SpawnError> {
+    nix::fcntl::fcntl(&status, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+        .map_err(|error| setup("exit watch")(error.into()))?;
+    sys::register_async_fd(status).map_err(setup("exit watch"))
 }
 
 /// The server's ends of a child's stdio pipes.
