@@ -126,3 +126,18 @@ pub fn cmdline(pid: i32) -> String {
         .trim()
         .to_owned()
 }
+
+/// Live processes whose command line is exactly `sleep MARK` (host pids, sandboxed or not):
+/// tests mark the daemons they leave behind with a unique sleep length.
+pub fn sleeping(mark: &str) -> Vec<i32> {
+    let wanted = format!("sleep\0{mark}\0");
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted.as_bytes())
+        })
+        .filter(|pid| !process_is_dead(*pid))
+        .collect()
+}

@@ -63,25 +63,11 @@ fn daemon_script(mark: &str) -> String {
     format!("( setsid sleep {mark} & ); echo ready; exec sleep 1000")
 }
 
-/// Live processes whose command line is exactly `sleep MARK` (host pids, sandboxed or not).
-fn sleeping(mark: &str) -> Vec<i32> {
-    let wanted = format!("sleep\0{mark}\0");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted.as_bytes())
-        })
-        .filter(|pid| !process_is_dead(*pid))
-        .collect()
-}
-
 /// The daemon's pid, once it runs.
 fn wait_for_daemon(mark: &str) -> i32 {
     let started = Instant::now();
     loop {
-        if let [pid] = sleeping(mark)[..] {
+        if let [pid] = tests::sleeping(mark)[..] {
             return pid;
         }
         assert!(
@@ -715,7 +701,7 @@ async fn a_recycled_leader_pid_survives_the_servers_exit(args: &[&str]) {
     let alive = victim.try_wait().unwrap().is_none();
     let _ = victim.kill();
     let _ = victim.wait();
-    for pid in sleeping(&daemon_mark) {
+    for pid in tests::sleeping(&daemon_mark) {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
     }
     assert!(
@@ -743,7 +729,7 @@ struct KillMarked(String);
 
 impl Drop for KillMarked {
     fn drop(&mut self) {
-        for pid in sleeping(&self.0) {
+        for pid in tests::sleeping(&self.0) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
         }
     }

@@ -261,19 +261,6 @@ async fn the_launcher_holds_a_commands_mount_namespace_only_until_its_pid_1_is_g
     );
 }
 
-/// Live processes whose command line is exactly `sleep MARK`.
-fn sleeping(mark: &str) -> Vec<i32> {
-    let wanted = format!("sleep\0{mark}\0");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted.as_bytes())
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn a_launched_commands_exit_is_reported_once_what_it_left_behind_is_gone() {
     let dirs = tests::SandboxDirs::new();
@@ -302,7 +289,7 @@ async fn a_launched_commands_exit_is_reported_once_what_it_left_behind_is_gone()
             })
             .await;
         // Checked the moment the exit arrives: the daemon was killed and reaped before.
-        assert_eq!(sleeping(&mark), Vec::<i32>::new(), "run {run}");
+        assert_eq!(tests::sleeping(&mark), Vec::<i32>::new(), "run {run}");
         assert_eq!(exited["params"]["exitCode"], 0, "{exited}");
         let out = client.collect(&id).await;
         assert_eq!(out.stdout_text(), "started\n", "{}", out.stderr_text());
