@@ -764,7 +764,14 @@ fn release_stdio() {
 /// being forked while the first kill went round.
 fn end_the_rest() {
     loop {
-        let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
+        match nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL) {
+            // ESRCH: nobody else is left.
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            // Not allowed (the command's processes are in this PID 1's Landlock domain and
+            // seccomp lets it signal them, so this should not happen): waiting could then
+            // never end, and PID 1's own exit ends them instead.
+            Err(_) => return,
+        }
         match waitpid(Pid::from_raw(-1), None) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(_) => break,
