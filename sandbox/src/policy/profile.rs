@@ -130,13 +130,25 @@ impl ProfileFile {
 /// # Errors
 /// [`PolicyError::UnknownProfile`] for any other name.
 pub fn builtin_profile(name: &str) -> Result<ProfileFile, PolicyError> {
-    let (_, text) = BUILTIN_PROFILES
+    // Parsed once: the texts are part of the binary, and every sandboxed start resolves one.
+    static PARSED: std::sync::OnceLock<Vec<Option<ProfileFile>>> = std::sync::OnceLock::new();
+    let index = BUILTIN_PROFILES
         .iter()
-        .find(|(builtin, _)| *builtin == name)
+        .position(|(builtin, _)| *builtin == name)
         .ok_or_else(|| PolicyError::UnknownProfile {
             name: name.to_owned(),
         })?;
-    ProfileFile::parse(text, name)
+    let parsed = PARSED.get_or_init(|| {
+        BUILTIN_PROFILES
+            .iter()
+            .map(|(builtin, text)| ProfileFile::parse(text, builtin).ok())
+            .collect()
+    });
+    match &parsed[index] {
+        Some(profile) => Ok(profile.clone()),
+        // Unreachable while the built-in texts parse (a unit test parses each): the error.
+        None => ProfileFile::parse(BUILTIN_PROFILES[index].1, name),
+    }
 }
 
 /// Parses a `[filesystem]` key: `:root`, `:minimal`, `:project_roots[/SUB]`, `:cwd`,
