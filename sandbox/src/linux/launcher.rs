@@ -15,9 +15,9 @@
 //! layout, and the exec of `sandbox-run` itself. Each command's PID 1 is prepared ahead (cloned,
 //! into the cgroups the server sent for the next command, mounted, confined) once the previous
 //! command has ended or [`NEXT_PID_1_DELAY`] after its start, and only waits for its command:
-//! a start costs the hand-over, a `clone` that
-//! shares PID 1's memory until the command's `execve` (no page table is copied), and the
-//! `execve`. What every command still gets of its own, exactly as a one-shot
+//! a start costs the hand-over, a `clone` that shares PID 1's memory until the command's
+//! `execve` (no page table is copied), and the `execve`. What every command still gets of its
+//! own, exactly as a one-shot
 //! `sandbox-run` gives it: a PID namespace (it cannot see or signal other commands, and
 //! everything it leaves behind dies with its PID 1), an IPC namespace,
 //! fresh private directories and devpts instance (nothing another command wrote there is
@@ -37,8 +37,9 @@
 //!   PID 1 and the read end of its status pipe, which gets [`STATUS_BYTES`] once the command
 //!   and everything else in its namespace are gone: the server reports the exit on it, while
 //!   PID 1 itself, which holds none of the command's stdio by then, is still exiting; a pipe
-//!   that closes without it means PID 1 was killed) or [`Reply::Failed`]. A PID 1 whose own setup failed reports that on the command's
-//!   stderr and exits 125, as a one-shot `sandbox-run` does.
+//!   that closes without it means PID 1 was killed) or [`Reply::Failed`]. A PID 1 whose own
+//!   setup failed reports that on the command's stderr and exits 125, as a one-shot
+//!   `sandbox-run` does.
 //! - PID 1 to the launcher, once, first thing: body [`MOUNT_NAMESPACE`], the descriptor of its
 //!   own mount namespace (none if it could not open it). The launcher reads it before it hands
 //!   over the command, and holds the namespace until it reaps that PID 1, so
@@ -178,14 +179,6 @@ pub fn send(socket: BorrowedFd<'_>, body: &[u8], fds: &[BorrowedFd<'_>]) -> io::
 /// The OS error of `recvmsg(2)`; `InvalidData` for a message larger than
 /// [`MAX_MESSAGE_BYTES`] or with more than [`MAX_MESSAGE_FDS`] descriptors.
 pub fn receive(socket: BorrowedFd<'_>) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
-    receive_with(socket, nix::sys::socket::MsgFlags::empty())
-}
-
-/// [`receive`] with `recvmsg(2)` flags (`MSG_DONTWAIT`).
-fn receive_with(
-    socket: BorrowedFd<'_>,
-    extra: nix::sys::socket::MsgFlags,
-) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let mut body = vec![0u8; MAX_MESSAGE_BYTES];
     let mut space = nix::cmsg_space!([RawFd; MAX_MESSAGE_FDS]);
@@ -195,7 +188,7 @@ fn receive_with(
             socket.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC | extra,
+            MsgFlags::MSG_CMSG_CLOEXEC,
         )?;
         let mut fds = Vec::new();
         for cmsg in message.cmsgs()? {
