@@ -80,9 +80,9 @@ async fn commands_of_one_launcher_cannot_see_or_reach_each_other_under_an_unpriv
     siblings_cannot_see_or_reach_each_other(Some(NOBODY)).await;
 }
 
-/// Two commands of one launcher, with the server run as root (`None`) or as `uid`: the
-/// workspace and an install of the binaries live where that uid can reach them.
-async fn siblings_cannot_see_or_reach_each_other(uid: Option<u32>) {
+/// A server run as root (`None`) or as `uid`, with a workspace and an install of the binaries
+/// where that uid can reach them (under the returned scratch directory).
+fn server_as(uid: Option<u32>) -> (tempfile::TempDir, std::path::PathBuf, ExecServer) {
     let base = tests::scratch::scratch_dir("launcher-");
     let root = std::fs::canonicalize(base.path()).unwrap();
     let workspace = root.join("ws");
@@ -98,6 +98,12 @@ async fn siblings_cannot_see_or_reach_each_other(uid: Option<u32>) {
             command.uid(uid).gid(uid);
         }
     });
+    (base, workspace, server)
+}
+
+/// Two commands of one launcher, with the server run as root (`None`) or as `uid`.
+async fn siblings_cannot_see_or_reach_each_other(uid: Option<u32>) {
+    let (_base, workspace, server) = server_as(uid);
     let mut client = server.client().await;
     // A leaves traces everywhere a sibling could look: a file in /tmp, a SysV message
     // queue, a listening abstract unix socket, and its own process.
@@ -220,10 +226,22 @@ fn mount_namespaces_held_by(pid: i32) -> usize {
 
 #[tokio::test]
 async fn the_launcher_holds_a_commands_mount_namespace_only_until_its_pid_1_is_gone() {
-    let dirs = tests::SandboxDirs::new();
-    let server = ExecServer::start(&[]);
+    launcher_holds_namespaces_of_running_commands_only(None).await;
+}
+
+#[tokio::test]
+async fn the_launcher_of_an_unprivileged_server_holds_mount_namespaces_the_same_way() {
+    launcher_holds_namespaces_of_running_commands_only(Some(NOBODY)).await;
+}
+
+/// One namespace held per running command, none once they ended, with the server run as root
+/// (`None`) or as `uid`.
+async fn launcher_holds_namespaces_of_running_commands_only(uid: Option<u32>) {
+    let (_base, workspace, server) = server_as(uid);
     let mut client = server.client().await;
-    let out = client.run("first", &["/bin/true"], policy(&dirs)).await;
+    let out = client
+        .run("first", &["/bin/true"], policy_in(&workspace))
+        .await;
     assert_eq!(out.exit_code, Some(0), "{}", out.stderr_text());
     let launcher = eventually("a launcher runs", || {
         helpers_of(&server, "--launcher").first().copied()
@@ -231,7 +249,7 @@ async fn the_launcher_holds_a_commands_mount_namespace_only_until_its_pid_1_is_g
     .await;
     for id in ["sleeper-1", "sleeper-2"] {
         client
-            .start(id, &["/bin/sleep", "1000"], policy(&dirs))
+            .start(id, &["/bin/sleep", "1000"], policy_in(&workspace))
             .await
             .unwrap();
     }
@@ -246,7 +264,11 @@ async fn the_launcher_holds_a_commands_mount_namespace_only_until_its_pid_1_is_g
     // Ended commands leave nothing held: a namespace per start would pile up otherwise.
     for run in 0..20 {
         let out = client
-            .run(&format!("short-{run}"), &["/bin/true"], policy(&dirs))
+            .run(
+                &format!("short-{run}"),
+                &["/bin/true"],
+                policy_in(&workspace),
+            )
             .await;
         assert_eq!(out.exit_code, Some(0), "{}", out.stderr_text());
     }
