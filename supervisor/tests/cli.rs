@@ -70,12 +70,27 @@ fn empty_token_file_is_refused() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("empty"));
 }
 
+/// Runs a binary this test has just written. Another test thread forking at that moment holds
+/// the copy's write descriptor until its child execs, and `execve` of a file open for writing
+/// fails with ETXTBSY: the window is that short, so a few tries get past it.
+fn run_fresh_copy(command: &mut Command) -> std::process::Output {
+    for _ in 0..50 {
+        match command.output() {
+            Err(error) if error.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(10)); // the sibling's exec
+            }
+            result => return result.unwrap(),
+        }
+    }
+    panic!("the copied binary stayed busy (ETXTBSY) for 0.5 s");
+}
+
 #[test]
 fn a_missing_helper_is_a_startup_error_naming_what_is_missing_and_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let lonely = dir.path().join("exec-server");
     std::fs::copy(env!("CARGO_BIN_EXE_exec-server"), &lonely).unwrap();
-    let output = Command::new(&lonely).output().unwrap();
+    let output = run_fresh_copy(&mut Command::new(&lonely));
     assert_eq!(output.status.code(), Some(2));
     assert!(output.stdout.is_empty(), "no URL may be printed");
     let stderr = String::from_utf8_lossy(&output.stderr);

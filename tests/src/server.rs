@@ -91,7 +91,7 @@ impl ExecServer {
     }
 
     fn start_command(mut command: Command, args: &[&str]) -> ExecServer {
-        let mut child = command.spawn().expect("spawn exec-server");
+        let mut child = spawn_retrying_busy(&mut command);
         let stderr = Arc::new(Mutex::new(Vec::new()));
         capture(child.stderr.take().unwrap(), stderr.clone());
         let stdout = child.stdout.take().unwrap();
@@ -254,6 +254,22 @@ pub const INSTALLED_BINARIES: &[&str] = &[
     "egress-proxy",
     "probe",
 ];
+
+/// Spawns `command`, whose binary may be a copy just written ([`install_binaries`]): another
+/// test thread forking at that moment holds the copy's write descriptor until its child execs,
+/// and `execve` of a file open for writing fails with ETXTBSY. The window is that short, so a
+/// few tries get past it.
+fn spawn_retrying_busy(command: &mut Command) -> std::process::Child {
+    for _ in 0..50 {
+        match command.spawn() {
+            Err(error) if error.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(10)); // the sibling's exec
+            }
+            result => return result.expect("spawn exec-server"),
+        }
+    }
+    panic!("the exec-server binary stayed busy (ETXTBSY) for 0.5 s");
+}
 
 /// Copies [`INSTALLED_BINARIES`] from the target directory into `dir` (mode 0755), as an install
 /// would, and returns the path of the copied `exec-server`.
