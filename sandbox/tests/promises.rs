@@ -446,3 +446,40 @@ fn uprobe_and_uretprobe_refuse_an_ordinary_caller_inside_the_sandbox() {
         );
     }
 }
+
+#[test]
+fn secrets_in_the_callers_environment_reach_the_command_only_when_named() {
+    let run = |extra: &[&str]| {
+        let output = std::process::Command::new(sandbox_run_exe())
+            .args(["--policy", "read-only", "--cwd", "/"])
+            .args(extra)
+            .args(["--", "/usr/bin/env"])
+            .env("MY_SECRET_TOKEN", "hunter2")
+            .env("aws_access_key_id", "AKIAEXAMPLE")
+            .env("EXECWARD_REGISTRY_TOKEN", "registry")
+            .env("PLAIN_SETTING", "kept")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let default = run(&[]);
+    assert!(default.contains("PLAIN_SETTING=kept"), "{default}");
+    for secret in ["hunter2", "AKIAEXAMPLE", "registry"] {
+        assert!(
+            !default.contains(secret),
+            "{secret} reached the command: {default}"
+        );
+    }
+    // Named, it passes; the others stay out.
+    let named = run(&["--env", "MY_SECRET_TOKEN"]);
+    assert!(named.contains("MY_SECRET_TOKEN=hunter2"), "{named}");
+    assert!(!named.contains("AKIAEXAMPLE"), "{named}");
+    // --clearenv: only what is named or set.
+    let cleared = run(&["--clearenv", "--env", "PLAIN_SETTING", "--setenv", "A=b=c"]);
+    let mut lines: Vec<&str> = cleared.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["A=b=c", "PLAIN_SETTING=kept"], "{cleared}");
+    let unset = run(&["--unsetenv", "PLAIN_SETTING"]);
+    assert!(!unset.contains("PLAIN_SETTING"), "{unset}");
+}

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::policy::ResolvedPolicy;
 
 mod cli;
+pub mod env;
 mod resolve;
 pub use cli::{Cli, command};
 pub use resolve::resolve_cli_policy;
@@ -97,7 +98,7 @@ pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
     Ok(Prepared {
         policy,
         argv: cli.command.clone(),
-        env: std::env::vars_os().collect(),
+        env: env::command_env(std::env::vars_os(), &cli.env_flags()),
         cwd,
         best_effort: cli.best_effort,
         limits: cli_limits(cli)?,
