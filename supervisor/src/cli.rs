@@ -202,6 +202,12 @@ pub struct ExecArgs {
     #[arg(long)]
     pub clear_env: bool,
 
+    /// Limits of the command's whole process tree, in the form exec-server's
+    /// --default-limits takes (e.g. memoryBytes=64M,wallSeconds=2,processes=256,cpuSeconds=60);
+    /// they replace the server's defaults. When one ends the command, exec says which.
+    #[arg(long, value_name = "LIST", value_parser = crate::containment::plan::parse_default_limits)]
+    pub limits: Option<proto::methods::process::Limits>,
+
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]
     pub command: Vec<String>,
