@@ -483,3 +483,61 @@ fn secrets_in_the_callers_environment_reach_the_command_only_when_named() {
     let unset = run(&["--unsetenv", "PLAIN_SETTING"]);
     assert!(!unset.contains("PLAIN_SETTING"), "{unset}");
 }
+
+#[test]
+fn repeated_interrupts_stop_a_command_that_ignores_them() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    // (extra interrupts sent, longest time to stop): two wait for the grace, three kill at once.
+    for (interrupts, within) in [(2, 6), (3, 2)] {
+        let mut child = std::process::Command::new(sandbox_run_exe())
+            .args(["--policy", "read-only", "--cwd", "/", "--"])
+            .args([
+                "/bin/sh",
+                "-c",
+                "trap '' INT TERM; echo ready; sleep 311.5; echo survived",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut ready = [0u8; 6];
+        stdout.read_exact(&mut ready).unwrap();
+        assert_eq!(&ready, b"ready\n");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let started = std::time::Instant::now();
+        for _ in 0..interrupts {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(150));
+        }
+        let status = child.wait().unwrap();
+        let took = started.elapsed();
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{interrupts} interrupts: {status:?} {stderr}"
+        );
+        assert!(!rest.contains("survived"), "the command went on: {rest}");
+        assert!(
+            took < std::time::Duration::from_secs(within),
+            "{interrupts} interrupts took {took:?}"
+        );
+        assert!(stderr.contains("forwarded to the command"), "{stderr}");
+        assert!(stderr.contains("terminating the command"), "{stderr}");
+        assert_eq!(
+            stderr.contains("killing the command"),
+            interrupts == 3,
+            "{stderr}"
+        );
+    }
+}

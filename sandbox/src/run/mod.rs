@@ -259,6 +259,9 @@ pub fn run_options(
         keep_fds,
         egress_hosts: prepared.egress_hosts.clone(),
         egress_log,
+        // Run by hand: repeated interrupts escalate. Under exec-server (--launch-fd) every signal
+        // is forwarded as sent, and the server terminates trees itself.
+        escalate_interrupts: cli.launch_fd.is_none(),
     })
 }
 
