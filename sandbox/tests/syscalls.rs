@@ -183,7 +183,8 @@ fn tcp_option_refused(level: i64, optname: i64) -> bool {
 
 /// Issue 30: the seccomp layer's argument rules hold by construction, not for the example an
 /// attack used: every socket family, type and protocol outside what the sandbox admits is
-/// refused (MPTCP, SCTP, UDP-Lite, raw and sequenced-packet sockets among them), `MSG_FASTOPEN`
+/// refused (MPTCP, SCTP, UDP-Lite, raw and sequenced-packet sockets among them), socket pairs
+/// of any family but `AF_UNIX` are refused with the network on too, `MSG_FASTOPEN`
 /// is refused on all three send calls whatever other flag bit comes with it, and
 /// `TCP_FASTOPEN_CONNECT` and the TCP repair options are refused, each compared on the 32 bits
 /// the kernel reads. The control sweeps the same calls unsandboxed and sees them reach the kernel.
@@ -221,6 +222,19 @@ fn socket_protocols_send_flags_and_tcp_options_off_the_list_are_refused() {
             // The sweep sees an admitted socket being made (not a sweep that reaches nothing).
             let expected_ok = if network { "2/0x1/0x6" } else { "1/0x1/0x0" };
             assert_eq!(reached[expected_ok], "ok", "{expected_ok} under {context}");
+
+            // socketpair: AF_UNIX only, network on or off (the kernel makes the sockets before
+            // asking the family for a pair).
+            let pairs = run(policy, "socketpair-sweep");
+            let off_list: Vec<(&String, &serde_json::Value)> = pairs
+                .iter()
+                .filter(|(key, _)| socket_key(key).0 != i64::from(libc::AF_UNIX))
+                .collect();
+            assert!(
+                off_list.is_empty(),
+                "socket pairs off the list reached the kernel under {context}: {off_list:?}"
+            );
+            assert_eq!(pairs["1/0x1/0x0"], "ok", "AF_UNIX pair under {context}");
 
             let sends = reached_or_refused(&run(policy, "send-flag-sweep"));
             let expected: BTreeMap<String, &str> = probe::net::swept_send_flags()
@@ -262,6 +276,12 @@ fn socket_protocols_send_flags_and_tcp_options_off_the_list_are_refused() {
         assert!(
             off_list > 0,
             "control as {uid:?}: no inet socket off the list reached the kernel: {reached:?}"
+        );
+        let result = probe(&control, &["socketpair-sweep", "2", "1,2"], uid, &fx.ws);
+        let pairs = result["detail"].as_object().unwrap();
+        assert!(
+            pairs.contains_key("2/0x1/0x0"),
+            "control as {uid:?}: socketpair(AF_INET) did not reach the kernel: {pairs:?}"
         );
         for op in ["send-flag-sweep", "setsockopt-sweep"] {
             let outcomes = reached_or_refused(&run(&control, op));

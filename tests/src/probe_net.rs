@@ -54,7 +54,8 @@ pub fn run(op: &str, args: &[String]) -> Option<Result<Value, std::io::Error>> {
             let protocol = arg(1).parse().map_err(std::io::Error::other)?;
             protocol_connect(protocol, addr)
         }),
-        "socket-sweep" => Ok(socket_sweep(&arg(1))),
+        "socket-sweep" => Ok(socket_sweep(libc::SYS_socket, &arg(1), &arg(2))),
+        "socketpair-sweep" => Ok(socket_sweep(libc::SYS_socketpair, &arg(1), &arg(2))),
         "send-flag-sweep" => Ok(send_flag_sweep()),
         "setsockopt-sweep" => Ok(setsockopt_sweep()),
         _ => return None,
@@ -257,32 +258,45 @@ fn outcome(rc: libc::c_long) -> String {
     }
 }
 
-/// Calls `socket(family, type, protocol)` through the raw syscall (all 64 bits of each
+/// Calls `socket(family, type, protocol)` (or, with `SYS_socketpair` as `call`, `socketpair`
+/// with the same three and a valid pair buffer) through the raw syscall (all 64 bits of each
 /// argument reach the filter) for every family, type (with and without `SOCK_NONBLOCK |
 /// SOCK_CLOEXEC`) and protocol swept, closing what it creates, and returns
 /// `{"family/type/protocol": outcome}` for every call that was not refused with EPERM or ENOSYS
 /// (the sandbox's two answers; the kernel's own refusals, such as raw sockets without
-/// CAP_NET_RAW, count as refused too, which only makes the set smaller). `families` (a comma
-/// list) narrows the sweep: unsandboxed as root, making and closing the thousands of packet
-/// and raw sockets of a full sweep takes half a minute.
-fn socket_sweep(families: &str) -> Value {
+/// CAP_NET_RAW, count as refused too, which only makes the set smaller). `families` and `types`
+/// (comma lists; empty: all) narrow the sweep: unsandboxed as root, making and closing the
+/// thousands of packet and raw sockets of a full sweep takes half a minute.
+fn socket_sweep(call: libc::c_long, families: &str, types: &str) -> Value {
     let mut reached = serde_json::Map::new();
     let protocols: Vec<i64> = SWEEP_PROTOCOLS
         .chain(SWEEP_EXTRA_PROTOCOLS.iter().copied())
         .collect();
-    let families: Vec<i64> = if families.is_empty() {
-        SWEEP_FAMILIES.collect()
-    } else {
-        families.split(',').filter_map(|f| f.parse().ok()).collect()
+    let list = |text: &str, all: std::ops::RangeInclusive<i64>| -> Vec<i64> {
+        if text.is_empty() {
+            all.collect()
+        } else {
+            text.split(',').filter_map(|n| n.parse().ok()).collect()
+        }
     };
-    for family in families {
-        for kind in SWEEP_TYPES.flat_map(|t| [t, t | TYPE_FLAGS]) {
+    let types = list(types, SWEEP_TYPES);
+    for family in list(families, SWEEP_FAMILIES) {
+        for kind in types.iter().flat_map(|&t| [t, t | TYPE_FLAGS]) {
             for &protocol in &protocols {
-                // SAFETY: integer arguments; a descriptor created is closed at once.
-                let rc = unsafe { libc::syscall(libc::SYS_socket, family, kind, protocol) };
+                let mut pair: [libc::c_int; 2] = [-1, -1];
+                // SAFETY: integer arguments and, for socketpair, a buffer of two ints; every
+                // descriptor created is closed at once.
+                let rc = unsafe { libc::syscall(call, family, kind, protocol, pair.as_mut_ptr()) };
                 if rc >= 0 {
-                    // SAFETY: our own descriptor, just created.
-                    unsafe { libc::close(rc as libc::c_int) };
+                    let created = if call == libc::SYS_socket {
+                        vec![rc as libc::c_int]
+                    } else {
+                        pair.to_vec()
+                    };
+                    for fd in created {
+                        // SAFETY: our own descriptor, just created.
+                        unsafe { libc::close(fd) };
+                    }
                 }
                 let result = outcome(rc);
                 if result != "EPERM" && result != "ENOSYS" {
