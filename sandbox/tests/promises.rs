@@ -541,3 +541,26 @@ fn repeated_interrupts_stop_a_command_that_ignores_them() {
         );
     }
 }
+
+#[test]
+fn a_deny_of_a_missing_path_warns_and_an_existing_one_does_not() {
+    let run = |deny: &std::path::Path| {
+        std::process::Command::new(sandbox_run_exe())
+            .args(["--policy", "read-only", "--cwd", "/", "--deny"])
+            .arg(deny)
+            .args(["--", "/bin/true"])
+            .output()
+            .unwrap()
+    };
+    let dir = scratch::scratch_dir("deny-missing-");
+    let missing = run(&dir.path().join("no-such-secret"));
+    assert!(missing.status.success(), "{missing:?}");
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("warning: --deny") && stderr.contains("no such file or directory"),
+        "{stderr}"
+    );
+    let present = run(dir.path());
+    assert!(present.status.success(), "{present:?}");
+    assert_eq!(String::from_utf8_lossy(&present.stderr), "");
+}
