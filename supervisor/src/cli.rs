@@ -184,9 +184,11 @@ pub struct ExecArgs {
     #[arg(long)]
     pub raw: bool,
 
-    /// Run the command under this sandbox profile (e.g. read-only, workspace-write). The
-    /// command's working directory (--cwd) is the sandbox's workspace.
-    #[arg(long, value_name = "PROFILE")]
+    /// Run the command under this sandbox: a built-in profile (read-only, workspace-write,
+    /// danger-full-access) or a JSON sandbox object (`{"permissions": ...}`, see
+    /// policies/README.md). The command's working directory (--cwd) is the sandbox's workspace
+    /// unless the object names a cwd.
+    #[arg(long, value_name = "NAME|JSON")]
     pub sandbox: Option<String>,
 
     /// Working directory on the server (absolute path or file: URI); defaults to the local

@@ -583,3 +583,39 @@ fn exec_says_which_limit_ended_the_command() {
     assert_eq!(status.code(), Some(0));
     assert_eq!(stderr, "");
 }
+
+#[test]
+fn sandbox_takes_a_json_object_and_explains_why_not_a_profile_file() {
+    let server = server();
+    let base = tests::scratch::scratch_dir("exec-sandbox-json-");
+    let target = base.path().join("written.txt");
+    tests::scratch::assert_outside_writable_roots(base.path());
+    let script = format!("echo x > {} || echo denied", target.display());
+    let (status, stdout, stderr) = output_within(
+        &mut exec(
+            server.url(),
+            &["--sandbox", r#"{"type":"read-only"}"#],
+            &sh(&script),
+        ),
+        b"",
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert_eq!(stdout, "denied\n", "{stderr}");
+    assert!(!target.exists(), "the read-only sandbox let the write land");
+    // Control: unsandboxed, the same write lands.
+    let (status, _, stderr) = output_within(&mut exec(server.url(), &[], &sh(&script)), b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(target.exists());
+    let (status, _, stderr) = output_within(
+        &mut exec(server.url(), &["--sandbox", "./mine.toml"], &["true"]),
+        b"",
+    );
+    assert_eq!(status.code(), Some(255));
+    assert!(stderr.contains("sandbox-run --policy FILE"), "{stderr}");
+    let (status, _, stderr) = output_within(
+        &mut exec(server.url(), &["--sandbox", "{not json"], &["true"]),
+        b"",
+    );
+    assert_eq!(status.code(), Some(255));
+    assert!(stderr.contains("not valid JSON"), "{stderr}");
+}

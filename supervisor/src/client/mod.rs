@@ -30,22 +30,14 @@
 //!     .with_auth_token(Some("secret".to_owned()));
 //! let client = ExecServerClient::connect(options).await?;
 //! let process = client
-//!     .start_process(StartParams {
-//!         process_id: "hello".into(),
-//!         argv: vec!["/bin/sh".into(), "-c".into(), "echo hi; exit 3".into()],
-//!         cwd: FileUri::from_path(std::path::Path::new("/tmp")).expect("absolute path"),
-//!         env: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
-//!         tty: false,
-//!         pipe_stdin: false,
-//!         arg0: None,
-//!         cols: None,
-//!         rows: None,
-//!         sandbox: None,
-//!         audit_denials: false,
-//!         env_policy: None,
-//!         enforce_managed_network: false,
-//!         limits: None,
-//!     })
+//!     .start_process(
+//!         StartParams::new(
+//!             "hello",
+//!             ["/bin/sh", "-c", "echo hi; exit 3"],
+//!             FileUri::from_path(std::path::Path::new("/tmp")).expect("absolute path"),
+//!         )
+//!         .with_env_var("PATH", "/usr/bin:/bin"),
+//!     )
 //!     .await?;
 //! let output = process.wait().await?;
 //! assert_eq!((output.stdout.as_slice(), output.exit_code), (&b"hi\n"[..], 3));

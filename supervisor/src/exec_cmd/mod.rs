@@ -94,6 +94,14 @@ pub enum ExecCommandError {
         /// Why.
         reason: String,
     },
+    /// `--sandbox` is neither a profile name nor a JSON sandbox object.
+    #[error("--sandbox {value:?}: {reason}")]
+    Sandbox {
+        /// The value given.
+        value: String,
+        /// Why, and what is expected.
+        reason: String,
+    },
     /// The tokio runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
@@ -300,27 +308,64 @@ pub fn start_params(
             .or_insert_with(|| FALLBACK_TERM.to_owned());
     }
     let cwd = cwd_uri(args.cwd.as_deref(), local_cwd)?;
-    Ok(StartParams {
-        process_id: format!("exec-{}", uuid::Uuid::new_v4()),
-        argv: args.command.clone(),
-        env,
-        tty: args.tty,
-        pipe_stdin: !args.tty,
-        arg0: None,
-        cols: None,
-        rows: None,
-        // The command's working directory is the sandbox's workspace: profiles such as
-        // workspace-write need one, and the server never guesses it.
-        sandbox: args
-            .sandbox
-            .as_ref()
-            .map(|profile| serde_json::json!({ "profile": profile, "cwd": cwd.to_uri_string() })),
+    // The command's working directory is the sandbox's workspace: profiles such as
+    // workspace-write need one, and the server never guesses it.
+    let sandbox = args
+        .sandbox
+        .as_deref()
+        .map(|text| sandbox_object(text, &cwd))
+        .transpose()?;
+    let mut params = StartParams::new(
+        format!("exec-{}", uuid::Uuid::new_v4()),
+        args.command.clone(),
         cwd,
-        audit_denials: false,
-        env_policy: None,
-        enforce_managed_network: false,
-        limits: args.limits.clone(),
-    })
+    )
+    .with_env(env)
+    .with_tty(args.tty)
+    .with_pipe_stdin(!args.tty);
+    if let Some(sandbox) = sandbox {
+        params = params.with_sandbox(sandbox);
+    }
+    if let Some(limits) = &args.limits {
+        params = params.with_limits(limits.clone());
+    }
+    Ok(params)
+}
+
+/// The wire `sandbox` object for `--sandbox`: a built-in profile name, or a JSON sandbox
+/// object (as `sandbox-run --policy` takes), each with the command's cwd as its workspace
+/// unless the object names one.
+///
+/// # Errors
+/// [`ExecCommandError::Sandbox`] for invalid JSON, a JSON value that is not an object, or a
+/// profile file (the server resolves policies and the wire has no TOML form).
+pub fn sandbox_object(text: &str, cwd: &FileUri) -> Result<serde_json::Value, ExecCommandError> {
+    let error = |reason: String| ExecCommandError::Sandbox {
+        value: text.to_owned(),
+        reason,
+    };
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') {
+        let mut object = match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(object)) => object,
+            Ok(_) => return Err(error("a JSON sandbox object must be an object".into())),
+            Err(err) => return Err(error(format!("not valid JSON: {err}"))),
+        };
+        object
+            .entry("cwd")
+            .or_insert_with(|| serde_json::Value::String(cwd.to_uri_string()));
+        return Ok(serde_json::Value::Object(object));
+    }
+    if text.contains('/') || text.ends_with(".toml") {
+        return Err(error(
+            "a profile file is resolved where the command runs, and the server takes a built-in \
+             name or a JSON sandbox object: pass the profile as JSON (see policies/README.md, \
+             the `permissions` shape), or run the file's policy locally with `sandbox-run \
+             --policy FILE`"
+                .into(),
+        ));
+    }
+    Ok(serde_json::json!({ "profile": text, "cwd": cwd.to_uri_string() }))
 }
 
 fn cwd_uri(cwd: Option<&str>, local_cwd: &Option<PathBuf>) -> Result<FileUri, ExecCommandError> {
