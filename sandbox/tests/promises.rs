@@ -564,3 +564,17 @@ fn a_deny_of_a_missing_path_warns_and_an_existing_one_does_not() {
     assert!(present.status.success(), "{present:?}");
     assert_eq!(String::from_utf8_lossy(&present.stderr), "");
 }
+
+#[test]
+fn a_command_without_the_separator_gets_a_hint() {
+    let output = std::process::Command::new(sandbox_run_exe())
+        .args(["--policy", "read-only", "ls", "-la"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("hint: the command goes after `--`"),
+        "{stderr}"
+    );
+}

@@ -258,6 +258,23 @@ pub fn describe_error(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// The hint for a command given without `--` before it (`exec-server exec ... ls -la`): clap
+/// sees `ls` as an unexpected argument. `None` for any other error.
+pub fn missing_separator_hint(error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if error.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(argument)) = error.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    (!argument.starts_with('-')).then(|| {
+        format!(
+            "hint: the command goes after `--`, e.g. `exec-server exec --connect URL -- {argument} ...`"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -619,3 +619,43 @@ fn sandbox_takes_a_json_object_and_explains_why_not_a_profile_file() {
     assert_eq!(status.code(), Some(255));
     assert!(stderr.contains("not valid JSON"), "{stderr}");
 }
+
+#[test]
+fn a_missing_or_unexecutable_program_exits_127_or_126_as_under_sandbox_run() {
+    let server = server();
+    for sandbox in [&[][..], &["--sandbox", "read-only"][..]] {
+        let (status, _, stderr) = output_within(
+            &mut exec(server.url(), sandbox, &["no-such-program-x"]),
+            b"",
+        );
+        assert_eq!(status.code(), Some(127), "{sandbox:?}: {stderr}");
+        let (status, _, stderr) =
+            output_within(&mut exec(server.url(), sandbox, &["/etc/passwd"]), b"");
+        assert_eq!(status.code(), Some(126), "{sandbox:?}: {stderr}");
+    }
+    // A missing working directory is exec's own failure, not the program's.
+    let mut cmd = Command::new(exec_server_binary());
+    cmd.args([
+        "exec",
+        "--connect",
+        server.url(),
+        "--cwd",
+        "/no-such-dir-x",
+        "--",
+        "true",
+    ]);
+    let (status, _, stderr) = output_within(&mut cmd, b"");
+    assert_eq!(status.code(), Some(255), "{stderr}");
+}
+
+#[test]
+fn a_command_without_the_separator_gets_a_hint() {
+    let mut cmd = Command::new(exec_server_binary());
+    cmd.args(["exec", "--connect", "ws://127.0.0.1:9", "ls", "-la"]);
+    let (status, _, stderr) = output_within(&mut cmd, b"");
+    assert_eq!(status.code(), Some(2));
+    assert!(
+        stderr.contains("hint: the command goes after `--`"),
+        "{stderr}"
+    );
+}

@@ -8,7 +8,22 @@ use clap::FromArgMatches;
 use sandbox::run::Cli;
 
 fn main() -> ExitCode {
-    let matches = sandbox::run::command().get_matches();
+    let matches = sandbox::run::command()
+        .try_get_matches()
+        .unwrap_or_else(|error| {
+            use clap::error::{ContextKind, ContextValue, ErrorKind};
+            if error.kind() == ErrorKind::UnknownArgument
+                && let Some(ContextValue::String(argument)) = error.get(ContextKind::InvalidArg)
+                && !argument.starts_with('-')
+            {
+                eprint!("{}", error.render());
+                eprintln!(
+                    "hint: the command goes after `--`, e.g. `sandbox-run --policy read-only -- {argument} ...`"
+                );
+                std::process::exit(2);
+            }
+            error.exit()
+        });
     let parsed = Cli::from_arg_matches(&matches)
         .and_then(|cli| Ok((cli, audit_flags::AuditArgs::from_arg_matches(&matches)?)));
     let (cli, audit) = match parsed {

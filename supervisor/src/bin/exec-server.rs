@@ -9,13 +9,20 @@ use supervisor::{ExecServerRuntimePaths, ServerOptions, run_main_with_options};
 
 fn main() -> ExitCode {
     supervisor::tune_allocator();
-    let mut cli = Cli::parse();
+    let mut cli = Cli::try_parse().unwrap_or_else(|error| {
+        if let Some(hint) = supervisor::cli::missing_separator_hint(&error) {
+            eprint!("{}", error.render());
+            eprintln!("{hint}");
+            std::process::exit(2);
+        }
+        error.exit()
+    });
     if let Some(Command::Exec(args)) = cli.command.take() {
         return match supervisor::exec_cmd::run(args) {
             Ok(status) => ExitCode::from(status),
             Err(error) => {
                 eprintln!("exec-server exec: {error}");
-                ExitCode::from(supervisor::exec_cmd::EXEC_FAILURE_STATUS)
+                ExitCode::from(supervisor::exec_cmd::failure_status(&error))
             }
         };
     }

@@ -152,6 +152,27 @@ pub fn run(mut args: ExecArgs) -> Result<u8, ExecCommandError> {
     outcome.map_err(with_hint)
 }
 
+/// The status `exec` exits with when it fails: 127 when the server found no such program, 126
+/// when it could not execute it (as a shell and `sandbox-run` say), else
+/// [`EXEC_FAILURE_STATUS`].
+pub fn failure_status(error: &ExecCommandError) -> u8 {
+    use proto::error::ErrorKind;
+    let ExecCommandError::Client(ExecServerError::Rpc { error, .. }) = error else {
+        return EXEC_FAILURE_STATUS;
+    };
+    let Some(data) = error.data.as_ref() else {
+        return EXEC_FAILURE_STATUS;
+    };
+    if data.operation.as_deref() != Some(crate::rpc::errors::EXEC_OPERATION) {
+        return EXEC_FAILURE_STATUS;
+    }
+    match data.kind {
+        ErrorKind::NotFound => 127,
+        ErrorKind::PermissionDenied => 126,
+        _ => EXEC_FAILURE_STATUS,
+    }
+}
+
 /// `--tty` needs a terminal on stdin to drive the remote one: without it (a pipe, a file,
 /// `/dev/null`) the command runs on pipes instead, as `ssh` does, and the returned warning says
 /// so. Without this a remote shell waits forever for input that never comes as keystrokes.

@@ -2,6 +2,9 @@
 
 use proto::error::{self as codes, ErrorKind, RpcError};
 
+/// `data.operation` of a `process/start` error whose program could not be found or executed.
+pub const EXEC_OPERATION: &str = "exec";
+
 use crate::budget::BudgetError;
 use crate::containment::plan::PlanError;
 use crate::fs::FsRequestError;
@@ -19,6 +22,10 @@ impl From<ProcessError> for RpcError {
             other => other,
         };
         let message = error.to_string();
+        let error_source_for_exec = match &error {
+            ProcessError::Spawn(spawn) => Some(spawn),
+            _ => None,
+        };
         let (code, kind) = match &error {
             ProcessError::EmptyArgv
             | ProcessError::ProcessIdLength { .. }
@@ -71,7 +78,16 @@ impl From<ProcessError> for RpcError {
                 (codes::INVALID_PARAMS, ErrorKind::InvalidParams)
             }
         };
-        RpcError::new(code, kind, message)
+        let error = RpcError::new(code, kind, message);
+        // The program itself could not be found or executed (not its cwd, not a limit):
+        // `operation: "exec"` lets a client tell it apart, as a shell's 127/126 do.
+        if matches!(
+            &error_source_for_exec,
+            Some(SpawnError::NotFound { .. } | SpawnError::Exec { .. })
+        ) {
+            return error.with_operation(EXEC_OPERATION);
+        }
+        error
     }
 }
 
