@@ -44,8 +44,8 @@ prefix="$(cd "$prefix" && pwd)"
 
 commands=(exec-server sandbox-run exec-rendezvous)
 helpers=(fs-helper exec-guardian sandbox-run egress-proxy)
-pages=(exec-server exec-server-exec sandbox-run)
-completed=(exec-server sandbox-run)
+pages=(exec-server exec-server-exec sandbox-run exec-rendezvous)
+completed=(exec-server sandbox-run exec-rendezvous)
 libexec="$prefix/libexec/execward"
 
 if $uninstall; then

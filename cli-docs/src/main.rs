@@ -2,13 +2,13 @@
 //! generated from the same clap definitions the binaries parse with, so they cannot drift from
 //! `--help`. `install.sh` runs it; the layout under DIR is the one a prefix uses:
 //!
-//! - `share/man/man1/exec-server.1`, `exec-server-exec.1`, `sandbox-run.1`
-//! - `share/bash-completion/completions/exec-server`, `sandbox-run`
-//! - `share/zsh/site-functions/_exec-server`, `_sandbox-run`
-//! - `share/fish/vendor_completions.d/exec-server.fish`, `sandbox-run.fish`
+//! - `share/man/man1/exec-server.1`, `exec-server-exec.1`, `sandbox-run.1`, `exec-rendezvous.1`
+//! - `share/bash-completion/completions/exec-server`, `sandbox-run`, `exec-rendezvous`
+//! - `share/zsh/site-functions/_exec-server`, `_sandbox-run`, `_exec-rendezvous`
+//! - `share/fish/vendor_completions.d/exec-server.fish`, `sandbox-run.fish`, `exec-rendezvous.fish`
 //!
-//! Only the commands people type get pages: `exec-server` (and its `exec` client) and
-//! `sandbox-run`. The internal helpers (`fs-helper`, `exec-guardian`) are run by `exec-server`
+//! Only the commands people type get pages: `exec-server` (and its `exec` client),
+//! `sandbox-run` and `exec-rendezvous`. The internal helpers (`fs-helper`, `exec-guardian`) are run by `exec-server`
 //! and say so in their `--help`.
 
 use std::path::{Path, PathBuf};
@@ -23,6 +23,10 @@ fn commands() -> Vec<(&'static str, clap::Command)> {
     vec![
         ("exec-server", supervisor::cli::Cli::command()),
         ("sandbox-run", sandbox::run::command()),
+        (
+            "exec-rendezvous",
+            supervisor::rendezvous::cli::Cli::command(),
+        ),
     ]
 }
 
@@ -81,10 +85,26 @@ fn generate(prefix: &Path) -> anyhow::Result<Vec<PathBuf>> {
             let mut command = command.clone();
             let path = clap_complete::generate_to(*shell, &mut command, name, &dir)
                 .with_context(|| format!("write the {shell} completion of {name}"))?;
+            if *shell == Shell::Bash {
+                repair_bash_subcommands(&path, name)?;
+            }
             written.push(path);
         }
     }
     Ok(written)
+}
+
+/// clap_complete's bash script names a hyphenated command's state `exec__server` where it
+/// walks the words but `exec__subcmd__server` where it matches them, so `exec-server exec
+/// <TAB>` completed nothing. One spelling for both.
+fn repair_bash_subcommands(path: &Path, name: &str) -> anyhow::Result<()> {
+    if !name.contains('-') {
+        return Ok(());
+    }
+    let script =
+        std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let repaired = script.replace(&name.replace('-', "__subcmd__"), &name.replace('-', "__"));
+    std::fs::write(path, repaired).with_context(|| format!("write {}", path.display()))
 }
 
 fn write_man_page(dir: &Path, name: &str, command: clap::Command) -> anyhow::Result<PathBuf> {
@@ -147,5 +167,45 @@ mod tests {
             bash.contains("--log-format") && bash.contains("exec"),
             "{bash}"
         );
+        let rendezvous = read("share/man/man1/exec-rendezvous.1");
+        assert!(rendezvous.contains("\\-\\-credentials"), "{rendezvous}");
+        assert!(
+            relative
+                .iter()
+                .any(|p| p == "share/bash-completion/completions/exec-rendezvous.bash")
+        );
+    }
+
+    /// What bash offers for `words` (the last one being completed), through the generated
+    /// script as bash-completion would call it.
+    fn bash_offers(script: &Path, function: &str, words: &[&str]) -> String {
+        let line = words.join(" ");
+        let program = format!(
+            "source {}; COMP_WORDS=({line}); COMP_CWORD={}; COMP_LINE='{line}'; \
+             COMP_POINT=${{#COMP_LINE}}; {function} {} '{}' '{}'; echo \"${{COMPREPLY[@]}}\"",
+            script.display(),
+            words.len() - 1,
+            words[0],
+            words[words.len() - 1],
+            words[words.len() - 2],
+        );
+        let output = std::process::Command::new("bash")
+            .args(["-c", &program])
+            .output()
+            .unwrap();
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    #[test]
+    fn bash_completes_the_options_of_exec_server_exec() {
+        let prefix = tempfile::tempdir().unwrap();
+        generate(prefix.path()).unwrap();
+        let script = prefix
+            .path()
+            .join("share/bash-completion/completions/exec-server.bash");
+        let offered = bash_offers(&script, "_exec__server", &["exec-server", "exec", "--co"]);
+        assert!(offered.contains("--connect"), "offered: {offered:?}");
+        let top = bash_offers(&script, "_exec__server", &["exec-server", "--lis"]);
+        assert!(top.contains("--listen"), "offered: {top:?}");
     }
 }

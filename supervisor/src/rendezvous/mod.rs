@@ -20,6 +20,7 @@
 //! (Noise ciphertext) and never inspected. Reliability is the endpoints' job: a frame with no
 //! route, or for a full socket queue, is dropped.
 
+pub mod cli;
 pub(crate) mod credentials;
 pub(crate) mod router;
 

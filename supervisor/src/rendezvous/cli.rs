@@ -1,0 +1,60 @@
+//! The `exec-rendezvous` command line (here, not in the binary, so its man page and shell
+//! completions are generated from the same definition).
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Reference registry + rendezvous for execward's remote mode: executors register and hold one
+/// websocket each; harnesses look them up and open relay streams; frames are routed by stream id
+/// and never decrypted. State is in memory. Every request needs `Authorization: Bearer <token>`
+/// with a token of the credentials file (--credentials): executor tokens register and serve
+/// environments, harness tokens connect to them, admin tokens release key bindings. SIGHUP
+/// rereads the file.
+#[derive(Debug, Parser)]
+#[command(name = "exec-rendezvous", version, about, long_about)]
+pub struct Cli {
+    /// Where to listen: IP:PORT, http://IP:PORT, or https://IP:PORT (needs --tls-cert and
+    /// --tls-key; a bare IP:PORT serves TLS when they are given). Port 0 picks a free port.
+    #[arg(
+        long,
+        value_name = "[http[s]://]IP:PORT",
+        default_value = "127.0.0.1:0"
+    )]
+    pub listen: String,
+    /// The credentials file (TOML: `[[executor]]`, `[[harness]]`, `[[admin]]` tokens,
+    /// optional `[[environment]]` key pins). See docs/remote.md.
+    #[arg(long, value_name = "FILE")]
+    pub credentials: PathBuf,
+    /// Serve TLS (https:// and wss://) with this PEM certificate chain.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Base ws(s):// URL handed to endpoints for their websockets (default: ws:// and the
+    /// listen address, wss:// with TLS).
+    #[arg(long, value_name = "URL")]
+    pub public_url: Option<String>,
+    /// Websockets (executor and harness) one credential may hold at once; more are refused
+    /// with 503, so one token cannot take every socket the rendezvous has.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = crate::rendezvous::MAX_SOCKETS_PER_CREDENTIAL,
+        value_parser = at_least_one
+    )]
+    pub max_sockets_per_credential: usize,
+    /// Log format on stderr: text (coloured only on a terminal) or json (one object per line).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = crate::cli::LogFormat::Text)]
+    pub log_format: crate::cli::LogFormat,
+}
+
+/// A count of at least 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(count) => Ok(count),
+        Err(error) => Err(format!("expected a whole number: {error}")),
+    }
+}
