@@ -402,3 +402,87 @@ async fn a_sandboxed_command_cannot_read_an_executors_identity_file() {
     let control = probe_through(&mut client, &setup, "control", None, &["read", path]).await;
     assert_eq!(control["ok"], true, "control read: {control}");
 }
+
+/// Starts `script` with the workspace-write sandbox at `cwd` (the command's cwd too).
+async fn start_at(
+    client: &mut tests::Client,
+    id: &str,
+    cwd: &Path,
+    script: &str,
+) -> Result<Value, tests::RpcError> {
+    let extra = json!({
+        "sandbox": {"profile": "workspace-write", "cwd": file_uri(cwd)},
+        "cwd": file_uri(cwd),
+    });
+    client.start(id, &["/bin/sh", "-c", script], extra).await
+}
+
+/// Issue 31: a workspace-write command at `ws` replaces `ws/task` with a symlink to a directory
+/// outside every root; the next start at `cwd = ws/task` is refused (it would have been granted
+/// the outside directory as its writable root), on both launch paths and under a root and an
+/// unprivileged server. Controls: a real `ws/task` is a working cwd, and an unsandboxed start
+/// through the plant writes outside (the plant is real).
+#[tokio::test]
+async fn a_working_directory_an_earlier_command_planted_is_refused() {
+    for uid in identities() {
+        for args in [&[][..], &["--one-shot-sandbox"][..]] {
+            let context = format!("as {uid:?} with {args:?}");
+            let setup = Setup::new(uid);
+            let outside = setup.workspace.parent().unwrap().join("outside");
+            std::fs::create_dir(&outside).unwrap();
+            if let Some(uid) = uid {
+                std::os::unix::fs::chown(&outside, Some(uid), Some(uid)).unwrap();
+            }
+            let server = setup.start(uid, args);
+            let mut client = server.client().await;
+            let ws = &setup.workspace;
+            let task = ws.join("task");
+            // Control: the command makes `task`; a start there works and writes there.
+            start_at(&mut client, "mkdir", ws, "mkdir task")
+                .await
+                .unwrap();
+            assert_eq!(
+                client.collect("mkdir").await.exit_code,
+                Some(0),
+                "{context}"
+            );
+            start_at(&mut client, "in-task", &task, "touch made-in-task")
+                .await
+                .unwrap_or_else(|e| panic!("{context}: the unplanted cwd was refused: {e:?}"));
+            assert_eq!(
+                client.collect("in-task").await.exit_code,
+                Some(0),
+                "{context}"
+            );
+            assert!(task.join("made-in-task").exists(), "{context}");
+            // The plant.
+            let plant = format!("rm -rf task && ln -s {} task", outside.display());
+            start_at(&mut client, "plant", ws, &plant).await.unwrap();
+            assert_eq!(
+                client.collect("plant").await.exit_code,
+                Some(0),
+                "{context}"
+            );
+            assert!(task.symlink_metadata().unwrap().is_symlink(), "{context}");
+            // The next start through it is refused with the writable roots' message.
+            let refused = start_at(&mut client, "through", &task, "touch pwned").await;
+            let error = refused.expect_err(&format!("{context}: a planted cwd was accepted"));
+            assert!(
+                error.message.contains("resolves through the symlink"),
+                "{context}: {error:?}"
+            );
+            assert!(!outside.join("pwned").exists(), "{context}: wrote outside");
+            // Without a sandbox the same start lands outside: the plant redirects.
+            client
+                .start(
+                    "unsandboxed",
+                    &["/bin/sh", "-c", "touch redirected"],
+                    json!({"cwd": file_uri(&task)}),
+                )
+                .await
+                .unwrap();
+            assert_eq!(client.collect("unsandboxed").await.exit_code, Some(0));
+            assert!(outside.join("redirected").exists(), "{context}");
+        }
+    }
+}

@@ -112,6 +112,16 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
     policy
         .refuse_planted_symlink(&cwd)
         .map_err(|err| RunError::Setup(format!("--cwd: {err}")))?;
+    for root in &roots {
+        policy
+            .refuse_planted_symlink(root)
+            .map_err(|err| RunError::Setup(format!("--writable-root: {err}")))?;
+    }
+    for path in &cli.denies {
+        policy
+            .refuse_planted_symlink(&current.join(path))
+            .map_err(|err| RunError::Setup(format!("--deny: {err}")))?;
+    }
     let cwd = std::fs::canonicalize(&cwd)
         .map_err(|err| RunError::Setup(format!("--cwd {}: {err}", cwd.display())))?;
     Ok((policy, cwd))
