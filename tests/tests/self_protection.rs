@@ -486,3 +486,94 @@ async fn a_working_directory_an_earlier_command_planted_is_refused() {
         }
     }
 }
+
+/// Takes POOL (`inotify`, `timers`, `pty`) until refused or CAP were taken, prints
+/// `took N then ERRNO`, and holds them for HOLD seconds (a minute). argv: POOL CAP [HOLD].
+const POOL_HOG: &str = r#"
+import ctypes, errno, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+what, cap = sys.argv[1], int(sys.argv[2])
+n, err, held = 0, "", []
+while n < cap:
+    if what == "inotify":
+        ok = libc.inotify_init1(0o2000000) >= 0
+    elif what == "timers":
+        ok = libc.timer_create(1, None, ctypes.byref(ctypes.c_void_p())) == 0
+    else:
+        try:
+            held.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)); ok = True
+        except OSError as e:
+            ctypes.set_errno(e.errno); ok = False
+    if not ok:
+        err = errno.errorcode.get(ctypes.get_errno(), "?"); break
+    n += 1
+print("took %d then %s" % (n, err), flush=True)
+time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 60)
+"#;
+
+/// Issue 31, through the server on both launch paths, as root and as uid 65534: while one
+/// session's sandboxed command holds all it can of a kernel pool the host shares, a sandboxed
+/// command of another session and a host process of the server's uid still get one. (The
+/// unsandboxed controls, which starve the host, are in `sandbox/tests/pools.rs`.)
+#[tokio::test]
+async fn a_sandbox_holding_its_share_of_a_pool_leaves_one_for_the_host_and_another_session() {
+    for uid in identities() {
+        for args in [&[][..], &["--one-shot-sandbox"][..]] {
+            let setup = Setup::new(uid);
+            let script = setup.workspace.join("hog.py");
+            std::fs::write(&script, POOL_HOG).unwrap();
+            let server = setup.start(uid, args);
+            let mut holder = server.client().await;
+            let mut other = server.client().await;
+            for (pool, refused) in [
+                ("inotify", "EMFILE"),
+                ("timers", "EAGAIN"),
+                ("pty", "ENOSPC"),
+            ] {
+                let context = format!("{pool} as {uid:?} with {args:?}");
+                let argv = [
+                    "/usr/bin/python3",
+                    script.to_str().unwrap(),
+                    pool,
+                    "1000000",
+                ];
+                let extra = json!({
+                    "sandbox": {"profile": "workspace-write", "cwd": file_uri(&setup.workspace)},
+                    "cwd": file_uri(&setup.workspace),
+                });
+                let (hog, taker) = (format!("hog-{pool}"), format!("one-{pool}"));
+                holder.start(&hog, &argv, extra.clone()).await.unwrap();
+                let report = holder.wait_for_output(&hog, "took").await;
+                assert!(
+                    report.contains(&format!("then {refused}")),
+                    "{context}: the sandbox was not stopped by its bound: {report}"
+                );
+                let one = ["/usr/bin/python3", script.to_str().unwrap(), pool, "1", "0"];
+                other.start(&taker, &one, extra).await.unwrap();
+                let got = other.wait_for_output(&taker, "took").await;
+                assert!(
+                    got.contains("took 1 then"),
+                    "{context}: another session got none: {got}"
+                );
+                let mut host = std::process::Command::new("/usr/bin/timeout");
+                host.args(["5"])
+                    .args(one)
+                    .stdout(std::process::Stdio::piped());
+                if let Some(uid) = uid {
+                    host.uid(uid).gid(uid);
+                }
+                let host = host.output().unwrap();
+                let got = String::from_utf8_lossy(&host.stdout);
+                assert!(
+                    got.contains("took 1 then"),
+                    "{context}: the host got none: {got}"
+                );
+                assert_eq!(other.collect(&taker).await.exit_code, Some(0), "{context}");
+                holder
+                    .call("process/terminate", json!({"processId": hog}))
+                    .await;
+                holder.collect(&hog).await;
+            }
+        }
+    }
+}
