@@ -577,3 +577,67 @@ async fn a_sandbox_holding_its_share_of_a_pool_leaves_one_for_the_host_and_anoth
         }
     }
 }
+
+/// Issue 31: with the server's binaries in `ws/tools/bin` (kept read-only), a sandboxed command
+/// cannot rename `ws/tools` (which would carry the read-only bind away and let it plant a
+/// `ws/tools/bin/sandbox-run` the user runs next), nor `ws/tools/bin`; on both launch paths,
+/// under a root and an unprivileged server. Control: unsandboxed, the rename goes through.
+#[tokio::test]
+async fn the_servers_binary_directory_cannot_be_moved_by_renaming_its_parent() {
+    for uid in identities() {
+        for args in [&[][..], &["--one-shot-sandbox"][..]] {
+            let context = format!("as {uid:?} with {args:?}");
+            let setup = Setup::new(uid);
+            let tools = setup.workspace.join("tools");
+            let bin = tools.join("bin");
+            install_binaries(&bin);
+            if let Some(uid) = uid {
+                for path in [&tools, &bin] {
+                    std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+                }
+            }
+            let server = ExecServer::start_binary(&bin.join("exec-server"), args, |command| {
+                command.env_clear().env("PATH", "/usr/bin:/bin");
+                if let Some(uid) = uid {
+                    command.uid(uid).gid(uid);
+                }
+            });
+            let mut client = server.client().await;
+            let ws = file_uri(&setup.workspace);
+            let sandboxed =
+                json!({"sandbox": {"profile": "workspace-write", "cwd": ws}, "cwd": ws});
+            let script = "mv tools moved; echo rc1=$?; mv tools/bin tools/moved; echo rc2=$?";
+            let out = client
+                .run("rename", &["/bin/sh", "-c", script], sandboxed)
+                .await;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                stdout.contains("rc1=1") && stdout.contains("rc2=1"),
+                "{context}: {stdout} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                bin.join("sandbox-run").is_file(),
+                "{context}: the binaries moved"
+            );
+            assert!(!setup.workspace.join("moved").exists(), "{context}");
+            let out = client
+                .run(
+                    "free",
+                    &[
+                        "/bin/sh",
+                        "-c",
+                        "mv tools moved && mv moved tools && echo moved-back",
+                    ],
+                    json!({"cwd": ws}),
+                )
+                .await;
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "moved-back\n",
+                "{context}: the unsandboxed control could not rename: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
