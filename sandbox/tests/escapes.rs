@@ -663,3 +663,45 @@ fn a_protected_repository_cannot_be_moved_from_under_its_path_by_renaming_an_anc
         }
     }
 }
+
+#[test]
+fn a_deny_below_a_read_entry_cannot_be_moved_by_renaming_the_entrys_parent() {
+    // services/api is a read entry inside the writable workspace, services/api/.env is denied;
+    // renaming services would carry both away, and the next command (or this one) would read
+    // the secret at the moved path.
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let api = fx.ws.join("services/api");
+        std::fs::create_dir_all(&api).unwrap();
+        let env = api.join(".env");
+        std::fs::write(&env, "TOKEN=secret").unwrap();
+        if let Some(uid) = uid {
+            for path in ["services", "services/api", "services/api/.env"] {
+                std::os::unix::fs::chown(fx.ws.join(path), Some(uid), Some(uid)).unwrap();
+            }
+        }
+        let entry = |path: &Path, access: &str| serde_json::json!({"path": {"type": "path", "path": path}, "access": access});
+        let policy = serde_json::json!({"permissions": {"type": "managed", "file_system": {
+        "type": "restricted", "entries": [
+            entry(Path::new("/"), "read"),
+            entry(&fx.ws, "write"),
+            entry(&api, "read"),
+            entry(&env, "deny"),
+        ]}}})
+        .to_string();
+        let args = ["--policy", policy.as_str()];
+        assert_blocked(&probe(&args, &["read", s(&env)], uid, &fx.ws), &[], "read");
+        let (from, to) = (fx.ws.join("services"), fx.ws.join("moved"));
+        let result = probe(&args, &["rename", s(&from), s(&to)], uid, &fx.ws);
+        assert_blocked(&result, &["EBUSY", "EXDEV"], &format!("rename as {uid:?}"));
+        assert!(from.exists() && !to.exists(), "services moved as {uid:?}");
+        let free = probe(
+            &["--policy", "danger-full-access"],
+            &["rename", s(&from), s(&to)],
+            uid,
+            &fx.ws,
+        );
+        assert_allowed(&free, &format!("unsandboxed rename as {uid:?}"));
+        std::fs::rename(&to, &from).unwrap();
+    }
+}

@@ -108,6 +108,9 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
     }
     if let Some(path) = profile_file {
         refuse_writable_profile(&policy, &path)?;
+        policy
+            .refuse_planted_symlink(&path)
+            .map_err(|err| RunError::Setup(format!("profile file: {err}")))?;
     }
     policy
         .refuse_planted_symlink(&cwd)
