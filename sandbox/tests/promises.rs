@@ -446,3 +446,121 @@ fn uprobe_and_uretprobe_refuse_an_ordinary_caller_inside_the_sandbox() {
         );
     }
 }
+
+#[test]
+fn secrets_in_the_callers_environment_reach_the_command_only_when_named() {
+    let run = |extra: &[&str]| {
+        let output = std::process::Command::new(sandbox_run_exe())
+            .args(["--policy", "read-only", "--cwd", "/"])
+            .args(extra)
+            .args(["--", "/usr/bin/env"])
+            .env("MY_SECRET_TOKEN", "hunter2")
+            .env("aws_access_key_id", "AKIAEXAMPLE")
+            .env("EXECWARD_REGISTRY_TOKEN", "registry")
+            .env("PLAIN_SETTING", "kept")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let default = run(&[]);
+    assert!(default.contains("PLAIN_SETTING=kept"), "{default}");
+    for secret in ["hunter2", "AKIAEXAMPLE", "registry"] {
+        assert!(
+            !default.contains(secret),
+            "{secret} reached the command: {default}"
+        );
+    }
+    // Named, it passes; the others stay out.
+    let named = run(&["--env", "MY_SECRET_TOKEN"]);
+    assert!(named.contains("MY_SECRET_TOKEN=hunter2"), "{named}");
+    assert!(!named.contains("AKIAEXAMPLE"), "{named}");
+    // --clearenv: only what is named or set.
+    let cleared = run(&["--clearenv", "--env", "PLAIN_SETTING", "--setenv", "A=b=c"]);
+    let mut lines: Vec<&str> = cleared.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["A=b=c", "PLAIN_SETTING=kept"], "{cleared}");
+    let unset = run(&["--unsetenv", "PLAIN_SETTING"]);
+    assert!(!unset.contains("PLAIN_SETTING"), "{unset}");
+}
+
+#[test]
+fn repeated_interrupts_stop_a_command_that_ignores_them() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    // (extra interrupts sent, longest time to stop): two wait for the grace, three kill at once.
+    for (interrupts, within) in [(2, 6), (3, 2)] {
+        let mut child = std::process::Command::new(sandbox_run_exe())
+            .args(["--policy", "read-only", "--cwd", "/", "--"])
+            .args([
+                "/bin/sh",
+                "-c",
+                "trap '' INT TERM; echo ready; sleep 311.5; echo survived",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut ready = [0u8; 6];
+        stdout.read_exact(&mut ready).unwrap();
+        assert_eq!(&ready, b"ready\n");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let started = std::time::Instant::now();
+        for _ in 0..interrupts {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(150));
+        }
+        let status = child.wait().unwrap();
+        let took = started.elapsed();
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{interrupts} interrupts: {status:?} {stderr}"
+        );
+        assert!(!rest.contains("survived"), "the command went on: {rest}");
+        assert!(
+            took < std::time::Duration::from_secs(within),
+            "{interrupts} interrupts took {took:?}"
+        );
+        assert!(stderr.contains("forwarded to the command"), "{stderr}");
+        assert!(stderr.contains("terminating the command"), "{stderr}");
+        assert_eq!(
+            stderr.contains("killing the command"),
+            interrupts == 3,
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_deny_of_a_missing_path_warns_and_an_existing_one_does_not() {
+    let run = |deny: &std::path::Path| {
+        std::process::Command::new(sandbox_run_exe())
+            .args(["--policy", "read-only", "--cwd", "/", "--deny"])
+            .arg(deny)
+            .args(["--", "/bin/true"])
+            .output()
+            .unwrap()
+    };
+    let dir = scratch::scratch_dir("deny-missing-");
+    let missing = run(&dir.path().join("no-such-secret"));
+    assert!(missing.status.success(), "{missing:?}");
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("warning: --deny") && stderr.contains("no such file or directory"),
+        "{stderr}"
+    );
+    let present = run(dir.path());
+    assert!(present.status.success(), "{present:?}");
+    assert_eq!(String::from_utf8_lossy(&present.stderr), "");
+}

@@ -184,9 +184,11 @@ pub struct ExecArgs {
     #[arg(long)]
     pub raw: bool,
 
-    /// Run the command under this sandbox profile (e.g. read-only, workspace-write). The
-    /// command's working directory (--cwd) is the sandbox's workspace.
-    #[arg(long, value_name = "PROFILE")]
+    /// Run the command under this sandbox: a built-in profile (read-only, workspace-write,
+    /// danger-full-access) or a JSON sandbox object (`{"permissions": ...}`, see
+    /// policies/README.md). The command's working directory (--cwd) is the sandbox's workspace
+    /// unless the object names a cwd.
+    #[arg(long, value_name = "NAME|JSON")]
     pub sandbox: Option<String>,
 
     /// Working directory on the server (absolute path or file: URI); defaults to the local
@@ -201,6 +203,12 @@ pub struct ExecArgs {
     /// Do not forward the default local variables (only --env ones are set).
     #[arg(long)]
     pub clear_env: bool,
+
+    /// Limits of the command's whole process tree, in the form exec-server's
+    /// --default-limits takes (e.g. memoryBytes=64M,wallSeconds=2,processes=256,cpuSeconds=60);
+    /// they replace the server's defaults. When one ends the command, exec says which.
+    #[arg(long, value_name = "LIST", value_parser = crate::containment::plan::parse_default_limits)]
+    pub limits: Option<proto::methods::process::Limits>,
 
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM [ARGS]")]

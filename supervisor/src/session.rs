@@ -34,6 +34,8 @@ struct AttachmentState {
     detach_generation: u64,
     /// When the session was last detached (while it is).
     detached_at: Option<Instant>,
+    /// The TTL its client asked for at its latest `initialize` (capped by the server's).
+    requested_ttl: Option<Duration>,
 }
 
 impl Attachment {
@@ -124,9 +126,14 @@ impl SessionRegistry {
         &self,
         connection: u64,
         sender: OutboundSender,
+        requested_ttl: Option<Duration>,
     ) -> Result<Arc<Session>, SessionError> {
         let attachment = Attachment::default();
-        attachment.lock().connection = Some((connection, sender));
+        {
+            let mut state = attachment.lock();
+            state.connection = Some((connection, sender));
+            state.requested_ttl = requested_ttl;
+        }
         let session = Arc::new(Session {
             id: uuid::Uuid::new_v4().to_string(),
             processes: Arc::new(ProcessTable::default()),
@@ -161,6 +168,7 @@ impl SessionRegistry {
         id: &str,
         connection: u64,
         sender: OutboundSender,
+        requested_ttl: Option<Duration>,
     ) -> Result<Arc<Session>, SessionError> {
         let sessions = self.lock();
         let session = sessions
@@ -173,14 +181,18 @@ impl SessionRegistry {
         }
         state.connection = Some((connection, sender));
         state.detached_at = None;
+        if requested_ttl.is_some() {
+            state.requested_ttl = requested_ttl;
+        }
         drop(state);
         Ok(session)
     }
 
     /// Detach `session` from `connection` (no-op if another connection holds it now) and start
-    /// the expiry timer.
+    /// the expiry timer: the server's TTL, or the shorter one the client asked for (zero: the
+    /// processes are terminated now).
     pub fn detach(self: &Arc<Self>, session: &Arc<Session>, connection: u64) {
-        let generation = {
+        let (generation, ttl) = {
             let mut state = session.attachment.lock();
             match &state.connection {
                 Some((current, _)) if *current == connection => {}
@@ -189,7 +201,10 @@ impl SessionRegistry {
             state.connection = None;
             state.detach_generation += 1;
             state.detached_at = Some(Instant::now());
-            state.detach_generation
+            let ttl = state
+                .requested_ttl
+                .map_or(self.ttl, |asked| asked.min(self.ttl));
+            (state.detach_generation, ttl)
         };
         self.helpers.retire_session(&session.id);
         self.launchers.retire_session(&session.id);
@@ -197,7 +212,9 @@ impl SessionRegistry {
         let registry = Arc::clone(self);
         let session = Arc::clone(session);
         tokio::spawn(async move {
-            tokio::time::sleep(registry.ttl).await;
+            if !ttl.is_zero() {
+                tokio::time::sleep(ttl).await;
+            }
             let expired = {
                 let mut sessions = registry.lock();
                 let state = session.attachment.lock();

@@ -8,22 +8,12 @@ use crate::DEADLINE;
 
 /// `process/start` params for the library client: cwd `/`, env `PATH=/usr/bin:/bin`.
 pub fn start_params(process_id: &str, argv: &[&str]) -> proto::methods::process::StartParams {
-    proto::methods::process::StartParams {
-        process_id: process_id.to_owned(),
-        argv: argv.iter().map(|s| (*s).to_owned()).collect(),
-        cwd: proto::FileUri::from_path(Path::new("/")).unwrap(),
-        env: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
-        tty: false,
-        pipe_stdin: false,
-        arg0: None,
-        cols: None,
-        rows: None,
-        sandbox: None,
-        audit_denials: false,
-        env_policy: None,
-        enforce_managed_network: false,
-        limits: None,
-    }
+    proto::methods::process::StartParams::new(
+        process_id,
+        argv.iter().copied(),
+        proto::FileUri::from_path(Path::new("/")).unwrap(),
+    )
+    .with_env_var("PATH", "/usr/bin:/bin")
 }
 
 /// Connect an `ExecServerClient` to `url`, panicking with context on failure.

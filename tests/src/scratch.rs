@@ -115,15 +115,19 @@ pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
     dir
 }
 
-/// `path` itself when any uid can execute it (every ancestor traversable, the file o+rx);
-/// otherwise a copy in a 0755 directory under [`scratch_base`], made once per process (a clone
-/// under a 0700 home keeps its binaries where the unprivileged uid cannot reach them).
+/// `path` itself when any uid can execute it (every ancestor traversable, the file o+rx) and a
+/// sandbox sees it where it is; otherwise a copy in a 0755 directory under [`scratch_base`], made
+/// once per process. Two kinds of checkout need the copy: one under a 0700 home keeps its binaries
+/// where the unprivileged uid cannot reach them, and one under `/tmp`, `/run` or `$TMPDIR` keeps
+/// them where every sandbox mounts a private, empty directory (a clone in `/tmp/x` with 0755
+/// parents passes the first test and fails the second).
 pub fn traversable(path: &Path) -> PathBuf {
     static COPIES: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
     let runnable = std::fs::metadata(path).is_ok_and(|m| m.mode() & 0o005 == 0o005)
         && path
             .parent()
-            .is_none_or(|dir| first_untraversable(dir).is_none());
+            .is_none_or(|dir| first_untraversable(dir).is_none())
+        && !hidden_by_sandboxes(path);
     if runnable {
         return path.to_owned();
     }
@@ -147,6 +151,22 @@ pub fn traversable(path: &Path) -> PathBuf {
             copy
         })
         .clone()
+}
+
+/// Whether `path` lies where a sandbox sees a private directory of its own instead of the host's:
+/// `/tmp`, `/run` and `$TMPDIR` (canonical, so `/var/run` counts as `/run`).
+pub fn hidden_by_sandboxes(path: &Path) -> bool {
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    let mut private = vec![PathBuf::from("/tmp"), PathBuf::from("/run")];
+    private.extend(
+        std::env::var_os("TMPDIR")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute()),
+    );
+    private
+        .into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .any(|dir| canonical.starts_with(dir))
 }
 
 /// Removes the copied binaries' directories when the test process exits normally.

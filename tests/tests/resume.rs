@@ -406,3 +406,63 @@ async fn a_start_whose_answer_was_lost_is_cleaned_up_not_adopted() {
         .unwrap();
     assert_eq!(output.stdout, b"fine\n");
 }
+
+/// A session whose client asked for `detachedSessionTtlSeconds` dies that long after its
+/// connection, never later than the server's own TTL, and a later resume keeps what it asked.
+#[tokio::test]
+async fn a_client_asked_ttl_replaces_the_servers_and_is_capped_by_it() {
+    let server = ExecServer::start(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--detached-session-ttl",
+        "3",
+    ]);
+    for (asked, expected) in [
+        (0, Duration::ZERO),
+        (1, Duration::from_secs(1)),
+        (3600, Duration::from_secs(3)),
+    ] {
+        let mut client = server.connect().await;
+        client
+            .request(
+                "initialize",
+                json!({"clientName": "t", "detachedSessionTtlSeconds": asked}),
+            )
+            .await
+            .unwrap();
+        let pid = start_sleeper(&mut client).await;
+        client.close().await;
+        let detached = Instant::now();
+        tokio::task::spawn_blocking(move || {
+            wait_process_dead(
+                pid,
+                expected + Duration::from_secs(8),
+                "process of the session",
+            )
+        })
+        .await
+        .unwrap();
+        let died_after = detached.elapsed();
+        assert!(
+            died_after >= expected.saturating_sub(Duration::from_millis(200)),
+            "asked {asked} s: died {died_after:?} after the detach, before {expected:?}"
+        );
+        if expected.is_zero() {
+            // Terminated at once (SIGTERM answered by sleep's death), no TTL waited.
+            assert!(
+                died_after < Duration::from_secs(2),
+                "asked 0 s: {died_after:?}"
+            );
+        }
+    }
+    // A negative or fractional TTL is not a number of seconds the server takes.
+    let mut client = server.connect().await;
+    let error = client
+        .request(
+            "initialize",
+            json!({"clientName": "t", "detachedSessionTtlSeconds": -1}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, -32602, "{error:?}");
+}

@@ -11,6 +11,13 @@ pub struct InitializeParams {
     /// Re-attach this detached session instead of creating a new one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_session_id: Option<String>,
+    /// How long the session is kept once its connection ends, in seconds: at most the
+    /// server's `--detached-session-ttl` (a larger value is capped); `0` terminates its
+    /// processes as soon as the connection ends (a client that will never resume, such as
+    /// `exec-server exec`). Absent: the server's TTL. Applies from this `initialize` on, resumes
+    /// included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detached_session_ttl_seconds: Option<u64>,
 }
 
 /// Result of `initialize`.

@@ -17,7 +17,10 @@
 //!   moves: pid/who 0), on some of its arguments (clone without namespace flags, ioctl without
 //!   TIOCSTI/TIOCLINUX, personality), or must not create set-user-ID/set-group-ID files (open,
 //!   creat, chmod family, mknod). Sockets: with the network off only `AF_UNIX`; with it on also
-//!   `AF_INET`, `AF_INET6` and `AF_NETLINK`. Anything not listed, including every syscall added to
+//!   `AF_NETLINK`, and `AF_INET`/`AF_INET6` stream and datagram sockets of protocol 0, TCP, UDP
+//!   or ICMP (MPTCP and SCTP connect where Landlock's TCP rule does not look); in both variants
+//!   no TCP Fast Open (`MSG_FASTOPEN` on the send calls, `TCP_FASTOPEN_CONNECT`) and no TCP
+//!   repair options, so every TCP connection passes `connect(2)`. Anything not listed, including every syscall added to
 //!   the kernel after the list was reviewed, gets `ENOSYS` (so libc falls back, as on an older
 //!   kernel): `clone3` among them, whose flags live in memory a filter cannot read, and the
 //!   native AIO calls (`io_setup` allocates from the host-wide `fs.aio-max-nr`, which nothing
@@ -736,5 +739,37 @@ mod tests {
                 .iter()
                 .all(|r| r.args.iter().all(|c| c.len == "dword"))
         );
+    }
+
+    /// The kernel reads the socket calls' family, type, protocol, flags, level and option name
+    /// as ints: a rule comparing 64 bits would let `value | 1 << 32` through.
+    #[test]
+    fn socket_rules_compare_32_bits() {
+        for variant in VARIANTS {
+            let filters = filters_for(variant).unwrap();
+            let rules: Vec<&seccomp_policy::Rule> = filters
+                .iter()
+                .flat_map(|(_, f)| f.filter.iter())
+                .filter(|r| {
+                    [
+                        "socket",
+                        "socketpair",
+                        "sendto",
+                        "sendmsg",
+                        "sendmmsg",
+                        "setsockopt",
+                    ]
+                    .contains(&r.syscall.as_str())
+                })
+                .filter(|r| !r.args.is_empty())
+                .collect();
+            assert!(rules.len() >= 9, "{variant:?}: {rules:?}");
+            assert!(
+                rules
+                    .iter()
+                    .all(|r| r.args.iter().all(|c| c.len == "dword")),
+                "{variant:?}"
+            );
+        }
     }
 }

@@ -343,7 +343,8 @@ pub enum PolicyError {
     },
     /// `profile` named no built-in profile.
     #[error(
-        "unknown sandbox profile {name:?} (expected one of: read-only, workspace-write, danger-full-access)"
+        "unknown sandbox profile {name:?}{} (expected one of: read-only, workspace-write, danger-full-access)",
+        profile::did_you_mean(.name)
     )]
     UnknownProfile {
         /// The name given.

@@ -151,6 +151,34 @@ pub fn builtin_profile(name: &str) -> Result<ProfileFile, PolicyError> {
     }
 }
 
+/// `; did you mean "NAME"?` when a built-in profile name is within two edits of `name` (a typo,
+/// a missing dash, `_` for `-`), else nothing.
+pub(crate) fn did_you_mean(name: &str) -> String {
+    BUILTIN_PROFILES
+        .iter()
+        .map(|(builtin, _)| (edit_distance(&name.to_ascii_lowercase(), builtin), *builtin))
+        .filter(|(distance, _)| *distance <= 2)
+        .min()
+        .map_or_else(String::new, |(_, builtin)| {
+            format!("; did you mean {builtin:?}?")
+        })
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = previous[j] + usize::from(ca != *cb);
+            current.push(substitute.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
 /// Parses a `[filesystem]` key: `:root`, `:minimal`, `:project_roots[/SUB]`, `:cwd`,
 /// `:tmpdir`, `:slash_tmp`, an absolute path, or a glob (may be relative to cwd).
 pub(crate) fn parse_entry_key(key: &str) -> Result<EntryPath, PolicyError> {

@@ -644,3 +644,19 @@ fn toml_profiles_take_an_allowlist_table() {
     assert_eq!(switch.network, NetworkPolicy::On);
     assert!(ProfileFile::parse("network = { allow = [\"a b\"] }\n", "test").is_err());
 }
+
+#[test]
+fn a_mistyped_profile_name_gets_the_nearest_suggestion() {
+    let message = |name: &str| builtin_profile(name).unwrap_err().to_string();
+    assert!(
+        message("worksapce-write").contains("did you mean \"workspace-write\"?"),
+        "{}",
+        message("worksapce-write")
+    );
+    assert!(message("read_only").contains("did you mean \"read-only\"?"));
+    assert!(message("READ-ONLY").contains("did you mean \"read-only\"?"));
+    // Nothing near: the list only.
+    let far = message("strict");
+    assert!(!far.contains("did you mean"), "{far}");
+    assert!(far.contains("expected one of: read-only, workspace-write, danger-full-access"));
+}

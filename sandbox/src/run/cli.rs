@@ -57,6 +57,20 @@ pub struct Cli {
     /// Extra path to hide (masked by the namespace layer, refused by Landlock); repeatable.
     #[arg(long = "deny", value_name = "PATH")]
     pub denies: Vec<PathBuf>,
+    /// Pass the caller's variable NAME to the command (repeatable). By default the command
+    /// gets the caller's environment less every name containing KEY, SECRET or TOKEN (in any
+    /// case) and exec-server's own EXECWARD_* variables, as exec-server's envPolicy does.
+    #[arg(long = "env", value_name = "NAME", help_heading = "Environment")]
+    pub keep_env: Vec<OsString>,
+    /// Set NAME to VALUE for the command (repeatable; applied last).
+    #[arg(long = "setenv", value_name = "NAME=VALUE", value_parser = crate::run::env::parse_assignment, help_heading = "Environment")]
+    pub set_env: Vec<(OsString, OsString)>,
+    /// Remove NAME from the command's environment (repeatable).
+    #[arg(long = "unsetenv", value_name = "NAME", help_heading = "Environment")]
+    pub unset_env: Vec<OsString>,
+    /// Start the command's environment empty (then --env, --setenv apply).
+    #[arg(long, help_heading = "Environment")]
+    pub clearenv: bool,
     /// Allow network access.
     #[arg(long, conflicts_with_all = ["allow_domains", "deny_domains"])]
     pub allow_network: bool,
@@ -123,6 +137,18 @@ pub struct Cli {
     pub command: Vec<OsString>,
 }
 
+impl Cli {
+    /// What the environment flags ask for.
+    pub fn env_flags(&self) -> crate::run::env::EnvFlags {
+        crate::run::env::EnvFlags {
+            clear: self.clearenv,
+            keep: self.keep_env.clone(),
+            unset: self.unset_env.clone(),
+            set: self.set_env.clone(),
+        }
+    }
+}
+
 /// The whole `sandbox-run` command line: [`Cli`] plus, on Linux, the denial audit's flags
 /// (`--audit`, ...). `sandbox-run` parses with it; man pages and completions are generated
 /// from it.
@@ -131,7 +157,10 @@ pub fn command() -> clap::Command {
     #[cfg(target_os = "linux")]
     {
         use clap::Args;
-        crate::audit::cli::AuditArgs::augment_args(Cli::command())
+        // `augment_args` puts the audit flags' own doc comment in `about`; the command keeps its.
+        let base = Cli::command();
+        let about = base.get_about().cloned().unwrap_or_default();
+        crate::audit::cli::AuditArgs::augment_args(base).about(about)
     }
     #[cfg(not(target_os = "linux"))]
     {

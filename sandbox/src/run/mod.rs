@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::policy::ResolvedPolicy;
 
 mod cli;
+pub mod env;
 mod resolve;
 pub use cli::{Cli, command};
 pub use resolve::resolve_cli_policy;
@@ -97,7 +98,7 @@ pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
     Ok(Prepared {
         policy,
         argv: cli.command.clone(),
-        env: std::env::vars_os().collect(),
+        env: env::command_env(std::env::vars_os(), &cli.env_flags()),
         cwd,
         best_effort: cli.best_effort,
         limits: cli_limits(cli)?,
@@ -258,6 +259,9 @@ pub fn run_options(
         keep_fds,
         egress_hosts: prepared.egress_hosts.clone(),
         egress_log,
+        // Run by hand: repeated interrupts escalate. Under exec-server (--launch-fd) every signal
+        // is forwarded as sent, and the server terminates trees itself.
+        escalate_interrupts: cli.launch_fd.is_none(),
     })
 }
 

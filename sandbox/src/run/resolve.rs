@@ -104,7 +104,18 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
         policy = policy.with_network_policy(crate::policy::NetworkPolicy::Allowlist(rules));
     }
     for path in &cli.denies {
-        policy = policy.with_hidden_path(&current.join(path));
+        let path = current.join(path);
+        if std::fs::symlink_metadata(&path).is_err() {
+            // Not an error: a script may deny a path that only some machines have. But a typo
+            // would otherwise leave the real file readable without a word.
+            eprintln!(
+                "sandbox-run: warning: --deny {}: no such file or directory, so nothing is hidden \
+                 there (check the spelling; what the command creates there later is not hidden \
+                 either)",
+                path.display()
+            );
+        }
+        policy = policy.with_hidden_path(&path);
     }
     if let Some(path) = profile_file {
         refuse_writable_profile(&policy, &path)?;

@@ -96,6 +96,8 @@ fn fail_locked(processes: &mut HashMap<String, ProcessEntry>, process_id: &str, 
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub client_name: String,
+    /// `detachedSessionTtlSeconds` of every `initialize`.
+    pub detached_session_ttl: Option<Duration>,
     pub initialize_timeout: Duration,
     pub recovery_timeout: Duration,
 }
@@ -304,6 +306,7 @@ impl Inner {
                             seq: n.seq,
                             exit_code: n.exit_code,
                             signal: n.signal,
+                            reason: n.reason,
                         },
                     )
                 }),

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use proto::methods::process::{OutputStream, ReadResult};
+use proto::methods::process::{ExitReason, OutputStream, ReadResult};
 
 /// One event of a process, in seq order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,8 @@ pub enum ProcessEvent {
         exit_code: i32,
         /// The signal that killed it, if one did.
         signal: Option<i32>,
+        /// Why it ended, when the server says (`oom`, `wallTimeout`, ...).
+        reason: Option<ExitReason>,
     },
     /// Exited and every output stream reached end of file: the last event.
     Closed {
@@ -157,6 +159,7 @@ impl EventSequencer {
                 seq,
                 exit_code,
                 signal: read.signal,
+                reason: read.exit_reason,
             });
         }
         if let (true, Some(seq)) = (read.closed, read.closed_seq) {
@@ -269,7 +272,8 @@ mod tests {
                 ProcessEvent::Exited {
                     seq: 3,
                     exit_code: 3,
-                    signal: None
+                    signal: None,
+                    reason: None,
                 },
                 out(4, "late"),
                 ProcessEvent::Closed { seq: 5 },

@@ -30,22 +30,14 @@
 //!     .with_auth_token(Some("secret".to_owned()));
 //! let client = ExecServerClient::connect(options).await?;
 //! let process = client
-//!     .start_process(StartParams {
-//!         process_id: "hello".into(),
-//!         argv: vec!["/bin/sh".into(), "-c".into(), "echo hi; exit 3".into()],
-//!         cwd: FileUri::from_path(std::path::Path::new("/tmp")).expect("absolute path"),
-//!         env: [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into(),
-//!         tty: false,
-//!         pipe_stdin: false,
-//!         arg0: None,
-//!         cols: None,
-//!         rows: None,
-//!         sandbox: None,
-//!         audit_denials: false,
-//!         env_policy: None,
-//!         enforce_managed_network: false,
-//!         limits: None,
-//!     })
+//!     .start_process(
+//!         StartParams::new(
+//!             "hello",
+//!             ["/bin/sh", "-c", "echo hi; exit 3"],
+//!             FileUri::from_path(std::path::Path::new("/tmp")).expect("absolute path"),
+//!         )
+//!         .with_env_var("PATH", "/usr/bin:/bin"),
+//!     )
 //!     .await?;
 //! let output = process.wait().await?;
 //! assert_eq!((output.stdout.as_slice(), output.exit_code), (&b"hi\n"[..], 3));
@@ -137,12 +129,21 @@ pub struct ExecServerClientConnectOptions {
     pub client_name: String,
     /// Resume this detached session instead of starting a new one.
     pub resume_session_id: Option<String>,
+    /// How long the server keeps the session once the connection ends (`None`: the server's
+    /// TTL; zero: its processes end with the connection). Sent at every `initialize`.
+    pub detached_session_ttl: Option<Duration>,
     /// Time to establish one connection.
     pub connect_timeout: Duration,
     /// Time for the `initialize` answer.
     pub initialize_timeout: Duration,
     /// How long recovery may take before the client fails ([`RECOVERY_DEADLINE`]).
     pub recovery_timeout: Duration,
+}
+
+/// `detachedSessionTtlSeconds` for a requested TTL (rounded up to whole seconds, so a short
+/// non-zero TTL never becomes "end with the connection").
+pub(crate) fn ttl_seconds(ttl: Option<Duration>) -> Option<u64> {
+    ttl.map(|ttl| ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
 }
 
 impl ExecServerClientConnectOptions {
@@ -154,6 +155,7 @@ impl ExecServerClientConnectOptions {
             auth_token: None,
             client_name: "execward-client".into(),
             resume_session_id: None,
+            detached_session_ttl: None,
             connect_timeout: transport::DEFAULT_CONNECT_TIMEOUT,
             initialize_timeout: DEFAULT_INITIALIZE_TIMEOUT,
             recovery_timeout: RECOVERY_DEADLINE,
@@ -171,6 +173,14 @@ impl ExecServerClientConnectOptions {
     #[must_use]
     pub fn with_client_name(mut self, name: impl Into<String>) -> Self {
         self.client_name = name.into();
+        self
+    }
+
+    /// Ask the server to keep the session this long once the connection ends (at most its own
+    /// TTL); `Duration::ZERO`: the session's processes end with the connection.
+    #[must_use]
+    pub fn with_detached_session_ttl(mut self, ttl: Duration) -> Self {
+        self.detached_session_ttl = Some(ttl);
         self
     }
 
@@ -216,6 +226,7 @@ impl ExecServerClient {
             transport,
             Settings {
                 client_name: options.client_name.clone(),
+                detached_session_ttl: options.detached_session_ttl,
                 initialize_timeout: options.initialize_timeout,
                 recovery_timeout: options.recovery_timeout,
             },
@@ -228,6 +239,7 @@ impl ExecServerClient {
         let params = InitializeParams {
             client_name: options.client_name,
             resume_session_id: options.resume_session_id,
+            detached_session_ttl_seconds: ttl_seconds(options.detached_session_ttl),
         };
         let answer = tokio::time::timeout(
             options.initialize_timeout,

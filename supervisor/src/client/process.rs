@@ -62,6 +62,8 @@ pub struct ProcessOutput {
     pub exit_code: i32,
     /// The signal that killed the process, if one did.
     pub signal: Option<i32>,
+    /// Why it ended, when the server says.
+    pub reason: Option<proto::methods::process::ExitReason>,
 }
 
 impl ProcessHandle {
@@ -100,10 +102,14 @@ impl ProcessHandle {
                     OutputStream::Pty => output.pty.extend(data),
                 },
                 ProcessEvent::Exited {
-                    exit_code, signal, ..
+                    exit_code,
+                    signal,
+                    reason,
+                    ..
                 } => {
                     output.exit_code = exit_code;
                     output.signal = signal;
+                    output.reason = reason;
                 }
                 ProcessEvent::Closed { .. } => return Ok(output),
                 ProcessEvent::Failed { error } => return Err(error),

@@ -172,6 +172,8 @@ pub struct RemoteExecServerConnectArgs {
     pub client_name: String,
     /// Resume this detached session instead of starting a new one.
     pub resume_session_id: Option<String>,
+    /// How long the executor keeps the session once the stream is gone (`None`: its TTL).
+    pub detached_session_ttl: Option<Duration>,
     /// Time to open one relay stream (registry lookup, websocket, Noise handshake).
     pub connect_timeout: Duration,
     /// Time for the `initialize` answer.
@@ -193,6 +195,7 @@ impl RemoteExecServerConnectArgs {
             relay: RemoteConnectArgs::new(registry_url, environment_id, bearer_token),
             client_name: "execward-client".into(),
             resume_session_id: None,
+            detached_session_ttl: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT.saturating_add(REGISTRATION_WAIT),
             initialize_timeout: DEFAULT_INITIALIZE_TIMEOUT,
             recovery_timeout: RECOVERY_DEADLINE,
@@ -229,6 +232,14 @@ impl RemoteExecServerConnectArgs {
         self
     }
 
+    /// Ask the executor to keep the session this long once the stream is gone (at most its own
+    /// TTL); `Duration::ZERO`: the session's processes end with the stream.
+    #[must_use]
+    pub fn with_detached_session_ttl(mut self, ttl: Duration) -> Self {
+        self.detached_session_ttl = Some(ttl);
+        self
+    }
+
     /// Resume an existing detached session.
     #[must_use]
     pub fn with_resume_session_id(mut self, session_id: Option<String>) -> Self {
@@ -243,6 +254,7 @@ impl RemoteExecServerConnectArgs {
             .with_client_name(self.client_name)
             .with_resume_session_id(self.resume_session_id);
         options.connect_timeout = self.connect_timeout;
+        options.detached_session_ttl = self.detached_session_ttl;
         options.initialize_timeout = self.initialize_timeout;
         options.recovery_timeout = self.recovery_timeout;
         (transport, options)

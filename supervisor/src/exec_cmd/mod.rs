@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use proto::FileUri;
-use proto::methods::process::{OutputStream, SignalName, StartParams};
+use proto::methods::process::{ExitReason, Limits, OutputStream, SignalName, StartParams};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
@@ -46,6 +46,9 @@ pub const RELAY_CLOSE_WAIT: std::time::Duration =
 /// server's back): both steps' timeouts.
 pub const WEBSOCKET_CLOSE_WAIT: std::time::Duration =
     crate::client::transport::CLOSE_HANDSHAKE_TIMEOUT.saturating_mul(2);
+/// How long, once the command exited, exec still waits for output that background processes
+/// hold open before it returns.
+pub const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// Bytes read from local stdin per `process/write`.
 const STDIN_CHUNK_BYTES: usize = 64 * 1024;
 
@@ -89,6 +92,14 @@ pub enum ExecCommandError {
         /// The directory.
         path: String,
         /// Why.
+        reason: String,
+    },
+    /// `--sandbox` is neither a profile name nor a JSON sandbox object.
+    #[error("--sandbox {value:?}: {reason}")]
+    Sandbox {
+        /// The value given.
+        value: String,
+        /// Why, and what is expected.
         reason: String,
     },
     /// The tokio runtime could not start.
@@ -199,6 +210,15 @@ pub enum ExecTarget {
     Remote(RemoteExecServerConnectArgs),
 }
 
+/// How long a server keeps exec's session after its connection is gone: enough for exec to
+/// reconnect and resume after a dropped connection, short enough that a killed exec (SIGKILL,
+/// which it cannot catch) does not leave its command running for the server's whole TTL.
+pub const LOCAL_DETACHED_TTL: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long an executor keeps exec's session after its relay stream is gone: enough to resume
+/// over a new stream when the rendezvous socket drops, short enough that a killed exec does not
+/// leave its command running for the executor's whole TTL.
+pub const REMOTE_DETACHED_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Client name `exec` gives in `initialize`.
 const CLIENT_NAME: &str = "exec-server exec";
 
@@ -218,7 +238,9 @@ pub fn exec_target(
         (Some(url), _, _) => Ok(ExecTarget::Local(
             ExecServerClientConnectOptions::new(url.clone())
                 .with_auth_token(file_token)
-                .with_client_name(CLIENT_NAME),
+                .with_client_name(CLIENT_NAME)
+                // When exec goes (killed, even by SIGKILL), its command follows shortly.
+                .with_detached_session_ttl(LOCAL_DETACHED_TTL),
         )),
         (None, Some(registry_url), Some(environment_id)) => {
             let token = file_token
@@ -245,7 +267,8 @@ pub fn exec_target(
                 .with_client_name(CLIENT_NAME)
                 .with_ca_file(args.ca_file.clone())
                 .with_executor_key(executor_key)
-                .with_registration_wait(registration_wait),
+                .with_registration_wait(registration_wait)
+                .with_detached_session_ttl(REMOTE_DETACHED_TTL),
             ))
         }
         _ => Err(ExecCommandError::NoServer),
@@ -285,27 +308,64 @@ pub fn start_params(
             .or_insert_with(|| FALLBACK_TERM.to_owned());
     }
     let cwd = cwd_uri(args.cwd.as_deref(), local_cwd)?;
-    Ok(StartParams {
-        process_id: format!("exec-{}", uuid::Uuid::new_v4()),
-        argv: args.command.clone(),
-        env,
-        tty: args.tty,
-        pipe_stdin: !args.tty,
-        arg0: None,
-        cols: None,
-        rows: None,
-        // The command's working directory is the sandbox's workspace: profiles such as
-        // workspace-write need one, and the server never guesses it.
-        sandbox: args
-            .sandbox
-            .as_ref()
-            .map(|profile| serde_json::json!({ "profile": profile, "cwd": cwd.to_uri_string() })),
+    // The command's working directory is the sandbox's workspace: profiles such as
+    // workspace-write need one, and the server never guesses it.
+    let sandbox = args
+        .sandbox
+        .as_deref()
+        .map(|text| sandbox_object(text, &cwd))
+        .transpose()?;
+    let mut params = StartParams::new(
+        format!("exec-{}", uuid::Uuid::new_v4()),
+        args.command.clone(),
         cwd,
-        audit_denials: false,
-        env_policy: None,
-        enforce_managed_network: false,
-        limits: None,
-    })
+    )
+    .with_env(env)
+    .with_tty(args.tty)
+    .with_pipe_stdin(!args.tty);
+    if let Some(sandbox) = sandbox {
+        params = params.with_sandbox(sandbox);
+    }
+    if let Some(limits) = &args.limits {
+        params = params.with_limits(limits.clone());
+    }
+    Ok(params)
+}
+
+/// The wire `sandbox` object for `--sandbox`: a built-in profile name, or a JSON sandbox
+/// object (as `sandbox-run --policy` takes), each with the command's cwd as its workspace
+/// unless the object names one.
+///
+/// # Errors
+/// [`ExecCommandError::Sandbox`] for invalid JSON, a JSON value that is not an object, or a
+/// profile file (the server resolves policies and the wire has no TOML form).
+pub fn sandbox_object(text: &str, cwd: &FileUri) -> Result<serde_json::Value, ExecCommandError> {
+    let error = |reason: String| ExecCommandError::Sandbox {
+        value: text.to_owned(),
+        reason,
+    };
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') {
+        let mut object = match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(object)) => object,
+            Ok(_) => return Err(error("a JSON sandbox object must be an object".into())),
+            Err(err) => return Err(error(format!("not valid JSON: {err}"))),
+        };
+        object
+            .entry("cwd")
+            .or_insert_with(|| serde_json::Value::String(cwd.to_uri_string()));
+        return Ok(serde_json::Value::Object(object));
+    }
+    if text.contains('/') || text.ends_with(".toml") {
+        return Err(error(
+            "a profile file is resolved where the command runs, and the server takes a built-in \
+             name or a JSON sandbox object: pass the profile as JSON (see policies/README.md, \
+             the `permissions` shape), or run the file's policy locally with `sandbox-run \
+             --policy FILE`"
+                .into(),
+        ));
+    }
+    Ok(serde_json::json!({ "profile": text, "cwd": cwd.to_uri_string() }))
 }
 
 fn cwd_uri(cwd: Option<&str>, local_cwd: &Option<PathBuf>) -> Result<FileUri, ExecCommandError> {
@@ -395,6 +455,7 @@ async fn run_command(
     mut output: LocalOutput,
 ) -> Result<u8, ExecCommandError> {
     let tty = params.tty;
+    let args_limits = params.limits.clone();
     let stdin_is_terminal = terminal::is_terminal(std::io::stdin().as_fd());
     if tty
         && let Some((cols, rows)) = terminal::window_size(std::io::stdin())
@@ -425,18 +486,34 @@ async fn run_command(
         tokio::spawn(async move { write_stdin(process, stdin).await })
     };
 
-    let mut exit_code = None;
+    let mut exit: Option<(i32, Option<ExitReason>)> = None;
+    let mut interrupts = Interrupts::default();
+    // Armed when the command exits: background processes still holding its stdout or stderr
+    // get this long to finish writing, then exec returns anyway.
+    let drain = tokio::time::sleep(std::time::Duration::MAX);
+    tokio::pin!(drain);
     let outcome = loop {
         tokio::select! {
             event = events.next() => match event {
                 Some(ProcessEvent::Output { stream, data, .. }) => output.write(stream, &data),
-                Some(ProcessEvent::Exited { exit_code: code, .. }) => exit_code = Some(code),
-                Some(ProcessEvent::Closed { .. }) => break Ok(exit_status(exit_code.unwrap_or(0))),
+                Some(ProcessEvent::Exited { exit_code, reason, .. }) => {
+                    exit = Some((exit_code, reason));
+                    drain.as_mut().reset(tokio::time::Instant::now() + EXIT_DRAIN);
+                }
+                Some(ProcessEvent::Closed { .. }) => break Ok(finish(exit, &args_limits)),
                 Some(ProcessEvent::Failed { error }) => break Err(error.into()),
                 None => break Err(ExecCommandError::Incomplete),
             },
-            Some(()) = interrupt.recv() => forward_signal(&process, SignalName::Interrupt),
-            Some(()) = terminate.recv() => forward_signal(&process, SignalName::Terminate),
+            () = &mut drain, if exit.is_some() => {
+                eprintln!(
+                    "exec-server exec: the command exited; its output was still held open {} s \
+                     later (a background process?), so exec stops waiting for it",
+                    EXIT_DRAIN.as_secs()
+                );
+                break Ok(finish(exit, &args_limits));
+            }
+            Some(()) = interrupt.recv() => interrupts.escalate(&process, SignalName::Interrupt),
+            Some(()) = terminate.recv() => interrupts.escalate(&process, SignalName::Terminate),
             Some(()) = hangup.recv() => forward_signal(&process, SignalName::Hangup),
             Some(()) = window_change.recv(), if tty => {
                 if let Some((cols, rows)) = terminal::window_size(std::io::stdin()) {
@@ -448,6 +525,107 @@ async fn run_command(
     };
     writer.abort();
     outcome
+}
+
+/// Interrupts (Ctrl-C, SIGTERM) received so far: the first is forwarded to the command, the
+/// second terminates its tree (SIGTERM, then SIGKILL after the server's grace period), the third
+/// kills it at once. Each says so on stderr, so a command that ignores signals never traps
+/// the person (or the CI job) running exec.
+#[derive(Default)]
+struct Interrupts {
+    received: u32,
+}
+
+impl Interrupts {
+    fn escalate(&mut self, process: &crate::client::RemoteProcess, signal: SignalName) {
+        self.received += 1;
+        match self.received {
+            1 => {
+                eprintln!(
+                    "exec-server exec: {} forwarded to the command; interrupt again to terminate it",
+                    signal_label(signal)
+                );
+                forward_signal(process, signal);
+            }
+            2 => {
+                eprintln!(
+                    "exec-server exec: terminating the command (SIGTERM, then SIGKILL after the \
+                     server's grace period); interrupt again to kill it now"
+                );
+                let process = process.clone();
+                tokio::spawn(async move {
+                    let _ = process.terminate().await;
+                });
+            }
+            _ => {
+                eprintln!("exec-server exec: killing the command (SIGKILL)");
+                let process = process.clone();
+                tokio::spawn(async move {
+                    let _ = process.signal(SignalName::Kill).await;
+                    let _ = process.terminate().await;
+                });
+            }
+        }
+    }
+}
+
+fn signal_label(signal: SignalName) -> &'static str {
+    match signal {
+        SignalName::Interrupt => "SIGINT",
+        SignalName::Terminate => "SIGTERM",
+        SignalName::Kill => "SIGKILL",
+        SignalName::Hangup => "SIGHUP",
+    }
+}
+
+/// The status to exit with once the command ended, after saying why on stderr when it was not
+/// an exit of its own.
+fn finish(exit: Option<(i32, Option<ExitReason>)>, limits: &Option<Limits>) -> u8 {
+    let (code, reason) = exit.unwrap_or((0, None));
+    if let Some(why) = reason.and_then(|reason| describe_exit(reason, code, limits.as_ref())) {
+        eprintln!("exec-server exec: {why}");
+    }
+    exit_status(code)
+}
+
+/// Why a command ended, in words, when it was not a normal exit (pure: unit-tested).
+pub fn describe_exit(reason: ExitReason, code: i32, limits: Option<&Limits>) -> Option<String> {
+    let limit = |value: Option<u64>, unit: fn(u64) -> String| {
+        value.map_or_else(String::new, |value| format!(" (limit {})", unit(value)))
+    };
+    let limits = limits.cloned().unwrap_or_default();
+    let signal = code - 128;
+    Some(match reason {
+        ExitReason::Exit => return None,
+        ExitReason::Oom => format!(
+            "killed: out of memory{}",
+            limit(limits.memory_bytes, human_bytes)
+        ),
+        ExitReason::WallTimeout => format!(
+            "killed: wall-clock limit reached{}",
+            limit(limits.wall_seconds, |s| format!("{s} s"))
+        ),
+        ExitReason::CpuLimit => format!(
+            "killed: CPU time limit reached{}",
+            limit(limits.cpu_seconds, |s| format!("{s} CPU-seconds"))
+        ),
+        ExitReason::Terminated => {
+            "terminated (process/terminate, the session's end or the server's shutdown)".to_owned()
+        }
+        ExitReason::Signal if signal > 0 => format!("killed by signal {signal}"),
+        ExitReason::Signal => "killed by a signal".to_owned(),
+    })
+}
+
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    UNITS
+        .iter()
+        .find(|(size, _)| bytes >= *size && bytes.is_multiple_of(*size))
+        .map_or_else(
+            || format!("{bytes} bytes"),
+            |(size, unit)| format!("{} {unit}", bytes / size),
+        )
 }
 
 /// The exit status for a remote exit code (already 128+n for signal n).

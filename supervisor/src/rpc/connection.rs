@@ -431,9 +431,12 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
             limit: MAX_CONNECTIONS,
         })?;
     let sessions = &connection.server.sessions;
+    let ttl = params
+        .detached_session_ttl_seconds
+        .map(std::time::Duration::from_secs);
     let session = match &params.resume_session_id {
-        Some(id) => sessions.resume(id, connection.id, connection.outbound.clone())?,
-        None => sessions.create(connection.id, connection.outbound.clone())?,
+        Some(id) => sessions.resume(id, connection.id, connection.outbound.clone(), ttl)?,
+        None => sessions.create(connection.id, connection.outbound.clone(), ttl)?,
     };
     tracing::info!(
         connection = connection.id,

@@ -7,12 +7,16 @@
 //! file as a module so both use one implementation.
 //!
 //! Usage: `probe OP [ARGS...]`; ops are listed in [`run_probe`]; `probe sequence OP [ARGS] ; OP
-//! [ARGS] ...` runs several in turn.
+//! [ARGS] ...` runs several in turn. The network ops (Fast Open, other transport protocols, the
+//! sweeps of socket protocols, send flags and TCP options) live in `../probe_net.rs`.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 
 use serde_json::{Value, json};
+
+#[path = "../probe_net.rs"]
+pub mod net;
 
 /// Errno values that mean "the sandbox refused".
 pub const BLOCKED_ERRNOS: &[i32] = &[libc::EPERM, libc::EACCES, libc::EROFS];
@@ -130,7 +134,8 @@ pub fn run_probe(args: &[String]) -> Value {
         "seccomp-nest" => seccomp_nest(false),
         "prctl-seccomp-nest" => seccomp_nest(true),
         "repeat" => Ok(repeat(arg(1).parse().unwrap_or(0), &args[2..])),
-        _ => Err(std::io::Error::other(format!("unknown probe op {op:?}"))),
+        _ => net::run(op, args)
+            .unwrap_or_else(|| Err(std::io::Error::other(format!("unknown probe op {op:?}")))),
     };
     report(op, result)
 }

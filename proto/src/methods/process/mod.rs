@@ -13,8 +13,22 @@ mod limits;
 pub use limits::{AppliedLimit, AppliedLimits, Enforcement, LimitName, LimitScope, Limits};
 
 /// Params of `process/start`.
+///
+/// Built with [`StartParams::new`] and the `with_*` methods, so a field added to the protocol
+/// later (it is `#[non_exhaustive]`) breaks no caller:
+///
+/// ```
+/// # use proto::methods::process::StartParams;
+/// # use proto::FileUri;
+/// let cwd = FileUri::from_path(std::path::Path::new("/srv")).unwrap();
+/// let params = StartParams::new("build", ["make", "test"], cwd)
+///     .with_env_var("PATH", "/usr/bin:/bin")
+///     .with_pipe_stdin(true);
+/// assert_eq!(params.argv, ["make", "test"]);
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct StartParams {
     /// Caller-chosen id, unique within the session.
     pub process_id: String,
@@ -64,6 +78,104 @@ pub struct StartParams {
     /// laid over the server's defaults field by field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+}
+
+impl StartParams {
+    /// Params that run `argv` in `cwd` with an empty environment, on pipes, unsandboxed, with
+    /// the server's default limits.
+    pub fn new(
+        process_id: impl Into<String>,
+        argv: impl IntoIterator<Item = impl Into<String>>,
+        cwd: FileUri,
+    ) -> Self {
+        Self {
+            process_id: process_id.into(),
+            argv: argv.into_iter().map(Into::into).collect(),
+            cwd,
+            env_policy: None,
+            env: BTreeMap::new(),
+            tty: false,
+            pipe_stdin: false,
+            arg0: None,
+            cols: None,
+            rows: None,
+            sandbox: None,
+            audit_denials: false,
+            enforce_managed_network: false,
+            limits: None,
+        }
+    }
+
+    /// The whole environment (replacing what was set).
+    #[must_use]
+    pub fn with_env(mut self, env: BTreeMap<String, String>) -> Self {
+        self.env = env;
+        self
+    }
+
+    /// One environment variable.
+    #[must_use]
+    pub fn with_env_var(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(name.into(), value.into());
+        self
+    }
+
+    /// The base environment built from the server's own (`envPolicy`).
+    #[must_use]
+    pub fn with_env_policy(mut self, policy: EnvPolicy) -> Self {
+        self.env_policy = Some(policy);
+        self
+    }
+
+    /// Run under a pseudo-terminal.
+    #[must_use]
+    pub fn with_tty(mut self, tty: bool) -> Self {
+        self.tty = tty;
+        self
+    }
+
+    /// The PTY's size.
+    #[must_use]
+    pub fn with_size(mut self, cols: u16, rows: u16) -> Self {
+        self.cols = Some(cols);
+        self.rows = Some(rows);
+        self
+    }
+
+    /// Keep stdin writable through `process/write`.
+    #[must_use]
+    pub fn with_pipe_stdin(mut self, pipe_stdin: bool) -> Self {
+        self.pipe_stdin = pipe_stdin;
+        self
+    }
+
+    /// `argv[0]` as the program sees it.
+    #[must_use]
+    pub fn with_arg0(mut self, arg0: impl Into<String>) -> Self {
+        self.arg0 = Some(arg0.into());
+        self
+    }
+
+    /// Run under this sandbox object (see policies/README.md).
+    #[must_use]
+    pub fn with_sandbox(mut self, sandbox: Value) -> Self {
+        self.sandbox = Some(sandbox);
+        self
+    }
+
+    /// Report the sandbox's denials as `process/denied`.
+    #[must_use]
+    pub fn with_audit_denials(mut self, audit: bool) -> Self {
+        self.audit_denials = audit;
+        self
+    }
+
+    /// Bounds on the process tree.
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = Some(limits);
+        self
+    }
 }
 
 fn is_false(value: &bool) -> bool {

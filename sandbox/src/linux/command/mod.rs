@@ -34,7 +34,7 @@ use super::{EnforceOptions, EnvMode, NamespaceMode, SandboxError, namespaces, pt
 use crate::policy::ResolvedPolicy;
 
 mod outer;
-use outer::{Outer, wall_deadline};
+use outer::{Interrupts, Outer, wall_deadline};
 
 pub use crate::run::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED};
 
@@ -70,7 +70,14 @@ pub struct RunOptions {
     /// Where every egress decision (allowed ones too) goes as a JSON line, opened before the
     /// command starts.
     pub egress_log: Option<std::sync::Arc<std::fs::File>>,
+    /// Repeated SIGINT/SIGTERM escalate (see [`outer`]): the first is forwarded, the second
+    /// terminates the sandbox (SIGTERM, SIGKILL after [`INTERRUPT_GRACE`]), the third kills it.
+    pub escalate_interrupts: bool,
 }
+
+/// How long, after a second interrupt, the command has to end on SIGTERM before the sandbox is
+/// killed.
+pub const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How the command ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,6 +295,7 @@ fn run_without_namespaces(
         deadline: wall_deadline(&command.limits),
         proxy: None,
         egress_log: None,
+        interrupts: Interrupts::new(options.escalate_interrupts),
     };
     Ok(outer.wait(Some(observer)))
 }
@@ -442,6 +450,7 @@ fn run_in_namespaces(
         deadline: wall_deadline(&command.limits),
         proxy,
         egress_log: options.egress_log.clone(),
+        interrupts: Interrupts::new(options.escalate_interrupts),
     };
     Ok(outer.wait(observer))
 }

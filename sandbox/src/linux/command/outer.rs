@@ -29,6 +29,23 @@ pub(super) struct Outer {
     pub(super) proxy: Option<crate::egress::launch::ProxyProcess>,
     /// Where egress decisions are logged.
     pub(super) egress_log: Option<std::sync::Arc<std::fs::File>>,
+    /// SIGINT/SIGTERM received so far, when they escalate.
+    pub(super) interrupts: Interrupts,
+}
+
+/// Counts interrupts when they escalate (`sandbox-run` run by hand).
+pub(super) struct Interrupts {
+    escalate: bool,
+    received: u32,
+}
+
+impl Interrupts {
+    pub(super) fn new(escalate: bool) -> Self {
+        Self {
+            escalate,
+            received: 0,
+        }
+    }
 }
 
 /// When `limits.wall_seconds` runs out, counted from now.
@@ -157,10 +174,43 @@ impl Outer {
                         pty::copy_window_size(relay.size_source(), relay.master());
                     }
                 }
+                Ok(signal @ (Signal::SIGINT | Signal::SIGTERM)) if self.interrupts.escalate => {
+                    self.interrupt(signal);
+                }
                 Ok(signal) => {
                     let _ = nix::sys::signal::kill(self.root, signal);
                 }
                 Err(_) => {}
+            }
+        }
+    }
+
+    /// The first interrupt is forwarded; the second sends SIGTERM and kills the sandbox after
+    /// [`super::INTERRUPT_GRACE`] (through the wall-clock deadline); the third kills it now.
+    /// Each is said on stderr, so a command that ignores signals cannot trap its caller.
+    fn interrupt(&mut self, signal: Signal) {
+        self.interrupts.received += 1;
+        match self.interrupts.received {
+            1 => {
+                eprintln!(
+                    "sandbox-run: {} forwarded to the command; interrupt again to terminate it",
+                    signal.as_str()
+                );
+                let _ = nix::sys::signal::kill(self.root, signal);
+            }
+            2 => {
+                eprintln!(
+                    "sandbox-run: terminating the command (SIGTERM, then SIGKILL in {} s); \
+                     interrupt again to kill it now",
+                    super::INTERRUPT_GRACE.as_secs()
+                );
+                let _ = nix::sys::signal::kill(self.root, Signal::SIGTERM);
+                let grace = std::time::Instant::now() + super::INTERRUPT_GRACE;
+                self.deadline = Some(self.deadline.map_or(grace, |wall| wall.min(grace)));
+            }
+            _ => {
+                eprintln!("sandbox-run: killing the command (SIGKILL)");
+                let _ = nix::sys::signal::kill(self.root, Signal::SIGKILL);
             }
         }
     }
