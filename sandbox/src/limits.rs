@@ -101,9 +101,94 @@ impl CommandLimits {
     }
 }
 
+/// What one sandbox may take of a kernel pool its host shares: a sandbox's user namespace maps
+/// the server's uid, so per-uid counters (inotify instances and watches, queued signals, POSIX
+/// message-queue bytes) are charged to that host uid, and the devpts pool is host-wide. Each
+/// sandbox gets at most this fraction of what the host grants the uid, so one sandbox holding
+/// all it can leaves the host and other sandboxes working.
+pub const POOL_SHARE_DIVISOR: u64 = 8;
+
+/// Pseudo-terminals one sandbox's devpts instance may hold (`max=` of its mount). The host's
+/// instances other than its own share `kernel.pty.max` minus `kernel.pty.reserve` (3,072 by
+/// default): 48 sandboxes at this bound before the pool is empty, and the host's own devpts
+/// keeps its reserve whatever they hold.
+pub const SANDBOX_PTYS: u64 = 64;
+
+/// Most queued signals and POSIX timers (`RLIMIT_SIGPENDING`) one sandbox may hold whatever
+/// the host's limit is (an unlimited one included).
+pub const MAX_SANDBOX_PENDING_SIGNALS: u64 = 1 << 16;
+
+/// Most POSIX message-queue bytes (`RLIMIT_MSGQUEUE`) one sandbox may hold whatever the
+/// host's limit is.
+pub const MAX_SANDBOX_MESSAGE_QUEUE_BYTES: u64 = 8 << 20;
+
+/// Most locked memory (`RLIMIT_MEMLOCK`: `mlock` per process, `SHM_LOCK` per uid) one sandbox
+/// may hold whatever the host's limit is.
+pub const MAX_SANDBOX_LOCKED_BYTES: u64 = 64 << 20;
+
+/// [`POOL_SHARE_DIVISOR`] of `host`, at least 1 and at most `cap`.
+pub fn pool_share(host: u64, cap: u64) -> u64 {
+    (host / POOL_SHARE_DIVISOR).clamp(1, cap)
+}
+
+/// Sets `RLIMIT_SIGPENDING`, `RLIMIT_MSGQUEUE` and `RLIMIT_MEMLOCK` (soft and hard) of the
+/// calling process to its share of what it has now ([`pool_share`]): a sandboxed command's
+/// queued signals, POSIX timers, message-queue bytes and `SHM_LOCK`ed bytes are counted per user namespace against these, while what it
+/// adds to the host uid's count is checked against the limits the sandbox's user namespace was
+/// created with (the host's). Lowering those instead (in the process that creates the
+/// namespace) would cap the host uid's whole count at one share, so a second sandbox would get
+/// nothing while the first holds its share. Irreversible; call it right before `execve`.
+///
+/// # Errors
+/// The resource and the OS error of the `setrlimit` that failed.
+#[cfg(target_os = "linux")]
+pub fn apply_pool_rlimits_to_current_process() -> Result<(), LimitError> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    for (kernel, name, cap) in [
+        (
+            Resource::RLIMIT_SIGPENDING,
+            "RLIMIT_SIGPENDING",
+            MAX_SANDBOX_PENDING_SIGNALS,
+        ),
+        (
+            Resource::RLIMIT_MSGQUEUE,
+            "RLIMIT_MSGQUEUE",
+            MAX_SANDBOX_MESSAGE_QUEUE_BYTES,
+        ),
+        (
+            Resource::RLIMIT_MEMLOCK,
+            "RLIMIT_MEMLOCK",
+            MAX_SANDBOX_LOCKED_BYTES,
+        ),
+    ] {
+        let (soft, _) = getrlimit(kernel).map_err(|source| LimitError::SetShare {
+            resource: name,
+            value: 0,
+            source: source.into(),
+        })?;
+        let share = pool_share(soft, cap);
+        setrlimit(kernel, share, share).map_err(|source| LimitError::SetShare {
+            resource: name,
+            value: share,
+            source: source.into(),
+        })?;
+    }
+    Ok(())
+}
+
 /// Why a limit could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum LimitError {
+    /// Reading or setting a pool share's rlimit failed.
+    #[error("setting {resource} to its share {value} failed: {source}")]
+    SetShare {
+        /// The resource, as `setrlimit` names it.
+        resource: &'static str,
+        /// The share (0 when reading the current limit failed).
+        value: u64,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// `setrlimit` failed.
     #[error("setting {resource:?} to {value} failed: {source}")]
     Set {

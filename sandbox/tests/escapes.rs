@@ -623,3 +623,85 @@ fn the_sandbox_has_its_own_pid_namespace_and_proc() {
         let _ = Stdio::null();
     }
 }
+
+#[test]
+fn a_protected_repository_cannot_be_moved_from_under_its_path_by_renaming_an_ancestor() {
+    // vendor/lib/.git (a nested repository) and sub/.git (a submodule's gitfile) are kept
+    // read-only by binds; renaming vendor/lib, vendor or sub would carry the bind away and
+    // leave the path an ordinary directory the command could refill with a .git of its own.
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        for dir in ["vendor/lib/.git", "sub"] {
+            std::fs::create_dir_all(fx.ws.join(dir)).unwrap();
+        }
+        std::fs::write(fx.ws.join("vendor/lib/.git/config"), "[core]\n").unwrap();
+        std::fs::write(fx.ws.join("sub/.git"), "gitdir: ../.git/modules/sub\n").unwrap();
+        std::fs::create_dir_all(fx.ws.join(".git/modules/sub")).unwrap();
+        if let Some(uid) = uid {
+            for path in ["vendor", "vendor/lib", "vendor/lib/.git", "sub", "sub/.git"] {
+                std::os::unix::fs::chown(fx.ws.join(path), Some(uid), Some(uid)).unwrap();
+            }
+        }
+        for from in ["vendor/lib", "vendor", "sub"] {
+            let (from, to) = (fx.ws.join(from), fx.ws.join("moved"));
+            let result = probe(WW, &["rename", s(&from), s(&to)], uid, &fx.ws);
+            assert_blocked(
+                &result,
+                &["EBUSY", "EXDEV"],
+                &format!("rename {from:?} as {uid:?}"),
+            );
+            assert!(from.exists() && !to.exists(), "{from:?} moved as {uid:?}");
+            // Control: without the sandbox the same rename moves it (and it is put back).
+            let free = probe(
+                &["--policy", "danger-full-access"],
+                &["rename", s(&from), s(&to)],
+                uid,
+                &fx.ws,
+            );
+            assert_allowed(&free, &format!("unsandboxed rename {from:?} as {uid:?}"));
+            std::fs::rename(&to, &from).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_deny_below_a_read_entry_cannot_be_moved_by_renaming_the_entrys_parent() {
+    // services/api is a read entry inside the writable workspace, services/api/.env is denied;
+    // renaming services would carry both away, and the next command (or this one) would read
+    // the secret at the moved path.
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let api = fx.ws.join("services/api");
+        std::fs::create_dir_all(&api).unwrap();
+        let env = api.join(".env");
+        std::fs::write(&env, "TOKEN=secret").unwrap();
+        if let Some(uid) = uid {
+            for path in ["services", "services/api", "services/api/.env"] {
+                std::os::unix::fs::chown(fx.ws.join(path), Some(uid), Some(uid)).unwrap();
+            }
+        }
+        let entry = |path: &Path, access: &str| serde_json::json!({"path": {"type": "path", "path": path}, "access": access});
+        let policy = serde_json::json!({"permissions": {"type": "managed", "file_system": {
+        "type": "restricted", "entries": [
+            entry(Path::new("/"), "read"),
+            entry(&fx.ws, "write"),
+            entry(&api, "read"),
+            entry(&env, "deny"),
+        ]}}})
+        .to_string();
+        let args = ["--policy", policy.as_str()];
+        assert_blocked(&probe(&args, &["read", s(&env)], uid, &fx.ws), &[], "read");
+        let (from, to) = (fx.ws.join("services"), fx.ws.join("moved"));
+        let result = probe(&args, &["rename", s(&from), s(&to)], uid, &fx.ws);
+        assert_blocked(&result, &["EBUSY", "EXDEV"], &format!("rename as {uid:?}"));
+        assert!(from.exists() && !to.exists(), "services moved as {uid:?}");
+        let free = probe(
+            &["--policy", "danger-full-access"],
+            &["rename", s(&from), s(&to)],
+            uid,
+            &fx.ws,
+        );
+        assert_allowed(&free, &format!("unsandboxed rename as {uid:?}"));
+        std::fs::rename(&to, &from).unwrap();
+    }
+}

@@ -45,6 +45,7 @@ fn workspace() -> (tempfile::TempDir, PathBuf) {
 fn render(spec: &SandboxSpec, ws: &Path) -> String {
     let ctx = ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        ..Default::default()
     };
     render_policy(&spec.resolve_with(&ctx).unwrap(), ws)
 }
@@ -140,6 +141,7 @@ fn supervisor_protections_golden() {
     std::fs::write(ws.join("token"), "t").unwrap();
     let ctx = ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        ..Default::default()
     };
     let json = serde_json::json!({
         "profile": "workspace-write", "cwd": ws.display().to_string(), "networkAccess": true,
@@ -164,6 +166,7 @@ fn network_allowlist_golden() {
     let spec: SandboxSpec = serde_json::from_value(json).unwrap();
     let ctx = ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        ..Default::default()
     };
     let policy = spec.resolve_with(&ctx).unwrap().with_denied_tcp_port(4000);
     let mut out = format!(

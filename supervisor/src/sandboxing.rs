@@ -18,7 +18,9 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use sandbox::policy::ResolveContext;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use sandbox::policy::{PlantableDirs, ResolveContext};
 use sandbox::{ResolvedPolicy, SandboxSpec};
 use serde_json::Value;
 
@@ -94,6 +96,9 @@ pub struct Sandboxing {
     hidden: Vec<PathBuf>,
     read_only: Vec<PathBuf>,
     tcp_ports: Vec<u16>,
+    /// The host directories the server's sandboxed commands could write so far: a symlink in
+    /// one of them on the way to a path a later start names is refused.
+    earlier_writable: Mutex<Arc<PlantableDirs>>,
     /// `sandbox-run`.
     pub sandbox_run: HelperBinary,
     /// `fs-helper`.
@@ -134,6 +139,7 @@ impl Sandboxing {
             hidden,
             read_only,
             tcp_ports,
+            earlier_writable: Mutex::default(),
             sandbox_run,
             fs_helper,
         })
@@ -155,11 +161,51 @@ impl Sandboxing {
         };
         let spec: SandboxSpec =
             serde_json::from_value(sandbox.clone()).map_err(SandboxRequestError::Shape)?;
-        let policy = spec.resolve_with(&self.context)?;
+        let context = ResolveContext {
+            earlier_writable: self.earlier_writable(),
+            ..self.context.clone()
+        };
+        let policy = spec.resolve_with(&context)?;
         if policy.is_unrestricted() {
             return Ok(None);
         }
         Ok(Some(self.protect(policy)))
+    }
+
+    fn earlier_writable(&self) -> Arc<PlantableDirs> {
+        self.earlier_writable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Refuses `cwd` when the way to it passes a symlink a command under `policy`, or under any
+    /// policy this server started a command with, could have planted.
+    ///
+    /// # Errors
+    /// [`sandbox::PolicyError::PlantedSymlink`] naming the path and the link.
+    pub fn refuse_planted_cwd(
+        &self,
+        policy: &ResolvedPolicy,
+        cwd: &Path,
+    ) -> Result<(), sandbox::PolicyError> {
+        policy.refuse_planted_symlink_after(cwd, &self.earlier_writable())
+    }
+
+    /// Records that a command runs under `policy`: what it can write is where later starts'
+    /// paths must not pass a symlink. Call it before the command starts.
+    pub fn record_started(&self, policy: &ResolvedPolicy) {
+        let mut earlier = self
+            .earlier_writable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if policy
+            .plantable_roots()
+            .iter()
+            .any(|root| !earlier.contains(root))
+        {
+            Arc::make_mut(&mut earlier).record(policy);
+        }
     }
 
     /// Adds the server's protections to `policy`.

@@ -495,3 +495,242 @@ async fn a_sandboxed_command_cannot_read_an_executors_identity_file() {
     let control = probe_through(&mut client, &setup, "control", None, &["read", path]).await;
     assert_eq!(control["ok"], true, "control read: {control}");
 }
+
+/// Starts `script` with the workspace-write sandbox at `cwd` (the command's cwd too).
+async fn start_at(
+    client: &mut tests::Client,
+    id: &str,
+    cwd: &Path,
+    script: &str,
+) -> Result<Value, tests::RpcError> {
+    let extra = json!({
+        "sandbox": {"profile": "workspace-write", "cwd": file_uri(cwd)},
+        "cwd": file_uri(cwd),
+    });
+    client.start(id, &["/bin/sh", "-c", script], extra).await
+}
+
+/// Issue 31: a workspace-write command at `ws` replaces `ws/task` with a symlink to a directory
+/// outside every root; the next start at `cwd = ws/task` is refused (it would have been granted
+/// the outside directory as its writable root), on both launch paths and under a root and an
+/// unprivileged server. Controls: a real `ws/task` is a working cwd, and an unsandboxed start
+/// through the plant writes outside (the plant is real).
+#[tokio::test]
+async fn a_working_directory_an_earlier_command_planted_is_refused() {
+    for uid in identities() {
+        for args in [&[][..], &["--one-shot-sandbox"][..]] {
+            let context = format!("as {uid:?} with {args:?}");
+            let setup = Setup::new(uid);
+            let outside = setup.workspace.parent().unwrap().join("outside");
+            std::fs::create_dir(&outside).unwrap();
+            if let Some(uid) = uid {
+                std::os::unix::fs::chown(&outside, Some(uid), Some(uid)).unwrap();
+            }
+            let server = setup.start(uid, args);
+            let mut client = server.client().await;
+            let ws = &setup.workspace;
+            let task = ws.join("task");
+            // Control: the command makes `task`; a start there works and writes there.
+            start_at(&mut client, "mkdir", ws, "mkdir task")
+                .await
+                .unwrap();
+            assert_eq!(
+                client.collect("mkdir").await.exit_code,
+                Some(0),
+                "{context}"
+            );
+            start_at(&mut client, "in-task", &task, "touch made-in-task")
+                .await
+                .unwrap_or_else(|e| panic!("{context}: the unplanted cwd was refused: {e:?}"));
+            assert_eq!(
+                client.collect("in-task").await.exit_code,
+                Some(0),
+                "{context}"
+            );
+            assert!(task.join("made-in-task").exists(), "{context}");
+            // The plant.
+            let plant = format!("rm -rf task && ln -s {} task", outside.display());
+            start_at(&mut client, "plant", ws, &plant).await.unwrap();
+            assert_eq!(
+                client.collect("plant").await.exit_code,
+                Some(0),
+                "{context}"
+            );
+            assert!(task.symlink_metadata().unwrap().is_symlink(), "{context}");
+            // The next start through it is refused with the writable roots' message.
+            let refused = start_at(&mut client, "through", &task, "touch pwned").await;
+            let error = refused.expect_err(&format!("{context}: a planted cwd was accepted"));
+            assert!(
+                error.message.contains("resolves through the symlink"),
+                "{context}: {error:?}"
+            );
+            assert!(!outside.join("pwned").exists(), "{context}: wrote outside");
+            // Without a sandbox the same start lands outside: the plant redirects.
+            client
+                .start(
+                    "unsandboxed",
+                    &["/bin/sh", "-c", "touch redirected"],
+                    json!({"cwd": file_uri(&task)}),
+                )
+                .await
+                .unwrap();
+            assert_eq!(client.collect("unsandboxed").await.exit_code, Some(0));
+            assert!(outside.join("redirected").exists(), "{context}");
+        }
+    }
+}
+
+/// Takes POOL (`inotify`, `timers`, `pty`) until refused or CAP were taken, prints
+/// `took N then ERRNO`, and holds them for HOLD seconds (a minute). argv: POOL CAP [HOLD].
+const POOL_HOG: &str = r#"
+import ctypes, errno, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+what, cap = sys.argv[1], int(sys.argv[2])
+n, err, held = 0, "", []
+while n < cap:
+    if what == "inotify":
+        ok = libc.inotify_init1(0o2000000) >= 0
+    elif what == "timers":
+        ok = libc.timer_create(1, None, ctypes.byref(ctypes.c_void_p())) == 0
+    else:
+        try:
+            held.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)); ok = True
+        except OSError as e:
+            ctypes.set_errno(e.errno); ok = False
+    if not ok:
+        err = errno.errorcode.get(ctypes.get_errno(), "?"); break
+    n += 1
+print("took %d then %s" % (n, err), flush=True)
+time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 60)
+"#;
+
+/// Issue 31, through the server on both launch paths, as root and as uid 65534: while one
+/// session's sandboxed command holds all it can of a kernel pool the host shares, a sandboxed
+/// command of another session and a host process of the server's uid still get one. (The
+/// unsandboxed controls, which starve the host, are in `sandbox/tests/pools.rs`.)
+#[tokio::test]
+async fn a_sandbox_holding_its_share_of_a_pool_leaves_one_for_the_host_and_another_session() {
+    for uid in identities() {
+        for args in [&[][..], &["--one-shot-sandbox"][..]] {
+            let setup = Setup::new(uid);
+            let script = setup.workspace.join("hog.py");
+            std::fs::write(&script, POOL_HOG).unwrap();
+            let server = setup.start(uid, args);
+            let mut holder = server.client().await;
+            let mut other = server.client().await;
+            for (pool, refused) in [
+                ("inotify", "EMFILE"),
+                ("timers", "EAGAIN"),
+                ("pty", "ENOSPC"),
+            ] {
+                let context = format!("{pool} as {uid:?} with {args:?}");
+                let argv = [
+                    "/usr/bin/python3",
+                    script.to_str().unwrap(),
+                    pool,
+                    "1000000",
+                ];
+                let extra = json!({
+                    "sandbox": {"profile": "workspace-write", "cwd": file_uri(&setup.workspace)},
+                    "cwd": file_uri(&setup.workspace),
+                });
+                let (hog, taker) = (format!("hog-{pool}"), format!("one-{pool}"));
+                holder.start(&hog, &argv, extra.clone()).await.unwrap();
+                let report = holder.wait_for_output(&hog, "took").await;
+                assert!(
+                    report.contains(&format!("then {refused}")),
+                    "{context}: the sandbox was not stopped by its bound: {report}"
+                );
+                let one = ["/usr/bin/python3", script.to_str().unwrap(), pool, "1", "0"];
+                other.start(&taker, &one, extra).await.unwrap();
+                let got = other.wait_for_output(&taker, "took").await;
+                assert!(
+                    got.contains("took 1 then"),
+                    "{context}: another session got none: {got}"
+                );
+                let mut host = std::process::Command::new("/usr/bin/timeout");
+                host.args(["5"])
+                    .args(one)
+                    .stdout(std::process::Stdio::piped());
+                if let Some(uid) = uid {
+                    host.uid(uid).gid(uid);
+                }
+                let host = host.output().unwrap();
+                let got = String::from_utf8_lossy(&host.stdout);
+                assert!(
+                    got.contains("took 1 then"),
+                    "{context}: the host got none: {got}"
+                );
+                assert_eq!(other.collect(&taker).await.exit_code, Some(0), "{context}");
+                holder
+                    .call("process/terminate", json!({"processId": hog}))
+                    .await;
+                holder.collect(&hog).await;
+            }
+        }
+    }
+}
+
+/// Issue 31: with the server's binaries in `ws/tools/bin` (kept read-only), a sandboxed command
+/// cannot rename `ws/tools` (which would carry the read-only bind away and let it plant a
+/// `ws/tools/bin/sandbox-run` the user runs next), nor `ws/tools/bin`; on both launch paths,
+/// under a root and an unprivileged server. Control: unsandboxed, the rename goes through.
+#[tokio::test]
+async fn the_servers_binary_directory_cannot_be_moved_by_renaming_its_parent() {
+    for uid in identities() {
+        for args in [&[][..], &["--one-shot-sandbox"][..]] {
+            let context = format!("as {uid:?} with {args:?}");
+            let setup = Setup::new(uid);
+            let tools = setup.workspace.join("tools");
+            let bin = tools.join("bin");
+            install_binaries(&bin);
+            if let Some(uid) = uid {
+                for path in [&tools, &bin] {
+                    std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+                }
+            }
+            let server = ExecServer::start_binary(&bin.join("exec-server"), args, |command| {
+                command.env_clear().env("PATH", "/usr/bin:/bin");
+                if let Some(uid) = uid {
+                    command.uid(uid).gid(uid);
+                }
+            });
+            let mut client = server.client().await;
+            let ws = file_uri(&setup.workspace);
+            let sandboxed =
+                json!({"sandbox": {"profile": "workspace-write", "cwd": ws}, "cwd": ws});
+            let script = "mv tools moved; echo rc1=$?; mv tools/bin tools/moved; echo rc2=$?";
+            let out = client
+                .run("rename", &["/bin/sh", "-c", script], sandboxed)
+                .await;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                stdout.contains("rc1=1") && stdout.contains("rc2=1"),
+                "{context}: {stdout} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                bin.join("sandbox-run").is_file(),
+                "{context}: the binaries moved"
+            );
+            assert!(!setup.workspace.join("moved").exists(), "{context}");
+            let out = client
+                .run(
+                    "free",
+                    &[
+                        "/bin/sh",
+                        "-c",
+                        "mv tools moved && mv moved tools && echo moved-back",
+                    ],
+                    json!({"cwd": ws}),
+                )
+                .await;
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "moved-back\n",
+                "{context}: the unsandboxed control could not rename: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}

@@ -420,7 +420,9 @@ pub(super) fn start_command(exec: &Exec, slave: Option<OwnedFd>, relayed: [bool;
         }
     }
     // Last, so nothing of the setup above counts against them (and PID 1 never has them).
-    if let Err(err) = exec.limits.apply_rlimits_to_current_process() {
+    if let Err(err) = crate::limits::apply_pool_rlimits_to_current_process()
+        .and_then(|()| exec.limits.apply_rlimits_to_current_process())
+    {
         eprintln!("sandbox-run: {err}");
         crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
     }

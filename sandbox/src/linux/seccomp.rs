@@ -22,7 +22,10 @@
 //!   no TCP Fast Open (`MSG_FASTOPEN` on the send calls, `TCP_FASTOPEN_CONNECT`) and no TCP
 //!   repair options, so every TCP connection passes `connect(2)`. Anything not listed, including every syscall added to
 //!   the kernel after the list was reviewed, gets `ENOSYS` (so libc falls back, as on an older
-//!   kernel): `clone3` among them, whose flags live in memory a filter cannot read.
+//!   kernel): `clone3` among them, whose flags live in memory a filter cannot read, and the
+//!   native AIO calls (`io_setup` allocates from the host-wide `fs.aio-max-nr`, which nothing
+//!   bounds per sandbox; libaio users and glibc's POSIX AIO fall back to threads). Every admitted
+//!   call that allocates from a pool the host shares says in its comment which bound holds it.
 //!
 //! `build.rs` compiles the JSON to BPF for the target architecture at build time ([`compiled`]);
 //! [`install_on_current_thread`] chains the parts into one program ([`chain`]) and makes one `seccomp(2)` call, so

@@ -25,7 +25,7 @@ pub use allowance::{
 };
 pub use network::{EgressRules, HostPattern, NetworkPolicy};
 pub use profile::{BUILTIN_PROFILES, DEFAULT_PROTECTED_SUBPATHS, ProfileFile, builtin_profile};
-pub use resolve::{MAX_RESOLVED_RULES, ResolveContext};
+pub use resolve::{MAX_PLANTABLE_ROOTS, MAX_RESOLVED_RULES, PlantableDirs, ResolveContext};
 pub use wire::{
     EntryPath, FsEntry, LegacyPolicy, ManagedFileSystem, NamedPolicy, NetworkMode,
     PermissionProfile, PolicySource, SandboxSpec, SpecialPath,

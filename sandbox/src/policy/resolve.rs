@@ -15,8 +15,10 @@ use super::wire::{
 use super::{Access, FilesystemPolicy, PathRule, PolicyError, ResolvedPolicy};
 
 mod normalize;
+mod planted;
 
 pub(crate) use normalize::{normalize_existing, normalize_rules, protect_subpaths};
+pub use planted::{MAX_PLANTABLE_ROOTS, PlantableDirs};
 
 /// What `:minimal` expands to on Linux: enough to exec dynamically linked programs.
 pub const MINIMAL_READ_PATHS: &[&str] = &[
@@ -48,6 +50,10 @@ pub const MAX_RESOLVED_RULES: usize = 1024;
 pub struct ResolveContext {
     /// `$TMPDIR`, when set and absolute.
     pub tmpdir: Option<PathBuf>,
+    /// Host directories earlier sandboxes (of this server) could write: a symlink in one of
+    /// them on the way to a named path is refused as surely as one in a directory the policy
+    /// being resolved makes writable.
+    pub earlier_writable: std::sync::Arc<PlantableDirs>,
 }
 
 impl ResolveContext {
@@ -56,7 +62,10 @@ impl ResolveContext {
         let tmpdir = std::env::var_os("TMPDIR")
             .map(PathBuf::from)
             .filter(|p| p.is_absolute());
-        Self { tmpdir }
+        Self {
+            tmpdir,
+            earlier_writable: std::sync::Arc::default(),
+        }
     }
 }
 
@@ -309,9 +318,7 @@ fn resolve_draft(
             });
         }
         for resolved in resolved {
-            if *access != Access::Deny {
-                named.push(resolved.clone());
-            }
+            named.push(resolved.clone());
             rules.push(PathRule {
                 path: normalize_existing(&resolved),
                 access: *access,
@@ -348,63 +355,9 @@ fn resolve_draft(
         policy.tmpdir = tmpdir;
     }
     for path in &named {
-        policy.refuse_planted_symlink(path)?;
+        policy.refuse_planted_symlink_after(path, &ctx.earlier_writable)?;
     }
     Ok(policy)
-}
-
-impl ResolvedPolicy {
-    /// Refuses `named` when the way to it passes a symlink in a directory a sandbox under this
-    /// policy can write: an earlier command could have planted it to redirect this root, cwd or
-    /// rule (`workspace/link -> /etc`). Symlinks the sandbox cannot have made (system ones like
-    /// `/lib -> usr/lib`, a user's own in the host's `/tmp`, which every sandbox sees a private
-    /// copy of) are followed.
-    ///
-    /// # Errors
-    /// [`PolicyError::PlantedSymlink`] naming the path and the link.
-    pub fn refuse_planted_symlink(&self, named: &Path) -> Result<(), PolicyError> {
-        let mut at = PathBuf::from("/");
-        for component in named.components() {
-            let Component::Normal(part) = component else {
-                continue;
-            };
-            let candidate = at.join(part);
-            let Ok(meta) = candidate.symlink_metadata() else {
-                return Ok(());
-            };
-            if meta.file_type().is_symlink() {
-                if self.sandbox_can_plant_in(&at) {
-                    return Err(PolicyError::PlantedSymlink {
-                        path: named.to_owned(),
-                        link: candidate,
-                    });
-                }
-                at = std::fs::canonicalize(&candidate).unwrap_or(candidate);
-            } else {
-                at = candidate;
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether a sandbox under this policy can create entries in the host directory `dir`:
-    /// writable, and not only through the private `/tmp`/`$TMPDIR` every command gets.
-    fn sandbox_can_plant_in(&self, dir: &Path) -> bool {
-        let rules = self.rules();
-        let covering = rules
-            .iter()
-            .filter(|rule| dir.starts_with(&rule.path))
-            .max_by_key(|rule| (rule.path.components().count(), rule.access));
-        match covering {
-            Some(rule) if rule.access == Access::Write => {
-                let private =
-                    rule.path == Path::new("/tmp") || self.tmpdir.as_deref() == Some(&rule.path);
-                !private
-            }
-            Some(_) => false,
-            None => !self.restricts_filesystem(),
-        }
-    }
 }
 
 fn resolve_entry(

@@ -8,6 +8,7 @@ use super::*;
 fn ctx() -> ResolveContext {
     ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        ..Default::default()
     }
 }
 
@@ -34,6 +35,17 @@ fn host_workspace() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::Builder::new()
         .prefix("policy-test-")
         .tempdir_in("/dev/shm")
+        .unwrap();
+    let path = std::fs::canonicalize(dir.path()).unwrap();
+    (dir, path)
+}
+
+/// A directory outside `/dev` (whose paths resolve lexically, not through symlinks) and `/tmp`
+/// (every sandbox's private layer).
+fn disk_workspace() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("policy-test-")
+        .tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/../target"))
         .unwrap();
     let path = std::fs::canonicalize(dir.path()).unwrap();
     (dir, path)
@@ -445,15 +457,113 @@ fn a_symlink_a_sandbox_could_have_planted_is_refused_in_a_root_or_cwd() {
         matches!(read_through, PolicyError::PlantedSymlink { .. }),
         "{read_through}"
     );
-    // A deny rule through the link only narrows: accepted.
+    // A deny rule through the link would hide the link's target, not what the user named
+    // (which the plant moved away): refused as well.
     let deny = spec(json!({
         "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
             {"path": {"type": "path", "path": ws.to_str().unwrap()}, "access": "write"},
-            {"path": {"type": "path", "path": link.to_str().unwrap()}, "access": "deny"},
+            {"path": {"type": "path", "path": link.join("secret").to_str().unwrap()}, "access": "deny"},
         ]}}
     }))
-    .resolve_with(&ctx());
-    assert!(deny.is_ok(), "{deny:?}");
+    .resolve_with(&ctx())
+    .unwrap_err();
+    assert!(
+        matches!(&deny, PolicyError::PlantedSymlink { link: found, .. } if *found == link),
+        "{deny}"
+    );
+}
+
+#[test]
+fn a_cwd_planted_by_an_earlier_sandbox_is_refused_and_an_unplanted_one_resolves() {
+    let (_dir, ws) = disk_workspace();
+    let (_outside_dir, outside) = disk_workspace();
+    // The earlier command: workspace-write at the workspace.
+    let earlier_policy = spec(json!({"profile": "workspace-write", "cwd": ws.to_str().unwrap()}))
+        .resolve_with(&ctx())
+        .unwrap();
+    let mut earlier = PlantableDirs::default();
+    earlier.record(&earlier_policy);
+    let after = ResolveContext {
+        earlier_writable: std::sync::Arc::new(earlier.clone()),
+        ..ctx()
+    };
+    // Control: `task` a real directory; the next start there resolves, its root is `task`.
+    std::fs::create_dir(ws.join("task")).unwrap();
+    let next =
+        |cwd: &Path| spec(json!({"profile": "workspace-write", "cwd": cwd.to_str().unwrap()}));
+    let control = next(&ws.join("task")).resolve_with(&after).unwrap();
+    assert!(control.plantable_roots().contains(&ws.join("task")));
+    assert!(!control.plantable_roots().contains(&outside));
+    // The plant: `task` replaced by a symlink to a directory outside every root.
+    std::fs::remove_dir(ws.join("task")).unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("task")).unwrap();
+    // Without the record, the workspace is not writable under the next policy: it would be
+    // granted `outside` (what the attack relied on).
+    let unrecorded = next(&ws.join("task")).resolve_with(&ctx()).unwrap();
+    assert!(unrecorded.plantable_roots().contains(&outside));
+    let err = next(&ws.join("task")).resolve_with(&after).unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::PlantedSymlink { link, .. } if *link == ws.join("task")),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("resolves through the symlink"),
+        "{err}"
+    );
+    // A writable root, a read entry and a deny entry through it are refused the same way.
+    for (entry, access) in [
+        ("task", "write"),
+        ("task/sub", "read"),
+        ("task/sub", "deny"),
+    ] {
+        let err = spec(json!({
+            "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+                {"path": {"type": "path", "path": ws.join(entry).to_str().unwrap()}, "access": access},
+            ]}}
+        }))
+        .resolve_with(&after)
+        .unwrap_err();
+        assert!(
+            matches!(err, PolicyError::PlantedSymlink { .. }),
+            "{entry} {access}: {err}"
+        );
+    }
+    // The same check on a resolved policy (what the server applies to the process's cwd).
+    assert!(matches!(
+        control.refuse_planted_symlink_after(&ws.join("task"), &earlier),
+        Err(PolicyError::PlantedSymlink { .. })
+    ));
+}
+
+#[test]
+fn plantable_dirs_keep_outer_roots_and_stay_bounded() {
+    let mut dirs = PlantableDirs::default();
+    let policy = |roots: &[&str]| {
+        ResolvedPolicy::new(
+            FilesystemPolicy::Restricted {
+                rules: roots.iter().map(|root| rule(root, Access::Write)).collect(),
+            },
+            false,
+        )
+    };
+    dirs.record(&policy(&["/w/a/b", "/tmp"]));
+    dirs.record(&policy(&["/w/a"]));
+    assert_eq!(dirs.roots().collect::<Vec<_>>(), vec![Path::new("/w/a")]);
+    assert!(dirs.contains(Path::new("/w/a/b/c")));
+    assert!(
+        !dirs.contains(Path::new("/tmp")),
+        "the private /tmp is no host directory"
+    );
+    let many: Vec<String> = (0..=MAX_PLANTABLE_ROOTS)
+        .map(|i| format!("/m/{i}"))
+        .collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    dirs.record(&policy(&many));
+    assert!(dirs.roots().count() <= MAX_PLANTABLE_ROOTS);
+    assert!(
+        dirs.contains(Path::new("/m/17")),
+        "a root was dropped instead of widened"
+    );
 }
 
 #[test]

@@ -119,10 +119,23 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
     }
     if let Some(path) = profile_file {
         refuse_writable_profile(&policy, &path)?;
+        policy
+            .refuse_planted_symlink(&path)
+            .map_err(|err| RunError::Setup(format!("profile file: {err}")))?;
     }
     policy
         .refuse_planted_symlink(&cwd)
         .map_err(|err| RunError::Setup(format!("--cwd: {err}")))?;
+    for root in &roots {
+        policy
+            .refuse_planted_symlink(root)
+            .map_err(|err| RunError::Setup(format!("--writable-root: {err}")))?;
+    }
+    for path in &cli.denies {
+        policy
+            .refuse_planted_symlink(&current.join(path))
+            .map_err(|err| RunError::Setup(format!("--deny: {err}")))?;
+    }
     let cwd = std::fs::canonicalize(&cwd)
         .map_err(|err| RunError::Setup(format!("--cwd {}: {err}", cwd.display())))?;
     Ok((policy, cwd))

@@ -487,7 +487,7 @@ impl LauncherStart {
 /// Resolves the request's `sandbox` once, off the runtime (globs walk the filesystem), with the
 /// server's protections, and the command's working directory under it (canonical; refused when
 /// a symlink an earlier command could have planted is on its way); `None` when nothing is
-/// restricted.
+/// restricted. What the policy lets the command write is recorded before it starts.
 async fn resolve_sandbox(
     launch: &LaunchContext<'_>,
     budget: &ConnectionBudget,
@@ -505,8 +505,8 @@ async fn resolve_sandbox(
             let Some(policy) = sandboxing.resolve(sandbox.as_ref())? else {
                 return Ok(None);
             };
-            policy
-                .refuse_planted_symlink(&cwd)
+            sandboxing
+                .refuse_planted_cwd(&policy, &cwd)
                 .map_err(|source| ProcessError::CwdRefused {
                     path: cwd.clone(),
                     source,
@@ -516,6 +516,7 @@ async fn resolve_sandbox(
             if cwd.to_str().is_none() {
                 return Err(ProcessError::CwdNotUtf8 { path: cwd });
             }
+            sandboxing.record_started(&policy);
             Ok(Some((policy, cwd)))
         })
         .await?

@@ -317,6 +317,14 @@ fn confine_here(
     if options.report {
         eprintln!("{}", serde_json::to_string(&report).unwrap_or_default());
     }
+    // Without a user namespace of its own the command charges the host uid's counters
+    // directly: its rlimit shares still bound what it can add to them.
+    crate::limits::apply_pool_rlimits_to_current_process().map_err(|err| {
+        CommandError::Plumbing {
+            what: "setting the command's shares of the host's pools",
+            source: std::io::Error::other(err.to_string()),
+        }
+    })?;
     Ok(())
 }
 

@@ -410,13 +410,62 @@ fn build_dev(target: &OwnedFd, devices: &[(&str, Source)]) -> io::Result<OwnedFd
     let pts = FsContext::open("devpts")?;
     pts.flag("newinstance")?
         .set("ptmxmode", "0666")?
-        .set("mode", "0620")?;
+        .set("mode", "0620")?
+        // The host's devpts instances share one pool (kernel.pty.max): bounded per sandbox.
+        .set("max", &crate::limits::SANDBOX_PTYS.to_string())?;
     let pts = sys::fsmount(&pts, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
     let place = sys::open_no_symlinks(Some(dev.as_fd()), Path::new("pts"))?;
     sys::attach_mount(pts.as_fd(), place.as_fd())?;
     sys::mount_setattr_fd(dev.as_fd(), false, MOUNT_ATTR_RDONLY, 0)?;
     Ok(dev)
 }
+
+/// The per-uid inotify counters this user namespace may charge: [`POOL_SHARE_DIVISOR`] of the
+/// host's (`fs/inotify/max_user_*` shows the initial namespace's), written as this namespace's
+/// own maxima (`sys/user/max_inotify_*`), which the kernel checks at every level of the
+/// user-namespace hierarchy. Not setting them leaves the sandbox the host uid's whole pool, so
+/// it fails the build.
+///
+/// [`POOL_SHARE_DIVISOR`]: crate::limits::POOL_SHARE_DIVISOR
+fn bound_inotify(proc: &OwnedFd) -> io::Result<()> {
+    for (host, ours) in INOTIFY_POOLS {
+        let read = nix::fcntl::openat(
+            proc.as_fd(),
+            *host,
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )?;
+        let mut text = String::new();
+        io::Read::read_to_string(&mut std::fs::File::from(read), &mut text)?;
+        let host_max: u64 = text
+            .trim()
+            .parse()
+            .map_err(|_| io::Error::other(format!("{host}: not a number: {text:?}")))?;
+        let share = crate::limits::pool_share(host_max, i32::MAX as u64);
+        let fd = nix::fcntl::openat(
+            proc.as_fd(),
+            *ours,
+            nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|err| io::Error::other(format!("{ours}: {err}")))?;
+        nix::unistd::write(&fd, share.to_string().as_bytes())
+            .map_err(|err| io::Error::other(format!("{ours}: {err}")))?;
+    }
+    Ok(())
+}
+
+/// The host's per-uid inotify maxima and this user namespace's own, relative to `/proc`.
+const INOTIFY_POOLS: &[(&str, &str)] = &[
+    (
+        "sys/fs/inotify/max_user_instances",
+        "sys/user/max_inotify_instances",
+    ),
+    (
+        "sys/fs/inotify/max_user_watches",
+        "sys/user/max_inotify_watches",
+    ),
+];
 
 /// A fresh proc instance (of the caller's PID namespace) on `/proc`, with [`PROC_READ_ONLY`]
 /// re-bound read-only, after forbidding new user namespaces in ours
@@ -441,6 +490,7 @@ fn build_proc(target: &OwnedFd, applied: &mut Applied) -> io::Result<OwnedFd> {
             "cannot set max_user_namespaces to 0 ({err}); seccomp still refuses new namespaces"
         ));
     }
+    bound_inotify(&proc)?;
     for entry in PROC_READ_ONLY {
         let Ok(place) = sys::open_no_symlinks(Some(proc.as_fd()), Path::new(entry)) else {
             continue;

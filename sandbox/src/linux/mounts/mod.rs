@@ -257,12 +257,18 @@ fn effective(policy: &ResolvedPolicy, path: &Path) -> Access {
     }
 }
 
-/// Directories strictly between a writable root and a masked path below it: pinned so the mask
-/// cannot be moved away from its path by renaming one of them.
+/// Directories strictly between a writable root and a masked or read-only-bound path below
+/// it: pinned so the protection cannot be moved away from its path by renaming one of them. A
+/// mount follows its dentry through `rename(2)`, so renaming an unpinned ancestor (`vendor/lib`
+/// above a protected `vendor/lib/.git`, `services` above a read entry `services/api` with a
+/// denied `.env`) would leave the protected *path* an ordinary directory the command could
+/// recreate; a mount point cannot be renamed or removed (`EBUSY`). The walk stops at a directory
+/// that is already a step: that step's own walk pins what is above it.
 fn pinned_ancestors(policy: &ResolvedPolicy, ops: &[MountOp]) -> Vec<PathBuf> {
     let mut pins = Vec::new();
     for op in ops {
-        let (MountOp::MaskDir(path) | MountOp::MaskFile(path)) = op else {
+        let (MountOp::MaskDir(path) | MountOp::MaskFile(path) | MountOp::ReadOnlyBind(path)) = op
+        else {
             continue;
         };
         let mut ancestor = path.parent();
@@ -408,6 +414,32 @@ mod tests {
         assert!(plan.contains(&MountOp::Pin(ws.join("a"))), "{plan:?}");
         assert!(plan.contains(&MountOp::Pin(ws.join("a/b"))), "{plan:?}");
         assert!(plan.contains(&MountOp::MaskFile(secret)), "{plan:?}");
+        assert!(!plan.contains(&MountOp::Pin(ws.clone())), "{plan:?}");
+    }
+
+    #[test]
+    fn ancestors_of_a_read_only_bind_inside_a_writable_root_are_pinned() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(ws.join("vendor/lib/.git")).unwrap();
+        std::fs::create_dir_all(ws.join("services/api")).unwrap();
+        std::fs::write(ws.join("services/api/.env"), "k").unwrap();
+        let policy = policy(&[
+            ("/", Access::Read),
+            (ws.to_str().unwrap(), Access::Write),
+            (ws.join("vendor/lib/.git").to_str().unwrap(), Access::Read),
+            (ws.join("services/api").to_str().unwrap(), Access::Read),
+            (ws.join("services/api/.env").to_str().unwrap(), Access::Deny),
+        ]);
+        let plan = mount_plan(&policy, &Layout::default());
+        for pinned in ["vendor", "vendor/lib", "services"] {
+            assert!(
+                plan.contains(&MountOp::Pin(ws.join(pinned))),
+                "{pinned}: {plan:?}"
+            );
+        }
+        assert!(plan.contains(&MountOp::ReadOnlyBind(ws.join("vendor/lib/.git"))));
+        assert!(plan.contains(&MountOp::ReadOnlyBind(ws.join("services/api"))));
         assert!(!plan.contains(&MountOp::Pin(ws.clone())), "{plan:?}");
     }
 

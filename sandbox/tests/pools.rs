@@ -1,0 +1,371 @@
+//! Kernel pools the host shares (issue 31): a sandboxed command that takes all it can of one
+//! (inotify instances, queued signals through POSIX timers, POSIX message-queue bytes, AIO
+//! contexts, pseudo-terminals) leaves enough that a host process of the same uid, and a second
+//! sandbox, still get one. Each pool also has a control showing the exhaustion is real: the
+//! same hog unsandboxed takes the uid's (or the host's) whole pool, so a host process then gets
+//! none. Run as root and as uid 65534, each hog in a fresh `sandbox-run`; every hog is killed
+//! (and so gives its pool back) before the next step.
+#![cfg(target_os = "linux")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test support functions outside #[test]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+
+/// Takes `POOL` until the kernel refuses (or `CAP` were taken), prints `took N then ERRNO`, and
+/// holds what it took for `HOLD` seconds, taking more whenever it can. argv: POOL HOLD [CAP].
+const HOG: &str = r#"
+import ctypes, errno, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+what, hold = sys.argv[1], float(sys.argv[2])
+cap = int(sys.argv[3]) if len(sys.argv) > 3 else 1 << 30
+n, err, held = 0, "", []
+def fail():
+    return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+def take():
+    if what == "inotify":
+        fd = libc.inotify_init1(0o2000000)
+        held.append(fd)
+        return fd >= 0
+    if what == "timers":
+        tid = ctypes.c_void_p()
+        return libc.timer_create(1, None, ctypes.byref(tid)) == 0
+    if what == "mqueue":
+        class Attr(ctypes.Structure):
+            _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long),
+                        ("msgsize", ctypes.c_long), ("cur", ctypes.c_long),
+                        ("pad", ctypes.c_long * 4)]
+        rt = ctypes.CDLL("librt.so.1", use_errno=True)
+        name = ("/execward-pools-%d-%d" % (os.getpid(), n)).encode()
+        fd = rt.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(Attr(0, 10, 8192, 0)))
+        if fd >= 0:
+            rt.mq_unlink(name)  # the queue lives as long as its descriptor
+            held.append(fd)
+        return fd >= 0
+    if what == "aio":
+        ctx = ctypes.c_ulong(0)
+        return libc.syscall(206, 1024, ctypes.byref(ctx)) == 0  # io_setup (x86_64)
+    if what == "pty":
+        try:
+            held.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+            return True
+        except OSError as e:
+            ctypes.set_errno(e.errno)
+            return False
+    raise SystemExit("unknown pool " + what)
+while n < cap:
+    if not take():
+        err = fail()
+        break
+    n += 1
+print("took %d then %s" % (n, err), flush=True)
+# Keep the pool exhausted: take back what other processes release.
+until = time.time() + hold
+while time.time() < until:
+    if n < cap and take():
+        n += 1
+    time.sleep(0.005)
+"#;
+
+/// The tests exhaust pools of the uid they run as: one at a time, so no test's control starves
+/// another test's step.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Attempts of the control's host process, one of which must be refused.
+const CONTROL_ATTEMPTS: usize = 5;
+
+/// How long a hog holds what it took (it is killed long before).
+const HOLD_SECONDS: &str = "120";
+
+struct Hog {
+    child: Child,
+    took: u64,
+    error: String,
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `hog.py` written where `uid` can read it.
+fn hog_script(fx: &Fixture) -> PathBuf {
+    let path = fx.ws.join("hog.py");
+    std::fs::write(&path, HOG).unwrap();
+    path
+}
+
+/// Runs the hog (sandboxed under read-only with the network off, or not) as `uid` and waits
+/// for its report; it keeps what it took until dropped.
+fn hog(
+    script: &Path,
+    pool: &str,
+    sandboxed: bool,
+    cap: Option<u64>,
+    uid: Option<u32>,
+    cwd: &Path,
+) -> Hog {
+    let sandbox: &[&str] = &["--policy", "read-only"];
+    hog_under(script, pool, sandboxed.then_some(sandbox), cap, uid, cwd)
+}
+
+/// [`hog`] under `sandbox-run SANDBOX --`, or unsandboxed.
+fn hog_under(
+    script: &Path,
+    pool: &str,
+    sandbox: Option<&[&str]>,
+    cap: Option<u64>,
+    uid: Option<u32>,
+    cwd: &Path,
+) -> Hog {
+    let sandboxed = sandbox.is_some();
+    let mut cmd = if let Some(args) = sandbox {
+        let mut cmd = Command::new(sandbox_run_exe());
+        cmd.args(args).arg("--");
+        cmd
+    } else {
+        Command::new("/usr/bin/env")
+    };
+    cmd.arg("/usr/bin/python3")
+        .arg(script)
+        .args([pool, HOLD_SECONDS])
+        .args(cap.map(|c| c.to_string()))
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let report = line
+        .trim_end_matches('\n')
+        .strip_prefix("took ")
+        .unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!("{pool} hog (sandboxed: {sandboxed}, as {uid:?}) printed {line:?}")
+        });
+    let (took, error) = report.split_once(" then ").unwrap();
+    Hog {
+        took: took.parse().unwrap(),
+        error: error.to_owned(),
+        child,
+    }
+}
+
+/// One of `pool`, taken by a process of `uid` (sandboxed or not) that then ends.
+fn one(script: &Path, pool: &str, sandboxed: bool, uid: Option<u32>, cwd: &Path) -> Hog {
+    let mut taken = hog(script, pool, sandboxed, Some(1), uid, cwd);
+    let _ = taken.child.kill();
+    taken
+}
+
+fn proc_number(path: &str) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The share a sandbox gets of a host limit (what `sandbox::limits::pool_share` computes).
+fn share(host: u64) -> u64 {
+    (host / sandbox::limits::POOL_SHARE_DIVISOR).max(1)
+}
+
+/// Asserts that, while `sandboxed` holds all it could, a host process of `uid` and a second
+/// sandbox still get one.
+fn others_still_get_one(script: &Path, pool: &str, uid: Option<u32>, cwd: &Path, second: bool) {
+    let host = one(script, pool, false, uid, cwd);
+    assert_eq!(
+        (host.took, host.error.as_str()),
+        (1, ""),
+        "{pool} as {uid:?}: a host process got none while a sandbox held its share"
+    );
+    if second {
+        let other = one(script, pool, true, uid, cwd);
+        assert_eq!(
+            (other.took, other.error.as_str()),
+            (1, ""),
+            "{pool} as {uid:?}: a second sandbox got none while the first held its share"
+        );
+    }
+}
+
+/// The control: unsandboxed, the hog takes the uid's (host's) whole pool, and a host process
+/// of the uid then gets none (`refused` is its errno). The hog is gone when this returns.
+fn unsandboxed_hog_starves_the_host(
+    script: &Path,
+    pool: &str,
+    uid: Option<u32>,
+    cwd: &Path,
+    refused: &str,
+) {
+    let held = hog(script, pool, false, None, uid, cwd);
+    // Other processes of the uid (the machine is shared) may release one between the hog's
+    // report and an attempt, which the hog then takes back within milliseconds: the control
+    // needs one refusal among a few attempts.
+    let attempts: Vec<(u64, String)> = (0..CONTROL_ATTEMPTS)
+        .map(|_| {
+            let host = one(script, pool, false, uid, cwd);
+            (host.took, host.error.clone())
+        })
+        .collect();
+    let (took, error) = (held.took, held.error.clone());
+    drop(held);
+    assert!(
+        attempts.iter().any(|(n, e)| *n == 0 && e == refused),
+        "{pool} as {uid:?}: the unsandboxed hog (took {took} then {error}) did not exhaust the \
+         pool (the control): {attempts:?}"
+    );
+}
+
+#[test]
+fn a_sandbox_takes_only_its_share_of_the_uids_inotify_instances() {
+    let _serial = serial();
+    let host_max = proc_number("/proc/sys/fs/inotify/max_user_instances");
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let script = hog_script(&fx);
+        let held = hog(&script, "inotify", true, None, uid, &fx.ws);
+        assert_eq!(
+            (held.took, held.error.as_str()),
+            (share(host_max), "EMFILE"),
+            "as {uid:?}: the sandbox's inotify instances are not bounded to its share"
+        );
+        others_still_get_one(&script, "inotify", uid, &fx.ws, true);
+        drop(held);
+        unsandboxed_hog_starves_the_host(&script, "inotify", uid, &fx.ws, "EMFILE");
+    }
+}
+
+#[test]
+fn a_sandbox_takes_only_its_share_of_the_uids_pending_signals() {
+    let _serial = serial();
+    let (host_max, _) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_SIGPENDING).unwrap();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let script = hog_script(&fx);
+        let held = hog(&script, "timers", true, None, uid, &fx.ws);
+        assert_eq!(
+            (held.took, held.error.as_str()),
+            (
+                sandbox::limits::pool_share(host_max, sandbox::limits::MAX_SANDBOX_PENDING_SIGNALS),
+                "EAGAIN"
+            ),
+            "as {uid:?}: the sandbox's queued signals are not bounded to its share"
+        );
+        others_still_get_one(&script, "timers", uid, &fx.ws, true);
+        drop(held);
+        // Without the namespace layer (best effort) the command charges the host uid's count
+        // directly; its rlimit share still bounds it.
+        let sandbox: &[&str] = &["--policy", "read-only", "--no-namespaces"];
+        let held = hog_under(&script, "timers", Some(sandbox), None, uid, &fx.ws);
+        // The share bounds the uid's whole count here, of which other processes of the uid
+        // may already hold a few.
+        let share =
+            sandbox::limits::pool_share(host_max, sandbox::limits::MAX_SANDBOX_PENDING_SIGNALS);
+        assert!(
+            held.took <= share && held.took + 64 >= share && held.error == "EAGAIN",
+            "as {uid:?} without namespaces: took {} then {} (share {share})",
+            held.took,
+            held.error
+        );
+        others_still_get_one(&script, "timers", uid, &fx.ws, false);
+        drop(held);
+        unsandboxed_hog_starves_the_host(&script, "timers", uid, &fx.ws, "EAGAIN");
+    }
+}
+
+#[test]
+fn a_sandbox_takes_no_posix_message_queue_bytes_from_the_uid() {
+    let _serial = serial();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let script = hog_script(&fx);
+        // Landlock refuses creating a queue (the mqueue filesystem is in no rule); the
+        // command's RLIMIT_MSGQUEUE share would bound it otherwise.
+        let held = hog(&script, "mqueue", true, None, uid, &fx.ws);
+        assert_eq!(
+            (held.took, held.error.as_str()),
+            (0, "EACCES"),
+            "as {uid:?}: a sandbox created a POSIX message queue"
+        );
+        others_still_get_one(&script, "mqueue", uid, &fx.ws, false);
+        drop(held);
+        unsandboxed_hog_starves_the_host(&script, "mqueue", uid, &fx.ws, "EMFILE");
+    }
+}
+
+#[test]
+fn a_sandbox_cannot_take_the_hosts_aio_contexts() {
+    let _serial = serial();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let script = hog_script(&fx);
+        let held = hog(&script, "aio", true, None, uid, &fx.ws);
+        assert_eq!(
+            (held.took, held.error.as_str()),
+            (0, "ENOSYS"),
+            "as {uid:?}: io_setup is admitted in the sandbox"
+        );
+        others_still_get_one(&script, "aio", uid, &fx.ws, false);
+        drop(held);
+        unsandboxed_hog_starves_the_host(&script, "aio", uid, &fx.ws, "EAGAIN");
+    }
+}
+
+#[test]
+fn a_sandboxs_devpts_instance_holds_only_its_share_of_the_hosts_ptys() {
+    let _serial = serial();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let script = hog_script(&fx);
+        let held = hog(&script, "pty", true, None, uid, &fx.ws);
+        assert_eq!(
+            (held.took, held.error.as_str()),
+            (sandbox::limits::SANDBOX_PTYS, "ENOSPC"),
+            "as {uid:?}: the sandbox's devpts instance is not bounded"
+        );
+        others_still_get_one(&script, "pty", uid, &fx.ws, true);
+    }
+    // The control: a devpts instance without `max=` (what the sandbox had) gives more than
+    // the bound. Taking the host's whole pool would fail every other user of the machine's
+    // terminals for a moment, so the control stops one past the bound.
+    let unbounded = Command::new("/usr/bin/unshare")
+        .args(["--user", "--map-root-user", "--mount", "/bin/sh", "-c"])
+        .arg(format!(
+            "mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts && \
+             mount --bind /dev/pts/ptmx /dev/ptmx && \
+             exec /usr/bin/python3 -c 'import os; fds=[os.open(\"/dev/ptmx\", os.O_RDWR) \
+             for _ in range({})]; print(len(fds))'",
+            sandbox::limits::SANDBOX_PTYS + 1
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&unbounded.stdout).trim(),
+        (sandbox::limits::SANDBOX_PTYS + 1).to_string(),
+        "an unbounded devpts instance (the control): {}",
+        String::from_utf8_lossy(&unbounded.stderr)
+    );
+}
