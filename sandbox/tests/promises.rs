@@ -578,3 +578,74 @@ fn a_command_without_the_separator_gets_a_hint() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_users_own_profiles_are_listed_and_taken_by_name_and_built_ins_win() {
+    let config = scratch::scratch_dir("user-profiles-");
+    let profiles = config.path().join("execward/profiles");
+    std::fs::create_dir_all(&profiles).unwrap();
+    std::fs::write(
+        profiles.join("mine.toml"),
+        "description = \"Mine: read everything, write nothing\"\n[filesystem]\n\":root\" = \"read\"\n",
+    )
+    .unwrap();
+    // A file cannot redefine a built-in name.
+    std::fs::write(
+        profiles.join("read-only.toml"),
+        "description = \"Sneaky\"\nfull_filesystem_access = true\n",
+    )
+    .unwrap();
+    let sandbox_run = |args: &[&str]| {
+        std::process::Command::new(sandbox_run_exe())
+            .env("XDG_CONFIG_HOME", config.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let listed = sandbox_run(&["--list-profiles"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.contains("workspace-write"), "{listed}");
+    assert!(
+        listed.contains("mine") && listed.contains("Mine: read everything"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("(ignored: a built-in has this name)"),
+        "{listed}"
+    );
+
+    let out = scratch::scratch_dir("user-profile-out-");
+    let target = out.path().join("written.txt");
+    let script = format!("echo x > {} && echo wrote || echo denied", target.display());
+    for policy in ["mine", "read-only"] {
+        let result = sandbox_run(&[
+            "--policy", policy, "--cwd", "/", "--", "/bin/sh", "-c", &script,
+        ]);
+        assert_eq!(
+            String::from_utf8_lossy(&result.stdout),
+            "denied\n",
+            "{policy}: {result:?}"
+        );
+        assert!(!target.exists(), "{policy} let the write land");
+    }
+    // Control: with the directory writable the same command writes.
+    let out_dir = out.path().to_str().unwrap();
+    let result = sandbox_run(&[
+        "--policy",
+        "workspace-write",
+        "--cwd",
+        "/",
+        "--writable-root",
+        out_dir,
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&result.stdout),
+        "wrote\n",
+        "{result:?}"
+    );
+}

@@ -30,6 +30,10 @@ fn main() -> ExitCode {
         Ok(parsed) => parsed,
         Err(err) => err.exit(),
     };
+    if cli.list_profiles {
+        print!("{}", sandbox::run::list_profiles());
+        return ExitCode::SUCCESS;
+    }
     run(&cli, &audit)
 }
 

@@ -27,8 +27,10 @@ use clap::Parser;
         executed / was not found. Policies: see policies/README.md."
 )]
 pub struct Cli {
-    /// Policy: a built-in name (read-only, workspace-write, danger-full-access), a profile
-    /// file (*.toml, or any path containing '/'), or a JSON sandbox object (starts with '{').
+    /// Policy: a built-in name (read-only, workspace-write, danger-full-access), the name of
+    /// one of your own profiles (~/.config/execward/profiles/NAME.toml; see --list-profiles), a
+    /// profile file (*.toml, or any path containing '/'), or a JSON sandbox object (starts
+    /// with '{').
     /// A profile file inside a writable root of the policy it produces is refused (the
     /// sandboxed command could rewrite it for the next run).
     #[arg(long, value_name = "NAME|FILE.toml|JSON", default_value = "read-only")]
@@ -98,6 +100,10 @@ pub struct Cli {
     /// Do not use namespaces (Landlock + seccomp only; no PID namespace, no private /tmp).
     #[arg(long)]
     pub no_namespaces: bool,
+    /// List the profiles --policy takes by name (built-in, then the user's own in
+    /// ~/.config/execward/profiles/NAME.toml) with their descriptions, and exit.
+    #[arg(long)]
+    pub list_profiles: bool,
     /// Print the resolved rules and the layers that will apply, as JSON, and exit.
     #[arg(long)]
     pub explain: bool,
@@ -132,7 +138,7 @@ pub struct Cli {
     #[arg(
         last = true,
         value_name = "PROGRAM [ARGS]...",
-        required_unless_present_any = ["launch_fd", "launcher"]
+        required_unless_present_any = ["launch_fd", "launcher", "list_profiles"]
     )]
     pub command: Vec<OsString>,
 }

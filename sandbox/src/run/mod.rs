@@ -15,7 +15,7 @@ mod cli;
 pub mod env;
 mod resolve;
 pub use cli::{Cli, command};
-pub use resolve::resolve_cli_policy;
+pub use resolve::{list_profiles, resolve_cli_policy, user_profile_dir};
 
 /// Exit status for a setup failure.
 pub const EXIT_SETUP_FAILED: u8 = 125;

@@ -35,6 +35,85 @@ fn existing_dir(flag: &str, path: &Path, create: bool) -> Result<PathBuf, RunErr
     }
 }
 
+/// Where a user's own named profiles live: `$XDG_CONFIG_HOME/execward/profiles` or
+/// `~/.config/execward/profiles` (of the caller's environment: `sandbox-run`'s caller is the
+/// trusted party, the command never sees this).
+pub fn user_profile_dir() -> Option<PathBuf> {
+    let absolute = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    absolute("XDG_CONFIG_HOME")
+        .or_else(|| absolute("HOME").map(|home| home.join(".config")))
+        .map(|config| config.join("execward").join("profiles"))
+}
+
+/// `NAME.toml` in [`user_profile_dir`] for a name that is no built-in (built-ins win, so a file
+/// there cannot change what `read-only` means).
+fn user_profile(name: &str) -> Option<PathBuf> {
+    let builtin = crate::policy::BUILTIN_PROFILES
+        .iter()
+        .any(|(builtin, _)| *builtin == name);
+    let plain = !name.is_empty() && !name.starts_with('.') && !name.contains(['/', '\\']);
+    if builtin || !plain {
+        return None;
+    }
+    let path = user_profile_dir()?.join(format!("{name}.toml"));
+    path.is_file().then_some(path)
+}
+
+/// `--list-profiles`: every name `--policy` takes, with its description.
+pub fn list_profiles() -> String {
+    let mut out = String::from("built-in profiles:\n");
+    for (name, text) in crate::policy::BUILTIN_PROFILES {
+        let description = ProfileFile::parse(text, name)
+            .ok()
+            .and_then(|p| p.description)
+            .unwrap_or_default();
+        out.push_str(&format!("  {name:<20} {description}\n"));
+    }
+    let Some(dir) = user_profile_dir() else {
+        out.push_str("user profiles: none (neither $XDG_CONFIG_HOME nor $HOME is set)\n");
+        return out;
+    };
+    let mut user: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let path = entry.path();
+            let name = path
+                .file_name()?
+                .to_str()?
+                .strip_suffix(".toml")?
+                .to_owned();
+            let description = match ProfileFile::load(&path) {
+                Ok(profile) => profile.description.unwrap_or_default(),
+                Err(err) => format!("(unusable: {err})"),
+            };
+            Some((name, description))
+        })
+        .collect();
+    user.sort();
+    out.push_str(&format!("user profiles ({}):\n", dir.display()));
+    if user.is_empty() {
+        out.push_str("  none\n");
+    }
+    for (name, description) in user {
+        let shadowed = crate::policy::BUILTIN_PROFILES
+            .iter()
+            .any(|(builtin, _)| *builtin == name);
+        let note = if shadowed {
+            " (ignored: a built-in has this name)"
+        } else {
+            ""
+        };
+        out.push_str(&format!("  {name:<20} {description}{note}\n"));
+    }
+    out
+}
+
 /// Resolves the policy the command line asks for and the command's working directory.
 ///
 /// # Errors
@@ -74,6 +153,10 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
         let cwd = cli_cwd.unwrap_or(current.clone());
         if cli.policy.ends_with(".toml") || cli.policy.contains('/') {
             let path = current.join(&cli.policy);
+            let profile = ProfileFile::load(&path).map_err(setup)?;
+            let policy = profile.resolve(Some(&cwd), &[], &ctx).map_err(setup)?;
+            (policy, cwd, Some(path))
+        } else if let Some(path) = user_profile(&cli.policy) {
             let profile = ProfileFile::load(&path).map_err(setup)?;
             let policy = profile.resolve(Some(&cwd), &[], &ctx).map_err(setup)?;
             (policy, cwd, Some(path))
