@@ -705,3 +705,63 @@ fn a_deny_below_a_read_entry_cannot_be_moved_by_renaming_the_entrys_parent() {
         std::fs::rename(&to, &from).unwrap();
     }
 }
+
+#[test]
+fn a_host_git_status_runs_nothing_a_command_planted_behind_a_renamed_repository() {
+    // The whole attack of issue 31, end to end as root (the rename itself is refused for both
+    // identities above): the command moves vendor/lib away and makes vendor/lib a repository of
+    // its own whose core.fsmonitor is its program; the user's next `git status` there would run
+    // it unsandboxed.
+    let fx = Fixture::new(None);
+    let lib = fx.ws.join("vendor/lib");
+    let git = |dir: &Path, args: &[&str]| {
+        std::process::Command::new("git")
+            .args(["-c", "safe.directory=*", "-C"])
+            .arg(dir)
+            .args(args)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", fx.outside.as_os_str())
+            .output()
+            .unwrap()
+    };
+    std::fs::create_dir_all(&lib).unwrap();
+    assert!(
+        git(&lib, &["init", "-q"]).status.success(),
+        "git init vendor/lib"
+    );
+    let marker = fx.outside.join("fsmonitor-ran");
+    let attack = format!(
+        "mv vendor/lib vendor/lib.moved && mkdir vendor/lib && git init -q vendor/lib && \
+         git -C vendor/lib config core.fsmonitor 'touch {}; false'",
+        marker.display()
+    );
+    let run = |policy: &str| {
+        std::process::Command::new(sandbox_run_exe())
+            .args(["--policy", policy, "--cwd"])
+            .arg(&fx.ws)
+            .args(["--", "/bin/sh", "-c", &attack])
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", fx.outside.as_os_str())
+            .output()
+            .unwrap()
+    };
+    let sandboxed = run("workspace-write");
+    assert!(
+        !sandboxed.status.success(),
+        "the attack went through: {sandboxed:?}"
+    );
+    assert!(lib.join(".git").is_dir() && !fx.ws.join("vendor/lib.moved").exists());
+    let _ = git(&lib, &["status", "--short"]);
+    assert!(
+        !marker.exists(),
+        "host git status ran the command's fsmonitor"
+    );
+    // Control: without the sandbox the same script plants the hook and git status runs it.
+    let free = run("danger-full-access");
+    assert!(free.status.success(), "{free:?}");
+    let _ = git(&lib, &["status", "--short"]);
+    assert!(
+        marker.exists(),
+        "the control plant did not run: the test proves nothing"
+    );
+}
