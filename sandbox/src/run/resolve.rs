@@ -106,6 +106,13 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
     for path in &cli.denies {
         policy = policy.with_hidden_path(&current.join(path));
     }
+    // Every running server's secrets, read here, before anything is confined.
+    #[cfg(target_os = "linux")]
+    {
+        policy = crate::servers::read_registered()
+            .map_err(|err| RunError::Setup(err.to_string()))?
+            .apply(policy);
+    }
     if let Some(path) = profile_file {
         refuse_writable_profile(&policy, &path)?;
     }
