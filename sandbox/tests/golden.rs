@@ -45,6 +45,8 @@ fn workspace() -> (tempfile::TempDir, PathBuf) {
 fn render(spec: &SandboxSpec, ws: &Path) -> String {
     let ctx = ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        // A home that exists nowhere: the credential deny set shows, the same on every host.
+        homes: vec![PathBuf::from("/home/golden")],
     };
     render_policy(&spec.resolve_with(&ctx).unwrap(), ws)
 }
@@ -140,6 +142,8 @@ fn supervisor_protections_golden() {
     std::fs::write(ws.join("token"), "t").unwrap();
     let ctx = ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        // A home that exists nowhere: the credential deny set shows, the same on every host.
+        homes: vec![PathBuf::from("/home/golden")],
     };
     let json = serde_json::json!({
         "profile": "workspace-write", "cwd": ws.display().to_string(), "networkAccess": true,
@@ -164,6 +168,8 @@ fn network_allowlist_golden() {
     let spec: SandboxSpec = serde_json::from_value(json).unwrap();
     let ctx = ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        // A home that exists nowhere: the credential deny set shows, the same on every host.
+        homes: vec![PathBuf::from("/home/golden")],
     };
     let policy = spec.resolve_with(&ctx).unwrap().with_denied_tcp_port(4000);
     let mut out = format!(

@@ -61,6 +61,8 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
         .or_else(|| Some(cli.policy.as_str()).filter(|p| p.trim_start().starts_with('{')));
     let (mut policy, cwd, profile_file) = if let Some(json) = json {
         let mut spec = SandboxSpec::from_json(json).map_err(setup)?;
+        spec.readable_credential_stores
+            .extend(cli.allow_credential_stores.iter().cloned());
         if cli_cwd.is_some() {
             spec.cwd = cli_cwd.clone();
         }
@@ -74,13 +76,19 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
         let cwd = cli_cwd.unwrap_or(current.clone());
         if cli.policy.ends_with(".toml") || cli.policy.contains('/') {
             let path = current.join(&cli.policy);
-            let profile = ProfileFile::load(&path).map_err(setup)?;
+            let mut profile = ProfileFile::load(&path).map_err(setup)?;
+            for name in &cli.allow_credential_stores {
+                crate::policy::credentials::canonical_store(name).map_err(setup)?;
+            }
+            profile
+                .readable_credential_stores
+                .extend(cli.allow_credential_stores.iter().cloned());
             let policy = profile.resolve(Some(&cwd), &[], &ctx).map_err(setup)?;
             (policy, cwd, Some(path))
         } else {
-            let policy = SandboxSpec::named(&cli.policy, Some(cwd.clone()))
-                .resolve_with(&ctx)
-                .map_err(setup)?;
+            let mut spec = SandboxSpec::named(&cli.policy, Some(cwd.clone()));
+            spec.readable_credential_stores = cli.allow_credential_stores.clone();
+            let policy = spec.resolve_with(&ctx).map_err(setup)?;
             (policy, cwd, None)
         }
     };
