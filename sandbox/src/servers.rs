@@ -16,9 +16,12 @@
 //!   read-only. The policy then differs from one resolved before the other server started, so a
 //!   launcher or pooled helper built before is not reused for it (they are keyed by policy).
 //! - **Where.** Root: `/run/execward/servers`. Another uid: `/run/user/UID/execward/servers`
-//!   when `/run/user/UID` is the uid's, else `/tmp/execward-UID/servers`; readers read every
-//!   candidate. Both `/run` and `/tmp` are private, empty tmpfs in every sandbox, and the
-//!   directory is hidden besides, so no sandbox sees or changes the registry.
+//!   when `/run/user/UID` is the uid's, else `/dev/shm/execward-UID/servers`; readers read every
+//!   candidate. `/run` and `/dev/shm` are private, empty tmpfs in every sandbox with the mount
+//!   layer, neither is writable under the built-in profiles (Landlock), and a directory the
+//!   policy would let the command write is hidden besides, so no sandbox changes the registry.
+//!   (Not `/tmp`: workspace-write makes it writable, which without the mount layer is the
+//!   host's.)
 //! - **Trust.** A directory is used only when it belongs to the uid and nobody else may enter
 //!   it (mode 0700); an entry only when it belongs to the uid. An entry only ever adds masks and
 //!   read-only binds: a hostile entry can narrow what a sandbox sees, never widen it. An entry
@@ -121,20 +124,41 @@ pub struct Entry {
 /// What every registered server asks of a sandbox.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Registered {
-    /// Paths to hide (the registry directories included).
+    /// The registry directories.
+    pub dirs: Vec<PathBuf>,
+    /// Paths to hide.
     pub hidden: Vec<PathBuf>,
     /// Paths to keep read-only.
     pub read_only: Vec<PathBuf>,
 }
 
 impl Registered {
-    /// Adds every registered path to `policy` (masks and read-only binds only: narrower).
+    /// Adds the registered paths that matter to `policy` (masks and read-only binds only:
+    /// narrower): every hidden path that exists (one that does not needs no mask; when it
+    /// appears, the next resolution adds it), and every read-only path the policy would let
+    /// the command write. What changes nothing in the layout stays out, so a launcher is not
+    /// rebuilt whenever an unrelated server starts or stops.
+    ///
+    /// A registry directory the policy would let the command write is hidden too (a command
+    /// that removed an entry would unmask that server for the next sandbox); one it can only
+    /// read holds nothing secret (paths), and a private `/run` or `/tmp` hides it anyway.
     pub fn apply(&self, mut policy: ResolvedPolicy) -> ResolvedPolicy {
+        for dir in &self.dirs {
+            let writable = !policy.restricts_filesystem() || policy.can_write(dir);
+            if writable && dir.symlink_metadata().is_ok() {
+                policy = policy.with_hidden_path(dir);
+            }
+        }
         for path in &self.hidden {
-            policy = policy.with_hidden_path(path);
+            if path.symlink_metadata().is_ok() {
+                policy = policy.with_hidden_path(path);
+            }
         }
         for path in &self.read_only {
-            policy = policy.with_read_only_path(path);
+            let writable = !policy.restricts_filesystem() || policy.can_write(path);
+            if writable && path.symlink_metadata().is_ok() {
+                policy = policy.with_read_only_path(path);
+            }
         }
         policy
     }
@@ -151,7 +175,7 @@ pub fn registry_dirs(uid: u32) -> Vec<PathBuf> {
     }
     vec![
         PathBuf::from(format!("/run/user/{uid}/execward/servers")),
-        PathBuf::from(format!("/tmp/execward-{uid}/servers")),
+        PathBuf::from(format!("/dev/shm/execward-{uid}/servers")),
     ]
 }
 
@@ -364,7 +388,7 @@ fn read_entry(path: &Path, uid: u32) -> Result<Option<Entry>, RegistryError> {
 fn read_dirs(dirs: &[PathBuf], uid: u32) -> Result<Registered, RegistryError> {
     let mut registered = Registered::default();
     for dir in dirs {
-        registered.hidden.push(dir.clone());
+        registered.dirs.push(dir.clone());
         if private_dir(dir, uid).is_err() {
             continue;
         }
@@ -516,10 +540,8 @@ mod tests {
         std::fs::write(reg.join("1-1.json"), serde_json::to_vec(&entry).unwrap()).unwrap();
         std::fs::write(reg.join(".2-2.tmp"), "half").unwrap();
         let read = read_dirs(std::slice::from_ref(&reg), euid()).unwrap();
-        assert_eq!(
-            read.hidden,
-            vec![PathBuf::from("/srv/a/token"), reg.clone()]
-        );
+        assert_eq!(read.hidden, vec![PathBuf::from("/srv/a/token")]);
+        assert_eq!(read.dirs, vec![reg.clone()]);
         assert_eq!(read.read_only, vec![PathBuf::from("/srv/a/bin")]);
         std::fs::write(reg.join("3-3.json"), "{not json").unwrap();
         assert!(read_dirs(std::slice::from_ref(&reg), euid()).is_err());
@@ -533,6 +555,6 @@ mod tests {
         std::fs::set_permissions(&reg, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::write(reg.join("1-1.json"), "{not json").unwrap();
         let read = read_dirs(std::slice::from_ref(&reg), euid()).unwrap();
-        assert_eq!(read.hidden, vec![reg]);
+        assert_eq!(read.hidden, Vec::<PathBuf>::new());
     }
 }

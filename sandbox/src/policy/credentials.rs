@@ -3,7 +3,7 @@
 //! Under the built-in read-only and workspace-write profiles (`deny_credential_stores = true`)
 //! each store in the home directory of the resolving process becomes a deny rule (masked by the
 //! mount layer, `EACCES`), unless the policy lifts it by name. The home directory comes from the
-//! resolving process ([`super::ResolveContext`]: its `$HOME` and its uid's passwd entry), never
+//! resolving process ([`super::ResolveContext`]: its `$HOME`, else its uid's passwd entry), never
 //! from a command's `env`.
 
 use std::path::{Path, PathBuf};
@@ -80,23 +80,22 @@ pub fn denied_paths(homes: &[PathBuf], lifted: &[String]) -> Result<Vec<PathBuf>
     Ok(paths)
 }
 
-/// The home directories of the calling process: `$HOME` when absolute, and the passwd home of
-/// its effective uid (both, when they differ: credentials may sit in either).
+/// The home directory of the calling process: `$HOME` when it is absolute, else the passwd
+/// home of its effective uid (the home every tool of this process would use).
 pub fn homes_of_current_process() -> Vec<PathBuf> {
-    let mut homes: Vec<PathBuf> = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .filter(|home| home.is_absolute() && home != Path::new("/"))
-        .into_iter()
-        .collect();
+    let usable = |home: &Path| home.is_absolute() && home != Path::new("/");
+    if let Some(home) = std::env::var_os("HOME").map(PathBuf::from)
+        && usable(&home)
+    {
+        return vec![home];
+    }
     #[cfg(target_os = "linux")]
     if let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::geteuid())
-        && user.dir.is_absolute()
-        && user.dir != Path::new("/")
-        && !homes.contains(&user.dir)
+        && usable(&user.dir)
     {
-        homes.push(user.dir);
+        return vec![user.dir];
     }
-    homes
+    Vec::new()
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ pub struct ResolveContext {
 }
 
 impl ResolveContext {
-    /// Reads `$TMPDIR` and the home directory (`$HOME`, and the uid's passwd home) from the
+    /// Reads `$TMPDIR` and the home directory (`$HOME`, else the uid's passwd home) from the
     /// current process.
     pub fn from_env() -> Self {
         let tmpdir = std::env::var_os("TMPDIR")
