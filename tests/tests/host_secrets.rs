@@ -272,6 +272,15 @@ async fn a_sandbox_of_one_server_cannot_read_another_servers_token_or_reach_its_
                 report["errno"], EACCES,
                 "sandbox-run read C's token: {out:?}"
             );
+            // --explain names it among the hidden paths.
+            let out = install.sandbox_run(&["--policy", "read-only", "--explain"], &["true"], None);
+            let explain: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert!(
+                explain["policy"]["hidden"]
+                    .as_array()
+                    .is_some_and(|hidden| hidden.iter().any(|p| p == token_path)),
+                "--explain does not list C's token as hidden: {explain}"
+            );
             tokio::time::sleep(Duration::from_millis(300)).await;
             assert_eq!(
                 connection_lines(&server_c),
@@ -480,6 +489,29 @@ fn sandbox_run_denies_every_credential_store_and_lifts_one_by_name() {
     for uid in identities() {
         let install = Install::new(uid);
         let home = fake_home(&install);
+        // --explain lists each store as a deny rule, and a lifted one no more.
+        let explain_denies = |extra: &[&str]| -> Vec<String> {
+            let mut args = vec!["--policy", "read-only", "--explain"];
+            args.extend(extra);
+            let out = install.sandbox_run(&args, &["true"], Some(&home));
+            let explain: Value = serde_json::from_slice(&out.stdout).unwrap();
+            explain["policy"]["filesystem"]["rules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|rule| rule["access"] == "deny")
+                .map(|rule| rule["path"].as_str().unwrap().to_owned())
+                // Only the home's: another server's registered paths may be denied too.
+                .filter(|path| Path::new(path).starts_with(&home))
+                .collect()
+        };
+        let denies = explain_denies(&[]);
+        let aws = home.join(".aws").to_str().unwrap().to_owned();
+        assert!(denies.contains(&aws), "{denies:?}");
+        assert_eq!(denies.len(), STORES.len(), "{denies:?}");
+        let lifted = explain_denies(&["--allow-credential-store", "~/.aws"]);
+        assert!(!lifted.contains(&aws), "{lifted:?}");
+        assert_eq!(lifted.len(), STORES.len() - 1, "{lifted:?}");
         for (n, (store, file)) in STORES.iter().enumerate() {
             let path = home.join(file);
             let path = path.to_str().unwrap();
