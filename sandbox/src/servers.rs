@@ -548,6 +548,42 @@ mod tests {
     }
 
     #[test]
+    fn entries_of_dead_servers_are_pruned_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = dir.path().join("servers");
+        std::fs::DirBuilder::new().mode(0o700).create(&reg).unwrap();
+        let (start_time, pid_namespace) = process_identity(std::process::id()).unwrap();
+        let live = Entry {
+            pid: std::process::id(),
+            start_time,
+            pid_namespace,
+            ..Entry::default()
+        };
+        // A pid reused by another process (different start time) and a pid of another PID
+        // namespace (not ours to judge).
+        let reused = Entry {
+            start_time: start_time + 1,
+            ..live.clone()
+        };
+        let foreign = Entry {
+            pid: 1,
+            pid_namespace: pid_namespace + 1,
+            ..live.clone()
+        };
+        for (name, entry) in [("live", &live), ("reused", &reused), ("foreign", &foreign)] {
+            let path = reg.join(format!("{name}.json"));
+            std::fs::write(path, serde_json::to_vec(entry).unwrap()).unwrap();
+        }
+        prune_dead(&reg);
+        let mut left: Vec<String> = std::fs::read_dir(&reg)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["foreign.json", "live.json"]);
+    }
+
+    #[test]
     fn a_directory_open_to_others_is_not_read() {
         let dir = tempfile::tempdir().unwrap();
         let reg = dir.path().join("servers");
