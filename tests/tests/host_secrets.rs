@@ -260,6 +260,39 @@ async fn a_sandbox_of_one_server_cannot_read_another_servers_token_or_reach_its_
                 .await;
                 assert_eq!(connect["ok"], false, "{context}: reached C: {connect}");
             }
+            // The registry itself is out of sight (a private /run or /dev/shm).
+            let registry = match uid {
+                None => PathBuf::from("/run/execward/servers"),
+                Some(uid) => PathBuf::from(format!("/dev/shm/execward-{uid}/servers")),
+            };
+            let entry = std::fs::read_dir(&registry)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|path| {
+                    std::fs::read_to_string(path).is_ok_and(|text| text.contains(token_path))
+                })
+                .expect("C registered its token");
+            let entry_path = entry.to_str().unwrap();
+            for (n, (shape, sandbox)) in shapes.iter().enumerate() {
+                let read = probe_through(
+                    &mut client,
+                    &install,
+                    &format!("registry-{n}"),
+                    Some(sandbox),
+                    &["read", entry_path],
+                )
+                .await;
+                assert_eq!(read["ok"], false, "{shape}: read the registry: {read}");
+            }
+            let read = probe_through(
+                &mut client,
+                &install,
+                "control-registry",
+                None,
+                &["read", entry_path],
+            )
+            .await;
+            assert_eq!(read["ok"], true, "control read of the registry: {read}");
             // A standalone sandbox-run of the same uid reads the registry too.
             let probe = install.probe();
             let out = install.sandbox_run(
