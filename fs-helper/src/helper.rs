@@ -55,6 +55,14 @@ pub enum PolicyError {
         #[source]
         source: sandbox::PolicyError,
     },
+    /// The registry of running servers (whose secrets every sandbox hides) cannot be read.
+    #[cfg(target_os = "linux")]
+    #[error("{source}")]
+    Registry {
+        /// Why.
+        #[source]
+        source: sandbox::servers::RegistryError,
+    },
 }
 
 /// Why the helper could not set itself up (or lost its server).
@@ -102,6 +110,13 @@ fn resolve(sandbox: Option<&Value>, denies: &[PathBuf]) -> Result<ResolvedPolicy
         .map_err(|source| PolicyError::Resolve { source })?;
     for path in denies {
         policy = policy.with_hidden_path(path);
+    }
+    // Every running server's secrets, read here, before anything is confined.
+    #[cfg(target_os = "linux")]
+    {
+        policy = sandbox::servers::read_registered()
+            .map_err(|source| PolicyError::Registry { source })?
+            .apply(policy);
     }
     Ok(policy)
 }

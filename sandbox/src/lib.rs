@@ -22,6 +22,9 @@ mod sys;
 
 pub mod macos;
 pub mod run;
+/// The per-user registry of running servers' secrets, masked in every sandbox.
+#[cfg(target_os = "linux")]
+pub mod servers;
 /// Syscall numbers and names of the supported architectures.
 pub mod syscall_table;
 

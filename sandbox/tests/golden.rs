@@ -45,6 +45,8 @@ fn workspace() -> (tempfile::TempDir, PathBuf) {
 fn render(spec: &SandboxSpec, ws: &Path) -> String {
     let ctx = ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        // A home that exists nowhere: the credential deny set shows, the same on every host.
+        homes: vec![PathBuf::from("/home/golden")],
         ..Default::default()
     };
     render_policy(&spec.resolve_with(&ctx).unwrap(), ws)
@@ -141,6 +143,8 @@ fn supervisor_protections_golden() {
     std::fs::write(ws.join("token"), "t").unwrap();
     let ctx = ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        // A home that exists nowhere: the credential deny set shows, the same on every host.
+        homes: vec![PathBuf::from("/home/golden")],
         ..Default::default()
     };
     let json = serde_json::json!({
@@ -166,6 +170,8 @@ fn network_allowlist_golden() {
     let spec: SandboxSpec = serde_json::from_value(json).unwrap();
     let ctx = ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        // A home that exists nowhere: the credential deny set shows, the same on every host.
+        homes: vec![PathBuf::from("/home/golden")],
         ..Default::default()
     };
     let policy = spec.resolve_with(&ctx).unwrap().with_denied_tcp_port(4000);

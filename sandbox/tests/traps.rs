@@ -300,8 +300,11 @@ fn helper_entry() {
     }
     let dropped = nix::unistd::dup(std::io::stdout()).unwrap().into_raw_fd();
     let kept = nix::unistd::dup(std::io::stdout()).unwrap().into_raw_fd();
+    // No home: this checks the environment and descriptors, and a credential store of the
+    // host's home would need the mount layer, which a test process's threads cannot unshare.
+    let context = sandbox::policy::ResolveContext::default();
     let policy = sandbox::SandboxSpec::named("read-only", None)
-        .resolve()
+        .resolve_with(&context)
         .unwrap();
     sandbox::linux::restrict_current_process(
         &policy,

@@ -11,6 +11,10 @@
 //!   directory of the server's binaries and the server's executable read-only, and, with the
 //!   network on, refuses TCP connections to the server's listening port (Landlock); with the
 //!   network off its network namespace has no route to the host at all.
+//! - **Every server's, not only its own.** The server registers what it hides and keeps
+//!   read-only in the per-user registry ([`sandbox::servers`]) before it listens, and adds every
+//!   registered server's paths to each policy it resolves: a sandbox of this server cannot read
+//!   another server's token either.
 //! - **Binaries by descriptor.** The helpers are opened once at startup and executed through
 //!   `/proc/self/fd/N`: replacing a file on disk afterwards changes nothing the server runs.
 
@@ -87,6 +91,9 @@ pub enum SandboxRequestError {
     /// It does not resolve.
     #[error("invalid sandbox: {0}")]
     Resolve(#[from] sandbox::PolicyError),
+    /// The registry of running servers cannot be read, so their secrets could not be hidden.
+    #[error("cannot build a sandbox: {0}")]
+    Registry(#[from] sandbox::servers::RegistryError),
 }
 
 /// Everything the server needs to run work in a sandbox.
@@ -99,6 +106,7 @@ pub struct Sandboxing {
     /// The host directories the server's sandboxed commands could write so far: a symlink in
     /// one of them on the way to a path a later start names is refused.
     earlier_writable: Mutex<Arc<PlantableDirs>>,
+    registry: sandbox::servers::RegistryReader,
     /// `sandbox-run`.
     pub sandbox_run: HelperBinary,
     /// `fs-helper`.
@@ -140,6 +148,7 @@ impl Sandboxing {
             read_only,
             tcp_ports,
             earlier_writable: Mutex::default(),
+            registry: sandbox::servers::RegistryReader::new(),
             sandbox_run,
             fs_helper,
         })
@@ -169,7 +178,7 @@ impl Sandboxing {
         if policy.is_unrestricted() {
             return Ok(None);
         }
-        Ok(Some(self.protect(policy)))
+        Ok(Some(self.protect(policy)?))
     }
 
     fn earlier_writable(&self) -> Arc<PlantableDirs> {
@@ -208,8 +217,22 @@ impl Sandboxing {
         }
     }
 
-    /// Adds the server's protections to `policy`.
-    pub fn protect(&self, mut policy: ResolvedPolicy) -> ResolvedPolicy {
+    /// What this server registers for every other server's sandboxes to hide
+    /// ([`sandbox::servers`]): its hidden files, and its binaries kept read-only.
+    pub fn registration(&self) -> (&[PathBuf], &[PathBuf]) {
+        (&self.hidden, &self.read_only)
+    }
+
+    /// Adds the server's protections to `policy`, and those of every running server of this
+    /// user ([`sandbox::servers`]), read now.
+    ///
+    /// # Errors
+    /// [`SandboxRequestError::Registry`] when the registry cannot be read.
+    pub fn protect(
+        &self,
+        mut policy: ResolvedPolicy,
+    ) -> Result<ResolvedPolicy, SandboxRequestError> {
+        policy = self.registry.current()?.apply(policy);
         for path in &self.hidden {
             policy = policy.with_hidden_path(path);
         }
@@ -219,6 +242,6 @@ impl Sandboxing {
         for port in &self.tcp_ports {
             policy = policy.with_denied_tcp_port(*port);
         }
-        policy
+        Ok(policy)
     }
 }

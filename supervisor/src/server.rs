@@ -109,6 +109,12 @@ pub enum ExecServerError {
     /// `--default-limits` cannot be enforced on this host.
     #[error("--default-limits: {0}")]
     DefaultLimits(#[from] crate::containment::plan::PlanError),
+    /// The server could not register its secrets for every other server's sandboxes to hide.
+    #[error(
+        "cannot register this server's token, key and socket paths, which every other \
+         server's sandboxes must hide: {0}"
+    )]
+    Registry(#[from] sandbox::servers::RegistryError),
     /// The server could not become a child subreaper (needed without cgroups).
     #[error("cannot make the server a child subreaper (PR_SET_CHILD_SUBREAPER): {0}")]
     Subreaper(std::io::Error),
@@ -117,6 +123,8 @@ pub enum ExecServerError {
 /// A bound server, not yet serving.
 pub struct BoundServer {
     listener: Listener,
+    /// This server's entry in the per-user registry, removed when the server ends.
+    _registration: sandbox::servers::Registration,
     state: Arc<ServerState>,
     shutdown: watch::Sender<bool>,
 }
@@ -150,6 +158,10 @@ impl BoundServer {
             hidden,
             listener.tcp_port().into_iter().collect(),
         )?);
+        // Before the first connection is served: from here on, every sandbox any server of this
+        // user builds hides this server's secrets too.
+        let (hidden, read_only) = sandboxing.registration();
+        let registration = sandbox::servers::Registration::register(hidden, read_only)?;
         crate::sys::prepare_server_descriptors();
         let budgets = Arc::new(Budgets::for_current_process());
         tracing::debug!(
@@ -207,6 +219,7 @@ impl BoundServer {
         });
         Ok(Self {
             listener,
+            _registration: registration,
             state,
             shutdown,
         })

@@ -10,6 +10,7 @@
 //! `deny` > `write` > `read`. A path no rule covers is denied.
 
 mod allowance;
+pub mod credentials;
 mod glob;
 pub mod network;
 mod profile;
@@ -340,6 +341,17 @@ pub enum PolicyError {
     Shape {
         /// What was wrong and what is expected.
         message: String,
+    },
+    /// A lift named no store of the credential deny set.
+    #[error(
+        "{name:?} is not a credential store of the built-in deny set (expected one of: {known}; \
+         see policies/credential-stores.toml)"
+    )]
+    UnknownCredentialStore {
+        /// The name given.
+        name: String,
+        /// The stores there are.
+        known: String,
     },
     /// `profile` named no built-in profile.
     #[error(

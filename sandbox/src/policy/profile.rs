@@ -59,6 +59,13 @@ pub struct ProfileFile {
     /// Directory depth a glob pattern is expanded to.
     #[serde(default)]
     pub glob_scan_max_depth: Option<usize>,
+    /// Deny the well-known credential stores of the resolving process's home
+    /// (`policies/credential-stores.toml`), except those in `readable_credential_stores`.
+    #[serde(default)]
+    pub deny_credential_stores: bool,
+    /// Stores of the deny set left readable, named as in the data file (`"~/.aws"`).
+    #[serde(default)]
+    pub readable_credential_stores: Vec<String>,
     /// Path (absolute, `:special`, or glob) to access.
     #[serde(default)]
     pub filesystem: BTreeMap<String, Access>,
@@ -83,6 +90,12 @@ impl ProfileFile {
                     "full_filesystem_access = true cannot be combined with [filesystem] entries"
                         .to_owned(),
             });
+        }
+        for name in &profile.readable_credential_stores {
+            super::credentials::canonical_store(name).map_err(|err| PolicyError::ProfileFile {
+                origin: origin.to_owned(),
+                message: err.to_string(),
+            })?;
         }
         for key in profile.filesystem.keys() {
             parse_entry_key(key).map_err(|err| PolicyError::ProfileFile {

@@ -54,10 +54,14 @@ pub struct ResolveContext {
     /// them on the way to a named path is refused as surely as one in a directory the policy
     /// being resolved makes writable.
     pub earlier_writable: std::sync::Arc<PlantableDirs>,
+    /// The home directories whose credential stores the built-in profiles deny
+    /// ([`super::credentials`]); empty: none.
+    pub homes: Vec<PathBuf>,
 }
 
 impl ResolveContext {
-    /// Reads `$TMPDIR` from the current process.
+    /// Reads `$TMPDIR` and the home directory (`$HOME`, else the uid's passwd home) from the
+    /// current process.
     pub fn from_env() -> Self {
         let tmpdir = std::env::var_os("TMPDIR")
             .map(PathBuf::from)
@@ -65,6 +69,7 @@ impl ResolveContext {
         Self {
             tmpdir,
             earlier_writable: std::sync::Arc::default(),
+            homes: super::credentials::homes_of_current_process(),
         }
     }
 }
@@ -76,6 +81,8 @@ struct Draft {
     full_filesystem: bool,
     protected: Vec<String>,
     glob_depth: usize,
+    /// Deny the credential stores but these (`None`: no deny set).
+    credential_stores: Option<Vec<String>>,
 }
 
 impl Draft {
@@ -88,6 +95,9 @@ impl Draft {
             glob_depth: profile
                 .glob_scan_max_depth
                 .unwrap_or(DEFAULT_GLOB_SCAN_MAX_DEPTH),
+            credential_stores: profile
+                .deny_credential_stores
+                .then(|| profile.readable_credential_stores.clone()),
         }
     }
 
@@ -98,6 +108,7 @@ impl Draft {
             full_filesystem: true,
             protected: Vec::new(),
             glob_depth: DEFAULT_GLOB_SCAN_MAX_DEPTH,
+            credential_stores: None,
         }
     }
 
@@ -188,6 +199,7 @@ impl Draft {
                             .map(|s| (*s).to_owned())
                             .collect(),
                         glob_depth: glob_scan_max_depth.unwrap_or(DEFAULT_GLOB_SCAN_MAX_DEPTH),
+                        credential_stores: None,
                     },
                 }
             }
@@ -230,6 +242,12 @@ impl SandboxSpec {
         };
         if let Some(network) = &self.network {
             draft.network = network.clone();
+        }
+        if let Some(lifted) = &mut draft.credential_stores {
+            lifted.extend(self.readable_credential_stores.iter().cloned());
+        } else if let Some(name) = self.readable_credential_stores.first() {
+            // Lifting a store the policy does not deny is a mistake worth naming, not a no-op.
+            super::credentials::canonical_store(name)?;
         }
         resolve_draft(&draft, self.cwd.as_deref(), &self.workspace_roots, ctx)
     }
@@ -322,6 +340,19 @@ fn resolve_draft(
             rules.push(PathRule {
                 path: normalize_existing(&resolved),
                 access: *access,
+            });
+        }
+    }
+    if let Some(lifted) = &draft.credential_stores {
+        for path in super::credentials::denied_paths(&ctx.homes, lifted)? {
+            rules.push(PathRule {
+                path: normalize_existing(&path),
+                access: Access::Deny,
+            });
+        }
+        if rules.len() > MAX_RESOLVED_RULES {
+            return Err(PolicyError::TooManyRules {
+                limit: MAX_RESOLVED_RULES,
             });
         }
     }

@@ -8,6 +8,7 @@ use super::*;
 fn ctx() -> ResolveContext {
     ResolveContext {
         tmpdir: Some(PathBuf::from("/var/tmp")),
+        homes: Vec::new(),
         ..Default::default()
     }
 }

@@ -290,6 +290,9 @@ pub struct SandboxSpec {
     /// `network` beside the source: `"off"`, `"on"` or `{"allow": [...], "deny": [...]}`;
     /// overrides the source's own network setting.
     pub network: Option<super::NetworkPolicy>,
+    /// `readableCredentialStores` beside the source: stores of the built-in deny set the
+    /// command may read (`["~/.aws"]`).
+    pub readable_credential_stores: Vec<String>,
 }
 
 /// Keys reference clients send that have no meaning on Linux; accepted and ignored.
@@ -307,6 +310,7 @@ impl SandboxSpec {
             cwd,
             workspace_roots: Vec::new(),
             network: None,
+            readable_credential_stores: Vec::new(),
         }
     }
 
@@ -354,6 +358,27 @@ impl TryFrom<Value> for SandboxSpec {
                 });
             }
         };
+        let readable_credential_stores = match map.remove("readableCredentialStores") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(s) => Ok(s.clone()),
+                    other => Err(PolicyError::Shape {
+                        message: format!(
+                            "readableCredentialStores entries must be strings such as \"~/.aws\" (got {other})"
+                        ),
+                    }),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(PolicyError::Shape {
+                    message: format!(
+                        "readableCredentialStores must be an array such as [\"~/.aws\"] (got {other})"
+                    ),
+                });
+            }
+        };
         let source = if map.contains_key("profile") {
             PolicySource::Named(
                 serde_json::from_value(Value::Object(map)).map_err(|err| shape("profile", err))?,
@@ -385,6 +410,7 @@ impl TryFrom<Value> for SandboxSpec {
             cwd,
             workspace_roots,
             network,
+            readable_credential_stores,
         })
     }
 }
@@ -405,6 +431,17 @@ impl From<SandboxSpec> for Value {
         };
         if let Some(cwd) = spec.cwd {
             map.insert("cwd".to_owned(), Value::String(cwd.display().to_string()));
+        }
+        if !spec.readable_credential_stores.is_empty() {
+            map.insert(
+                "readableCredentialStores".to_owned(),
+                Value::Array(
+                    spec.readable_credential_stores
+                        .into_iter()
+                        .map(Value::String)
+                        .collect(),
+                ),
+            );
         }
         if let Some(network) = spec.network {
             map.insert(

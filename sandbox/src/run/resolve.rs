@@ -140,6 +140,8 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
         .or_else(|| Some(cli.policy.as_str()).filter(|p| p.trim_start().starts_with('{')));
     let (mut policy, cwd, profile_file) = if let Some(json) = json {
         let mut spec = SandboxSpec::from_json(json).map_err(setup)?;
+        spec.readable_credential_stores
+            .extend(cli.allow_credential_stores.iter().cloned());
         if cli_cwd.is_some() {
             spec.cwd = cli_cwd.clone();
         }
@@ -153,7 +155,13 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
         let cwd = cli_cwd.unwrap_or(current.clone());
         if cli.policy.ends_with(".toml") || cli.policy.contains('/') {
             let path = current.join(&cli.policy);
-            let profile = ProfileFile::load(&path).map_err(setup)?;
+            let mut profile = ProfileFile::load(&path).map_err(setup)?;
+            for name in &cli.allow_credential_stores {
+                crate::policy::credentials::canonical_store(name).map_err(setup)?;
+            }
+            profile
+                .readable_credential_stores
+                .extend(cli.allow_credential_stores.iter().cloned());
             let policy = profile.resolve(Some(&cwd), &[], &ctx).map_err(setup)?;
             (policy, cwd, Some(path))
         } else if let Some(path) = user_profile(&cli.policy) {
@@ -161,9 +169,9 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
             let policy = profile.resolve(Some(&cwd), &[], &ctx).map_err(setup)?;
             (policy, cwd, Some(path))
         } else {
-            let policy = SandboxSpec::named(&cli.policy, Some(cwd.clone()))
-                .resolve_with(&ctx)
-                .map_err(setup)?;
+            let mut spec = SandboxSpec::named(&cli.policy, Some(cwd.clone()));
+            spec.readable_credential_stores = cli.allow_credential_stores.clone();
+            let policy = spec.resolve_with(&ctx).map_err(setup)?;
             (policy, cwd, None)
         }
     };
@@ -199,6 +207,13 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
             );
         }
         policy = policy.with_hidden_path(&path);
+    }
+    // Every running server's secrets, read here, before anything is confined.
+    #[cfg(target_os = "linux")]
+    {
+        policy = crate::servers::read_registered()
+            .map_err(|err| RunError::Setup(err.to_string()))?
+            .apply(policy);
     }
     if let Some(path) = profile_file {
         refuse_writable_profile(&policy, &path)?;

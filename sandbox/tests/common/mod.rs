@@ -130,6 +130,19 @@ impl Fixture {
     }
 }
 
+/// The `HOME` of `sandbox-run` in these tests: an empty directory, so the credential stores of
+/// the host's real home (an `~/.npmrc` the namespace layer alone can mask) do not make the
+/// `--no-namespaces` cases fail closed. The credential deny set has its own tests.
+pub fn empty_home() -> &'static Path {
+    static HOME: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    HOME.get_or_init(|| {
+        let home = scratch::scratch_base().join("empty-home");
+        let _ = std::fs::create_dir(&home);
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+        home
+    })
+}
+
 /// `sandbox-run ARGS -- COMMAND` with a clean environment, as `uid`, in `cwd`.
 pub fn sandbox_run(
     sandbox_args: &[&str],
@@ -143,7 +156,8 @@ pub fn sandbox_run(
         .args(command)
         .current_dir(cwd)
         .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin");
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", empty_home());
     if let Some(uid) = uid {
         cmd.uid(uid).gid(uid);
     }
@@ -172,6 +186,7 @@ pub fn probe_with_env(
         .current_dir(cwd)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
+        .env("HOME", empty_home())
         .envs(env.iter().copied())
         .env(PROBE_ENV, serde_json::to_string(op).unwrap());
     if let Some(uid) = uid {

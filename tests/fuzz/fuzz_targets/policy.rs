@@ -27,6 +27,7 @@ use sandbox::{Access, ResolvedPolicy, SandboxSpec};
 fn context() -> ResolveContext {
     ResolveContext {
         tmpdir: Some(PathBuf::from("/tmp/execward-fuzz-tmpdir")),
+        homes: vec![PathBuf::from("/tmp/execward-fuzz-home")],
         ..Default::default()
     }
 }

@@ -157,6 +157,13 @@ pub fn apply(plan: &[MountOp]) -> Result<Applied, MountError> {
                 )
             }
         };
+        // A masked file or directory removed since it was opened (another server's socket or
+        // token, gone as that server exited): nothing is left there to hide.
+        if matches!(op, MountOp::MaskFile(_) | MountOp::MaskDir(_))
+            && matches!(&result, Err(err) if err.raw_os_error() == Some(libc::ENOENT))
+        {
+            continue;
+        }
         let result = result.map_err(step(op))?;
         if *op == MountOp::PrivateDev
             && let Some((dev, _)) = &result
@@ -217,6 +224,14 @@ fn open_target(
         }
         Err(err) if err.raw_os_error() == Some(libc::ELOOP) => {
             return Err(changed("a symlink is on its way".to_owned()));
+        }
+        // A masked path removed since it was opened (another server's socket, gone as that
+        // server exited): nothing is left there to hide.
+        Err(err)
+            if err.raw_os_error() == Some(libc::ENOENT)
+                && matches!(op, MountOp::MaskFile(_) | MountOp::MaskDir(_)) =>
+        {
+            return Ok(None);
         }
         Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {
             return Err(changed("it disappeared".to_owned()));
