@@ -399,6 +399,34 @@ fn a_name_resolving_to_loopback_is_refused_unless_the_address_is_named() {
     }
 }
 
+#[test]
+fn an_ipv4_mapped_answer_is_checked_as_its_ipv4_address() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        std::fs::write(&ws.hosts, "::ffff:127.0.0.1 mapped.test\n").unwrap();
+        let url = format!("http://mapped.test:{}/hello", origin.port);
+        let args = allow(&["mapped.test"], &origin);
+        // The control: the mapped form of the named address is that address.
+        let before = origin.connections();
+        let output = ws.run(&strs(&args), &["curl", "-sS", "-f", "-m", "10", &url]);
+        assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+        assert_eq!(origin.connections() - before, 1, "{uid:?}");
+        // A deny pattern naming the IPv4 address holds against the mapped answer.
+        let mut denied = args.clone();
+        denied.extend(["--deny-domain".to_owned(), "127.0.0.1".to_owned()]);
+        let before = origin.connections();
+        let output = ws.run(&strs(&denied), &["curl", "-sS", "-f", "-m", "10", &url]);
+        assert!(!output.status.success(), "{uid:?}: {}", describe(&output));
+        assert!(
+            text(&output.stderr).contains("denied by the pattern \"127.0.0.1\""),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.connections(), before, "{uid:?}");
+    }
+}
+
 /// A Python snippet run inside the sandbox.
 fn python(ws: &Workspace, args: &[String], code: &str) -> Output {
     ws.run(&strs(args), &[PYTHON, "-c", code])

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::policy::network::{Decision, Host};
+use crate::policy::network::{Decision, Host, canonical_ip};
 
 use super::config::{EgressEvent, ProxyConfig};
 use super::http::{self, Request};
@@ -262,13 +262,27 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
     let mut usable = Vec::new();
     let mut refusal = None;
     for address in addresses {
-        let ip = address.ip();
+        let ip = canonical_ip(address.ip());
+        let denied_by = rules
+            .deny
+            .iter()
+            .find(|p| p.matches(&Host::Ip(ip), port, true));
         if own_listener(proxy, ip, port) {
             refusal.get_or_insert_with(|| {
                 (
                     format!("{ip}:{port} is the supervisor's own listener"),
                     "none: the supervisor's own listeners are never reachable from a sandbox"
                         .to_owned(),
+                )
+            });
+        } else if let Some(pattern) = denied_by {
+            refusal.get_or_insert_with(|| {
+                (
+                    format!(
+                        "{host} resolves to {}, denied by the pattern \"{pattern}\"",
+                        Host::Ip(ip)
+                    ),
+                    "none: a deny pattern names the address".to_owned(),
                 )
             });
         } else if !rules.address_allowed(ip, port) {
@@ -330,10 +344,7 @@ fn resolve(proxy: &Proxy, host: &Host, port: u16) -> Result<Vec<SocketAddr>, Str
 
 /// Whether `ip:port` may be one of the supervisor's listeners.
 fn own_listener(proxy: &Proxy, ip: IpAddr, port: u16) -> bool {
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    };
+    let ip = canonical_ip(ip);
     proxy.config.denied_ports.contains(&port)
         && (ip.is_loopback() || ip.is_unspecified() || proxy.local_addresses.contains(&ip))
 }

@@ -94,21 +94,10 @@ impl TargetPolicy {
     }
 }
 
-/// IPv4-mapped and NAT64 (64:ff9b::/96) addresses as the IPv4 address they carry.
+/// Embedded IPv4 forms as the IPv4 address they carry: the egress proxy's function, so both
+/// check one form.
 fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => {
-            let segments = v6.segments();
-            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                let [.., a, b] = segments;
-                let [a1, a2] = a.to_be_bytes();
-                let [b1, b2] = b.to_be_bytes();
-                return IpAddr::V4(Ipv4Addr::new(a1, a2, b1, b2));
-            }
-            v6.to_canonical()
-        }
-        v4 => v4,
-    }
+    sandbox::policy::network::canonical_ip(ip)
 }
 
 fn is_link_local_or_metadata(ip: IpAddr) -> bool {
