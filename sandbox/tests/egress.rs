@@ -159,7 +159,12 @@ struct Origin {
 
 impl Origin {
     fn start(wheel: Option<(String, Vec<u8>)>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_on("127.0.0.1:0", wheel)
+    }
+
+    /// An origin listening on `bind` (`[::]:0`: every address of its network namespace).
+    fn start_on(bind: &str, wheel: Option<(String, Vec<u8>)>) -> Self {
+        let listener = TcpListener::bind(bind).unwrap();
         let port = listener.local_addr().unwrap().port();
         let connections = Arc::new(AtomicUsize::new(0));
         let bytes_in = Arc::new(AtomicUsize::new(0));
@@ -425,6 +430,93 @@ fn an_ipv4_mapped_answer_is_checked_as_its_ipv4_address() {
         );
         assert_eq!(origin.connections(), before, "{uid:?}");
     }
+}
+
+/// Runs `body` on a thread in a network namespace of its own (so children it starts are there
+/// too), whose `lo` is up and also carries `addresses`: public-looking addresses of "this host",
+/// which a name may resolve to. Needs root.
+fn in_private_network<T: Send>(addresses: &[&str], body: impl FnOnce() -> T + Send) -> T {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test makes a network namespace: run it as root"
+    );
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: unshare on this thread only; no memory is touched.
+                assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+                let ip = |args: &[&str]| {
+                    let status = Command::new("ip").args(args).status().unwrap();
+                    assert!(status.success(), "ip {args:?}");
+                };
+                ip(&["link", "set", "lo", "up"]);
+                for address in addresses {
+                    ip(&["addr", "add", address, "dev", "lo"]);
+                }
+                body()
+            })
+            .join()
+            .unwrap()
+    })
+}
+
+#[test]
+fn a_name_resolving_to_one_of_the_hosts_own_addresses_is_refused_unless_named() {
+    in_private_network(&["11.22.33.5/32", "2606:4700:10::5/128"], || {
+        let origin = Origin::start_on("[::]:0", None);
+        let p = origin.port;
+        for uid in identities() {
+            let ws = Workspace::new(uid);
+            std::fs::write(
+                &ws.hosts,
+                "11.22.33.5 own4.test\n2606:4700:10::5 own6.test\n",
+            )
+            .unwrap();
+            let names = [
+                "--allow-domain".to_owned(),
+                format!("own4.test:{p}"),
+                "--allow-domain".to_owned(),
+                format!("own6.test:{p}"),
+            ];
+            let script = format!(
+                "curl -sS -f -m 10 http://own4.test:{p}/hello; echo \"v4=$?\"; \
+                 curl -sS -f -m 10 http://own6.test:{p}/hello; echo \"v6=$?\""
+            );
+            let before = origin.connections();
+            let output = ws.run(&strs(&names), &["sh", "-c", &script]);
+            let out = text(&output.stdout);
+            assert!(
+                out.contains("v4=22") && out.contains("v6=22"),
+                "{uid:?}: {}",
+                describe(&output)
+            );
+            for refused in ["resolves to 11.22.33.5", "resolves to [2606:4700:10::5]"] {
+                assert!(
+                    text(&output.stderr).contains(refused)
+                        && text(&output.stderr).contains("this host's own address"),
+                    "{uid:?}: {refused}: {}",
+                    describe(&output)
+                );
+            }
+            assert_eq!(origin.connections(), before, "{uid:?}");
+            // The control: with the addresses named, both are reached.
+            let mut named = names.to_vec();
+            named.extend([
+                "--allow-domain".to_owned(),
+                format!("11.22.33.5:{p}"),
+                "--allow-domain".to_owned(),
+                format!("[2606:4700:10::5]:{p}"),
+            ]);
+            let output = ws.run(&strs(&named), &["sh", "-c", &script]);
+            let out = text(&output.stdout);
+            assert!(
+                out.contains("hello from origin\nv4=0") && out.contains("hello from origin\nv6=0"),
+                "{uid:?}: {}",
+                describe(&output)
+            );
+            assert_eq!(origin.connections() - before, 2, "{uid:?}");
+        }
+    });
 }
 
 /// A Python snippet run inside the sandbox.

@@ -13,7 +13,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::policy::network::{Decision, Host, canonical_ip};
 
@@ -26,14 +26,18 @@ mod tunnel;
 
 use tunnel::tunnel;
 
+/// How long a reading of this host's interface addresses is used before it is read again.
+const LOCAL_ADDRESSES_TTL: Duration = Duration::from_secs(1);
+
 /// Stack of a connection thread: buffers live on the heap.
 const THREAD_STACK_BYTES: usize = 256 * 1024;
 
 /// What every connection thread shares.
 pub struct Proxy {
     config: ProxyConfig,
-    /// This host's addresses (the supervisor's listeners may be bound to any of them).
-    local_addresses: Vec<IpAddr>,
+    /// This host's addresses (the supervisor's listeners may be bound to any of them; an
+    /// allowed name resolving to one is refused like loopback) and when they were read.
+    local_addresses: Mutex<(Instant, Vec<IpAddr>)>,
     events: Mutex<File>,
     active: AtomicUsize,
     started: Instant,
@@ -44,11 +48,26 @@ impl Proxy {
     pub fn new(config: ProxyConfig, local_addresses: Vec<IpAddr>, events: File) -> Self {
         Self {
             config,
-            local_addresses,
+            local_addresses: Mutex::new((Instant::now(), local_addresses)),
             events: Mutex::new(events),
             active: AtomicUsize::new(0),
             started: Instant::now(),
         }
+    }
+
+    /// This host's addresses, read again when the last reading is older than
+    /// [`LOCAL_ADDRESSES_TTL`] (interfaces come and go); a failed reading keeps the last one.
+    fn local_addresses(&self) -> Vec<IpAddr> {
+        let mut cached = self
+            .local_addresses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if cached.0.elapsed() >= LOCAL_ADDRESSES_TTL
+            && let Some(fresh) = read_local_addresses()
+        {
+            *cached = (Instant::now(), fresh);
+        }
+        cached.1.clone()
     }
 
     fn emit(&self, event: &EgressEvent) {
@@ -259,6 +278,7 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
         }
     };
     let addresses = resolve(proxy, host, port).map_err(OpenError::Unreachable)?;
+    let locals = proxy.local_addresses();
     let mut usable = Vec::new();
     let mut refusal = None;
     for address in addresses {
@@ -267,7 +287,7 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
             .deny
             .iter()
             .find(|p| p.matches(&Host::Ip(ip), port, true));
-        if own_listener(proxy, ip, port) {
+        if own_listener(proxy, &locals, ip, port) {
             refusal.get_or_insert_with(|| {
                 (
                     format!("{ip}:{port} is the supervisor's own listener"),
@@ -285,12 +305,13 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
                     "none: a deny pattern names the address".to_owned(),
                 )
             });
-        } else if !rules.address_allowed(ip, port) {
+        } else if !rules.address_allowed(ip, port, &|ip| locals.contains(&ip)) {
             refusal.get_or_insert_with(|| {
                 let named = Host::Ip(ip);
                 (
                     format!(
-                        "{host} resolves to {named}, a loopback, private or link-local address"
+                        "{host} resolves to {named}, a loopback, private, link-local or this \
+                         host's own address"
                     ),
                     format!("--allow-domain {named}:{port} (name the address itself)"),
                 )
@@ -343,29 +364,32 @@ fn resolve(proxy: &Proxy, host: &Host, port: u16) -> Result<Vec<SocketAddr>, Str
 }
 
 /// Whether `ip:port` may be one of the supervisor's listeners.
-fn own_listener(proxy: &Proxy, ip: IpAddr, port: u16) -> bool {
+fn own_listener(proxy: &Proxy, locals: &[IpAddr], ip: IpAddr, port: u16) -> bool {
     let ip = canonical_ip(ip);
     proxy.config.denied_ports.contains(&port)
-        && (ip.is_loopback() || ip.is_unspecified() || proxy.local_addresses.contains(&ip))
+        && (ip.is_loopback() || ip.is_unspecified() || locals.contains(&ip))
 }
 
-/// This host's interface addresses (read before the proxy confines itself).
+/// This host's interface addresses, every interface, v4 and v6, in [`canonical_ip`] form, but
+/// loopback (read before the proxy confines itself, and again while it serves).
 pub fn local_addresses() -> Vec<IpAddr> {
+    read_local_addresses().unwrap_or_default()
+}
+
+fn read_local_addresses() -> Option<Vec<IpAddr>> {
     let mut out = Vec::new();
-    if let Ok(addresses) = nix::ifaddrs::getifaddrs() {
-        for interface in addresses {
-            let Some(address) = interface.address else {
-                continue;
-            };
-            if let Some(v4) = address.as_sockaddr_in() {
-                out.push(IpAddr::V4(v4.ip()));
-            } else if let Some(v6) = address.as_sockaddr_in6() {
-                out.push(IpAddr::V6(v6.ip()));
-            }
+    for interface in nix::ifaddrs::getifaddrs().ok()? {
+        let Some(address) = interface.address else {
+            continue;
+        };
+        if let Some(v4) = address.as_sockaddr_in() {
+            out.push(IpAddr::V4(v4.ip()));
+        } else if let Some(v6) = address.as_sockaddr_in6() {
+            out.push(canonical_ip(IpAddr::V6(v6.ip())));
         }
     }
     out.retain(|ip| !ip.is_loopback());
     out.sort();
     out.dedup();
-    out
+    Some(out)
 }

@@ -276,15 +276,23 @@ impl EgressRules {
     }
 
     /// Whether the resolved address `ip` of an allowed destination may be connected to: a
-    /// public address always, a special one ([`is_special_address`]) only when an `allow`
-    /// pattern names it (and no `deny` pattern does).
-    pub fn address_allowed(&self, ip: IpAddr, port: u16) -> bool {
+    /// public address always, a special one ([`is_special_address`]) or one of this host's own
+    /// (`is_host_address`, asked with the [`canonical_ip`] form: every interface, v4 and v6,
+    /// read fresh by the caller) only when an `allow` pattern names it (and no `deny` pattern
+    /// does).
+    pub fn address_allowed(
+        &self,
+        ip: IpAddr,
+        port: u16,
+        is_host_address: &dyn Fn(IpAddr) -> bool,
+    ) -> bool {
         let ip = canonical_ip(ip);
         let literal = Host::Ip(ip);
         if self.deny.iter().any(|p| p.matches(&literal, port, true)) {
             return false;
         }
-        !is_special_address(ip) || self.allow.iter().any(|p| p.matches(&literal, port, false))
+        let local = is_special_address(ip) || is_host_address(ip);
+        !local || self.allow.iter().any(|p| p.matches(&literal, port, false))
     }
 }
 
@@ -733,11 +741,11 @@ mod tests {
             r.decide(&name("[::1]"), 9000),
             Decision::Allowed(_)
         ));
-        assert!(r.address_allowed("127.0.0.1".parse().unwrap(), 8080));
-        assert!(!r.address_allowed("127.0.0.1".parse().unwrap(), 8081));
-        assert!(!r.address_allowed("169.254.169.254".parse().unwrap(), 80));
-        assert!(!r.address_allowed("::ffff:10.0.0.1".parse().unwrap(), 443));
-        assert!(r.address_allowed("93.184.216.34".parse().unwrap(), 443));
+        assert!(r.address_allowed("127.0.0.1".parse().unwrap(), 8080, &|_| false));
+        assert!(!r.address_allowed("127.0.0.1".parse().unwrap(), 8081, &|_| false));
+        assert!(!r.address_allowed("169.254.169.254".parse().unwrap(), 80, &|_| false));
+        assert!(!r.address_allowed("::ffff:10.0.0.1".parse().unwrap(), 443, &|_| false));
+        assert!(r.address_allowed("93.184.216.34".parse().unwrap(), 443, &|_| false));
     }
 
     #[test]
@@ -758,7 +766,7 @@ mod tests {
                 "{form}"
             );
             assert!(
-                !r.address_allowed(ip, 443),
+                !r.address_allowed(ip, 443, &|_| false),
                 "{form} passed the deny pattern"
             );
             assert!(
@@ -769,17 +777,38 @@ mod tests {
         for form in ["::ffff:127.0.0.1", "64:ff9b::7f00:1", "::127.0.0.1"] {
             let ip: IpAddr = form.parse().unwrap();
             assert!(is_special_address(ip), "{form}");
-            assert!(r.address_allowed(ip, 8080), "{form}: the named address");
-            assert!(!r.address_allowed(ip, 8081), "{form}");
+            assert!(
+                r.address_allowed(ip, 8080, &|_| false),
+                "{form}: the named address"
+            );
+            assert!(!r.address_allowed(ip, 8081, &|_| false), "{form}");
         }
         // The control: public addresses, and IPv6 addresses that carry none, stay themselves.
-        assert!(r.address_allowed("11.22.33.6".parse().unwrap(), 443));
-        assert!(r.address_allowed("::ffff:11.22.33.6".parse().unwrap(), 443));
+        assert!(r.address_allowed("11.22.33.6".parse().unwrap(), 443, &|_| false));
+        assert!(r.address_allowed("::ffff:11.22.33.6".parse().unwrap(), 443, &|_| false));
         for form in ["::1", "::", "2001:db8::1", "2606:4700::1"] {
             let ip: IpAddr = form.parse().unwrap();
             assert_eq!(canonical_ip(ip), ip, "{form}");
         }
         assert_eq!(name("[::ffff:10.0.0.1]"), name("10.0.0.1"));
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_reached_only_when_named() {
+        let r = rules(&["*.example.com", "11.22.33.5:8080"], &[]);
+        let own: [IpAddr; 2] = [
+            "11.22.33.5".parse().unwrap(),
+            "2606:4700::5".parse().unwrap(),
+        ];
+        let is_own = |ip: IpAddr| own.contains(&ip);
+        for form in ["11.22.33.5", "::ffff:11.22.33.5", "2606:4700::5"] {
+            let ip: IpAddr = form.parse().unwrap();
+            assert!(!r.address_allowed(ip, 443, &is_own), "{form}");
+            // The control: not an address of this host, so public.
+            assert!(r.address_allowed(ip, 443, &|_| false), "{form}");
+        }
+        assert!(r.address_allowed("11.22.33.5".parse().unwrap(), 8080, &is_own));
+        assert!(r.address_allowed("11.22.33.6".parse().unwrap(), 443, &is_own));
     }
 
     #[test]
