@@ -519,6 +519,49 @@ fn a_name_resolving_to_one_of_the_hosts_own_addresses_is_refused_unless_named() 
     });
 }
 
+#[test]
+fn a_request_head_trickled_past_the_handshake_deadline_is_not_served() {
+    let origin = Origin::start(None);
+    let timeout = sandbox::egress::HANDSHAKE_TIMEOUT.as_secs();
+    let code = format!(
+        "import socket, os, time\n\
+         port = int(os.environ['HTTP_PROXY'].rstrip('/').rsplit(':', 1)[1])\n\
+         def trickle(seconds):\n\
+         \x20   s = socket.create_connection(('127.0.0.1', port), timeout=60)\n\
+         \x20   s.sendall(b'GET http://registry.test:{p}/hello HTTP/1.1\\r\\nHost: registry.test:{p}\\r\\n')\n\
+         \x20   try:\n\
+         \x20       for i in range(seconds):\n\
+         \x20           time.sleep(1)\n\
+         \x20           s.sendall(b'X-Trickle: 1\\r\\n')\n\
+         \x20       s.sendall(b'\\r\\n')\n\
+         \x20       print(seconds, s.recv(1024).split(b'\\r\\n')[0].decode() or 'closed')\n\
+         \x20   except OSError as e:\n\
+         \x20       print(seconds, 'closed', e.errno)\n\
+         trickle(3)\n\
+         trickle({late})\n",
+        p = origin.port,
+        late = timeout + 3,
+    );
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let before = origin.connections();
+        let output = python(&ws, &allow(&["registry.test"], &origin), &code);
+        let out = text(&output.stdout);
+        // The control: a head trickled well inside the deadline is served.
+        assert!(
+            out.contains("3 HTTP/1.1 200"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert!(
+            out.contains(&format!("{} closed", timeout + 3)),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.connections() - before, 1, "{uid:?}");
+    }
+}
+
 /// A Python snippet run inside the sandbox.
 fn python(ws: &Workspace, args: &[String], code: &str) -> Output {
     ws.run(&strs(args), &[PYTHON, "-c", code])

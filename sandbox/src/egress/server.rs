@@ -134,34 +134,55 @@ enum OpenError {
 
 fn handle(proxy: &Proxy, mut client: TcpStream) {
     let _ = client.set_nodelay(true);
-    let _ = client.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+    // One deadline for the whole request head, however it is spread over reads.
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let mut buf = Vec::with_capacity(1024);
-    if read_more(&mut client, &mut buf).is_err() || buf.is_empty() {
+    if read_more(&mut client, &mut buf, deadline).is_err() || buf.is_empty() {
         return;
     }
     if buf[0] == socks::VERSION {
-        handle_socks(proxy, client, buf);
+        handle_socks(proxy, client, buf, deadline);
     } else {
-        handle_http(proxy, client, buf);
+        handle_http(proxy, client, buf, deadline);
     }
 }
 
-/// Appends what one read returns (at most up to [`MAX_HEADER_BYTES`] in total).
-fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+/// Appends what one read returns (at most up to [`MAX_HEADER_BYTES`] in total), failing once
+/// `deadline` has passed.
+fn read_more(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    deadline: Instant,
+) -> std::io::Result<usize> {
     let mut chunk = [0u8; 4096];
     let room = MAX_HEADER_BYTES
         .saturating_sub(buf.len())
         .clamp(1, chunk.len());
-    let n = stream.read(&mut chunk[..room])?;
+    let n = read_before(stream, &mut chunk[..room], deadline)?;
     buf.extend_from_slice(&chunk[..n]);
     Ok(n)
 }
 
-fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>) {
+/// One read that fails with `TimedOut` once `deadline` has passed: the read timeout is what
+/// is left of the deadline, so trickling bytes does not extend it.
+pub(crate) fn read_before(
+    stream: &mut TcpStream,
+    chunk: &mut [u8],
+    deadline: Instant,
+) -> std::io::Result<usize> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    stream.set_read_timeout(Some(left))?;
+    stream.read(chunk)
+}
+
+fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant) {
     let request = loop {
         match http::parse(&buf) {
             Ok(Some(request)) => break request,
-            Ok(None) => match read_more(&mut client, &mut buf) {
+            Ok(None) => match read_more(&mut client, &mut buf, deadline) {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             },
@@ -216,11 +237,11 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>) {
     tunnel(proxy, protocol, &host, port, client, upstream, first);
 }
 
-fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>) {
+fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant) {
     let greeting = loop {
         match socks::parse_greeting(&buf) {
             Ok(Some(len)) => break len,
-            Ok(None) => match read_more(&mut client, &mut buf) {
+            Ok(None) => match read_more(&mut client, &mut buf, deadline) {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             },
@@ -237,7 +258,7 @@ fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>) {
     let (host, port, len) = loop {
         match socks::parse_request(&buf) {
             Ok(Some(parsed)) => break parsed,
-            Ok(None) => match read_more(&mut client, &mut buf) {
+            Ok(None) => match read_more(&mut client, &mut buf, deadline) {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             },
