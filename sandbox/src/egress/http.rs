@@ -111,8 +111,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HttpError> {
         if name == "host" {
             let value = std::str::from_utf8(header.value)
                 .map_err(|_| HttpError::Malformed("Host header is not UTF-8".to_owned()))?;
-            let (named, _) = authority(value.trim(), Some(port))?;
-            if named != host {
+            if !host_header_names(value, &host, port) {
                 return Err(HttpError::Unsupported(format!(
                     "the Host header {value:?} names another host than the URL ({host})"
                 )));
@@ -142,6 +141,13 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HttpError> {
         port,
         upstream,
     }))
+}
+
+/// Whether a `Host` header value names `host` (its port, if any, is not compared; a value that
+/// is no `host[:port]` names nothing). The proxy's absolute-form check and `http/request`'s
+/// share it.
+pub fn host_header_names(value: &str, host: &Host, port: u16) -> bool {
+    authority(value.trim(), Some(port)).is_ok_and(|(named, _)| named == *host)
 }
 
 /// Parses `host[:port]` (`[v6]:port`); `default_port` when the port may be left out.
