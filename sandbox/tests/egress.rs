@@ -697,6 +697,65 @@ fn a_tls_server_name_other_than_the_tunnel_host_is_refused() {
     }
 }
 
+/// A CONNECT to registry.test, then a hand-made ClientHello whose server name is `name`
+/// (any bytes, which `ssl` would refuse to send); prints what the proxy did.
+fn raw_sni_probe(origin: &Origin, name: &str) -> String {
+    format!(
+        "import socket, os\n\
+         port = int(os.environ['HTTPS_PROXY'].rsplit(':', 1)[1])\n\
+         s = socket.create_connection(('127.0.0.1', port), timeout=10)\n\
+         s.sendall(b'CONNECT registry.test:{p} HTTP/1.1\\r\\nHost: registry.test:{p}\\r\\n\\r\\n')\n\
+         print(s.recv(1024).split(b'\\r\\n')[0].decode())\n\
+         name = bytes.fromhex('{hex}')\n\
+         entry = b'\\x00' + len(name).to_bytes(2, 'big') + name\n\
+         names = len(entry).to_bytes(2, 'big') + entry\n\
+         ext = b'\\x00\\x00' + len(names).to_bytes(2, 'big') + names\n\
+         body = b'\\x03\\x03' + bytes(32) + b'\\x00' + b'\\x00\\x02\\x13\\x01' + b'\\x01\\x00' + len(ext).to_bytes(2, 'big') + ext\n\
+         hs = b'\\x01' + len(body).to_bytes(3, 'big') + body\n\
+         s.sendall(b'\\x16\\x03\\x01' + len(hs).to_bytes(2, 'big') + hs)\n\
+         print('answer', len(s.recv(1024)))\n",
+        p = origin.port,
+        hex = name.bytes().map(|b| format!("{b:02x}")).collect::<String>(),
+    )
+}
+
+#[test]
+fn control_characters_in_a_reported_name_are_escaped_on_stderr() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let args = allow(&["registry.test"], &origin);
+        let before = origin.bytes_in.load(Ordering::SeqCst);
+        let forged = "evil.test\nsandbox-run: forged\x1b[31m";
+        let output = python(&ws, &args, &raw_sni_probe(&origin, forged));
+        let stderr = text(&output.stderr);
+        assert!(
+            text(&output.stdout).contains("answer 0"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert!(
+            stderr.contains("open the tunnel to evil.test\\nsandbox-run: forged\\u{1b}[31m"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert!(
+            !stderr.contains('\x1b')
+                && !stderr.lines().any(|l| l.starts_with("sandbox-run: forged")),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.bytes_in.load(Ordering::SeqCst), before, "{uid:?}");
+        // The control: a plain name's refusal reads as it is.
+        let output = python(&ws, &args, &raw_sni_probe(&origin, "evil.test"));
+        assert!(
+            text(&output.stderr).contains("open the tunnel to evil.test itself"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+    }
+}
+
 #[test]
 fn connections_beyond_the_bound_are_closed_and_the_rest_stay_up() {
     let origin = Origin::start(None);
