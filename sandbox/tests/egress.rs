@@ -562,6 +562,54 @@ fn a_request_head_trickled_past_the_handshake_deadline_is_not_served() {
     }
 }
 
+#[test]
+fn plain_http_to_the_tls_only_port_is_refused_before_it_is_sent() {
+    in_private_network(&[], || {
+        // An origin on 443 and one on another port, both counting what reaches them.
+        let tls_port = Origin::start_on("127.0.0.1:443", None);
+        let other = Origin::start(None);
+        for uid in identities() {
+            let ws = Workspace::new(uid);
+            let log = ws.path.join("egress.jsonl");
+            let mut args = allow(&["registry.test"], &other);
+            args.extend([
+                "--allow-domain".to_owned(),
+                "registry.test:443".to_owned(),
+                "--allow-domain".to_owned(),
+                "127.0.0.1:443".to_owned(),
+                "--egress-log".to_owned(),
+                log.display().to_string(),
+            ]);
+            let script = format!(
+                "curl -sS -m 10 -o /dev/null -w '%{{http_code}}\\n' http://registry.test:443/hello; \
+                 curl -sS -f -m 10 http://registry.test:{}/hello",
+                other.port
+            );
+            let output = ws.run(&strs(&args), &["sh", "-c", &script]);
+            let out = text(&output.stdout);
+            assert!(out.starts_with("403\n"), "{uid:?}: {}", describe(&output));
+            // The control: plain HTTP to another allowed port is served.
+            assert!(
+                out.contains("hello from origin"),
+                "{uid:?}: {}",
+                describe(&output)
+            );
+            assert!(
+                text(&output.stderr).contains("port 443 carries TLS only"),
+                "{uid:?}: {}",
+                describe(&output)
+            );
+            let events = std::fs::read_to_string(&log).unwrap();
+            assert!(
+                events.contains("\"allowed\":false") && events.contains("\"port\":443"),
+                "{uid:?}: {events}"
+            );
+            assert_eq!(tls_port.connections(), 0, "{uid:?}");
+            assert_eq!(tls_port.bytes_in.load(Ordering::SeqCst), 0, "{uid:?}");
+        }
+    });
+}
+
 /// A Python snippet run inside the sandbox.
 fn python(ws: &Workspace, args: &[String], code: &str) -> Output {
     ws.run(&strs(args), &[PYTHON, "-c", code])

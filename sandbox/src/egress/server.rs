@@ -20,7 +20,9 @@ use crate::policy::network::{Decision, Host, canonical_ip};
 use super::config::{EgressEvent, ProxyConfig};
 use super::http::{self, Request};
 use super::socks;
-use super::{CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT, MAX_CONCURRENT_CONNECTIONS, MAX_HEADER_BYTES};
+use super::{
+    CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT, MAX_CONCURRENT_CONNECTIONS, MAX_HEADER_BYTES, TLS_PORTS,
+};
 
 mod tunnel;
 
@@ -200,6 +202,23 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
         Request::Connect { host, port, .. } => (host.clone(), *port, "connect"),
         Request::Forward { host, port, .. } => (host.clone(), *port, "http"),
     };
+    if protocol == "http" && TLS_PORTS.contains(&port) {
+        // Plain HTTP to a port that carries TLS only: refused before any connection.
+        let event = EgressEvent::refused(
+            protocol,
+            &host.to_string(),
+            port,
+            "none: use https:// (tunnelled with CONNECT) for this port".to_owned(),
+            format!("port {port} carries TLS only, and this is a plain HTTP request"),
+        );
+        proxy.emit(&event);
+        let _ = client.write_all(&http::response(
+            403,
+            "Forbidden",
+            &format!("execward: {}\n", event.describe()),
+        ));
+        return;
+    }
     let upstream = match open(proxy, protocol, &host, port) {
         Ok(upstream) => upstream,
         Err(OpenError::Refused(event)) => {
