@@ -610,6 +610,78 @@ fn plain_http_to_the_tls_only_port_is_refused_before_it_is_sent() {
     });
 }
 
+#[test]
+fn refusals_made_while_parsing_are_reported_by_name() {
+    let origin = Origin::start(None);
+    let p = origin.port;
+    let code = format!(
+        "import socket, os\n\
+         port = int(os.environ['HTTP_PROXY'].rstrip('/').rsplit(':', 1)[1])\n\
+         def probe(label, *messages):\n\
+         \x20   s = socket.create_connection(('127.0.0.1', port), timeout=10)\n\
+         \x20   answer = b''\n\
+         \x20   for m in messages:\n\
+         \x20       s.sendall(m)\n\
+         \x20       answer = s.recv(1024)\n\
+         \x20   print(label, answer[:12])\n\
+         probe('fronted', b'GET http://registry.test:{p}/hello HTTP/1.1\\r\\nHost: fronted.test\\r\\n\\r\\n')\n\
+         probe('https', b'GET https://httpsform.test/ HTTP/1.1\\r\\nHost: httpsform.test\\r\\n\\r\\n')\n\
+         probe('socks4a', b'\\x04\\x01' + ({p}).to_bytes(2, 'big') + b'\\x00\\x00\\x00\\x01u\\x00socksfour.test\\x00')\n\
+         probe('udp', b'\\x05\\x01\\x00', b'\\x05\\x03\\x00\\x03\\x0dudpassoc.test\\x00\\x35')\n\
+         probe('bind', b'\\x05\\x01\\x00', b'\\x05\\x02\\x00\\x03\\x0abindx.test\\x00\\x50')\n\
+         probe('allowed', b'GET http://registry.test:{p}/hello HTTP/1.1\\r\\nHost: registry.test:{p}\\r\\n\\r\\n')\n"
+    );
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let log = ws.path.join("egress.jsonl");
+        let mut args = allow(&["registry.test"], &origin);
+        args.extend(["--egress-log".to_owned(), log.display().to_string()]);
+        let before = origin.connections();
+        let output = python(&ws, &args, &code);
+        let out = text(&output.stdout);
+        assert!(
+            out.contains("allowed b'HTTP/1.1 200'") && out.contains("fronted b'HTTP/1.1 403'"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let stderr = text(&output.stderr);
+        for (host, port, why) in [
+            ("registry.test".to_owned(), p, "fronted.test"),
+            ("httpsform.test".to_owned(), 443, "CONNECT"),
+            ("socksfour.test".to_owned(), p, "SOCKS4"),
+            ("udpassoc.test".to_owned(), 53, "UDP ASSOCIATE"),
+            ("bindx.test".to_owned(), 80, "BIND"),
+        ] {
+            assert!(
+                events.iter().any(|e| e["allowed"] == false
+                    && e["host"] == host.as_str()
+                    && e["port"] == port
+                    && e["reason"].as_str().unwrap_or_default().contains(why)),
+                "{uid:?}: no refusal of {host}:{port}: {events:?}"
+            );
+            assert!(
+                stderr.contains(&format!("egress proxy refused {host}:{port}")),
+                "{uid:?}: {host}: {}",
+                describe(&output)
+            );
+        }
+        // The control: the allowed request is served and logged as allowed; nothing else
+        // reached the origin.
+        assert!(
+            events
+                .iter()
+                .any(|e| e["allowed"] == true && e["host"] == "registry.test"),
+            "{uid:?}: {events:?}"
+        );
+        assert_eq!(origin.connections() - before, 1, "{uid:?}");
+    }
+}
+
 /// A Python snippet run inside the sandbox.
 fn python(ws: &Workspace, args: &[String], code: &str) -> Output {
     ws.run(&strs(args), &[PYTHON, "-c", code])

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::policy::network::{Decision, Host, canonical_ip};
 
-use super::config::{EgressEvent, ProxyConfig};
+use super::config::{EgressEvent, ProxyConfig, escape_control};
 use super::http::{self, Request};
 use super::socks;
 use super::{
@@ -142,7 +142,9 @@ fn handle(proxy: &Proxy, mut client: TcpStream) {
     if read_more(&mut client, &mut buf, deadline).is_err() || buf.is_empty() {
         return;
     }
-    if buf[0] == socks::VERSION {
+    if buf[0] == socks::VERSION_4 {
+        refuse_socks4(proxy, client, buf, deadline);
+    } else if buf[0] == socks::VERSION {
         handle_socks(proxy, client, buf, deadline);
     } else {
         handle_http(proxy, client, buf, deadline);
@@ -188,11 +190,29 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             },
+            Err(http::HttpError::Refused {
+                host,
+                port,
+                reason,
+                rule,
+            }) => {
+                let event = EgressEvent::refused("http", &host, port, rule, reason);
+                proxy.emit(&event);
+                let _ = client.write_all(&http::response(
+                    403,
+                    "Forbidden",
+                    &format!("execward: {}\n", event.describe()),
+                ));
+                return;
+            }
             Err(err) => {
                 let _ = client.write_all(&http::response(
                     400,
                     "Bad Request",
-                    &format!("execward egress proxy: {err}\n"),
+                    &format!(
+                        "execward egress proxy: {}\n",
+                        escape_control(&err.to_string())
+                    ),
                 ));
                 return;
             }
@@ -282,6 +302,23 @@ fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline
                 Ok(_) => {}
             },
             Err(err) => {
+                if let socks::SocksError::Command {
+                    command,
+                    host,
+                    port,
+                } = &err
+                {
+                    proxy.emit(&EgressEvent::refused(
+                        "socks5",
+                        &host.to_string(),
+                        *port,
+                        "none: only SOCKS5 CONNECT is served (UDP fails closed)".to_owned(),
+                        format!(
+                            "SOCKS5 command {} is not served",
+                            socks::command_name(*command)
+                        ),
+                    ));
+                }
                 let _ = client.write_all(&socks::reply(err.reply_code()));
                 return;
             }
@@ -303,6 +340,31 @@ fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline
         return;
     }
     tunnel(proxy, "socks5", &host, port, client, upstream, rest);
+}
+
+/// SOCKS4 and SOCKS4a are not served: read the request far enough to name its destination,
+/// report the refusal, answer "rejected".
+fn refuse_socks4(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant) {
+    let (host, port) = loop {
+        match socks::parse_socks4(&buf) {
+            Some(parsed) => break parsed,
+            None if buf.len() < MAX_HEADER_BYTES => {
+                match read_more(&mut client, &mut buf, deadline) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+            None => return,
+        }
+    };
+    proxy.emit(&EgressEvent::refused(
+        "socks4",
+        &host,
+        port,
+        "none: use SOCKS5 (socks5h://) or HTTP CONNECT".to_owned(),
+        "SOCKS4 is not served".to_owned(),
+    ));
+    let _ = client.write_all(&socks::SOCKS4_REJECTED);
 }
 
 /// Decides, resolves, checks every address and connects.
