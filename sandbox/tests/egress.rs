@@ -159,7 +159,12 @@ struct Origin {
 
 impl Origin {
     fn start(wheel: Option<(String, Vec<u8>)>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_on("127.0.0.1:0", wheel)
+    }
+
+    /// An origin listening on `bind` (`[::]:0`: every address of its network namespace).
+    fn start_on(bind: &str, wheel: Option<(String, Vec<u8>)>) -> Self {
+        let listener = TcpListener::bind(bind).unwrap();
         let port = listener.local_addr().unwrap().port();
         let connections = Arc::new(AtomicUsize::new(0));
         let bytes_in = Arc::new(AtomicUsize::new(0));
@@ -399,6 +404,284 @@ fn a_name_resolving_to_loopback_is_refused_unless_the_address_is_named() {
     }
 }
 
+#[test]
+fn an_ipv4_mapped_answer_is_checked_as_its_ipv4_address() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        std::fs::write(&ws.hosts, "::ffff:127.0.0.1 mapped.test\n").unwrap();
+        let url = format!("http://mapped.test:{}/hello", origin.port);
+        let args = allow(&["mapped.test"], &origin);
+        // The control: the mapped form of the named address is that address.
+        let before = origin.connections();
+        let output = ws.run(&strs(&args), &["curl", "-sS", "-f", "-m", "10", &url]);
+        assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+        assert_eq!(origin.connections() - before, 1, "{uid:?}");
+        // A deny pattern naming the IPv4 address holds against the mapped answer.
+        let mut denied = args.clone();
+        denied.extend(["--deny-domain".to_owned(), "127.0.0.1".to_owned()]);
+        let before = origin.connections();
+        let output = ws.run(&strs(&denied), &["curl", "-sS", "-f", "-m", "10", &url]);
+        assert!(!output.status.success(), "{uid:?}: {}", describe(&output));
+        assert!(
+            text(&output.stderr).contains("denied by the pattern \"127.0.0.1\""),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.connections(), before, "{uid:?}");
+    }
+}
+
+/// Runs `body` on a thread in a network namespace of its own (so children it starts are there
+/// too), whose `lo` is up and also carries `addresses`: public-looking addresses of "this host",
+/// which a name may resolve to. Needs root.
+fn in_private_network<T: Send>(addresses: &[&str], body: impl FnOnce() -> T + Send) -> T {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test makes a network namespace: run it as root"
+    );
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: unshare on this thread only; no memory is touched.
+                assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+                let ip = |args: &[&str]| {
+                    let status = Command::new("ip").args(args).status().unwrap();
+                    assert!(status.success(), "ip {args:?}");
+                };
+                ip(&["link", "set", "lo", "up"]);
+                for address in addresses {
+                    ip(&["addr", "add", address, "dev", "lo"]);
+                }
+                body()
+            })
+            .join()
+            .unwrap()
+    })
+}
+
+#[test]
+fn a_name_resolving_to_one_of_the_hosts_own_addresses_is_refused_unless_named() {
+    in_private_network(&["11.22.33.5/32", "2606:4700:10::5/128"], || {
+        let origin = Origin::start_on("[::]:0", None);
+        let p = origin.port;
+        for uid in identities() {
+            let ws = Workspace::new(uid);
+            std::fs::write(
+                &ws.hosts,
+                "11.22.33.5 own4.test\n2606:4700:10::5 own6.test\n",
+            )
+            .unwrap();
+            let names = [
+                "--allow-domain".to_owned(),
+                format!("own4.test:{p}"),
+                "--allow-domain".to_owned(),
+                format!("own6.test:{p}"),
+            ];
+            let script = format!(
+                "curl -sS -f -m 10 http://own4.test:{p}/hello; echo \"v4=$?\"; \
+                 curl -sS -f -m 10 http://own6.test:{p}/hello; echo \"v6=$?\""
+            );
+            let before = origin.connections();
+            let output = ws.run(&strs(&names), &["sh", "-c", &script]);
+            let out = text(&output.stdout);
+            assert!(
+                out.contains("v4=22") && out.contains("v6=22"),
+                "{uid:?}: {}",
+                describe(&output)
+            );
+            for refused in ["resolves to 11.22.33.5", "resolves to [2606:4700:10::5]"] {
+                assert!(
+                    text(&output.stderr).contains(refused)
+                        && text(&output.stderr).contains("this host's own address"),
+                    "{uid:?}: {refused}: {}",
+                    describe(&output)
+                );
+            }
+            assert_eq!(origin.connections(), before, "{uid:?}");
+            // The control: with the addresses named, both are reached.
+            let mut named = names.to_vec();
+            named.extend([
+                "--allow-domain".to_owned(),
+                format!("11.22.33.5:{p}"),
+                "--allow-domain".to_owned(),
+                format!("[2606:4700:10::5]:{p}"),
+            ]);
+            let output = ws.run(&strs(&named), &["sh", "-c", &script]);
+            let out = text(&output.stdout);
+            assert!(
+                out.contains("hello from origin\nv4=0") && out.contains("hello from origin\nv6=0"),
+                "{uid:?}: {}",
+                describe(&output)
+            );
+            assert_eq!(origin.connections() - before, 2, "{uid:?}");
+        }
+    });
+}
+
+#[test]
+fn a_request_head_trickled_past_the_handshake_deadline_is_not_served() {
+    let origin = Origin::start(None);
+    let timeout = sandbox::egress::HANDSHAKE_TIMEOUT.as_secs();
+    let code = format!(
+        "import socket, os, time\n\
+         port = int(os.environ['HTTP_PROXY'].rstrip('/').rsplit(':', 1)[1])\n\
+         def trickle(seconds):\n\
+         \x20   s = socket.create_connection(('127.0.0.1', port), timeout=60)\n\
+         \x20   s.sendall(b'GET http://registry.test:{p}/hello HTTP/1.1\\r\\nHost: registry.test:{p}\\r\\n')\n\
+         \x20   try:\n\
+         \x20       for i in range(seconds):\n\
+         \x20           time.sleep(1)\n\
+         \x20           s.sendall(b'X-Trickle: 1\\r\\n')\n\
+         \x20       s.sendall(b'\\r\\n')\n\
+         \x20       print(seconds, s.recv(1024).split(b'\\r\\n')[0].decode() or 'closed')\n\
+         \x20   except OSError as e:\n\
+         \x20       print(seconds, 'closed', e.errno)\n\
+         trickle(3)\n\
+         trickle({late})\n",
+        p = origin.port,
+        late = timeout + 3,
+    );
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let before = origin.connections();
+        let output = python(&ws, &allow(&["registry.test"], &origin), &code);
+        let out = text(&output.stdout);
+        // The control: a head trickled well inside the deadline is served.
+        assert!(
+            out.contains("3 HTTP/1.1 200"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert!(
+            out.contains(&format!("{} closed", timeout + 3)),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.connections() - before, 1, "{uid:?}");
+    }
+}
+
+#[test]
+fn plain_http_to_the_tls_only_port_is_refused_before_it_is_sent() {
+    in_private_network(&[], || {
+        // An origin on 443 and one on another port, both counting what reaches them.
+        let tls_port = Origin::start_on("127.0.0.1:443", None);
+        let other = Origin::start(None);
+        for uid in identities() {
+            let ws = Workspace::new(uid);
+            let log = ws.path.join("egress.jsonl");
+            let mut args = allow(&["registry.test"], &other);
+            args.extend([
+                "--allow-domain".to_owned(),
+                "registry.test:443".to_owned(),
+                "--allow-domain".to_owned(),
+                "127.0.0.1:443".to_owned(),
+                "--egress-log".to_owned(),
+                log.display().to_string(),
+            ]);
+            let script = format!(
+                "curl -sS -m 10 -o /dev/null -w '%{{http_code}}\\n' http://registry.test:443/hello; \
+                 curl -sS -f -m 10 http://registry.test:{}/hello",
+                other.port
+            );
+            let output = ws.run(&strs(&args), &["sh", "-c", &script]);
+            let out = text(&output.stdout);
+            assert!(out.starts_with("403\n"), "{uid:?}: {}", describe(&output));
+            // The control: plain HTTP to another allowed port is served.
+            assert!(
+                out.contains("hello from origin"),
+                "{uid:?}: {}",
+                describe(&output)
+            );
+            assert!(
+                text(&output.stderr).contains("port 443 carries TLS only"),
+                "{uid:?}: {}",
+                describe(&output)
+            );
+            let events = std::fs::read_to_string(&log).unwrap();
+            assert!(
+                events.contains("\"allowed\":false") && events.contains("\"port\":443"),
+                "{uid:?}: {events}"
+            );
+            assert_eq!(tls_port.connections(), 0, "{uid:?}");
+            assert_eq!(tls_port.bytes_in.load(Ordering::SeqCst), 0, "{uid:?}");
+        }
+    });
+}
+
+#[test]
+fn refusals_made_while_parsing_are_reported_by_name() {
+    let origin = Origin::start(None);
+    let p = origin.port;
+    let code = format!(
+        "import socket, os\n\
+         port = int(os.environ['HTTP_PROXY'].rstrip('/').rsplit(':', 1)[1])\n\
+         def probe(label, *messages):\n\
+         \x20   s = socket.create_connection(('127.0.0.1', port), timeout=10)\n\
+         \x20   answer = b''\n\
+         \x20   for m in messages:\n\
+         \x20       s.sendall(m)\n\
+         \x20       answer = s.recv(1024)\n\
+         \x20   print(label, answer[:12])\n\
+         probe('fronted', b'GET http://registry.test:{p}/hello HTTP/1.1\\r\\nHost: fronted.test\\r\\n\\r\\n')\n\
+         probe('https', b'GET https://httpsform.test/ HTTP/1.1\\r\\nHost: httpsform.test\\r\\n\\r\\n')\n\
+         probe('socks4a', b'\\x04\\x01' + ({p}).to_bytes(2, 'big') + b'\\x00\\x00\\x00\\x01u\\x00socksfour.test\\x00')\n\
+         probe('udp', b'\\x05\\x01\\x00', b'\\x05\\x03\\x00\\x03\\x0dudpassoc.test\\x00\\x35')\n\
+         probe('bind', b'\\x05\\x01\\x00', b'\\x05\\x02\\x00\\x03\\x0abindx.test\\x00\\x50')\n\
+         probe('allowed', b'GET http://registry.test:{p}/hello HTTP/1.1\\r\\nHost: registry.test:{p}\\r\\n\\r\\n')\n"
+    );
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let log = ws.path.join("egress.jsonl");
+        let mut args = allow(&["registry.test"], &origin);
+        args.extend(["--egress-log".to_owned(), log.display().to_string()]);
+        let before = origin.connections();
+        let output = python(&ws, &args, &code);
+        let out = text(&output.stdout);
+        assert!(
+            out.contains("allowed b'HTTP/1.1 200'") && out.contains("fronted b'HTTP/1.1 403'"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let stderr = text(&output.stderr);
+        for (host, port, why) in [
+            ("registry.test".to_owned(), p, "fronted.test"),
+            ("httpsform.test".to_owned(), 443, "CONNECT"),
+            ("socksfour.test".to_owned(), p, "SOCKS4"),
+            ("udpassoc.test".to_owned(), 53, "UDP ASSOCIATE"),
+            ("bindx.test".to_owned(), 80, "BIND"),
+        ] {
+            assert!(
+                events.iter().any(|e| e["allowed"] == false
+                    && e["host"] == host.as_str()
+                    && e["port"] == port
+                    && e["reason"].as_str().unwrap_or_default().contains(why)),
+                "{uid:?}: no refusal of {host}:{port}: {events:?}"
+            );
+            assert!(
+                stderr.contains(&format!("egress proxy refused {host}:{port}")),
+                "{uid:?}: {host}: {}",
+                describe(&output)
+            );
+        }
+        // The control: the allowed request is served and logged as allowed; nothing else
+        // reached the origin.
+        assert!(
+            events
+                .iter()
+                .any(|e| e["allowed"] == true && e["host"] == "registry.test"),
+            "{uid:?}: {events:?}"
+        );
+        assert_eq!(origin.connections() - before, 1, "{uid:?}");
+    }
+}
+
 /// A Python snippet run inside the sandbox.
 fn python(ws: &Workspace, args: &[String], code: &str) -> Output {
     ws.run(&strs(args), &[PYTHON, "-c", code])
@@ -530,6 +813,65 @@ fn a_tls_server_name_other_than_the_tunnel_host_is_refused() {
         assert!(
             origin.bytes_in.load(Ordering::SeqCst) > before,
             "{uid:?}: the matching ClientHello did not reach the origin"
+        );
+    }
+}
+
+/// A CONNECT to registry.test, then a hand-made ClientHello whose server name is `name`
+/// (any bytes, which `ssl` would refuse to send); prints what the proxy did.
+fn raw_sni_probe(origin: &Origin, name: &str) -> String {
+    format!(
+        "import socket, os\n\
+         port = int(os.environ['HTTPS_PROXY'].rsplit(':', 1)[1])\n\
+         s = socket.create_connection(('127.0.0.1', port), timeout=10)\n\
+         s.sendall(b'CONNECT registry.test:{p} HTTP/1.1\\r\\nHost: registry.test:{p}\\r\\n\\r\\n')\n\
+         print(s.recv(1024).split(b'\\r\\n')[0].decode())\n\
+         name = bytes.fromhex('{hex}')\n\
+         entry = b'\\x00' + len(name).to_bytes(2, 'big') + name\n\
+         names = len(entry).to_bytes(2, 'big') + entry\n\
+         ext = b'\\x00\\x00' + len(names).to_bytes(2, 'big') + names\n\
+         body = b'\\x03\\x03' + bytes(32) + b'\\x00' + b'\\x00\\x02\\x13\\x01' + b'\\x01\\x00' + len(ext).to_bytes(2, 'big') + ext\n\
+         hs = b'\\x01' + len(body).to_bytes(3, 'big') + body\n\
+         s.sendall(b'\\x16\\x03\\x01' + len(hs).to_bytes(2, 'big') + hs)\n\
+         print('answer', len(s.recv(1024)))\n",
+        p = origin.port,
+        hex = name.bytes().map(|b| format!("{b:02x}")).collect::<String>(),
+    )
+}
+
+#[test]
+fn control_characters_in_a_reported_name_are_escaped_on_stderr() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let args = allow(&["registry.test"], &origin);
+        let before = origin.bytes_in.load(Ordering::SeqCst);
+        let forged = "evil.test\nsandbox-run: forged\x1b[31m";
+        let output = python(&ws, &args, &raw_sni_probe(&origin, forged));
+        let stderr = text(&output.stderr);
+        assert!(
+            text(&output.stdout).contains("answer 0"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert!(
+            stderr.contains("open the tunnel to evil.test\\nsandbox-run: forged\\u{1b}[31m"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert!(
+            !stderr.contains('\x1b')
+                && !stderr.lines().any(|l| l.starts_with("sandbox-run: forged")),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.bytes_in.load(Ordering::SeqCst), before, "{uid:?}");
+        // The control: a plain name's refusal reads as it is.
+        let output = python(&ws, &args, &raw_sni_probe(&origin, "evil.test"));
+        assert!(
+            text(&output.stderr).contains("open the tunnel to evil.test itself"),
+            "{uid:?}: {}",
+            describe(&output)
         );
     }
 }

@@ -276,3 +276,37 @@ async fn http_request_is_checked_against_the_sandboxs_allowlist() {
     );
     assert_eq!(origin.connections.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn http_request_refuses_a_host_header_naming_another_host_under_an_allowlist() {
+    let origin = Origin::start();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let url = format!("http://127.0.0.1:{}/", origin.port);
+    let sandbox = json!({"profile": "read-only", "network": {"allow": [format!("127.0.0.1:{}", origin.port)]}});
+    let request = |host: &str| {
+        json!({"method": "GET", "url": url, "headers": [{"name": "Host", "value": host}],
+               "requestId": "r", "streamResponse": false, "sandbox": sandbox})
+    };
+    let error = assert_rpc_error(
+        client.request("http/request", request("evil.test")).await,
+        -32600,
+        "sandboxDenied",
+    );
+    assert!(
+        error
+            .message
+            .contains("the Host header \"evil.test\" names another host"),
+        "{error:?}"
+    );
+    assert_eq!(origin.connections.load(Ordering::SeqCst), 0);
+    // The control: a Host header naming the URL's host is sent.
+    let ok = client
+        .call(
+            "http/request",
+            request(&format!("127.0.0.1:{}", origin.port)),
+        )
+        .await;
+    assert_eq!(ok["status"], 200, "{ok}");
+    assert_eq!(origin.connections.load(Ordering::SeqCst), 1);
+}

@@ -6,6 +6,25 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::network::{Decision, EgressRules, Host, Refusal, suggested_rule};
 
+/// `text` with every control character (C0, DEL, C1) and bidirectional formatting character
+/// written as a Rust escape (`\n`, `\u{1b}`, `\u{202e}`): one line that shows what it says.
+/// Printable text, backslashes included, is left alone, so escaping twice changes nothing.
+pub fn escape_control(text: &str) -> String {
+    let bidi = |c: char| matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !text.chars().any(|c| c.is_control() || bidi(c)) {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() || bidi(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The proxy's whole configuration (JSON in a sealed memfd, read once before it confines
 /// itself).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,16 +74,17 @@ impl EgressEvent {
         }
     }
 
-    /// A refused destination; `rule` says what would allow it.
+    /// A refused destination; `rule` says what would allow it. Every text is escaped
+    /// ([`escape_control`]): names a client chose (an SNI, a Host header) end up in them.
     pub fn refused(protocol: &str, host: &str, port: u16, rule: String, reason: String) -> Self {
         Self {
             time: now_rfc3339(),
             allowed: false,
-            protocol: protocol.to_owned(),
-            host: host.to_owned(),
+            protocol: escape_control(protocol),
+            host: escape_control(host),
             port,
-            rule,
-            reason: Some(reason),
+            rule: escape_control(&rule),
+            reason: Some(escape_control(&reason)),
         }
     }
 
@@ -94,15 +114,17 @@ impl EgressEvent {
         format!("{}:{}", self.host, self.port)
     }
 
-    /// The one-line message `sandbox-run` prints for a refusal when no audit runs.
+    /// The one-line message `sandbox-run` prints for a refusal when no audit runs, control
+    /// characters escaped (the event comes from the proxy, which handles what the command
+    /// sent: it cannot forge lines on the terminal).
     pub fn describe(&self) -> String {
-        format!(
+        escape_control(&format!(
             "egress proxy refused {} ({}): {}; to allow it: {}",
             self.address(),
             self.protocol,
             self.reason.as_deref().unwrap_or("refused"),
             self.rule
-        )
+        ))
     }
 
     /// The denial record of a refusal (layer `proxy`, operation `net.connect`).
@@ -155,6 +177,27 @@ mod tests {
         let t = now_rfc3339();
         assert_eq!(t.len(), 24, "{t}");
         assert!(t.ends_with('Z') && t.as_bytes()[10] == b'T', "{t}");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_in_refusals_and_their_line() {
+        let forged = "evil.test\nsandbox-run: forged\u{1b}[31m\u{202e}";
+        let event = EgressEvent::refused(
+            "connect",
+            forged,
+            443,
+            format!("open the tunnel to {forged}"),
+            format!("name {forged}"),
+        );
+        let escaped = "evil.test\\nsandbox-run: forged\\u{1b}[31m\\u{202e}";
+        assert_eq!(event.host, escaped);
+        assert_eq!(event.rule, format!("open the tunnel to {escaped}"));
+        let line = event.describe();
+        assert!(!line.chars().any(char::is_control), "{line}");
+        assert!(line.contains(escaped), "{line}");
+        // The control: printable text, backslashes included, is left as it is.
+        assert_eq!(escape_control("a.test:443 \\n ok"), "a.test:443 \\n ok");
+        assert_eq!(escape_control(escaped), escaped);
     }
 
     #[test]

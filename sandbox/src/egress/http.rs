@@ -46,6 +46,19 @@ pub enum HttpError {
     /// An origin-form request or another scheme.
     #[error("{0}")]
     Unsupported(String),
+    /// A request that names a destination and is refused for what it asks of it (reported like
+    /// every refusal of a destination).
+    #[error("{reason}")]
+    Refused {
+        /// The destination as the request names it (not normalised when it does not parse).
+        host: String,
+        /// Its port.
+        port: u16,
+        /// Why.
+        reason: String,
+        /// What to do instead.
+        rule: String,
+    },
 }
 
 /// Parses `buf`. `Ok(None)`: the head is incomplete, read more.
@@ -78,7 +91,22 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HttpError> {
     let lower = target.to_ascii_lowercase();
     let Some(after) = lower.strip_prefix("http://").map(|_| &target[7..]) else {
         let message = if lower.starts_with("https://") {
-            "https:// URLs are tunnelled with CONNECT, not sent to the proxy".to_owned()
+            let text = &target[8..];
+            let authority_text = &text[..text.find(['/', '?', '#']).unwrap_or(text.len())];
+            let authority_text = authority_text
+                .rsplit_once('@')
+                .map_or(authority_text, |(_, host)| host);
+            let (host, port) = authority(authority_text, Some(443)).map_or_else(
+                |_| (authority_text.to_owned(), 443),
+                |(host, port)| (host.to_string(), port),
+            );
+            return Err(HttpError::Refused {
+                host,
+                port,
+                reason: "https:// URLs are tunnelled with CONNECT, not sent to the proxy"
+                    .to_owned(),
+                rule: "none: send CONNECT host:port (what HTTPS_PROXY clients do)".to_owned(),
+            });
         } else {
             format!(
                 "this is a proxy: send absolute-form requests (GET http://host/path) or CONNECT \
@@ -111,11 +139,15 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HttpError> {
         if name == "host" {
             let value = std::str::from_utf8(header.value)
                 .map_err(|_| HttpError::Malformed("Host header is not UTF-8".to_owned()))?;
-            let (named, _) = authority(value.trim(), Some(port))?;
-            if named != host {
-                return Err(HttpError::Unsupported(format!(
-                    "the Host header {value:?} names another host than the URL ({host})"
-                )));
+            if !host_header_names(value, &host, port) {
+                return Err(HttpError::Refused {
+                    host: host.to_string(),
+                    port,
+                    reason: format!(
+                        "the Host header {value:?} names another host than the URL ({host})"
+                    ),
+                    rule: "none: leave the Host header out or name the URL's host".to_owned(),
+                });
             }
             saw_host = true;
         }
@@ -142,6 +174,13 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HttpError> {
         port,
         upstream,
     }))
+}
+
+/// Whether a `Host` header value names `host` (its port, if any, is not compared; a value that
+/// is no `host[:port]` names nothing). The proxy's absolute-form check and `http/request`'s
+/// share it.
+pub fn host_header_names(value: &str, host: &Host, port: u16) -> bool {
+    authority(value.trim(), Some(port)).is_ok_and(|(named, _)| named == *host)
 }
 
 /// Parses `host[:port]` (`[v6]:port`); `default_port` when the port may be left out.

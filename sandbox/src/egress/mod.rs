@@ -58,7 +58,8 @@ pub const MAX_CLIENT_HELLO_BYTES: usize = 16 * 1024 + 5;
 /// threads and two 64 KiB buffers.
 pub const MAX_CONCURRENT_CONNECTIONS: usize = 128;
 
-/// How long a client has to send its request head (and its ClientHello) once connected.
+/// How long a client has in total to send its request head once connected (and, separately,
+/// its ClientHello once the tunnel is open): one deadline, not a timeout per read.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a connection to one address of the destination may take.

@@ -13,18 +13,23 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::policy::network::{Decision, Host};
+use crate::policy::network::{Decision, Host, canonical_ip};
 
-use super::config::{EgressEvent, ProxyConfig};
+use super::config::{EgressEvent, ProxyConfig, escape_control};
 use super::http::{self, Request};
 use super::socks;
-use super::{CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT, MAX_CONCURRENT_CONNECTIONS, MAX_HEADER_BYTES};
+use super::{
+    CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT, MAX_CONCURRENT_CONNECTIONS, MAX_HEADER_BYTES, TLS_PORTS,
+};
 
 mod tunnel;
 
 use tunnel::tunnel;
+
+/// How long a reading of this host's interface addresses is used before it is read again.
+const LOCAL_ADDRESSES_TTL: Duration = Duration::from_secs(1);
 
 /// Stack of a connection thread: buffers live on the heap.
 const THREAD_STACK_BYTES: usize = 256 * 1024;
@@ -32,8 +37,9 @@ const THREAD_STACK_BYTES: usize = 256 * 1024;
 /// What every connection thread shares.
 pub struct Proxy {
     config: ProxyConfig,
-    /// This host's addresses (the supervisor's listeners may be bound to any of them).
-    local_addresses: Vec<IpAddr>,
+    /// This host's addresses (the supervisor's listeners may be bound to any of them; an
+    /// allowed name resolving to one is refused like loopback) and when they were read.
+    local_addresses: Mutex<(Instant, Vec<IpAddr>)>,
     events: Mutex<File>,
     active: AtomicUsize,
     started: Instant,
@@ -44,11 +50,26 @@ impl Proxy {
     pub fn new(config: ProxyConfig, local_addresses: Vec<IpAddr>, events: File) -> Self {
         Self {
             config,
-            local_addresses,
+            local_addresses: Mutex::new((Instant::now(), local_addresses)),
             events: Mutex::new(events),
             active: AtomicUsize::new(0),
             started: Instant::now(),
         }
+    }
+
+    /// This host's addresses, read again when the last reading is older than
+    /// [`LOCAL_ADDRESSES_TTL`] (interfaces come and go); a failed reading keeps the last one.
+    fn local_addresses(&self) -> Vec<IpAddr> {
+        let mut cached = self
+            .local_addresses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if cached.0.elapsed() >= LOCAL_ADDRESSES_TTL
+            && let Some(fresh) = read_local_addresses()
+        {
+            *cached = (Instant::now(), fresh);
+        }
+        cached.1.clone()
     }
 
     fn emit(&self, event: &EgressEvent) {
@@ -115,42 +136,83 @@ enum OpenError {
 
 fn handle(proxy: &Proxy, mut client: TcpStream) {
     let _ = client.set_nodelay(true);
-    let _ = client.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+    // One deadline for the whole request head, however it is spread over reads.
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let mut buf = Vec::with_capacity(1024);
-    if read_more(&mut client, &mut buf).is_err() || buf.is_empty() {
+    if read_more(&mut client, &mut buf, deadline).is_err() || buf.is_empty() {
         return;
     }
-    if buf[0] == socks::VERSION {
-        handle_socks(proxy, client, buf);
+    if buf[0] == socks::VERSION_4 {
+        refuse_socks4(proxy, client, buf, deadline);
+    } else if buf[0] == socks::VERSION {
+        handle_socks(proxy, client, buf, deadline);
     } else {
-        handle_http(proxy, client, buf);
+        handle_http(proxy, client, buf, deadline);
     }
 }
 
-/// Appends what one read returns (at most up to [`MAX_HEADER_BYTES`] in total).
-fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+/// Appends what one read returns (at most up to [`MAX_HEADER_BYTES`] in total), failing once
+/// `deadline` has passed.
+fn read_more(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    deadline: Instant,
+) -> std::io::Result<usize> {
     let mut chunk = [0u8; 4096];
     let room = MAX_HEADER_BYTES
         .saturating_sub(buf.len())
         .clamp(1, chunk.len());
-    let n = stream.read(&mut chunk[..room])?;
+    let n = read_before(stream, &mut chunk[..room], deadline)?;
     buf.extend_from_slice(&chunk[..n]);
     Ok(n)
 }
 
-fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>) {
+/// One read that fails with `TimedOut` once `deadline` has passed: the read timeout is what
+/// is left of the deadline, so trickling bytes does not extend it.
+pub(crate) fn read_before(
+    stream: &mut TcpStream,
+    chunk: &mut [u8],
+    deadline: Instant,
+) -> std::io::Result<usize> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    stream.set_read_timeout(Some(left))?;
+    stream.read(chunk)
+}
+
+fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant) {
     let request = loop {
         match http::parse(&buf) {
             Ok(Some(request)) => break request,
-            Ok(None) => match read_more(&mut client, &mut buf) {
+            Ok(None) => match read_more(&mut client, &mut buf, deadline) {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             },
+            Err(http::HttpError::Refused {
+                host,
+                port,
+                reason,
+                rule,
+            }) => {
+                let event = EgressEvent::refused("http", &host, port, rule, reason);
+                proxy.emit(&event);
+                let _ = client.write_all(&http::response(
+                    403,
+                    "Forbidden",
+                    &format!("execward: {}\n", event.describe()),
+                ));
+                return;
+            }
             Err(err) => {
                 let _ = client.write_all(&http::response(
                     400,
                     "Bad Request",
-                    &format!("execward egress proxy: {err}\n"),
+                    &format!(
+                        "execward egress proxy: {}\n",
+                        escape_control(&err.to_string())
+                    ),
                 ));
                 return;
             }
@@ -160,6 +222,23 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>) {
         Request::Connect { host, port, .. } => (host.clone(), *port, "connect"),
         Request::Forward { host, port, .. } => (host.clone(), *port, "http"),
     };
+    if protocol == "http" && TLS_PORTS.contains(&port) {
+        // Plain HTTP to a port that carries TLS only: refused before any connection.
+        let event = EgressEvent::refused(
+            protocol,
+            &host.to_string(),
+            port,
+            "none: use https:// (tunnelled with CONNECT) for this port".to_owned(),
+            format!("port {port} carries TLS only, and this is a plain HTTP request"),
+        );
+        proxy.emit(&event);
+        let _ = client.write_all(&http::response(
+            403,
+            "Forbidden",
+            &format!("execward: {}\n", event.describe()),
+        ));
+        return;
+    }
     let upstream = match open(proxy, protocol, &host, port) {
         Ok(upstream) => upstream,
         Err(OpenError::Refused(event)) => {
@@ -197,11 +276,11 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>) {
     tunnel(proxy, protocol, &host, port, client, upstream, first);
 }
 
-fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>) {
+fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant) {
     let greeting = loop {
         match socks::parse_greeting(&buf) {
             Ok(Some(len)) => break len,
-            Ok(None) => match read_more(&mut client, &mut buf) {
+            Ok(None) => match read_more(&mut client, &mut buf, deadline) {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             },
@@ -218,11 +297,28 @@ fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>) {
     let (host, port, len) = loop {
         match socks::parse_request(&buf) {
             Ok(Some(parsed)) => break parsed,
-            Ok(None) => match read_more(&mut client, &mut buf) {
+            Ok(None) => match read_more(&mut client, &mut buf, deadline) {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             },
             Err(err) => {
+                if let socks::SocksError::Command {
+                    command,
+                    host,
+                    port,
+                } = &err
+                {
+                    proxy.emit(&EgressEvent::refused(
+                        "socks5",
+                        &host.to_string(),
+                        *port,
+                        "none: only SOCKS5 CONNECT is served (UDP fails closed)".to_owned(),
+                        format!(
+                            "SOCKS5 command {} is not served",
+                            socks::command_name(*command)
+                        ),
+                    ));
+                }
                 let _ = client.write_all(&socks::reply(err.reply_code()));
                 return;
             }
@@ -246,6 +342,31 @@ fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>) {
     tunnel(proxy, "socks5", &host, port, client, upstream, rest);
 }
 
+/// SOCKS4 and SOCKS4a are not served: read the request far enough to name its destination,
+/// report the refusal, answer "rejected".
+fn refuse_socks4(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant) {
+    let (host, port) = loop {
+        match socks::parse_socks4(&buf) {
+            Some(parsed) => break parsed,
+            None if buf.len() < MAX_HEADER_BYTES => {
+                match read_more(&mut client, &mut buf, deadline) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+            None => return,
+        }
+    };
+    proxy.emit(&EgressEvent::refused(
+        "socks4",
+        &host,
+        port,
+        "none: use SOCKS5 (socks5h://) or HTTP CONNECT".to_owned(),
+        "SOCKS4 is not served".to_owned(),
+    ));
+    let _ = client.write_all(&socks::SOCKS4_REJECTED);
+}
+
 /// Decides, resolves, checks every address and connects.
 fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStream, OpenError> {
     let rules = &proxy.config.rules;
@@ -259,11 +380,16 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
         }
     };
     let addresses = resolve(proxy, host, port).map_err(OpenError::Unreachable)?;
+    let locals = proxy.local_addresses();
     let mut usable = Vec::new();
     let mut refusal = None;
     for address in addresses {
-        let ip = address.ip();
-        if own_listener(proxy, ip, port) {
+        let ip = canonical_ip(address.ip());
+        let denied_by = rules
+            .deny
+            .iter()
+            .find(|p| p.matches(&Host::Ip(ip), port, true));
+        if own_listener(proxy, &locals, ip, port) {
             refusal.get_or_insert_with(|| {
                 (
                     format!("{ip}:{port} is the supervisor's own listener"),
@@ -271,12 +397,23 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
                         .to_owned(),
                 )
             });
-        } else if !rules.address_allowed(ip, port) {
+        } else if let Some(pattern) = denied_by {
+            refusal.get_or_insert_with(|| {
+                (
+                    format!(
+                        "{host} resolves to {}, denied by the pattern \"{pattern}\"",
+                        Host::Ip(ip)
+                    ),
+                    "none: a deny pattern names the address".to_owned(),
+                )
+            });
+        } else if !rules.address_allowed(ip, port, &|ip| locals.contains(&ip)) {
             refusal.get_or_insert_with(|| {
                 let named = Host::Ip(ip);
                 (
                     format!(
-                        "{host} resolves to {named}, a loopback, private or link-local address"
+                        "{host} resolves to {named}, a loopback, private, link-local or this \
+                         host's own address"
                     ),
                     format!("--allow-domain {named}:{port} (name the address itself)"),
                 )
@@ -329,32 +466,32 @@ fn resolve(proxy: &Proxy, host: &Host, port: u16) -> Result<Vec<SocketAddr>, Str
 }
 
 /// Whether `ip:port` may be one of the supervisor's listeners.
-fn own_listener(proxy: &Proxy, ip: IpAddr, port: u16) -> bool {
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    };
+fn own_listener(proxy: &Proxy, locals: &[IpAddr], ip: IpAddr, port: u16) -> bool {
+    let ip = canonical_ip(ip);
     proxy.config.denied_ports.contains(&port)
-        && (ip.is_loopback() || ip.is_unspecified() || proxy.local_addresses.contains(&ip))
+        && (ip.is_loopback() || ip.is_unspecified() || locals.contains(&ip))
 }
 
-/// This host's interface addresses (read before the proxy confines itself).
+/// This host's interface addresses, every interface, v4 and v6, in [`canonical_ip`] form, but
+/// loopback (read before the proxy confines itself, and again while it serves).
 pub fn local_addresses() -> Vec<IpAddr> {
+    read_local_addresses().unwrap_or_default()
+}
+
+fn read_local_addresses() -> Option<Vec<IpAddr>> {
     let mut out = Vec::new();
-    if let Ok(addresses) = nix::ifaddrs::getifaddrs() {
-        for interface in addresses {
-            let Some(address) = interface.address else {
-                continue;
-            };
-            if let Some(v4) = address.as_sockaddr_in() {
-                out.push(IpAddr::V4(v4.ip()));
-            } else if let Some(v6) = address.as_sockaddr_in6() {
-                out.push(IpAddr::V6(v6.ip()));
-            }
+    for interface in nix::ifaddrs::getifaddrs().ok()? {
+        let Some(address) = interface.address else {
+            continue;
+        };
+        if let Some(v4) = address.as_sockaddr_in() {
+            out.push(IpAddr::V4(v4.ip()));
+        } else if let Some(v6) = address.as_sockaddr_in6() {
+            out.push(canonical_ip(IpAddr::V6(v6.ip())));
         }
     }
     out.retain(|ip| !ip.is_loopback());
     out.sort();
     out.dedup();
-    out
+    Some(out)
 }

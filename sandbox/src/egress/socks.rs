@@ -13,6 +13,10 @@ use crate::policy::network::Host;
 
 /// Protocol version byte.
 pub const VERSION: u8 = 5;
+/// SOCKS4's version byte (not served: recognised to report the refusal by name).
+pub const VERSION_4: u8 = 4;
+/// SOCKS4's "request rejected" reply.
+pub const SOCKS4_REJECTED: [u8; 8] = [0, 0x5b, 0, 0, 0, 0, 0, 0];
 /// Reply: succeeded.
 pub const REPLY_OK: u8 = 0;
 /// Reply: general failure.
@@ -36,8 +40,15 @@ pub enum SocksError {
     #[error("the client offers no SOCKS5 method without authentication")]
     NoAcceptableMethod,
     /// Only CONNECT is served.
-    #[error("SOCKS5 command {0} is not supported (only CONNECT)")]
-    Command(u8),
+    #[error("SOCKS5 command {command} is not supported (only CONNECT)")]
+    Command {
+        /// The command byte (2 BIND, 3 UDP ASSOCIATE).
+        command: u8,
+        /// The address the request names.
+        host: Host,
+        /// Its port.
+        port: u16,
+    },
     /// Unknown address type.
     #[error("SOCKS5 address type {0} is not supported")]
     AddressType(u8),
@@ -50,7 +61,7 @@ impl SocksError {
     /// The reply code for this error.
     pub fn reply_code(&self) -> u8 {
         match self {
-            SocksError::Command(_) => REPLY_COMMAND_NOT_SUPPORTED,
+            SocksError::Command { .. } => REPLY_COMMAND_NOT_SUPPORTED,
             SocksError::AddressType(_) => REPLY_ADDRESS_NOT_SUPPORTED,
             _ => REPLY_FAILURE,
         }
@@ -96,9 +107,6 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Host, u16, usize)>, SocksErro
     if buf[0] != VERSION {
         return Err(SocksError::Version(buf[0]));
     }
-    if buf[1] != 1 {
-        return Err(SocksError::Command(buf[1]));
-    }
     let (host, at) = match buf[3] {
         1 => {
             let Some(octets) = buf.get(4..8) else {
@@ -129,7 +137,46 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<(Host, u16, usize)>, SocksErro
     let Some(port) = buf.get(at..at + 2) else {
         return Ok(None);
     };
-    Ok(Some((host, u16::from_be_bytes([port[0], port[1]]), at + 2)))
+    let port = u16::from_be_bytes([port[0], port[1]]);
+    if buf[1] != 1 {
+        // Refused once the address is read, so the refusal names it.
+        return Err(SocksError::Command {
+            command: buf[1],
+            host,
+            port,
+        });
+    }
+    Ok(Some((host, port, at + 2)))
+}
+
+/// A SOCKS command's name.
+pub fn command_name(command: u8) -> String {
+    match command {
+        1 => "CONNECT".to_owned(),
+        2 => "BIND".to_owned(),
+        3 => "UDP ASSOCIATE".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// The destination of a complete SOCKS4 or SOCKS4a request (`04 CMD PORT IP USERID 00
+/// [HOST 00]`), as text (an IPv4 address or the SOCKS4a name); `None` while incomplete.
+pub fn parse_socks4(buf: &[u8]) -> Option<(String, u16)> {
+    let port = u16::from_be_bytes([*buf.get(2)?, *buf.get(3)?]);
+    let ip = Ipv4Addr::new(*buf.get(4)?, *buf.get(5)?, *buf.get(6)?, *buf.get(7)?);
+    let user_end = 8 + buf.get(8..)?.iter().position(|b| *b == 0)?;
+    let [0, 0, 0, last] = ip.octets() else {
+        return Some((ip.to_string(), port));
+    };
+    if last == 0 {
+        return Some((ip.to_string(), port));
+    }
+    let name = buf.get(user_end + 1..)?;
+    let name_end = name.iter().position(|b| *b == 0)?;
+    Some((
+        String::from_utf8_lossy(&name[..name_end]).into_owned(),
+        port,
+    ))
 }
 
 /// A reply with `code` and an unspecified bound address.
@@ -175,8 +222,22 @@ mod tests {
         let (host, _, _) = parse_request(&v6).unwrap().unwrap();
         assert_eq!(host.to_string(), "[::1]");
         assert_eq!(
-            parse_request(&[5, 3, 0, 1, 0, 0, 0, 0, 0, 0]).unwrap_err(),
-            SocksError::Command(3)
+            parse_request(&[5, 3, 0, 1, 10, 0, 0, 1, 0, 53]).unwrap_err(),
+            SocksError::Command {
+                command: 3,
+                host: Host::Ip("10.0.0.1".parse().unwrap()),
+                port: 53
+            }
         );
+    }
+
+    #[test]
+    fn socks4_and_socks4a_requests_name_their_destination() {
+        let mut a = vec![4, 1, 0, 80, 0, 0, 0, 1];
+        a.extend_from_slice(b"user\0evil.test\0");
+        assert_eq!(parse_socks4(&a), Some(("evil.test".to_owned(), 80)));
+        assert_eq!(parse_socks4(&a[..a.len() - 1]), None);
+        let plain = [4, 1, 1, 187, 10, 0, 0, 1, 0];
+        assert_eq!(parse_socks4(&plain), Some(("10.0.0.1".to_owned(), 443)));
     }
 }

@@ -276,14 +276,23 @@ impl EgressRules {
     }
 
     /// Whether the resolved address `ip` of an allowed destination may be connected to: a
-    /// public address always, a special one ([`is_special_address`]) only when an `allow`
-    /// pattern names it (and no `deny` pattern does).
-    pub fn address_allowed(&self, ip: IpAddr, port: u16) -> bool {
+    /// public address always, a special one ([`is_special_address`]) or one of this host's own
+    /// (`is_host_address`, asked with the [`canonical_ip`] form: every interface, v4 and v6,
+    /// read fresh by the caller) only when an `allow` pattern names it (and no `deny` pattern
+    /// does).
+    pub fn address_allowed(
+        &self,
+        ip: IpAddr,
+        port: u16,
+        is_host_address: &dyn Fn(IpAddr) -> bool,
+    ) -> bool {
+        let ip = canonical_ip(ip);
         let literal = Host::Ip(ip);
         if self.deny.iter().any(|p| p.matches(&literal, port, true)) {
             return false;
         }
-        !is_special_address(ip) || self.allow.iter().any(|p| p.matches(&literal, port, false))
+        let local = is_special_address(ip) || is_host_address(ip);
+        !local || self.allow.iter().any(|p| p.matches(&literal, port, false))
     }
 }
 
@@ -358,7 +367,7 @@ impl Host {
             .and_then(|t| t.strip_suffix(']'))
             .unwrap_or(text);
         if let Ok(ip) = bare.parse::<IpAddr>() {
-            return Ok(Self::Ip(ip));
+            return Ok(Self::Ip(canonical_ip(ip)));
         }
         normalize_name(text).map(Self::Name)
     }
@@ -449,12 +458,23 @@ impl HostPattern {
 
     /// Whether the pattern covers `host:port`; `every_port_by_default` for deny patterns.
     pub fn matches(&self, host: &Host, port: u16, every_port_by_default: bool) -> bool {
+        let canonical;
+        let host = match host {
+            Host::Ip(ip) => {
+                canonical = Host::Ip(canonical_ip(*ip));
+                &canonical
+            }
+            name => name,
+        };
         let port_ok = match self.port {
             Some(p) => p == port,
             None => every_port_by_default || DEFAULT_ALLOWED_PORTS.contains(&port),
         };
         port_ok
             && match (&self.host, host) {
+                (HostMatch::Exact(Host::Ip(expected)), Host::Ip(ip)) => {
+                    canonical_ip(*expected) == *ip
+                }
                 (HostMatch::Exact(expected), host) => expected == host,
                 (HostMatch::Subdomains(suffix), Host::Name(name)) => name
                     .strip_suffix(suffix.as_str())
@@ -531,25 +551,13 @@ pub fn suggested_rule(host: &Host, port: u16) -> String {
 
 /// Addresses reached only when an `allow` pattern names them: unspecified, loopback, private
 /// (RFC 1918, unique-local), shared (100.64/10), link-local (cloud metadata), multicast,
-/// broadcast, documentation and benchmarking ranges; IPv4-mapped and NAT64 forms are looked
-/// through.
+/// broadcast, documentation and benchmarking ranges; embedded IPv4 forms are looked through
+/// ([`canonical_ip`]).
 pub fn is_special_address(ip: IpAddr) -> bool {
-    match ip {
+    match canonical_ip(ip) {
         IpAddr::V4(v4) => is_special_v4(v4),
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_special_v4(v4);
-            }
             let segments = v6.segments();
-            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                let v4 = Ipv4Addr::new(
-                    (segments[6] >> 8) as u8,
-                    segments[6] as u8,
-                    (segments[7] >> 8) as u8,
-                    segments[7] as u8,
-                );
-                return is_special_v4(v4);
-            }
             v6.is_unspecified()
                 || v6.is_loopback()
                 || v6.is_multicast()
@@ -557,6 +565,32 @@ pub fn is_special_address(ip: IpAddr) -> bool {
                 || (segments[0] & 0xffc0) == 0xfe80
                 || v6 == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)
         }
+    }
+}
+
+/// The one form of an address every allow and deny check compares: an IPv6 address that
+/// carries an IPv4 address the packets end up at is that IPv4 address. Looked through:
+/// IPv4-mapped (`::ffff:a.b.c.d`, what a dual-stack socket connects to over IPv4),
+/// IPv4-translated (`::ffff:0:a.b.c.d`, SIIT), IPv4-compatible (`::a.b.c.d`, deprecated; not
+/// `::` or `::1`), and the NAT64 prefixes with the address in the last 32 bits
+/// (`64:ff9b::/96`, RFC 6052, and the local-use `64:ff9b:1::/48`, RFC 8215). Used by the
+/// egress proxy and `http/request` alike.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    let IpAddr::V6(v6) = ip else {
+        return ip;
+    };
+    let s = v6.segments();
+    let [.., hi, lo] = s;
+    let embedded = IpAddr::V4(Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo)));
+    let mapped = s[..5] == [0; 5] && s[5] == 0xffff;
+    let translated = s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0;
+    let compatible = s[..6] == [0; 6] && hi != 0;
+    let nat64 = s[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
+    let local_nat64 = s[..3] == [0x64, 0xff9b, 1];
+    if mapped || translated || compatible || nat64 || local_nat64 {
+        embedded
+    } else {
+        ip
     }
 }
 
@@ -707,11 +741,74 @@ mod tests {
             r.decide(&name("[::1]"), 9000),
             Decision::Allowed(_)
         ));
-        assert!(r.address_allowed("127.0.0.1".parse().unwrap(), 8080));
-        assert!(!r.address_allowed("127.0.0.1".parse().unwrap(), 8081));
-        assert!(!r.address_allowed("169.254.169.254".parse().unwrap(), 80));
-        assert!(!r.address_allowed("::ffff:10.0.0.1".parse().unwrap(), 443));
-        assert!(r.address_allowed("93.184.216.34".parse().unwrap(), 443));
+        assert!(r.address_allowed("127.0.0.1".parse().unwrap(), 8080, &|_| false));
+        assert!(!r.address_allowed("127.0.0.1".parse().unwrap(), 8081, &|_| false));
+        assert!(!r.address_allowed("169.254.169.254".parse().unwrap(), 80, &|_| false));
+        assert!(!r.address_allowed("::ffff:10.0.0.1".parse().unwrap(), 443, &|_| false));
+        assert!(r.address_allowed("93.184.216.34".parse().unwrap(), 443, &|_| false));
+    }
+
+    #[test]
+    fn embedded_ipv4_forms_are_checked_as_their_ipv4_address() {
+        let r = rules(&["*.example.com", "127.0.0.1:8080"], &["11.22.33.5"]);
+        for form in [
+            "11.22.33.5",
+            "::ffff:11.22.33.5",
+            "::ffff:0:11.22.33.5",
+            "::11.22.33.5",
+            "64:ff9b::11.22.33.5",
+            "64:ff9b:1::11.22.33.5",
+        ] {
+            let ip: IpAddr = form.parse().unwrap();
+            assert_eq!(
+                canonical_ip(ip),
+                "11.22.33.5".parse::<IpAddr>().unwrap(),
+                "{form}"
+            );
+            assert!(
+                !r.address_allowed(ip, 443, &|_| false),
+                "{form} passed the deny pattern"
+            );
+            assert!(
+                matches!(r.decide(&Host::Ip(ip), 443), Decision::Denied(_)),
+                "{form}"
+            );
+        }
+        for form in ["::ffff:127.0.0.1", "64:ff9b::7f00:1", "::127.0.0.1"] {
+            let ip: IpAddr = form.parse().unwrap();
+            assert!(is_special_address(ip), "{form}");
+            assert!(
+                r.address_allowed(ip, 8080, &|_| false),
+                "{form}: the named address"
+            );
+            assert!(!r.address_allowed(ip, 8081, &|_| false), "{form}");
+        }
+        // The control: public addresses, and IPv6 addresses that carry none, stay themselves.
+        assert!(r.address_allowed("11.22.33.6".parse().unwrap(), 443, &|_| false));
+        assert!(r.address_allowed("::ffff:11.22.33.6".parse().unwrap(), 443, &|_| false));
+        for form in ["::1", "::", "2001:db8::1", "2606:4700::1"] {
+            let ip: IpAddr = form.parse().unwrap();
+            assert_eq!(canonical_ip(ip), ip, "{form}");
+        }
+        assert_eq!(name("[::ffff:10.0.0.1]"), name("10.0.0.1"));
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_reached_only_when_named() {
+        let r = rules(&["*.example.com", "11.22.33.5:8080"], &[]);
+        let own: [IpAddr; 2] = [
+            "11.22.33.5".parse().unwrap(),
+            "2606:4700::5".parse().unwrap(),
+        ];
+        let is_own = |ip: IpAddr| own.contains(&ip);
+        for form in ["11.22.33.5", "::ffff:11.22.33.5", "2606:4700::5"] {
+            let ip: IpAddr = form.parse().unwrap();
+            assert!(!r.address_allowed(ip, 443, &is_own), "{form}");
+            // The control: not an address of this host, so public.
+            assert!(r.address_allowed(ip, 443, &|_| false), "{form}");
+        }
+        assert!(r.address_allowed("11.22.33.5".parse().unwrap(), 8080, &is_own));
+        assert!(r.address_allowed("11.22.33.6".parse().unwrap(), 443, &is_own));
     }
 
     #[test]

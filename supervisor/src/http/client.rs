@@ -79,6 +79,9 @@ impl HttpClients {
         timeout_ms: Option<u64>,
     ) -> Result<reqwest::Response, HttpError> {
         for _hop in 0..=MAX_HTTP_REDIRECTS {
+            if policy.egress.is_some() {
+                check_host_header(&outgoing)?;
+            }
             let client = self.pinned_client(&outgoing.url, policy).await?;
             let mut request = client
                 .request(outgoing.method.clone(), outgoing.url.clone())
@@ -255,6 +258,32 @@ impl reqwest::dns::Resolve for RefuseAllLookups {
         let name = name.as_str().to_owned();
         Box::pin(async move { Err(format!("unchecked DNS lookup of {name} refused").into()) })
     }
+}
+
+/// With an allowlist, every `Host` header of a hop must name the hop's URL host (the check the
+/// egress proxy makes, [`sandbox::egress::http::host_header_names`]): otherwise a request to an
+/// allowed front would be routed to any host behind it.
+fn check_host_header(outgoing: &Outgoing) -> Result<(), HttpError> {
+    use sandbox::policy::network::Host;
+    let url = &outgoing.url;
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+        return Ok(());
+    };
+    let Ok(parsed) = Host::parse(host) else {
+        // The allowlist check refuses it, naming why.
+        return Ok(());
+    };
+    for value in outgoing.headers.get_all(reqwest::header::HOST) {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        if !sandbox::egress::http::host_header_names(&text, &parsed, port) {
+            return Err(HttpError::HostHeaderMismatch {
+                url: url.to_string(),
+                host: parsed.to_string(),
+                value: text.into_owned(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Refuses `host:port` (of every hop, redirects included) unless the sandbox's allowlist allows

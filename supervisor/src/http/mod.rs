@@ -170,6 +170,19 @@ pub enum HttpError {
         /// The pattern that would allow it.
         rule: String,
     },
+    /// With a network allowlist, a `Host` header names another host than the URL's (the egress
+    /// proxy refuses the same request).
+    #[error(
+        "sandbox denied: http/request to {url}: the Host header {value:?} names another host than the URL ({host}); with a network allowlist only the URL's host may be named (leave the header out)"
+    )]
+    HostHeaderMismatch {
+        /// The URL (of this hop).
+        url: String,
+        /// The URL's host.
+        host: String,
+        /// The header's value.
+        value: String,
+    },
     /// The sandbox object does not parse.
     #[error("invalid sandbox: {0}; see policies/README.md for the accepted shapes")]
     SandboxShape(#[source] serde_json::Error),

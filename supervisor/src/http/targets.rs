@@ -29,8 +29,8 @@ pub enum Refusal {
     LinkLocal,
     /// One of the server's own listeners.
     OwnListener,
-    /// A loopback, private or link-local address the request's network allowlist does not
-    /// name.
+    /// A loopback, private, link-local or this host's own address the request's network
+    /// allowlist does not name.
     NotNamed,
 }
 
@@ -45,8 +45,8 @@ impl Refusal {
                 "this exec-server's own listener (allowed only with allowOwnListeners: true)"
             }
             Refusal::NotNamed => {
-                "a loopback, private or link-local address the sandbox's network allowlist does \
-                 not name (allow the address itself, e.g. \"127.0.0.1:8080\")"
+                "a loopback, private, link-local or this host's own address the sandbox's network \
+                 allowlist does not name (allow the address itself, e.g. \"127.0.0.1:8080\")"
             }
         }
     }
@@ -86,7 +86,7 @@ impl TargetPolicy {
             return Err(Refusal::OwnListener);
         }
         if let Some(rules) = &self.egress
-            && !rules.address_allowed(ip, target.port())
+            && !rules.address_allowed(ip, target.port(), &|ip| host.is_host_address(ip))
         {
             return Err(Refusal::NotNamed);
         }
@@ -94,21 +94,10 @@ impl TargetPolicy {
     }
 }
 
-/// IPv4-mapped and NAT64 (64:ff9b::/96) addresses as the IPv4 address they carry.
+/// Embedded IPv4 forms as the IPv4 address they carry: the egress proxy's function, so both
+/// check one form.
 fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => {
-            let segments = v6.segments();
-            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                let [.., a, b] = segments;
-                let [a1, a2] = a.to_be_bytes();
-                let [b1, b2] = b.to_be_bytes();
-                return IpAddr::V4(Ipv4Addr::new(a1, a2, b1, b2));
-            }
-            v6.to_canonical()
-        }
-        v4 => v4,
-    }
+    sandbox::policy::network::canonical_ip(ip)
 }
 
 fn is_link_local_or_metadata(ip: IpAddr) -> bool {
@@ -260,6 +249,35 @@ mod tests {
             Err(Refusal::NotNamed)
         );
         assert_eq!(policy.check(addr("93.184.216.34:443"), &host), Ok(()));
+    }
+
+    #[test]
+    fn with_an_allowlist_the_hosts_own_addresses_are_reached_only_when_named() {
+        let host = FakeHost {
+            listeners: vec![addr("127.0.0.1:4000")],
+            addresses: vec![
+                "11.22.33.5".parse().unwrap(),
+                "2606:4700::5".parse().unwrap(),
+            ],
+        };
+        let rules = sandbox::EgressRules::parse(&["11.22.33.5:8080".to_owned()], &[]).unwrap();
+        let policy = TargetPolicy {
+            egress: Some(rules),
+            ..strict()
+        };
+        for target in [
+            "11.22.33.5:443",
+            "[::ffff:11.22.33.5]:443",
+            "[2606:4700::5]:443",
+        ] {
+            assert_eq!(
+                policy.check(addr(target), &host),
+                Err(Refusal::NotNamed),
+                "{target}"
+            );
+        }
+        assert_eq!(policy.check(addr("11.22.33.5:8080"), &host), Ok(()));
+        assert_eq!(policy.check(addr("11.22.33.6:443"), &host), Ok(()));
     }
 
     #[test]

@@ -214,7 +214,8 @@ impl From<HttpError> for RpcError {
             }
             HttpError::NetworkOff { .. }
             | HttpError::TargetRefused { .. }
-            | HttpError::NotInAllowlist { .. } => {
+            | HttpError::NotInAllowlist { .. }
+            | HttpError::HostHeaderMismatch { .. } => {
                 RpcError::invalid_request(ErrorKind::SandboxDenied, message)
             }
             HttpError::TimedOut { .. } => {

@@ -93,7 +93,8 @@ fn tls_gate(
             }
         }
     }
-    let _ = client.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+    // One deadline for the whole ClientHello, however it is spread over reads.
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let refuse = |reason: String, rule: String| {
         proxy.emit(&EgressEvent::refused(
             protocol,
@@ -109,7 +110,7 @@ fn tls_gate(
             Ok(ClientHello::Incomplete) if buf.len() < MAX_CLIENT_HELLO_BYTES => {
                 let mut chunk = [0u8; 4096];
                 let room = (MAX_CLIENT_HELLO_BYTES - buf.len()).min(chunk.len());
-                match client.read(&mut chunk[..room]) {
+                match super::read_before(client, &mut chunk[..room], deadline) {
                     Ok(0) | Err(_) => return None,
                     Ok(n) => buf.extend_from_slice(&chunk[..n]),
                 }
