@@ -157,15 +157,10 @@ pub fn traversable(path: &Path) -> PathBuf {
 /// `/tmp`, `/run` and `$TMPDIR` (canonical, so `/var/run` counts as `/run`).
 pub fn hidden_by_sandboxes(path: &Path) -> bool {
     let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
-    let mut private = vec![PathBuf::from("/tmp"), PathBuf::from("/run")];
-    private.extend(
-        std::env::var_os("TMPDIR")
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute()),
-    );
-    private
+    let run = std::fs::canonicalize("/run").unwrap_or_else(|_| PathBuf::from("/run"));
+    writable_roots_of_test_policies()
         .into_iter()
-        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .chain([run])
         .any(|dir| canonical.starts_with(dir))
 }
 
