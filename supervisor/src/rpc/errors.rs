@@ -1,5 +1,6 @@
 //! The one place internal errors become JSON-RPC errors (code, message, `data`).
 
+use crate::sandboxing::SandboxRequestError;
 use proto::error::{self as codes, ErrorKind, RpcError};
 
 /// `data.operation` of a `process/start` error whose program could not be found or executed.
@@ -27,6 +28,9 @@ impl From<ProcessError> for RpcError {
             _ => None,
         };
         let (code, kind) = match &error {
+            ProcessError::Sandbox(SandboxRequestError::Registry(_)) => {
+                (codes::INTERNAL_ERROR, ErrorKind::HelperFailed)
+            }
             ProcessError::EmptyArgv
             | ProcessError::ProcessIdLength { .. }
             | ProcessError::AuditWithoutSandbox
@@ -168,6 +172,11 @@ impl From<FsRequestError> for RpcError {
     fn from(error: FsRequestError) -> Self {
         let message = error.to_string();
         match error {
+            // The server could not read what it hides (out of descriptors, say): its failure,
+            // not the client's params, and worth a retry.
+            FsRequestError::Sandbox(SandboxRequestError::Registry(_)) => {
+                RpcError::new(codes::INTERNAL_ERROR, ErrorKind::HelperFailed, message).retryable()
+            }
             FsRequestError::BlockLength { .. } | FsRequestError::Sandbox(_) => {
                 RpcError::invalid_params(message)
             }
