@@ -50,10 +50,16 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// Sessions the server holds, attached or detached. Past it, `initialize` for a new session is
 /// refused with `limitExceeded` (retryable: detached sessions expire).
 pub const MAX_SESSIONS: usize = 320;
-/// Detached sessions kept for a resume. When one more detaches, the session detached longest ago
-/// expires at once (its processes are terminated), so abandoned sessions cannot hold processes
-/// and descriptors beyond this.
-pub const MAX_DETACHED_SESSIONS: usize = 64;
+/// Detached sessions one client (a peer uid, a remote address; see
+/// `transport::identity`) keeps for a resume, however many connections it used. When one more of
+/// its sessions detaches, its own session detached longest ago expires at once (its processes
+/// are terminated): a client churning sessions ends its own, never another client's.
+pub const MAX_DETACHED_SESSIONS_PER_CLIENT: usize = 64;
+/// Detached sessions kept for a resume across all clients, so abandoned sessions cannot hold
+/// processes and descriptors beyond this. Past it, the client holding the most detached sessions
+/// loses its oldest one. Four clients' full shares; below [`MAX_SESSIONS`] so attached clients
+/// always have room.
+pub const MAX_DETACHED_SESSIONS: usize = 4 * MAX_DETACHED_SESSIONS_PER_CLIENT;
 /// Server memory for requests being handled and the answers they produce, across all
 /// connections: an in-flight request's payload (twice its size: the parsed params and a decoded
 /// copy) plus the worst-case size of its answer, reserved before the work starts. Past it, new

@@ -1593,3 +1593,54 @@ async fn many_policies_in_two_sessions_keep_helpers_within_the_global_cap() {
         .await
         .assert_held("100 policies x 2 sessions", 64 * 1024);
 }
+
+/// `MAX_DETACHED_SESSIONS_PER_CLIENT`: detached sessions one client (peer uid) keeps.
+const MAX_DETACHED_SESSIONS_PER_CLIENT: usize = 64;
+
+/// `initialize` resuming `session` on `client`.
+async fn resume(client: &mut Client, session: &str) -> Result<Value, tests::RpcError> {
+    client
+        .request(
+            "initialize",
+            json!({"clientName": "tests", "resumeSessionId": session}),
+        )
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_churn_of_one_client_never_evicts_another_clients_detached_session() {
+    // The case: after a victim's connection dropped, another client opening and closing
+    // 64 sessions evicted the victim's detached session (and killed its process) within 0.5 s.
+    const CHURN: usize = MAX_DETACHED_SESSIONS_PER_CLIENT + 32;
+    let server = besieged_server(&[]);
+    // The victim: another user on this host (its socket owned by uid 65534), one live `cat`.
+    let mut victim = Client::connect_as_uid(server.url(), 65534).await.unwrap();
+    let victim_session = victim.initialize().await;
+    start_echo(&mut victim, "victim").await;
+    drop(victim);
+    let siege = Siege::begin(&server, "session churn", 1024 * 1024 * 1024).await;
+    let mut churned = Vec::new();
+    for _ in 0..CHURN {
+        let mut attacker = server.connect().await;
+        churned.push(attacker.initialize().await);
+        drop(attacker);
+    }
+    // `end` waits for the server's descriptors to come back: every churned connection was
+    // closed, so every session of it was detached (and any eviction done).
+    let report = siege.end(&server).await;
+    report.assert_held("96 sessions opened and dropped", 64 * 1024);
+    // The churning client's share is its own: its oldest sessions went...
+    let mut probe = server.connect().await;
+    assert_rpc_error(
+        resume(&mut probe, &churned[0]).await,
+        -32600,
+        "unknownSession",
+    );
+    // ...its newest are still kept for a resume...
+    let mut probe = server.connect().await;
+    resume(&mut probe, churned.last().unwrap()).await.unwrap();
+    // ...and the other client's session, and its process, are untouched.
+    let mut back = Client::connect_as_uid(server.url(), 65534).await.unwrap();
+    resume(&mut back, &victim_session).await.unwrap();
+    assert_echoes(&mut back, "victim", "still here\n").await;
+}

@@ -35,6 +35,7 @@ use crate::limits::{
 };
 use crate::state::ServerState;
 use crate::transport::admission::{PendingTicket, evicted};
+use crate::transport::identity::ClientIdentity;
 use crate::untrusted::Untrusted;
 
 use crate::outbound::{Outbound, Queued, outbound_queue};
@@ -72,16 +73,18 @@ pub async fn serve_pending<S>(
     websocket: WebSocketStream<S>,
     server: Arc<ServerState>,
     ticket: PendingTicket,
+    client: ClientIdentity,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    serve_websocket(websocket, server, Some(ticket)).await;
+    serve_websocket(websocket, server, Some(ticket), client).await;
 }
 
 async fn serve_websocket<S>(
     websocket: WebSocketStream<S>,
     server: Arc<ServerState>,
     ticket: Option<PendingTicket>,
+    client: ClientIdentity,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -121,18 +124,22 @@ async fn serve_websocket<S>(
             }
         })
     });
-    serve_admitted(Box::pin(stream), Box::pin(sink), server, ticket).await;
+    serve_admitted(Box::pin(stream), Box::pin(sink), server, ticket, client).await;
 }
 
 /// Serve one JSON-RPC connection over any transport that carries one message per item (a
 /// websocket, a relay stream) until it ends. Behaves exactly like [`serve_pending`] in every other
 /// way.
-pub async fn serve_transport<I, O>(stream: I, sink: O, server: Arc<ServerState>)
-where
+pub async fn serve_transport<I, O>(
+    stream: I,
+    sink: O,
+    server: Arc<ServerState>,
+    client: ClientIdentity,
+) where
     I: futures_util::Stream<Item = Inbound> + Unpin + Send,
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
 {
-    serve_admitted(stream, sink, server, None).await;
+    serve_admitted(stream, sink, server, None, client).await;
 }
 
 /// [`serve_transport`] for a connection that still holds a pending slot from admission
@@ -145,6 +152,7 @@ pub async fn serve_admitted<I, O>(
     mut sink: O,
     server: Arc<ServerState>,
     mut pending: Option<PendingTicket>,
+    client: ClientIdentity,
 ) where
     I: futures_util::Stream<Item = Inbound> + Unpin + Send,
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
@@ -177,6 +185,7 @@ pub async fn serve_admitted<I, O>(
     });
     let connection = Arc::new(Connection {
         id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
+        client,
         server: server.clone(),
         outbound,
         session: Mutex::new(None),
@@ -435,8 +444,8 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
         .detached_session_ttl_seconds
         .map(std::time::Duration::from_secs);
     let session = match &params.resume_session_id {
-        Some(id) => sessions.resume(id, connection.id, connection.outbound.clone(), ttl)?,
-        None => sessions.create(connection.id, connection.outbound.clone(), ttl)?,
+        Some(id) => sessions.resume(id, connection.attacher(), ttl)?,
+        None => sessions.create(connection.attacher(), ttl)?,
     };
     tracing::info!(
         connection = connection.id,
