@@ -7,6 +7,15 @@ use std::time::Duration;
 /// `fs/writeFile` in base64 plus envelope; anything larger is refused while its header is read,
 /// before the payload is buffered.
 pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// Time a websocket message has, from its first byte, to arrive whole. Until then its bytes are
+/// held by the websocket layer (charged to the connection's memory as they arrive); a message not
+/// complete by then closes the connection (1008). A 64 MiB message needs about 54 Mbit/s; the
+/// listener serves loopback, unix sockets and local networks (remote mode has its own relay).
+pub const MESSAGE_COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Unfinished message bytes are charged in steps of this size (a few budget operations per large
+/// message, not one per socket read); a message smaller than one step still pays for one step,
+/// which the connection's [`CONNECTION_MEMORY_ALLOWANCE`] covers.
+pub const MESSAGE_CHARGE_STEP_BYTES: usize = 256 * 1024;
 /// Largest HTTP upgrade head (request line plus headers) read before the websocket starts.
 pub const MAX_UPGRADE_HEAD_BYTES: usize = 16 * 1024;
 /// Time a client has to send the whole HTTP head (defeats slowloris connections). A client sends

@@ -1644,3 +1644,92 @@ async fn session_churn_of_one_client_never_evicts_another_clients_detached_sessi
     resume(&mut back, &victim_session).await.unwrap();
     assert_echoes(&mut back, "victim", "still here\n").await;
 }
+
+/// `MESSAGE_COMPLETION_TIMEOUT`: a started websocket message must be complete within this.
+const MESSAGE_COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_frames_of_many_connections_are_charged_to_the_memory_budget() {
+    // The case: 24 connections each holding an unfinished 62 MiB frame took the server
+    // from 7 to 1,500 MiB; the frame was buffered before any budget charge.
+    const CONNECTIONS: usize = 24;
+    const SENT: usize = 62 * 1024 * 1024;
+    let server = besieged_server(&[]);
+    let bound = MEMORY_BUDGET_BYTES + CONNECTIONS as u64 * CONNECTION_MEMORY_ALLOWANCE + RSS_SLACK;
+    let siege = Siege::begin(&server, "unfinished frames", bound + RSS_SLACK).await;
+    let payload = std::sync::Arc::new(vec![b'a'; SENT]);
+    let mut attackers = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (mut reader, mut writer) = raw_session(&server).await;
+        let payload = payload.clone();
+        attackers.push(tokio::spawn(async move {
+            // A 63 MiB frame (under MAX_FRAME_BYTES) of which 62 MiB are sent, then nothing.
+            let header = ws_frame_header(true, opcode::BINARY, (SENT + 1024 * 1024) as u64);
+            let sent = async {
+                writer.write_all(&header).await?;
+                writer.write_all(&payload).await
+            };
+            // The server either holds the bytes (charged) or refuses the message: a close frame.
+            let end = tokio::select! {
+                end = read_until_closed(&mut reader, MESSAGE_COMPLETION_TIMEOUT * 2) => end,
+                _ = sent => read_until_closed(&mut reader, MESSAGE_COMPLETION_TIMEOUT * 2).await,
+            };
+            drop(writer);
+            end
+        }));
+    }
+    let mut ends = Vec::new();
+    for attacker in attackers {
+        ends.push(
+            tokio::time::timeout(DEADLINE * 2, attacker)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let refused = ends
+        .iter()
+        .filter(|end| **end == RawEnd::Close(1013))
+        .count();
+    let timed_out = ends
+        .iter()
+        .filter(|end| **end == RawEnd::Close(1008))
+        .count();
+    eprintln!("{refused} refused by the memory budget (1013), {timed_out} timed out (1008)");
+    // 24 x 62 MiB is past the memory budget: some messages were refused as they arrived...
+    assert!(refused > 0, "no unfinished message was refused: {ends:?}");
+    // ...and the ones that fit were closed at the completion deadline, none left hanging.
+    assert_eq!(refused + timed_out, CONNECTIONS, "{ends:?}");
+    siege
+        .end(&server)
+        .await
+        .assert_held("24 unfinished 62 MiB frames", kib(bound));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_message_not_finished_in_time_closes_its_connection_only() {
+    let _turn = tests::siege::beside_sieges().await;
+    let server = server();
+    let mut other = server.client().await;
+    start_echo(&mut other, "echo").await;
+    let (mut reader, mut writer) = raw_session(&server).await;
+    // The first fragment of a message, complete, then half of the second one.
+    writer
+        .write_all(&ws_frame(false, opcode::TEXT, &[b' '; 1000]))
+        .await
+        .unwrap();
+    let mut half = ws_frame_header(true, opcode::CONTINUATION, 2000);
+    half.extend_from_slice(&[b' '; 1000]);
+    writer.write_all(&half).await.unwrap();
+    let started = Instant::now();
+    assert_echoes(&mut other, "echo", "while the message is held\n").await;
+    let end = read_until_closed(&mut reader, MESSAGE_COMPLETION_TIMEOUT + DEADLINE).await;
+    let waited = started.elapsed();
+    assert_eq!(end, RawEnd::Close(1008), "after {waited:?}");
+    assert!(
+        waited > MESSAGE_COMPLETION_TIMEOUT - Duration::from_secs(1)
+            && waited < MESSAGE_COMPLETION_TIMEOUT + Duration::from_secs(2),
+        "closed after {waited:?}"
+    );
+    assert_echoes(&mut other, "echo", "after\n").await;
+}

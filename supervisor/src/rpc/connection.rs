@@ -35,6 +35,7 @@ use crate::limits::{
 };
 use crate::state::ServerState;
 use crate::transport::admission::{PendingTicket, evicted};
+use crate::transport::frame_meter::MeterError;
 use crate::transport::identity::ClientIdentity;
 use crate::untrusted::Untrusted;
 
@@ -74,10 +75,11 @@ pub async fn serve_pending<S>(
     server: Arc<ServerState>,
     ticket: PendingTicket,
     client: ClientIdentity,
+    budget: ConnectionBudget,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    serve_websocket(websocket, server, Some(ticket), client).await;
+    serve_websocket(websocket, server, Some(ticket), client, budget).await;
 }
 
 async fn serve_websocket<S>(
@@ -85,6 +87,7 @@ async fn serve_websocket<S>(
     server: Arc<ServerState>,
     ticket: Option<PendingTicket>,
     client: ClientIdentity,
+    budget: ConnectionBudget,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -114,6 +117,13 @@ async fn serve_websocket<S>(
                 CloseCode::Invalid,
                 "text frame is not valid UTF-8; send binary frames for other bytes".into(),
             )),
+            Err(WsError::Io(error)) if meter_error(&error).is_some() => {
+                let (code, reason) = match meter_error(&error) {
+                    Some(MeterError::Timeout) => (CloseCode::Policy, error.to_string()),
+                    _ => (CloseCode::Again, error.to_string()),
+                };
+                Some(Inbound::Refused(code, reason))
+            }
             Err(WsError::Protocol(error)) => Some(Inbound::Refused(
                 CloseCode::Protocol,
                 format!("websocket protocol violation: {error}"),
@@ -124,7 +134,20 @@ async fn serve_websocket<S>(
             }
         })
     });
-    serve_admitted(Box::pin(stream), Box::pin(sink), server, ticket, client).await;
+    serve_admitted(
+        Box::pin(stream),
+        Box::pin(sink),
+        server,
+        ticket,
+        client,
+        budget,
+    )
+    .await;
+}
+
+/// The meter's refusal inside an I/O error of the websocket layer.
+fn meter_error(error: &std::io::Error) -> Option<&MeterError> {
+    error.get_ref()?.downcast_ref::<MeterError>()
 }
 
 /// Serve one JSON-RPC connection over any transport that carries one message per item (a
@@ -139,7 +162,8 @@ pub async fn serve_transport<I, O>(
     I: futures_util::Stream<Item = Inbound> + Unpin + Send,
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
 {
-    serve_admitted(stream, sink, server, None, client).await;
+    let budget = ConnectionBudget::new(server.budgets.clone());
+    serve_admitted(stream, sink, server, None, client, budget).await;
 }
 
 /// [`serve_transport`] for a connection that still holds a pending slot from admission
@@ -153,6 +177,7 @@ pub async fn serve_admitted<I, O>(
     server: Arc<ServerState>,
     mut pending: Option<PendingTicket>,
     client: ClientIdentity,
+    budget: ConnectionBudget,
 ) where
     I: futures_util::Stream<Item = Inbound> + Unpin + Send,
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
@@ -192,7 +217,7 @@ pub async fn serve_admitted<I, O>(
         slot: Mutex::new(None),
         handles: HandleTable::new(server.budgets.clone()),
         http: crate::http::ConnectionHttp::default(),
-        budget: ConnectionBudget::new(server.budgets.clone()),
+        budget,
         closed: closed.clone(),
     });
     let slots = Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS));

@@ -7,6 +7,7 @@
 //! lock out clients that do.
 
 pub mod admission;
+pub mod frame_meter;
 pub mod http;
 pub mod identity;
 
@@ -206,6 +207,9 @@ async fn handle_stream<S>(
                 return;
             }
             let identity = identity.resolve().await;
+            let budget = crate::budget::ConnectionBudget::new(state.budgets.clone());
+            // Bytes read past the head are the start of the first frames: the meter follows them.
+            let stream = frame_meter::MeteredStream::new(stream, budget.clone(), &leftover);
             let websocket = WebSocketStream::from_partially_read(
                 stream,
                 leftover,
@@ -213,7 +217,7 @@ async fn handle_stream<S>(
                 Some(websocket_config()),
             )
             .await;
-            crate::rpc::connection::serve_pending(websocket, state, ticket, identity).await;
+            crate::rpc::connection::serve_pending(websocket, state, ticket, identity, budget).await;
         }
         Ok(http::HeadDecision::Reject { status, body }) => {
             let _ = http::write_rejection(&mut stream, status, body).await;
