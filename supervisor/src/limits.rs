@@ -192,6 +192,14 @@ pub const MAX_HTTP_RESPONSE_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// Largest body slice in one `http/request/bodyDelta` (decoded). Upstream chunks are passed on as
 /// they arrive (an event stream must not wait for more data) and split past this size.
 pub const HTTP_BODY_DELTA_BYTES: usize = 256 * 1024;
+/// Total deadline of an `http/request` that gives no `timeoutMs`: a buffered one from the start
+/// to the last byte of its body, a streamed one until its status and headers arrived (the body
+/// then streams while its client is there). An upstream that never answers cannot hold a slot
+/// and the memory reserved for its answer longer than this.
+pub const HTTP_REQUEST_DEFAULT_TIMEOUT_MS: u64 = 60_000;
+/// Largest `timeoutMs` of an `http/request`; a larger one is capped to it (the request still
+/// runs). Ten minutes covers a slow download; past it, stream the body or split the request.
+pub const HTTP_REQUEST_MAX_TIMEOUT_MS: u64 = 10 * 60 * 1000;
 /// `http/request` calls in flight on one connection, buffered or streaming (a stream counts
 /// until its last delta). More are refused with `limitExceeded`, not queued.
 pub const MAX_HTTP_REQUESTS_PER_CONNECTION: usize = 32;

@@ -1733,3 +1733,88 @@ async fn a_started_message_not_finished_in_time_closes_its_connection_only() {
     );
     assert_echoes(&mut other, "echo", "after\n").await;
 }
+
+/// An upstream that accepts connections, reads what comes and never answers; the count of its
+/// open connections.
+async fn silent_upstream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/never", listener.local_addr().unwrap());
+    let open = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = open.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let counter = counter.clone();
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4096];
+                while matches!(socket.read(&mut buffer).await, Ok(n) if n > 0) {}
+                counter.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (url, open)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_requests_to_a_silent_upstream_end_with_their_client_and_free_the_budget() {
+    use std::sync::atomic::Ordering;
+    // The case: eleven buffered http/requests to an upstream that never answers (85 MiB
+    // reserved each) kept every other client's http/request refused after the attackers left.
+    const ATTACKERS: usize = 11;
+    let (url, open) = silent_upstream().await;
+    let server = besieged_server(&[]);
+    let bound = MEMORY_BUDGET_BYTES + RSS_SLACK;
+    let siege = Siege::begin(&server, "silent upstream", bound + RSS_SLACK).await;
+    let mut attackers = Vec::new();
+    for n in 0..ATTACKERS {
+        let mut attacker = server.client().await;
+        attacker
+            .send_request(
+                "http/request",
+                json!({"method": "GET", "url": url, "requestId": format!("r{n}")}),
+            )
+            .await;
+        attackers.push(attacker);
+    }
+    let started = Instant::now();
+    while open.load(Ordering::SeqCst) < ATTACKERS {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "only {} requests reached the upstream",
+            open.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await; // polling interval
+    }
+    drop(attackers);
+    // Gone, their requests are cancelled: the upstream sees its sockets closed within 2 s...
+    let left = Instant::now();
+    while open.load(Ordering::SeqCst) > 0 {
+        assert!(
+            left.elapsed() < Duration::from_secs(2),
+            "{} upstream connections outlived their clients by 2 s",
+            open.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await; // polling interval
+    }
+    // ...and their reserved memory is back: another client's buffered request is served (here:
+    // runs to its own timeout) instead of being refused with limitExceeded.
+    let mut other = server.client().await;
+    let error = other
+        .request(
+            "http/request",
+            json!({"method": "GET", "url": url, "requestId": "other", "timeoutMs": 300}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        tests::error_kind(&error),
+        "timedOut",
+        "the request after the attackers left: {error:?}"
+    );
+    drop(other);
+    siege
+        .end(&server)
+        .await
+        .assert_held("11 http/requests to a silent upstream", kib(bound));
+}
