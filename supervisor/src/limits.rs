@@ -174,6 +174,10 @@ pub use proto::limits::READ_BLOCK_MAX_BYTES;
 /// Largest file `fs/readFile` returns (32 MiB); larger files are read with `fs/open` +
 /// `fs/readBlock`. Shared with the fs-helper, which enforces it, through `proto`.
 pub use proto::limits::READ_FILE_MAX_BYTES;
+/// Entries and bytes of one `fs/readDirectory` answer (100,000 / 8 MiB of JSON text); past
+/// either, its first entries by name and `truncated: true`. Shared with the fs-helper, which
+/// enforces them, through `proto`.
+pub use proto::limits::{READ_DIRECTORY_MAX_ANSWER_BYTES, READ_DIRECTORY_MAX_ENTRIES};
 /// Open `fs/open` handles per connection.
 pub const MAX_OPEN_HANDLES: usize = 128;
 /// Longest `handleId`, in bytes.

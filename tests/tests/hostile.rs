@@ -1818,3 +1818,68 @@ async fn http_requests_to_a_silent_upstream_end_with_their_client_and_free_the_b
         .await
         .assert_held("11 http/requests to a silent upstream", kib(bound));
 }
+
+/// `READ_DIRECTORY_MAX_ANSWER_BYTES`: entries of one `fs/readDirectory` answer, as JSON text.
+const READ_DIRECTORY_MAX_ANSWER_BYTES: u64 = 8 * 1024 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_directories_are_answered_truncated_within_the_answer_cap() {
+    // The case: one fs/readDirectory of a large directory produced a 103 MiB answer and
+    // peaked at ~280 MiB; three at once peaked at ~660 MiB.
+    const FILES: usize = 50_000;
+    const READERS: u64 = 3;
+    let dir = tempfile::tempdir().unwrap();
+    // Long names: each entry is about 500 bytes of answer (its name and its full path), so the
+    // whole directory would be about 25 MiB of answer.
+    for n in 0..FILES {
+        let name = format!("{n:06}{}", "x".repeat(200));
+        std::fs::File::create(dir.path().join(name)).unwrap();
+    }
+    let uri = file_uri(dir.path());
+    let server = besieged_server(&[]);
+    // Each answer is built as a value and then as text: a few times its cap.
+    let bound = READERS * 4 * READ_DIRECTORY_MAX_ANSWER_BYTES + RSS_SLACK;
+    let siege = Siege::begin(&server, "huge directories", bound + RSS_SLACK).await;
+    let mut readers = Vec::new();
+    for _ in 0..READERS {
+        let mut client = server.client().await;
+        let uri = uri.clone();
+        readers.push(tokio::spawn(async move {
+            let answer = client.call("fs/readDirectory", json!({"path": uri})).await;
+            drop(client);
+            answer
+        }));
+    }
+    for reader in readers {
+        let answer = tokio::time::timeout(DEADLINE * 2, reader)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer["truncated"], true, "the answer says it was cut");
+        let entries = answer["entries"].as_array().unwrap();
+        let text = answer["entries"].to_string().len() as u64;
+        assert!(
+            text <= READ_DIRECTORY_MAX_ANSWER_BYTES && !entries.is_empty(),
+            "{} entries, {text} bytes of entries",
+            entries.len()
+        );
+        // The first entries by name, in order.
+        for (n, entry) in entries.iter().enumerate() {
+            let name = entry["fileName"].as_str().unwrap();
+            assert!(name.starts_with(&format!("{n:06}")), "entry {n}: {name}");
+        }
+    }
+    siege
+        .end(&server)
+        .await
+        .assert_held("3 readDirectory of 50,000 long names", kib(bound));
+    // A small directory is answered whole, without the flag.
+    let mut client = server.client().await;
+    let small = tempfile::tempdir().unwrap();
+    std::fs::write(small.path().join("only"), b"").unwrap();
+    let answer = client
+        .call("fs/readDirectory", json!({"path": file_uri(small.path())}))
+        .await;
+    assert_eq!(answer["entries"].as_array().unwrap().len(), 1);
+    assert!(answer.get("truncated").is_none(), "{answer}");
+}

@@ -30,8 +30,8 @@ use crate::budget::{ConnectionBudget, content_answer_bytes};
 use crate::fs::HandleTable;
 use crate::limits::{
     INITIALIZE_TIMEOUT, MAX_CLIENT_NAME_BYTES, MAX_CONNECTIONS, MAX_FRAME_BYTES,
-    MAX_HTTP_RESPONSE_BODY_BYTES, MAX_INFLIGHT_REQUESTS, READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES,
-    SMALL_RESPONSE_BYTES,
+    MAX_HTTP_RESPONSE_BODY_BYTES, MAX_INFLIGHT_REQUESTS, READ_BLOCK_MAX_BYTES,
+    READ_DIRECTORY_MAX_ANSWER_BYTES, READ_FILE_MAX_BYTES, SMALL_RESPONSE_BYTES,
 };
 use crate::state::ServerState;
 use crate::transport::admission::{PendingTicket, evicted};
@@ -439,6 +439,9 @@ pub(super) fn answer_reservation(request: &Request) -> usize {
         {
             content_answer_bytes(MAX_HTTP_RESPONSE_BODY_BYTES as u64)
         }
+        // At most READ_DIRECTORY_MAX_ANSWER_BYTES as text; built as a value first (several
+        // times the text's size), then as text.
+        proto::methods::FS_READ_DIRECTORY => 4 * READ_DIRECTORY_MAX_ANSWER_BYTES,
         _ => SMALL_RESPONSE_BYTES,
     }
 }
