@@ -13,8 +13,9 @@ pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 /// listener serves loopback, unix sockets and local networks (remote mode has its own relay).
 pub const MESSAGE_COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Unfinished message bytes are charged in steps of this size (a few budget operations per large
-/// message, not one per socket read); a message smaller than one step still pays for one step,
-/// which the connection's [`CONNECTION_MEMORY_ALLOWANCE`] covers.
+/// message, not one per socket read). A message's first step is not charged (like the socket's
+/// read buffer): an ordinary request is received whatever room the budgets have; past it the
+/// whole message is charged, to [`CONNECTION_MEMORY_ALLOWANCE`] and then [`MEMORY_BUDGET_BYTES`].
 pub const MESSAGE_CHARGE_STEP_BYTES: usize = 256 * 1024;
 /// Largest HTTP upgrade head (request line plus headers) read before the websocket starts.
 pub const MAX_UPGRADE_HEAD_BYTES: usize = 16 * 1024;

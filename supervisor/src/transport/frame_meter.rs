@@ -178,7 +178,9 @@ impl<S> MeteredStream<S> {
         }
         let held = usize::try_from(self.meter.unfinished_bytes()).unwrap_or(usize::MAX);
         let charged = self.charge.as_ref().map_or(0, MemoryCharge::bytes);
-        if held > charged {
+        // A message within the first step is held uncharged, like the socket's read buffer: an
+        // ordinary request never depends on the budgets' room to be received.
+        if held > MESSAGE_CHARGE_STEP_BYTES && held > charged {
             // In steps, so a large message costs a few budget operations, not one per read.
             let want = held.div_ceil(MESSAGE_CHARGE_STEP_BYTES) * MESSAGE_CHARGE_STEP_BYTES;
             let result = match &mut self.charge {
