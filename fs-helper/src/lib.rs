@@ -37,7 +37,7 @@ pub mod wire;
 pub use error::{Expected, FsError, FsErrorKind, FsOperation};
 pub use ops::MAX_TREE_DEPTH;
 pub use ops::copy::{COPY_MAX_BYTES, copy};
-pub use ops::directory::{DirEntry, create_directory, read_directory};
+pub use ops::directory::{DirEntry, create_directory, read_directory, read_directory_at_most};
 pub use ops::metadata::{Metadata, canonicalize, get_metadata};
 pub use ops::read::{
     READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES, open_for_streaming, read_block, read_file,

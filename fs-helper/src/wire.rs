@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use base64::Engine;
 use proto::FileUri;
 use proto::error::{self as codes, ErrorKind, RpcError};
+use proto::limits::{READ_DIRECTORY_MAX_ANSWER_BYTES, READ_DIRECTORY_MAX_ENTRIES};
 use proto::methods::Empty;
 use proto::methods::fs::*;
 use serde::{Deserialize, Serialize};
@@ -162,20 +163,29 @@ pub fn execute(request: FsRequest, sandboxed: bool) -> Result<Outcome, RpcError>
             })
         }
         FsRequest::ReadDirectory(p) => {
-            let entries = crate::read_directory(p.path.as_path()).map_err(fs)?;
-            let entries = entries
-                .into_iter()
-                .map(|entry| {
-                    Ok(DirectoryEntry {
-                        file_name: entry.file_name.to_string_lossy().into_owned(),
-                        path: uri(p.path.as_path().join(&entry.file_name))?,
-                        is_directory: entry.is_directory,
-                        is_file: entry.is_file,
-                        is_symlink: entry.is_symlink,
-                    })
-                })
-                .collect::<Result<Vec<_>, RpcError>>()?;
-            to_value(ReadDirectoryResult { entries })
+            let (listed, mut truncated) =
+                crate::read_directory_at_most(p.path.as_path(), READ_DIRECTORY_MAX_ENTRIES)
+                    .map_err(fs)?;
+            // The answer's size is counted as it is built, entry by entry, as JSON text.
+            let mut answer_bytes = 0;
+            let mut entries = Vec::new();
+            for entry in listed {
+                let entry = DirectoryEntry {
+                    file_name: entry.file_name.to_string_lossy().into_owned(),
+                    path: uri(p.path.as_path().join(&entry.file_name))?,
+                    is_directory: entry.is_directory,
+                    is_file: entry.is_file,
+                    is_symlink: entry.is_symlink,
+                };
+                // Its text and a separator.
+                answer_bytes += serde_json::to_vec(&entry).map_or(0, |text| text.len()) + 1;
+                if answer_bytes > READ_DIRECTORY_MAX_ANSWER_BYTES {
+                    truncated = true;
+                    break;
+                }
+                entries.push(entry);
+            }
+            to_value(ReadDirectoryResult { entries, truncated })
         }
         FsRequest::Remove(p) => {
             crate::remove(p.path.as_path(), p.recursive, p.force).map_err(fs)?;

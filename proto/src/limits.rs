@@ -20,3 +20,13 @@ pub const READ_FILE_MAX_BYTES: u64 = 32 * 1024 * 1024;
 /// One block is one JSON-RPC response; this bounds the memory a single request can pin and keeps
 /// a block small enough not to stall other traffic on the same connection.
 pub const READ_BLOCK_MAX_BYTES: usize = 1024 * 1024;
+/// Entries one `fs/readDirectory` answer holds at most (100,000). A larger directory is answered
+/// with its first entries by name and `truncated: true`; list it in parts with `fs/walk` or
+/// a process. The listing keeps only this many names while it reads, whatever the directory
+/// holds.
+pub const READ_DIRECTORY_MAX_ENTRIES: usize = 100_000;
+/// Bytes of one `fs/readDirectory` answer's entries as JSON text (8 MiB). Each entry carries its
+/// full path, so a long directory path or long names make an answer of hundreds of MiB well
+/// within [`READ_DIRECTORY_MAX_ENTRIES`] (103 MiB was seen); past this the answer is cut there
+/// with `truncated: true`, as past the entry cap.
+pub const READ_DIRECTORY_MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;

@@ -253,6 +253,15 @@ impl ConnectionBudget {
         Ok(charge)
     }
 
+    /// Back `bytes` with memory now, without counting them in flight and without waiting: for
+    /// bytes the server holds before they become a request (an unfinished message).
+    ///
+    /// # Errors
+    /// [`BudgetError::Memory`] when the server's budget cannot take them now.
+    pub fn hold(&self, bytes: usize) -> Result<MemoryCharge, BudgetError> {
+        self.overdraft(bytes)
+    }
+
     /// Back `bytes` more with memory, without waiting: from the connection's allowance or,
     /// beyond it, the server's memory budget. (Not counted in the in-flight bytes, which only
     /// the reader waits for: waiting here could queue behind it.)

@@ -7,6 +7,16 @@ use std::time::Duration;
 /// `fs/writeFile` in base64 plus envelope; anything larger is refused while its header is read,
 /// before the payload is buffered.
 pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// Time a websocket message has, from its first byte, to arrive whole. Until then its bytes are
+/// held by the websocket layer (charged to the connection's memory as they arrive); a message not
+/// complete by then closes the connection (1008). A 64 MiB message needs about 54 Mbit/s; the
+/// listener serves loopback, unix sockets and local networks (remote mode has its own relay).
+pub const MESSAGE_COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Unfinished message bytes are charged in steps of this size (a few budget operations per large
+/// message, not one per socket read). A message's first step is not charged (like the socket's
+/// read buffer): an ordinary request is received whatever room the budgets have; past it the
+/// whole message is charged, to [`CONNECTION_MEMORY_ALLOWANCE`] and then [`MEMORY_BUDGET_BYTES`].
+pub const MESSAGE_CHARGE_STEP_BYTES: usize = 256 * 1024;
 /// Largest HTTP upgrade head (request line plus headers) read before the websocket starts.
 pub const MAX_UPGRADE_HEAD_BYTES: usize = 16 * 1024;
 /// Time a client has to send the whole HTTP head (defeats slowloris connections). A client sends
@@ -50,10 +60,16 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// Sessions the server holds, attached or detached. Past it, `initialize` for a new session is
 /// refused with `limitExceeded` (retryable: detached sessions expire).
 pub const MAX_SESSIONS: usize = 320;
-/// Detached sessions kept for a resume. When one more detaches, the session detached longest ago
-/// expires at once (its processes are terminated), so abandoned sessions cannot hold processes
-/// and descriptors beyond this.
-pub const MAX_DETACHED_SESSIONS: usize = 64;
+/// Detached sessions one client (a peer uid, a remote address; see
+/// `transport::identity`) keeps for a resume, however many connections it used. When one more of
+/// its sessions detaches, its own session detached longest ago expires at once (its processes
+/// are terminated): a client churning sessions ends its own, never another client's.
+pub const MAX_DETACHED_SESSIONS_PER_CLIENT: usize = 64;
+/// Detached sessions kept for a resume across all clients, so abandoned sessions cannot hold
+/// processes and descriptors beyond this. Past it, the client holding the most detached sessions
+/// loses its oldest one. Four clients' full shares; below [`MAX_SESSIONS`] so attached clients
+/// always have room.
+pub const MAX_DETACHED_SESSIONS: usize = 4 * MAX_DETACHED_SESSIONS_PER_CLIENT;
 /// Server memory for requests being handled and the answers they produce, across all
 /// connections: an in-flight request's payload (twice its size: the parsed params and a decoded
 /// copy) plus the worst-case size of its answer, reserved before the work starts. Past it, new
@@ -159,6 +175,10 @@ pub use proto::limits::READ_BLOCK_MAX_BYTES;
 /// Largest file `fs/readFile` returns (32 MiB); larger files are read with `fs/open` +
 /// `fs/readBlock`. Shared with the fs-helper, which enforces it, through `proto`.
 pub use proto::limits::READ_FILE_MAX_BYTES;
+/// Entries and bytes of one `fs/readDirectory` answer (100,000 / 8 MiB of JSON text); past
+/// either, its first entries by name and `truncated: true`. Shared with the fs-helper, which
+/// enforces them, through `proto`.
+pub use proto::limits::{READ_DIRECTORY_MAX_ANSWER_BYTES, READ_DIRECTORY_MAX_ENTRIES};
 /// Open `fs/open` handles per connection.
 pub const MAX_OPEN_HANDLES: usize = 128;
 /// Longest `handleId`, in bytes.
@@ -177,6 +197,14 @@ pub const MAX_HTTP_RESPONSE_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// Largest body slice in one `http/request/bodyDelta` (decoded). Upstream chunks are passed on as
 /// they arrive (an event stream must not wait for more data) and split past this size.
 pub const HTTP_BODY_DELTA_BYTES: usize = 256 * 1024;
+/// Total deadline of an `http/request` that gives no `timeoutMs`: a buffered one from the start
+/// to the last byte of its body, a streamed one until its status and headers arrived (the body
+/// then streams while its client is there). An upstream that never answers cannot hold a slot
+/// and the memory reserved for its answer longer than this.
+pub const HTTP_REQUEST_DEFAULT_TIMEOUT_MS: u64 = 60_000;
+/// Largest `timeoutMs` of an `http/request`; a larger one is capped to it (the request still
+/// runs). Ten minutes covers a slow download; past it, stream the body or split the request.
+pub const HTTP_REQUEST_MAX_TIMEOUT_MS: u64 = 10 * 60 * 1000;
 /// `http/request` calls in flight on one connection, buffered or streaming (a stream counts
 /// until its last delta). More are refused with `limitExceeded`, not queued.
 pub const MAX_HTTP_REQUESTS_PER_CONNECTION: usize = 32;

@@ -94,6 +94,44 @@ impl Client {
                 stream.set_nodelay(true)?;
                 (Box::new(stream), url.to_owned())
             };
+        Self::handshake(stream, request_url, headers).await
+    }
+
+    /// Connect to `ws://HOST:PORT` over a TCP socket created with file-system uid `uid` (only
+    /// this thread's: `setfsuid`), so the kernel's socket table names `uid` as its owner: to the
+    /// server, a client of another user on the same host. Needs root.
+    ///
+    /// # Errors
+    /// The handshake error.
+    pub async fn connect_as_uid(url: &str, uid: u32) -> Result<Client, tungstenite::Error> {
+        let addr = url
+            .strip_prefix("ws://")
+            .unwrap_or_else(|| panic!("unsupported URL {url}"))
+            .trim_end_matches('/')
+            .to_owned();
+        let stream = std::thread::spawn(move || {
+            // SAFETY: setfsuid changes only this thread's file-system uid, restored below; no
+            // memory is involved.
+            let previous = unsafe { libc::setfsuid(uid) };
+            let stream = std::net::TcpStream::connect(&addr);
+            // SAFETY: as above.
+            unsafe { libc::setfsuid(previous as libc::uid_t) };
+            stream
+        })
+        .join()
+        .expect("connect thread")?;
+        stream.set_nonblocking(true)?;
+        let stream = tokio::net::TcpStream::from_std(stream)?;
+        stream.set_nodelay(true)?;
+        Self::handshake(Box::new(stream), url.to_owned(), &[]).await
+    }
+
+    async fn handshake(
+        stream: Box<dyn Io>,
+        request_url: String,
+        headers: &[(&str, &str)],
+    ) -> Result<Client, tungstenite::Error> {
+        let url = request_url.clone();
         let mut request = request_url.into_client_request()?;
         for (name, value) in headers {
             request.headers_mut().insert(

@@ -148,6 +148,18 @@ pub struct DirEntry {
 /// [`FsError::Io`] if `path` is missing (`NotFound`), not a directory (`NotADirectory`), denied,
 /// or an entry cannot be read.
 pub fn read_directory(path: &Path) -> Result<Vec<DirEntry>, FsError> {
+    read_directory_at_most(path, usize::MAX).map(|(entries, _)| entries)
+}
+
+/// [`read_directory`] keeping only the first `max_entries` entries by name bytes (only that many
+/// are held while the directory is read); the flag says whether any were left out.
+///
+/// # Errors
+/// As [`read_directory`].
+pub fn read_directory_at_most(
+    path: &Path,
+    max_entries: usize,
+) -> Result<(Vec<DirEntry>, bool), FsError> {
     let error = |e: io::Error| FsError::io(FsOperation::ReadDirectory, path, e);
     let dir = open(
         path,
@@ -155,7 +167,9 @@ pub fn read_directory(path: &Path) -> Result<Vec<DirEntry>, FsError> {
         Mode::empty(),
     )
     .map_err(|e| error(e.into()))?;
-    let mut entries = Vec::new();
+    // A max-heap by name: past `max_entries` the largest name goes.
+    let mut entries = std::collections::BinaryHeap::new();
+    let mut truncated = false;
     for entry in list(dir.as_fd()).map_err(error)? {
         let (file_name, file_type) = entry.map_err(error)?;
         let file_type = match file_type {
@@ -179,15 +193,49 @@ pub fn read_directory(path: &Path) -> Result<Vec<DirEntry>, FsError> {
         } else {
             (file_type == Type::Directory, file_type == Type::File)
         };
-        entries.push(DirEntry {
+        entries.push(ByName(DirEntry {
             file_name,
             is_directory,
             is_file,
             is_symlink,
-        });
+        }));
+        if entries.len() > max_entries {
+            entries.pop();
+            truncated = true;
+        }
     }
-    entries.sort_by(|a, b| a.file_name.as_bytes().cmp(b.file_name.as_bytes()));
-    Ok(entries)
+    let entries = entries
+        .into_sorted_vec()
+        .into_iter()
+        .map(|ByName(entry)| entry)
+        .collect();
+    Ok((entries, truncated))
+}
+
+/// A directory entry ordered by its name's bytes.
+struct ByName(DirEntry);
+
+impl PartialEq for ByName {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.file_name == other.0.file_name
+    }
+}
+
+impl Eq for ByName {}
+
+impl PartialOrd for ByName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0
+            .file_name
+            .as_bytes()
+            .cmp(other.0.file_name.as_bytes())
+    }
 }
 
 /// The directory-entry type for a stat's file type bits.
@@ -295,6 +343,21 @@ mod tests {
                 entry("f-fifo", false, false, false),
             ]
         );
+    }
+
+    #[test]
+    fn read_directory_at_most_keeps_the_first_names_and_says_it_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["d", "b", "e", "a", "c"] {
+            std::fs::write(dir.path().join(name), b"").unwrap();
+        }
+        let (entries, truncated) = read_directory_at_most(dir.path(), 3).unwrap();
+        let names: Vec<_> = entries.iter().map(|e| e.file_name.clone()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(truncated);
+        let (entries, truncated) = read_directory_at_most(dir.path(), 5).unwrap();
+        assert_eq!(entries.len(), 5);
+        assert!(!truncated);
     }
 
     #[test]

@@ -226,6 +226,11 @@ pub struct DirectoryEntry {
 pub struct ReadDirectoryResult {
     /// Entries sorted by name bytes.
     pub entries: Vec<DirectoryEntry>,
+    /// The directory has more entries than the answer holds (`READ_DIRECTORY_MAX_ENTRIES`, or
+    /// `READ_DIRECTORY_MAX_ANSWER_BYTES` of entries): these are its first ones by name. Sent
+    /// only when true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 /// Params of `fs/walk`.

@@ -153,7 +153,8 @@ impl HttpClients {
                 }
             }
         };
-        self.client_for(key)
+        let tls = self.tls().await?;
+        self.client_for(key, tls)
     }
 
     fn check(
@@ -198,7 +199,27 @@ impl HttpClients {
         Ok(resolved)
     }
 
-    fn client_for(&self, key: PinKey) -> Result<reqwest::Client, HttpError> {
+    /// The TLS configuration, built once. Loading the system's trust roots reads and parses
+    /// hundreds of files: it runs on the blocking pool, never on an async worker (nor under the
+    /// client cache's lock, where a second request would block another worker behind it).
+    async fn tls(&self) -> Result<rustls::ClientConfig, HttpError> {
+        if let Some(config) = self.tls.get() {
+            return config.clone().map_err(HttpError::Tls);
+        }
+        let built = tokio::task::spawn_blocking(tls_config)
+            .await
+            .unwrap_or_else(|error| Err(rustls::Error::General(error.to_string())));
+        self.tls
+            .get_or_init(|| built)
+            .clone()
+            .map_err(HttpError::Tls)
+    }
+
+    fn client_for(
+        &self,
+        key: PinKey,
+        tls: rustls::ClientConfig,
+    ) -> Result<reqwest::Client, HttpError> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(position) = cache.iter().position(|(cached, _)| *cached == key)
             && let Some(entry) = cache.remove(position)
@@ -207,11 +228,6 @@ impl HttpClients {
             cache.push_back(entry);
             return Ok(client);
         }
-        let tls = self
-            .tls
-            .get_or_init(tls_config)
-            .clone()
-            .map_err(HttpError::Tls)?;
         let mut builder = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             .no_proxy()

@@ -34,8 +34,9 @@ use targets::TargetPolicy;
 
 use crate::error_text::error_chain;
 use crate::limits::{
-    MAX_HTTP_REQUEST_BODY_BYTES, MAX_HTTP_REQUEST_ID_BYTES, MAX_HTTP_REQUESTS,
-    MAX_HTTP_REQUESTS_PER_CONNECTION, MAX_HTTP_RESPONSE_BODY_BYTES,
+    HTTP_REQUEST_DEFAULT_TIMEOUT_MS, HTTP_REQUEST_MAX_TIMEOUT_MS, MAX_HTTP_REQUEST_BODY_BYTES,
+    MAX_HTTP_REQUEST_ID_BYTES, MAX_HTTP_REQUESTS, MAX_HTTP_REQUESTS_PER_CONNECTION,
+    MAX_HTTP_RESPONSE_BODY_BYTES,
 };
 
 /// Why an `http/request` failed.
@@ -220,8 +221,12 @@ pub enum HttpError {
         /// The name.
         host: String,
     },
-    /// `timeoutMs` passed.
-    #[error("http/request failed: timed out after timeoutMs ({timeout_ms} ms)")]
+    /// The request's deadline passed: its `timeoutMs` (capped at
+    /// [`HTTP_REQUEST_MAX_TIMEOUT_MS`]) or [`HTTP_REQUEST_DEFAULT_TIMEOUT_MS`].
+    #[error(
+        "http/request failed: timed out after timeoutMs ({timeout_ms} ms; without timeoutMs \
+         HTTP_REQUEST_DEFAULT_TIMEOUT_MS applies, and HTTP_REQUEST_MAX_TIMEOUT_MS caps it)"
+    )]
     TimedOut {
         /// The timeout.
         timeout_ms: u64,
@@ -377,17 +382,21 @@ pub async fn request(
         allow_own_listeners: params.allow_own_listeners,
         egress,
     };
-    let deadline = client::deadline(params.timeout_ms);
-    let mut response = context
-        .clients
-        .send(
-            outgoing,
-            &policy,
-            params.redirect_policy,
-            deadline,
-            params.timeout_ms,
-        )
-        .await?;
+    let (timeout_ms, head_timeout_ms) = timeouts(params.timeout_ms, params.stream_response);
+    let deadline = client::deadline(timeout_ms);
+    let sent = context.clients.send(
+        outgoing,
+        &policy,
+        params.redirect_policy,
+        deadline,
+        timeout_ms,
+    );
+    let mut response =
+        tokio::time::timeout(std::time::Duration::from_millis(head_timeout_ms), sent)
+            .await
+            .map_err(|_| HttpError::TimedOut {
+                timeout_ms: head_timeout_ms,
+            })??;
     let status = response.status().as_u16();
     let headers = response_headers(response.headers());
     match reservation {
@@ -402,16 +411,12 @@ pub async fn request(
                 response,
                 slots,
                 reservation,
-                params.timeout_ms,
+                timeout_ms,
             )),
         }),
         None => {
-            let body = body::read_bounded(
-                &mut response,
-                MAX_HTTP_RESPONSE_BODY_BYTES,
-                params.timeout_ms,
-            )
-            .await?;
+            let body =
+                body::read_bounded(&mut response, MAX_HTTP_RESPONSE_BODY_BYTES, timeout_ms).await?;
             drop(slots);
             Ok(Started {
                 result: HttpResponse {
@@ -423,6 +428,19 @@ pub async fn request(
             })
         }
     }
+}
+
+/// The deadlines of a request that asked for `asked` ms: the whole request's (the client's, at
+/// most [`HTTP_REQUEST_MAX_TIMEOUT_MS`]; without one, [`HTTP_REQUEST_DEFAULT_TIMEOUT_MS`] for a
+/// buffered request and none for a streamed one's body), and its head's (status and headers:
+/// the whole request's, else the default).
+fn timeouts(asked: Option<u64>, stream_response: bool) -> (Option<u64>, u64) {
+    let asked = asked.map(|ms| ms.min(HTTP_REQUEST_MAX_TIMEOUT_MS));
+    let total = match asked {
+        None if !stream_response => Some(HTTP_REQUEST_DEFAULT_TIMEOUT_MS),
+        asked => asked,
+    };
+    (total, total.unwrap_or(HTTP_REQUEST_DEFAULT_TIMEOUT_MS))
 }
 
 /// Params → the first hop, or -32602 naming what is wrong.
@@ -605,6 +623,21 @@ mod tests {
             validate(&params(json!({"bodyBase64": "!!"}))),
             Err(HttpError::InvalidBase64(_))
         ));
+    }
+
+    #[test]
+    fn a_request_without_a_timeout_gets_the_default_and_none_exceeds_the_cap() {
+        let default = HTTP_REQUEST_DEFAULT_TIMEOUT_MS;
+        // Buffered: the default bounds the whole request; a shorter one is kept.
+        assert_eq!(timeouts(None, false), (Some(default), default));
+        assert_eq!(timeouts(Some(250), false), (Some(250), 250));
+        // A longer one is capped.
+        let max = HTTP_REQUEST_MAX_TIMEOUT_MS;
+        assert_eq!(timeouts(Some(u64::MAX), false), (Some(max), max));
+        assert_eq!(timeouts(Some(u64::MAX), true), (Some(max), max));
+        // Streamed without one: the head waits at most the default, the body as long as the
+        // client is there.
+        assert_eq!(timeouts(None, true), (None, default));
     }
 
     #[test]

@@ -30,11 +30,13 @@ use crate::budget::{ConnectionBudget, content_answer_bytes};
 use crate::fs::HandleTable;
 use crate::limits::{
     INITIALIZE_TIMEOUT, MAX_CLIENT_NAME_BYTES, MAX_CONNECTIONS, MAX_FRAME_BYTES,
-    MAX_HTTP_RESPONSE_BODY_BYTES, MAX_INFLIGHT_REQUESTS, READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES,
-    SMALL_RESPONSE_BYTES,
+    MAX_HTTP_RESPONSE_BODY_BYTES, MAX_INFLIGHT_REQUESTS, READ_BLOCK_MAX_BYTES,
+    READ_DIRECTORY_MAX_ANSWER_BYTES, READ_FILE_MAX_BYTES, SMALL_RESPONSE_BYTES,
 };
 use crate::state::ServerState;
 use crate::transport::admission::{PendingTicket, evicted};
+use crate::transport::frame_meter::MeterError;
+use crate::transport::identity::ClientIdentity;
 use crate::untrusted::Untrusted;
 
 use crate::outbound::{Outbound, Queued, outbound_queue};
@@ -72,16 +74,20 @@ pub async fn serve_pending<S>(
     websocket: WebSocketStream<S>,
     server: Arc<ServerState>,
     ticket: PendingTicket,
+    client: ClientIdentity,
+    budget: ConnectionBudget,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    serve_websocket(websocket, server, Some(ticket)).await;
+    serve_websocket(websocket, server, Some(ticket), client, budget).await;
 }
 
 async fn serve_websocket<S>(
     websocket: WebSocketStream<S>,
     server: Arc<ServerState>,
     ticket: Option<PendingTicket>,
+    client: ClientIdentity,
+    budget: ConnectionBudget,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -111,6 +117,13 @@ async fn serve_websocket<S>(
                 CloseCode::Invalid,
                 "text frame is not valid UTF-8; send binary frames for other bytes".into(),
             )),
+            Err(WsError::Io(error)) if meter_error(&error).is_some() => {
+                let (code, reason) = match meter_error(&error) {
+                    Some(MeterError::Timeout) => (CloseCode::Policy, error.to_string()),
+                    _ => (CloseCode::Again, error.to_string()),
+                };
+                Some(Inbound::Refused(code, reason))
+            }
             Err(WsError::Protocol(error)) => Some(Inbound::Refused(
                 CloseCode::Protocol,
                 format!("websocket protocol violation: {error}"),
@@ -121,18 +134,36 @@ async fn serve_websocket<S>(
             }
         })
     });
-    serve_admitted(Box::pin(stream), Box::pin(sink), server, ticket).await;
+    serve_admitted(
+        Box::pin(stream),
+        Box::pin(sink),
+        server,
+        ticket,
+        client,
+        budget,
+    )
+    .await;
+}
+
+/// The meter's refusal inside an I/O error of the websocket layer.
+fn meter_error(error: &std::io::Error) -> Option<&MeterError> {
+    error.get_ref()?.downcast_ref::<MeterError>()
 }
 
 /// Serve one JSON-RPC connection over any transport that carries one message per item (a
 /// websocket, a relay stream) until it ends. Behaves exactly like [`serve_pending`] in every other
 /// way.
-pub async fn serve_transport<I, O>(stream: I, sink: O, server: Arc<ServerState>)
-where
+pub async fn serve_transport<I, O>(
+    stream: I,
+    sink: O,
+    server: Arc<ServerState>,
+    client: ClientIdentity,
+) where
     I: futures_util::Stream<Item = Inbound> + Unpin + Send,
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
 {
-    serve_admitted(stream, sink, server, None).await;
+    let budget = ConnectionBudget::new(server.budgets.clone());
+    serve_admitted(stream, sink, server, None, client, budget).await;
 }
 
 /// [`serve_transport`] for a connection that still holds a pending slot from admission
@@ -145,6 +176,8 @@ pub async fn serve_admitted<I, O>(
     mut sink: O,
     server: Arc<ServerState>,
     mut pending: Option<PendingTicket>,
+    client: ClientIdentity,
+    budget: ConnectionBudget,
 ) where
     I: futures_util::Stream<Item = Inbound> + Unpin + Send,
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
@@ -177,13 +210,14 @@ pub async fn serve_admitted<I, O>(
     });
     let connection = Arc::new(Connection {
         id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
+        client,
         server: server.clone(),
         outbound,
         session: Mutex::new(None),
         slot: Mutex::new(None),
         handles: HandleTable::new(server.budgets.clone()),
         http: crate::http::ConnectionHttp::default(),
-        budget: ConnectionBudget::new(server.budgets.clone()),
+        budget,
         closed: closed.clone(),
     });
     let slots = Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS));
@@ -405,6 +439,9 @@ pub(super) fn answer_reservation(request: &Request) -> usize {
         {
             content_answer_bytes(MAX_HTTP_RESPONSE_BODY_BYTES as u64)
         }
+        // At most READ_DIRECTORY_MAX_ANSWER_BYTES as text; built as a value first (several
+        // times the text's size), then as text.
+        proto::methods::FS_READ_DIRECTORY => 4 * READ_DIRECTORY_MAX_ANSWER_BYTES,
         _ => SMALL_RESPONSE_BYTES,
     }
 }
@@ -435,8 +472,8 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
         .detached_session_ttl_seconds
         .map(std::time::Duration::from_secs);
     let session = match &params.resume_session_id {
-        Some(id) => sessions.resume(id, connection.id, connection.outbound.clone(), ttl)?,
-        None => sessions.create(connection.id, connection.outbound.clone(), ttl)?,
+        Some(id) => sessions.resume(id, connection.attacher(), ttl)?,
+        None => sessions.create(connection.attacher(), ttl)?,
     };
     tracing::info!(
         connection = connection.id,

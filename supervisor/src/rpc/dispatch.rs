@@ -43,10 +43,16 @@ pub async fn respond(
         return;
     }
     if method == HTTP_REQUEST {
+        // An upstream answer nobody can receive is not waited for: when the connection ends the
+        // request is dropped (its socket, slot and reserved memory with it).
+        let mut closed = connection.closed.clone();
         let started = match parse_params(&method, params) {
-            Ok(params) => http::request(&connection.server.http, &connection.http, params)
-                .await
-                .map_err(RpcError::from),
+            Ok(params) => tokio::select! {
+                started = http::request(&connection.server.http, &connection.http, params) => {
+                    started.map_err(RpcError::from)
+                }
+                _ = closed.wait_for(|closed| *closed) => return,
+            },
             Err(error) => Err(error),
         };
         drop(request_charge);

@@ -13,14 +13,18 @@ use crate::budget::{ConnectionBudget, MemoryCharge};
 use crate::fs::HandleTable;
 use crate::limits::MAX_ERROR_MESSAGE_BYTES;
 use crate::outbound::{Outbound, OutboundSender};
+use crate::session::Attacher;
 use crate::session::Session;
 use crate::state::ServerState;
+use crate::transport::identity::ClientIdentity;
 use crate::untrusted::Untrusted;
 
 /// Per-connection state shared with request tasks.
 pub struct Connection {
     /// Unique per server run.
     pub id: u64,
+    /// The client it belongs to (for per-client caps).
+    pub client: ClientIdentity,
     /// Server-wide state.
     pub server: Arc<ServerState>,
     /// Outbound queue.
@@ -46,6 +50,15 @@ impl Connection {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// What a session attached to this connection records of it.
+    pub(super) fn attacher(&self) -> Attacher {
+        Attacher {
+            connection: self.id,
+            client: self.client,
+            sender: self.outbound.clone(),
+        }
     }
 
     pub(super) fn set_session(&self, session: Arc<Session>) {

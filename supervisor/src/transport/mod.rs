@@ -7,7 +7,9 @@
 //! lock out clients that do.
 
 pub mod admission;
+pub mod frame_meter;
 pub mod http;
+pub mod identity;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use crate::limits::MAX_FRAME_BYTES;
 use crate::listen::ListenAddress;
 use crate::state::ServerState;
 use admission::{PendingTicket, Source};
+use identity::ClientIdentity;
 
 /// A bound listener.
 pub enum Listener {
@@ -117,12 +120,21 @@ impl Listener {
         let accepted = match self {
             Self::Tcp(listener) => listener.accept().await.map(|(stream, peer)| {
                 let _ = stream.set_nodelay(true);
-                spawn_connection(stream, Source::of(peer), state.clone());
+                let local = stream.local_addr().ok();
+                let identity = PeerIdentity::Tcp { peer, local };
+                spawn_connection(stream, Source::of(peer), identity, state.clone());
             }),
-            Self::Unix(listener, _) => listener
-                .accept()
-                .await
-                .map(|(stream, _)| spawn_connection(stream, Source::Local, state.clone())),
+            Self::Unix(listener, _) => listener.accept().await.map(|(stream, _)| {
+                // The peer's uid; a peer whose credentials cannot be read counts as one local
+                // client with every other such peer.
+                let identity = stream
+                    .peer_cred()
+                    .map_or(ClientIdentity::Address(Source::Local), |credentials| {
+                        ClientIdentity::Uid(credentials.uid())
+                    });
+                let identity = PeerIdentity::Known(identity);
+                spawn_connection(stream, Source::Local, identity, state.clone());
+            }),
         };
         if let Err(error) = accepted {
             // EMFILE and friends: back off briefly instead of spinning.
@@ -132,12 +144,35 @@ impl Listener {
     }
 }
 
-fn spawn_connection<S>(stream: S, source: Source, state: Arc<ServerState>)
+/// What is known of a peer at accept; a TCP peer's owner is looked up only once it upgraded.
+enum PeerIdentity {
+    Known(ClientIdentity),
+    Tcp {
+        peer: std::net::SocketAddr,
+        local: Option<std::net::SocketAddr>,
+    },
+}
+
+impl PeerIdentity {
+    async fn resolve(self) -> ClientIdentity {
+        match self {
+            Self::Known(identity) => identity,
+            // Reads the kernel's socket table: blocking file I/O, off the async workers.
+            Self::Tcp { peer, local } => {
+                tokio::task::spawn_blocking(move || ClientIdentity::of_tcp(peer, local))
+                    .await
+                    .unwrap_or(ClientIdentity::Address(Source::of(peer)))
+            }
+        }
+    }
+}
+
+fn spawn_connection<S>(stream: S, source: Source, identity: PeerIdentity, state: Arc<ServerState>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let ticket = state.admission.admit(source);
-    tokio::spawn(handle_stream(stream, state, ticket));
+    tokio::spawn(handle_stream(stream, state, ticket, identity));
 }
 
 /// The websocket settings: frames and messages above [`MAX_FRAME_BYTES`] are refused on their
@@ -148,8 +183,12 @@ pub fn websocket_config() -> WebSocketConfig {
         .max_frame_size(Some(MAX_FRAME_BYTES))
 }
 
-async fn handle_stream<S>(mut stream: S, state: Arc<ServerState>, mut ticket: PendingTicket)
-where
+async fn handle_stream<S>(
+    mut stream: S,
+    state: Arc<ServerState>,
+    mut ticket: PendingTicket,
+    identity: PeerIdentity,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let head = tokio::select! {
@@ -167,6 +206,10 @@ where
             if http::write_upgrade(&mut stream, &key).await.is_err() {
                 return;
             }
+            let identity = identity.resolve().await;
+            let budget = crate::budget::ConnectionBudget::new(state.budgets.clone());
+            // Bytes read past the head are the start of the first frames: the meter follows them.
+            let stream = frame_meter::MeteredStream::new(stream, budget.clone(), &leftover);
             let websocket = WebSocketStream::from_partially_read(
                 stream,
                 leftover,
@@ -174,7 +217,7 @@ where
                 Some(websocket_config()),
             )
             .await;
-            crate::rpc::connection::serve_pending(websocket, state, ticket).await;
+            crate::rpc::connection::serve_pending(websocket, state, ticket, identity, budget).await;
         }
         Ok(http::HeadDecision::Reject { status, body }) => {
             let _ = http::write_rejection(&mut stream, status, body).await;

@@ -434,6 +434,7 @@ impl Executor {
             Box::pin(incoming),
             Box::pin(outgoing),
             server,
+            crate::transport::identity::ClientIdentity::Relay(source),
         ));
     }
 }
