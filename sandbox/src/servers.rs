@@ -336,15 +336,20 @@ fn prune_dead(dir: &Path) {
             continue;
         };
         let Some(entry) = entry else { continue };
-        if entry.pid_namespace != own_ns || own_ns == 0 {
-            continue;
-        }
-        let alive = process_identity(entry.pid)
-            .is_some_and(|(start, ns)| start == entry.start_time && ns == entry.pid_namespace);
-        if !alive {
+        if entry.pid_namespace == own_ns && own_ns != 0 && !entry_alive(&entry, own_ns) {
             let _ = std::fs::remove_file(&path);
         }
     }
+}
+
+/// Whether the server that wrote `entry` still runs. An entry of another PID namespace cannot
+/// be checked from here and counts as alive (keeping it only narrows a sandbox).
+fn entry_alive(entry: &Entry, own_ns: u64) -> bool {
+    if entry.pid_namespace != own_ns || own_ns == 0 {
+        return true;
+    }
+    process_identity(entry.pid)
+        .is_some_and(|(start, ns)| start == entry.start_time && ns == entry.pid_namespace)
 }
 
 /// One entry file, `None` when it is not an entry (temporary or foreign name).
@@ -387,6 +392,7 @@ fn read_entry(path: &Path, uid: u32) -> Result<Option<Entry>, RegistryError> {
 /// servers could have written there).
 fn read_dirs(dirs: &[PathBuf], uid: u32) -> Result<Registered, RegistryError> {
     let mut registered = Registered::default();
+    let own_ns = own_pid_namespace();
     for dir in dirs {
         registered.dirs.push(dir.clone());
         if private_dir(dir, uid).is_err() {
@@ -409,6 +415,11 @@ fn read_dirs(dirs: &[PathBuf], uid: u32) -> Result<Registered, RegistryError> {
             let Some(entry) = read_entry(&item.path(), uid)? else {
                 continue;
             };
+            // A server killed before it could remove its entry (SIGKILL) protects nothing any
+            // more: its entry would only make sandboxes fail closed without namespaces.
+            if !entry_alive(&entry, own_ns) {
+                continue;
+            }
             registered
                 .hidden
                 .extend(entry.hidden.into_iter().filter(|p| acceptable(p)));
@@ -545,6 +556,32 @@ mod tests {
         assert_eq!(read.read_only, vec![PathBuf::from("/srv/a/bin")]);
         std::fs::write(reg.join("3-3.json"), "{not json").unwrap();
         assert!(read_dirs(std::slice::from_ref(&reg), euid()).is_err());
+    }
+
+    #[test]
+    fn a_dead_servers_entry_is_not_applied_and_a_live_ones_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = dir.path().join("servers");
+        std::fs::DirBuilder::new().mode(0o700).create(&reg).unwrap();
+        let (start_time, pid_namespace) = process_identity(std::process::id()).unwrap();
+        let live = Entry {
+            pid: std::process::id(),
+            start_time,
+            pid_namespace,
+            hidden: vec![PathBuf::from("/srv/live/token")],
+            ..Entry::default()
+        };
+        let dead = Entry {
+            start_time: start_time + 1,
+            hidden: vec![PathBuf::from("/srv/dead/token")],
+            ..live.clone()
+        };
+        for (name, entry) in [("live", &live), ("dead", &dead)] {
+            let path = reg.join(format!("{name}.json"));
+            std::fs::write(path, serde_json::to_vec(entry).unwrap()).unwrap();
+        }
+        let read = read_dirs(std::slice::from_ref(&reg), euid()).unwrap();
+        assert_eq!(read.hidden, vec![PathBuf::from("/srv/live/token")]);
     }
 
     #[test]
