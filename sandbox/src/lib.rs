@@ -22,7 +22,8 @@ mod sys;
 
 pub mod macos;
 pub mod run;
-/// The per-user registry of running servers' secrets, masked in every sandbox.
+// The per-user registry of running servers' secrets, masked in every sandbox (its own module
+// doc says so; an outer doc here would make rustdoc resolve that doc's links from this scope).
 #[cfg(target_os = "linux")]
 pub mod servers;
 /// Syscall numbers and names of the supported architectures.

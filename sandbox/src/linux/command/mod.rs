@@ -70,7 +70,7 @@ pub struct RunOptions {
     /// Where every egress decision (allowed ones too) goes as a JSON line, opened before the
     /// command starts.
     pub egress_log: Option<std::sync::Arc<std::fs::File>>,
-    /// Repeated SIGINT/SIGTERM escalate (see [`outer`]): the first is forwarded, the second
+    /// Repeated SIGINT/SIGTERM escalate (see the `outer` module): the first is forwarded, the second
     /// terminates the sandbox (SIGTERM, SIGKILL after [`INTERRUPT_GRACE`]), the third kills it.
     pub escalate_interrupts: bool,
 }
