@@ -146,6 +146,9 @@ fn hog_under(
         .current_dir(cwd)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
+        // See empty_home: the credential deny set needs the mount namespace, so under
+        // --no-namespaces a home holding a store (this host's /root/.npmrc) fails closed.
+        .env("HOME", empty_home())
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     if let Some(uid) = uid {
