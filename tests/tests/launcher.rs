@@ -9,6 +9,12 @@ use serde_json::{Value, json};
 use tests::{ExecServer, file_uri, sh};
 use tests::{children_of, cmdline};
 
+/// One test of this file at a time: every server registers its secrets for every other
+/// server's sandboxes to hide, so a server another test starts or stops changes the policy of
+/// this test's next start, and a launcher is reused only for the same policy. Tests that count
+/// launchers would see a second one.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn policy(dirs: &tests::SandboxDirs) -> Value {
     policy_in(dirs.workspace.path())
 }
@@ -71,11 +77,13 @@ print("sibling=" + reach(b"\0" + os.environ["N"].encode()))
 
 #[tokio::test]
 async fn commands_of_one_launcher_cannot_see_or_reach_each_other() {
+    let _serial = SERIAL.lock().await;
     siblings_cannot_see_or_reach_each_other(None).await;
 }
 
 #[tokio::test]
 async fn commands_of_one_launcher_cannot_see_or_reach_each_other_under_an_unprivileged_server() {
+    let _serial = SERIAL.lock().await;
     tests::require_root("the server runs as uid 65534");
     siblings_cannot_see_or_reach_each_other(Some(NOBODY)).await;
 }
@@ -167,6 +175,7 @@ async fn siblings_cannot_see_or_reach_each_other(uid: Option<u32>) {
 
 #[tokio::test]
 async fn a_killed_launcher_ends_its_commands_and_the_next_start_gets_a_new_one() {
+    let _serial = SERIAL.lock().await;
     let dirs = tests::SandboxDirs::new();
     let server = ExecServer::start(&[]);
     let mut client = server.client().await;
@@ -226,11 +235,13 @@ fn mount_namespaces_held_by(pid: i32) -> usize {
 
 #[tokio::test]
 async fn the_launcher_holds_a_commands_mount_namespace_only_until_its_pid_1_is_gone() {
+    let _serial = SERIAL.lock().await;
     launcher_holds_namespaces_of_running_commands_only(None).await;
 }
 
 #[tokio::test]
 async fn the_launcher_of_an_unprivileged_server_holds_mount_namespaces_the_same_way() {
+    let _serial = SERIAL.lock().await;
     launcher_holds_namespaces_of_running_commands_only(Some(NOBODY)).await;
 }
 
@@ -285,6 +296,7 @@ async fn launcher_holds_namespaces_of_running_commands_only(uid: Option<u32>) {
 
 #[tokio::test]
 async fn a_launched_commands_exit_is_reported_once_what_it_left_behind_is_gone() {
+    let _serial = SERIAL.lock().await;
     let dirs = tests::SandboxDirs::new();
     let server = ExecServer::start(&[]);
     let mut client = server.client().await;
@@ -325,6 +337,7 @@ async fn a_launched_commands_exit_is_reported_once_what_it_left_behind_is_gone()
 
 #[tokio::test]
 async fn one_shot_sandbox_starts_each_command_with_a_sandbox_run_of_its_own() {
+    let _serial = SERIAL.lock().await;
     let dirs = tests::SandboxDirs::new();
     let server = ExecServer::start(&["--one-shot-sandbox"]);
     let mut client = server.client().await;
@@ -346,6 +359,7 @@ async fn one_shot_sandbox_starts_each_command_with_a_sandbox_run_of_its_own() {
 
 #[tokio::test]
 async fn a_workspace_replaced_since_the_launcher_started_is_seen_as_it_is_now() {
+    let _serial = SERIAL.lock().await;
     let dirs = tests::SandboxDirs::new();
     let workspace = dirs.workspace.path().to_owned();
     std::fs::write(workspace.join("old-marker"), b"old").unwrap();
@@ -378,6 +392,7 @@ async fn a_workspace_replaced_since_the_launcher_started_is_seen_as_it_is_now() 
 
 #[tokio::test]
 async fn past_four_launchers_a_session_starts_one_shot_and_every_command_runs() {
+    let _serial = SERIAL.lock().await;
     let server = ExecServer::start(&[]);
     let mut client = server.client().await;
     // Five working directories: five layouts, one launcher each until the session's bound.
@@ -432,6 +447,7 @@ fn pids_cgroup_of(proc_cgroup: &str) -> std::path::PathBuf {
 
 #[tokio::test]
 async fn each_command_is_born_in_cgroups_of_its_own_that_its_pid_1_joined_ahead() {
+    let _serial = SERIAL.lock().await;
     let dirs = tests::SandboxDirs::new();
     let server = ExecServer::start(&["--default-limits", "processes=40"]);
     let mut client = server.client().await;
@@ -512,6 +528,7 @@ async fn each_command_is_born_in_cgroups_of_its_own_that_its_pid_1_joined_ahead(
 /// new one: the same launcher prepares another and the command runs.
 #[tokio::test]
 async fn a_waiting_pid_1_that_died_is_replaced_and_the_command_runs() {
+    let _serial = SERIAL.lock().await;
     let dirs = tests::SandboxDirs::new();
     let server = ExecServer::start(&[]);
     let mut client = server.client().await;

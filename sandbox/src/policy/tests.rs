@@ -44,9 +44,13 @@ fn host_workspace() -> (tempfile::TempDir, PathBuf) {
 /// A directory outside `/dev` (whose paths resolve lexically, not through symlinks) and `/tmp`
 /// (every sandbox's private layer).
 fn disk_workspace() -> (tempfile::TempDir, PathBuf) {
+    // In /srv, outside /tmp and the test $TMPDIR (/var/tmp), wherever the checkout is: a
+    // workspace under /tmp is merged into the /tmp rule, which `plantable_roots` leaves out as
+    // a private layer (a known gap: such a workspace is carried into the private /tmp
+    // writable, so its plants are not recorded).
     let dir = tempfile::Builder::new()
         .prefix("policy-test-")
-        .tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/../target"))
+        .tempdir_in("/srv")
         .unwrap();
     let path = std::fs::canonicalize(dir.path()).unwrap();
     (dir, path)
