@@ -82,10 +82,13 @@ impl Install {
     fn start(&self, args: &[&str], home: Option<&Path>) -> ExecServer {
         let uid = self.uid;
         ExecServer::start_binary(&self.bin.join("exec-server"), args, |command| {
+            // A working directory every uid can enter: a sandboxed fs request without a cwd
+            // runs in the server's, and the checkout may sit below a 0700 directory.
             command
                 .env_clear()
                 .env("PATH", "/usr/bin:/bin")
-                .env("RUST_LOG", "supervisor=debug");
+                .env("RUST_LOG", "supervisor=debug")
+                .current_dir("/");
             if let Some(home) = home {
                 command.env("HOME", home);
             }
