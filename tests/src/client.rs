@@ -550,3 +550,30 @@ pub fn seqs(events: &[Value]) -> Vec<u64> {
 pub fn sh(script: &str) -> Vec<&str> {
     vec!["/bin/sh", "-c", script]
 }
+
+/// Runs the in-sandbox `probe` binary with `op` through `client` in `cwd`, under `sandbox` (or
+/// unsandboxed), and returns its JSON report, panicking with its output when it printed none.
+pub async fn probe_report(
+    client: &mut Client,
+    probe: &str,
+    cwd: &std::path::Path,
+    id: &str,
+    sandbox: Option<&Value>,
+    op: &[&str],
+) -> Value {
+    let mut argv = vec![probe];
+    argv.extend_from_slice(op);
+    let mut extra = serde_json::json!({"cwd": crate::file_uri(cwd)});
+    if let Some(sandbox) = sandbox {
+        extra["sandbox"] = sandbox.clone();
+    }
+    let out = client.run(id, &argv, extra).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "probe {op:?} printed no report ({e}): stdout {stdout:?} stderr {:?} exit {:?}",
+            String::from_utf8_lossy(&out.stderr),
+            out.exit_code
+        )
+    })
+}

@@ -34,7 +34,7 @@ pub mod relay;
 pub mod scratch;
 pub mod siege;
 
-pub use client::{Client, Io, ProcessOutput, decode_events, seqs, sh};
+pub use client::{Client, Io, ProcessOutput, decode_events, probe_report, seqs, sh};
 pub use fixtures::{SandboxDirs, median, output_within, require_root, wait_child, wait_for_file};
 pub use library::{
     library_client, next_event, start_params, wait_for_event_output, wait_for_state,

@@ -134,21 +134,8 @@ async fn probe_through(
     sandbox: Option<&Value>,
     op: &[&str],
 ) -> Value {
-    let mut argv = vec![install.probe()];
-    argv.extend(op.iter().map(|s| (*s).to_owned()));
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let mut extra = json!({"cwd": file_uri(&install.ws)});
-    if let Some(sandbox) = sandbox {
-        extra["sandbox"] = sandbox.clone();
-    }
-    let out = client.run(id, &argv, extra).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
-        panic!(
-            "probe {op:?} printed no report ({e}): stdout {stdout:?} stderr {:?}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    let probe = install.probe();
+    tests::probe_report(client, &probe, &install.ws, id, sandbox, op).await
 }
 
 /// The policy shapes a sandboxed command can have.

@@ -103,22 +103,8 @@ async fn probe_through(
     sandbox: Option<&Value>,
     op: &[&str],
 ) -> Value {
-    let mut argv = vec![setup.probe()];
-    argv.extend(op.iter().map(|s| (*s).to_owned()));
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let mut extra = json!({"cwd": file_uri(&setup.workspace)});
-    if let Some(sandbox) = sandbox {
-        extra["sandbox"] = sandbox.clone();
-    }
-    let out = client.run(id, &argv, extra).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
-        panic!(
-            "probe {op:?} printed no report ({e}): stdout {stdout:?} stderr {:?} exit {:?}",
-            String::from_utf8_lossy(&out.stderr),
-            out.exit_code
-        )
-    })
+    let probe = setup.probe();
+    tests::probe_report(client, &probe, &setup.workspace, id, sandbox, op).await
 }
 
 fn assert_refused(result: &Value, context: &str) {
