@@ -16,6 +16,10 @@ use crate::listen::DEFAULT_LISTEN_URL;
 /// `exec-server exec --connect URL -- PROGRAM [ARGS...]` (or `--remote REGISTRY_URL
 /// --environment-id ID` through a rendezvous) is a client instead: it runs one command on a
 /// server (see `exec-server exec --help`).
+///
+/// Exit status: 0 after a clean shutdown; 2 when the command line or a file it names is wrong
+/// (bad URL, token file, helper directory, limits); 1 when the server failed while running
+/// (the OS refused the bind, e.g. address in use).
 #[derive(Debug, Parser)]
 #[command(name = "exec-server", version, about, long_about)]
 pub struct Cli {
@@ -242,6 +246,39 @@ pub fn init_logging(format: LogFormat) {
     }
 }
 
+/// Exit status of a server (`exec-server`, `exec-rendezvous`) refused what it was given: a bad
+/// flag, URL, token file, helper directory, limit or certificate. The same status clap uses for
+/// a usage error: fix the command line or the files it names.
+pub const CONFIGURATION_STATUS: u8 = 2;
+/// Exit status of a server that failed while running, its configuration accepted: the OS refused
+/// the bind (address in use, no permission), a signal handler, the guardian or the servers
+/// registry failed. Retrying later, or elsewhere, may succeed.
+pub const RUNTIME_FAILURE_STATUS: u8 = 1;
+
+/// The exit status for a server's startup error: [`RUNTIME_FAILURE_STATUS`] when any cause in
+/// its chain is a runtime failure, else [`CONFIGURATION_STATUS`].
+pub fn server_failure_status(error: &anyhow::Error) -> u8 {
+    let runtime = error.chain().any(|cause| {
+        #[cfg(feature = "rendezvous")]
+        if cause
+            .downcast_ref::<crate::rendezvous::RendezvousError>()
+            .is_some_and(crate::rendezvous::RendezvousError::is_runtime_failure)
+        {
+            return true;
+        }
+        cause
+            .downcast_ref::<crate::server::ExecServerError>()
+            .is_some_and(crate::server::ExecServerError::is_runtime_failure)
+            || cause
+                .downcast_ref::<crate::transport::BindError>()
+                .is_some()
+    });
+    if runtime {
+        RUNTIME_FAILURE_STATUS
+    } else {
+        CONFIGURATION_STATUS
+    }
+}
 /// `error` and its causes on one line, each cause once: a cause whose text the message already
 /// holds ("cannot bind 127.0.0.1:1: Address already in use (os error 98)") is not repeated.
 pub fn describe_error(error: &(dyn std::error::Error + 'static)) -> String {
