@@ -189,11 +189,52 @@ pub struct ExecArgs {
     pub raw: bool,
 
     /// Run the command under this sandbox: a built-in profile (read-only, workspace-write,
-    /// danger-full-access) or a JSON sandbox object (`{"permissions": ...}`, see
-    /// policies/README.md). The command's working directory (--cwd) is the sandbox's workspace
-    /// unless the object names a cwd.
-    #[arg(long, value_name = "NAME|JSON")]
+    /// danger-full-access), a profile file (`./mine.toml`, the format of policies/*.toml: read
+    /// here, its paths resolved on the server), or a JSON sandbox object (`{"permissions": ...}`,
+    /// see policies/README.md). The command's working directory (--cwd) is the sandbox's
+    /// workspace unless the object names a cwd. The flags below widen or narrow it as
+    /// sandbox-run's do.
+    #[arg(long, value_name = "NAME|FILE|JSON")]
     pub sandbox: Option<String>,
+
+    /// Also let the sandboxed command write DIR, a directory on the server (repeatable; relative
+    /// to --cwd). Its .git, .agents and .codex stay read-only.
+    #[arg(long = "writable-root", value_name = "DIR", requires = "sandbox")]
+    pub writable_roots: Vec<String>,
+
+    /// Widen the sandbox by a named allowance from policies/allowances/ (repeatable):
+    /// `toolchain-caches` makes the caches of cargo, pip, npm and ccache writable. Resolved on
+    /// the server, from its $CARGO_HOME, $XDG_CACHE_HOME and $HOME.
+    #[arg(long = "allow", value_name = "NAME", requires = "sandbox")]
+    pub allowances: Vec<String>,
+
+    /// Neither read nor write PATH on the server, even inside a writable root (repeatable;
+    /// relative to --cwd).
+    #[arg(long = "deny", value_name = "PATH", requires = "sandbox")]
+    pub denies: Vec<String>,
+
+    /// Turn the sandbox's network on (no allowlist).
+    #[arg(long, requires = "sandbox", conflicts_with_all = ["allow_domains", "deny_domains"])]
+    pub allow_network: bool,
+
+    /// Limit the sandbox's network to an allowlist and add PATTERN to it (repeatable): `host`,
+    /// `*.domain`, an IP literal, each with an optional `:PORT`, or a named set such as
+    /// `@package-registries`; the command reaches them only through the server's egress proxy.
+    #[arg(long = "allow-domain", value_name = "PATTERN", requires = "sandbox")]
+    pub allow_domains: Vec<String>,
+
+    /// Refuse PATTERN even when an --allow-domain pattern matches (repeatable).
+    #[arg(long = "deny-domain", value_name = "PATTERN", requires = "sandbox")]
+    pub deny_domains: Vec<String>,
+
+    /// Leave this credential store of the built-in deny set readable (repeatable; named as in
+    /// policies/credential-stores.toml, e.g. '~/.aws').
+    #[arg(
+        long = "allow-credential-store",
+        value_name = "NAME",
+        requires = "sandbox"
+    )]
+    pub allow_credential_stores: Vec<String>,
 
     /// Working directory on the server (absolute path or file: URI); defaults to the local
     /// current directory, which must then exist on the server.

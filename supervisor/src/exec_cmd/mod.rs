@@ -334,7 +334,13 @@ pub fn start_params(
     let sandbox = args
         .sandbox
         .as_deref()
-        .map(|text| sandbox_object(text, &cwd))
+        .map(|text| {
+            let object = sandbox_object(text, &cwd, local_cwd)?;
+            with_policy_flags(object, args, &cwd).map_err(|reason| ExecCommandError::Sandbox {
+                value: text.to_owned(),
+                reason,
+            })
+        })
         .transpose()?;
     let mut params = StartParams::new(
         format!("exec-{}", uuid::Uuid::new_v4()),
@@ -353,14 +359,19 @@ pub fn start_params(
     Ok(params)
 }
 
-/// The wire `sandbox` object for `--sandbox`: a built-in profile name, or a JSON sandbox
-/// object (as `sandbox-run --policy` takes), each with the command's cwd as its workspace
-/// unless the object names one.
+/// The wire `sandbox` object for `--sandbox`: a built-in profile name, a profile file (read
+/// here, sent as `profileToml`, its paths resolved where the command runs), or a JSON sandbox
+/// object (as `sandbox-run --policy` takes), each with the command's cwd as its workspace unless
+/// the object names one.
 ///
 /// # Errors
 /// [`ExecCommandError::Sandbox`] for invalid JSON, a JSON value that is not an object, or a
-/// profile file (the server resolves policies and the wire has no TOML form).
-pub fn sandbox_object(text: &str, cwd: &FileUri) -> Result<serde_json::Value, ExecCommandError> {
+/// profile file that cannot be read or does not parse.
+pub fn sandbox_object(
+    text: &str,
+    cwd: &FileUri,
+    local_cwd: &Option<PathBuf>,
+) -> Result<serde_json::Value, ExecCommandError> {
     let error = |reason: String| ExecCommandError::Sandbox {
         value: text.to_owned(),
         reason,
@@ -378,15 +389,118 @@ pub fn sandbox_object(text: &str, cwd: &FileUri) -> Result<serde_json::Value, Ex
         return Ok(serde_json::Value::Object(object));
     }
     if text.contains('/') || text.ends_with(".toml") {
-        return Err(error(
-            "a profile file is resolved where the command runs, and the server takes a built-in \
-             name or a JSON sandbox object: pass the profile as JSON (see policies/README.md, \
-             the `permissions` shape), or run the file's policy locally with `sandbox-run \
-             --policy FILE`"
-                .into(),
-        ));
+        let path = match local_cwd {
+            Some(base) => base.join(text),
+            None => PathBuf::from(text),
+        };
+        let toml = std::fs::read_to_string(&path)
+            .map_err(|err| error(format!("cannot read the profile file: {err}")))?;
+        // Parsed here too, so a mistake is reported before anything is sent.
+        sandbox::policy::ProfileFile::parse(&toml, &path.display().to_string())
+            .map_err(|err| error(err.to_string()))?;
+        return Ok(serde_json::json!({ "profileToml": toml, "cwd": cwd.to_uri_string() }));
     }
     Ok(serde_json::json!({ "profile": text, "cwd": cwd.to_uri_string() }))
+}
+
+/// `object` with exec's policy flags applied as the wire keys `sandbox-run`'s flags map to:
+/// `--writable-root` (`writableRoots`, inside a `profile` object or beside `permissions` and
+/// `profileToml`), `--allow` (`allowances`), `--deny` (`denyPaths`), `--allow-network`,
+/// `--allow-domain`/`--deny-domain` (`network`), `--allow-credential-store`
+/// (`readableCredentialStores`). Relative paths are taken relative to the command's cwd on the
+/// server.
+///
+/// # Errors
+/// What is wrong, for a flag the object's shape cannot take.
+pub fn with_policy_flags(
+    mut object: serde_json::Value,
+    args: &ExecArgs,
+    cwd: &FileUri,
+) -> Result<serde_json::Value, String> {
+    use serde_json::Value;
+    let serde_json::Value::Object(map) = &mut object else {
+        return Err("a sandbox object must be a JSON object".into());
+    };
+    let remote = |path: &str| {
+        let path = Path::new(path);
+        let absolute = if path.is_absolute() {
+            path.to_owned()
+        } else {
+            cwd.as_path().join(path)
+        };
+        Value::String(absolute.display().to_string())
+    };
+    let append = |map: &mut serde_json::Map<String, Value>, key: &str, items: Vec<Value>| {
+        if items.is_empty() {
+            return Ok(());
+        }
+        match map
+            .entry(key.to_owned())
+            .or_insert_with(|| Value::Array(Vec::new()))
+        {
+            Value::Array(existing) => {
+                existing.extend(items);
+                Ok(())
+            }
+            other => Err(format!(
+                "the object's {key:?} must be an array (got {other})"
+            )),
+        }
+    };
+    if !args.writable_roots.is_empty() {
+        let takes_roots = ["profile", "permissions", "profileToml"]
+            .iter()
+            .any(|key| map.contains_key(*key));
+        if !takes_roots {
+            return Err(
+                "--writable-root needs a profile name, a profile file or a `permissions` object \
+                 (a legacy `type` object names its own writableRoots)"
+                    .into(),
+            );
+        }
+        append(
+            map,
+            "writableRoots",
+            args.writable_roots.iter().map(|p| remote(p)).collect(),
+        )?;
+    }
+    append(
+        map,
+        "allowances",
+        args.allowances.iter().cloned().map(Value::String).collect(),
+    )?;
+    append(
+        map,
+        "denyPaths",
+        args.denies.iter().map(|p| remote(p)).collect(),
+    )?;
+    append(
+        map,
+        "readableCredentialStores",
+        args.allow_credential_stores
+            .iter()
+            .cloned()
+            .map(Value::String)
+            .collect(),
+    )?;
+    if args.allow_network {
+        map.insert("network".into(), Value::String("on".into()));
+    }
+    if !args.allow_domains.is_empty() || !args.deny_domains.is_empty() {
+        let network = map
+            .entry("network".to_owned())
+            .or_insert_with(|| serde_json::json!({}));
+        if !network.is_object() {
+            // "off" or "on" beside domains: the allowlist is what was asked for.
+            *network = serde_json::json!({});
+        }
+        if let Value::Object(network) = network {
+            let strings = |items: &[String]| items.iter().cloned().map(Value::String).collect();
+            append(network, "allow", strings(&args.allow_domains))?;
+            append(network, "deny", strings(&args.deny_domains))?;
+        }
+    }
+    Ok(object)
 }
 
 fn cwd_uri(cwd: Option<&str>, local_cwd: &Option<PathBuf>) -> Result<FileUri, ExecCommandError> {
