@@ -227,6 +227,13 @@ pub struct ExecArgs {
     #[arg(long = "deny-domain", value_name = "PATTERN", requires = "sandbox")]
     pub deny_domains: Vec<String>,
 
+    /// Report what the sandbox denied the command, one line on stderr per denial as it
+    /// happens (`denied fs.make_reg /srv/x — allow: ...`) and a summary at the end. Needs the
+    /// server's kernel audit log (a server running as root); otherwise exec says no denial
+    /// could be seen. See docs/audit.md.
+    #[arg(long, requires = "sandbox")]
+    pub audit: bool,
+
     /// Leave this credential store of the built-in deny set readable (repeatable; named as in
     /// policies/credential-stores.toml, e.g. '~/.aws').
     #[arg(

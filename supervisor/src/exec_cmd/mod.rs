@@ -356,6 +356,9 @@ pub fn start_params(
     if let Some(limits) = &args.limits {
         params = params.with_limits(limits.clone());
     }
+    if args.audit {
+        params = params.with_audit_denials(true);
+    }
     Ok(params)
 }
 
@@ -635,6 +638,11 @@ async fn run_command(
                     exit = Some((exit_code, reason));
                     drain.as_mut().reset(tokio::time::Instant::now() + EXIT_DRAIN);
                 }
+                Some(ProcessEvent::Denied { record, .. }) => {
+                    if let Some(line) = describe_denial(&record) {
+                        eprintln!("exec-server exec: {line}");
+                    }
+                }
                 Some(ProcessEvent::Closed { .. }) => break Ok(finish(exit, &args_limits)),
                 Some(ProcessEvent::Failed { error }) => break Err(error.into()),
                 None => break Err(ExecCommandError::Incomplete),
@@ -660,6 +668,65 @@ async fn run_command(
     };
     writer.abort();
     outcome
+}
+
+/// The stderr line for one record of the denial audit (docs/audit.md): a denial with what
+/// would allow it, or the coverage summary at the end; `None` for the per-group summaries.
+/// Every value is the server's: control characters are escaped so none reaches the terminal.
+pub fn describe_denial(record: &serde_json::Value) -> Option<String> {
+    let text = |key: &str| {
+        record
+            .get(key)
+            .and_then(serde_json::Value::as_str)
+            .map(|value| {
+                value
+                    .chars()
+                    .map(|c| match c.is_control() {
+                        true => c.escape_unicode().to_string(),
+                        false => c.to_string(),
+                    })
+                    .collect::<String>()
+            })
+    };
+    match record.get("kind").and_then(serde_json::Value::as_str)? {
+        "denial" => {
+            let operation = text("operation").unwrap_or_else(|| "?".into());
+            let target = text("path")
+                .or_else(|| text("address"))
+                .unwrap_or_else(|| "?".into());
+            let mut line = format!("denied {operation} {target}");
+            if let Some(exe) = text("exe") {
+                line.push_str(&format!(" by {exe}"));
+            }
+            if let Some(rule) = text("allow_rule") {
+                line.push_str(&format!(" — allow: {rule}"));
+            }
+            Some(line)
+        }
+        "coverage" => {
+            if record.get("audit").and_then(serde_json::Value::as_bool) == Some(false) {
+                return Some(
+                    "audit: the server cannot read the kernel audit log (it must run as root), so \
+                     no denial could be seen; this is not a clean report"
+                        .into(),
+                );
+            }
+            let denials = record
+                .get("denials")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            let complete = record.get("complete").and_then(serde_json::Value::as_bool);
+            Some(format!(
+                "audit: {denials} denial(s){}",
+                if complete == Some(false) {
+                    " (incomplete: some layers could not be observed; see docs/audit.md)"
+                } else {
+                    ""
+                }
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// Interrupts (Ctrl-C, SIGTERM) received so far: the first is forwarded to the command, the
@@ -874,6 +941,27 @@ mod tests {
             Ok(Some(crate::cli::Command::Exec(args))) => args,
             other => panic!("not an exec command line: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_denial_line_names_the_operation_path_and_rule_and_escapes_control_characters() {
+        let record = serde_json::json!({"kind": "denial", "operation": "fs.make_reg",
+            "path": "/srv/x\u{1b}[2J", "exe": "/usr/bin/dash",
+            "allow_rule": "\"/srv\" = \"write\""});
+        assert_eq!(
+            describe_denial(&record).unwrap(),
+            "denied fs.make_reg /srv/x\\u{1b}[2J by /usr/bin/dash — allow: \"/srv\" = \"write\""
+        );
+        let blind = serde_json::json!({"kind": "coverage", "audit": false});
+        assert!(
+            describe_denial(&blind)
+                .unwrap()
+                .contains("not a clean report")
+        );
+        let clean =
+            serde_json::json!({"kind": "coverage", "audit": true, "denials": 0, "complete": true});
+        assert_eq!(describe_denial(&clean).unwrap(), "audit: 0 denial(s)");
+        assert_eq!(describe_denial(&serde_json::json!({"kind": "group"})), None);
     }
 
     fn local_env() -> Vec<(String, String)> {
