@@ -587,6 +587,9 @@ pub struct ChildExit {
     pub signal: Option<i32>,
     /// CPU time (user + system) of the child and every descendant it reaped.
     pub cpu: std::time::Duration,
+    /// Peak resident memory of the largest single process among the child and the
+    /// descendants it reaped (`ru_maxrss`), where the kernel reported it.
+    pub max_rss_bytes: Option<u64>,
 }
 
 /// Reap our child through its pidfd if it has exited (`waitid(P_PIDFD, WEXITED | WNOHANG)`
@@ -625,16 +628,23 @@ pub fn reap_pidfd(pidfd: &impl AsRawFd) -> std::io::Result<Option<ChildExit>> {
             + std::time::Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
     };
     let cpu = time(usage.ru_utime) + time(usage.ru_stime);
+    // ru_maxrss is in KiB on Linux.
+    let max_rss_bytes = u64::try_from(usage.ru_maxrss)
+        .ok()
+        .filter(|kib| *kib > 0)
+        .map(|kib| kib.saturating_mul(1024));
     Ok(Some(match info.si_code {
         libc::CLD_EXITED => ChildExit {
             code: status,
             signal: None,
             cpu,
+            max_rss_bytes,
         },
         _ => ChildExit {
             code: 128 + status,
             signal: Some(status),
             cpu,
+            max_rss_bytes,
         },
     }))
 }

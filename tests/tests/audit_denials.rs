@@ -167,6 +167,9 @@ async fn the_library_client_and_exec_report_denials_as_they_happen() {
         .wait()
         .await
         .unwrap();
+    // And what the tree used (sandboxed through the launcher: no rusage of its own child).
+    let usage = output.usage.expect("process/exited carries usage");
+    assert!(usage.wall_millis > 0, "{usage:?}");
     assert!(
         output.denials.iter().any(|r| r["kind"] == "denial"
             && r["path"]

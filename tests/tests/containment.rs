@@ -389,6 +389,66 @@ async fn a_memory_hog_under_64_mib_is_killed_and_reported_as_oom() {
     }
 }
 
+/// The `usage` of the process's `process/exited`.
+fn usage(out: &ProcessOutput) -> Value {
+    out.events
+        .iter()
+        .find(|e| e["method"] == "process/exited")
+        .map(|e| e["params"]["usage"].clone())
+        .unwrap_or_else(|| panic!("no process/exited in {:?}", out.events))
+}
+
+#[tokio::test]
+async fn exited_reports_what_the_tree_used_cpu_wall_and_memory() {
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let memory_limits = containment(&mut client).await["limits"]["memoryBytes"] != "none";
+    assert!(
+        memory_limits,
+        "this host enforces memory limits with cgroups (CI's does)"
+    );
+    // 100 MiB touched, then about 0.3 s of CPU, in a child of the leader (the tree counts).
+    let hog = "python3 -c 'x = bytearray(100 << 20); n = 0\nfor i in range(4000000): n += i'";
+    for mode in [Mode::Plain, Mode::Pty, Mode::Sandboxed] {
+        let mut extra = mode.extra();
+        extra["limits"] = json!({"memoryBytes": 512 << 20});
+        let id = format!("usage-{}", mode.id());
+        let out = client.run(&id, &sh(&format!("{hog}; true")), extra).await;
+        assert_eq!(out.exit_code, Some(0), "{mode:?}: {:?}", out.events);
+        let used = usage(&out);
+        let cpu = used["cpuMillis"].as_u64().expect("cpuMillis");
+        let wall = used["wallMillis"].as_u64().expect("wallMillis");
+        assert!(cpu >= 150, "{mode:?}: the loop's CPU is counted: {used}");
+        assert!(
+            wall >= cpu / 2,
+            "{mode:?}: wall time covers the run: {used}"
+        );
+        let peak = used["peakMemoryBytes"].as_u64().expect("peakMemoryBytes");
+        assert!(peak >= 100 << 20, "{mode:?}: the tree's peak: {used}");
+        if !matches!(mode, Mode::Sandboxed) {
+            // A direct child of the server: its reaped descendants' largest RSS.
+            let rss = used["maxRssBytes"].as_u64().expect("maxRssBytes");
+            assert!(rss >= 100 << 20, "{mode:?}: {used}");
+        }
+        // process/read says the same after the fact.
+        let read = client
+            .call("process/read", json!({"processId": id, "afterSeq": 0}))
+            .await;
+        assert_eq!(read["exitUsage"], used, "{read}");
+        // Control: a process that does nothing uses little.
+        let id = format!("idle-{}", mode.id());
+        let out = client.run(&id, &["true"], mode.extra()).await;
+        let idle = usage(&out);
+        assert!(
+            idle["cpuMillis"].as_u64().expect("cpuMillis") < cpu,
+            "{mode:?}: {idle} against {used}"
+        );
+        if let Some(rss) = idle["maxRssBytes"].as_u64() {
+            assert!(rss < 50 << 20, "{mode:?}: {idle}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_cpu_loop_under_one_cpu_second_ends_with_cpu_limit() {
     let server = ExecServer::start(&[]);

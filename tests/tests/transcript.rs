@@ -4,7 +4,8 @@
 //! Each `send` starts a step; the `expect` lines after it are what that step must produce.
 //! Volatile values are normalised before comparing:
 //! - `"<uuid>"` matches a UUIDv4 string, `"<int>"` any integer, `"<seq>"` any integer (seqs are
-//!   checked separately: per process they run 1, 2, 3, ... across the whole transcript).
+//!   checked separately: per process they run 1, 2, 3, ... across the whole transcript),
+//!   `"<usage>"` a `usage` object (resource use at exit).
 //! - Output chunk boundaries are not part of the protocol: within a step, all `process/output`
 //!   of one process and stream are merged into one message (the first one's seq) before
 //!   comparing, and the step waits until the merged output is as long as expected.
@@ -81,6 +82,13 @@ fn normalise(actual: &Value, expected: &Value) -> Value {
     match (actual, expected) {
         (Value::String(s), Value::String(p)) if p == "<uuid>" && is_uuid_v4(s) => expected.clone(),
         (Value::Number(n), Value::String(p)) if (p == "<int>" || p == "<seq>") && n.is_i64() => {
+            expected.clone()
+        }
+        // Resource use: its CPU and wall milliseconds, and which memory figures the host can
+        // give, vary; its shape is checked by the process tests.
+        (Value::Object(usage), Value::String(p))
+            if p == "<usage>" && usage.get("cpuMillis").is_some_and(Value::is_u64) =>
+        {
             expected.clone()
         }
         (Value::Object(a), Value::Object(e)) => Value::Object(

@@ -312,6 +312,7 @@ impl Inner {
                             exit_code: n.exit_code,
                             signal: n.signal,
                             reason: n.reason,
+                            usage: n.usage,
                         },
                     )
                 }),

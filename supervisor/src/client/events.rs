@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use proto::methods::process::{ExitReason, OutputStream, ReadResult};
+use proto::methods::process::{ExitReason, OutputStream, ReadResult, ResourceUsage};
 
 /// One event of a process, in seq order (denials in their own order, between them).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +39,8 @@ pub enum ProcessEvent {
         signal: Option<i32>,
         /// Why it ended, when the server says (`oom`, `wallTimeout`, ...).
         reason: Option<ExitReason>,
+        /// What its tree used (CPU, wall time, peak memory), when the server says.
+        usage: Option<ResourceUsage>,
     },
     /// The sandbox denied the process something (a process started with `auditDenials`): one
     /// record of the denial audit, as `process/denied` carries it (see docs/audit.md). Not in
@@ -226,6 +228,7 @@ impl EventSequencer {
                 exit_code,
                 signal: read.signal,
                 reason: read.exit_reason,
+                usage: read.exit_usage,
             });
         }
         if let (true, Some(seq)) = (read.closed, read.closed_seq) {
@@ -300,6 +303,7 @@ mod tests {
             signal: None,
             exit_reason: None,
             exit_seq: None,
+            exit_usage: None,
             closed: false,
             closed_seq: None,
             failure: None,
@@ -357,6 +361,7 @@ mod tests {
                     exit_code: 3,
                     signal: None,
                     reason: None,
+                    usage: None,
                 },
                 out(4, "late"),
                 ProcessEvent::Closed { seq: 5 },

@@ -65,6 +65,8 @@ pub struct ProcessOutput {
     pub signal: Option<i32>,
     /// Why it ended, when the server says.
     pub reason: Option<proto::methods::process::ExitReason>,
+    /// What its tree used (CPU, wall time, peak memory), when the server says.
+    pub usage: Option<proto::methods::process::ResourceUsage>,
     /// What the sandbox denied it, in order (processes started with `auditDenials`; see
     /// [`ProcessEvent::Denied`]).
     pub denials: Vec<serde_json::Value>,
@@ -109,11 +111,13 @@ impl ProcessHandle {
                     exit_code,
                     signal,
                     reason,
+                    usage,
                     ..
                 } => {
                     output.exit_code = exit_code;
                     output.signal = signal;
                     output.reason = reason;
+                    output.usage = usage;
                 }
                 ProcessEvent::Denied { record, .. } => output.denials.push(record),
                 ProcessEvent::Closed { .. } => return Ok(output),

@@ -527,6 +527,20 @@ impl Tree {
         Some(Duration::from_micros(micros))
     }
 
+    /// Peak memory of the tree so far: `memory.peak` of its v2 memory cgroup, or
+    /// `memory.max_usage_in_bytes` of its v1 one; `None` without a memory cgroup (or on a
+    /// kernel before 5.19, which has no `memory.peak`).
+    pub fn peak_memory(&self) -> Option<u64> {
+        let (dir, file) = match &self.oom {
+            Some((dir, "memory.oom_control")) => (dir, "memory.max_usage_in_bytes"),
+            Some((dir, _)) => (dir, "memory.peak"),
+            // No memory limit: the leaf still has `memory.peak` where its parent enables the
+            // memory controller for it.
+            None => (self.leaf.as_ref()?, "memory.peak"),
+        };
+        dir.read(file).ok()?.trim().parse().ok()
+    }
+
     /// Remove the tree's cgroups (they must be empty).
     ///
     /// # Errors

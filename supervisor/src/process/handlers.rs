@@ -343,6 +343,7 @@ pub async fn read(
         signal: read.exit.and_then(|exit| exit.signal),
         exit_reason: read.exit.and_then(|exit| exit.reason),
         exit_seq: read.exit.map(|exit| exit.seq),
+        exit_usage: read.exit.and_then(|_| process.usage()),
         closed: read.closed_seq.is_some(),
         closed_seq: read.closed_seq,
         failure: None,

@@ -24,6 +24,7 @@ use crate::limits::{
     MAX_DENIAL_BYTES_RETAINED, MAX_DENIALS_RETAINED, OUTPUT_RETENTION_BYTES, TERMINATE_GRACE,
     WRITE_ID_MEMORY,
 };
+use crate::sys::ChildExit;
 use crate::untrusted::Untrusted;
 
 /// Where `process/write` bytes go.
@@ -63,6 +64,8 @@ pub struct ManagedProcess {
     tree: Arc<Tree>,
     /// When it started (for `wallSeconds`).
     pub started: Instant,
+    /// What its tree used, measured when the leader exited.
+    usage: std::sync::OnceLock<proto::methods::process::ResourceUsage>,
     /// Why the server killed it, for the exit reason.
     pub kills: KillCauses,
 }
@@ -175,6 +178,7 @@ impl ManagedProcess {
             leader: Mutex::new(Some(leader)),
             tree,
             started: Instant::now(),
+            usage: std::sync::OnceLock::new(),
             kills: KillCauses::default(),
             id_json: serde_json::Value::String(id.clone()).to_string(),
             id,
@@ -247,6 +251,25 @@ impl ManagedProcess {
             .filter(|(number, ..)| *number > after)
             .map(|(.., size)| *size as u64)
             .sum()
+    }
+
+    /// Measure what the tree used, once, as its leader exits (`exit.cpu`, the leader's and
+    /// its reaped descendants' CPU time, counts where the tree has no cgroup).
+    pub fn measure_usage(&self, exit: &ChildExit) -> proto::methods::process::ResourceUsage {
+        *self.usage.get_or_init(|| {
+            let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+            proto::methods::process::ResourceUsage::new(
+                millis(self.tree.cpu_usage().unwrap_or(exit.cpu)),
+                millis(self.started.elapsed()),
+                self.tree.peak_memory(),
+                exit.max_rss_bytes,
+            )
+        })
+    }
+
+    /// What the tree used, once the leader exited.
+    pub fn usage(&self) -> Option<proto::methods::process::ResourceUsage> {
+        self.usage.get().copied()
     }
 
     /// The exit, if the process exited.

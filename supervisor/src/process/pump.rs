@@ -315,6 +315,9 @@ impl Emitter<'_> {
 
     async fn exit(&self, status: ChildExit, reason: proto::methods::process::ExitReason) {
         let (code, signal) = (status.code, status.signal);
+        // Measured before the exit is published, so a `process/read` that sees the exit sees
+        // its usage too.
+        let usage = self.process.measure_usage(&status);
         let exit = self.process.log().push_exit(code, signal, Some(reason));
         self.process.publish(exit.seq);
         let params = ExitedNotification {
@@ -323,6 +326,7 @@ impl Emitter<'_> {
             exit_code: code,
             signal,
             reason: Some(reason),
+            usage: Some(usage),
         };
         self.send(PROCESS_EXITED, &params).await;
     }

@@ -179,6 +179,7 @@ impl Leader {
             code: -1,
             signal: None,
             cpu: std::time::Duration::ZERO,
+            max_rss_bytes: None,
         };
         if let Some(launched) = &self.launched {
             return self.wait_launched(launched).await;
@@ -229,6 +230,7 @@ impl Leader {
             code: 128 + libc::SIGKILL,
             signal: Some(libc::SIGKILL),
             cpu: std::time::Duration::ZERO,
+            max_rss_bytes: None,
         })
     }
 
@@ -465,11 +467,13 @@ fn launched_status(status: &OwnedFd) -> nix::Result<Option<ChildExit>> {
                 code,
                 signal: None,
                 cpu,
+                max_rss_bytes: None,
             }),
             Some((sandbox::linux::command::Ended::Signaled(signal), cpu)) => Some(ChildExit {
                 code: 128 + signal,
                 signal: Some(signal),
                 cpu,
+                max_rss_bytes: None,
             }),
             None => None,
         },

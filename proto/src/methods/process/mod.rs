@@ -334,6 +334,9 @@ pub struct ReadResult {
     /// Seq of the exit event, once exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_seq: Option<u64>,
+    /// What the tree used (as in `process/exited`), once exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_usage: Option<ResourceUsage>,
     /// All output was read to EOF and the process exited.
     pub closed: bool,
     /// Seq of the close event, once closed.
@@ -496,6 +499,46 @@ pub struct OutputNotification {
     pub chunk: String,
 }
 
+/// What a process's whole tree used, measured when its leader exited (`usage` of
+/// `process/exited` and `process/read`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct ResourceUsage {
+    /// CPU time, user + system, of the tree (its cgroup's `cpu.stat`; without cgroups, of the
+    /// leader and the descendants it reaped), in milliseconds.
+    pub cpu_millis: u64,
+    /// Time from the start to the leader's exit, in milliseconds.
+    pub wall_millis: u64,
+    /// Peak memory of the tree (its memory cgroup's `memory.peak`, or
+    /// `memory.max_usage_in_bytes` on cgroup v1); absent where the host gives the tree no
+    /// memory cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+    /// Peak resident memory of the largest single process among the leader and the
+    /// descendants it reaped (`ru_maxrss`); absent where the leader is not the server's own
+    /// child (sandboxed starts through a launcher).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rss_bytes: Option<u64>,
+}
+
+impl ResourceUsage {
+    /// A usage record.
+    pub fn new(
+        cpu_millis: u64,
+        wall_millis: u64,
+        peak_memory_bytes: Option<u64>,
+        max_rss_bytes: Option<u64>,
+    ) -> Self {
+        Self {
+            cpu_millis,
+            wall_millis,
+            peak_memory_bytes,
+            max_rss_bytes,
+        }
+    }
+}
+
 /// `process/exited` notification.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -513,6 +556,9 @@ pub struct ExitedNotification {
     /// it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<ExitReason>,
+    /// What the tree used (additive: older clients ignore it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ResourceUsage>,
 }
 
 /// `process/closed` notification: exited and both streams at EOF; the last event.
@@ -573,10 +619,13 @@ mod tests {
             exit_code: 137,
             signal: Some(9),
             reason: Some(ExitReason::WallTimeout),
+            usage: Some(ResourceUsage::new(1500, 2000, None, Some(4096))),
         };
+        let wire = serde_json::to_value(&exited).unwrap();
+        assert_eq!(wire["reason"], serde_json::json!("wallTimeout"));
         assert_eq!(
-            serde_json::to_value(&exited).unwrap()["reason"],
-            serde_json::json!("wallTimeout")
+            wire["usage"],
+            serde_json::json!({"cpuMillis": 1500, "wallMillis": 2000, "maxRssBytes": 4096})
         );
         for name in LimitName::ALL {
             assert_eq!(serde_json::to_value(name).unwrap(), name.as_str());
