@@ -8,7 +8,10 @@
 //! until it is whole and checked; a ClientHello must fit in one record (no client splits one;
 //! a front that routes on a partial ClientHello would otherwise see a name before the check).
 //! After the ChangeCipherSpec, handshake records are encrypted to the server the first
-//! ClientHello reached (TLS 1.2 renegotiation); every other record's payload passes by count.
+//! ClientHello reached (TLS 1.2 renegotiation), except a record that is exactly one plaintext
+//! ClientHello (TLS 1.3's compatibility mode sends ChangeCipherSpec before the second
+//! ClientHello of a HelloRetryRequest): that one is checked too. Every other record's payload
+//! passes by count.
 
 use crate::policy::network::Host;
 
@@ -224,11 +227,19 @@ impl TlsStream {
         if kind == CHANGE_CIPHER_SPEC {
             self.plaintext = false;
         }
-        if kind == HANDSHAKE && self.plaintext {
+        if kind == HANDSHAKE {
             let Some(record) = view.get(..total) else {
                 return Ok(TlsStep::NeedMore);
             };
-            self.handshake.feed(&record[RECORD_HEADER..], &self.host)?;
+            let payload = &record[RECORD_HEADER..];
+            if self.plaintext {
+                self.handshake.feed(payload, &self.host)?;
+            } else if looks_like_whole_client_hello(payload) {
+                // After the ChangeCipherSpec a handshake record is encrypted (TLS 1.2) or, in
+                // TLS 1.3's compatibility mode, a plaintext second ClientHello: one whose
+                // header, length and version all say ClientHello is checked as one.
+                check_server_name(&payload[4..], &self.host)?;
+            }
             self.passed.clear();
             return Ok(TlsStep::Pass(total - already));
         }
@@ -237,6 +248,17 @@ impl TlsStream {
         self.left = total - already - n;
         Ok(TlsStep::Pass(n))
     }
+}
+
+/// Whether a handshake record's payload is exactly one ClientHello message (type, a length
+/// filling the record, a TLS 1.x legacy version): ciphertext matches this by chance about once
+/// in 2^40 records.
+fn looks_like_whole_client_hello(payload: &[u8]) -> bool {
+    payload.len() > 6
+        && payload[0] == sni::HANDSHAKE_CLIENT_HELLO
+        && (usize::from(payload[1]) << 16 | usize::from(payload[2]) << 8 | usize::from(payload[3]))
+            == payload.len() - 4
+        && payload[4] == 3
 }
 
 /// Whether `bytes` (up to a header's length) can start a TLS record.
@@ -350,6 +372,22 @@ pub(crate) mod tests {
         let second = client_hello(Some("evil.test"));
         let (passed, result) = drive(&mut stream, &[input.clone(), second].concat());
         assert_eq!(passed, input.len());
+        assert!(
+            matches!(result, Err(TlsError::Fronting { .. })),
+            "{result:?}"
+        );
+        // TLS 1.3 compatibility mode: ChangeCipherSpec, then the second ClientHello.
+        let mut stream = TlsStream::new(host("a.test"));
+        let first = [
+            client_hello(Some("a.test")),
+            record(CHANGE_CIPHER_SPEC, &[1]),
+        ]
+        .concat();
+        let (passed, result) = drive(
+            &mut stream,
+            &[first.clone(), client_hello(Some("evil.test"))].concat(),
+        );
+        assert_eq!(passed, first.len());
         assert!(
             matches!(result, Err(TlsError::Fronting { .. })),
             "{result:?}"

@@ -111,6 +111,7 @@ struct Up<'a> {
 impl Up<'_> {
     fn run(&mut self, first: Vec<u8>) -> Ended {
         let _ = self.client.set_read_timeout(Some(IDLE_CHECK_INTERVAL));
+        let mut current_timeout = IDLE_CHECK_INTERVAL;
         let pipe = splice_pipe();
         // Held bytes live in buf[start..end]; a read appends at `end`.
         let mut buf = vec![0u8; MAX_HELD_BYTES + RELAY_BUFFER_BYTES];
@@ -173,14 +174,20 @@ impl Up<'_> {
                     Err(_) => return Ended::Failed,
                 }
             }
-            if let Some(since) = held_since {
-                let left = (since + HANDSHAKE_TIMEOUT).saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Ended::Failed;
+            let timeout = match held_since {
+                Some(since) => {
+                    let left =
+                        (since + HANDSHAKE_TIMEOUT).saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ended::Failed;
+                    }
+                    left.min(IDLE_CHECK_INTERVAL)
                 }
-                let _ = self
-                    .client
-                    .set_read_timeout(Some(left.min(IDLE_CHECK_INTERVAL)));
+                None => IDLE_CHECK_INTERVAL,
+            };
+            if timeout != current_timeout {
+                let _ = self.client.set_read_timeout(Some(timeout));
+                current_timeout = timeout;
             }
             match self.client.read(&mut buf[end..]) {
                 Ok(0) => return Ended::Eof,
