@@ -200,29 +200,39 @@ impl BodyReader {
     /// [`FramingError`] for a malformed chunk-size line, chunk end or trailer.
     pub fn advance(&mut self, buf: &[u8]) -> Result<usize, FramingError> {
         let mut at = 0;
+        match self.advance_from(buf, &mut at) {
+            // What was framed before the error passes (as it would have, read in smaller
+            // pieces); the error comes back on the next call, which starts where it is.
+            Err(_) if at > 0 => Ok(at),
+            Err(err) => Err(err),
+            Ok(()) => Ok(at),
+        }
+    }
+
+    fn advance_from(&mut self, buf: &[u8], at: &mut usize) -> Result<(), FramingError> {
         loop {
-            let rest = &buf[at..];
+            let rest = &buf[*at..];
             match self.state {
-                State::Done => return Ok(at),
+                State::Done => return Ok(()),
                 State::Data { left, .. } => {
                     if rest.is_empty() {
-                        return Ok(at);
+                        return Ok(());
                     }
                     let n = usize::try_from(left).unwrap_or(usize::MAX).min(rest.len());
                     self.skipped(n as u64);
-                    at += n;
+                    *at += n;
                 }
                 State::DataEnd => {
                     if rest.len() < 2 {
                         if rest.first().is_some_and(|b| *b != b'\r') {
                             return Err(FramingError::ChunkEnd);
                         }
-                        return Ok(at);
+                        return Ok(());
                     }
                     if &rest[..2] != b"\r\n" {
                         return Err(FramingError::ChunkEnd);
                     }
-                    at += 2;
+                    *at += 2;
                     self.state = State::SizeLine;
                 }
                 State::SizeLine => {
@@ -230,13 +240,13 @@ impl BodyReader {
                         if rest.len() >= MAX_CHUNK_LINE_BYTES {
                             return Err(FramingError::ChunkLineTooLong);
                         }
-                        return Ok(at);
+                        return Ok(());
                     };
                     if end + 1 > MAX_CHUNK_LINE_BYTES {
                         return Err(FramingError::ChunkLineTooLong);
                     }
                     let size = chunk_size(&rest[..=end])?;
-                    at += end + 1;
+                    *at += end + 1;
                     self.state = if size == 0 {
                         State::Trailer { seen: 0 }
                     } else {
@@ -251,7 +261,7 @@ impl BodyReader {
                         if seen + rest.len() >= MAX_HEADER_BYTES {
                             return Err(FramingError::Trailer("larger than MAX_HEADER_BYTES"));
                         }
-                        return Ok(at);
+                        return Ok(());
                     };
                     let line = &rest[..=end];
                     if seen + line.len() > MAX_HEADER_BYTES {
@@ -259,8 +269,8 @@ impl BodyReader {
                     }
                     check_line_ends(line)
                         .map_err(|_| FramingError::Trailer("a line does not end with CRLF"))?;
-                    at += line.len();
                     if line == b"\r\n" {
+                        *at += line.len();
                         self.state = State::Done;
                         continue;
                     }
@@ -277,6 +287,8 @@ impl BodyReader {
                     if !name_ok {
                         return Err(FramingError::Trailer("a line is not name: value"));
                     }
+                    // Consumed only once checked: an error must recur on the next call.
+                    *at += line.len();
                     self.state = State::Trailer {
                         seen: seen + line.len(),
                     };

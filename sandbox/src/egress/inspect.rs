@@ -572,6 +572,116 @@ mod tests {
         for (step, sent, refusal) in every_split(make, &good) {
             assert_eq!((sent, refusal), (good.clone(), None), "step {step}");
         }
+        // The ClientHello fragmented, its first record one byte long: followed all the same.
+        let hello = client_hello(Some("evil.test"));
+        let handshake = &hello[5..];
+        let fragmented = [
+            plain.clone(),
+            super::super::tls::tests::record(0x16, &handshake[..1]),
+            super::super::tls::tests::record(0x16, &handshake[1..]),
+        ]
+        .concat();
+        for (step, sent, refusal) in every_split(make, &fragmented) {
+            assert!(refusal.is_some(), "step {step}");
+            assert!(!sent.windows(9).any(|w| w == b"evil.test"), "step {step}");
+        }
+    }
+
+    /// A small deterministic generator (xorshift64*), so the property test needs no crate.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// Makes one piece of a client's stream.
+    type Piece = dyn Fn(&mut Rng) -> Vec<u8>;
+
+    /// A stream of pieces a client might send, good and hostile mixed.
+    fn random_stream(rng: &mut Rng) -> Vec<u8> {
+        let pieces: [&Piece; 9] = [
+            &|_| b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n".to_vec(),
+            &|_| b"GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n".to_vec(),
+            &|rng| {
+                let body = vec![b'x'; rng.below(40)];
+                let mut out = format!(
+                    "POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                out.extend(body);
+                out
+            },
+            &|_| b"POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec(),
+            &|rng| {
+                format!(
+                    "{:x}\r\n{}\r\n",
+                    3,
+                    ["abc", "\x16\x03\x01", "GET"][rng.below(3)]
+                )
+                .into_bytes()
+            },
+            &|_| b"0\r\n\r\n".to_vec(),
+            &|rng| client_hello(Some(["a.test", "evil.test"][rng.below(2)])),
+            &|rng| {
+                let mut junk = vec![0u8; rng.below(30)];
+                for byte in &mut junk {
+                    *byte = [0x16, 0x03, 0x01, 0x00, b'\r', b'\n', b'A'][rng.below(7)];
+                }
+                junk
+            },
+            &|rng| super::tls::tests::record(23, &vec![0u8; rng.below(50)]),
+        ];
+        let mut out = Vec::new();
+        for _ in 0..1 + rng.below(6) {
+            out.extend(pieces[rng.below(pieces.len())](rng));
+        }
+        out
+    }
+
+    #[test]
+    fn what_passes_is_a_verbatim_prefix_and_whether_it_is_refused_does_not_depend_on_the_split() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for round in 0..3000 {
+            let input = random_stream(&mut rng);
+            let mode = [TunnelMode::TlsOnly, TunnelMode::Checked, TunnelMode::Any][round % 3];
+            let make = || Inspector::tunnel(host("a.test"), 80, mode);
+            let (whole_sent, whole_refusal) = relay(&mut make(), &input, input.len());
+            for step in [1, 2, 3, 7, 1 + rng.below(64)] {
+                let (sent, refusal) = relay(&mut make(), &input, step);
+                assert!(
+                    input.starts_with(&sent),
+                    "{mode:?} step {step}: passed bytes are not the input's prefix: {:?}",
+                    String::from_utf8_lossy(&input)
+                );
+                assert_eq!(
+                    refusal.is_some(),
+                    whole_refusal.is_some(),
+                    "{mode:?} step {step}: {:?} vs {:?} for {:?}",
+                    refusal,
+                    whole_refusal,
+                    String::from_utf8_lossy(&input)
+                );
+                // A split may let the first bytes of a ClientHello's headers pass before it is
+                // recognised (they name nothing); never more than that.
+                assert!(
+                    sent.len().abs_diff(whole_sent.len()) < super::tls::CLIENT_HELLO_PREFIX,
+                    "{mode:?} step {step}: {} vs {} bytes passed of {:?}",
+                    sent.len(),
+                    whole_sent.len(),
+                    String::from_utf8_lossy(&input)
+                );
+            }
+        }
     }
 
     #[test]

@@ -227,6 +227,16 @@ impl TlsStream {
         if kind == CHANGE_CIPHER_SPEC {
             self.plaintext = false;
         }
+        if already >= total {
+            // A tiny record that passed whole while it was plaintext to the scan (at most a
+            // partial handshake header: no name): follow it, then go on from the next one.
+            if kind == HANDSHAKE && self.plaintext {
+                self.handshake
+                    .feed(&view[RECORD_HEADER..total], &self.host)?;
+            }
+            self.passed.drain(..total);
+            return self.feed(buf);
+        }
         if kind == HANDSHAKE {
             let Some(record) = view.get(..total) else {
                 return Ok(TlsStep::NeedMore);
@@ -277,21 +287,28 @@ fn plausible_header(bytes: &[u8]) -> bool {
 pub fn client_hello_starts(bytes: &[u8]) -> Option<bool> {
     /// Record header, handshake type and length, version major.
     const NEEDED: usize = 10;
+    let record_len = |b: &[u8]| usize::from(u16::from_be_bytes([b[3], b[4]]));
+    // Each check reads the bytes up to its index; the payload's bytes are only looked at
+    // where the record holds them (a tiny first record of a fragmented ClientHello is one).
     let checks: [fn(&[u8]) -> bool; NEEDED] = [
         |b| b[0] == HANDSHAKE,
         |b| b[1] == 3,
         |b| b[2] <= 4,
         |b| b[3] <= (MAX_RECORD_PAYLOAD >> 8) as u8,
-        |b| usize::from(u16::from_be_bytes([b[3], b[4]])) <= MAX_RECORD_PAYLOAD,
+        |b| (1..=MAX_RECORD_PAYLOAD).contains(&usize::from(u16::from_be_bytes([b[3], b[4]]))),
         |b| b[5] == sni::HANDSHAKE_CLIENT_HELLO,
         // A handshake length under 128 KiB (what servers accept for a ClientHello).
-        |b| b[6] <= 1,
+        |b| usize::from(u16::from_be_bytes([b[3], b[4]])) < 2 || b[6] <= 1,
         |_| true,
         |_| true,
-        |b| b[9] == 3,
+        |b| usize::from(u16::from_be_bytes([b[3], b[4]])) < 5 || b[9] == 3,
     ];
     for (i, check) in checks.iter().enumerate() {
         if bytes.len() <= i {
+            // Past a tiny record's end nothing more is needed.
+            if i >= 6 && RECORD_HEADER + record_len(bytes) <= i {
+                return Some(true);
+            }
             return None;
         }
         if !check(bytes) {
