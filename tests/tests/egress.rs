@@ -304,6 +304,22 @@ async fn http_request_refuses_a_host_header_naming_another_host_under_an_allowli
         "{error:?}"
     );
     assert_eq!(origin.connections.load(Ordering::SeqCst), 0);
+    // Plain http:// to a destination whose pattern says tunnel=tls-only is refused, as the
+    // egress proxy refuses it.
+    let tls_only = json!({"profile": "read-only", "network": {"allow": [format!("127.0.0.1:{} tunnel=tls-only", origin.port)]}});
+    let error = assert_rpc_error(
+        client
+            .request(
+                "http/request",
+                json!({"method": "GET", "url": url, "headers": [], "requestId": "r",
+                       "streamResponse": false, "sandbox": tls_only}),
+            )
+            .await,
+        -32600,
+        "sandboxDenied",
+    );
+    assert!(error.message.contains("carries TLS only"), "{error:?}");
+    assert_eq!(origin.connections.load(Ordering::SeqCst), 0);
     // The control: a Host header naming the URL's host is sent.
     let ok = client
         .call(
