@@ -1299,3 +1299,459 @@ fn the_proxy_runs_with_an_empty_environment_no_capabilities_seccomp_and_only_its
         );
     }
 }
+
+/// A shared front on `bind`: HTTP/1.1 kept alive whatever the request says (as a front that
+/// serves many hosts may), Content-Length and chunked bodies, every request's `Host` and body
+/// recorded; each answered `200 OK` with the body `ok\n`.
+struct Front {
+    requests: Arc<Mutex<Vec<Recorded>>>,
+}
+
+/// One request a [`Front`] served: its `Host` and its body.
+type Recorded = (String, Vec<u8>);
+
+impl Front {
+    fn start(bind: &str) -> Self {
+        let listener = TcpListener::bind(bind).unwrap();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&requests);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let recorded = Arc::clone(&recorded);
+                std::thread::spawn(move || serve_front(stream, &recorded));
+            }
+        });
+        Self { requests }
+    }
+
+    fn hosts(&self) -> Vec<String> {
+        let requests = self.requests.lock().unwrap();
+        requests.iter().map(|(host, _)| host.clone()).collect()
+    }
+}
+
+fn serve_front(stream: TcpStream, requests: &Mutex<Vec<Recorded>>) {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    let line = |reader: &mut BufReader<TcpStream>| {
+        let mut line = Vec::new();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(text(&line)),
+        }
+    };
+    while let Some(_request_line) = line(&mut reader) {
+        let (mut host, mut length, mut chunked) = (String::new(), 0usize, false);
+        loop {
+            let Some(header) = line(&mut reader) else {
+                return;
+            };
+            if header == "\r\n" {
+                break;
+            }
+            let (name, value) = header.split_once(':').unwrap_or((&header, ""));
+            let value = value.trim().to_owned();
+            match name.to_ascii_lowercase().as_str() {
+                "host" => host = value,
+                "content-length" => length = value.parse().unwrap(),
+                "transfer-encoding" => chunked = value.eq_ignore_ascii_case("chunked"),
+                _ => {}
+            }
+        }
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                let Some(size) = line(&mut reader) else {
+                    return;
+                };
+                let size =
+                    usize::from_str_radix(size.trim().split(';').next().unwrap(), 16).unwrap();
+                if size == 0 {
+                    while line(&mut reader).is_some_and(|l| l != "\r\n") {}
+                    break;
+                }
+                let mut data = vec![0u8; size + 2];
+                if reader.read_exact(&mut data).is_err() {
+                    return;
+                }
+                body.extend_from_slice(&data[..size]);
+            }
+        } else {
+            body.resize(length, 0);
+            if reader.read_exact(&mut body).is_err() {
+                return;
+            }
+        }
+        requests.lock().unwrap().push((host, body));
+        if writer
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Python helpers for the framing and STARTTLS cases: the proxy's port, `exchange` (send each
+/// message, `None` meaning "read one answer", then half-close and read to the end: prints how
+/// many `200` answers came back) and `hello(name)` (a hand-made ClientHello naming `name`).
+const CLIENT_PY: &str = "import socket, os, sys\n\
+port = int(os.environ['HTTP_PROXY'].rstrip('/').rsplit(':', 1)[1])\n\
+def exchange(label, *messages):\n\
+\x20   s = socket.create_connection(('127.0.0.1', port), timeout=10)\n\
+\x20   answers = b''\n\
+\x20   try:\n\
+\x20       for m in messages:\n\
+\x20           if m is None:\n\
+\x20               answers += s.recv(4096)\n\
+\x20           else:\n\
+\x20               s.sendall(m)\n\
+\x20       s.shutdown(socket.SHUT_WR)\n\
+\x20       while True:\n\
+\x20           chunk = s.recv(4096)\n\
+\x20           if not chunk:\n\
+\x20               break\n\
+\x20           answers += chunk\n\
+\x20   except OSError as e:\n\
+\x20       pass\n\
+\x20   print(label, answers.count(b' 200 '))\n\
+def hello(name):\n\
+\x20   name = name.encode()\n\
+\x20   entry = b'\\x00' + len(name).to_bytes(2, 'big') + name\n\
+\x20   names = len(entry).to_bytes(2, 'big') + entry\n\
+\x20   ext = b'\\x00\\x00' + len(names).to_bytes(2, 'big') + names\n\
+\x20   body = b'\\x03\\x03' + bytes(32) + b'\\x00' + b'\\x00\\x02\\x13\\x01' + b'\\x01\\x00' + len(ext).to_bytes(2, 'big') + ext\n\
+\x20   hs = b'\\x01' + len(body).to_bytes(3, 'big') + body\n\
+\x20   return b'\\x16\\x03\\x01' + len(hs).to_bytes(2, 'big') + hs\n";
+
+/// The refusals in an `--egress-log`.
+fn refusals(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["allowed"] == false)
+        .collect()
+}
+
+#[test]
+fn every_request_on_a_connection_or_in_a_tunnel_to_port_80_has_its_host_checked() {
+    in_private_network(&[], || {
+        let front = Front::start("127.0.0.1:80");
+        for uid in identities() {
+            let ws = Workspace::new(uid);
+            let log = ws.path.join("egress.jsonl");
+            let args = [
+                "--allow-domain".to_owned(),
+                "registry.test".to_owned(),
+                "--allow-domain".to_owned(),
+                "127.0.0.1:80".to_owned(),
+                "--egress-log".to_owned(),
+                log.display().to_string(),
+            ];
+            // Each case sends a first request for registry.test, then one for `second`.
+            let code = format!(
+                "{CLIENT_PY}\
+                 second = sys.argv[1].encode()\n\
+                 first = b'GET http://registry.test/1 HTTP/1.1\\r\\nHost: registry.test\\r\\n\\r\\n'\n\
+                 exchange('pipelined', first + b'GET http://' + second + b'/2 HTTP/1.1\\r\\nHost: ' + second + b'\\r\\n\\r\\n')\n\
+                 exchange('kept-alive', first, None, b'GET http://' + second + b'/2 HTTP/1.1\\r\\nHost: ' + second + b'\\r\\n\\r\\n')\n\
+                 connect = b'CONNECT registry.test:80 HTTP/1.1\\r\\nHost: registry.test:80\\r\\n\\r\\n'\n\
+                 inner = b'GET /1 HTTP/1.1\\r\\nHost: registry.test\\r\\n\\r\\n'\n\
+                 exchange('connect-kept-alive', connect, None, inner, None, b'GET /2 HTTP/1.1\\r\\nHost: ' + second + b'\\r\\n\\r\\n')\n\
+                 exchange('connect-pipelined', connect, None, inner + b'GET /2 HTTP/1.1\\r\\nHost: ' + second + b'\\r\\n\\r\\n')\n"
+            );
+            let cases = [
+                "pipelined",
+                "kept-alive",
+                "connect-kept-alive",
+                "connect-pipelined",
+            ];
+            // The control: a second request for the same host is served on every path.
+            let before = front.hosts().len();
+            let output = ws.run(&strs(&args), &[PYTHON, "-c", &code, "registry.test"]);
+            let out = text(&output.stdout);
+            for case in cases {
+                // The CONNECT answer is one more 200.
+                let expected = if case.starts_with("connect") { 3 } else { 2 };
+                assert!(
+                    out.contains(&format!("{case} {expected}\n")),
+                    "{uid:?}: {case}: {}",
+                    describe(&output)
+                );
+            }
+            let hosts = front.hosts();
+            assert_eq!(hosts.len() - before, 8, "{uid:?}: {hosts:?}");
+            assert!(refusals(&log).is_empty(), "{uid:?}: {:?}", refusals(&log));
+
+            // The attack: the second request names evil.test; it never reaches the front.
+            std::fs::remove_file(&log).unwrap();
+            let before = front.hosts().len();
+            let output = ws.run(&strs(&args), &[PYTHON, "-c", &code, "evil.test"]);
+            let out = text(&output.stdout);
+            for case in cases {
+                let expected = if case.starts_with("connect") { 2 } else { 1 };
+                assert!(
+                    out.contains(&format!("{case} {expected}\n")),
+                    "{uid:?}: {case}: {}",
+                    describe(&output)
+                );
+            }
+            let hosts = front.hosts();
+            assert_eq!(hosts.len() - before, 4, "{uid:?}: {hosts:?}");
+            assert!(
+                !hosts.iter().any(|h| h.contains("evil")),
+                "{uid:?}: {hosts:?}"
+            );
+            let refused = refusals(&log);
+            assert_eq!(refused.len(), 4, "{uid:?}: {refused:?}");
+            for event in &refused {
+                assert_eq!(event["host"], "registry.test", "{uid:?}: {event}");
+                assert_eq!(event["port"], 80, "{uid:?}: {event}");
+                assert!(
+                    event["reason"].as_str().unwrap().contains("evil.test"),
+                    "{uid:?}: {event}"
+                );
+            }
+            assert!(
+                text(&output.stderr).contains("egress proxy refused registry.test:80"),
+                "{uid:?}: {}",
+                describe(&output)
+            );
+        }
+    });
+}
+
+#[test]
+fn a_chunked_body_holding_a_request_head_is_a_body_not_a_request() {
+    in_private_network(&[], || {
+        let front = Front::start("127.0.0.1:80");
+        let fake = "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n";
+        for uid in identities() {
+            let ws = Workspace::new(uid);
+            let log = ws.path.join("egress.jsonl");
+            let args = [
+                "--allow-domain".to_owned(),
+                "registry.test".to_owned(),
+                "--allow-domain".to_owned(),
+                "127.0.0.1:80".to_owned(),
+                "--egress-log".to_owned(),
+                log.display().to_string(),
+            ];
+            // A chunked POST whose one chunk is a request head for evil.test (split across
+            // chunks of two sends), then a real request: both are served.
+            let code = format!(
+                "{CLIENT_PY}\
+                 fake = sys.argv[1].encode()\n\
+                 connect = b'CONNECT registry.test:80 HTTP/1.1\\r\\nHost: registry.test:80\\r\\n\\r\\n'\n\
+                 post = b'POST /upload HTTP/1.1\\r\\nHost: registry.test\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n'\n\
+                 body = b'%x\\r\\n' % len(fake) + fake + b'\\r\\n0\\r\\n\\r\\n'\n\
+                 after = b'GET /after HTTP/1.1\\r\\nHost: registry.test\\r\\n\\r\\n'\n\
+                 exchange('chunked', connect, None, post + body[:20], body[20:] + after)\n\
+                 exchange('length', connect, None, b'POST /u HTTP/1.1\\r\\nHost: registry.test\\r\\nContent-Length: %d\\r\\n\\r\\n' % len(fake) + fake + after)\n\
+                 exchange('not-a-body', connect, None, after + fake)\n"
+            );
+            let before = front.requests.lock().unwrap().len();
+            let output = ws.run(&strs(&args), &[PYTHON, "-c", &code, fake]);
+            let out = text(&output.stdout);
+            // The CONNECT answer, then one per request served.
+            for (case, expected) in [("chunked", 2), ("length", 2), ("not-a-body", 1)] {
+                assert!(
+                    out.contains(&format!("{case} {}\n", expected + 1)),
+                    "{uid:?}: {case}: {}",
+                    describe(&output)
+                );
+            }
+            let requests = front.requests.lock().unwrap()[before..].to_vec();
+            let bodies: Vec<String> = requests.iter().map(|(_, body)| text(body)).collect();
+            assert_eq!(requests.len(), 5, "{uid:?}: {requests:?}");
+            assert_eq!(
+                bodies.iter().filter(|b| b.as_str() == fake).count(),
+                2,
+                "{uid:?}: the bodies arrived whole: {bodies:?}"
+            );
+            assert!(
+                requests.iter().all(|(host, _)| host == "registry.test"),
+                "{uid:?}: {requests:?}"
+            );
+            // The control: the same head outside a body is a request, and refused.
+            let refused = refusals(&log);
+            assert_eq!(refused.len(), 1, "{uid:?}: {refused:?}");
+            assert!(
+                refused[0]["reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains("\"evil.test\""),
+                "{uid:?}: {refused:?}"
+            );
+        }
+    });
+}
+
+/// A TCP server on 127.0.0.1 that records every byte of every connection until EOF, and
+/// answers nothing.
+struct Recorder {
+    port: u16,
+    received: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Recorder {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let all = Arc::clone(&received);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let all = Arc::clone(&all);
+                std::thread::spawn(move || {
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+                    let mut chunk = [0u8; 4096];
+                    while let Ok(n) = stream.read(&mut chunk) {
+                        if n == 0 {
+                            break;
+                        }
+                        all.lock().unwrap().extend_from_slice(&chunk[..n]);
+                    }
+                });
+            }
+        });
+        Self { port, received }
+    }
+
+    fn received(&self) -> String {
+        text(&self.received.lock().unwrap())
+    }
+
+    fn clear(&self) {
+        self.received.lock().unwrap().clear();
+    }
+}
+
+/// `--allow-domain` for registry.test and 127.0.0.1 on `port`, each with `setting`.
+fn allow_with(port: u16, setting: &str, log: &Path) -> Vec<String> {
+    vec![
+        "--allow-domain".to_owned(),
+        format!("registry.test:{port}{setting}"),
+        "--allow-domain".to_owned(),
+        format!("127.0.0.1:{port}"),
+        "--egress-log".to_owned(),
+        log.display().to_string(),
+    ]
+}
+
+#[test]
+fn a_starttls_client_hello_naming_another_host_is_refused() {
+    let recorder = Recorder::start();
+    let p = recorder.port;
+    // A Postgres SSLRequest and SMTP's STARTTLS, then the ClientHello of the switch.
+    let code = format!(
+        "{CLIENT_PY}\
+         connect = b'CONNECT registry.test:{p} HTTP/1.1\\r\\nHost: registry.test:{p}\\r\\n\\r\\n'\n\
+         plain = b'\\x00\\x00\\x00\\x08\\x04\\xd2\\x16\\x2fEHLO x\\r\\nSTARTTLS\\r\\n'\n\
+         exchange('starttls', connect, None, plain + hello(sys.argv[1]) + b'\\x17\\x03\\x03\\x00\\x05after')\n"
+    );
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let log = ws.path.join("egress.jsonl");
+        let args = allow_with(p, " tunnel=any", &log);
+        // The control: the ClientHello naming the tunnel's host passes, and what follows it.
+        recorder.clear();
+        let output = ws.run(&strs(&args), &[PYTHON, "-c", &code, "registry.test"]);
+        assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+        let received = recorder.received();
+        assert!(
+            received.contains("STARTTLS")
+                && received.contains("registry.test")
+                && received.ends_with("after"),
+            "{uid:?}: {received:?} {}",
+            describe(&output)
+        );
+        assert!(refusals(&log).is_empty(), "{uid:?}: {:?}", refusals(&log));
+        // The attack: the plaintext passes, the ClientHello naming evil.test does not.
+        recorder.clear();
+        let output = ws.run(&strs(&args), &[PYTHON, "-c", &code, "evil.test"]);
+        assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+        let received = recorder.received();
+        assert!(
+            received.contains("STARTTLS") && !received.contains("evil.test"),
+            "{uid:?}: {received:?}"
+        );
+        let refused = refusals(&log);
+        assert!(
+            refused.len() == 1
+                && refused[0]["host"] == "registry.test"
+                && refused[0]["reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains("\"evil.test\""),
+            "{uid:?}: {refused:?}"
+        );
+        assert!(
+            text(&output.stderr).contains(&format!("egress proxy refused registry.test:{p}")),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+    }
+}
+
+#[test]
+fn tunnel_any_lets_an_opaque_protocol_through_that_the_default_refuses() {
+    let recorder = Recorder::start();
+    let p = recorder.port;
+    let code = format!(
+        "{CLIENT_PY}\
+         connect = b'CONNECT registry.test:{p} HTTP/1.1\\r\\nHost: registry.test:{p}\\r\\n\\r\\n'\n\
+         exchange(sys.argv[1], connect, None, sys.argv[2].encode())\n"
+    );
+    let http = format!("GET / HTTP/1.1\r\nHost: registry.test:{p}\r\n\r\n");
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let log = ws.path.join("egress.jsonl");
+        for (setting, payload, passes, why) in [
+            ("", "EHLO opaque.example\r\n", false, "neither TLS nor HTTP"),
+            (" tunnel=any", "EHLO opaque.example\r\n", true, ""),
+            // The default lets checked HTTP through; tls-only does not.
+            ("", http.as_str(), true, ""),
+            (" tunnel=tls-only", http.as_str(), false, "TLS only"),
+        ] {
+            let _ = std::fs::remove_file(&log);
+            recorder.clear();
+            let output = ws.run(
+                &strs(&allow_with(p, setting, &log)),
+                &[PYTHON, "-c", &code, "case", payload],
+            );
+            assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+            let received = recorder.received();
+            let refused = refusals(&log);
+            if passes {
+                assert_eq!(
+                    received,
+                    payload,
+                    "{uid:?} {setting:?}: {}",
+                    describe(&output)
+                );
+                assert!(refused.is_empty(), "{uid:?} {setting:?}: {refused:?}");
+            } else {
+                assert_eq!(received, "", "{uid:?} {setting:?}");
+                assert!(
+                    refused.len() == 1
+                        && refused[0]["port"] == p
+                        && refused[0]["reason"].as_str().unwrap().contains(why),
+                    "{uid:?} {setting:?}: {refused:?}"
+                );
+                assert!(
+                    text(&output.stderr)
+                        .contains(&format!("egress proxy refused registry.test:{p}")),
+                    "{uid:?}: {}",
+                    describe(&output)
+                );
+            }
+        }
+    }
+}

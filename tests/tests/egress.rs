@@ -9,8 +9,8 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -98,7 +98,11 @@ impl Setup {
     }
 
     fn start(&self, uid: Option<u32>) -> ExecServer {
-        ExecServer::start_binary(&self.bin.join("exec-server"), &[], |command| {
+        self.start_with(uid, &[])
+    }
+
+    fn start_with(&self, uid: Option<u32>, args: &[&str]) -> ExecServer {
+        ExecServer::start_binary(&self.bin.join("exec-server"), args, |command| {
             command.env_clear().env("PATH", "/usr/bin:/bin");
             if let Some(uid) = uid {
                 command.uid(uid).gid(uid);
@@ -300,6 +304,22 @@ async fn http_request_refuses_a_host_header_naming_another_host_under_an_allowli
         "{error:?}"
     );
     assert_eq!(origin.connections.load(Ordering::SeqCst), 0);
+    // Plain http:// to a destination whose pattern says tunnel=tls-only is refused, as the
+    // egress proxy refuses it.
+    let tls_only = json!({"profile": "read-only", "network": {"allow": [format!("127.0.0.1:{} tunnel=tls-only", origin.port)]}});
+    let error = assert_rpc_error(
+        client
+            .request(
+                "http/request",
+                json!({"method": "GET", "url": url, "headers": [], "requestId": "r",
+                       "streamResponse": false, "sandbox": tls_only}),
+            )
+            .await,
+        -32600,
+        "sandboxDenied",
+    );
+    assert!(error.message.contains("carries TLS only"), "{error:?}");
+    assert_eq!(origin.connections.load(Ordering::SeqCst), 0);
     // The control: a Host header naming the URL's host is sent.
     let ok = client
         .call(
@@ -309,4 +329,131 @@ async fn http_request_refuses_a_host_header_naming_another_host_under_an_allowli
         .await;
     assert_eq!(ok["status"], 200, "{ok}");
     assert_eq!(origin.connections.load(Ordering::SeqCst), 1);
+}
+
+/// A TCP server on 127.0.0.1 that records every byte it receives and answers nothing.
+struct Recorder {
+    port: u16,
+    received: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Recorder {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let all = Arc::clone(&received);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let all = Arc::clone(&all);
+                std::thread::spawn(move || {
+                    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+                    let mut chunk = [0u8; 4096];
+                    while let Ok(n) = stream.read(&mut chunk) {
+                        if n == 0 {
+                            break;
+                        }
+                        all.lock().unwrap().extend_from_slice(&chunk[..n]);
+                    }
+                });
+            }
+        });
+        Self { port, received }
+    }
+
+    fn take(&self) -> String {
+        String::from_utf8_lossy(&std::mem::take(&mut *self.received.lock().unwrap())).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn a_mid_tunnel_refusal_is_process_denied_and_tunnel_any_travels_on_the_wire() {
+    let recorder = Recorder::start();
+    let p = recorder.port;
+    // CONNECT, then MESSAGE; half-close and read to the end.
+    let code = format!(
+        "import socket, os, sys\n\
+         port = int(os.environ['HTTPS_PROXY'].rsplit(':', 1)[1])\n\
+         s = socket.create_connection(('127.0.0.1', port), timeout=10)\n\
+         s.sendall(b'CONNECT 127.0.0.1:{p} HTTP/1.1\\r\\n\\r\\n')\n\
+         print(s.recv(1024).split(b'\\r\\n')[0].decode())\n\
+         s.sendall(sys.argv[1].encode())\n\
+         s.shutdown(socket.SHUT_WR)\n\
+         while s.recv(4096):\n\
+         \x20   pass\n"
+    );
+    let first = format!("GET /1 HTTP/1.1\r\nHost: 127.0.0.1:{p}\r\n\r\n");
+    let fronted = format!("{first}GET /2 HTTP/1.1\r\nHost: evil.test\r\n\r\n");
+    let opaque = "EHLO opaque.example\r\n";
+    // Unprivileged, as the audit of a denial needs (see above).
+    let uid = nix::unistd::geteuid().is_root().then_some(NOBODY);
+    for args in [&[][..], &["--one-shot-sandbox"][..]] {
+        let setup = Setup::new(uid);
+        let server = setup.start_with(uid, args);
+        let mut client = server.client().await;
+        let sandbox = |allow: Value| {
+            json!({
+                "profile": "workspace-write",
+                "cwd": file_uri(&setup.workspace),
+                "network": {"allow": allow},
+            })
+        };
+        // A pipelined second request naming evil.test: refused mid-tunnel, reported by name.
+        client
+            .start(
+                "fronted",
+                &["/usr/bin/python3", "-c", &code, &fronted],
+                json!({
+                    "sandbox": sandbox(json!([format!("127.0.0.1:{p}")])),
+                    "cwd": file_uri(&setup.workspace),
+                    "auditDenials": true,
+                }),
+            )
+            .await
+            .unwrap();
+        let denied = client
+            .wait_for_notification(
+                "a process/denied notification for the fronted request",
+                Duration::from_secs(20),
+                |n| n["method"] == "process/denied" && n["params"]["denial"]["layer"] == "proxy",
+            )
+            .await;
+        let denial = &denied["params"]["denial"];
+        assert_eq!(
+            denial["address"],
+            format!("127.0.0.1:{p}"),
+            "{args:?}: {denial}"
+        );
+        let out = client.collect("fronted").await;
+        assert_eq!(out.exit_code, Some(0), "{args:?}: {out:?}");
+        let received = recorder.take();
+        assert_eq!(received, first, "{args:?}: only the first request passed");
+        // An opaque protocol: refused by the default ...
+        let out = client
+            .run(
+                "opaque-default",
+                &["/usr/bin/python3", "-c", &code, opaque],
+                json!({
+                    "sandbox": sandbox(json!([format!("127.0.0.1:{p}")])),
+                    "cwd": file_uri(&setup.workspace),
+                }),
+            )
+            .await;
+        assert_eq!(out.exit_code, Some(0), "{args:?}: {out:?}");
+        assert_eq!(recorder.take(), "", "{args:?}");
+        // ... and let through by the table form of tunnel = "any" on the wire.
+        let out = client
+            .run(
+                "opaque-any",
+                &["/usr/bin/python3", "-c", &code, opaque],
+                json!({
+                    "sandbox": sandbox(json!([{"pattern": format!("127.0.0.1:{p}"), "tunnel": "any"}])),
+                    "cwd": file_uri(&setup.workspace),
+                }),
+            )
+            .await;
+        assert_eq!(out.exit_code, Some(0), "{args:?}: {out:?}");
+        assert_eq!(recorder.take(), opaque, "{args:?}");
+    }
 }

@@ -5,10 +5,14 @@
 //! (`GET http://host[:port]/path HTTP/1.1`), which are rewritten to origin form with
 //! `Connection: close` (so every request on a connection goes to the host that was checked) and
 //! without `Proxy-*` headers. A `Host` header naming another host than the URL is refused.
-//! `https://` absolute-form requests are refused: clients tunnel TLS with `CONNECT`.
+//! `https://` absolute-form requests are refused: clients tunnel TLS with `CONNECT`. A
+//! request's body framing is checked here ([`framing`](super::framing)); the bytes after the
+//! head are the caller's to follow, so that every later request on the connection is parsed
+//! and checked the same way.
 
 use crate::policy::network::Host;
 
+use super::framing::{self, Body};
 use super::{MAX_HEADER_BYTES, MAX_HEADERS};
 
 /// A parsed request head.
@@ -20,17 +24,21 @@ pub enum Request {
         host: Host,
         /// Destination port.
         port: u16,
-        /// Bytes after the head (the client's first tunnel bytes).
-        rest: Vec<u8>,
+        /// Length of the head (what follows is the client's first tunnel bytes).
+        head_len: usize,
     },
-    /// An absolute-form request: send `upstream`, then tunnel.
+    /// An absolute-form request: send `upstream`, then its body.
     Forward {
         /// Destination host.
         host: Host,
         /// Destination port.
         port: u16,
-        /// The rewritten head followed by the bytes after it.
+        /// The rewritten head.
         upstream: Vec<u8>,
+        /// How the body that follows the head is framed.
+        body: Body,
+        /// Length of the head as the client sent it.
+        head_len: usize,
     },
 }
 
@@ -83,10 +91,13 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HttpError> {
     };
     let method = request.method.unwrap_or_default();
     let target = request.path.unwrap_or_default();
-    let rest = buf[head_len..].to_vec();
     if method.eq_ignore_ascii_case("CONNECT") {
         let (host, port) = authority(target, None)?;
-        return Ok(Some(Request::Connect { host, port, rest }));
+        return Ok(Some(Request::Connect {
+            host,
+            port,
+            head_len,
+        }));
     }
     let lower = target.to_ascii_lowercase();
     let Some(after) = lower.strip_prefix("http://").map(|_| &target[7..]) else {
@@ -128,6 +139,16 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HttpError> {
         .rsplit_once('@')
         .map_or(authority_text, |(_, host)| host);
     let (host, port) = authority(authority_text, Some(80))?;
+    let unframed = |err: framing::FramingError| HttpError::Refused {
+        host: host.to_string(),
+        port,
+        reason: format!("{err}: the request cannot be framed the one way every server would"),
+        rule: "none: send a request with one Content-Length or Transfer-Encoding: chunked \
+               and CRLF line ends"
+            .to_owned(),
+    };
+    framing::check_line_ends(&buf[..head_len]).map_err(unframed)?;
+    let body = framing::body_of(request.version.unwrap_or(1), request.headers).map_err(unframed)?;
     let mut upstream = format!(
         "{method} {path} HTTP/1.{}\r\n",
         request.version.unwrap_or(1)
@@ -168,11 +189,12 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HttpError> {
         upstream.extend_from_slice(format!("Host: {value}\r\n").as_bytes());
     }
     upstream.extend_from_slice(b"Connection: close\r\n\r\n");
-    upstream.extend_from_slice(&rest);
     Ok(Some(Request::Forward {
         host,
         port,
         upstream,
+        body,
+        head_len,
     }))
 }
 
@@ -236,16 +258,14 @@ mod tests {
 
     #[test]
     fn connect_names_host_and_port_and_keeps_the_rest() {
-        let parsed =
-            parse(b"CONNECT Example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n\x16\x03")
-                .unwrap()
-                .unwrap();
+        let head = b"CONNECT Example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n";
+        let parsed = parse(&[&head[..], b"\x16\x03"].concat()).unwrap().unwrap();
         assert_eq!(
             parsed,
             Request::Connect {
                 host: Host::parse("example.com").unwrap(),
                 port: 443,
-                rest: vec![0x16, 0x03],
+                head_len: head.len(),
             }
         );
         assert!(matches!(
@@ -258,8 +278,8 @@ mod tests {
     #[test]
     fn absolute_form_is_rewritten_to_origin_form_with_connection_close() {
         let parsed = parse(
-            b"GET http://pypi.test:8080/simple/x/?a=1 HTTP/1.1\r\nHost: pypi.test:8080\r\n\
-              Proxy-Connection: keep-alive\r\nConnection: keep-alive\r\nAccept: */*\r\n\r\nBODY",
+            b"POST http://pypi.test:8080/simple/x/?a=1 HTTP/1.1\r\nHost: pypi.test:8080\r\n\
+              Proxy-Connection: keep-alive\r\nConnection: keep-alive\r\nContent-Length: 4\r\n\r\nBODY",
         )
         .unwrap()
         .unwrap();
@@ -267,16 +287,26 @@ mod tests {
             host,
             port,
             upstream,
+            body,
+            head_len,
         } = parsed
         else {
             panic!("not forward");
         };
         assert_eq!((host.to_string(), port), ("pypi.test".to_owned(), 8080));
+        assert_eq!(body, Body::Length(4));
+        assert_eq!(head_len, 148);
         assert_eq!(
             String::from_utf8(upstream).unwrap(),
-            "GET /simple/x/?a=1 HTTP/1.1\r\nHost: pypi.test:8080\r\nAccept: */*\r\n\
-             Connection: close\r\n\r\nBODY"
+            "POST /simple/x/?a=1 HTTP/1.1\r\nHost: pypi.test:8080\r\nContent-Length: 4\r\n\
+             Connection: close\r\n\r\n"
         );
+        for unframed in [
+            &b"POST http://a.test/ HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"GET http://a.test/ HTTP/1.1\nHost: a.test\r\n\r\n",
+        ] {
+            assert!(matches!(parse(unframed), Err(HttpError::Refused { .. })));
+        }
     }
 
     #[test]

@@ -16,21 +16,29 @@
 //! network`], deny wins); the name resolved here (the hosts-file mapping first, then the system
 //! resolver) and every address checked: loopback, private, link-local and other special
 //! addresses only when an `allow` pattern names the address itself, the supervisor's own
-//! listeners never; then, when the client's first bytes are a TLS ClientHello, its SNI must be
-//! the name it asked for (no domain fronting), and ports in [`TLS_PORTS`] carry TLS only.
+//! listeners never; then every byte the client sends is followed ([`inspect`]): each plaintext
+//! TLS ClientHello must name the host it asked for (no domain fronting), each HTTP request
+//! (kept-alive, pipelined, inside a tunnel) must name it too, and what the tunnel may carry at
+//! all is the pattern's [`TunnelMode`](crate::policy::network::TunnelMode) (TLS only on 443,
+//! TLS or checked HTTP elsewhere, anything with `tunnel=any`).
 //! Every decision is an [`EgressEvent`] written to the outer, which turns refusals into denial
 //! records (layer `proxy`, operation `net.connect`).
 //!
 //! Module map: [`config`] (what the outer hands the proxy), [`hosts`] (hosts-file mapping),
 //! [`http`] and [`socks`] (request parsing, sans-I/O), [`sni`] (ClientHello parsing),
+//! [`framing`] (HTTP/1.x body framing), [`tls`] (TLS record following), [`inspect`] (what
+//! passes: the three together, per tunnel mode),
 //! [`server`] (the accept loop and the connection handler), [`launch`] (the outer's side:
 //! exec the proxy, read its events, stop it).
 
 pub mod config;
+pub mod framing;
 pub mod hosts;
 pub mod http;
+pub mod inspect;
 pub mod sni;
 pub mod socks;
+pub mod tls;
 
 #[cfg(target_os = "linux")]
 pub mod helper;
@@ -50,16 +58,13 @@ pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Most headers in one request head (the parser's fixed table).
 pub const MAX_HEADERS: usize = 64;
 
-/// Largest TLS ClientHello buffered for the SNI check (a record is at most 16 KiB plus its
-/// 5-byte header; a ClientHello spread over more records than one is refused).
-pub const MAX_CLIENT_HELLO_BYTES: usize = 16 * 1024 + 5;
-
 /// Connections one proxy (one sandbox) serves at once; more are closed at once. Each costs two
 /// threads and two 64 KiB buffers.
 pub const MAX_CONCURRENT_CONNECTIONS: usize = 128;
 
 /// How long a client has in total to send its request head once connected (and, separately,
-/// its ClientHello once the tunnel is open): one deadline, not a timeout per read.
+/// each message the proxy must see whole once its first byte arrived: a later request head, a
+/// chunk-size line, a record holding a ClientHello): one deadline, not a timeout per read.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a connection to one address of the destination may take.
@@ -74,8 +79,9 @@ pub const IDLE_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// Bytes copied per read in each direction of a tunnel.
 pub const RELAY_BUFFER_BYTES: usize = 64 * 1024;
 
-/// Ports that carry TLS only: a tunnel to one of them must start with a ClientHello.
-pub const TLS_PORTS: [u16; 1] = [443];
+/// Most client bytes held at once while a message is incomplete (a request head, a chunk-size
+/// line, a TLS record holding a ClientHello): each parser bounds its own, this bounds them all.
+pub const MAX_HELD_BYTES: usize = 32 * 1024;
 
 /// Name of the proxy binary, found next to `sandbox-run`.
 pub const PROXY_BINARY: &str = "egress-proxy";

@@ -2,10 +2,11 @@
 //! proxy confines itself before any thread exists, then serves one sandbox).
 //!
 //! Per connection: read the request head under [`HANDSHAKE_TIMEOUT`], decide, resolve, check
-//! every address, connect under [`CONNECT_TIMEOUT`], answer, then relay both directions with
-//! the TLS gate on the client's first bytes ([`sni`](super::sni)). The event of each decision is
+//! every address, connect under [`CONNECT_TIMEOUT`], answer, then relay both directions, the
+//! client's bytes through the [`Inspector`] of the destination's tunnel mode (every later
+//! request, every plaintext ClientHello checked). The event of each decision is
 //! written before the client hears the answer, so when the command has seen a refusal, its
-//! record is already on its way to the outer. The tunnel's part (TLS gate, relay) is in
+//! record is already on its way to the outer. The tunnel's part (inspection, relay) is in
 //! `tunnel`.
 
 use std::fs::File;
@@ -15,18 +16,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::policy::network::{Decision, Host, canonical_ip};
+use crate::policy::network::{Decision, Host, TunnelMode, canonical_ip};
 
 use super::config::{EgressEvent, ProxyConfig, escape_control};
 use super::http::{self, Request};
+use super::inspect::Inspector;
 use super::socks;
-use super::{
-    CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT, MAX_CONCURRENT_CONNECTIONS, MAX_HEADER_BYTES, TLS_PORTS,
-};
+use super::{CONNECT_TIMEOUT, HANDSHAKE_TIMEOUT, MAX_CONCURRENT_CONNECTIONS, MAX_HEADER_BYTES};
 
 mod tunnel;
 
-use tunnel::tunnel;
+use tunnel::{Destination, tunnel};
 
 /// How long a reading of this host's interface addresses is used before it is read again.
 const LOCAL_ADDRESSES_TTL: Duration = Duration::from_secs(1);
@@ -222,14 +222,18 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
         Request::Connect { host, port, .. } => (host.clone(), *port, "connect"),
         Request::Forward { host, port, .. } => (host.clone(), *port, "http"),
     };
-    if protocol == "http" && TLS_PORTS.contains(&port) {
-        // Plain HTTP to a port that carries TLS only: refused before any connection.
+    let mode = proxy.config.rules.tunnel_mode(&host, port);
+    if protocol == "http" && mode == TunnelMode::TlsOnly {
+        // Plain HTTP to a destination that carries TLS only: refused before any connection.
         let event = EgressEvent::refused(
             protocol,
             &host.to_string(),
             port,
             "none: use https:// (tunnelled with CONNECT) for this port".to_owned(),
-            format!("port {port} carries TLS only, and this is a plain HTTP request"),
+            format!(
+                "port {port} carries TLS only (its default, or tunnel=tls-only), and this is a \
+                 plain HTTP request"
+            ),
         );
         proxy.emit(&event);
         let _ = client.write_all(&http::response(
@@ -258,22 +262,34 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
             return;
         }
     };
-    let first = match request {
-        Request::Connect { rest, .. } => {
+    let inspector = match request {
+        Request::Connect { head_len, .. } => {
             if client.write_all(http::CONNECT_ESTABLISHED).is_err() {
                 return;
             }
-            rest
+            buf.drain(..head_len);
+            Inspector::tunnel(host.clone(), port, mode)
         }
-        Request::Forward { upstream: head, .. } => {
+        Request::Forward {
+            upstream: head,
+            body,
+            head_len,
+            ..
+        } => {
             let mut upstream = &upstream;
             if upstream.write_all(&head).is_err() {
                 return;
             }
-            Vec::new()
+            buf.drain(..head_len);
+            Inspector::forward(host.clone(), port, body)
         }
     };
-    tunnel(proxy, protocol, &host, port, client, upstream, first);
+    let destination = Destination {
+        protocol,
+        host: &host,
+        port,
+    };
+    tunnel(proxy, &destination, client, upstream, buf, inspector);
 }
 
 fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant) {
@@ -339,7 +355,14 @@ fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline
     if client.write_all(&socks::reply(socks::REPLY_OK)).is_err() {
         return;
     }
-    tunnel(proxy, "socks5", &host, port, client, upstream, rest);
+    let mode = proxy.config.rules.tunnel_mode(&host, port);
+    let destination = Destination {
+        protocol: "socks5",
+        host: &host,
+        port,
+    };
+    let inspector = Inspector::tunnel(host.clone(), port, mode);
+    tunnel(proxy, &destination, client, upstream, rest, inspector);
 }
 
 /// SOCKS4 and SOCKS4a are not served: read the request far enough to name its destination,

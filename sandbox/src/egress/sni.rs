@@ -2,9 +2,10 @@
 //! opened for `allowed.example` whose ClientHello asks a shared front-end for `other.example`
 //! is refused.
 //!
-//! Only the first record is read (a ClientHello larger than one record is refused, as no
-//! client sends one; see [`super::MAX_CLIENT_HELLO_BYTES`]). Every length is checked against
-//! what is left; nothing is trusted.
+//! [`server_name`] reads a ClientHello message body (the proxy's [`tls`](super::tls) follower
+//! finds every plaintext ClientHello of a tunnel and hands each one here); [`parse`] reads one
+//! from the first record of a buffer. A ClientHello larger than one record is refused, as no
+//! client sends one. Every length is checked against what is left; nothing is trusted.
 
 /// The outcome of [`parse`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,7 +82,7 @@ pub fn parse(buf: &[u8]) -> Result<ClientHello, SniError> {
         return Ok(ClientHello::Incomplete);
     };
     let mut r = Cursor { bytes: record };
-    if r.u8("handshake type")? != 1 {
+    if r.u8("handshake type")? != usize::from(HANDSHAKE_CLIENT_HELLO) {
         return Err(SniError::Malformed(
             "the first handshake message is not a ClientHello",
         ));
@@ -90,41 +91,73 @@ pub fn parse(buf: &[u8]) -> Result<ClientHello, SniError> {
         let b = r.take(3, "handshake length")?;
         (usize::from(b[0]) << 16) | (usize::from(b[1]) << 8) | usize::from(b[2])
     };
-    let mut hello = Cursor {
-        bytes: r.take(body_len, "ClientHello spans more than one record")?,
-    };
+    let body = r.take(body_len, "ClientHello spans more than one record")?;
+    server_name(body).map(ClientHello::Parsed)
+}
+
+/// Handshake message type of a ClientHello.
+pub const HANDSHAKE_CLIENT_HELLO: u8 = 1;
+
+/// Extension type `server_name` (RFC 6066).
+const EXTENSION_SERVER_NAME: usize = 0;
+
+/// Extension type `encrypted_client_hello` (RFC 9849): the real server name travels encrypted.
+const EXTENSION_ENCRYPTED_CLIENT_HELLO: usize = 0xfe0d;
+
+/// The `server_name` (host_name type) of a ClientHello message body (after the 4-byte
+/// handshake header), if it carries one.
+///
+/// # Errors
+/// [`SniError::Malformed`] when a length does not add up, the extension or a host name appears
+/// twice (which name a server would use is not ours to guess), or the ClientHello carries
+/// `encrypted_client_hello` (its outer name need not be the server it reaches).
+pub fn server_name(body: &[u8]) -> Result<Option<String>, SniError> {
+    let mut hello = Cursor { bytes: body };
     hello.take(2 + 32, "version and random")?;
     hello.vec8("session id")?;
     hello.vec16("cipher suites")?;
     hello.vec8("compression methods")?;
     if hello.bytes.is_empty() {
-        return Ok(ClientHello::Parsed(None));
+        return Ok(None);
     }
     let mut extensions = Cursor {
         bytes: hello.vec16("extensions")?,
     };
+    let mut found: Option<Option<String>> = None;
     while !extensions.bytes.is_empty() {
         let kind = extensions.u16("extension type")?;
         let data = extensions.vec16("extension data")?;
-        if kind != 0 {
+        if kind == EXTENSION_ENCRYPTED_CLIENT_HELLO {
+            return Err(SniError::Malformed(
+                "encrypted_client_hello hides the server name it reaches",
+            ));
+        }
+        if kind != EXTENSION_SERVER_NAME {
             continue;
+        }
+        if found.is_some() {
+            return Err(SniError::Malformed("two server_name extensions"));
         }
         let mut list = Cursor { bytes: data };
         let mut names = Cursor {
             bytes: list.vec16("server name list")?,
         };
+        let mut host_name = None;
         while !names.bytes.is_empty() {
             let name_type = names.u8("server name type")?;
             let name = names.vec16("server name")?;
             if name_type == 0 {
+                if host_name.is_some() {
+                    return Err(SniError::Malformed("two host names in server_name"));
+                }
                 let text = std::str::from_utf8(name)
                     .map_err(|_| SniError::Malformed("server name is not ASCII"))?;
-                return Ok(ClientHello::Parsed(Some(text.to_owned())));
+                host_name = Some(text.to_owned());
             }
         }
-        return Ok(ClientHello::Parsed(None));
+        found = Some(host_name);
     }
-    Ok(ClientHello::Parsed(None))
+    Ok(found.flatten())
 }
 
 #[cfg(test)]

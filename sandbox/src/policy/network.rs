@@ -8,7 +8,11 @@
 //! - each optionally followed by `:PORT`; without a port an `allow` pattern means ports 80 and
 //!   443, a `deny` pattern every port;
 //! - `@NAME` — a named set shipped in `policies/egress/NAME.txt` (e.g. `@package-registries`),
-//!   expanded when the policy is parsed.
+//!   expanded when the policy is parsed;
+//! - an `allow` pattern optionally followed by ` tunnel=tls-only` or ` tunnel=any` (in TOML and
+//!   on the wire also `{pattern = "...", tunnel = "any"}`): what the tunnel to a destination it
+//!   allows may carry ([`TunnelMode`]). Without it: TLS only on port 443, and TLS or HTTP (every
+//!   request's `Host` checked) on every other port; an unknown protocol needs `tunnel=any`.
 //!
 //! Names are compared case-insensitively after IDNA normalisation (`bücher.example` and
 //! `xn--bcher-kva.example` are one host). `deny` wins over `allow`. A destination that
@@ -78,10 +82,11 @@ impl NetworkPolicy {
                 "on" | "enabled" => Ok(Self::On),
                 _ => Err(NetworkError::UnknownMode { mode }.into()),
             },
-            NetworkSetting::Allowlist(spec) => Ok(Self::Allowlist(EgressRules::parse(
-                &spec.allow,
-                &spec.deny,
-            )?)),
+            NetworkSetting::Allowlist(spec) => {
+                let allow: Vec<String> =
+                    spec.allow.iter().map(AllowEntry::to_pattern_text).collect();
+                Ok(Self::Allowlist(EgressRules::parse(&allow, &spec.deny)?))
+            }
         }
     }
 }
@@ -100,7 +105,11 @@ impl From<NetworkPolicy> for NetworkSetting {
             NetworkPolicy::Off => Self::Mode("off".to_owned()),
             NetworkPolicy::On => Self::Mode("on".to_owned()),
             NetworkPolicy::Allowlist(rules) => Self::Allowlist(AllowlistSpec {
-                allow: rules.allow.iter().map(ToString::to_string).collect(),
+                allow: rules
+                    .allow
+                    .iter()
+                    .map(|p| AllowEntry::Pattern(p.to_string()))
+                    .collect(),
                 deny: rules.deny.iter().map(ToString::to_string).collect(),
             }),
         }
@@ -187,6 +196,17 @@ pub enum PatternError {
     /// The host is not a valid name.
     #[error(transparent)]
     Host(#[from] HostNameError),
+    /// A setting after the pattern other than `tunnel=tls-only` or `tunnel=any`.
+    #[error(
+        "{setting:?} is not a pattern setting (expected \"tunnel=tls-only\" or \"tunnel=any\")"
+    )]
+    Setting {
+        /// The setting as written.
+        setting: String,
+    },
+    /// `tunnel=` on a `deny` pattern.
+    #[error("tunnel= applies to allow patterns only")]
+    TunnelOnDeny,
 }
 
 /// A host that is neither an IP literal nor a valid DNS name.
@@ -217,11 +237,106 @@ pub enum NetworkSetting {
 pub struct AllowlistSpec {
     /// Patterns to allow.
     #[serde(default)]
-    pub allow: Vec<String>,
+    pub allow: Vec<AllowEntry>,
     /// Patterns to refuse even when an `allow` pattern matches.
     #[serde(default)]
     pub deny: Vec<String>,
 }
+
+/// One `allow` item as written: a pattern string, or `{"pattern": "...", "tunnel": "any"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum AllowEntry {
+    /// `"HOST[:PORT][ tunnel=MODE]"`.
+    Pattern(String),
+    /// The table form.
+    Table(AllowTable),
+}
+
+/// `{"pattern": "...", "tunnel": "tls-only" | "any"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowTable {
+    /// The pattern (without a `tunnel=` suffix).
+    pub pattern: String,
+    /// What its tunnels may carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<String>,
+}
+
+impl AllowEntry {
+    /// The one-string form every parser reads.
+    fn to_pattern_text(&self) -> String {
+        match self {
+            Self::Pattern(text) => text.clone(),
+            Self::Table(AllowTable {
+                pattern,
+                tunnel: None,
+            }) => pattern.clone(),
+            Self::Table(AllowTable {
+                pattern,
+                tunnel: Some(tunnel),
+            }) => format!("{pattern} {TUNNEL_KEY}={tunnel}"),
+        }
+    }
+}
+
+/// The key of a pattern's tunnel setting (`pypi.org tunnel=any`).
+const TUNNEL_KEY: &str = "tunnel";
+
+/// What an `allow` pattern says its tunnels may carry (`tunnel=...`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TunnelSetting {
+    /// `tls-only`: TLS from the first byte, every plaintext ClientHello's server name checked.
+    TlsOnly,
+    /// `any`: any protocol; the TLS ClientHellos found in it are still checked.
+    Any,
+}
+
+impl TunnelSetting {
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "tls-only" => Some(Self::TlsOnly),
+            "any" => Some(Self::Any),
+            _ => None,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::TlsOnly => "tls-only",
+            Self::Any => "any",
+        }
+    }
+}
+
+/// What the egress proxy lets through one tunnel (or one plain-HTTP connection), from the
+/// narrowest to the widest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TunnelMode {
+    /// TLS from the first byte; the server name of every plaintext ClientHello must be the
+    /// tunnel's host. The default on [`TLS_ONLY_PORTS`].
+    TlsOnly,
+    /// TLS as [`Self::TlsOnly`], or HTTP/1.x whose every request names the tunnel's host; any
+    /// other protocol is refused. The default on every other port.
+    Checked,
+    /// Any bytes; every TLS ClientHello found in the plaintext is still checked.
+    Any,
+}
+
+impl TunnelMode {
+    /// The name the policy uses (`checked` is the default's, which has no key).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TlsOnly => "tls-only",
+            Self::Checked => "checked (TLS or Host-checked HTTP)",
+            Self::Any => "any",
+        }
+    }
+}
+
+/// Ports whose tunnels carry TLS only unless a pattern says otherwise.
+pub const TLS_ONLY_PORTS: [u16; 1] = [443];
 
 /// A validated allowlist.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -243,6 +358,13 @@ impl EgressRules {
             allow: parse_list(allow)?,
             deny: parse_list(deny)?,
         };
+        if let Some(pattern) = rules.deny.iter().find(|p| p.tunnel.is_some()) {
+            return Err(NetworkError::Pattern {
+                pattern: pattern.to_string(),
+                source: PatternError::TunnelOnDeny,
+            }
+            .into());
+        }
         if rules.allow.len() + rules.deny.len() > MAX_EGRESS_PATTERNS {
             return Err(NetworkError::TooManyPatterns {
                 limit: MAX_EGRESS_PATTERNS,
@@ -262,6 +384,27 @@ impl EgressRules {
         let mut all_deny: Vec<String> = self.deny.iter().map(ToString::to_string).collect();
         all_deny.extend_from_slice(deny);
         Self::parse(&all_allow, &all_deny)
+    }
+
+    /// What a tunnel to `host:port` may carry: the widest setting of the `allow` patterns that
+    /// match it (a pattern adds to what others allow, it never narrows them), each pattern
+    /// without a setting counting as its port's default ([`TunnelMode`]).
+    pub fn tunnel_mode(&self, host: &Host, port: u16) -> TunnelMode {
+        let default = if TLS_ONLY_PORTS.contains(&port) {
+            TunnelMode::TlsOnly
+        } else {
+            TunnelMode::Checked
+        };
+        self.allow
+            .iter()
+            .filter(|p| p.matches(host, port, false))
+            .map(|p| match p.tunnel {
+                None => default,
+                Some(TunnelSetting::TlsOnly) => TunnelMode::TlsOnly,
+                Some(TunnelSetting::Any) => TunnelMode::Any,
+            })
+            .max()
+            .unwrap_or(default)
     }
 
     /// Whether `host:port` may be reached by name (before its addresses are checked).
@@ -428,6 +571,8 @@ pub struct HostPattern {
     pub host: HostMatch,
     /// The port, or `None`: ports 80 and 443 for `allow`, every port for `deny`.
     pub port: Option<u16>,
+    /// What tunnels to what it allows may carry; `None`: the port's default ([`TunnelMode`]).
+    pub tunnel: Option<TunnelSetting>,
 }
 
 impl HostPattern {
@@ -441,6 +586,25 @@ impl HostPattern {
             source,
         };
         let text = text.trim();
+        let setting = text
+            .rsplit_once(char::is_whitespace)
+            .filter(|(_, setting)| setting.contains('='));
+        let (text, tunnel) = match setting {
+            None => (text, None),
+            Some((pattern, setting)) => {
+                let setting = setting.trim();
+                let parsed = setting
+                    .strip_prefix(TUNNEL_KEY)
+                    .and_then(|rest| rest.strip_prefix('='))
+                    .and_then(TunnelSetting::parse)
+                    .ok_or_else(|| {
+                        bad(PatternError::Setting {
+                            setting: setting.to_owned(),
+                        })
+                    })?;
+                (pattern.trim_end(), Some(parsed))
+            }
+        };
         let (host, port) = split_port(text).map_err(bad)?;
         let host = if let Some(suffix) = host.strip_prefix("*.") {
             let name = normalize_name(suffix).map_err(|e| bad(e.into()))?;
@@ -453,7 +617,7 @@ impl HostPattern {
         } else {
             HostMatch::Exact(Host::parse(host).map_err(|e| bad(e.into()))?)
         };
-        Ok(Self { host, port })
+        Ok(Self { host, port, tunnel })
     }
 
     /// Whether the pattern covers `host:port`; `every_port_by_default` for deny patterns.
@@ -519,8 +683,11 @@ impl fmt::Display for HostPattern {
             HostMatch::Exact(host) => write!(f, "{host}")?,
             HostMatch::Subdomains(suffix) => write!(f, "*.{suffix}")?,
         }
-        match self.port {
-            Some(port) => write!(f, ":{port}"),
+        if let Some(port) = self.port {
+            write!(f, ":{port}")?;
+        }
+        match self.tunnel {
+            Some(tunnel) => write!(f, " {TUNNEL_KEY}={}", tunnel.as_str()),
             None => Ok(()),
         }
     }
@@ -876,6 +1043,79 @@ mod tests {
             Decision::Denied(Refusal::NotAllowed)
         );
         rules(&["@git-hosts"], &[]);
+    }
+
+    #[test]
+    fn tunnel_settings_parse_in_every_form_and_the_widest_matching_one_applies() {
+        let r = rules(
+            &[
+                "db.corp.test:5432 tunnel=any",
+                "*.corp.test:5432",
+                "web.test",
+                "tls.test:8443  tunnel=tls-only",
+            ],
+            &[],
+        );
+        let mode = |h: &str, p: u16| r.tunnel_mode(&name(h), p);
+        assert_eq!(mode("db.corp.test", 5432), TunnelMode::Any);
+        assert_eq!(mode("x.corp.test", 5432), TunnelMode::Checked);
+        assert_eq!(mode("web.test", 443), TunnelMode::TlsOnly);
+        assert_eq!(mode("web.test", 80), TunnelMode::Checked);
+        assert_eq!(mode("tls.test", 8443), TunnelMode::TlsOnly);
+        assert_eq!(
+            r.allow.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "*.corp.test:5432",
+                "db.corp.test:5432 tunnel=any",
+                "tls.test:8443 tunnel=tls-only",
+                "web.test"
+            ]
+        );
+        // The table form, on the wire and in TOML, means the same and round-trips as text.
+        let wire: NetworkPolicy = serde_json::from_str(
+            r#"{"allow": [{"pattern": "db.test:5432", "tunnel": "any"}, "web.test"]}"#,
+        )
+        .unwrap();
+        #[derive(Deserialize)]
+        struct Profile {
+            network: NetworkPolicy,
+        }
+        let toml: Profile = toml::from_str(
+            "network = { allow = [{ pattern = \"db.test:5432\", tunnel = \"any\" }, \"web.test\"] }",
+        )
+        .unwrap();
+        assert_eq!(wire, toml.network);
+        let NetworkPolicy::Allowlist(parsed) = &wire else {
+            panic!("{wire:?}");
+        };
+        assert_eq!(parsed.tunnel_mode(&name("db.test"), 5432), TunnelMode::Any);
+        let json = serde_json::to_string(&wire).unwrap();
+        assert_eq!(
+            json,
+            r#"{"allow":["db.test:5432 tunnel=any","web.test"],"deny":[]}"#
+        );
+        assert_eq!(serde_json::from_str::<NetworkPolicy>(&json).unwrap(), wire);
+        // Unknown settings, modes and keys, and a setting on a deny pattern, fail closed.
+        for bad in [
+            "db.test tunnel=sometimes",
+            "db.test mode=any",
+            "db.test tunnel=",
+        ] {
+            let err = EgressRules::parse(&[bad.to_owned()], &[])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("tunnel=any"), "{bad}: {err}");
+        }
+        let err = EgressRules::parse(&[], &["db.test tunnel=any".to_owned()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("allow patterns only"), "{err}");
+        assert!(
+            serde_json::from_str::<NetworkPolicy>(
+                r#"{"allow": [{"pattern": "db.test", "tunnel": "any", "extra": 1}]}"#
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -82,8 +82,11 @@ pub struct Cli {
     pub allow_network: bool,
     /// Limit the network to an allowlist and add PATTERN to it (repeatable): `host`,
     /// `*.domain`, an IP literal, each with an optional `:PORT` (default 80 and 443), or a
-    /// named set such as `@package-registries`. The command reaches them only through the
-    /// egress proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY are set for it).
+    /// named set such as `@package-registries`, optionally followed by ` tunnel=any` (an
+    /// unknown protocol may pass; default: TLS only on 443, TLS or Host-checked HTTP elsewhere)
+    /// or ` tunnel=tls-only`. The command reaches them only through the egress proxy
+    /// (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY are set for it), which checks every request and
+    /// every TLS ClientHello it sends.
     #[arg(long = "allow-domain", value_name = "PATTERN")]
     pub allow_domains: Vec<String>,
     /// Refuse PATTERN even when an --allow-domain pattern matches (repeatable; without a port:

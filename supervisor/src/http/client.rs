@@ -310,7 +310,7 @@ fn check_allowlist(
     port: u16,
     url: &Url,
 ) -> Result<(), HttpError> {
-    use sandbox::policy::network::{Decision, Host, Refusal, suggested_rule};
+    use sandbox::policy::network::{Decision, Host, Refusal, TunnelMode, suggested_rule};
     let refused =
         |named: String, reason: AllowlistRefusal, rule: String| HttpError::NotInAllowlist {
             url: url.to_string(),
@@ -327,6 +327,16 @@ fn check_allowlist(
         )
     })?;
     match rules.decide(&parsed, port) {
+        Decision::Allowed(_)
+            if url.scheme() == "http"
+                && rules.tunnel_mode(&parsed, port) == TunnelMode::TlsOnly =>
+        {
+            Err(refused(
+                parsed.to_string(),
+                AllowlistRefusal::PlainHttpToTlsOnly,
+                "none: use https:// for this destination".to_owned(),
+            ))
+        }
         Decision::Allowed(_) => Ok(()),
         Decision::Denied(Refusal::NotAllowed) => Err(refused(
             parsed.to_string(),

@@ -287,6 +287,10 @@ pub enum AllowlistRefusal {
         /// The pattern.
         pattern: String,
     },
+    /// Plain `http://` to a destination that carries TLS only (port 443 unless its pattern says
+    /// otherwise, or `tunnel=tls-only`), as the egress proxy refuses it.
+    #[error("the destination carries TLS only, and this is a plain http:// request")]
+    PlainHttpToTlsOnly,
 }
 
 /// Server-wide state of `http/request`.

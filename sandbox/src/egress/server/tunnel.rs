@@ -1,9 +1,12 @@
-//! One tunnel's life after the destination answered: the TLS gate on the client's first bytes
-//! ([`sni`]), then both directions relayed (`splice(2)` through a pipe, or a read/write loop)
-//! until they end, fail, or the tunnel is idle for [`IDLE_TIMEOUT`].
+//! One tunnel's life after the destination answered: the client's bytes pass only as the
+//! [`Inspector`] lets them (held while a message it must see whole is incomplete, moved with
+//! `splice(2)` by count where it says they need not be looked at: a body's or a TLS record's
+//! rest), the server's are relayed as they are; until both directions end, one fails, the
+//! inspector refuses, or the tunnel is idle for [`IDLE_TIMEOUT`].
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -11,10 +14,9 @@ use std::time::Instant;
 use crate::policy::network::Host;
 
 use super::super::config::EgressEvent;
-use super::super::sni::{self, ClientHello};
+use super::super::inspect::{Inspector, Refusal, Step};
 use super::super::{
-    HANDSHAKE_TIMEOUT, IDLE_CHECK_INTERVAL, IDLE_TIMEOUT, MAX_CLIENT_HELLO_BYTES,
-    RELAY_BUFFER_BYTES, TLS_PORTS,
+    HANDSHAKE_TIMEOUT, IDLE_CHECK_INTERVAL, IDLE_TIMEOUT, MAX_HELD_BYTES, RELAY_BUFFER_BYTES,
 };
 use super::{Proxy, THREAD_STACK_BYTES};
 
@@ -22,16 +24,22 @@ use super::{Proxy, THREAD_STACK_BYTES};
 /// transfers: 256 KiB beat both 64 KiB and 1 MiB (less data in flight keeps it in cache).
 const SPLICE_PIPE_BYTES: usize = 256 * 1024;
 
-/// Relays both directions until both ended, one failed, or the tunnel was idle for
-/// [`IDLE_TIMEOUT`]. The client's first bytes pass the TLS gate first.
+/// Where a tunnel goes: for the events of its refusals.
+pub(super) struct Destination<'a> {
+    pub(super) protocol: &'a str,
+    pub(super) host: &'a Host,
+    pub(super) port: u16,
+}
+
+/// Relays both directions until both ended, one failed, the inspector refused the client's
+/// bytes, or the tunnel was idle for [`IDLE_TIMEOUT`]. `first`: client bytes already read.
 pub(super) fn tunnel(
     proxy: &Proxy,
-    protocol: &str,
-    host: &Host,
-    port: u16,
+    destination: &Destination<'_>,
     client: TcpStream,
     upstream: TcpStream,
     first: Vec<u8>,
+    inspector: Inspector,
 ) {
     let (Ok(client_reader), Ok(upstream_writer)) = (client.try_clone(), upstream.try_clone())
     else {
@@ -49,100 +57,213 @@ pub(super) fn tunnel(
     let Ok(down) = down else {
         return;
     };
-    let mut client_reader = client_reader;
-    let mut upstream_writer = upstream_writer;
-    match tls_gate(proxy, protocol, host, port, &mut client_reader, first) {
-        Some(first) if upstream_writer.write_all(&first).is_ok() => {
-            touch(&last, started);
-            copy(client_reader, upstream_writer, &last, started);
+    let mut up = Up {
+        client: client_reader,
+        upstream: upstream_writer,
+        inspector,
+        last: &last,
+        started,
+    };
+    match up.run(first) {
+        Ended::Eof => {
+            let _ = up.upstream.shutdown(Shutdown::Write);
         }
-        _ => {
-            let _ = client_reader.shutdown(Shutdown::Both);
-            let _ = upstream_writer.shutdown(Shutdown::Both);
+        Ended::Refused(refusal) => {
+            proxy.emit(&EgressEvent::refused(
+                destination.protocol,
+                &destination.host.to_string(),
+                destination.port,
+                refusal.rule,
+                refusal.reason,
+            ));
+            // Nothing more reaches the server; what it answered to the bytes that passed still
+            // reaches the client, then the connection ends (the server sees EOF).
+            let _ = up.client.shutdown(Shutdown::Read);
+            let _ = up.upstream.shutdown(Shutdown::Write);
+        }
+        Ended::Failed => {
+            let _ = up.client.shutdown(Shutdown::Both);
+            let _ = up.upstream.shutdown(Shutdown::Both);
         }
     }
     let _ = down.join();
 }
 
-/// Reads the client's first bytes; when they are a TLS ClientHello, its server name must be
-/// `host`; a port of [`TLS_PORTS`] must carry TLS. Returns the bytes to send on, or `None` to
-/// close the tunnel (the refusal was emitted).
-fn tls_gate(
-    proxy: &Proxy,
-    protocol: &str,
-    host: &Host,
-    port: u16,
-    client: &mut TcpStream,
-    mut buf: Vec<u8>,
-) -> Option<Vec<u8>> {
-    let tls_only = TLS_PORTS.contains(&port);
-    if buf.is_empty() && !tls_only {
-        // Nothing sent yet on a port that may carry anything: the first read decides.
-        let _ = client.set_read_timeout(Some(IDLE_CHECK_INTERVAL));
-        let mut chunk = vec![0u8; RELAY_BUFFER_BYTES];
-        let deadline = Instant::now() + IDLE_TIMEOUT;
+/// How the client's direction ended.
+enum Ended {
+    /// The client half-closed.
+    Eof,
+    /// The inspector refused what the client sent.
+    Refused(Refusal),
+    /// An error, the idle timeout, or a message held past its deadline.
+    Failed,
+}
+
+/// The client's direction.
+struct Up<'a> {
+    client: TcpStream,
+    upstream: TcpStream,
+    inspector: Inspector,
+    last: &'a AtomicU64,
+    started: Instant,
+}
+
+impl Up<'_> {
+    fn run(&mut self, first: Vec<u8>) -> Ended {
+        let _ = self.client.set_read_timeout(Some(IDLE_CHECK_INTERVAL));
+        let mut current_timeout = IDLE_CHECK_INTERVAL;
+        let pipe = splice_pipe();
+        // Held bytes live in buf[start..end]; a read appends at `end`.
+        let mut buf = vec![0u8; MAX_HELD_BYTES + RELAY_BUFFER_BYTES];
+        let (mut start, mut end) = (0, first.len().min(buf.len()));
+        buf[..end].copy_from_slice(&first[..end]);
+        // Since when an incomplete message is held: it must be whole within HANDSHAKE_TIMEOUT.
+        let mut held_since: Option<Instant> = None;
         loop {
-            match client.read(&mut chunk) {
-                Ok(0) => return Some(Vec::new()),
-                Ok(n) => {
-                    buf.extend_from_slice(&chunk[..n]);
-                    break;
-                }
-                Err(err) if is_timeout(&err) && Instant::now() < deadline => {}
-                Err(_) => return None,
-            }
-        }
-    }
-    // One deadline for the whole ClientHello, however it is spread over reads.
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-    let refuse = |reason: String, rule: String| {
-        proxy.emit(&EgressEvent::refused(
-            protocol,
-            &host.to_string(),
-            port,
-            rule,
-            reason,
-        ));
-        None
-    };
-    loop {
-        match sni::parse(&buf) {
-            Ok(ClientHello::Incomplete) if buf.len() < MAX_CLIENT_HELLO_BYTES => {
-                let mut chunk = [0u8; 4096];
-                let room = (MAX_CLIENT_HELLO_BYTES - buf.len()).min(chunk.len());
-                match super::read_before(client, &mut chunk[..room], deadline) {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            while start < end {
+                match self.inspector.feed(&buf[start..end]) {
+                    Step::Pass(n) => {
+                        if (&self.upstream).write_all(&buf[start..start + n]).is_err() {
+                            return Ended::Failed;
+                        }
+                        start += n;
+                    }
+                    Step::Replace { consumed, bytes } => {
+                        if (&self.upstream).write_all(&bytes).is_err() {
+                            return Ended::Failed;
+                        }
+                        start += consumed;
+                    }
+                    Step::NeedMore => break,
+                    Step::Refuse(refusal) => return Ended::Refused(refusal),
                 }
             }
-            Ok(ClientHello::Incomplete) => {
-                return refuse(
-                    "the TLS ClientHello is larger than MAX_CLIENT_HELLO_BYTES".to_owned(),
-                    "none".to_owned(),
-                );
-            }
-            Ok(ClientHello::NotTls) if tls_only => {
-                return refuse(
-                    format!("port {port} carries TLS only, and the client did not start TLS"),
-                    "none: speak TLS on this port".to_owned(),
-                );
-            }
-            Ok(ClientHello::NotTls | ClientHello::Parsed(None)) => return Some(buf),
-            Ok(ClientHello::Parsed(Some(name))) => {
-                return match Host::parse(&name) {
-                    Ok(named) if named == *host => Some(buf),
-                    _ => refuse(
-                        format!(
-                            "the TLS server name {name:?} is not the host the tunnel was \
-                             opened for ({host}): domain fronting"
+            if start == end {
+                (start, end) = (0, 0);
+                held_since = None;
+            } else {
+                buf.copy_within(start..end, 0);
+                (start, end) = (0, end - start);
+                if end >= MAX_HELD_BYTES {
+                    return Ended::Refused(Refusal {
+                        reason: format!(
+                            "the client sent more than MAX_HELD_BYTES ({MAX_HELD_BYTES}) without \
+                             completing a message the proxy must check whole"
                         ),
-                        format!("open the tunnel to {name} itself (and allow it)"),
-                    ),
-                };
+                        rule: "none".to_owned(),
+                    });
+                }
+                held_since.get_or_insert_with(Instant::now);
             }
-            Err(err) => return refuse(err.to_string(), "none".to_owned()),
+            let opaque = self.inspector.opaque();
+            if end == 0
+                && opaque > 0
+                && let Some((pipe_out, pipe_in)) = &pipe
+            {
+                let len = usize::try_from(opaque)
+                    .unwrap_or(usize::MAX)
+                    .min(SPLICE_PIPE_BYTES);
+                match splice_once(&self.client, &self.upstream, pipe_out, pipe_in, len) {
+                    Ok(0) => return Ended::Eof,
+                    Ok(n) => {
+                        self.inspector.skipped(n as u64);
+                        touch(self.last, self.started);
+                        continue;
+                    }
+                    Err(err) if keep_going(&err, self.last, self.started) => continue,
+                    Err(_) => return Ended::Failed,
+                }
+            }
+            let timeout = match held_since {
+                Some(since) => {
+                    let left =
+                        (since + HANDSHAKE_TIMEOUT).saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ended::Failed;
+                    }
+                    left.min(IDLE_CHECK_INTERVAL)
+                }
+                None => IDLE_CHECK_INTERVAL,
+            };
+            if timeout != current_timeout {
+                let _ = self.client.set_read_timeout(Some(timeout));
+                current_timeout = timeout;
+            }
+            match self.client.read(&mut buf[end..]) {
+                Ok(0) => return Ended::Eof,
+                Ok(n) => {
+                    end += n;
+                    touch(self.last, self.started);
+                }
+                Err(err) if keep_going(&err, self.last, self.started) => {}
+                Err(_) => return Ended::Failed,
+            }
         }
     }
+}
+
+/// A pipe for `splice(2)`, or `None` (then opaque bytes are read and written like the rest).
+fn splice_pipe() -> Option<(OwnedFd, OwnedFd)> {
+    let (pipe_out, pipe_in) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
+    let _ = nix::fcntl::fcntl(
+        &pipe_in,
+        nix::fcntl::FcntlArg::F_SETPIPE_SZ(SPLICE_PIPE_BYTES as i32),
+    );
+    Some((pipe_out, pipe_in))
+}
+
+/// Moves up to `len` bytes from `from` to `to` through the pipe; `Ok(0)` at EOF. What entered
+/// the pipe is always sent on before returning (an error then is a failed tunnel).
+fn splice_once(
+    from: &TcpStream,
+    to: &TcpStream,
+    pipe_out: &OwnedFd,
+    pipe_in: &OwnedFd,
+    len: usize,
+) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain descriptors owned for the whole call; no offsets.
+    let got = unsafe {
+        libc::splice(
+            from.as_raw_fd(),
+            std::ptr::null_mut(),
+            pipe_in.as_raw_fd(),
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_MOVE,
+        )
+    };
+    if got < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let got = got as usize;
+    let mut pending = got;
+    while pending > 0 {
+        // SAFETY: as above.
+        let sent = unsafe {
+            libc::splice(
+                pipe_out.as_raw_fd(),
+                std::ptr::null_mut(),
+                to.as_raw_fd(),
+                std::ptr::null_mut(),
+                pending,
+                libc::SPLICE_F_MOVE,
+            )
+        };
+        if sent < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            // Not a timeout the caller may retry: the pipe still holds bytes.
+            return Err(std::io::Error::new(ErrorKind::BrokenPipe, err));
+        }
+        if sent == 0 {
+            return Err(ErrorKind::WriteZero.into());
+        }
+        pending -= sent as usize;
+    }
+    Ok(got)
 }
 
 fn is_timeout(err: &std::io::Error) -> bool {
