@@ -675,3 +675,48 @@ async fn half_sent_relay_messages_stay_within_the_receive_budget_and_are_reset_a
         executor.stderr()
     );
 }
+
+/// Relay streams have connection slots of their own: with every one of an executor's
+/// `MAX_RELAY_STREAMS` (256) relay sessions initialized (one credential allowed them all here)
+/// and the next stream refused for it, the executor's local listener still takes and
+/// initializes a client. (They used to share `MAX_CONNECTIONS`, 256: the local client was
+/// refused.)
+#[tokio::test(flavor = "multi_thread")]
+async fn relay_streams_at_their_cap_leave_the_local_listener_open() {
+    const MAX_RELAY_STREAMS: usize = supervisor::relay::MAX_RELAY_STREAMS;
+    const BATCH: usize = 16;
+    let rendezvous = start_rendezvous_with(
+        "127.0.0.1:0",
+        None,
+        &["--max-streams-per-credential", "1000"],
+    );
+    let registry = rendezvous.first_line.clone();
+    let executor = start_executor(&registry, "env-slots").await;
+    let mut sessions = Vec::new();
+    while sessions.len() < MAX_RELAY_STREAMS {
+        let batch: Vec<_> = (0..BATCH.min(MAX_RELAY_STREAMS - sessions.len()))
+            .map(|_| {
+                let registry = registry.clone();
+                tokio::spawn(async move { RemoteClient::connect(&registry, "env-slots").await })
+            })
+            .collect();
+        for task in batch {
+            sessions.push(task.await.unwrap());
+        }
+    }
+    let refused = supervisor::relay::RelayHarnessConnection::connect(&tests::relay::connect_args(
+        &registry,
+        "env-slots",
+    ))
+    .await
+    .err()
+    .expect("a relay stream past MAX_RELAY_STREAMS was opened");
+    assert!(
+        refused.to_string().contains("MAX_RELAY_STREAMS"),
+        "{refused}"
+    );
+    let mut local = tests::Client::connect(&executor.first_line).await.unwrap();
+    let session = local.initialize().await;
+    assert!(!session.is_empty());
+    drop(sessions);
+}
