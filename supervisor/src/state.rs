@@ -27,7 +27,7 @@ pub struct ServerState {
     /// Connection slots of local clients (taken by `initialize`).
     pub connection_slots: Arc<Semaphore>,
     /// Connection slots of relay streams (remote mode), apart from the local ones: harnesses at
-    /// their [`crate::relay::MAX_RELAY_STREAMS`] never lock a local client out.
+    /// their [`crate::limits::MAX_RELAY_STREAMS`] never lock a local client out.
     pub relay_slots: Arc<Semaphore>,
     /// Connections accepted and not yet initialized.
     pub admission: Arc<Admission>,

@@ -280,7 +280,7 @@ pub struct CredentialsReloader(Arc<AppState>);
 impl CredentialsReloader {
     /// Reread the file and apply it to what is open: pins displace bindings to other keys,
     /// sockets of revoked credentials close and their streams are reset
-    /// ([`Router::enforce`]). On error the credentials in force stay.
+    /// (`router.rs`). On error the credentials in force stay.
     ///
     /// # Errors
     /// [`CredentialsError`] naming what is wrong with the file.

@@ -464,7 +464,7 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
     let (slots, limit, kind) = match connection.client {
         ClientIdentity::Relay(_) => (
             &connection.server.relay_slots,
-            crate::relay::MAX_RELAY_STREAMS,
+            crate::limits::MAX_RELAY_STREAMS,
             "relay streams (MAX_RELAY_STREAMS)",
         ),
         _ => (
