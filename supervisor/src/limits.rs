@@ -240,3 +240,8 @@ pub const CPU_BUDGET_MIN_CHECK: Duration = Duration::from_millis(50);
 /// Rounds of killing the server's orphans at shutdown without a cgroup (each round's kills
 /// re-parent their own orphans to the server).
 pub const ORPHAN_KILL_ROUNDS: usize = 16;
+
+/// Relay streams one executor serves at once (remote mode); handshakes beyond this are answered
+/// with a reset. Their sessions take connection slots of their own, apart from
+/// [`MAX_CONNECTIONS`], so harnesses holding every relay stream never lock out a local client.
+pub const MAX_RELAY_STREAMS: usize = 256;

@@ -223,6 +223,7 @@ impl BoundServer {
             runtime_paths: options.runtime_paths.clone(),
             auth_token,
             connection_slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            relay_slots: Arc::new(Semaphore::new(crate::limits::MAX_RELAY_STREAMS)),
             admission: Admission::new(MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_SOURCE),
             budgets,
             shutdown: shutdown_rx,

@@ -24,8 +24,11 @@ pub struct ServerState {
     pub runtime_paths: ExecServerRuntimePaths,
     /// Required bearer token.
     pub auth_token: Option<Vec<u8>>,
-    /// Connection slots (taken by `initialize`).
+    /// Connection slots of local clients (taken by `initialize`).
     pub connection_slots: Arc<Semaphore>,
+    /// Connection slots of relay streams (remote mode), apart from the local ones: harnesses at
+    /// their [`crate::limits::MAX_RELAY_STREAMS`] never lock a local client out.
+    pub relay_slots: Arc<Semaphore>,
     /// Connections accepted and not yet initialized.
     pub admission: Arc<Admission>,
     /// Memory, descriptor, process and blocking-work budgets.

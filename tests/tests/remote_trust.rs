@@ -12,7 +12,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use tests::DEADLINE;
 use tests::relay::{
-    EXECUTOR_TOKEN, Process, RemoteClient, TOKEN, TestCa, client_tls, connect_args,
+    ATTACKER_TOKEN, EXECUTOR_TOKEN, Process, RemoteClient, TOKEN, TestCa, client_tls, connect_args,
     registry_client, start_executor, start_executor_with, start_rendezvous, start_rendezvous_with,
     wait_registered, wait_registered_with,
 };
@@ -427,16 +427,17 @@ async fn flood(
     const FRAMES_PER_TICK: usize = 1;
     const TICK: Duration = Duration::from_millis(20);
     let info = registry_client(&registry, None)
-        .connect(environment, TOKEN)
+        .connect(environment, ATTACKER_TOKEN)
         .await
         .unwrap();
     let key = info.public_key_bytes().unwrap();
     let tls = client_tls(&registry, None);
     let mut tasks = Vec::new();
     for socket_index in 0..SOCKETS {
-        let socket = supervisor::relay::driver::connect_socket(&info.rendezvous_url, TOKEN, &tls)
-            .await
-            .unwrap();
+        let socket =
+            supervisor::relay::driver::connect_socket(&info.rendezvous_url, ATTACKER_TOKEN, &tls)
+                .await
+                .unwrap();
         let (mut sink, mut incoming) = socket.split();
         // Answers (resets, message 2) are read and thrown away, as a careless attacker would.
         tokio::spawn(async move { while incoming.next().await.is_some() {} });
@@ -538,7 +539,8 @@ fn lower_quartile(mut samples: Vec<Duration>) -> Duration {
     samples[samples.len() / 4]
 }
 
-/// A harness flooding the executor with handshakes, valid and garbage, from ten sockets, does
+/// A harness (its own credential: quotas are per party, and a party's flood may well fill its
+/// own share) flooding the executor with handshakes, valid and garbage, from ten sockets, does
 /// not lock another harness out (every command below opens a new stream and must succeed) nor
 /// slow its commands by more than 10%. Quiet and flooded commands alternate one by one, so the
 /// machine's own load drifts the same for both, and their lower quartiles are compared. The

@@ -83,7 +83,9 @@ async fn http_keep(
     let response = tokio::time::timeout(DEADLINE, read)
         .await
         .expect("response deadline");
-    let text = String::from_utf8(response).unwrap();
+    // Lossy: after a 101, the executor socket's key challenge (binary) may follow in the same
+    // read.
+    let text = String::from_utf8_lossy(&response).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").expect("a complete response");
     let status = head
         .split(' ')

@@ -42,6 +42,10 @@ pub const ACK_AUTH_BYTES: usize = 8 + ACK_RECORD_BYTES + NOISE_TAG_BYTES;
 /// longer. The initiator confirms at once with an ack, and its heartbeat follows within
 /// [`HEARTBEAT_INTERVAL`] even if that ack is lost.
 pub const UNCONFIRMED_STREAM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time an executor socket has to answer the rendezvous's key-possession challenge
+/// ([`crate::relay::proof`]), and an executor to see its answer accepted; a socket that has not
+/// is closed (it never carried a frame).
+pub const PROOF_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest encoded frame, in bytes: a full segment plus room for the envelope. Checked before
 /// decoding, so a hostile frame costs at most this much memory.
 pub const MAX_RELAY_FRAME_BYTES: usize = MAX_SEGMENT_PAYLOAD_BYTES + 1024;
@@ -60,6 +64,21 @@ pub const MAX_OUT_OF_ORDER_BYTES: usize = MAX_UNACKED_BYTES;
 /// Bytes of whole messages received and not yet taken by the application. Past this the
 /// receiver stops accepting in-order segments (the sender retransmits them later): flow control.
 pub const MAX_UNDELIVERED_BYTES: usize = 16 * 1024 * 1024;
+/// A receiver that holds an unfinished message (segments out of order, or a message in
+/// reassembly) and completes none for this long resets the stream, so half-sent messages do not
+/// hold memory (or a share of the endpoint's receive budget) for ever. Longer than a rendezvous
+/// restart takes in practice; shorter than [`LIVENESS_TIMEOUT`].
+pub const REASSEMBLY_DEADLINE: Duration = Duration::from_secs(30);
+/// Receive budget of an executor ([`crate::relay::reliability::ReceiveBudget`]): bytes held out
+/// of order or in reassembly over all its streams, beyond each stream's
+/// [`RELAY_STREAM_RECEIVE_ALLOWANCE`]. Each stream may hold up to [`MAX_OUT_OF_ORDER_BYTES`] +
+/// [`MAX_MESSAGE_BYTES`]; 256 streams could otherwise hold 18 GiB, and 20 half-sent 64 MiB
+/// messages 1.25 GiB.
+pub const RELAY_RECEIVE_BUDGET_BYTES: usize = 256 * 1024 * 1024;
+/// What each stream may hold out of order or in reassembly outside the shared budget, so small
+/// messages (ordinary requests) get through while others hold the whole budget. With 256
+/// streams: at most 256 MiB more.
+pub const RELAY_STREAM_RECEIVE_ALLOWANCE: usize = 1024 * 1024;
 /// Bytes of application messages queued for sending (not yet segmented). Past this
 /// [`crate::relay::ReliableStream::can_accept_message`] is false and the caller waits.
 pub const MAX_SEND_QUEUE_BYTES: usize = 16 * 1024 * 1024;

@@ -1,5 +1,6 @@
 //! The relay of remote mode, sans I/O: frames ([`frame`]), the reliable stream
-//! ([`reliability`]), Noise per stream ([`noise`]) and the two together ([`secure`]).
+//! ([`reliability`]), Noise per stream ([`noise`]) and the two together ([`secure`]); an
+//! executor socket's proof that it holds its environment's key ([`proof`]).
 //!
 //! Layering, from the socket up:
 //! 1. A binary websocket message is one protobuf [`pb::RelayMessageFrame`];
@@ -16,6 +17,7 @@
 pub mod frame;
 pub mod limits;
 pub mod noise;
+pub mod proof;
 pub mod reliability;
 pub mod secure;
 #[cfg(test)]
@@ -29,5 +31,5 @@ pub mod pb {
 }
 
 pub use frame::{Body, Data, Frame, FrameError};
-pub use reliability::{ReliableStream, SegmentCipher, StreamError, StreamEvent};
+pub use reliability::{ReceiveBudget, ReliableStream, SegmentCipher, StreamError, StreamEvent};
 pub use secure::SecureStream;

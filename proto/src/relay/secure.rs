@@ -119,6 +119,15 @@ impl SecureStream {
         })
     }
 
+    /// Charge what the stream holds out of order or in reassembly to `budget`, shared with the
+    /// endpoint's other streams (an established stream: the environment side sets it right
+    /// after [`Self::accept`]).
+    pub fn set_receive_budget(&mut self, budget: super::reliability::ReceiveBudget) {
+        if let State::Established { stream, .. } = &mut self.state {
+            stream.set_receive_budget(budget);
+        }
+    }
+
     /// The stream id.
     pub fn stream_id(&self) -> &str {
         &self.stream_id

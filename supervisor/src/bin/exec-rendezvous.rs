@@ -65,6 +65,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         tls,
         public_url: cli.public_url,
         max_sockets_per_credential: cli.max_sockets_per_credential,
+        max_streams_per_credential: cli.max_streams_per_credential,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -36,8 +36,7 @@ pub const REGISTRY_TOKEN_ENV: &str = "EXECWARD_REGISTRY_TOKEN";
 /// Environment variable holding an executor's credential (`exec-server --remote` without
 /// `--token-file`).
 pub const EXECUTOR_TOKEN_ENV: &str = "EXECWARD_EXECUTOR_TOKEN";
-/// Relay streams one executor serves at once; handshakes beyond this are answered with a reset.
-pub const MAX_RELAY_STREAMS: usize = 256;
+pub use crate::limits::MAX_RELAY_STREAMS;
 /// Streams one harness socket (one `source`) may have open on an executor. A harness opens one
 /// socket per stream; this only stops one party from taking every slot.
 pub const MAX_STREAMS_PER_SOURCE: usize = 32;

@@ -48,6 +48,16 @@ pub struct Cli {
         value_parser = at_least_one
     )]
     pub max_sockets_per_credential: usize,
+    /// Streams of one environment that the sockets of one harness credential may own
+    /// together; frames opening more are dropped, so one credential cannot take every stream
+    /// of an executor however many sockets it opens.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = crate::rendezvous::MAX_STREAMS_PER_CREDENTIAL,
+        value_parser = at_least_one
+    )]
+    pub max_streams_per_credential: usize,
     /// Log format on stderr: text (coloured only on a terminal) or json (one object per line).
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = crate::cli::LogFormat::Text)]
     pub log_format: crate::cli::LogFormat,

@@ -161,6 +161,44 @@ pub struct Caller {
     /// `executor#0`, `harness#2`, ...: which entry of the file (never the token).
     pub label: String,
     grant: Grant,
+    /// The token, kept with each socket it opens so that a reload can check it again.
+    pub secret: CredentialSecret,
+}
+
+/// A token as a socket keeps it: to check it again after every reload
+/// ([`Credentials::grants`]) and to tell parties apart ([`CredentialSecret::party`]) whatever
+/// the entry's position in the file. Never formatted.
+#[derive(Clone)]
+pub struct CredentialSecret {
+    token: std::sync::Arc<[u8]>,
+    party: u64,
+}
+
+impl std::fmt::Debug for CredentialSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CredentialSecret { .. }")
+    }
+}
+
+impl CredentialSecret {
+    fn new(token: &[u8]) -> Self {
+        use std::hash::BuildHasher as _;
+        // Keyed per process (random SipHash keys), so a party id says nothing about the token.
+        static PARTY_KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+            std::sync::OnceLock::new();
+        let party = PARTY_KEYS
+            .get_or_init(std::collections::hash_map::RandomState::new)
+            .hash_one(token);
+        Self {
+            token: token.into(),
+            party,
+        }
+    }
+
+    /// The party this token stands for: equal for every socket opened with the same token.
+    pub fn party(&self) -> u64 {
+        self.party
+    }
 }
 
 impl Caller {
@@ -302,10 +340,25 @@ impl Credentials {
                     role: entry.role,
                     label: entry.label.clone(),
                     grant: entry.grant.clone(),
+                    secret: CredentialSecret::new(token),
                 });
             }
         }
         found
+    }
+
+    /// Whether the token in `secret` still holds `role` and covers `environment_id` (checked
+    /// again for every open socket after a reload).
+    pub fn grants(&self, secret: &CredentialSecret, role: Role, environment_id: &str) -> bool {
+        self.authenticate(&secret.token)
+            .is_some_and(|caller| caller.role == role && caller.covers(environment_id))
+    }
+
+    /// Every pin of the file: (environment id, public key).
+    pub fn pins(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pins
+            .iter()
+            .map(|(id, key)| (id.as_str(), key.as_str()))
     }
 
     /// The key pinned for `environment_id` in the file, if any.

@@ -10,8 +10,9 @@
 //!   streams of the environment close.
 //! - `POST /v1/environments/{id}/connect` → `{"rendezvousUrl","publicKey","name"}` (harness): a
 //!   harness looks an environment up (404 when unknown).
-//! - `GET /v1/environments/{id}/executor` (websocket, executor): the executor's socket; a new one
-//!   replaces the old.
+//! - `GET /v1/environments/{id}/executor` (websocket, executor): the executor's socket. It carries
+//!   nothing until it proved it holds the key the id is bound to (`router.rs`,
+//!   [`proto::relay::proof`]); a proven one replaces the old, an unproven one never does.
 //! - `GET /v1/environments/{id}/harness` (websocket, harness): a harness socket; it may carry
 //!   many streams.
 //!
@@ -23,6 +24,8 @@
 pub mod cli;
 pub(crate) mod credentials;
 pub(crate) mod router;
+
+pub use router::{MAX_STREAMS_PER_CREDENTIAL, PROOF_TIMEOUT};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -79,6 +82,10 @@ pub struct RendezvousOptions {
     /// Websockets (executor and harness) one credential may hold at once; more are refused
     /// with 503 naming the limit. At least 1.
     pub max_sockets_per_credential: usize,
+    /// Streams of one environment the sockets of one harness credential may own together
+    /// (default [`MAX_STREAMS_PER_CREDENTIAL`]); frames opening more are dropped. At
+    /// least 1.
+    pub max_streams_per_credential: usize,
 }
 
 /// Why the rendezvous cannot start.
@@ -210,7 +217,7 @@ impl Rendezvous {
                 credentials_file: options.credentials_file,
                 credentials: RwLock::new(Arc::new(credentials)),
                 public_url: public_url.trim_end_matches('/').to_owned(),
-                router: Router::default(),
+                router: Router::new(options.max_streams_per_credential),
                 sockets: Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS)),
                 per_credential: std::sync::Mutex::default(),
                 max_per_credential: options.max_sockets_per_credential.max(1),
@@ -283,17 +290,24 @@ impl Rendezvous {
 pub struct CredentialsReloader(Arc<AppState>);
 
 impl CredentialsReloader {
-    /// Reread the file; on error the credentials in force stay.
+    /// Reread the file and apply it to what is open: pins displace bindings to other keys,
+    /// sockets of revoked credentials close and their streams are reset
+    /// (`router.rs`). On error the credentials in force stay.
     ///
     /// # Errors
     /// [`CredentialsError`] naming what is wrong with the file.
     pub fn reload(&self) -> Result<(), CredentialsError> {
         let fresh = Credentials::load(&self.0.credentials_file)?;
+        let fresh = Arc::new(fresh);
         *self
             .0
             .credentials
             .write()
-            .unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
+            .unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        let closed = self.0.router.enforce(&fresh);
+        if closed > 0 {
+            tracing::info!(closed, "sockets of revoked credentials closed");
+        }
         Ok(())
     }
 }
@@ -554,10 +568,10 @@ async fn executor_socket(
     if let Some(response) = refusal(caller.as_deref(), Role::Executor, &id) {
         return response;
     }
-    let label = caller
-        .map(|caller| caller.label.clone())
-        .unwrap_or_default();
-    upgrade(state, id, &label, true, request)
+    let Some(axum::Extension(caller)) = caller else {
+        return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
+    };
+    upgrade(state, id, &caller, true, request)
 }
 
 async fn harness_socket(
@@ -569,17 +583,17 @@ async fn harness_socket(
     if let Some(response) = refusal(caller.as_deref(), Role::Harness, &id) {
         return response;
     }
-    let label = caller
-        .map(|caller| caller.label.clone())
-        .unwrap_or_default();
-    upgrade(state, id, &label, false, request)
+    let Some(axum::Extension(caller)) = caller else {
+        return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
+    };
+    upgrade(state, id, &caller, false, request)
 }
 
 /// Answer a websocket upgrade with 101 and serve the socket once hyper hands it over.
 fn upgrade(
     state: Arc<AppState>,
     id: String,
-    credential: &str,
+    caller: &Caller,
     executor: bool,
     mut request: Request,
 ) -> Response {
@@ -605,6 +619,8 @@ fn upgrade(
             ),
         );
     };
+    let credential = caller.label.as_str();
+    let secret = caller.secret.clone();
     let Some(slot) = CredentialSocket::take(&state, credential) else {
         tracing::info!(
             credential,
@@ -636,9 +652,9 @@ fn upgrade(
         )
         .await;
         if executor {
-            state.router.serve_executor(&id, socket).await;
+            state.router.serve_executor(&id, socket, secret).await;
         } else {
-            state.router.serve_harness(&id, socket).await;
+            state.router.serve_harness(&id, socket, secret).await;
         }
         drop((slot, permit));
     });

@@ -1,16 +1,30 @@
 //! In-memory routing state: registered environments (each bound to its executor's key), their
-//! executor socket, and which harness socket owns each `stream_id`.
+//! executor socket, which harness socket owns each `stream_id`, and every open socket with the
+//! credential it came in with.
 //!
 //! Rules:
 //! - The first registration of an environment id binds it to its public key (or the credentials
 //!   file pins one); a registration with another key is refused while the binding stands. An
-//!   operator releases it with [`Router::unbind`].
+//!   operator releases it with [`Router::unbind`], or pins another key ([`Router::enforce`]):
+//!   either closes the environment's executor sockets and resets its streams at once.
+//! - An executor socket carries nothing until it proved it holds the bound key
+//!   ([`proto::relay::proof`]): the rendezvous challenges it on opening, and only a socket that
+//!   answered within [`PROOF_TIMEOUT`] becomes the environment's executor, replacing the
+//!   previous one (the key holder reconnecting). A socket that cannot prove is closed; it never
+//!   displaces the live one and never sees a harness frame.
+//! - Credentials hold for the life of a socket: [`Router::enforce`] (after every reload) closes
+//!   the sockets whose credential is gone, lost its role or no longer covers the environment,
+//!   and resets the streams that ran through them.
 //! - A harness socket owns a stream from its first frame on it; a later harness socket sending
-//!   on the same `stream_id` takes it over (that is how a reconnected harness resumes).
+//!   on the same `stream_id` takes it over (that is how a reconnected harness resumes), if it
+//!   comes with the same credential.
 //! - Frames from a harness go to the environment's current executor socket, tagged with the
 //!   harness socket's id as `source` ([`append_source`]); frames from the executor go to the
-//!   socket owning their stream. No route, or a full queue: dropped.
-//! - One harness socket cannot crowd others out: it sends at most
+//!   socket owning their stream. No route, or a full queue: dropped. A harness frame on a proof
+//!   stream id is never routed.
+//! - Quotas are per party: one harness credential owns at most
+//!   `max_streams_per_credential` streams of an environment whatever number of sockets it
+//!   opens. One harness socket cannot crowd others out either: it sends at most
 //!   [`NEW_STREAMS_PER_SOCKET_BURST`] handshakes or new streams at once and
 //!   [`NEW_STREAMS_PER_SOCKET_PER_SECOND`] after that (a harness sends message 1 a few times per
 //!   stream), and owns at most [`MAX_STREAMS_PER_SOCKET`]; frames beyond are dropped here,
@@ -19,17 +33,20 @@
 //! - Only the envelope is decoded (for `stream_id`); payloads are never inspected.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use futures_util::StreamExt;
+use futures_util::{SinkExt, StreamExt};
 use proto::relay::frame::{append_source, route, route_stream_id};
+use proto::relay::proof::{Challenge, accepted_frame, is_proof_stream};
+use proto::relay::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::{Bytes, Message as WsMessage};
 
+use super::credentials::{CredentialSecret, Credentials, Role};
 use crate::relay::driver::send_batch;
 use crate::relay::registry::{RegisterRequest, decode_public_key};
 
@@ -40,6 +57,10 @@ pub const MAX_STREAMS_PER_ENVIRONMENT: usize = 4096;
 /// Streams one harness socket may own (a harness opens one socket per stream; 64 is far more
 /// than a well-behaved one needs, and 4096 / 64 sockets are needed to fill an environment).
 pub const MAX_STREAMS_PER_SOCKET: usize = 64;
+/// Default for `--max-streams-per-credential`: streams of one environment that the sockets of
+/// one harness credential own together. Half of the executor's `MAX_RELAY_STREAMS` (256), so one
+/// credential, whatever number of sockets it opens, leaves the other half to everyone else.
+pub const MAX_STREAMS_PER_CREDENTIAL: usize = 128;
 /// Handshake frames (or new streams) a harness socket may send at once (token bucket size).
 pub const NEW_STREAMS_PER_SOCKET_BURST: f64 = 16.0;
 /// Handshake frames (or new streams) a harness socket may send per second once its burst is
@@ -50,6 +71,10 @@ pub const NEW_STREAMS_PER_SOCKET_PER_SECOND: f64 = 8.0;
 pub const SOCKET_QUEUE_FRAMES: usize = 4096;
 /// Longest display name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
+pub use proto::relay::limits::PROOF_TIMEOUT;
+/// How often the key challenge is sent again while unanswered (a lossy link may drop it or
+/// its answer).
+pub const PROOF_RESEND_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Why a registration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -81,28 +106,116 @@ pub enum RegisterError {
 /// Frames are `Bytes` as the websocket delivered them: routed without a copy.
 type Queue = mpsc::Sender<Bytes>;
 
+/// Which harness socket owns a stream, and for which party.
+struct StreamRoute {
+    socket: u64,
+    party: u64,
+    queue: Queue,
+}
+
 struct Environment {
     name: String,
     public_key: String,
+    /// The proven executor socket: (socket id, its queue).
     executor: Option<(u64, Queue)>,
-    /// stream id -> (harness socket id, its queue)
-    streams: HashMap<String, (u64, Queue)>,
+    streams: HashMap<String, StreamRoute>,
+}
+
+impl Environment {
+    /// Reset every stream (towards its harness, and towards the executor), forget the routes
+    /// and the executor socket (dropping its queue closes it).
+    fn reset_all(&mut self, reason: &str) {
+        let executor = self.executor.take();
+        for (stream_id, route) in self.streams.drain() {
+            let reset = Bytes::from(Frame::new(stream_id.clone(), reset_body(reason)).encode());
+            let _ = route.queue.try_send(reset);
+            if let Some((_, executor)) = &executor {
+                let frame = Frame::new(stream_id, reset_body(reason)).encode();
+                let _ = executor.try_send(Bytes::from(append_source(&frame, route.socket)));
+            }
+        }
+    }
+}
+
+fn reset_body(reason: &str) -> Body {
+    Body::Reset {
+        reason: reason.to_owned(),
+    }
+}
+
+/// One open socket: who opened it, for what, and how to close it.
+struct OpenSocket {
+    environment: String,
+    role: Role,
+    secret: CredentialSecret,
+    close: Arc<Notify>,
 }
 
 /// The routing table.
-#[derive(Default)]
 pub struct Router {
     environments: Mutex<HashMap<String, Environment>>,
+    sockets: Mutex<HashMap<u64, OpenSocket>>,
     next_socket: AtomicU64,
+    max_streams_per_credential: usize,
+}
+
+/// Unregisters a socket from [`Router`]'s table when its task ends.
+struct SocketGuard<'a> {
+    router: &'a Router,
+    id: u64,
+}
+
+impl Drop for SocketGuard<'_> {
+    fn drop(&mut self) {
+        self.router.open_sockets().remove(&self.id);
+    }
 }
 
 impl Router {
+    /// A table whose harness credentials own at most `max_streams_per_credential` streams of
+    /// an environment each.
+    pub fn new(max_streams_per_credential: usize) -> Self {
+        Self {
+            environments: Mutex::default(),
+            sockets: Mutex::default(),
+            // 0 is "unknown" in a frame's `source`: never a socket.
+            next_socket: AtomicU64::new(1),
+            max_streams_per_credential: max_streams_per_credential.max(1),
+        }
+    }
+
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Environment>> {
         self.environments.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn open_sockets(&self) -> std::sync::MutexGuard<'_, HashMap<u64, OpenSocket>> {
+        self.sockets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Enter a socket in the table of open sockets; it leaves when the guard drops.
+    fn open(
+        &self,
+        environment: &str,
+        role: Role,
+        secret: CredentialSecret,
+    ) -> (u64, Arc<Notify>, SocketGuard<'_>) {
+        let id = self.next_socket.fetch_add(1, Ordering::Relaxed);
+        let close = Arc::new(Notify::new());
+        self.open_sockets().insert(
+            id,
+            OpenSocket {
+                environment: environment.to_owned(),
+                role,
+                secret,
+                close: close.clone(),
+            },
+        );
+        (id, close, SocketGuard { router: self, id })
+    }
+
     /// Register (or re-register) an environment: the first registration binds the id to its
-    /// key (unless `pinned` names one); later ones must present the same key.
+    /// key (unless `pinned` names one); later ones must present the same key. A registration
+    /// with the pinned key displaces a binding to any other key.
     ///
     /// # Errors
     /// [`RegisterError`] when the key or name is unusable, the key differs from the bound one,
@@ -128,9 +241,17 @@ impl Router {
         match table.get_mut(id) {
             Some(entry) => {
                 if entry.public_key != registration.public_key {
-                    return Err(conflict());
+                    if pinned.is_none() {
+                        return Err(conflict());
+                    }
+                    // The pin wins over a binding to another key.
+                    drop(table);
+                    self.displace(id, &registration.public_key);
+                    table = self.table();
                 }
-                entry.name = registration.name;
+                if let Some(entry) = table.get_mut(id) {
+                    entry.name = registration.name;
+                }
             }
             None => {
                 if table.len() >= MAX_ENVIRONMENTS {
@@ -150,10 +271,110 @@ impl Router {
         Ok(())
     }
 
-    /// Release an environment's binding: forget it, close its executor socket and its streams.
-    /// Returns whether it was registered.
+    /// Bind `id` to `public_key` instead of the key it is bound to: its executor sockets close
+    /// and its streams are reset at once.
+    fn displace(&self, id: &str, public_key: &str) {
+        let mut table = self.table();
+        let Some(env) = table.get_mut(id) else {
+            return;
+        };
+        if env.public_key == public_key {
+            return;
+        }
+        tracing::warn!(
+            environment = id,
+            "an operator's pin displaces the binding to another key; closing its executor socket and streams"
+        );
+        env.public_key = public_key.to_owned();
+        env.reset_all("the environment's key binding changed");
+        drop(table);
+        self.close_executors(id);
+    }
+
+    /// Close every executor socket of `id` (proven or still proving).
+    fn close_executors(&self, id: &str) {
+        for socket in self.open_sockets().values() {
+            if socket.role == Role::Executor && socket.environment == id {
+                socket.close.notify_one();
+            }
+        }
+    }
+
+    /// Release an environment's binding: forget it, close its executor socket and reset its
+    /// streams. Returns whether it was registered.
     pub fn unbind(&self, id: &str) -> bool {
-        self.table().remove(id).is_some()
+        let removed = self.table().remove(id);
+        let Some(mut env) = removed else {
+            return false;
+        };
+        env.reset_all("the environment's key binding was released");
+        self.close_executors(id);
+        true
+    }
+
+    /// Apply freshly loaded credentials to what is open: every pin displaces a binding to
+    /// another key, and every socket whose credential no longer grants it (gone, another role,
+    /// the environment no longer covered) is closed, the streams through it reset. Returns how
+    /// many sockets were closed.
+    pub fn enforce(&self, credentials: &Credentials) -> usize {
+        for (id, key) in credentials.pins() {
+            self.displace(id, key);
+        }
+        let revoked: Vec<(u64, String, Role, Arc<Notify>)> = self
+            .open_sockets()
+            .iter()
+            .filter(|(_, socket)| {
+                !credentials.grants(&socket.secret, socket.role, &socket.environment)
+            })
+            .map(|(id, socket)| {
+                (
+                    *id,
+                    socket.environment.clone(),
+                    socket.role,
+                    socket.close.clone(),
+                )
+            })
+            .collect();
+        for (socket_id, environment, role, close) in &revoked {
+            tracing::warn!(
+                environment,
+                socket = socket_id,
+                role = role.name(),
+                "credential revoked: closing its socket and resetting its streams"
+            );
+            let mut table = self.table();
+            if let Some(env) = table.get_mut(environment) {
+                match role {
+                    Role::Executor => {
+                        if env.executor.as_ref().is_some_and(|(id, _)| id == socket_id) {
+                            env.reset_all("the executor's credential was revoked");
+                        }
+                    }
+                    _ => {
+                        let owned: Vec<String> = env
+                            .streams
+                            .iter()
+                            .filter(|(_, route)| route.socket == *socket_id)
+                            .map(|(id, _)| id.clone())
+                            .collect();
+                        let reason = "the harness's credential was revoked";
+                        for stream_id in owned {
+                            let Some(route) = env.streams.remove(&stream_id) else {
+                                continue;
+                            };
+                            let frame = Frame::new(stream_id, reset_body(reason)).encode();
+                            if let Some((_, executor)) = &env.executor {
+                                let _ = executor
+                                    .try_send(Bytes::from(append_source(&frame, *socket_id)));
+                            }
+                            let _ = route.queue.try_send(Bytes::from(frame));
+                        }
+                    }
+                }
+            }
+            close.notify_one();
+        }
+        revoked.len()
     }
 
     /// Name and public key of an environment.
@@ -163,18 +384,39 @@ impl Router {
             .map(|env| (env.name.clone(), env.public_key.clone()))
     }
 
-    /// Serve an executor socket until it closes (it replaces any previous one).
-    pub async fn serve_executor<S>(&self, environment: &str, socket: WebSocketStream<S>)
-    where
+    /// Serve an executor socket until it closes: challenge it to prove it holds the bound key,
+    /// then make it the environment's executor (replacing any previous one).
+    pub async fn serve_executor<S>(
+        &self,
+        environment: &str,
+        socket: WebSocketStream<S>,
+        secret: CredentialSecret,
+    ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let socket_id = self.next_socket.fetch_add(1, Ordering::Relaxed);
+        let (socket_id, close, _guard) = self.open(environment, Role::Executor, secret);
+        let (mut sink, mut incoming) = socket.split();
+        let proven = tokio::select! {
+            proven = self.prove(environment, socket_id, &mut sink, &mut incoming) => proven,
+            () = close.notified() => false,
+        };
+        if !proven {
+            let _ = sink.close().await;
+            return;
+        }
         let (queue, mut outbox) = mpsc::channel(SOCKET_QUEUE_FRAMES);
-        if let Some(env) = self.table().get_mut(environment) {
+        {
+            let mut table = self.table();
+            let Some(env) = table.get_mut(environment) else {
+                return;
+            };
             env.executor = Some((socket_id, queue));
         }
-        tracing::info!(environment, "executor socket open");
-        let (mut sink, mut incoming) = socket.split();
+        tracing::info!(
+            environment,
+            socket = socket_id,
+            "executor socket open (key proven)"
+        );
         loop {
             tokio::select! {
                 message = incoming.next() => match message {
@@ -188,6 +430,11 @@ impl Router {
                         break;
                     }
                 }
+                () = close.notified() => {
+                    // Revoked or displaced: what was queued (the resets) goes out first.
+                    flush_queued(&mut sink, &mut outbox).await;
+                    break;
+                }
             }
         }
         if let Some(env) = self.table().get_mut(environment)
@@ -198,23 +445,114 @@ impl Router {
         {
             env.executor = None;
         }
-        tracing::info!(environment, "executor socket closed");
+        let _ = sink.close().await;
+        tracing::info!(environment, socket = socket_id, "executor socket closed");
+    }
+
+    /// Challenge a new executor socket and check its answer within [`PROOF_TIMEOUT`]; on
+    /// success, tell it it was accepted. Frames it sends before answering are dropped.
+    async fn prove<Si, St>(
+        &self,
+        environment: &str,
+        socket_id: u64,
+        sink: &mut Si,
+        incoming: &mut St,
+    ) -> bool
+    where
+        Si: futures_util::Sink<WsMessage> + Unpin,
+        St: futures_util::Stream<Item = Result<WsMessage, tokio_tungstenite::tungstenite::Error>>
+            + Unpin,
+    {
+        let Some(key) = self
+            .lookup(environment)
+            .and_then(|(_, key)| decode_public_key(&key).ok().map(|bytes| (key, bytes)))
+        else {
+            return false;
+        };
+        let (challenge, frame) = match Challenge::new(environment, socket_id, &key.1) {
+            Ok(challenge) => challenge,
+            Err(error) => {
+                tracing::error!(%error, "cannot challenge an executor socket");
+                return false;
+            }
+        };
+        // Sent again every PROOF_RESEND_INTERVAL until answered: the link may lose frames
+        // (the endpoints repair losses; this exchange is no exception).
+        let challenge_bytes = frame.encode();
+        let answer = async {
+            let mut resend = tokio::time::interval(PROOF_RESEND_INTERVAL);
+            loop {
+                tokio::select! {
+                    _ = resend.tick() => {
+                        if sink.send(WsMessage::binary(challenge_bytes.clone())).await.is_err() {
+                            return None;
+                        }
+                    }
+                    message = incoming.next() => match message {
+                        Some(Ok(WsMessage::Binary(bytes))) => {
+                            if let Ok(frame) = Frame::decode(&bytes)
+                                && frame.stream_id == challenge.stream_id()
+                                && matches!(frame.body, Body::Handshake(_))
+                            {
+                                return Some(frame);
+                            }
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => return None,
+                    },
+                }
+            }
+        };
+        let Ok(Some(answer)) = tokio::time::timeout(PROOF_TIMEOUT, answer).await else {
+            tracing::warn!(
+                environment,
+                socket = socket_id,
+                "executor socket closed: no answer to the key challenge within PROOF_TIMEOUT"
+            );
+            return false;
+        };
+        let stream_id = challenge.stream_id().to_owned();
+        if let Err(error) = challenge.verify(&answer) {
+            tracing::warn!(environment, socket = socket_id, %error, "executor socket refused");
+            let refusal = Frame::new(stream_id, reset_body(&error.to_string())).encode();
+            let _ = sink.send(WsMessage::binary(refusal)).await;
+            return false;
+        }
+        // The binding may have changed while the socket answered (an operator's pin).
+        if self.lookup(environment).is_none_or(|(_, now)| now != key.0) {
+            return false;
+        }
+        // Twice: one may be lost. (If both are, the executor takes the first harness frame as
+        // the acceptance.)
+        let accepted = accepted_frame(&stream_id).encode();
+        sink.feed(WsMessage::binary(accepted.clone())).await.is_ok()
+            && sink.send(WsMessage::binary(accepted)).await.is_ok()
     }
 
     /// Serve a harness socket until it closes.
-    pub async fn serve_harness<S>(&self, environment: &str, socket: WebSocketStream<S>)
-    where
+    pub async fn serve_harness<S>(
+        &self,
+        environment: &str,
+        socket: WebSocketStream<S>,
+        secret: CredentialSecret,
+    ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let socket_id = self.next_socket.fetch_add(1, Ordering::Relaxed);
+        let party = secret.party();
+        let (socket_id, close, _guard) = self.open(environment, Role::Harness, secret);
         let (queue, mut outbox) = mpsc::channel(SOCKET_QUEUE_FRAMES);
         let mut limiter = NewStreamLimiter::new(Instant::now());
         let (mut sink, mut incoming) = socket.split();
+        let sender = Harness {
+            socket: socket_id,
+            party,
+            queue: &queue,
+        };
         loop {
             tokio::select! {
                 message = incoming.next() => match message {
                     Some(Ok(WsMessage::Binary(bytes))) => {
-                        self.route_from_harness(environment, socket_id, &queue, &mut limiter, bytes);
+                        self.route_from_harness(environment, &sender, &mut limiter, bytes);
                     }
                     Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break,
                     Some(Ok(_)) => {}
@@ -224,6 +562,11 @@ impl Router {
                     if send_batch(&mut sink, frame, &mut outbox).await.is_err() {
                         break;
                     }
+                }
+                () = close.notified() => {
+                    // Revoked: what was queued (the resets) goes out first.
+                    flush_queued(&mut sink, &mut outbox).await;
+                    break;
                 }
             }
         }
@@ -236,21 +579,27 @@ impl Router {
             );
         }
         if let Some(env) = self.table().get_mut(environment) {
-            env.streams.retain(|_, (owner, _)| *owner != socket_id);
+            env.streams.retain(|_, route| route.socket != socket_id);
         }
+        let _ = sink.close().await;
     }
 
     fn route_from_harness(
         &self,
         environment: &str,
-        socket_id: u64,
-        queue: &Queue,
+        harness: &Harness<'_>,
         limiter: &mut NewStreamLimiter,
         frame: Bytes,
     ) {
         let Ok(route) = route(&frame) else {
             return;
         };
+        // A proof challenge is the rendezvous's own: a harness relaying one must not reach
+        // the executor (it would make the real executor prove a stranger's socket).
+        if is_proof_stream(&route.stream_id) {
+            limiter.dropped += 1;
+            return;
+        }
         // A handshake costs the executor a Noise operation: limited before the table is
         // even locked, so a flood of them costs one envelope decode each.
         if route.handshake && !limiter.allow(Instant::now()) {
@@ -260,29 +609,47 @@ impl Router {
         let Some(env) = table.get_mut(environment) else {
             return;
         };
-        let owned = env
+        let owner = env
             .streams
             .get(&route.stream_id)
-            .is_some_and(|(owner, _)| *owner == socket_id);
-        if !owned {
-            let known = env.streams.contains_key(&route.stream_id);
-            if !known && env.streams.len() >= MAX_STREAMS_PER_ENVIRONMENT {
+            .map(|route| (route.socket, route.party));
+        if owner.map(|(socket, _)| socket) != Some(harness.socket) {
+            // Another party's stream is never taken over.
+            if owner.is_some_and(|(_, party)| party != harness.party) {
+                limiter.dropped += 1;
+                return;
+            }
+            if owner.is_none() && env.streams.len() >= MAX_STREAMS_PER_ENVIRONMENT {
                 return;
             }
             // Opening (or taking over) a stream: a handshake already paid; anything else pays.
             if !route.handshake && !limiter.allow(Instant::now()) {
                 return;
             }
-            if owned_by(env, socket_id) >= MAX_STREAMS_PER_SOCKET {
+            let (by_socket, by_party) = env.streams.values().fold((0, 0), |(s, p), route| {
+                (
+                    s + usize::from(route.socket == harness.socket),
+                    p + usize::from(route.party == harness.party),
+                )
+            });
+            if by_socket >= MAX_STREAMS_PER_SOCKET
+                || (owner.is_none() && by_party >= self.max_streams_per_credential)
+            {
                 limiter.dropped += 1;
                 return;
             }
-            env.streams
-                .insert(route.stream_id, (socket_id, queue.clone()));
+            env.streams.insert(
+                route.stream_id,
+                StreamRoute {
+                    socket: harness.socket,
+                    party: harness.party,
+                    queue: harness.queue.clone(),
+                },
+            );
         }
         if let Some((_, executor)) = &env.executor
             && executor
-                .try_send(Bytes::from(append_source(&frame, socket_id)))
+                .try_send(Bytes::from(append_source(&frame, harness.socket)))
                 .is_err()
         {
             tracing::debug!(environment, "executor socket queue full: frame dropped");
@@ -294,14 +661,34 @@ impl Router {
             return;
         };
         let table = self.table();
-        if let Some((_, harness)) = table
+        if let Some(route) = table
             .get(environment)
             .and_then(|env| env.streams.get(&stream_id))
-            && harness.try_send(frame).is_err()
+            && route.queue.try_send(frame).is_err()
         {
             tracing::debug!(environment, "harness socket queue full: frame dropped");
         }
     }
+}
+
+/// Send what is queued for a socket that is being closed (bounded: the queue's capacity).
+async fn flush_queued<Si>(sink: &mut Si, outbox: &mut mpsc::Receiver<Bytes>)
+where
+    Si: futures_util::Sink<WsMessage> + Unpin,
+{
+    while let Ok(frame) = outbox.try_recv() {
+        if sink.feed(WsMessage::binary(frame)).await.is_err() {
+            return;
+        }
+    }
+    let _ = sink.flush().await;
+}
+
+/// The harness socket a frame came from.
+struct Harness<'a> {
+    socket: u64,
+    party: u64,
+    queue: &'a Queue,
 }
 
 /// Per harness socket: a token bucket for opening streams, and the cap on streams owned.
@@ -333,11 +720,4 @@ impl NewStreamLimiter {
         self.tokens -= 1.0;
         true
     }
-}
-
-fn owned_by(env: &Environment, socket_id: u64) -> usize {
-    env.streams
-        .values()
-        .filter(|(owner, _)| *owner == socket_id)
-        .count()
 }

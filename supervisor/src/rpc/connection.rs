@@ -459,14 +459,24 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
         }
         .into());
     }
-    let slot = connection
-        .server
-        .connection_slots
+    // Relay streams have slots of their own: harnesses holding every one of them never lock
+    // out a local client (and the other way round).
+    let (slots, limit, kind) = match connection.client {
+        ClientIdentity::Relay(_) => (
+            &connection.server.relay_slots,
+            crate::limits::MAX_RELAY_STREAMS,
+            "relay streams (MAX_RELAY_STREAMS)",
+        ),
+        _ => (
+            &connection.server.connection_slots,
+            MAX_CONNECTIONS,
+            "connections (MAX_CONNECTIONS)",
+        ),
+    };
+    let slot = slots
         .clone()
         .try_acquire_owned()
-        .map_err(|_| ConnectionError::TooManyConnections {
-            limit: MAX_CONNECTIONS,
-        })?;
+        .map_err(|_| ConnectionError::TooManyConnections { limit, kind })?;
     let sessions = &connection.server.sessions;
     let ttl = params
         .detached_session_ttl_seconds

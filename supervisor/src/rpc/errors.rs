@@ -126,7 +126,7 @@ impl From<ConnectionError> for RpcError {
             ConnectionError::ClientNameTooLong { limit, .. } => {
                 RpcError::limit_exceeded(message, limit as u64)
             }
-            ConnectionError::TooManyConnections { limit } => {
+            ConnectionError::TooManyConnections { limit, .. } => {
                 RpcError::limit_exceeded(message, limit as u64).retryable()
             }
         }

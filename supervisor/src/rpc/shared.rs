@@ -213,8 +213,11 @@ pub enum ConnectionError {
         limit: usize,
     },
     /// Every connection slot is taken.
-    #[error("the server already serves {limit} connections (MAX_CONNECTIONS); retry later")]
+    #[error("the server already serves {limit} {kind}; retry later")]
     TooManyConnections {
+        /// Which pool: local connections (`MAX_CONNECTIONS`) or relay streams
+        /// (`MAX_RELAY_STREAMS`).
+        kind: &'static str,
         /// The limit.
         limit: usize,
     },

@@ -28,6 +28,9 @@ pub const EXECUTOR_TOKEN: &str = "relay-test-executor-token";
 pub const ADMIN_TOKEN: &str = "relay-test-admin-token";
 /// An executor credential granted only `env-narrow` (403 elsewhere).
 pub const NARROW_EXECUTOR_TOKEN: &str = "relay-test-narrow-executor";
+/// A second harness credential (granted every environment): another party than [`TOKEN`]'s,
+/// for tests where one harness attacks and another must not notice (quotas are per credential).
+pub const ATTACKER_TOKEN: &str = "relay-test-attacking-harness";
 
 /// The credentials file of every test rendezvous.
 pub fn credentials_toml() -> String {
@@ -42,6 +45,10 @@ environments = ["env-narrow"]
 
 [[harness]]
 token = "{TOKEN}"
+environments = ["*"]
+
+[[harness]]
+token = "{ATTACKER_TOKEN}"
 environments = ["*"]
 
 [[admin]]

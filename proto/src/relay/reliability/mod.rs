@@ -20,8 +20,11 @@
 //!   can describe; later segments wait until the front moves.
 //! - Limits: [`MAX_UNACKED_SEGMENTS`] / [`MAX_UNACKED_BYTES`] in flight,
 //!   [`RECEIVE_WINDOW_SEGMENTS`] / [`MAX_OUT_OF_ORDER_BYTES`] held out of order,
-//!   [`MAX_UNDELIVERED_BYTES`] waiting for the application, [`MAX_MESSAGE_BYTES`] per message.
-//!   A segment over a receive limit is dropped unacknowledged and arrives again later.
+//!   [`MAX_UNDELIVERED_BYTES`] waiting for the application, [`MAX_MESSAGE_BYTES`] per message;
+//!   what is held out of order or in reassembly is also charged to the endpoint's
+//!   [`ReceiveBudget`] when it has one. A segment over a receive limit is dropped
+//!   unacknowledged and arrives again later. A stream holding an unfinished message that
+//!   completes no message for [`REASSEMBLY_DEADLINE`] is reset.
 //! - Any protocol violation by the peer resets the stream (a `reset` frame goes out).
 //! - Acks are authenticated: every frame this stream sends carries `ack_auth`, the ack fields,
 //!   the body's kind and a resume's `next_seq` sealed by the cipher under nonce
@@ -33,9 +36,12 @@
 //!   hearing from the peer (liveness, [`ReliableStream::peer_authenticated`]). A cipher that
 //!   does not authenticate ([`PlaintextCipher`]) uses the clear fields.
 
+mod budget;
 mod receive;
 mod rtt;
 mod send;
+
+pub use budget::ReceiveBudget;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -47,9 +53,10 @@ use super::limits::{ACK_RECORD_BYTES, MAX_MESSAGE_BYTES, MAX_SEND_QUEUE_BYTES};
 use super::limits::{
     ACK_BITS_SPAN, ACK_DELAY, ACK_EVERY_SEGMENTS, ACK_NONCE_BASE, FAST_RETRANSMIT_SACKS,
     MAX_OUT_OF_ORDER_BYTES, MAX_RTO, MAX_UNACKED_BYTES, MAX_UNACKED_SEGMENTS,
-    MAX_UNDELIVERED_BYTES, RECEIVE_WINDOW_SEGMENTS,
+    MAX_UNDELIVERED_BYTES, REASSEMBLY_DEADLINE, RECEIVE_WINDOW_SEGMENTS,
 };
 
+use budget::HeldCharge;
 use receive::{Reassembly, Received};
 use rtt::RttEstimator;
 use send::InFlight;
@@ -222,6 +229,13 @@ pub struct ReliableStream<C> {
     reassembly: Option<Reassembly>,
     delivered: VecDeque<Vec<u8>>,
     delivered_bytes: usize,
+    /// The out-of-order and reassembly bytes, charged to the endpoint's budget.
+    held: HeldCharge,
+    /// Messages completed so far (the reassembly deadline restarts with each).
+    delivered_total: u64,
+    /// Since when an unfinished message has been held with no message completed
+    /// ([`REASSEMBLY_DEADLINE`]).
+    incomplete_since: Option<Instant>,
     /// An ack-only frame goes out on the next poll (unless another frame carries the ack).
     ack_pending: bool,
     /// In-order data arrived: an ack-only frame goes out at this time unless a frame carrying
@@ -272,6 +286,9 @@ impl<C: SegmentCipher> ReliableStream<C> {
             reassembly: None,
             delivered: VecDeque::new(),
             delivered_bytes: 0,
+            held: HeldCharge::default(),
+            delivered_total: 0,
+            incomplete_since: None,
             ack_pending: false,
             ack_deadline: None,
             unacked_in_order: 0,
@@ -299,6 +316,12 @@ impl<C: SegmentCipher> ReliableStream<C> {
         if self.closed.is_none() {
             self.ack_pending = true;
         }
+    }
+
+    /// Charge what this stream holds out of order or in reassembly to `budget`, shared with
+    /// the endpoint's other streams.
+    pub fn set_receive_budget(&mut self, budget: ReceiveBudget) {
+        self.held.attach(budget);
     }
 
     /// The stream id.
@@ -405,6 +428,8 @@ impl<C: SegmentCipher> ReliableStream<C> {
         self.out_of_order.clear();
         self.out_of_order_bytes = 0;
         self.reassembly = None;
+        self.held.release_all();
+        self.incomplete_since = None;
         self.events
             .push_back(StreamEvent::Closed { reason, by_peer });
     }

@@ -306,7 +306,14 @@ impl<C: SegmentCipher> ReliableStream<C> {
                 data.segment_index, data.segment_count
             ));
         }
-        self.out_of_order_bytes += plaintext.len() - SEGMENT_HEADER_BYTES;
+        let content = plaintext.len() - SEGMENT_HEADER_BYTES;
+        if !self.held.try_charge(content) {
+            // The endpoint's receive budget is spent (by this stream's unfinished messages or
+            // others'): like any limit, the segment comes again later.
+            self.stats.dropped_over_limit += 1;
+            return Ok(());
+        }
+        self.out_of_order_bytes += content;
         self.out_of_order.insert(
             seq,
             Received {
@@ -315,12 +322,21 @@ impl<C: SegmentCipher> ReliableStream<C> {
                 plaintext,
             },
         );
+        let completed = self.delivered_total;
         while let Some(segment) = self.out_of_order.remove(&self.expected) {
             self.out_of_order_bytes -= segment.content().len();
             let seq = self.expected;
             self.expected += 1;
             self.reassemble(seq, segment)?;
         }
+        // The reassembly deadline runs while something unfinished is held, from the last
+        // message completed.
+        let holding = self.reassembly.is_some() || !self.out_of_order.is_empty();
+        self.incomplete_since = match self.incomplete_since {
+            _ if !holding => None,
+            Some(since) if self.delivered_total == completed => Some(since),
+            _ => Some(now),
+        };
         Ok(())
     }
 
@@ -374,6 +390,8 @@ impl<C: SegmentCipher> ReliableStream<C> {
             // Single-segment message: shift the content over the header, no new buffer.
             let mut bytes = segment.plaintext;
             bytes.drain(..SEGMENT_HEADER_BYTES);
+            self.held.release(bytes.len());
+            self.delivered_total += 1;
             self.delivered_bytes += bytes.len();
             self.delivered.push_back(bytes);
             return Ok(());
@@ -381,6 +399,8 @@ impl<C: SegmentCipher> ReliableStream<C> {
         message.bytes.extend_from_slice(segment.content());
         message.next_index += 1;
         if message.next_index == message.count {
+            self.held.release(message.bytes.len());
+            self.delivered_total += 1;
             self.delivered_bytes += message.bytes.len();
             self.delivered.push_back(message.bytes);
         } else {

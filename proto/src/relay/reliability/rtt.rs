@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use super::{ReliableStream, SegmentCipher};
-use crate::relay::limits::{HEARTBEAT_INTERVAL, INITIAL_RTO, LIVENESS_TIMEOUT, MAX_RTO, MIN_RTO};
+use crate::relay::limits::{
+    HEARTBEAT_INTERVAL, INITIAL_RTO, LIVENESS_TIMEOUT, MAX_RTO, MIN_RTO, REASSEMBLY_DEADLINE,
+};
 
 #[derive(Debug)]
 pub(super) struct RttEstimator {
@@ -57,12 +59,27 @@ impl<C: SegmentCipher> ReliableStream<C> {
         if let Some(ack) = self.ack_deadline {
             next = next.min(ack);
         }
+        if let Some(since) = self.incomplete_since {
+            next = next.min(since + REASSEMBLY_DEADLINE);
+        }
         Some(next)
     }
 
-    /// Check the liveness deadline; retransmissions and heartbeats come out of
+    /// Check the liveness and reassembly deadlines; retransmissions and heartbeats come out of
     /// [`Self::poll_transmit`].
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self
+            .incomplete_since
+            .is_some_and(|since| now >= since + REASSEMBLY_DEADLINE)
+        {
+            self.fail(
+                format!(
+                    "an unfinished message was held for REASSEMBLY_DEADLINE ({REASSEMBLY_DEADLINE:?}) with no message completed"
+                ),
+                false,
+            );
+            return;
+        }
         if self.closed.is_none() && now >= self.last_received + LIVENESS_TIMEOUT {
             self.fail(
                 format!("liveness timeout: nothing heard from the peer for {LIVENESS_TIMEOUT:?}"),

@@ -3,7 +3,9 @@
 //!
 //! Ordering rules:
 //! - Every (re)connection registers first (the registry may have restarted and forgotten us),
-//!   then opens the websocket it was given; only then are streams told to resume.
+//!   then opens the websocket it was given and answers the rendezvous's challenge with its static
+//!   key ([`proto::relay::proof`]); only once the rendezvous accepted the proof are streams told
+//!   to resume.
 //! - The static key is the persistent identity (`relay::identity`), so the registry's binding
 //!   of the environment id to it survives restarts; a registry that refuses it (409: bound to
 //!   another key) is reported at error level on every retry.
@@ -14,6 +16,11 @@
 //!   oldest pending handshake of the busiest source giving way to a newcomer. A stream not
 //!   confirmed within [`UNCONFIRMED_STREAM_TIMEOUT`] is dropped. Failed handshakes are answered
 //!   with a reset and never close the shared socket.
+//! - Memory a harness makes the executor hold before a message is whole (segments out of order,
+//!   messages in reassembly) is charged to one [`ReceiveBudget`] of
+//!   [`RELAY_RECEIVE_BUDGET_BYTES`] across every stream, beyond each stream's own
+//!   [`RELAY_STREAM_RECEIVE_ALLOWANCE`]; a stream that completes no message
+//!   for [`proto::relay::limits::REASSEMBLY_DEADLINE`] while holding an unfinished one is reset.
 //! - Streams outlive sockets: they keep their state across a reconnect and end only by reset,
 //!   liveness timeout, or the server's shutdown.
 
@@ -24,9 +31,13 @@ use std::time::Instant;
 
 use base64::Engine as _;
 use futures_util::StreamExt;
-use proto::relay::limits::UNCONFIRMED_STREAM_TIMEOUT;
+use proto::relay::limits::{
+    PROOF_TIMEOUT, RELAY_RECEIVE_BUDGET_BYTES, RELAY_STREAM_RECEIVE_ALLOWANCE,
+    UNCONFIRMED_STREAM_TIMEOUT,
+};
 use proto::relay::noise::StaticKeypair;
-use proto::relay::{Body, Frame, SecureStream};
+use proto::relay::proof;
+use proto::relay::{Body, Frame, ReceiveBudget, SecureStream};
 use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
@@ -68,6 +79,9 @@ struct Executor {
     outbox: mpsc::Sender<Vec<u8>>,
     finished: mpsc::Sender<String>,
     reconnects: watch::Receiver<u64>,
+    /// What every stream holds out of order or in reassembly, together
+    /// ([`RELAY_RECEIVE_BUDGET_BYTES`]).
+    receive_budget: ReceiveBudget,
 }
 
 /// A remote environment checked and ready to serve: key loaded, registry client built.
@@ -139,17 +153,24 @@ pub async fn serve_prepared(prepared: PreparedEnvironment, server: Arc<ServerSta
         outbox,
         finished,
         reconnects,
+        receive_budget: ReceiveBudget::new(
+            RELAY_RECEIVE_BUDGET_BYTES,
+            RELAY_STREAM_RECEIVE_ALLOWANCE,
+        ),
     };
     let mut backoff = RECONNECT_BACKOFF_INITIAL;
     let mut connected_before = false;
     loop {
         match executor.connect().await {
-            Ok(socket) => {
+            Ok((socket, first)) => {
                 if connected_before {
                     reconnect_tx.send_modify(|generation| *generation += 1);
                 }
                 connected_before = true;
                 tracing::info!(environment = %executor.config.environment_id, "connected to the rendezvous");
+                if let Some(frame) = first {
+                    executor.route_frame(frame);
+                }
                 executor
                     .serve_socket(socket, &mut outbox_rx, &mut finished_rx, &mut shutdown)
                     .await;
@@ -186,6 +207,28 @@ enum ConnectError {
         #[source]
         source: super::driver::SocketError,
     },
+    /// The rendezvous did not accept the socket's proof of the key (or it went wrong).
+    #[error("proving the environment's key to the rendezvous: {0}")]
+    Proof(String),
+}
+
+/// The next relay frame of `socket` (malformed ones and other messages skipped); `None` at its
+/// end.
+async fn incoming_frame(
+    socket: &mut super::driver::RelaySocket,
+) -> Result<Option<Frame>, ConnectError> {
+    loop {
+        match socket.next().await {
+            Some(Ok(WsMessage::Binary(bytes))) => {
+                if let Ok(frame) = Frame::decode(&bytes) {
+                    return Ok(Some(frame));
+                }
+            }
+            Some(Ok(WsMessage::Close(_))) | None => return Ok(None),
+            Some(Ok(_)) => {}
+            Some(Err(error)) => return Err(ConnectError::Proof(error.to_string())),
+        }
+    }
 }
 
 /// Resolves once shutdown started (without holding the watch guard).
@@ -194,7 +237,9 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 }
 
 impl Executor {
-    async fn connect(&self) -> Result<super::driver::RelaySocket, ConnectError> {
+    /// Register, open the socket and prove the key; returns the socket and the first relay
+    /// frame, when one arrived during the proof.
+    async fn connect(&self) -> Result<(super::driver::RelaySocket, Option<Frame>), ConnectError> {
         let request = RegisterRequest {
             name: self.config.name.clone(),
             public_key: base64::engine::general_purpose::STANDARD.encode(self.keypair.public()),
@@ -216,7 +261,7 @@ impl Executor {
                 ConnectError::Register(e)
             })?;
         tracing::info!(environment = %self.config.environment_id, "registered");
-        connect_socket(
+        let mut socket = connect_socket(
             &registered.rendezvous_url,
             &self.config.bearer_token,
             &self.tls,
@@ -225,7 +270,50 @@ impl Executor {
         .map_err(|source| ConnectError::Socket {
             url: registered.rendezvous_url.clone(),
             source,
-        })
+        })?;
+        let first = self.prove_key(&mut socket).await?;
+        Ok((socket, first))
+    }
+
+    /// Answer the rendezvous's key-possession challenge on a socket just opened (every copy
+    /// of it: an answer may be lost), and wait until it accepts. Before that it routes nothing
+    /// to the socket; a relay frame arriving means it accepted (its acceptance was lost), and
+    /// is returned to be routed.
+    async fn prove_key(
+        &self,
+        socket: &mut super::driver::RelaySocket,
+    ) -> Result<Option<Frame>, ConnectError> {
+        use futures_util::SinkExt;
+        let environment = &self.config.environment_id;
+        let exchange = async {
+            while let Some(message) = incoming_frame(socket).await? {
+                if !proof::is_proof_stream(&message.stream_id) {
+                    return Ok(Some(message));
+                }
+                let Some(answer) = proof::answer(&self.keypair, environment, &message) else {
+                    match message.body {
+                        Body::Ack => return Ok(None),
+                        Body::Reset { reason } => return Err(ConnectError::Proof(reason)),
+                        _ => continue,
+                    }
+                };
+                let answer = answer.map_err(|e| ConnectError::Proof(e.to_string()))?;
+                socket
+                    .send(WsMessage::binary(answer.into_encoded()))
+                    .await
+                    .map_err(|e| ConnectError::Proof(e.to_string()))?;
+            }
+            Err(ConnectError::Proof(
+                "the rendezvous closed the socket".into(),
+            ))
+        };
+        tokio::time::timeout(PROOF_TIMEOUT, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(ConnectError::Proof(format!(
+                    "no key challenge or acceptance within {PROOF_TIMEOUT:?}"
+                )))
+            })
     }
 
     async fn serve_socket(
@@ -317,13 +405,19 @@ impl Executor {
 
     /// Route one frame from the rendezvous.
     fn route(&mut self, bytes: &[u8]) {
-        let frame = match Frame::decode(bytes) {
-            Ok(frame) => frame,
-            Err(error) => {
-                tracing::debug!(%error, "dropping a malformed relay frame");
-                return;
-            }
-        };
+        match Frame::decode(bytes) {
+            Ok(frame) => self.route_frame(frame),
+            Err(error) => tracing::debug!(%error, "dropping a malformed relay frame"),
+        }
+    }
+
+    /// Route one decoded frame.
+    fn route_frame(&mut self, frame: Frame) {
+        if proof::is_proof_stream(&frame.stream_id) {
+            // A late copy of the key challenge or its acceptance: answered only on a socket
+            // just opened (`prove_key`), never a stream.
+            return;
+        }
         if let Some(handle) = self.streams.get(&frame.stream_id) {
             if handle.inbox.try_send(frame).is_err() {
                 tracing::debug!("stream inbox full: frame dropped");
@@ -378,7 +472,10 @@ impl Executor {
             &frame,
             Instant::now(),
         ) {
-            Ok(stream) => self.spawn_stream(stream, frame.source, now),
+            Ok(mut stream) => {
+                stream.set_receive_budget(self.receive_budget.clone());
+                self.spawn_stream(stream, frame.source, now);
+            }
             Err(error) => {
                 tracing::debug!(stream = %frame.stream_id, source = frame.source, %error, "relay handshake failed");
                 self.reply_reset(&frame.stream_id, format!("handshake failed: {error}"));
