@@ -85,6 +85,10 @@ pub mod relay;
 #[cfg(feature = "rendezvous")]
 pub mod rendezvous;
 
+// When a client may send a token over plain text (both clients ask it).
+#[cfg(any(feature = "client", feature = "remote"))]
+mod plain_text;
+
 // Error text shared by the server's and the relay's messages.
 #[cfg(any(feature = "server", feature = "remote"))]
 mod error_text;
