@@ -16,6 +16,15 @@ fn describe_write_status(status: WriteStatus) -> &'static str {
     }
 }
 
+/// The server's explanation of a refusal, in parentheses; nothing when it gave none.
+fn server_says(reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!(" (the server says: {reason})")
+    }
+}
+
 /// Why a client call failed.
 ///
 /// The type is `Clone` because one failure (the end of recovery) is handed to every waiting
@@ -64,15 +73,11 @@ pub enum ExecServerError {
     },
     /// The server refused the websocket upgrade with HTTP 401: it requires a bearer token of
     /// this user (it is not the server's) and none was sent, or the one sent is not its token.
-    #[error("{endpoint} answered 401 Unauthorized: {}{}{}", if *.token_sent {
+    #[error("{endpoint} answered 401 Unauthorized: {}{}", if *.token_sent {
         "the bearer token sent is not the server's"
     } else {
         "the server requires a bearer token (Authorization: Bearer) and none was sent"
-    }, if .reason.is_empty() { "" } else { " (the server says: " }, if .reason.is_empty() {
-        String::new()
-    } else {
-        format!("{})", .reason)
-    })]
+    }, server_says(.reason))]
     Unauthorized {
         /// Where we tried to connect.
         endpoint: String,

@@ -105,6 +105,35 @@ mod tests {
     }
 
     #[test]
+    fn a_closed_peer_socket_names_no_owner_even_in_time_wait() {
+        use crate::sys::sock_diag::tcp_socket_owner;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(local).unwrap();
+        let (server_end, peer) = listener.accept().unwrap();
+        // The client closes first, so its socket ends in time-wait, held by no process.
+        drop(client);
+        drop(server_end);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let owner = loop {
+            match tcp_socket_owner(peer, local) {
+                Ok(owner) if owner.state == 6 => break owner, // TCP_TIME_WAIT
+                _ if std::time::Instant::now() > deadline => {
+                    panic!("the closed socket never reached time-wait")
+                }
+                _ => std::thread::sleep(std::time::Duration::from_millis(5)),
+            }
+        };
+        // The kernel still has the socket and reports an owner (uid 0 for time-wait)...
+        assert_eq!((owner.uid, owner.inode), (0, 0));
+        // ...which must not pass for root.
+        assert_eq!(
+            ClientIdentity::of_tcp(peer, Some(local)),
+            ClientIdentity::Address(Source::of(peer))
+        );
+    }
+
+    #[test]
     fn a_remote_peer_is_identified_by_its_address() {
         let peer: SocketAddr = "192.0.2.7:40000".parse().unwrap();
         let local: SocketAddr = "192.0.2.1:8080".parse().unwrap();
