@@ -16,8 +16,9 @@
 //!   session TTL) or on a permanent error: the client is then [`ConnectionState::Failed`] and
 //!   every process gets a terminal [`ProcessEvent::Failed`].
 //!
-//! Transports sit behind the [`Transport`] trait: [`WebSocketTransport`] for `ws://` and
-//! `unix:`; `RelayTransport` for remote mode through a rendezvous
+//! Transports sit behind the [`Transport`] trait: [`WebSocketTransport`] for `ws://`, `wss://`
+//! (feature `remote`) and `unix:`, which never sends a token over `ws://` to a host that is not
+//! loopback; `RelayTransport` for remote mode through a rendezvous
 //! (`ExecServerClient::connect_remote`, feature `remote`); any other with
 //! [`ExecServerClient::connect_with_transport`].
 //!
