@@ -544,4 +544,12 @@ async fn remote_mode_opens_no_local_listener_unless_asked() {
     std::io::Read::read_to_string(&mut executor.stdout.take().unwrap(), &mut printed).unwrap();
     assert!(listening.is_empty(), "listening sockets: {listening:?}");
     assert_eq!(printed, "", "no local URL is printed");
+    // Control: asked for one (--listen), an executor listens, and the count above would show it.
+    let asked = tests::relay::start_executor(&registry, "env-listened").await;
+    assert!(
+        asked.first_line.starts_with("ws://127.0.0.1:"),
+        "{}",
+        asked.first_line
+    );
+    assert!(!listening_tcp_sockets(asked.pid()).is_empty());
 }
