@@ -193,13 +193,15 @@ impl BoundServer {
             Some(address) => Some(Listener::bind(address, tls).await?),
             None => None,
         };
-        // Sandboxed code must not reach the server: its unix socket and token file are hidden
-        // from every sandbox, its TCP port refused (crate::sandboxing).
+        // Sandboxed code must not reach the server: its unix socket, token file and TLS key are
+        // hidden from every sandbox, its TCP port refused (crate::sandboxing).
         let mut hidden = options.protected_files.clone();
         if let Some(ListenAddress::Unix(path)) = &address {
             hidden.push(path.clone());
         }
         hidden.extend(options.auth_token_file.iter().cloned());
+        // The wss:// listener's private key: a command holding it could pose as this server.
+        hidden.extend(options.tls.iter().map(|(_, key)| key.clone()));
         let sandboxing = Arc::new(Sandboxing::new(
             &options.runtime_paths,
             hidden,

@@ -338,6 +338,10 @@ async fn the_library_client_refuses_a_token_over_plain_ws_to_another_host_before
 async fn a_wss_listener_serves_clients_that_trust_its_ca() {
     let setup = Setup::new(None);
     let ca = tests::relay::TestCa::generate();
+    // The key beside the token, outside /tmp (a sandbox's private layer there would hide it
+    // whatever the server does).
+    let key_file = setup.token_file.with_file_name("server-key.pem");
+    std::fs::copy(&ca.key_file, &key_file).unwrap();
     let server = setup.start(
         None,
         &[
@@ -346,7 +350,7 @@ async fn a_wss_listener_serves_clients_that_trust_its_ca() {
             "--tls-cert",
             ca.cert_file.to_str().unwrap(),
             "--tls-key",
-            ca.key_file.to_str().unwrap(),
+            key_file.to_str().unwrap(),
         ],
     );
     let url = server.url().to_owned();
@@ -381,6 +385,32 @@ async fn a_wss_listener_serves_clients_that_trust_its_ca() {
         stderr.to_lowercase().contains("certificate") || stderr.contains("no trusted root"),
         "{stderr}"
     );
+    // The listener's private key is hidden from sandboxed commands like the token file; the
+    // same command unsandboxed (the control) reads it.
+    let key = key_file.to_str().unwrap();
+    for (sandbox, readable) in [(None, true), (Some("read-only"), false)] {
+        let mut extra = vec!["--ca-file", ca_file];
+        extra.extend(
+            sandbox
+                .map(|name| ["--sandbox", name])
+                .into_iter()
+                .flatten(),
+        );
+        let mut command = Command::new(setup.bin.join("exec-server"));
+        command
+            .args(["exec", "--connect", &url, "--cwd", "/"])
+            .args(&extra)
+            .args(["--", "/bin/cat", key]);
+        let (_, stdout, stderr) =
+            tokio::task::spawn_blocking(move || output_within(&mut command, b""))
+                .await
+                .unwrap();
+        assert_eq!(
+            stdout.contains("PRIVATE KEY"),
+            readable,
+            "sandbox {sandbox:?}: {stdout} {stderr}"
+        );
+    }
     // The library client, with the CA.
     let client = supervisor::ExecServerClient::connect(
         supervisor::ExecServerClientConnectOptions::new(url.replace("127.0.0.1", "localhost"))
