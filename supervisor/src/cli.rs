@@ -4,8 +4,6 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::listen::DEFAULT_LISTEN_URL;
-
 /// execward exec-server: run and drive processes and files for a client over JSON-RPC.
 ///
 /// The server prints the URL it listens on as the first line of stdout, then serves websocket
@@ -27,15 +25,33 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
 
-    /// Where to listen: ws://IP:PORT (port 0 picks a free port) or unix:/absolute/path.sock
-    /// (created with mode 0600). A non-loopback address requires --auth-token-file.
-    #[arg(long, value_name = "URL", default_value = DEFAULT_LISTEN_URL)]
-    pub listen: String,
+    /// Where to listen: ws://IP:PORT (port 0 picks a free port), wss://IP:PORT (TLS, with
+    /// --tls-cert and --tls-key) or unix:/absolute/path.sock (created with mode 0600). Default:
+    /// ws://127.0.0.1:0; with --remote, no local listener unless this is given. A non-loopback
+    /// address must be wss:// and requires --auth-token-file.
+    ///
+    /// Who may connect: a holder of the bearer token (--auth-token-file), or, without the token,
+    /// the server's own user and root, as the kernel names the owner of the peer's socket
+    /// (SO_PEERCRED on the unix socket, sock_diag on loopback TCP; where sock_diag is
+    /// unavailable, every loopback TCP peer needs the token). Any other local user, and every
+    /// peer on the network, needs the token.
+    #[arg(long, value_name = "URL")]
+    pub listen: Option<String>,
 
-    /// Require `Authorization: Bearer <token>` on every websocket upgrade; the token is the
-    /// file's content with surrounding whitespace removed.
+    /// Admit `Authorization: Bearer <token>` holders on every websocket upgrade; the token is
+    /// the file's content with surrounding whitespace removed. Without the token, only the
+    /// server's own user and root are admitted (the owner of a unix-socket or loopback peer's
+    /// socket, as the kernel reports it); every other peer needs the token.
     #[arg(long, value_name = "FILE")]
     pub auth_token_file: Option<PathBuf>,
+
+    /// PEM certificate chain a wss:// listener serves (with --tls-key).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 
     /// Directory holding the helper binaries (fs-helper, sandbox-run); defaults to the
     /// directory of this executable. Never searched through $PATH.
@@ -73,9 +89,9 @@ pub struct Cli {
     pub detached_session_ttl: f64,
 
     /// Remote mode: register with the registry at this URL (https://HOST:PORT, or http:// on
-    /// loopback only) and serve harness streams through the rendezvous it names, beside the
-    /// local listener. The executor credential is --token-file's content or else
-    /// $EXECWARD_EXECUTOR_TOKEN. See docs/remote.md.
+    /// loopback only) and serve harness streams through the rendezvous it names; a local
+    /// listener only if --listen is given. The executor credential is --token-file's content
+    /// or else $EXECWARD_EXECUTOR_TOKEN. See docs/remote.md.
     #[arg(long, value_name = "URL", requires_all = ["environment_id", "identity_file"])]
     pub remote: Option<String>,
 
@@ -139,7 +155,9 @@ pub enum Command {
 /// Arguments of `exec-server exec`.
 #[derive(Debug, clap::Args)]
 pub struct ExecArgs {
-    /// The server: ws://HOST:PORT or unix:/path.sock.
+    /// The server: ws://HOST:PORT, wss://HOST:PORT or unix:/path.sock. A token (--token-file)
+    /// is sent over ws:// only to a loopback host: to any other, exec refuses before
+    /// connecting.
     #[arg(
         long,
         value_name = "URL",
@@ -169,8 +187,9 @@ pub struct ExecArgs {
     #[arg(long, value_name = "BASE64", requires = "remote")]
     pub executor_key: Option<String>,
 
-    /// Remote mode: also trust the CA certificates of this PEM file for https:// and wss://.
-    #[arg(long, value_name = "PEM", requires = "remote")]
+    /// Also trust the CA certificates of this PEM file for wss:// (--connect) or for https://
+    /// and wss:// (--remote).
+    #[arg(long, value_name = "PEM")]
     pub ca_file: Option<PathBuf>,
 
     /// Remote mode: seconds to wait for an environment the registry does not know yet (its

@@ -10,7 +10,7 @@
 //! | feature | builds | adds dependencies |
 //! |---|---|---|
 //! | `client` | the client library: `ExecServerClient` over `ws://` and `unix:` ([`client`]) | none beyond tokio, tokio-tungstenite, serde and `proto` without its relay |
-//! | `remote` | remote mode's relay glue (`relay`); with `client`, `ExecServerClient::connect_remote`; with `server`, the executor (`exec-server --remote`) | `proto`'s relay (prost, snow), reqwest, rustls |
+//! | `remote` | remote mode's relay glue (`relay`); with `client`, `ExecServerClient::connect_remote` and `wss://` URLs; with `server`, the executor (`exec-server --remote`) | `proto`'s relay (prost, snow), reqwest, rustls |
 //! | `server` | the exec server (`exec-server`, `exec-guardian`, the `exec` subcommand); includes `client` and `remote`, which that binary also serves | `sandbox`, `fs-helper` (Landlock, seccomp), clap |
 //! | `rendezvous` | the reference registry + rendezvous (`exec-rendezvous`); includes `server` | axum, hyper |
 //!
@@ -84,6 +84,10 @@ pub mod relay;
 // The reference registry + rendezvous (feature `rendezvous`).
 #[cfg(feature = "rendezvous")]
 pub mod rendezvous;
+
+// When a client may send a token over plain text (both clients ask it).
+#[cfg(any(feature = "client", feature = "remote"))]
+mod plain_text;
 
 // Error text shared by the server's and the relay's messages.
 #[cfg(any(feature = "server", feature = "remote"))]

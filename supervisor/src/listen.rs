@@ -1,4 +1,4 @@
-//! The `--listen` URL: `ws://IP:PORT` or `unix:PATH`.
+//! The `--listen` URL: `ws://IP:PORT`, `wss://IP:PORT` (TLS) or `unix:PATH`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -11,6 +11,8 @@ pub const DEFAULT_LISTEN_URL: &str = "ws://127.0.0.1:0";
 pub enum ListenAddress {
     /// A TCP address serving websockets.
     Tcp(SocketAddr),
+    /// A TCP address serving websockets over TLS (`--tls-cert`, `--tls-key`).
+    Wss(SocketAddr),
     /// A unix socket path serving websockets, created with mode 0600.
     Unix(PathBuf),
 }
@@ -18,7 +20,7 @@ pub enum ListenAddress {
 /// Why a `--listen` value cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid listen URL {url:?}: {reason}; expected ws://IP:PORT (e.g. {DEFAULT_LISTEN_URL}) or unix:/absolute/path.sock"
+    "invalid listen URL {url:?}: {reason}; expected ws://IP:PORT (e.g. {DEFAULT_LISTEN_URL}), wss://IP:PORT or unix:/absolute/path.sock"
 )]
 pub struct ExecServerListenUrlParseError {
     /// The rejected input.
@@ -33,7 +35,7 @@ pub enum ListenUrlProblem {
     /// `unix:` with a relative path.
     #[error("the unix socket path must be absolute")]
     RelativeUnixPath,
-    /// Neither `ws://` nor `unix:`.
+    /// Neither `ws://`, `wss://` nor `unix:`.
     #[error("unsupported scheme")]
     UnsupportedScheme,
     /// `ws://IP:PORT/path`.
@@ -85,8 +87,10 @@ impl ListenAddress {
             }
             return Ok(Self::Unix(path));
         }
-        let Some(authority) = url.strip_prefix("ws://") else {
-            return Err(error(ListenUrlProblem::UnsupportedScheme));
+        let (authority, tls) = match (url.strip_prefix("ws://"), url.strip_prefix("wss://")) {
+            (Some(authority), _) => (authority, false),
+            (None, Some(authority)) => (authority, true),
+            (None, None) => return Err(error(ListenUrlProblem::UnsupportedScheme)),
         };
         let authority = authority.strip_suffix('/').unwrap_or(authority);
         if authority.contains('/') {
@@ -115,15 +119,25 @@ impl ListenAddress {
         if ip.is_ipv6() && !host.starts_with('[') {
             return Err(error(ListenUrlProblem::Ipv6WithoutBrackets));
         }
-        Ok(Self::Tcp(SocketAddr::new(ip, port)))
+        let address = SocketAddr::new(ip, port);
+        Ok(if tls {
+            Self::Wss(address)
+        } else {
+            Self::Tcp(address)
+        })
     }
 
     /// Whether only this machine can connect (loopback TCP or a unix socket).
     pub fn is_local_only(&self) -> bool {
         match self {
-            Self::Tcp(address) => address.ip().is_loopback(),
+            Self::Tcp(address) | Self::Wss(address) => address.ip().is_loopback(),
             Self::Unix(_) => true,
         }
+    }
+
+    /// Whether the listener serves TLS (`wss://`).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Self::Wss(_))
     }
 }
 
@@ -157,6 +171,10 @@ mod tests {
         assert_eq!(
             ListenAddress::parse("ws://localhost:9").unwrap(),
             ListenAddress::Tcp("127.0.0.1:9".parse().unwrap())
+        );
+        assert_eq!(
+            ListenAddress::parse("wss://0.0.0.0:443").unwrap(),
+            ListenAddress::Wss("0.0.0.0:443".parse().unwrap())
         );
         assert_eq!(
             ListenAddress::parse("unix:/tmp/s.sock").unwrap(),

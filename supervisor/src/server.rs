@@ -26,8 +26,11 @@ use crate::transport::{BindError, Listener};
 /// Everything configurable about a server.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
-    /// `ws://IP:PORT` or `unix:PATH`.
-    pub listen_url: String,
+    /// `ws://IP:PORT`, `wss://IP:PORT` or `unix:PATH`; `None`: no local listener (remote mode
+    /// serves relay streams only).
+    pub listen_url: Option<String>,
+    /// PEM certificate chain and private key a `wss://` listener serves.
+    pub tls: Option<(PathBuf, PathBuf)>,
     /// Helper binaries.
     pub runtime_paths: ExecServerRuntimePaths,
     /// File holding the bearer token required on upgrade.
@@ -51,7 +54,16 @@ impl ServerOptions {
     /// Defaults for `listen_url`.
     pub fn new(listen_url: impl Into<String>, runtime_paths: ExecServerRuntimePaths) -> Self {
         Self {
-            listen_url: listen_url.into(),
+            listen_url: Some(listen_url.into()),
+            ..Self::without_listener(runtime_paths)
+        }
+    }
+
+    /// Defaults, with no local listener (remote mode without `--listen`).
+    pub fn without_listener(runtime_paths: ExecServerRuntimePaths) -> Self {
+        Self {
+            listen_url: None,
+            tls: None,
             runtime_paths,
             auth_token_file: None,
             detached_session_ttl: DETACHED_SESSION_TTL,
@@ -70,6 +82,25 @@ pub enum ExecServerError {
     /// Bad `--listen`.
     #[error(transparent)]
     ListenUrl(#[from] ExecServerListenUrlParseError),
+    /// A non-loopback address without TLS.
+    #[error(
+        "refusing to listen on {0} in clear: the bearer token, commands and files would cross \
+         the network readable by anyone on the path. Listen on wss://IP:PORT with --tls-cert PEM \
+         --tls-key PEM (and --auth-token-file FILE), or on ws://127.0.0.1:PORT or unix:PATH"
+    )]
+    TlsRequired(String),
+    /// `wss://` without a certificate and key.
+    #[error("{0} serves TLS: pass --tls-cert PEM and --tls-key PEM")]
+    TlsFilesMissing(String),
+    /// A certificate and key for a listener that is not `wss://`.
+    #[error(
+        "--tls-cert and --tls-key serve a wss:// listener, but the listener is {0}: listen on \
+         wss://IP:PORT"
+    )]
+    TlsWithoutWss(String),
+    /// The certificate or key is unusable.
+    #[error("--tls-cert/--tls-key: {0}")]
+    Tls(#[from] crate::relay::tls::TlsError),
     /// Token missing for a non-loopback address.
     #[error(
         "refusing to listen on {0} without a bearer token: anyone on the network could run commands. \
@@ -127,6 +158,10 @@ impl ExecServerError {
     pub fn is_runtime_failure(&self) -> bool {
         match self {
             Self::ListenUrl(_)
+            | Self::TlsRequired(_)
+            | Self::TlsFilesMissing(_)
+            | Self::TlsWithoutWss(_)
+            | Self::Tls(_)
             | Self::TokenRequired(_)
             | Self::TokenFile { .. }
             | Self::Helper(_)
@@ -143,7 +178,8 @@ impl ExecServerError {
 
 /// A bound server, not yet serving.
 pub struct BoundServer {
-    listener: Listener,
+    /// `None` in remote mode without `--listen`.
+    listener: Option<Listener>,
     /// This server's entry in the per-user registry, removed when the server ends.
     _registration: sandbox::servers::Registration,
     state: Arc<ServerState>,
@@ -157,27 +193,48 @@ impl BoundServer {
     /// [`ExecServerError`] for a bad URL, a missing token on a non-loopback address, an unusable
     /// token file, or a failed bind.
     pub async fn bind(options: ServerOptions) -> Result<Self, ExecServerError> {
-        let address = ListenAddress::parse(&options.listen_url)?;
+        let address = options
+            .listen_url
+            .as_deref()
+            .map(ListenAddress::parse)
+            .transpose()?;
         let auth_token = options
             .auth_token_file
             .as_deref()
             .map(read_token)
             .transpose()?;
-        if auth_token.is_none() && !address.is_local_only() {
-            return Err(ExecServerError::TokenRequired(options.listen_url.clone()));
+        let tls = listener_tls(address.as_ref(), &options)?;
+        if let Some(address) = &address
+            && !address.is_local_only()
+        {
+            if !address.is_tls() {
+                return Err(ExecServerError::TlsRequired(url_of(&options)));
+            }
+            if auth_token.is_none() {
+                return Err(ExecServerError::TokenRequired(url_of(&options)));
+            }
         }
-        let listener = Listener::bind(&address).await?;
-        // Sandboxed code must not reach the server: its unix socket and token file are hidden
-        // from every sandbox, its TCP port refused (crate::sandboxing).
+        let listener = match &address {
+            Some(address) => Some(Listener::bind(address, tls).await?),
+            None => None,
+        };
+        // Sandboxed code must not reach the server: its unix socket, token file and TLS key are
+        // hidden from every sandbox, its TCP port refused (crate::sandboxing).
         let mut hidden = options.protected_files.clone();
-        if let ListenAddress::Unix(path) = &address {
+        if let Some(ListenAddress::Unix(path)) = &address {
             hidden.push(path.clone());
         }
         hidden.extend(options.auth_token_file.iter().cloned());
+        // The wss:// listener's private key: a command holding it could pose as this server.
+        hidden.extend(options.tls.iter().map(|(_, key)| key.clone()));
         let sandboxing = Arc::new(Sandboxing::new(
             &options.runtime_paths,
             hidden,
-            listener.tcp_port().into_iter().collect(),
+            listener
+                .as_ref()
+                .and_then(Listener::tcp_port)
+                .into_iter()
+                .collect(),
         )?);
         // Before the first connection is served: from here on, every sandbox any server of this
         // user builds hides this server's secrets too.
@@ -210,8 +267,8 @@ impl BoundServer {
             options.one_shot_sandbox,
         );
         let own_listeners = match &listener {
-            Listener::Tcp(tcp) => tcp.local_addr().into_iter().collect(),
-            Listener::Unix(..) => Vec::new(),
+            Some(Listener::Tcp(tcp, _)) => tcp.local_addr().into_iter().collect(),
+            Some(Listener::Unix(..)) | None => Vec::new(),
         };
         let (shutdown, shutdown_rx) = watch::channel(false);
         let state = Arc::new(ServerState {
@@ -221,7 +278,7 @@ impl BoundServer {
                 launchers.clone(),
             )),
             runtime_paths: options.runtime_paths.clone(),
-            auth_token,
+            access: crate::transport::access::ListenerAccess::for_current_user(auth_token),
             connection_slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             relay_slots: Arc::new(Semaphore::new(crate::limits::MAX_RELAY_STREAMS)),
             admission: Admission::new(MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_SOURCE),
@@ -247,19 +304,31 @@ impl BoundServer {
         })
     }
 
-    /// The URL clients connect to.
-    pub fn url(&self) -> String {
-        self.listener.url()
+    /// The URL clients connect to (`None` without a local listener).
+    pub fn url(&self) -> Option<String> {
+        self.listener.as_ref().map(Listener::url)
+    }
+
+    /// Print the URL clients connect to as the first stdout line ([`announce_url`]); without a
+    /// local listener, nothing.
+    ///
+    /// # Errors
+    /// The write error.
+    pub fn announce(&self) -> std::io::Result<()> {
+        self.url().as_deref().map_or(Ok(()), announce_url)
     }
 
     /// Serve until `stop` resolves, then close connections and terminate every child.
     pub async fn serve_until(self, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
-        loop {
-            tokio::select! {
-                _ = &mut stop => break,
-                _ = self.listener.accept_and_spawn(&self.state) => {}
-            }
+        match &self.listener {
+            Some(listener) => loop {
+                tokio::select! {
+                    _ = &mut stop => break,
+                    _ = listener.accept_and_spawn(&self.state) => {}
+                }
+            },
+            None => stop.await,
         }
         tracing::info!("shutting down: terminating every child");
         let _ = self.shutdown.send(true);
@@ -311,6 +380,34 @@ fn start_guardian(
     Ok((Arc::new(guardian), reaper))
 }
 
+/// The listen URL as given, for messages.
+fn url_of(options: &ServerOptions) -> String {
+    options.listen_url.clone().unwrap_or_default()
+}
+
+/// The TLS settings of the listener: a `wss://` address needs `--tls-cert`/`--tls-key`, and
+/// they serve nothing else.
+fn listener_tls(
+    address: Option<&ListenAddress>,
+    options: &ServerOptions,
+) -> Result<Option<Arc<rustls::ServerConfig>>, ExecServerError> {
+    match (address, &options.tls) {
+        (Some(address), Some((cert, key))) if address.is_tls() => {
+            Ok(Some(crate::relay::tls::server_config(cert, key)?))
+        }
+        (Some(address), None) if address.is_tls() => {
+            Err(ExecServerError::TlsFilesMissing(url_of(options)))
+        }
+        (_, Some(_)) => Err(ExecServerError::TlsWithoutWss(
+            options
+                .listen_url
+                .clone()
+                .unwrap_or_else(|| "absent (no --listen)".to_owned()),
+        )),
+        _ => Ok(None),
+    }
+}
+
 fn read_token(path: &std::path::Path) -> Result<Vec<u8>, ExecServerError> {
     let error = |reason: String| ExecServerError::TokenFile {
         path: path.to_path_buf(),
@@ -332,8 +429,8 @@ fn read_token(path: &std::path::Path) -> Result<Vec<u8>, ExecServerError> {
 pub async fn run_main_with_options(options: ServerOptions) -> Result<(), ExecServerError> {
     let signals = ShutdownSignals::install().map_err(ExecServerError::Signals)?;
     let server = BoundServer::bind(options).await?;
-    announce_url(&server.url()).map_err(ExecServerError::Stdout)?;
-    tracing::info!(url = %server.url(), "listening");
+    server.announce().map_err(ExecServerError::Stdout)?;
+    tracing::info!(url = %server.url().unwrap_or_default(), "listening");
     server.serve_until(signals.recv()).await;
     Ok(())
 }

@@ -22,8 +22,8 @@ pub struct ServerState {
     pub sessions: Arc<SessionRegistry>,
     /// Helper binaries.
     pub runtime_paths: ExecServerRuntimePaths,
-    /// Required bearer token.
-    pub auth_token: Option<Vec<u8>>,
+    /// Who may connect to the listener: the bearer token, the server's own user.
+    pub access: crate::transport::access::ListenerAccess,
     /// Connection slots of local clients (taken by `initialize`).
     pub connection_slots: Arc<Semaphore>,
     /// Connection slots of relay streams (remote mode), apart from the local ones: harnesses at

@@ -4,7 +4,10 @@
 //! `pidfd_open`, `pidfd_send_signal`, `waitid` on a pidfd with the child's
 //! CPU time, the PTY window-size ioctl,
 //! taking ownership of descriptors received with `SCM_RIGHTS`, and the one-time descriptor
-//! hygiene at server start.
+//! hygiene at server start. [`sock_diag`] asks the kernel's socket table who owns a local TCP
+//! peer's socket (safe code on `nix`'s netlink calls).
+
+pub mod sock_diag;
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -28,7 +28,7 @@ fn help_explains_listen_token_and_protocol() {
 }
 
 #[test]
-fn non_loopback_listen_without_token_is_refused_at_startup() {
+fn non_loopback_listen_in_clear_is_refused_at_startup_naming_the_flags() {
     let output = exec_server()
         .args(["--listen", "ws://0.0.0.0:0"])
         .output()
@@ -40,7 +40,10 @@ fn non_loopback_listen_without_token_is_refused_at_startup() {
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("without a bearer token") && stderr.contains("--auth-token-file"),
+        stderr.contains("in clear")
+            && stderr.contains("wss://")
+            && stderr.contains("--tls-cert PEM")
+            && stderr.contains("--auth-token-file"),
         "{stderr}"
     );
 }

@@ -104,6 +104,19 @@ impl Client {
     /// # Errors
     /// The handshake error.
     pub async fn connect_as_uid(url: &str, uid: u32) -> Result<Client, tungstenite::Error> {
+        Self::connect_as_uid_with_headers(url, uid, &[]).await
+    }
+
+    /// [`Self::connect_as_uid`] sending extra upgrade headers (`Authorization`: a server admits
+    /// another user's socket only with its token).
+    ///
+    /// # Errors
+    /// The handshake error.
+    pub async fn connect_as_uid_with_headers(
+        url: &str,
+        uid: u32,
+        headers: &[(&str, &str)],
+    ) -> Result<Client, tungstenite::Error> {
         let addr = url
             .strip_prefix("ws://")
             .unwrap_or_else(|| panic!("unsupported URL {url}"))
@@ -123,7 +136,7 @@ impl Client {
         stream.set_nonblocking(true)?;
         let stream = tokio::net::TcpStream::from_std(stream)?;
         stream.set_nodelay(true)?;
-        Self::handshake(Box::new(stream), url.to_owned(), &[]).await
+        Self::handshake(Box::new(stream), url.to_owned(), headers).await
     }
 
     async fn handshake(

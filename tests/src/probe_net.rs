@@ -58,8 +58,91 @@ pub fn run(op: &str, args: &[String]) -> Option<Result<Value, std::io::Error>> {
         "socketpair-sweep" => Ok(socket_sweep(libc::SYS_socketpair, &arg(1), &arg(2))),
         "send-flag-sweep" => Ok(send_flag_sweep()),
         "setsockopt-sweep" => Ok(setsockopt_sweep()),
+        "ws-session" => ws_session(&arg(1), args.get(2).map(String::as_str)),
         _ => return None,
     })
+}
+
+/// Read/write stream of `ws-session`.
+trait Duplex: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> Duplex for T {}
+
+/// `ws-session URL [TOKEN]`: as this process's user, connect to `ws://HOST:PORT` or
+/// `unix:/path`, send a websocket upgrade (with `Authorization: Bearer TOKEN` when given) and
+/// report the answer's status and body; after a `101`, send `initialize` and report the text of
+/// the answer, so an admission is proven by the JSON-RPC layer answering, not by a status alone.
+fn ws_session(url: &str, token: Option<&str>) -> Result<Value, std::io::Error> {
+    use std::io::Write;
+    let timeout = Some(std::time::Duration::from_secs(
+        REPLY_TIMEOUT_SECS.unsigned_abs(),
+    ));
+    let mut stream: Box<dyn Duplex> = if let Some(path) = url.strip_prefix("unix:") {
+        let stream = std::os::unix::net::UnixStream::connect(path)?;
+        stream.set_read_timeout(timeout)?;
+        Box::new(stream)
+    } else {
+        let address = url
+            .strip_prefix("ws://")
+            .ok_or_else(|| std::io::Error::other(format!("unsupported URL {url}")))?;
+        let stream = std::net::TcpStream::connect(address.trim_end_matches('/'))?;
+        stream.set_read_timeout(timeout)?;
+        Box::new(stream)
+    };
+    let mut request = REQUEST[..REQUEST.len() - 2].to_vec();
+    if let Some(token) = token {
+        request.extend_from_slice(format!("Authorization: Bearer {token}\r\n").as_bytes());
+    }
+    request.extend_from_slice(b"\r\n");
+    stream.write_all(&request)?;
+    let mut received = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(at) = received.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        received.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&received[..head_end]).into_owned();
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    if status != 101 {
+        let mut body = received[head_end..].to_vec();
+        let _ = stream.read_to_end(&mut body);
+        return Ok(json!({"status": status, "body": String::from_utf8_lossy(&body)}));
+    }
+    // One masked text frame (mask 0: the payload goes as is), then the server's first frame.
+    let initialize = br#"{"id":1,"method":"initialize","params":{"clientName":"probe"}}"#;
+    let mut frame = vec![
+        0x81,
+        0x80 | u8::try_from(initialize.len()).unwrap_or(0),
+        0,
+        0,
+        0,
+        0,
+    ];
+    frame.extend_from_slice(initialize);
+    stream.write_all(&frame)?;
+    let mut header = [0u8; 2];
+    stream.read_exact(&mut header)?;
+    let length = match header[1] & 0x7f {
+        126 => {
+            let mut extended = [0u8; 2];
+            stream.read_exact(&mut extended)?;
+            usize::from(u16::from_be_bytes(extended))
+        }
+        127 => return Err(std::io::Error::other("an initialize answer over 64 KiB")),
+        short => usize::from(short),
+    };
+    let mut payload = vec![0u8; length];
+    stream.read_exact(&mut payload)?;
+    Ok(json!({"status": status, "initialize": String::from_utf8_lossy(&payload)}))
 }
 
 fn parse_addr(text: &str) -> Result<SocketAddr, std::io::Error> {

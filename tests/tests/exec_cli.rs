@@ -117,10 +117,33 @@ fn a_wrong_token_fails_with_255_and_says_why() {
         stderr.contains("401 Unauthorized") && stderr.contains("check that --token-file holds"),
         "{stderr}"
     );
-    let (status, _, stderr) = output_within(&mut exec(server.url(), &[], &["/bin/true"]), b"");
+    // Without a token, another user than the server's (the server's own needs none).
+    tests::require_root("exec runs as uid 65534 against a root server");
+    let base = tests::scratch::scratch_dir("exec-token-");
+    let bin = base.path().join("bin");
+    tests::install_binaries(&bin);
+    let mut as_nobody = Command::new(bin.join("exec-server"));
+    as_nobody
+        .args([
+            "exec",
+            "--connect",
+            server.url(),
+            "--cwd",
+            "/",
+            "--",
+            "/bin/true",
+        ])
+        .current_dir("/");
+    {
+        use std::os::unix::process::CommandExt;
+        as_nobody.uid(65534).gid(65534);
+    }
+    let (status, _, stderr) = output_within(&mut as_nobody, b"");
     assert_eq!(status.code(), Some(255));
     assert!(
-        stderr.contains("none was sent") && stderr.contains("pass --token-file FILE"),
+        stderr.contains("none was sent")
+            && stderr.contains("uid 65534")
+            && stderr.contains("pass --token-file FILE"),
         "{stderr}"
     );
     let (status, _, _) = output_within(

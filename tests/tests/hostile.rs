@@ -1612,9 +1612,16 @@ async fn session_churn_of_one_client_never_evicts_another_clients_detached_sessi
     // The case: after a victim's connection dropped, another client opening and closing
     // 64 sessions evicted the victim's detached session (and killed its process) within 0.5 s.
     const CHURN: usize = MAX_DETACHED_SESSIONS_PER_CLIENT + 32;
-    let server = besieged_server(&[]);
+    // Another user needs the token; the server's own user (the churning client) does not.
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "victim-token").unwrap();
+    let server = besieged_server(&["--auth-token-file", token_file.to_str().unwrap()]);
+    let bearer = [("Authorization", "Bearer victim-token")];
     // The victim: another user on this host (its socket owned by uid 65534), one live `cat`.
-    let mut victim = Client::connect_as_uid(server.url(), 65534).await.unwrap();
+    let mut victim = Client::connect_as_uid_with_headers(server.url(), 65534, &bearer)
+        .await
+        .unwrap();
     let victim_session = victim.initialize().await;
     start_echo(&mut victim, "victim").await;
     drop(victim);
@@ -1640,7 +1647,9 @@ async fn session_churn_of_one_client_never_evicts_another_clients_detached_sessi
     let mut probe = server.connect().await;
     resume(&mut probe, churned.last().unwrap()).await.unwrap();
     // ...and the other client's session, and its process, are untouched.
-    let mut back = Client::connect_as_uid(server.url(), 65534).await.unwrap();
+    let mut back = Client::connect_as_uid_with_headers(server.url(), 65534, &bearer)
+        .await
+        .unwrap();
     resume(&mut back, &victim_session).await.unwrap();
     assert_echoes(&mut back, "victim", "still here\n").await;
 }

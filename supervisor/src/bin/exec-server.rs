@@ -47,8 +47,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if !(cli.detached_session_ttl.is_finite() && cli.detached_session_ttl >= 0.0) {
         anyhow::bail!("--detached-session-ttl must be a non-negative number of seconds");
     }
-    let mut options = ServerOptions::new(cli.listen, runtime_paths);
+    // Remote mode serves relay streams; a local listener only when asked for.
+    let mut options = match (cli.listen, &cli.remote) {
+        (Some(url), _) => ServerOptions::new(url, runtime_paths),
+        (None, None) => ServerOptions::new(supervisor::DEFAULT_LISTEN_URL, runtime_paths),
+        (None, Some(_)) => ServerOptions::without_listener(runtime_paths),
+    };
     options.auth_token_file = cli.auth_token_file;
+    options.tls = cli.tls_cert.zip(cli.tls_key);
     options.one_shot_helpers = cli.one_shot_helpers;
     options.one_shot_sandbox = cli.one_shot_sandbox;
     options.detached_session_ttl = Duration::from_secs_f64(cli.detached_session_ttl);

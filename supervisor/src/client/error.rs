@@ -16,20 +16,51 @@ fn describe_write_status(status: WriteStatus) -> &'static str {
     }
 }
 
+/// The server's explanation of a refusal, in parentheses; nothing when it gave none.
+fn server_says(reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!(" (the server says: {reason})")
+    }
+}
+
 /// Why a client call failed.
 ///
 /// The type is `Clone` because one failure (the end of recovery) is handed to every waiting
 /// call and every open process handle.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecServerError {
-    /// The URL is not `ws://HOST:PORT[/PATH]` or `unix:/absolute/path`.
+    /// The URL is not `ws://HOST:PORT[/PATH]`, `wss://HOST:PORT[/PATH]` or
+    /// `unix:/absolute/path`.
     #[error(
-        "invalid exec-server URL {url:?}: {reason} (expected ws://HOST:PORT or unix:/path.sock)"
+        "invalid exec-server URL {url:?}: {reason} (expected ws://HOST:PORT, wss://HOST:PORT or \
+         unix:/path.sock)"
     )]
     InvalidUrl {
         /// The URL as given.
         url: String,
         /// What is wrong with it.
+        reason: String,
+    },
+    /// A bearer token would cross the network in clear: a `ws://` URL whose host is not
+    /// loopback. Refused before connecting.
+    #[error(
+        "refusing to send a bearer token over plain ws:// to {host:?}, which is not loopback: \
+         use wss:// (exec-server --listen wss://... --tls-cert PEM --tls-key PEM)"
+    )]
+    PlainTextToken {
+        /// The URL as given.
+        url: String,
+        /// Its host.
+        host: String,
+    },
+    /// The TLS settings for a `wss://` URL are unusable (the CA file, no trust roots).
+    #[error("TLS settings for {url}: {reason}")]
+    Tls {
+        /// The URL as given.
+        url: String,
+        /// What is wrong.
         reason: String,
     },
     /// The transport could not be established (TCP/unix connect or websocket upgrade).
@@ -40,18 +71,20 @@ pub enum ExecServerError {
         /// The underlying error (an HTTP 401 shows up here as the status line).
         reason: String,
     },
-    /// The server refused the websocket upgrade with HTTP 401: it requires a bearer token and
-    /// none was sent, or the one sent is not its token.
-    #[error("{endpoint} answered 401 Unauthorized: {}", if *.token_sent {
+    /// The server refused the websocket upgrade with HTTP 401: it requires a bearer token of
+    /// this user (it is not the server's) and none was sent, or the one sent is not its token.
+    #[error("{endpoint} answered 401 Unauthorized: {}{}", if *.token_sent {
         "the bearer token sent is not the server's"
     } else {
         "the server requires a bearer token (Authorization: Bearer) and none was sent"
-    })]
+    }, server_says(.reason))]
     Unauthorized {
         /// Where we tried to connect.
         endpoint: String,
         /// Whether a token was sent.
         token_sent: bool,
+        /// The server's explanation (the answer's body), empty when it gave none.
+        reason: String,
     },
     /// The server answered the request with an error.
     #[error("{method} failed: {error}")]

@@ -16,8 +16,9 @@
 //!   session TTL) or on a permanent error: the client is then [`ConnectionState::Failed`] and
 //!   every process gets a terminal [`ProcessEvent::Failed`].
 //!
-//! Transports sit behind the [`Transport`] trait: [`WebSocketTransport`] for `ws://` and
-//! `unix:`; `RelayTransport` for remote mode through a rendezvous
+//! Transports sit behind the [`Transport`] trait: [`WebSocketTransport`] for `ws://`, `wss://`
+//! (feature `remote`) and `unix:`, which never sends a token over `ws://` to a host that is not
+//! loopback; `RelayTransport` for remote mode through a rendezvous
 //! (`ExecServerClient::connect_remote`, feature `remote`); any other with
 //! [`ExecServerClient::connect_with_transport`].
 //!
@@ -121,10 +122,13 @@ pub const CLIENT_EVENT_BUFFER_BYTES: usize = 64 * 1024 * 1024;
 /// How to reach a server and how patient to be.
 #[derive(Debug, Clone)]
 pub struct ExecServerClientConnectOptions {
-    /// `ws://HOST:PORT` or `unix:/path.sock`.
+    /// `ws://HOST:PORT`, `wss://HOST:PORT` or `unix:/path.sock`.
     pub url: String,
-    /// Sent as `Authorization: Bearer <token>` on the websocket upgrade.
+    /// Sent as `Authorization: Bearer <token>` on the websocket upgrade (never over plain
+    /// `ws://` to a host that is not loopback: the connection is refused first).
     pub auth_token: Option<String>,
+    /// For `wss://`: also trust the CA certificates of this PEM file (besides the system's).
+    pub ca_file: Option<std::path::PathBuf>,
     /// `clientName` of `initialize` (shows in server logs).
     pub client_name: String,
     /// Resume this detached session instead of starting a new one.
@@ -153,6 +157,7 @@ impl ExecServerClientConnectOptions {
         Self {
             url: url.into(),
             auth_token: None,
+            ca_file: None,
             client_name: "execward-client".into(),
             resume_session_id: None,
             detached_session_ttl: None,
@@ -166,6 +171,13 @@ impl ExecServerClientConnectOptions {
     #[must_use]
     pub fn with_auth_token(mut self, token: Option<String>) -> Self {
         self.auth_token = token;
+        self
+    }
+
+    /// For `wss://`: also trust the CA certificates of this PEM file.
+    #[must_use]
+    pub fn with_ca_file(mut self, ca_file: Option<std::path::PathBuf>) -> Self {
+        self.ca_file = ca_file;
         self
     }
 
@@ -199,17 +211,20 @@ pub struct ExecServerClient {
 }
 
 impl ExecServerClient {
-    /// Connect over a websocket (`ws://` or `unix:`) and `initialize`.
+    /// Connect over a websocket (`ws://`, `wss://` or `unix:`) and `initialize`.
     ///
     /// # Errors
-    /// [`ExecServerError::InvalidUrl`], [`ExecServerError::Connect`] (including an HTTP 401
+    /// [`ExecServerError::InvalidUrl`], [`ExecServerError::PlainTextToken`] (a token for a
+    /// `ws://` host that is not loopback, refused before connecting), [`ExecServerError::Tls`],
+    /// [`ExecServerError::Connect`] (including an HTTP 401
     /// for a wrong token), [`ExecServerError::Timeout`], or the server's `initialize` error
     /// (e.g. -32010 when resuming a session that is still attached, -32600 `unknownSession`).
     pub async fn connect(options: ExecServerClientConnectOptions) -> Result<Self, ExecServerError> {
-        let transport = WebSocketTransport::new(
+        let transport = WebSocketTransport::with_ca_file(
             &options.url,
             options.auth_token.clone(),
             options.connect_timeout,
+            options.ca_file.as_deref(),
         )?;
         Self::connect_with_transport(Arc::new(transport), options).await
     }

@@ -1,5 +1,7 @@
 //! How the client reaches a server: a [`Transport`] opens one message channel per connection
-//! generation. [`WebSocketTransport`] speaks to a local `exec-server` over `ws://` or `unix:`;
+//! generation. [`WebSocketTransport`] speaks to an `exec-server` over `ws://`, `wss://` (with
+//! the `remote` feature, which brings rustls) or `unix:`, and refuses before it connects to send
+//! a token over plain `ws://` to a host that is not loopback (`crate::plain_text`);
 //! `RelayTransport` (remote mode, feature `remote`) implements the same small trait.
 //!
 //! A [`TransportConnection`] is message-oriented: each outgoing `String` is one JSON-RPC message
@@ -77,14 +79,36 @@ pub trait Transport: Send + Sync + 'static {
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum Target {
-    Tcp { host_port: String },
-    Unix { path: std::path::PathBuf },
+    Tcp {
+        host_port: String,
+        /// `wss://`: the TLS settings and the name the certificate must carry.
+        #[cfg(feature = "remote")]
+        tls: Option<(
+            Arc<rustls::ClientConfig>,
+            rustls_pki_types::ServerName<'static>,
+        )>,
+    },
+    Unix {
+        path: std::path::PathBuf,
+    },
 }
 
-/// A websocket to a local `exec-server`: `ws://HOST:PORT[/PATH]` or `unix:/path.sock`, with an
-/// optional bearer token sent as `Authorization: Bearer <token>` on the upgrade.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp { host_port, .. } => {
+                f.debug_struct("Tcp").field("host_port", host_port).finish()
+            }
+            Self::Unix { path } => f.debug_struct("Unix").field("path", path).finish(),
+        }
+    }
+}
+
+/// A websocket to an `exec-server`: `ws://HOST:PORT[/PATH]`, `wss://HOST:PORT[/PATH]` or
+/// `unix:/path.sock`, with an optional bearer token sent as `Authorization: Bearer <token>` on
+/// the upgrade.
 #[derive(Debug, Clone)]
 pub struct WebSocketTransport {
     url: String,
@@ -96,19 +120,41 @@ pub struct WebSocketTransport {
 }
 
 impl WebSocketTransport {
-    /// Parse `url`.
+    /// Parse `url` ([`Self::with_ca_file`] without a CA file: `wss://` trusts the system's
+    /// roots).
     ///
     /// # Errors
-    /// [`ExecServerError::InvalidUrl`] for anything but `ws://HOST:PORT[/PATH]` or
-    /// `unix:/absolute/path`.
+    /// As [`Self::with_ca_file`].
     pub fn new(
         url: &str,
         auth_token: Option<String>,
         connect_timeout: Duration,
     ) -> Result<Self, ExecServerError> {
+        Self::with_ca_file(url, auth_token, connect_timeout, None)
+    }
+
+    /// Parse `url`; a `wss://` server's certificate must chain to the system's roots or to a
+    /// certificate of `ca_file` (PEM).
+    ///
+    /// # Errors
+    /// [`ExecServerError::InvalidUrl`] for anything but `ws://HOST:PORT[/PATH]`,
+    /// `wss://HOST:PORT[/PATH]` or `unix:/absolute/path`;
+    /// [`ExecServerError::PlainTextToken`] for a token to be sent over `ws://` to a host that is
+    /// not loopback; [`ExecServerError::Tls`] when the TLS settings are unusable.
+    pub fn with_ca_file(
+        url: &str,
+        auth_token: Option<String>,
+        connect_timeout: Duration,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Self, ExecServerError> {
         let invalid = |reason: &str| ExecServerError::InvalidUrl {
             url: url.to_owned(),
             reason: reason.to_owned(),
+        };
+        let (rest, tls) = match (url.strip_prefix("ws://"), url.strip_prefix("wss://")) {
+            (Some(rest), _) => (Some(rest), false),
+            (None, Some(rest)) => (Some(rest), true),
+            (None, None) => (None, false),
         };
         let target = if let Some(path) = url.strip_prefix("unix:") {
             let path = std::path::PathBuf::from(path);
@@ -116,7 +162,7 @@ impl WebSocketTransport {
                 return Err(invalid("the socket path must be absolute"));
             }
             Target::Unix { path }
-        } else if let Some(rest) = url.strip_prefix("ws://") {
+        } else if let Some(rest) = rest {
             let host_port = rest.split('/').next().unwrap_or_default();
             let Some((host, port)) = host_port.rsplit_once(':').filter(|(host, _)| {
                 !host.is_empty() && (!host.starts_with('[') || host.ends_with(']'))
@@ -137,12 +183,30 @@ impl WebSocketTransport {
                     )));
                 }
             }
+            if auth_token.is_some() && !tls && !crate::plain_text::is_loopback_host(host) {
+                return Err(ExecServerError::PlainTextToken {
+                    url: url.to_owned(),
+                    host: host.to_owned(),
+                });
+            }
             Target::Tcp {
                 host_port: host_port.to_owned(),
+                #[cfg(feature = "remote")]
+                tls: if tls {
+                    Some(tls_settings(url, host, ca_file)?)
+                } else {
+                    None
+                },
             }
         } else {
             return Err(invalid("unsupported scheme"));
         };
+        #[cfg(not(feature = "remote"))]
+        if tls || ca_file.is_some() {
+            return Err(invalid(
+                "wss:// needs the supervisor crate's `remote` feature (rustls)",
+            ));
+        }
         Ok(Self {
             url: url.to_owned(),
             target,
@@ -164,11 +228,26 @@ impl WebSocketTransport {
                     .map_err(|e| error(e.to_string()))?;
                 (Box::new(stream), "ws://localhost/".to_owned())
             }
-            Target::Tcp { host_port } => {
+            Target::Tcp {
+                host_port,
+                #[cfg(feature = "remote")]
+                tls,
+            } => {
                 let stream = tokio::net::TcpStream::connect(host_port.as_str())
                     .await
                     .map_err(|e| error(e.to_string()))?;
                 stream.set_nodelay(true).map_err(|e| error(e.to_string()))?;
+                #[cfg(feature = "remote")]
+                if let Some((config, name)) = tls {
+                    let stream = tokio_rustls::TlsConnector::from(config.clone())
+                        .connect(name.clone(), stream)
+                        .await
+                        .map_err(|e| error(format!("TLS handshake: {e}")))?;
+                    (Box::new(stream), self.url.clone())
+                } else {
+                    (Box::new(stream), self.url.clone())
+                }
+                #[cfg(not(feature = "remote"))]
                 (Box::new(stream), self.url.clone())
             }
         };
@@ -191,11 +270,22 @@ impl WebSocketTransport {
         .await
         {
             Ok((websocket, _response)) => websocket,
-            Err(WsError::Http(response)) if response.status() == StatusCode::UNAUTHORIZED => {
-                return Err(ExecServerError::Unauthorized {
-                    endpoint: self.url.clone(),
-                    token_sent: self.auth_token.is_some(),
-                });
+            Err(WsError::Http(response)) => {
+                let reason = response
+                    .body()
+                    .as_deref()
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned();
+                if response.status() == StatusCode::UNAUTHORIZED {
+                    return Err(ExecServerError::Unauthorized {
+                        endpoint: self.url.clone(),
+                        token_sent: self.auth_token.is_some(),
+                        reason,
+                    });
+                }
+                return Err(error(format!("HTTP {}: {reason}", response.status())));
             }
             Err(e) => return Err(error(e.to_string())),
         };
@@ -212,6 +302,34 @@ impl WebSocketTransport {
         let mut open = self.open_connections.subscribe();
         let _ = open.wait_for(|count| *count == 0).await;
     }
+}
+
+/// The TLS settings for a `wss://` URL to `host`: the system's roots plus `ca_file`
+/// (`relay::tls::client_config`, the remote client's), and the name the certificate must carry.
+#[cfg(feature = "remote")]
+fn tls_settings(
+    url: &str,
+    host: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<
+    (
+        Arc<rustls::ClientConfig>,
+        rustls_pki_types::ServerName<'static>,
+    ),
+    ExecServerError,
+> {
+    let tls_error = |reason: String| ExecServerError::Tls {
+        url: url.to_owned(),
+        reason,
+    };
+    let config = crate::relay::tls::client_config(ca_file).map_err(|e| tls_error(e.to_string()))?;
+    let bare = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let name = rustls_pki_types::ServerName::try_from(bare)
+        .map_err(|e| tls_error(format!("{host:?} is not a server name: {e}")))?;
+    Ok((config, name))
 }
 
 /// Counts one open websocket while its tasks live.

@@ -259,6 +259,7 @@ pub fn exec_target(
         (Some(url), _, _) => Ok(ExecTarget::Local(
             ExecServerClientConnectOptions::new(url.clone())
                 .with_auth_token(file_token)
+                .with_ca_file(args.ca_file.clone())
                 .with_client_name(CLIENT_NAME)
                 // When exec goes (killed, even by SIGKILL), its command follows shortly.
                 .with_detached_session_ttl(LOCAL_DETACHED_TTL),
@@ -549,10 +550,11 @@ async fn exec(
 ) -> Result<u8, ExecCommandError> {
     let (client, relay, websocket) = match target {
         ExecTarget::Local(options) => {
-            let transport = Arc::new(WebSocketTransport::new(
+            let transport = Arc::new(WebSocketTransport::with_ca_file(
                 &options.url,
                 options.auth_token.clone(),
                 options.connect_timeout,
+                options.ca_file.as_deref(),
             )?);
             let client =
                 ExecServerClient::connect_with_transport(transport.clone(), options).await?;
@@ -1184,6 +1186,7 @@ mod tests {
             with_hint(ExecCommandError::Client(ExecServerError::Unauthorized {
                 endpoint: "ws://127.0.0.1:1".into(),
                 token_sent,
+                reason: String::new(),
             }))
             .to_string()
         };

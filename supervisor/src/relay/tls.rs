@@ -242,14 +242,8 @@ pub fn check_url(url: &str, allowed: [&str; 2]) -> Result<Scheme, TlsError> {
 }
 
 fn is_loopback(url: &reqwest::Url) -> bool {
-    let Some(host) = url.host_str() else {
-        return false;
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip.is_loopback(),
-        Err(_) => host.eq_ignore_ascii_case("localhost"),
-    }
+    url.host_str()
+        .is_some_and(crate::plain_text::is_loopback_host)
 }
 
 #[cfg(test)]

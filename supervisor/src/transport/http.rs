@@ -1,5 +1,6 @@
 //! The HTTP head of a new connection, read and judged by hand before any websocket state exists:
-//! `/readyz`, the `Origin` refusal, bearer-token auth, and the `101` upgrade response.
+//! `/readyz`, the `Origin` refusal, the bearer token (checked when sent; when none is, who may
+//! connect is decided by the peer's owner, [`super::access`]), and the `101` upgrade response.
 //!
 //! Reading the head ourselves (bounded in size and time) means a slow or hostile client costs a
 //! fixed amount of memory and is dropped after [`UPGRADE_HEAD_TIMEOUT`].
@@ -19,6 +20,8 @@ pub enum HeadDecision {
         key: String,
         /// Bytes after the head.
         leftover: Vec<u8>,
+        /// Whether the server's bearer token was presented (a wrong one is refused here).
+        token: TokenPresented,
     },
     /// Answer with this status and close.
     Reject {
@@ -27,6 +30,16 @@ pub enum HeadDecision {
         /// Plain-text body.
         body: &'static str,
     },
+}
+
+/// Whether an upgrade carried the server's bearer token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenPresented {
+    /// The right token: admitted whoever the peer is.
+    Valid,
+    /// No `Authorization` header (or no token configured, when one sent is ignored): the
+    /// peer's owner decides.
+    None,
 }
 
 /// Why a head could not be read.
@@ -129,24 +142,32 @@ fn decide(head: &[u8], leftover: Vec<u8>, token: Option<&[u8]>) -> HeadDecision 
             body: "requests with an Origin header are refused: browser pages may not reach this server\n",
         };
     }
-    if let Some(expected) = token {
-        let presented = header("authorization")
-            .and_then(|value| value.strip_prefix(b"Bearer ".as_slice()))
-            .unwrap_or_default();
-        let matches: bool =
-            presented.len() == expected.len() && bool::from(presented.ct_eq(expected));
-        if !matches {
-            return HeadDecision::Reject {
-                status: "401 Unauthorized",
-                body: "missing or wrong bearer token\n",
-            };
+    let authorization = header("authorization");
+    let token = match (token, authorization) {
+        (_, None) => TokenPresented::None,
+        (Some(expected), Some(value)) => {
+            let presented = value
+                .strip_prefix(b"Bearer ".as_slice())
+                .unwrap_or_default();
+            let matches: bool =
+                presented.len() == expected.len() && bool::from(presented.ct_eq(expected));
+            if !matches {
+                return HeadDecision::Reject {
+                    status: "401 Unauthorized",
+                    body: "wrong bearer token\n",
+                };
+            }
+            TokenPresented::Valid
         }
-    }
+        // A server without a token ignores one: the peer's owner decides.
+        (None, Some(_)) => TokenPresented::None,
+    };
     let version_ok = header("sec-websocket-version").is_some_and(|v| v == b"13");
     match header("sec-websocket-key").and_then(|key| std::str::from_utf8(key).ok()) {
         Some(key) if version_ok => HeadDecision::Upgrade {
             key: key.trim().to_owned(),
             leftover,
+            token,
         },
         _ => BAD_REQUEST,
     }
@@ -227,13 +248,14 @@ mod tests {
     }
 
     #[test]
-    fn token_is_required_when_configured() {
+    fn a_sent_token_must_be_right_and_a_missing_one_is_left_to_the_owner_check() {
         let missing = decide(&head(""), vec![], Some(b"secret"));
         let wrong = decide(
             &head("Authorization: Bearer secreT\r\n"),
             vec![],
             Some(b"secret"),
         );
+        let ignored = decide(&head("Authorization: Bearer secret\r\n"), vec![], None);
         let right = decide(
             &head("Authorization: Bearer secret\r\n"),
             vec![1],
@@ -241,8 +263,8 @@ mod tests {
         );
         assert!(matches!(
             missing,
-            HeadDecision::Reject {
-                status: "401 Unauthorized",
+            HeadDecision::Upgrade {
+                token: TokenPresented::None,
                 ..
             }
         ));
@@ -253,11 +275,19 @@ mod tests {
                 ..
             }
         ));
+        assert!(matches!(
+            ignored,
+            HeadDecision::Upgrade {
+                token: TokenPresented::None,
+                ..
+            }
+        ));
         assert_eq!(
             right,
             HeadDecision::Upgrade {
                 key: "dGhlIHNhbXBsZSBub25jZQ==".into(),
-                leftover: vec![1]
+                leftover: vec![1],
+                token: TokenPresented::Valid,
             }
         );
     }

@@ -5,12 +5,13 @@
 //! the kernel knows does:
 //! - a unix socket peer: its user id (`SO_PEERCRED`);
 //! - a loopback TCP peer: the user id that owns the peer's socket (the kernel's socket table,
-//!   `/proc/self/net/tcp{,6}`, seen from the server's own network namespace);
+//!   asked through `sock_diag` from the server's own network namespace), while a process holds
+//!   that socket open;
 //! - any other TCP peer (or a loopback one whose socket is gone already): its address, an IPv6
 //!   /64 counting as one (a host controls a whole /64);
 //! - a relay stream: the harness the rendezvous says it comes from.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use super::admission::Source;
 
@@ -49,53 +50,38 @@ impl ClientIdentity {
     }
 }
 
-/// The uid owning the socket bound to `peer` and connected to `local`, from the kernel's TCP
-/// table of the server's network namespace (`None` when not found: the peer already closed).
+/// Logged once: the host cannot tell who owns a loopback peer's socket.
+static SOCK_DIAG_UNAVAILABLE_LOGGED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// The uid owning the live socket bound to `peer` and connected to `local`, from the kernel's
+/// socket table of the server's network namespace (`sock_diag`). `None` when the kernel cannot
+/// say (no `NETLINK_SOCK_DIAG`), has no such socket (the peer closed it already), or reports a
+/// socket no process holds any more (orphaned or in time-wait: the kernel reports uid 0 for
+/// those, which must never pass for root), or one that is not established.
 fn loopback_socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    let table = match peer {
-        SocketAddr::V4(_) => "/proc/self/net/tcp",
-        SocketAddr::V6(_) => "/proc/self/net/tcp6",
-    };
-    let text = std::fs::read_to_string(table).ok()?;
-    owner_in_table(&text, peer, local)
-}
-
-/// Find the row whose local address is `peer` and remote address `local` (the peer's own
-/// socket) in a `/proc/net/tcp` text; its `uid` column.
-fn owner_in_table(text: &str, peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-    let (want_local, want_remote) = (proc_address(peer), proc_address(local));
-    text.lines().skip(1).find_map(|line| {
-        let mut columns = line.split_whitespace();
-        let _slot = columns.next()?;
-        let local_column = columns.next()?;
-        let remote_column = columns.next()?;
-        if !local_column.eq_ignore_ascii_case(&want_local)
-            || !remote_column.eq_ignore_ascii_case(&want_remote)
-        {
-            return None;
+    use crate::sys::sock_diag::{SockDiagError, TCP_ESTABLISHED, tcp_socket_owner};
+    match tcp_socket_owner(peer, local) {
+        Ok(owner) if owner.state == TCP_ESTABLISHED && owner.inode != 0 => Some(owner.uid),
+        Ok(owner) => {
+            tracing::debug!(%peer, ?owner, "the peer's socket is no longer held open: owner unknown");
+            None
         }
-        // st, tx_queue:rx_queue, tr:tm->when, retrnsmt, then uid.
-        columns.nth(4)?.parse().ok()
-    })
-}
-
-/// An address as `/proc/net/tcp` prints it: the address's 32-bit words in host byte order as
-/// hex, a colon, the port as hex.
-fn proc_address(address: SocketAddr) -> String {
-    let words: Vec<[u8; 4]> = match address.ip() {
-        IpAddr::V4(v4) => vec![v4.octets()],
-        IpAddr::V6(v6) => v6
-            .octets()
-            .chunks_exact(4)
-            .map(|chunk| [chunk[0], chunk[1], chunk[2], chunk[3]])
-            .collect(),
-    };
-    let mut text: String = words
-        .into_iter()
-        .map(|word| format!("{:08X}", u32::from_ne_bytes(word)))
-        .collect();
-    text.push_str(&format!(":{:04X}", address.port()));
-    text
+        Err(error @ SockDiagError::Unavailable { .. }) => {
+            if !SOCK_DIAG_UNAVAILABLE_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    %error,
+                    "cannot learn who owns loopback peers' sockets: every loopback TCP client \
+                     must present the bearer token (the unix socket still admits this user)"
+                );
+            }
+            None
+        }
+        Err(error) => {
+            tracing::debug!(%peer, %error, "the owner of a loopback peer's socket is unknown");
+            None
+        }
+    }
 }
 
 #[cfg(test)]
@@ -119,9 +105,28 @@ mod tests {
     }
 
     #[test]
-    fn a_remote_peer_is_identified_by_its_address() {
-        let peer: SocketAddr = "192.0.2.7:40000".parse().unwrap();
-        let local: SocketAddr = "192.0.2.1:8080".parse().unwrap();
+    fn a_closed_peer_socket_names_no_owner_even_in_time_wait() {
+        use crate::sys::sock_diag::tcp_socket_owner;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(local).unwrap();
+        let (server_end, peer) = listener.accept().unwrap();
+        // The client closes first, so its socket ends in time-wait, held by no process.
+        drop(client);
+        drop(server_end);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let owner = loop {
+            match tcp_socket_owner(peer, local) {
+                Ok(owner) if owner.state == 6 => break owner, // TCP_TIME_WAIT
+                _ if std::time::Instant::now() > deadline => {
+                    panic!("the closed socket never reached time-wait")
+                }
+                _ => std::thread::sleep(std::time::Duration::from_millis(5)),
+            }
+        };
+        // The kernel still has the socket and reports an owner (uid 0 for time-wait)...
+        assert_eq!((owner.uid, owner.inode), (0, 0));
+        // ...which must not pass for root.
         assert_eq!(
             ClientIdentity::of_tcp(peer, Some(local)),
             ClientIdentity::Address(Source::of(peer))
@@ -129,16 +134,12 @@ mod tests {
     }
 
     #[test]
-    fn table_rows_are_matched_on_both_ends() {
-        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   \
-             0: 0100007F:9C40 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 1 1\n   \
-             1: 0100007F:9C41 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  65534        0 2 1\n";
-        let server: SocketAddr = "127.0.0.1:8080".parse().unwrap();
-        let peer = |port| SocketAddr::new("127.0.0.1".parse().unwrap(), port);
-        if cfg!(target_endian = "little") {
-            assert_eq!(owner_in_table(table, peer(40000), server), Some(1000));
-            assert_eq!(owner_in_table(table, peer(40001), server), Some(65534));
-        }
-        assert_eq!(owner_in_table(table, peer(40002), server), None);
+    fn a_remote_peer_is_identified_by_its_address() {
+        let peer: SocketAddr = "192.0.2.7:40000".parse().unwrap();
+        let local: SocketAddr = "192.0.2.1:8080".parse().unwrap();
+        assert_eq!(
+            ClientIdentity::of_tcp(peer, Some(local)),
+            ClientIdentity::Address(Source::of(peer))
+        );
     }
 }

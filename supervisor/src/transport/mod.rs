@@ -1,11 +1,14 @@
 //! Listeners (TCP and unix socket) and the per-connection handshake.
 //!
-//! Every accepted stream is admitted to the pending pool ([`admission`]) and goes through
-//! [`http::read_head`]; only an accepted upgrade reaches the JSON-RPC layer in
+//! Every accepted stream is admitted to the pending pool ([`admission`]), finishes its TLS
+//! handshake on a `wss://` listener, and goes through [`http::read_head`]; an upgrade without
+//! the bearer token is then judged by who owns the peer's socket ([`access`]), and only an
+//! accepted upgrade reaches the JSON-RPC layer in
 //! [`crate::rpc::connection`], which trades the pending slot for a connection slot at
 //! `initialize`. No connection slot is taken before that, so sockets that never speak cannot
 //! lock out clients that do.
 
+pub mod access;
 pub mod admission;
 pub mod frame_meter;
 pub mod http;
@@ -19,7 +22,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
-use crate::limits::MAX_FRAME_BYTES;
+use crate::limits::{MAX_FRAME_BYTES, UPGRADE_HEAD_TIMEOUT};
 use crate::listen::ListenAddress;
 use crate::state::ServerState;
 use admission::{PendingTicket, Source};
@@ -27,8 +30,8 @@ use identity::ClientIdentity;
 
 /// A bound listener.
 pub enum Listener {
-    /// TCP.
-    Tcp(TcpListener),
+    /// TCP, serving `wss://` when it has a TLS acceptor.
+    Tcp(TcpListener, Option<tokio_rustls::TlsAcceptor>),
     /// Unix socket; the file is removed when the listener is dropped.
     Unix(UnixListener, UnixSocketFile),
 }
@@ -60,18 +63,28 @@ pub enum BindError {
 
 impl Listener {
     /// Bind the address. A unix socket is created with mode 0600; a stale socket file is replaced.
+    /// A `wss://` address serves TLS with `tls` (the caller checked it is given).
     ///
     /// # Errors
     /// [`BindError`] naming the address.
-    pub async fn bind(address: &ListenAddress) -> Result<Self, BindError> {
+    pub async fn bind(
+        address: &ListenAddress,
+        tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    ) -> Result<Self, BindError> {
         match address {
-            ListenAddress::Tcp(socket_address) => TcpListener::bind(socket_address)
-                .await
-                .map(Self::Tcp)
-                .map_err(|source| BindError::Bind {
-                    address: socket_address.to_string(),
-                    source,
-                }),
+            ListenAddress::Tcp(socket_address) | ListenAddress::Wss(socket_address) => {
+                let acceptor = match address {
+                    ListenAddress::Wss(_) => tls.map(tokio_rustls::TlsAcceptor::from),
+                    _ => None,
+                };
+                TcpListener::bind(socket_address)
+                    .await
+                    .map(|listener| Self::Tcp(listener, acceptor))
+                    .map_err(|source| BindError::Bind {
+                        address: socket_address.to_string(),
+                        source,
+                    })
+            }
             ListenAddress::Unix(path) => {
                 use std::os::unix::fs::FileTypeExt;
                 if let Ok(metadata) = std::fs::symlink_metadata(path) {
@@ -99,10 +112,13 @@ impl Listener {
     /// The URL clients connect to, printed on stdout at startup.
     pub fn url(&self) -> String {
         match self {
-            Self::Tcp(listener) => match listener.local_addr() {
-                Ok(address) => format!("ws://{address}"),
-                Err(_) => "ws://unknown".to_owned(),
-            },
+            Self::Tcp(listener, tls) => {
+                let scheme = if tls.is_some() { "wss" } else { "ws" };
+                match listener.local_addr() {
+                    Ok(address) => format!("{scheme}://{address}"),
+                    Err(_) => format!("{scheme}://unknown"),
+                }
+            }
             Self::Unix(_, UnixSocketFile(path)) => format!("unix:{}", path.display()),
         }
     }
@@ -110,7 +126,7 @@ impl Listener {
     /// The TCP port listened on (`None` for a unix socket).
     pub fn tcp_port(&self) -> Option<u16> {
         match self {
-            Self::Tcp(listener) => listener.local_addr().ok().map(|address| address.port()),
+            Self::Tcp(listener, _) => listener.local_addr().ok().map(|address| address.port()),
             Self::Unix(..) => None,
         }
     }
@@ -118,11 +134,20 @@ impl Listener {
     /// Accept one connection and serve it on its own task.
     pub async fn accept_and_spawn(&self, state: &Arc<ServerState>) {
         let accepted = match self {
-            Self::Tcp(listener) => listener.accept().await.map(|(stream, peer)| {
+            Self::Tcp(listener, tls) => listener.accept().await.map(|(stream, peer)| {
                 let _ = stream.set_nodelay(true);
                 let local = stream.local_addr().ok();
                 let identity = PeerIdentity::Tcp { peer, local };
-                spawn_connection(stream, Source::of(peer), identity, state.clone());
+                match tls {
+                    None => spawn_connection(stream, Source::of(peer), identity, state.clone()),
+                    Some(acceptor) => spawn_tls_connection(
+                        stream,
+                        acceptor.clone(),
+                        Source::of(peer),
+                        identity,
+                        state.clone(),
+                    ),
+                }
             }),
             Self::Unix(listener, _) => listener.accept().await.map(|(stream, _)| {
                 // The peer's uid; a peer whose credentials cannot be read counts as one local
@@ -144,7 +169,8 @@ impl Listener {
     }
 }
 
-/// What is known of a peer at accept; a TCP peer's owner is looked up only once it upgraded.
+/// What is known of a peer at accept; a TCP peer's owner is looked up once it asked to
+/// upgrade (while it waits for the answer, so its socket is open).
 enum PeerIdentity {
     Known(ClientIdentity),
     Tcp {
@@ -175,6 +201,39 @@ where
     tokio::spawn(handle_stream(stream, state, ticket, identity));
 }
 
+/// Serve a `wss://` connection: the TLS handshake (within [`UPGRADE_HEAD_TIMEOUT`], in the
+/// pending pool like the head that follows it), then [`handle_stream`] over the TLS stream.
+fn spawn_tls_connection(
+    stream: tokio::net::TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    source: Source,
+    identity: PeerIdentity,
+    state: Arc<ServerState>,
+) {
+    let mut ticket = state.admission.admit(source);
+    tokio::spawn(async move {
+        let handshake = tokio::time::timeout(UPGRADE_HEAD_TIMEOUT, acceptor.accept(stream));
+        let stream = tokio::select! {
+            accepted = handshake => match accepted {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!("TLS handshake not finished within {UPGRADE_HEAD_TIMEOUT:?}");
+                    return;
+                }
+            },
+            () = ticket.evicted() => {
+                tracing::debug!("pending connection evicted during its TLS handshake");
+                return;
+            }
+        };
+        handle_stream(stream, state, ticket, identity).await;
+    });
+}
+
 /// The websocket settings: frames and messages above [`MAX_FRAME_BYTES`] are refused on their
 /// header.
 pub fn websocket_config() -> WebSocketConfig {
@@ -192,21 +251,31 @@ async fn handle_stream<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let head = tokio::select! {
-        head = http::read_head(&mut stream, state.auth_token.as_deref()) => head,
+        head = http::read_head(&mut stream, state.access.token()) => head,
         () = ticket.evicted() => {
             tracing::debug!("pending connection evicted before its head: the admission pool is full");
             return;
         }
     };
     match head {
-        Ok(http::HeadDecision::Upgrade { key, leftover }) => {
-            if state.auth_token.is_some() {
-                ticket.authenticated();
+        Ok(http::HeadDecision::Upgrade {
+            key,
+            leftover,
+            token,
+        }) => {
+            // Looked up while the peer waits for our answer: its socket is open.
+            let identity = identity.resolve().await;
+            if token == http::TokenPresented::None
+                && let Err(refusal) = state.access.admit_without_token(identity)
+            {
+                tracing::warn!(peer = %identity, reason = %refusal, "refused a connection");
+                let _ = http::write_rejection(&mut stream, refusal.status(), &refusal.body()).await;
+                return;
             }
+            ticket.authenticated();
             if http::write_upgrade(&mut stream, &key).await.is_err() {
                 return;
             }
-            let identity = identity.resolve().await;
             let budget = crate::budget::ConnectionBudget::new(state.budgets.clone());
             // Bytes read past the head are the start of the first frames: the meter follows them.
             let stream = frame_meter::MeteredStream::new(stream, budget.clone(), &leftover);

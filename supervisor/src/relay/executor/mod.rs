@@ -550,7 +550,8 @@ pub async fn run_main_remote(
     let signals = |e| RemoteError::Server(crate::server::ExecServerError::Signals(e));
     let shutdown = crate::server::ShutdownSignals::install().map_err(signals)?;
     let server = crate::server::BoundServer::bind(options).await?;
-    crate::server::announce_url(&server.url())
+    server
+        .announce()
         .map_err(|e| RemoteError::Server(crate::server::ExecServerError::Stdout(e)))?;
     let remote = tokio::spawn(serve_prepared(prepared, server.state()));
     server.serve_until(shutdown.recv()).await;
