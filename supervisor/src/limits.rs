@@ -40,6 +40,10 @@ pub const MAX_PENDING_PER_SOURCE: usize = 128;
 /// Requests of one connection handled at once; past this the server stops reading the socket
 /// until one completes, so a client that floods requests gets backpressure, not unbounded tasks.
 pub const MAX_INFLIGHT_REQUESTS: usize = 128;
+/// How long a connection that ended (its client closed it, left, or broke a rule) still gets to
+/// write the answers already queued before its socket is closed. A client that stopped reading
+/// holds its socket and the answers queued for it no longer than this after it left.
+pub const CLOSE_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// Outgoing messages queued per connection. A client that does not read stalls process output
 /// (and so the child, through its pipe) instead of growing server memory.
 pub const OUTBOUND_QUEUE_MESSAGES: usize = 1024;
@@ -94,7 +98,8 @@ pub const MAX_ERROR_MESSAGE_BYTES: usize = 2048;
 pub const MAX_CLIENT_NAME_BYTES: usize = 256;
 /// Descriptors the server keeps free for accepting connections, spawning (pipes exist briefly
 /// in the server) and helpers starting, beyond what clients can hold: the client descriptor
-/// budget is the open-file limit minus this, minus one per possible connection and `http/request`.
+/// budget is the open-file limit minus this, minus two per possible connection (its socket and
+/// the duplicate watching for its close) and one per `http/request`.
 pub const DESCRIPTOR_RESERVE: usize = 2048;
 /// Upper bound of the descriptors clients can make the server hold (fs handles, process pipes,
 /// pidfds and terminals, helper sockets), whatever the open-file limit allows. Past the budget

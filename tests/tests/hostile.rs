@@ -1883,3 +1883,197 @@ async fn huge_directories_are_answered_truncated_within_the_answer_cap() {
     assert_eq!(answer["entries"].as_array().unwrap().len(), 1);
     assert!(answer.get("truncated").is_none(), "{answer}");
 }
+
+/// Server sockets in CLOSE-WAIT (the peer closed, the server has not) from `server_port` to
+/// `peer_port`, in /proc/net/tcp and tcp6.
+fn close_wait_sockets(server_port: u16, peer_port: u16) -> usize {
+    const CLOSE_WAIT: &str = "08";
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|text| text.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let port = |address: &str| {
+                address
+                    .rsplit(':')
+                    .next()
+                    .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+            };
+            fields.len() > 3
+                && port(fields[1]) == Some(server_port)
+                && port(fields[2]) == Some(peer_port)
+                && fields[3] == CLOSE_WAIT
+        })
+        .count()
+}
+
+/// A raw session whose processes end with its connection (`detachedSessionTtlSeconds: 0`).
+async fn raw_session_ending_with_connection(
+    server: &ExecServer,
+) -> (
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::net::tcp::OwnedWriteHalf,
+    u16,
+) {
+    let stream = raw_websocket(server.addr()).await;
+    let port = stream.local_addr().unwrap().port();
+    let (mut reader, mut writer) = stream.into_split();
+    let init = json!({"id": 0, "method": "initialize",
+                      "params": {"clientName": "leaver", "detachedSessionTtlSeconds": 0}});
+    writer
+        .write_all(&ws_frame(true, opcode::TEXT, init.to_string().as_bytes()))
+        .await
+        .unwrap();
+    let (_, answer) = tokio::time::timeout(DEADLINE, read_raw_frame(&mut reader))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response_id(&answer), Some(0));
+    (reader, writer, port)
+}
+
+/// Send `request` on a raw session and wait for its answer (notifications before it are
+/// skipped).
+async fn raw_call(
+    reader: &mut tokio::net::tcp::OwnedReadHalf,
+    writer: &mut tokio::net::tcp::OwnedWriteHalf,
+    request: Value,
+) {
+    let id = request["id"].as_i64().unwrap();
+    writer
+        .write_all(&ws_frame(
+            true,
+            opcode::TEXT,
+            request.to_string().as_bytes(),
+        ))
+        .await
+        .unwrap();
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            let (_, payload) = read_raw_frame(reader).await.expect("connection open");
+            if response_id(&payload) == Some(id) {
+                assert!(
+                    !String::from_utf8_lossy(&payload).contains("\"error\""),
+                    "{}",
+                    String::from_utf8_lossy(&payload)
+                );
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stop_reading_and_leave_are_let_go_within_2_s() {
+    // The issue's case: ~276 clients blocked their connections and closed their sockets; the
+    // server never read again, so never saw them leave: 130 sockets sat in CLOSE-WAIT, their
+    // processes outlived a 2 s TTL, and new clients were refused until a restart.
+    // Control: the probe sees CLOSE-WAIT on a socket whose owner never looks (a plain listener
+    // that accepts and never reads).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener_port = listener.local_addr().unwrap().port();
+    let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", listener_port))
+        .await
+        .unwrap();
+    let plain_port = plain.local_addr().unwrap().port();
+    let (_accepted, _) = listener.accept().await.unwrap();
+    plain.shutdown().await.unwrap();
+    let started = Instant::now();
+    while close_wait_sockets(listener_port, plain_port) == 0 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the probe never saw CLOSE-WAIT"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await; // polling interval
+    }
+
+    let server = besieged_server(&[]);
+    let server_port: u16 = server.addr().rsplit(':').next().unwrap().parse().unwrap();
+    let bound = 2 * (MAX_INFLIGHT_BYTES_PER_CONNECTION + OUTBOUND_QUEUE_BYTES) + RSS_SLACK;
+    let siege = Siege::begin(&server, "clients that leave", bound * 2).await;
+    // Flooder: output it never reads (the server blocks writing to it), and long-polls that
+    // take every request slot (the server stops reading it); then it half-closes (shuts down
+    // its sending side) and never reads again.
+    let (mut flood_reader, mut flood_writer, flood_port) =
+        raw_session_ending_with_connection(&server).await;
+    for (n, argv) in [
+        ["/usr/bin/head", "-c", "1234567890", "/dev/zero"],
+        ["/bin/sleep", "4243", "", ""],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let argv: Vec<&str> = argv.iter().copied().filter(|arg| !arg.is_empty()).collect();
+        raw_call(
+            &mut flood_reader,
+            &mut flood_writer,
+            json!({"id": 1 + n, "method": "process/start", "params": {
+                "processId": format!("flood{n}"), "cwd": "file:///", "argv": argv}}),
+        )
+        .await;
+    }
+    // More long-polls than MAX_INFLIGHT_REQUESTS (128): the rest wait unread in the socket, a
+    // few KiB, so its FIN behind them reaches the server.
+    let reads: Vec<u8> = (0..200)
+        .flat_map(|n| {
+            let request = json!({"id": 100 + n, "method": "process/read", "params": {
+                "processId": "flood1", "afterSeq": 0, "waitMs": 60_000}});
+            ws_frame(true, opcode::TEXT, request.to_string().as_bytes())
+        })
+        .collect();
+    flood_writer.write_all(&reads).await.unwrap();
+    // Quiet client: its request slots all wait (the issue's clients held theirs with stuck
+    // process/writes; long-polls of a silent process hold them as surely, in any order), then
+    // it closes its socket with nothing unread, so its FIN is all the server could see.
+    let (mut stuck_reader, mut stuck_writer, stuck_port) =
+        raw_session_ending_with_connection(&server).await;
+    raw_call(
+        &mut stuck_reader,
+        &mut stuck_writer,
+        json!({"id": 1, "method": "process/start", "params": {
+            "processId": "stuck", "cwd": "file:///", "argv": ["/bin/sleep", "4242"]}}),
+    )
+    .await;
+    let polls: Vec<u8> = (0..200)
+        .flat_map(|n| {
+            let request = json!({"id": 100 + n, "method": "process/read", "params": {
+                "processId": "stuck", "afterSeq": 0, "waitMs": 60_000}});
+            ws_frame(true, opcode::TEXT, request.to_string().as_bytes())
+        })
+        .collect();
+    stuck_writer.write_all(&polls).await.unwrap();
+    under_attack_for(ATTACK_WINDOW).await;
+    // Both leave while the server is blocked on them.
+    flood_writer.shutdown().await.unwrap();
+    drop((stuck_reader, stuck_writer));
+    let left = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await; // the promise: 2 s after they left
+    let flood_waiting = close_wait_sockets(server_port, flood_port);
+    let stuck_waiting = close_wait_sockets(server_port, stuck_port);
+    let survivors: Vec<String> = tests::descendants(server.pid())
+        .into_iter()
+        .map(tests::cmdline)
+        .filter(|line| line.contains("1234567890") || line.contains("sleep 4242"))
+        .collect();
+    eprintln!(
+        "{:?} after leaving: CLOSE-WAIT sockets {flood_waiting} (half-closed flooder), \
+         {stuck_waiting} (closed quiet client); processes left {survivors:?}",
+        left.elapsed()
+    );
+    assert_eq!(
+        (flood_waiting, stuck_waiting),
+        (0, 0),
+        "sockets still in CLOSE-WAIT 2 s after their clients left"
+    );
+    assert!(
+        survivors.is_empty(),
+        "processes of sessions whose clients left: {survivors:?}"
+    );
+    // Their descriptors (sockets, pipes, pidfds) are back, and the neighbour was served.
+    let report = siege.end(&server).await;
+    drop(flood_reader);
+    report.assert_held("clients that stop reading and leave", kib(bound));
+}
