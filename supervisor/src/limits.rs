@@ -140,6 +140,15 @@ pub const MAX_ARGV_ENV_BYTES: usize = 1024 * 1024;
 pub const MAX_PATH_SEARCH_BYTES: usize = 16 * 1024;
 /// Output retained per process for `process/read`; older chunks are dropped first.
 pub const OUTPUT_RETENTION_BYTES: usize = 1024 * 1024;
+/// Output retained by all processes of all sessions together (default of
+/// `--retained-output-bytes`). Every chunk is charged to its session before it is held; past
+/// this, the oldest output of the session retaining the most is dropped (reported to its readers
+/// as dropped), never a process stopped. Without it, 1,200 processes of one session held
+/// 1.2 GiB. A quarter of [`MEMORY_BUDGET_BYTES`]: the server's whole bound stays near 1.3 GiB.
+pub const RETAINED_OUTPUT_BUDGET_BYTES: usize = 256 * 1024 * 1024;
+/// What a retained chunk costs beyond its bytes (its entry in the process's log and in its
+/// session's order, the allocation's header), so a flood of one-byte chunks is charged honestly.
+pub const RETAINED_CHUNK_OVERHEAD_BYTES: usize = 128;
 /// Largest read of a child's pipe or PTY in one go (one `process/output` chunk at most), well
 /// below [`OUTPUT_RETENTION_BYTES`]. A protocol limit the client relies on too, so it lives in
 /// `proto`.

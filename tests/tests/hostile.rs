@@ -1884,6 +1884,122 @@ async fn huge_directories_are_answered_truncated_within_the_answer_cap() {
     assert!(answer.get("truncated").is_none(), "{answer}");
 }
 
+/// `RETAINED_OUTPUT_BUDGET_BYTES`: process output all sessions retain together (the default of
+/// `--retained-output-bytes`), each chunk charged its bytes plus `RETAINED_CHUNK_OVERHEAD_BYTES`.
+const RETAINED_OUTPUT_BUDGET_BYTES: u64 = 256 * 1024 * 1024;
+/// What the server holds per live process besides its output (load.md: about 60 KiB).
+const LIVE_PROCESS_BYTES: u64 = 64 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retained_output_of_1200_processes_stays_within_the_server_cap_and_the_drop_is_reported() {
+    // The issue's case: one connection started 1,200 processes and disconnected; their retained
+    // output (up to 1 MiB each, charged to nothing) took the server to ~1,230 MiB.
+    const PROCESSES: usize = 1200;
+    // Under one process's own retention (1 MiB): only the server's cap can drop any of it.
+    const EACH: u64 = 1_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    // Every process waits at this gate until all are started and their client has left, so
+    // the output is all written while the session is detached (retained, never sent).
+    let gate = dir.path().join("gate");
+    nix::unistd::mkfifo(&gate, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let gate_arg = gate.to_str().unwrap().to_owned();
+    let script = format!(r#"read x < "$0"; exec head -c {EACH} /dev/zero"#);
+    let server = besieged_server(&[]);
+    let bound = RETAINED_OUTPUT_BUDGET_BYTES + PROCESSES as u64 * LIVE_PROCESS_BYTES + RSS_SLACK;
+    // The server's memory is capped; its children (in the same group until their own) need room.
+    let siege = Siege::begin(&server, "retained output", bound + 2 * MEMORY_BUDGET_BYTES).await;
+    let mut attacker = server.connect().await;
+    let session = attacker.initialize().await;
+    for n in 0..PROCESSES {
+        attacker
+            .start(
+                &format!("p{n}"),
+                &["/bin/sh", "-c", &script, &gate_arg],
+                json!({}),
+            )
+            .await
+            .unwrap_or_else(|error| panic!("start {n}: {error:?}"));
+    }
+    drop(attacker);
+    // Open the gate: every reader sees end of file once this writer closes.
+    tokio::time::sleep(Duration::from_secs(1)).await; // the last shells reach the gate
+    drop(std::fs::OpenOptions::new().write(true).open(&gate).unwrap());
+    let marker = format!("head -c {EACH} /dev/zero");
+    let started = Instant::now();
+    loop {
+        let left = tests::descendants(server.pid())
+            .into_iter()
+            .filter(|pid| {
+                let line = tests::cmdline(*pid);
+                line.contains(&marker) || line.contains(&gate_arg)
+            })
+            .count();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{left} writers still running"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await; // polling interval
+    }
+    let report = siege.end(&server).await;
+    report.assert_held("1,200 processes' retained output", kib(bound));
+    // Every process ran to its end (none was stopped for its output), and what was dropped is
+    // reported: the oldest chunks of a process, counted in bytes and chunks.
+    let mut back = server.connect().await;
+    resume(&mut back, &session).await.unwrap();
+    let (mut dropped_bytes, mut processes_with_drops) = (0u64, 0usize);
+    for n in 0..PROCESSES {
+        let id = format!("p{n}");
+        // Past every chunk: only the exit and the drop report.
+        let end = back
+            .call(
+                "process/read",
+                json!({"processId": id, "afterSeq": 1_000_000_000u64}),
+            )
+            .await;
+        assert_eq!(end["exitCode"], 0, "{id}: {end}");
+        assert_eq!(end["exitReason"], "exit", "{id}: {end}");
+        let bytes = end["outputDroppedBytes"].as_u64().unwrap_or(0);
+        if bytes == 0 {
+            continue;
+        }
+        dropped_bytes += bytes;
+        processes_with_drops += 1;
+        // From the start: the gap is a prefix, and the answer says where the output resumes.
+        let read = back
+            .call(
+                "process/read",
+                json!({"processId": id, "afterSeq": 0, "maxBytes": 1}),
+            )
+            .await;
+        let chunks = read["outputDroppedChunks"].as_u64().unwrap();
+        let first_retained = read["firstRetainedSeq"].as_u64().unwrap();
+        assert_eq!(read["outputDropped"], true, "{id}: {read}");
+        match read["chunks"].as_array().unwrap().first() {
+            // What is left starts right after the dropped chunks.
+            Some(chunk) => {
+                assert_eq!(chunk["seq"], chunks + 1, "{id}: {read}");
+                assert_eq!(first_retained, chunks + 1, "{id}: {read}");
+            }
+            // All of it went: the next event retained comes after every chunk.
+            None => assert!(first_retained > chunks, "{id}: {read}"),
+        }
+    }
+    let retained = PROCESSES as u64 * EACH - dropped_bytes;
+    eprintln!(
+        "retained {:.1} MiB of {:.1} MiB written; {processes_with_drops} processes lost their oldest output",
+        retained as f64 / 1048576.0,
+        (PROCESSES as u64 * EACH) as f64 / 1048576.0
+    );
+    assert!(
+        retained <= RETAINED_OUTPUT_BUDGET_BYTES,
+        "{retained} bytes retained, over the cap"
+    );
+    assert!(processes_with_drops > 0);
+}
+
 /// Server sockets in CLOSE-WAIT (the peer closed, the server has not) from `server_port` to
 /// `peer_port`, in /proc/net/tcp and tcp6.
 fn close_wait_sockets(server_port: u16, peer_port: u16) -> usize {
