@@ -1444,11 +1444,12 @@ fn server_with_open_file_limit(limit: u64) -> ExecServer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handles_of_many_connections_meet_the_global_descriptor_budget() {
-    // 4096 descriptors: the client budget is what DESCRIPTOR_RESERVE (2048) and one per possible
-    // connection leave, about 1450; 16 connections of MAX_OPEN_HANDLES (128) ask for 2048.
+    // 4608 descriptors: the client budget is what DESCRIPTOR_RESERVE (2048), two per possible
+    // connection (its socket and the duplicate watching for its close) and one per http/request
+    // leave, about 1250; 16 connections of MAX_OPEN_HANDLES (128) ask for 2048.
     const CONNECTIONS: usize = 16;
     const HANDLES: usize = 128;
-    let server = server_with_open_file_limit(4096);
+    let server = server_with_open_file_limit(4608);
     let siege = Siege::begin(&server, "handles", 512 * 1024 * 1024).await;
     let mut hostile = Vec::new();
     let (mut opened, mut refused) = (0, 0);
@@ -1944,6 +1945,8 @@ async fn retained_output_of_1200_processes_stays_within_the_server_cap_and_the_d
         tokio::time::sleep(Duration::from_millis(100)).await; // polling interval
     }
     let report = siege.end(&server).await;
+    // The checks below are not measured: they only keep sieges from starting meanwhile.
+    let _turn = tests::siege::beside_sieges().await;
     report.assert_held("1,200 processes' retained output", kib(bound));
     // Every process ran to its end (none was stopped for its output), and what was dropped is
     // reported: the oldest chunks of a process, counted in bytes and chunks.
@@ -1967,7 +1970,11 @@ async fn retained_output_of_1200_processes_stays_within_the_server_cap_and_the_d
         }
         dropped_bytes += bytes;
         processes_with_drops += 1;
-        // From the start: the gap is a prefix, and the answer says where the output resumes.
+        if processes_with_drops % 25 != 1 {
+            continue;
+        }
+        // From the start (for some of them: the answer carries a chunk): the gap is a prefix,
+        // and the answer says where the output resumes.
         let read = back
             .call(
                 "process/read",
