@@ -172,17 +172,15 @@ impl SessionRetention {
         self.charge(chunk_cost(data.len()));
         self.pool.enforce_cap();
         let mut order = self.lock_order();
-        let seq = {
-            let mut log = lock(log);
-            let seq = log.push_output(stream, data);
-            self.live.fetch_add(1, Ordering::Relaxed);
-            seq
-        };
+        // Counted live first: the log may let chunks go (and count them off) as it takes this one.
+        self.live.fetch_add(1, Ordering::Relaxed);
+        let seq = lock(log).push_output(stream, data);
         order.push_back(Entry {
             log: Arc::downgrade(log),
             seq,
         });
-        if order.len() > 2 * self.live.load(Ordering::Relaxed) + COMPACTION_SLACK {
+        let live = self.live.load(Ordering::Relaxed);
+        if order.len() > live.saturating_mul(2).saturating_add(COMPACTION_SLACK) {
             order.retain(|entry| {
                 entry
                     .log
