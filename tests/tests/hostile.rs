@@ -1890,6 +1890,10 @@ async fn huge_directories_are_answered_truncated_within_the_answer_cap() {
 const RETAINED_OUTPUT_BUDGET_BYTES: u64 = 256 * 1024 * 1024;
 /// What the server holds per live process besides its output (load.md: about 60 KiB).
 const LIVE_PROCESS_BYTES: u64 = 64 * 1024;
+/// The allocator's share beside retained output that goes oldest first while new chunks of
+/// other sizes arrive: freed holes it cannot always reuse (measured peaks 287 to 379 MiB for
+/// 253 MiB retained; main's server, with nothing capped, peaked at 1,166 MiB).
+const RETENTION_FRAGMENTATION_SLACK: u64 = RETAINED_OUTPUT_BUDGET_BYTES / 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retained_output_of_1200_processes_stays_within_the_server_cap_and_the_drop_is_reported() {
@@ -1906,7 +1910,10 @@ async fn retained_output_of_1200_processes_stays_within_the_server_cap_and_the_d
     let gate_arg = gate.to_str().unwrap().to_owned();
     let script = format!(r#"read x < "$0"; exec head -c {EACH} /dev/zero"#);
     let server = besieged_server(&[]);
-    let bound = RETAINED_OUTPUT_BUDGET_BYTES + PROCESSES as u64 * LIVE_PROCESS_BYTES + RSS_SLACK;
+    let bound = RETAINED_OUTPUT_BUDGET_BYTES
+        + RETENTION_FRAGMENTATION_SLACK
+        + PROCESSES as u64 * LIVE_PROCESS_BYTES
+        + RSS_SLACK;
     // The server's memory is capped; its children (in the same group until their own) need room.
     let siege = Siege::begin(&server, "retained output", bound + 2 * MEMORY_BUDGET_BYTES).await;
     let mut attacker = server.connect().await;
