@@ -12,7 +12,19 @@ use std::sync::Arc;
 
 use proto::methods::process::OutputStream;
 
-use super::retention::{SessionRetention, chunk_cost};
+use crate::limits::RETAINED_CHUNK_OVERHEAD_BYTES;
+
+/// Who is charged for a log's retained chunks (a session's retained output,
+/// `process::retention`): told of every chunk the log lets go.
+pub trait RetentionCharge: Send + Sync + std::fmt::Debug {
+    /// `cost` bytes of `chunks` chunks are no longer retained.
+    fn release(&self, cost: usize, chunks: usize);
+}
+
+/// What a retained chunk of `len` bytes costs: its bytes and [`RETAINED_CHUNK_OVERHEAD_BYTES`].
+pub fn chunk_cost(len: usize) -> usize {
+    len + RETAINED_CHUNK_OVERHEAD_BYTES
+}
 
 /// One retained chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,8 +81,8 @@ pub struct OutputLog {
     dropped_bytes: u64,
     exit: Option<Exit>,
     closed_seq: Option<u64>,
-    /// The session charged for the retained chunks, if any.
-    charged_to: Option<Arc<SessionRetention>>,
+    /// Who is charged for the retained chunks, if anyone.
+    charged_to: Option<Arc<dyn RetentionCharge>>,
 }
 
 impl Drop for OutputLog {
@@ -105,7 +117,7 @@ impl OutputLog {
 
     /// An empty log keeping at most `retention_bytes` of output, whose chunks `session` is
     /// charged for (see the module docs).
-    pub fn charged(retention_bytes: usize, session: Arc<SessionRetention>) -> Self {
+    pub fn charged(retention_bytes: usize, session: Arc<dyn RetentionCharge>) -> Self {
         let mut log = Self::new(retention_bytes);
         log.charged_to = Some(session);
         log

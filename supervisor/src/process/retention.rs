@@ -25,12 +25,12 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use proto::methods::process::OutputStream;
 
-use super::output::OutputLog;
-#[cfg(doc)]
-use crate::limits::OUTPUT_RETENTION_BYTES;
-use crate::limits::RETAINED_CHUNK_OVERHEAD_BYTES;
+pub use super::output::chunk_cost;
+use super::output::{OutputLog, RetentionCharge};
 #[cfg(any(doc, test))]
 use crate::limits::RETAINED_OUTPUT_BUDGET_BYTES;
+#[cfg(doc)]
+use crate::limits::{OUTPUT_RETENTION_BYTES, RETAINED_CHUNK_OVERHEAD_BYTES};
 
 /// A process's log, shared with its session's retention order.
 pub type SharedLog = Arc<Mutex<OutputLog>>;
@@ -38,11 +38,6 @@ pub type SharedLog = Arc<Mutex<OutputLog>>;
 /// Lock a log, whatever a panicking holder left.
 pub fn lock(log: &Mutex<OutputLog>) -> MutexGuard<'_, OutputLog> {
     log.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// What a chunk of `len` bytes costs while retained.
-pub fn chunk_cost(len: usize) -> usize {
-    len + RETAINED_CHUNK_OVERHEAD_BYTES
 }
 
 /// The server-wide cap on retained output, and the sessions charged against it.
@@ -159,13 +154,6 @@ impl SessionRetention {
         self.pool.held.fetch_add(cost, Ordering::Relaxed);
     }
 
-    /// `cost` bytes of `chunks` chunks are no longer retained.
-    pub(super) fn release(&self, cost: usize, chunks: usize) {
-        self.held.fetch_sub(cost, Ordering::Relaxed);
-        self.pool.held.fetch_sub(cost, Ordering::Relaxed);
-        self.live.fetch_sub(chunks, Ordering::Relaxed);
-    }
-
     /// Charge `data` to this session (dropping the oldest output past the server's cap), then
     /// append it to `log`; returns its seq.
     pub fn push(&self, log: &SharedLog, stream: OutputStream, data: Vec<u8>) -> u64 {
@@ -204,6 +192,14 @@ impl SessionRetention {
             }
         }
         false
+    }
+}
+
+impl RetentionCharge for SessionRetention {
+    fn release(&self, cost: usize, chunks: usize) {
+        self.held.fetch_sub(cost, Ordering::Relaxed);
+        self.pool.held.fetch_sub(cost, Ordering::Relaxed);
+        self.live.fetch_sub(chunks, Ordering::Relaxed);
     }
 }
 
