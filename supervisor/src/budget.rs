@@ -98,8 +98,8 @@ pub struct Budgets {
 
 impl Budgets {
     /// Budgets sized for `open_file_limit` descriptors of which `open_now` are already in use.
-    /// The client descriptor budget is what remains after [`DESCRIPTOR_RESERVE`] and one
-    /// descriptor per possible connection (pending or not) and `http/request`, capped at
+    /// The client descriptor budget is what remains after [`DESCRIPTOR_RESERVE`], two
+    /// descriptors per possible connection (pending or not) and one per `http/request`, capped at
     /// [`MAX_CLIENT_DESCRIPTORS`].
     pub fn new(open_file_limit: usize, open_now: usize) -> Self {
         let descriptor_limit = client_descriptor_budget(open_file_limit, open_now);
@@ -178,11 +178,16 @@ impl Budgets {
     }
 }
 
+/// Descriptors a connection holds: its socket, and the duplicate that watches for its close
+/// (`transport::hangup`).
+const DESCRIPTORS_PER_CONNECTION: usize = 2;
+
 /// The client descriptor budget for `open_file_limit` with `open_now` in use.
 pub fn client_descriptor_budget(open_file_limit: usize, open_now: usize) -> usize {
     open_file_limit
         .saturating_sub(DESCRIPTOR_RESERVE)
-        .saturating_sub(MAX_PENDING_CONNECTIONS + MAX_CONNECTIONS + MAX_HTTP_REQUESTS)
+        .saturating_sub(DESCRIPTORS_PER_CONNECTION * (MAX_PENDING_CONNECTIONS + MAX_CONNECTIONS))
+        .saturating_sub(MAX_HTTP_REQUESTS)
         .saturating_sub(open_now)
         .clamp(MIN_CLIENT_DESCRIPTORS, MAX_CLIENT_DESCRIPTORS)
 }
@@ -251,6 +256,21 @@ impl ConnectionBudget {
         };
         charge.back(self, backed)?;
         Ok(charge)
+    }
+
+    /// Count `bytes` in the connection's in-flight bytes if they fit now (without backing them
+    /// with memory); `None` when they do not.
+    pub fn try_count_inflight(&self, bytes: usize) -> Option<MemoryCharge> {
+        let inflight = self
+            .inflight
+            .clone()
+            .try_acquire_many_owned(clamp_bytes(bytes))
+            .ok()?;
+        Some(MemoryCharge {
+            inflight: Some(inflight),
+            allowance: None,
+            server: None,
+        })
     }
 
     /// Back `bytes` with memory now, without counting them in flight and without waiting: for
@@ -466,8 +486,9 @@ mod tests {
 
     #[test]
     fn descriptor_budget_leaves_the_reserve_and_connection_descriptors_free() {
-        let fixed =
-            DESCRIPTOR_RESERVE + MAX_PENDING_CONNECTIONS + MAX_CONNECTIONS + MAX_HTTP_REQUESTS;
+        let fixed = DESCRIPTOR_RESERVE
+            + 2 * (MAX_PENDING_CONNECTIONS + MAX_CONNECTIONS)
+            + MAX_HTTP_REQUESTS;
         assert_eq!(client_descriptor_budget(12_000, 30), 12_000 - fixed - 30);
         assert_eq!(
             client_descriptor_budget(1_000_000, 30),

@@ -84,6 +84,13 @@ pub struct Cli {
     #[arg(long)]
     pub no_cgroups: bool,
 
+    /// Bytes of process output all sessions retain together for `process/read` (bytes, or with
+    /// K, M or G; each chunk also costs RETAINED_CHUNK_OVERHEAD_BYTES). At the cap the oldest
+    /// output of the session retaining the most is dropped (readers see `outputDropped`); no
+    /// process is stopped.
+    #[arg(long, value_name = "BYTES", value_parser = crate::process::retention::parse_retained_output_bytes, default_value = crate::process::retention::DEFAULT_RETAINED_OUTPUT_BYTES)]
+    pub retained_output_bytes: usize,
+
     /// Seconds a detached session (its connection lost) keeps its processes for a resume.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::limits::DETACHED_SESSION_TTL.as_secs_f64())]
     pub detached_session_ttl: f64,

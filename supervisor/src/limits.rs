@@ -40,6 +40,10 @@ pub const MAX_PENDING_PER_SOURCE: usize = 128;
 /// Requests of one connection handled at once; past this the server stops reading the socket
 /// until one completes, so a client that floods requests gets backpressure, not unbounded tasks.
 pub const MAX_INFLIGHT_REQUESTS: usize = 128;
+/// How long a connection that ended (its client closed it, left, or broke a rule) still gets to
+/// write the answers already queued before its socket is closed. A client that stopped reading
+/// holds its socket and the answers queued for it no longer than this after it left.
+pub const CLOSE_DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// Outgoing messages queued per connection. A client that does not read stalls process output
 /// (and so the child, through its pipe) instead of growing server memory.
 pub const OUTBOUND_QUEUE_MESSAGES: usize = 1024;
@@ -94,7 +98,8 @@ pub const MAX_ERROR_MESSAGE_BYTES: usize = 2048;
 pub const MAX_CLIENT_NAME_BYTES: usize = 256;
 /// Descriptors the server keeps free for accepting connections, spawning (pipes exist briefly
 /// in the server) and helpers starting, beyond what clients can hold: the client descriptor
-/// budget is the open-file limit minus this, minus one per possible connection and `http/request`.
+/// budget is the open-file limit minus this, minus two per possible connection (its socket and
+/// the duplicate watching for its close) and one per `http/request`.
 pub const DESCRIPTOR_RESERVE: usize = 2048;
 /// Upper bound of the descriptors clients can make the server hold (fs handles, process pipes,
 /// pidfds and terminals, helper sockets), whatever the open-file limit allows. Past the budget
@@ -135,6 +140,15 @@ pub const MAX_ARGV_ENV_BYTES: usize = 1024 * 1024;
 pub const MAX_PATH_SEARCH_BYTES: usize = 16 * 1024;
 /// Output retained per process for `process/read`; older chunks are dropped first.
 pub const OUTPUT_RETENTION_BYTES: usize = 1024 * 1024;
+/// Output retained by all processes of all sessions together (default of
+/// `--retained-output-bytes`). Every chunk is charged to its session before it is held; past
+/// this, the oldest output of the session retaining the most is dropped (reported to its readers
+/// as dropped), never a process stopped. Without it, 1,200 processes of one session held
+/// 1.2 GiB. A quarter of [`MEMORY_BUDGET_BYTES`]: the server's whole bound stays near 1.3 GiB.
+pub const RETAINED_OUTPUT_BUDGET_BYTES: usize = 256 * 1024 * 1024;
+/// What a retained chunk costs beyond its bytes (its entry in the process's log and in its
+/// session's order, the allocation's header), so a flood of one-byte chunks is charged honestly.
+pub const RETAINED_CHUNK_OVERHEAD_BYTES: usize = 128;
 /// Largest read of a child's pipe or PTY in one go (one `process/output` chunk at most), well
 /// below [`OUTPUT_RETENTION_BYTES`]. A protocol limit the client relies on too, so it lives in
 /// `proto`.

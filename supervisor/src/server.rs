@@ -48,6 +48,8 @@ pub struct ServerOptions {
     pub use_cgroups: bool,
     /// Limits of every `process/start` that does not set its own (`--default-limits`).
     pub default_limits: proto::methods::process::Limits,
+    /// Bytes of process output all sessions retain together (`--retained-output-bytes`).
+    pub retained_output_bytes: usize,
 }
 
 impl ServerOptions {
@@ -72,6 +74,7 @@ impl ServerOptions {
             protected_files: Vec::new(),
             use_cgroups: true,
             default_limits: proto::methods::process::Limits::default(),
+            retained_output_bytes: crate::limits::RETAINED_OUTPUT_BUDGET_BYTES,
         }
     }
 }
@@ -274,6 +277,7 @@ impl BoundServer {
         let state = Arc::new(ServerState {
             sessions: Arc::new(SessionRegistry::new(
                 options.detached_session_ttl,
+                crate::process::retention::RetentionPool::new(options.retained_output_bytes),
                 helpers.clone(),
                 launchers.clone(),
             )),

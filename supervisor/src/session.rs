@@ -25,6 +25,7 @@ use crate::fs::helpers::HelperPool;
 use crate::limits::{MAX_DETACHED_SESSIONS, MAX_DETACHED_SESSIONS_PER_CLIENT, MAX_SESSIONS};
 use crate::outbound::OutboundSender;
 use crate::process::ProcessTable;
+use crate::process::retention::RetentionPool;
 use crate::process::terminate_sessions;
 use crate::transport::identity::ClientIdentity;
 
@@ -113,21 +114,26 @@ pub struct Session {
 pub struct SessionRegistry {
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     ttl: Duration,
+    /// The server's cap on retained output, which every session's processes are charged to.
+    retention: Arc<RetentionPool>,
     helpers: Arc<HelperPool>,
     launchers: Arc<crate::process::launcher::Launchers>,
 }
 
 impl SessionRegistry {
-    /// A registry whose detached sessions live for `ttl`, retiring their idle fs-helpers from
+    /// A registry whose detached sessions live for `ttl`, whose processes' output is charged to
+    /// `retention`, retiring their idle fs-helpers from
     /// `helpers` and their idle sandbox launchers from `launchers` when they detach.
     pub fn new(
         ttl: Duration,
+        retention: Arc<RetentionPool>,
         helpers: Arc<HelperPool>,
         launchers: Arc<crate::process::launcher::Launchers>,
     ) -> Self {
         Self {
             sessions: Mutex::new(HashMap::new()),
             ttl,
+            retention,
             helpers,
             launchers,
         }
@@ -157,7 +163,7 @@ impl SessionRegistry {
         }
         let session = Arc::new(Session {
             id: uuid::Uuid::new_v4().to_string(),
-            processes: Arc::new(ProcessTable::default()),
+            processes: Arc::new(ProcessTable::new(&self.retention)),
             attachment: Arc::new(attachment),
         });
         let mut sessions = self.lock();

@@ -309,6 +309,8 @@ mod tests {
             failure: None,
             output_dropped: false,
             first_retained_seq: None,
+            output_dropped_chunks: 0,
+            output_dropped_bytes: 0,
             denials: Vec::new(),
             denials_dropped: 0,
             next_denial: None,

@@ -248,6 +248,7 @@ pub async fn start(
         tree,
         stdin,
         pty_master,
+        session.processes.retention().clone(),
     ));
     process.hold_charges(charges);
     if audit {
@@ -349,6 +350,8 @@ pub async fn read(
         failure: None,
         output_dropped: read.dropped.is_some(),
         first_retained_seq: read.dropped,
+        output_dropped_chunks: read.dropped_total.0,
+        output_dropped_bytes: read.dropped_total.1,
         denials: denials.records,
         denials_dropped: denials.dropped,
         next_denial: audited.then_some(denials.next),

@@ -13,10 +13,11 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 use tokio::sync::watch;
 
-use proto::methods::process::WriteStatus;
+use proto::methods::process::{OutputStream, WriteStatus};
 
 use super::ProcessError;
 use super::output::{Exit, LogRead, OutputLog};
+use super::retention::{SessionRetention, SharedLog};
 use super::spawn::Leader;
 use crate::budget::DescriptorCharge;
 use crate::containment::Tree;
@@ -45,7 +46,9 @@ pub struct ManagedProcess {
     pub pid: i32,
     /// `id` as a JSON string literal, for notifications written by hand.
     pub id_json: String,
-    log: Mutex<OutputLog>,
+    log: SharedLog,
+    /// Its session's retained output, charged for every chunk before the log takes it.
+    retention: Arc<SessionRetention>,
     /// Newest event seq; long-polls wait on it.
     events: watch::Sender<u64>,
     stdin: tokio::sync::Mutex<Stdin>,
@@ -173,8 +176,11 @@ impl ManagedProcess {
         tree: Arc<Tree>,
         stdin: Stdin,
         pty: Option<Arc<AsyncFd<OwnedFd>>>,
+        retention: Arc<SessionRetention>,
     ) -> Self {
         Self {
+            log: retention.new_log(OUTPUT_RETENTION_BYTES),
+            retention,
             leader: Mutex::new(Some(leader)),
             tree,
             started: Instant::now(),
@@ -183,7 +189,6 @@ impl ManagedProcess {
             id_json: serde_json::Value::String(id.clone()).to_string(),
             id,
             pid,
-            log: Mutex::new(OutputLog::new(OUTPUT_RETENTION_BYTES)),
             events: watch::channel(0).0,
             stdin: tokio::sync::Mutex::new(stdin),
             write_ids: Mutex::new(WriteIds::default()),
@@ -213,9 +218,12 @@ impl ManagedProcess {
 
     /// Lock the log; `record` publishes the new seq to long-pollers when the guard's work is done.
     pub fn log(&self) -> MutexGuard<'_, OutputLog> {
-        self.log
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        super::retention::lock(&self.log)
+    }
+
+    /// Append output, charged to the session before the log holds it; returns its seq.
+    pub fn push_output(&self, stream: OutputStream, data: Vec<u8>) -> u64 {
+        self.retention.push(&self.log, stream, data)
     }
 
     /// Tell waiters that events up to `seq` exist.

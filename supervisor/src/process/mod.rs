@@ -14,6 +14,7 @@ pub mod launcher;
 pub mod managed;
 pub mod output;
 pub mod pump;
+pub mod retention;
 pub mod spawn;
 pub mod watch;
 
@@ -228,13 +229,14 @@ pub enum Lookup {
     Ready(Arc<ManagedProcess>),
 }
 
-/// The processes of one session, and the trees they left behind.
-#[derive(Default)]
+/// The processes of one session, the trees they left behind, and the output they retain.
 pub struct ProcessTable {
     slots: Mutex<HashMap<String, Slot>>,
     /// Trees of closed processes that still hold processes (a daemon the command started):
     /// killed with the session.
     lingering: Mutex<Vec<Arc<crate::containment::Tree>>>,
+    /// The session's retained output, charged to the server's pool.
+    retention: Arc<retention::SessionRetention>,
 }
 
 /// A reserved id; dropping it without [`Reservation::fill`] frees the id again.
@@ -261,6 +263,20 @@ impl Drop for Reservation<'_> {
 }
 
 impl ProcessTable {
+    /// An empty table whose processes' output is charged to `pool`.
+    pub fn new(pool: &Arc<retention::RetentionPool>) -> Self {
+        Self {
+            slots: Mutex::new(HashMap::new()),
+            lingering: Mutex::new(Vec::new()),
+            retention: pool.session(),
+        }
+    }
+
+    /// The session's retained output.
+    pub fn retention(&self) -> &Arc<retention::SessionRetention> {
+        &self.retention
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Slot>> {
         self.slots
             .lock()
@@ -407,7 +423,7 @@ mod tests {
 
     #[test]
     fn a_reserved_id_looks_up_as_starting_until_filled_or_dropped() {
-        let table = ProcessTable::default();
+        let table = ProcessTable::new(&retention::RetentionPool::new(1 << 20));
         assert!(matches!(table.lookup("p"), Lookup::Missing));
         let reservation = table.reserve("p").unwrap();
         assert!(matches!(table.lookup("p"), Lookup::Starting));

@@ -1,10 +1,30 @@
 //! The event log of one process: output chunks, exit and close share one sequence counter that
 //! starts at 1. Output is retained up to a byte budget (oldest chunks dropped first); exit and
 //! close are never dropped. Pure data, no I/O, so the read rules are unit-tested directly.
+//!
+//! A log made with [`OutputLog::charged`] belongs to a session's retained output
+//! ([`super::retention`]): the session charges each chunk before the log takes it, and the log
+//! gives back the cost of every chunk it lets go (its own retention, the server's cap, or the
+//! log itself dropped with its process).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use proto::methods::process::OutputStream;
+
+use crate::limits::RETAINED_CHUNK_OVERHEAD_BYTES;
+
+/// Who is charged for a log's retained chunks (a session's retained output,
+/// `process::retention`): told of every chunk the log lets go.
+pub trait RetentionCharge: Send + Sync + std::fmt::Debug {
+    /// `cost` bytes of `chunks` chunks are no longer retained.
+    fn release(&self, cost: usize, chunks: usize);
+}
+
+/// What a retained chunk of `len` bytes costs: its bytes and [`RETAINED_CHUNK_OVERHEAD_BYTES`].
+pub fn chunk_cost(len: usize) -> usize {
+    len + RETAINED_CHUNK_OVERHEAD_BYTES
+}
 
 /// One retained chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +63,8 @@ pub struct LogRead {
     pub closed_seq: Option<u64>,
     /// Output after the cursor was dropped; holds the oldest seq still retained.
     pub dropped: Option<u64>,
+    /// Output chunks and bytes of the process dropped so far (all before the oldest retained).
+    pub dropped_total: (u64, u64),
 }
 
 /// The log.
@@ -54,8 +76,26 @@ pub struct OutputLog {
     retention_bytes: usize,
     /// Highest seq of a dropped chunk (0: nothing dropped).
     dropped_through: u64,
+    /// Chunks and bytes dropped so far.
+    dropped_chunks: u64,
+    dropped_bytes: u64,
     exit: Option<Exit>,
     closed_seq: Option<u64>,
+    /// Who is charged for the retained chunks, if anyone.
+    charged_to: Option<Arc<dyn RetentionCharge>>,
+}
+
+impl Drop for OutputLog {
+    fn drop(&mut self) {
+        if let Some(session) = &self.charged_to {
+            let cost = self
+                .chunks
+                .iter()
+                .map(|chunk| chunk_cost(chunk.data.len()))
+                .sum();
+            session.release(cost, self.chunks.len());
+        }
+    }
 }
 
 impl OutputLog {
@@ -67,9 +107,57 @@ impl OutputLog {
             retained_bytes: 0,
             retention_bytes,
             dropped_through: 0,
+            dropped_chunks: 0,
+            dropped_bytes: 0,
             exit: None,
             closed_seq: None,
+            charged_to: None,
         }
+    }
+
+    /// An empty log keeping at most `retention_bytes` of output, whose chunks `session` is
+    /// charged for (see the module docs).
+    pub fn charged(retention_bytes: usize, session: Arc<dyn RetentionCharge>) -> Self {
+        let mut log = Self::new(retention_bytes);
+        log.charged_to = Some(session);
+        log
+    }
+
+    /// Let the oldest retained chunk go (and give its cost back).
+    fn drop_front(&mut self) -> Option<Chunk> {
+        let dropped = self.chunks.pop_front()?;
+        self.retained_bytes -= dropped.data.len();
+        self.dropped_through = dropped.seq;
+        self.dropped_chunks += 1;
+        self.dropped_bytes += dropped.data.len() as u64;
+        if let Some(session) = &self.charged_to {
+            session.release(chunk_cost(dropped.data.len()), 1);
+        }
+        Some(dropped)
+    }
+
+    /// Drop the oldest retained chunk if it is the one numbered `seq` (the server's cap on
+    /// retained output takes it); whether it was.
+    pub fn drop_oldest_if(&mut self, seq: u64) -> bool {
+        if self.chunks.front().is_some_and(|chunk| chunk.seq == seq) {
+            self.drop_front();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether the chunk numbered `seq` is still retained (chunks go oldest first, so any seq
+    /// from the oldest retained one on is).
+    pub fn retains(&self, seq: u64) -> bool {
+        self.chunks
+            .front()
+            .is_some_and(|chunk| chunk.seq <= seq && seq < self.next_seq)
+    }
+
+    /// Output chunks and bytes dropped so far.
+    pub fn dropped(&self) -> (u64, u64) {
+        (self.dropped_chunks, self.dropped_bytes)
     }
 
     fn take_seq(&mut self) -> u64 {
@@ -85,10 +173,7 @@ impl OutputLog {
         self.retained_bytes += data.len();
         self.chunks.push_back(Chunk { seq, stream, data });
         while self.retained_bytes > self.retention_bytes && self.chunks.len() > 1 {
-            if let Some(dropped) = self.chunks.pop_front() {
-                self.retained_bytes -= dropped.data.len();
-                self.dropped_through = dropped.seq;
-            }
+            self.drop_front();
         }
         seq
     }
@@ -171,6 +256,7 @@ impl OutputLog {
             exit: self.exit.filter(|exit| covered(exit.seq)),
             closed_seq: self.closed_seq.filter(|&seq| covered(seq)),
             dropped,
+            dropped_total: self.dropped(),
         }
     }
 }

@@ -11,8 +11,8 @@ use proto::methods::process::{
 };
 use proto::methods::{PROCESS_CLOSED, PROCESS_DENIED, PROCESS_EXITED, PROCESS_OUTPUT};
 use serde::Serialize;
+use tokio::io::AsyncReadExt;
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::unix::pipe;
 
 use std::sync::atomic::Ordering;
@@ -108,20 +108,16 @@ pub async fn run(
         exit
     };
     match io {
-        PumpIo::Pipes(mut stdout, mut stderr) => {
-            let (mut out_buf, mut err_buf) = (
-                vec![0u8; OUTPUT_READ_CHUNK_BYTES],
-                vec![0u8; OUTPUT_READ_CHUNK_BYTES],
-            );
+        PumpIo::Pipes(stdout, stderr) => {
             let (mut out_open, mut err_open, mut exited) = (true, true, false);
             while out_open || err_open || !exited {
                 tokio::select! {
-                    read = read_some(&mut stdout, &mut out_buf), if out_open => match read {
-                        Some(n) => emitter.output(OutputStream::Stdout, &out_buf[..n]).await,
+                    read = read_pipe(&stdout), if out_open => match read {
+                        Some(data) => emitter.output(OutputStream::Stdout, data).await,
                         None => out_open = false,
                     },
-                    read = read_some(&mut stderr, &mut err_buf), if err_open => match read {
-                        Some(n) => emitter.output(OutputStream::Stderr, &err_buf[..n]).await,
+                    read = read_pipe(&stderr), if err_open => match read {
+                        Some(data) => emitter.output(OutputStream::Stderr, data).await,
                         None => err_open = false,
                     },
                     status = reaped(), if !exited => {
@@ -131,10 +127,10 @@ pub async fn run(
                         // still come after `exited`). Read the descriptors directly: the
                         // reactor may not have seen them become readable yet.
                         if out_open {
-                            out_open = drain(&emitter, OutputStream::Stdout, stdout.as_fd(), &mut out_buf).await;
+                            out_open = drain(&emitter, OutputStream::Stdout, stdout.as_fd()).await;
                         }
                         if err_open {
-                            err_open = drain(&emitter, OutputStream::Stderr, stderr.as_fd(), &mut err_buf).await;
+                            err_open = drain(&emitter, OutputStream::Stderr, stderr.as_fd()).await;
                         }
                         emitter.exit(status, context.reason(&process, status)).await;
                     }
@@ -142,18 +138,17 @@ pub async fn run(
             }
         }
         PumpIo::Pty(master) => {
-            let mut buf = vec![0u8; OUTPUT_READ_CHUNK_BYTES];
             let (mut open, mut exited) = (true, false);
             while open || !exited {
                 tokio::select! {
-                    read = read_pty(&master, &mut buf), if open => match read {
-                        Some(n) => emitter.output(OutputStream::Pty, &buf[..n]).await,
+                    read = read_pty(&master), if open => match read {
+                        Some(data) => emitter.output(OutputStream::Pty, data).await,
                         None => open = false,
                     },
                     status = reaped(), if !exited => {
                         exited = true;
                         if open {
-                            open = drain(&emitter, OutputStream::Pty, master.get_ref().as_fd(), &mut buf).await;
+                            open = drain(&emitter, OutputStream::Pty, master.get_ref().as_fd()).await;
                         }
                         emitter.exit(status, context.reason(&process, status)).await;
                     }
@@ -233,10 +228,30 @@ async fn forward_denials(
     }
 }
 
-async fn read_some<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut [u8]) -> Option<usize> {
-    match reader.read(buf).await {
-        Ok(0) | Err(_) => None,
-        Ok(n) => Some(n),
+thread_local! {
+    /// Where a pump reads a child's output before copying out what arrived: one buffer per
+    /// worker thread, not two per process (1,200 live chatty processes held 300 MiB of them).
+    static READ_BUFFER: std::cell::RefCell<Vec<u8>> =
+        std::cell::RefCell::new(vec![0u8; OUTPUT_READ_CHUNK_BYTES]);
+}
+
+/// Run `read` on this thread's read buffer and copy out what it read (no `.await` in between,
+/// so the buffer is never held across a task switch). `Ok(None)` at end of file.
+fn read_now(
+    read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>,
+) -> std::io::Result<Option<Vec<u8>>> {
+    READ_BUFFER.with_borrow_mut(|buf| read(buf).map(|n| (n > 0).then(|| buf[..n].to_vec())))
+}
+
+/// The next output of a pipe; `None` at end of file (or on an error).
+async fn read_pipe(pipe: &pipe::Receiver) -> Option<Vec<u8>> {
+    loop {
+        pipe.readable().await.ok()?;
+        match read_now(|buf| pipe.try_read(buf)) {
+            Ok(data) => return data,
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return None,
+        }
     }
 }
 
@@ -244,22 +259,17 @@ async fn read_some<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut [u8]) -> Opti
 /// the reactor to report it readable; at most [`EXIT_DRAIN_LIMIT`] bytes, so a grandchild that
 /// keeps writing cannot hold `exited` back. `false` when the stream reached end of file (for a
 /// PTY master, EIO: every slave descriptor closed).
-async fn drain(
-    emitter: &Emitter<'_>,
-    stream: OutputStream,
-    fd: BorrowedFd<'_>,
-    buf: &mut [u8],
-) -> bool {
+async fn drain(emitter: &Emitter<'_>, stream: OutputStream, fd: BorrowedFd<'_>) -> bool {
     let mut drained = 0;
     while drained < EXIT_DRAIN_LIMIT {
-        match nix::unistd::read(fd, buf) {
-            Ok(0) => return false,
-            Ok(n) => {
-                drained += n;
-                emitter.output(stream, &buf[..n]).await;
+        match read_now(|buf| nix::unistd::read(fd, buf).map_err(std::io::Error::from)) {
+            Ok(None) => return false,
+            Ok(Some(data)) => {
+                drained += data.len();
+                emitter.output(stream, data).await;
             }
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(nix::errno::Errno::EAGAIN) => return true,
+            Err(error) if error.raw_os_error() == Some(nix::libc::EINTR) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return true,
             Err(_) => return false,
         }
     }
@@ -269,14 +279,15 @@ async fn drain(
 /// How much output [`drain`] takes from one stream when the child exits.
 const EXIT_DRAIN_LIMIT: usize = 4 * 1024 * 1024;
 
-/// Read the PTY master; EIO (every slave descriptor closed) is end of file.
-async fn read_pty(master: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> Option<usize> {
+/// The next output of the PTY master; EIO (every slave descriptor closed) is end of file.
+async fn read_pty(master: &AsyncFd<OwnedFd>) -> Option<Vec<u8>> {
     loop {
         let mut guard = master.readable().await.ok()?;
-        match guard.try_io(|fd| nix::unistd::read(fd.get_ref(), buf).map_err(std::io::Error::from))
-        {
-            Ok(Ok(0) | Err(_)) => return None,
-            Ok(Ok(n)) => return Some(n),
+        match guard.try_io(|fd| {
+            read_now(|buf| nix::unistd::read(fd.get_ref(), buf).map_err(std::io::Error::from))
+        }) {
+            Ok(Ok(data)) => return data,
+            Ok(Err(_)) => return None,
             Err(_would_block) => continue,
         }
     }
@@ -288,27 +299,30 @@ struct Emitter<'a> {
 }
 
 impl Emitter<'_> {
-    async fn output(&self, stream: OutputStream, data: &[u8]) {
-        let seq = self.process.log().push_output(stream, data.to_vec());
-        self.process.publish(seq);
+    async fn output(&self, stream: OutputStream, data: Vec<u8>) {
         // Hot path: write the notification text directly (base64 needs no JSON escaping),
-        // instead of building a serde_json::Value and serializing it again.
-        let stream_name = match stream {
-            OutputStream::Stdout => "stdout",
-            OutputStream::Stderr => "stderr",
-            OutputStream::Pty => "pty",
-        };
-        let mut text = String::with_capacity(data.len() / 3 * 4 + 128 + self.process.id_json.len());
-        text.push_str(r#"{"method":""#);
-        text.push_str(PROCESS_OUTPUT);
-        text.push_str(r#"","params":{"processId":"#);
-        text.push_str(&self.process.id_json);
-        text.push_str(&format!(
-            r#","seq":{seq},"stream":"{stream_name}","chunk":""#
-        ));
-        base64_simd::STANDARD.encode_append(data, &mut text);
-        text.push_str("\"}}");
-        if let Some(sender) = self.sink.sender() {
+        // instead of building a serde_json::Value and serializing it again. It is encoded
+        // before the log takes the bytes (its seq goes last), and only for an attached client.
+        let notification = self.sink.sender().map(|sender| {
+            let stream_name = match stream {
+                OutputStream::Stdout => "stdout",
+                OutputStream::Stderr => "stderr",
+                OutputStream::Pty => "pty",
+            };
+            let mut text =
+                String::with_capacity(data.len() / 3 * 4 + 128 + self.process.id_json.len());
+            text.push_str(r#"{"method":""#);
+            text.push_str(PROCESS_OUTPUT);
+            text.push_str(r#"","params":{"processId":"#);
+            text.push_str(&self.process.id_json);
+            text.push_str(&format!(r#","stream":"{stream_name}","chunk":""#));
+            base64_simd::STANDARD.encode_append(&data, &mut text);
+            (sender, text)
+        });
+        let seq = self.process.push_output(stream, data);
+        self.process.publish(seq);
+        if let Some((sender, mut text)) = notification {
+            text.push_str(&format!(r#"","seq":{seq}}}}}"#));
             let _ = sender.send(crate::outbound::Outbound::Text(text)).await;
         }
     }

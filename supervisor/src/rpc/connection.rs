@@ -29,13 +29,14 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use crate::budget::{ConnectionBudget, content_answer_bytes};
 use crate::fs::HandleTable;
 use crate::limits::{
-    INITIALIZE_TIMEOUT, MAX_CLIENT_NAME_BYTES, MAX_CONNECTIONS, MAX_FRAME_BYTES,
-    MAX_HTTP_RESPONSE_BODY_BYTES, MAX_INFLIGHT_REQUESTS, READ_BLOCK_MAX_BYTES,
+    CLOSE_DRAIN_TIMEOUT, INITIALIZE_TIMEOUT, MAX_CLIENT_NAME_BYTES, MAX_CONNECTIONS,
+    MAX_FRAME_BYTES, MAX_HTTP_RESPONSE_BODY_BYTES, MAX_INFLIGHT_REQUESTS, READ_BLOCK_MAX_BYTES,
     READ_DIRECTORY_MAX_ANSWER_BYTES, READ_FILE_MAX_BYTES, SMALL_RESPONSE_BYTES,
 };
 use crate::state::ServerState;
 use crate::transport::admission::{PendingTicket, evicted};
 use crate::transport::frame_meter::MeterError;
+use crate::transport::hangup::{PeerHangup, peer_gone};
 use crate::transport::identity::ClientIdentity;
 use crate::untrusted::Untrusted;
 
@@ -76,10 +77,11 @@ pub async fn serve_pending<S>(
     ticket: PendingTicket,
     client: ClientIdentity,
     budget: ConnectionBudget,
+    hangup: Arc<PeerHangup>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    serve_websocket(websocket, server, Some(ticket), client, budget).await;
+    serve_websocket(websocket, server, Some(ticket), client, budget, hangup).await;
 }
 
 async fn serve_websocket<S>(
@@ -88,6 +90,7 @@ async fn serve_websocket<S>(
     ticket: Option<PendingTicket>,
     client: ClientIdentity,
     budget: ConnectionBudget,
+    hangup: Arc<PeerHangup>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -118,11 +121,14 @@ async fn serve_websocket<S>(
                 "text frame is not valid UTF-8; send binary frames for other bytes".into(),
             )),
             Err(WsError::Io(error)) if meter_error(&error).is_some() => {
-                let (code, reason) = match meter_error(&error) {
-                    Some(MeterError::Timeout) => (CloseCode::Policy, error.to_string()),
-                    _ => (CloseCode::Again, error.to_string()),
-                };
-                Some(Inbound::Refused(code, reason))
+                match meter_error(&error) {
+                    // Left while the rest of a message waited for in-flight room.
+                    Some(MeterError::PeerGone) => Some(Inbound::Closed),
+                    Some(MeterError::Timeout) => {
+                        Some(Inbound::Refused(CloseCode::Policy, error.to_string()))
+                    }
+                    _ => Some(Inbound::Refused(CloseCode::Again, error.to_string())),
+                }
             }
             Err(WsError::Protocol(error)) => Some(Inbound::Refused(
                 CloseCode::Protocol,
@@ -141,6 +147,7 @@ async fn serve_websocket<S>(
         ticket,
         client,
         budget,
+        Some(hangup),
     )
     .await;
 }
@@ -163,7 +170,7 @@ pub async fn serve_transport<I, O>(
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
 {
     let budget = ConnectionBudget::new(server.budgets.clone());
-    serve_admitted(stream, sink, server, None, client, budget).await;
+    serve_admitted(stream, sink, server, None, client, budget, None).await;
 }
 
 /// [`serve_transport`] for a connection that still holds a pending slot from admission
@@ -171,6 +178,10 @@ pub async fn serve_transport<I, O>(
 /// (the pool closes its oldest entries when full), and it is closed when
 /// [`INITIALIZE_TIMEOUT`] passes first. A successful `initialize` trades the pending slot for one
 /// of the [`crate::limits::MAX_CONNECTIONS`] connection slots.
+///
+/// `hangup` watches the transport's socket, when it has one: while the reader waits instead of
+/// reading (backpressure), the peer closing or half-closing its end ends the connection there and
+/// then (its session detaches, its waiting work is cancelled, the socket closes).
 pub async fn serve_admitted<I, O>(
     mut stream: I,
     mut sink: O,
@@ -178,6 +189,7 @@ pub async fn serve_admitted<I, O>(
     mut pending: Option<PendingTicket>,
     client: ClientIdentity,
     budget: ConnectionBudget,
+    hangup: Option<Arc<PeerHangup>>,
 ) where
     I: futures_util::Stream<Item = Inbound> + Unpin + Send,
     O: futures_util::Sink<OutboundFrame> + Unpin + Send + 'static,
@@ -264,11 +276,16 @@ pub async fn serve_admitted<I, O>(
                 break;
             }
         };
-        // Waiting here (for a request slot, for in-flight bytes) must not outlive the peer:
-        // the requests still buffered behind it would each be worked on for nobody.
+        // Waiting here (for a request slot, for in-flight bytes, for room in the outbound queue)
+        // must not outlive the peer: the requests still buffered behind it would each be worked
+        // on for nobody, and its socket would sit in CLOSE-WAIT.
         let flow = tokio::select! {
             flow = handle_payload(&connection, &slots, payload) => flow,
             _ = closed.wait_for(|closed| *closed) => Flow::Close,
+            () = peer_gone(hangup.as_deref()) => {
+                tracing::debug!(connection = connection.id, "the peer closed its end while its requests waited");
+                Flow::Close
+            }
         };
         if flow == Flow::Close {
             break;
@@ -290,7 +307,7 @@ pub async fn serve_admitted<I, O>(
         .try_send(Outbound::Close(CloseCode::Normal, String::new()));
     drop(connection);
     let abort = writer.abort_handle();
-    if tokio::time::timeout(std::time::Duration::from_secs(2), writer)
+    if tokio::time::timeout(CLOSE_DRAIN_TIMEOUT, writer)
         .await
         .is_err()
     {

@@ -10,15 +10,24 @@
 //! budget cannot take fails the read ([`MeterError::Memory`]: the connection is closed with 1013,
 //! try again later); a message not complete [`MESSAGE_COMPLETION_TIMEOUT`] after its first byte
 //! fails it too ([`MeterError::Timeout`], close 1008).
+//!
+//! The same bytes count in the connection's in-flight bytes
+//! ([`MAX_INFLIGHT_BYTES_PER_CONNECTION`]) beside its requests, so a connection holds at most
+//! that much whether in requests or in an unfinished message. When they do not fit, nothing more
+//! is read until earlier answers were written (backpressure, as for a request); meanwhile the
+//! completion deadline still runs and the peer leaving ends the read ([`MeterError::PeerGone`]).
 
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::hangup::PeerHangup;
 use crate::budget::{BudgetError, ConnectionBudget, MemoryCharge};
 #[cfg(doc)]
-use crate::limits::{MAX_FRAME_BYTES, MEMORY_BUDGET_BYTES};
+use crate::limits::{MAX_FRAME_BYTES, MAX_INFLIGHT_BYTES_PER_CONNECTION, MEMORY_BUDGET_BYTES};
 use crate::limits::{MESSAGE_CHARGE_STEP_BYTES, MESSAGE_COMPLETION_TIMEOUT};
 
 /// Why the metered stream stopped reading.
@@ -42,6 +51,9 @@ pub enum MeterError {
          (MESSAGE_COMPLETION_TIMEOUT)"
     )]
     Timeout,
+    /// The peer closed its end while the rest of a message waited for in-flight room.
+    #[error("the client closed its end of the connection")]
+    PeerGone,
 }
 
 /// Follows the frames of a client's byte stream (RFC 6455 §5.2) to know how many payload bytes
@@ -149,12 +161,25 @@ pub struct MeteredStream<S> {
     budget: ConnectionBudget,
     charge: Option<MemoryCharge>,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// In-flight bytes the unfinished message waits for; nothing is read until they are counted.
+    waiting: Option<Pin<Box<InflightWait>>>,
+    /// The peer's close, watched while `waiting`.
+    hangup: Option<Arc<PeerHangup>>,
+    gone: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
+
+type InflightWait = dyn Future<Output = Result<MemoryCharge, BudgetError>> + Send;
 
 impl<S> MeteredStream<S> {
     /// Meter `inner`, charging `budget`; `already` are bytes of it read before (they are passed
-    /// on by other means, and charged with the next read).
-    pub fn new(inner: S, budget: ConnectionBudget, already: &[u8]) -> Self {
+    /// on by other means, and charged with the next read). `hangup`, when given, ends a read
+    /// that waits for in-flight room once the peer has gone.
+    pub fn new(
+        inner: S,
+        budget: ConnectionBudget,
+        hangup: Option<Arc<PeerHangup>>,
+        already: &[u8],
+    ) -> Self {
         let mut meter = FrameMeter::default();
         meter.feed(already);
         Self {
@@ -163,7 +188,55 @@ impl<S> MeteredStream<S> {
             budget,
             charge: None,
             deadline: None,
+            waiting: None,
+            hangup,
+            gone: None,
         }
+    }
+
+    /// Poll the in-flight room the unfinished message waits for: `Ready(Ok)` once there is
+    /// nothing (more) to wait for, `Pending` while it waits (the deadline and the peer's close
+    /// still end it).
+    fn poll_waiting(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), MeterError>> {
+        let Some(waiting) = self.waiting.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        match waiting.as_mut().poll(cx) {
+            Poll::Ready(Ok(counted)) => {
+                self.waiting = None;
+                self.gone = None;
+                match &mut self.charge {
+                    Some(charge) => charge.merge(counted),
+                    None => self.charge = Some(counted),
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(source)) => Poll::Ready(Err(MeterError::Memory {
+                received: usize::try_from(self.meter.unfinished_bytes()).unwrap_or(usize::MAX),
+                source,
+            })),
+            Poll::Pending => {
+                if self.deadline_passed(cx) {
+                    return Poll::Ready(Err(MeterError::Timeout));
+                }
+                if let Some(hangup) = &self.hangup {
+                    let hangup = hangup.clone();
+                    let gone = self
+                        .gone
+                        .get_or_insert_with(|| Box::pin(async move { hangup.gone().await }));
+                    if gone.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Err(MeterError::PeerGone));
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn deadline_passed(&mut self, cx: &mut Context<'_>) -> bool {
+        self.deadline
+            .as_mut()
+            .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready())
     }
 
     /// Charge what the meter says is held now; start or clear the deadline.
@@ -171,6 +244,8 @@ impl<S> MeteredStream<S> {
         if self.meter.is_between_messages() {
             self.charge = None;
             self.deadline = None;
+            self.waiting = None;
+            self.gone = None;
             return Ok(());
         }
         if self.deadline.is_none() {
@@ -193,6 +268,23 @@ impl<S> MeteredStream<S> {
                 received: held,
                 source,
             })?;
+            // The same bytes in the connection's in-flight count, beside its requests: taken now
+            // when they fit, else waited for before anything more is read.
+            let counted = self.charge.as_ref().map_or(0, MemoryCharge::inflight_bytes);
+            if want > counted && self.waiting.is_none() {
+                let more = want - counted;
+                match self.budget.try_count_inflight(more) {
+                    Some(counted) => {
+                        if let Some(charge) = &mut self.charge {
+                            charge.merge(counted);
+                        }
+                    }
+                    None => {
+                        let budget = self.budget.clone();
+                        self.waiting = Some(Box::pin(async move { budget.reserve(more, 0).await }));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -209,6 +301,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for MeteredStream<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        match this.poll_waiting(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(error)) => return Poll::Ready(Err(io_error(error))),
+            Poll::Pending => return Poll::Pending,
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -217,11 +314,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for MeteredStream<S> {
             }
             Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
             Poll::Pending => {
-                let expired = this
-                    .deadline
-                    .as_mut()
-                    .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
-                if expired {
+                if this.deadline_passed(cx) {
                     Poll::Ready(Err(io_error(MeterError::Timeout)))
                 } else {
                     Poll::Pending
@@ -264,6 +357,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for MeteredStream<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn header(fin: bool, opcode: u8, len: u64) -> Vec<u8> {
         let mut frame = vec![u8::from(fin) << 7 | opcode];
@@ -320,6 +414,44 @@ mod tests {
         meter.feed(&[0; 10]);
         assert!(meter.is_between_messages());
         assert_eq!(meter.unfinished_bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_unfinished_message_waits_for_in_flight_room_beside_the_requests() {
+        use crate::budget::Budgets;
+        use crate::limits::MAX_INFLIGHT_BYTES_PER_CONNECTION;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const MIB: usize = 1 << 20;
+        let budget = ConnectionBudget::new(Arc::new(Budgets::new(0, 0)));
+        // Requests hold all but 1 MiB of the connection's in-flight bytes.
+        let requests = budget
+            .reserve(MAX_INFLIGHT_BYTES_PER_CONNECTION - MIB, 0)
+            .await
+            .unwrap();
+        let (mut client, server) = tokio::io::duplex(8 * MIB);
+        let mut metered = MeteredStream::new(server, budget.clone(), None, &[]);
+        let head = header(true, 2, (4 * MIB + 1) as u64);
+        client.write_all(&head).await.unwrap();
+        client.write_all(&vec![0; 4 * MIB]).await.unwrap();
+        let mut buffer = vec![0; 64 * 1024];
+        let mut read = 0;
+        while let Ok(n) =
+            tokio::time::timeout(Duration::from_millis(200), metered.read(&mut buffer)).await
+        {
+            read += n.unwrap();
+        }
+        // What fits (1 MiB), rounded up to a charge step, plus the read that found it full.
+        assert!(
+            read <= MIB + MESSAGE_CHARGE_STEP_BYTES + buffer.len(),
+            "{read} bytes read past the in-flight room"
+        );
+        drop(requests);
+        let rest = head.len() + 4 * MIB - read;
+        let mut tail = vec![0; rest];
+        tokio::time::timeout(Duration::from_secs(5), metered.read_exact(&mut tail))
+            .await
+            .expect("the rest is read once the requests are answered")
+            .unwrap();
     }
 
     #[test]

@@ -11,9 +11,11 @@
 pub mod access;
 pub mod admission;
 pub mod frame_meter;
+pub mod hangup;
 pub mod http;
 pub mod identity;
 
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -195,7 +197,7 @@ impl PeerIdentity {
 
 fn spawn_connection<S>(stream: S, source: Source, identity: PeerIdentity, state: Arc<ServerState>)
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + AsFd + Unpin + Send + 'static,
 {
     let ticket = state.admission.admit(source);
     tokio::spawn(handle_stream(stream, state, ticket, identity));
@@ -248,7 +250,7 @@ async fn handle_stream<S>(
     mut ticket: PendingTicket,
     identity: PeerIdentity,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + AsFd + Unpin + Send + 'static,
 {
     let head = tokio::select! {
         head = http::read_head(&mut stream, state.access.token()) => head,
@@ -277,8 +279,21 @@ async fn handle_stream<S>(
                 return;
             }
             let budget = crate::budget::ConnectionBudget::new(state.budgets.clone());
+            // The peer leaving is noticed even while nothing is read (see `hangup`).
+            let hangup = match hangup::PeerHangup::watch(&stream) {
+                Ok(hangup) => Arc::new(hangup),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot watch a connection for its close; dropping it");
+                    return;
+                }
+            };
             // Bytes read past the head are the start of the first frames: the meter follows them.
-            let stream = frame_meter::MeteredStream::new(stream, budget.clone(), &leftover);
+            let stream = frame_meter::MeteredStream::new(
+                stream,
+                budget.clone(),
+                Some(hangup.clone()),
+                &leftover,
+            );
             let websocket = WebSocketStream::from_partially_read(
                 stream,
                 leftover,
@@ -286,7 +301,10 @@ async fn handle_stream<S>(
                 Some(websocket_config()),
             )
             .await;
-            crate::rpc::connection::serve_pending(websocket, state, ticket, identity, budget).await;
+            crate::rpc::connection::serve_pending(
+                websocket, state, ticket, identity, budget, hangup,
+            )
+            .await;
         }
         Ok(http::HeadDecision::Reject { status, body }) => {
             let _ = http::write_rejection(&mut stream, status, body).await;

@@ -350,6 +350,13 @@ pub struct ReadResult {
     /// Oldest seq still retained (present when `outputDropped`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_retained_seq: Option<u64>,
+    /// Output chunks of this process dropped so far, all before `firstRetainedSeq` (its own
+    /// `OUTPUT_RETENTION_BYTES`, or the server's cap on retained output taking its oldest).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub output_dropped_chunks: u64,
+    /// Their bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub output_dropped_bytes: u64,
     /// Denial records of a process started with `auditDenials` numbered after `afterDenial`
     /// (the newest `MAX_DENIALS_RETAINED` and `MAX_DENIAL_BYTES_RETAINED` are kept; not part of
     /// the seq sequence). Their bytes count toward `maxBytes`, after the chunks'.
