@@ -232,8 +232,52 @@ fn spawn_tls_connection(
                 return;
             }
         };
-        handle_stream(stream, state, ticket, identity).await;
+        handle_stream(TlsConnection(stream), state, ticket, identity).await;
     });
+}
+
+/// A `wss://` connection: the TLS stream, with its TCP socket's descriptor for the watch that
+/// notices a client that left (`hangup`).
+struct TlsConnection(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+
+impl AsFd for TlsConnection {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.get_ref().0.as_fd()
+    }
+}
+
+impl AsyncRead for TlsConnection {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConnection {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
 }
 
 /// The websocket settings: frames and messages above [`MAX_FRAME_BYTES`] are refused on their
