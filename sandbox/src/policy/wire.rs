@@ -293,6 +293,9 @@ pub struct SandboxSpec {
     /// `readableCredentialStores` beside the source: stores of the built-in deny set the
     /// command may read (`["~/.aws"]`).
     pub readable_credential_stores: Vec<String>,
+    /// `allowUnixSockets` beside the source: pathname unix sockets (absolute paths or `file:`
+    /// URIs) the command may connect to outside its writable roots.
+    pub allow_unix_sockets: Vec<PathBuf>,
 }
 
 /// Keys reference clients send that have no meaning on Linux; accepted and ignored.
@@ -311,6 +314,7 @@ impl SandboxSpec {
             workspace_roots: Vec::new(),
             network: None,
             readable_credential_stores: Vec::new(),
+            allow_unix_sockets: Vec::new(),
         }
     }
 
@@ -379,6 +383,27 @@ impl TryFrom<Value> for SandboxSpec {
                 });
             }
         };
+        let allow_unix_sockets = match map.remove("allowUnixSockets") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(s) => parse_abs("allowUnixSockets entry", s),
+                    other => Err(PolicyError::Shape {
+                        message: format!(
+                            "allowUnixSockets entries must be absolute paths such as \"/run/user/1000/ssh-agent.sock\" (got {other})"
+                        ),
+                    }),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(PolicyError::Shape {
+                    message: format!(
+                        "allowUnixSockets must be an array such as [\"/run/user/1000/ssh-agent.sock\"] (got {other})"
+                    ),
+                });
+            }
+        };
         let source = if map.contains_key("profile") {
             PolicySource::Named(
                 serde_json::from_value(Value::Object(map)).map_err(|err| shape("profile", err))?,
@@ -411,6 +436,7 @@ impl TryFrom<Value> for SandboxSpec {
             workspace_roots,
             network,
             readable_credential_stores,
+            allow_unix_sockets,
         })
     }
 }
@@ -439,6 +465,17 @@ impl From<SandboxSpec> for Value {
                     spec.readable_credential_stores
                         .into_iter()
                         .map(Value::String)
+                        .collect(),
+                ),
+            );
+        }
+        if !spec.allow_unix_sockets.is_empty() {
+            map.insert(
+                "allowUnixSockets".to_owned(),
+                Value::Array(
+                    spec.allow_unix_sockets
+                        .iter()
+                        .map(|path| Value::String(path.display().to_string()))
                         .collect(),
                 ),
             );
