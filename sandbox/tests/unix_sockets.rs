@@ -285,3 +285,25 @@ fn a_datagram_to_a_host_socket_is_refused() {
         "control: the datagram arrives"
     );
 }
+
+/// The holder's own `pidfd_getfd` is refused to the command (its filter answers `EPERM` before
+/// the kernel looks at the junk arguments, which unsandboxed get `EINVAL`).
+#[test]
+fn the_command_cannot_take_descriptors_with_pidfd_getfd() {
+    let nr = libc::SYS_pidfd_getfd.to_string();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        for launch in LAUNCHES {
+            for policy in [WW, RO] {
+                let args = with(launch, policy, &[]);
+                let result = probe(&strs(&args), &["syscall", &nr], uid, &fx.ws);
+                assert_eq!(
+                    result["error"], "EPERM",
+                    "{launch:?} {policy:?} as {uid:?}: {result}"
+                );
+            }
+        }
+        let result = probe(FREE, &["syscall", &nr], uid, &fx.ws);
+        assert_eq!(result["error"], "EINVAL", "control as {uid:?}: {result}");
+    }
+}
