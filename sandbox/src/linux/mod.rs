@@ -23,7 +23,11 @@
 //!    supervisor's own ports with it on), signal and abstract-socket
 //!    scoping; after the mounts, because a Landlock domain may no longer change mounts;
 //! 6. seccomp ([`seccomp`]), last: a default-deny allow-list that also forbids `mount` and
-//!    `unshare`.
+//!    `unshare`. A process that starts a command (PID 1, or `sandbox-run` without namespaces)
+//!    starts it first ([`unix_sockets::start_command`]): the command's process installs its own
+//!    filter (with the listener the starter keeps, when the host needs the unix-socket
+//!    notifier) and the main one, then execs; the starter installs the main one on itself
+//!    right after (under the denial audit the main filter refuses new filters).
 //!
 //! A rule that only a missing layer could enforce fails the whole call unless
 //! [`EnforceOptions::best_effort`] is set.
