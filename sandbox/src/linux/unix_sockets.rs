@@ -293,6 +293,15 @@ impl Gate {
     pub fn open(policy: &ResolvedPolicy, warnings: &mut Vec<String>) -> Self {
         let mut named = Vec::new();
         for path in &policy.unix_sockets {
+            if denied_explicitly(policy, path) {
+                // A hidden path (a server's socket) or a deny entry wins over a name.
+                warnings.push(format!(
+                    "allowed unix socket {} is hidden or denied by the policy; it stays \
+                     unreachable",
+                    path.display()
+                ));
+                continue;
+            }
             let pinned = sys::open_no_symlinks(None, path)
                 .and_then(|fd| nix::sys::stat::fstat(&fd).map_err(std::io::Error::from));
             match pinned {
@@ -487,12 +496,39 @@ impl Notifier {
     }
 }
 
-/// A pidfd of the calling thread (a thread pidfd where the kernel has them, 6.9; else the
-/// thread must lead its group).
+/// Whether `path` lies at or below a path the policy hides (a server's socket, token, ...) or
+/// whose most specific rule is a deny entry. A path no rule covers is not "explicitly" denied:
+/// naming a socket is how a policy that cannot read its directory reaches it.
+fn denied_explicitly(policy: &ResolvedPolicy, path: &Path) -> bool {
+    if policy
+        .hidden_paths()
+        .iter()
+        .any(|hidden| path.starts_with(hidden))
+    {
+        return true;
+    }
+    policy
+        .rules()
+        .iter()
+        .filter(|rule| path.starts_with(&rule.path))
+        .max_by_key(|rule| (rule.path.components().count(), rule.access))
+        .is_some_and(|rule| rule.access == crate::policy::Access::Deny)
+}
+
+/// A pidfd of the calling thread: a thread pidfd where the kernel has them (6.9), else one of
+/// its thread group (the descriptor table it uses is the group's).
 fn open_caller(tid: u32) -> std::io::Result<OwnedFd> {
     let tid =
         libc::pid_t::try_from(tid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
-    sys::pidfd_open_with_flags(tid, PIDFD_THREAD).or_else(|_| sys::pidfd_open(Pid::from_raw(tid)))
+    sys::pidfd_open_with_flags(tid, PIDFD_THREAD).or_else(|_| {
+        let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
+        let tgid = status
+            .lines()
+            .find_map(|line| line.strip_prefix("Tgid:"))
+            .and_then(|value| value.trim().parse::<libc::pid_t>().ok())
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+        sys::pidfd_open(Pid::from_raw(tgid))
+    })
 }
 
 /// The path of a pathname `AF_UNIX` address (up to its first NUL), or `None` for any other
