@@ -307,3 +307,40 @@ fn the_command_cannot_take_descriptors_with_pidfd_getfd() {
         assert_eq!(result["error"], "EINVAL", "control as {uid:?}: {result}");
     }
 }
+
+/// `--explain` lists the named sockets and the mechanism this host uses.
+#[test]
+fn explain_names_the_allowed_sockets_and_the_mechanism() {
+    let fx = Fixture::new(None);
+    let path = fx.outside.join("agent.sock");
+    let _listener = Listener::bind(&path, "agent");
+    let out = common::sandbox_run(
+        &[
+            "--policy",
+            "read-only",
+            "--allow-unix-socket",
+            s(&path),
+            "--explain",
+        ],
+        &["true"],
+        None,
+        &fx.ws,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let explain: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let expected =
+        serde_json::to_value(sandbox::linux::unix_sockets::Mechanism::of_this_host()).unwrap();
+    assert!(
+        expected == "landlock" || expected == "seccomp-notify",
+        "{expected}"
+    );
+    assert_eq!(explain["layers"]["unix_sockets"]["mechanism"], expected);
+    assert_eq!(
+        explain["layers"]["unix_sockets"]["allowed"],
+        serde_json::json!([s(&path)])
+    );
+    assert_eq!(
+        explain["policy"]["unix_sockets"],
+        serde_json::json!([s(&path)])
+    );
+}

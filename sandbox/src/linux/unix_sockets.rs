@@ -595,6 +595,39 @@ mod tests {
     }
 
     #[test]
+    fn a_hidden_or_denied_socket_is_denied_explicitly_and_an_uncovered_one_is_not() {
+        use crate::policy::{Access, FilesystemPolicy, PathRule};
+        let rules = vec![
+            PathRule {
+                path: PathBuf::from("/"),
+                access: Access::Read,
+            },
+            PathRule {
+                path: PathBuf::from("/srv/denied"),
+                access: Access::Deny,
+            },
+        ];
+        let policy = ResolvedPolicy::new(FilesystemPolicy::Restricted { rules }, false)
+            .with_hidden_path(Path::new("/run/exec.sock"));
+        assert!(denied_explicitly(&policy, Path::new("/srv/denied/a.sock")));
+        assert!(denied_explicitly(&policy, Path::new("/run/exec.sock")));
+        assert!(!denied_explicitly(&policy, Path::new("/srv/agent.sock")));
+        let minimal = ResolvedPolicy::new(
+            FilesystemPolicy::Restricted {
+                rules: vec![PathRule {
+                    path: PathBuf::from("/usr"),
+                    access: Access::Read,
+                }],
+            },
+            false,
+        );
+        assert!(!denied_explicitly(
+            &minimal,
+            Path::new("/run/user/1000/agent.sock")
+        ));
+    }
+
+    #[test]
     fn the_mechanism_is_landlock_from_abi_9() {
         assert_eq!(Mechanism::for_abi(7), Mechanism::SeccompNotify);
         assert_eq!(Mechanism::for_abi(8), Mechanism::SeccompNotify);
