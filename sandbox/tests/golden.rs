@@ -213,3 +213,17 @@ fn seccomp_rule_lists_golden() {
         );
     }
 }
+
+/// The filter each command installs on itself before it execs (x86_64 numbers): with the
+/// seccomp-notify mechanism (`connect` notifies the holder, no `AF_UNIX` datagram sockets) and
+/// where Landlock keeps the unix-socket rule (only `pidfd_getfd` refused).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[test]
+fn command_filter_golden() {
+    use sandbox::linux::unix_sockets;
+    let mut out = String::from("[command: seccomp-notify]\n");
+    out.push_str(&unix_sockets::render_command_filter(true));
+    out.push_str("[command: landlock]\n");
+    out.push_str(&unix_sockets::render_command_filter(false));
+    golden("seccomp-command.txt", &out);
+}

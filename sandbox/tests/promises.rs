@@ -100,8 +100,10 @@ fn socket_families_are_refused_by_network_mode() {
                 &format!("family {f}, network off, as {uid:?}"),
             );
         }
+        // Stream: AF_UNIX datagram sockets are refused where the unix-socket notifier runs
+        // (sandbox/tests/unix_sockets.rs).
         assert_allowed(
-            &probe(WW, &["socket", &family(libc::AF_UNIX)], uid, &fx.ws),
+            &probe(WW, &["unix-socket", "stream"], uid, &fx.ws),
             "AF_UNIX",
         );
         let on = &["--policy", "workspace-write", "--allow-network"];

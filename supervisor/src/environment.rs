@@ -166,12 +166,18 @@ fn support_from_explain(explain: &Value, root: bool) -> Option<SandboxSupport> {
     let layers = explain.get("layers")?;
     let abi = layers.get("landlock")?.get("abi")?.as_u64()?;
     let namespaces = layers.get("namespaces")?.get("available")?.as_bool()?;
+    let unix_sockets = layers
+        .get("unix_sockets")
+        .and_then(|u| u.get("mechanism"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     Some(SandboxSupport {
         available: true,
         landlock_abi: u32::try_from(abi).ok()?,
         user_namespaces: namespaces,
         audit_denials: root,
         network_modes: vec!["off".into(), "on".into()],
+        unix_sockets,
         error: None,
     })
 }
@@ -186,6 +192,7 @@ mod tests {
         let explain = serde_json::json!({"layers": {
             "landlock": {"abi": 6, "filesystem": true},
             "namespaces": {"enabled": true, "available": false},
+            "unix_sockets": {"mechanism": "seccomp-notify", "allowed": []},
         }});
         assert_eq!(
             support_from_explain(&explain, false),
@@ -195,6 +202,7 @@ mod tests {
                 user_namespaces: false,
                 audit_denials: false,
                 network_modes: vec!["off".into(), "on".into()],
+                unix_sockets: Some("seccomp-notify".into()),
                 error: None,
             })
         );

@@ -114,6 +114,11 @@ pub struct SandboxSupport {
     /// The network modes a `sandbox` may ask for (`off`, `on`).
     #[serde(default)]
     pub network_modes: Vec<String>,
+    /// How this host keeps pathname unix sockets outside a sandbox's writable roots (and not
+    /// named by `allowUnixSockets`) out of reach: `landlock` (Landlock ABI 9 and later) or
+    /// `seccomp-notify` (a seccomp user-notification handler outside the command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix_sockets: Option<String>,
     /// Why the probe failed, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -364,6 +364,7 @@ mod tests {
             read_only: vec![PathBuf::from("/opt/execward/bin")],
             denied_tcp_ports: Vec::new(),
             tmpdir: None,
+            unix_sockets: Vec::new(),
         }
     }
 

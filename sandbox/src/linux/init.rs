@@ -98,21 +98,20 @@ pub fn run_init(
         );
     }
     let exec = Exec::new(command, prepared.egress_port);
-    // SAFETY: PID 1 is single-threaded; the child only sets up its session and terminal and
-    // execs (or leaves through _exit).
-    let child = match unsafe { nix::unistd::fork() } {
-        Ok(nix::unistd::ForkResult::Child) => {
-            drop(prepared.signals);
-            start_command(&exec, prepared.slave, channels.relayed)
-        }
-        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+    // The child shares PID 1's memory and descriptors until it has installed its filters; it
+    // then only sets up its session and terminal and execs (or leaves through _exit).
+    let started = super::unix_sockets::start_command(prepared.seccomp, prepared.gate, &mut || {
+        start_command(&exec, prepared.slave.as_ref(), channels.relayed)
+    });
+    let (child, notifier) = match started {
+        Ok(started) => started,
         Err(err) => {
             eprintln!("sandbox-run: cannot start the command: {err}");
             crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
         }
     };
     drop(prepared.slave);
-    let (kind, value) = supervise(&prepared.signals, child);
+    let (kind, value) = supervise(&prepared.signals, child, notifier.as_ref());
     let mut message = [0u8; 5];
     message[0] = kind;
     message[1..].copy_from_slice(&value.to_le_bytes());
@@ -120,9 +119,12 @@ pub fn run_init(
     crate::sys::exit_now(0)
 }
 
-/// What PID 1 holds once confined.
+/// What PID 1 holds once confined (but for its seccomp filter, installed once the command has
+/// started).
 struct Prepared {
     report: EnforcementReport,
+    seccomp: super::seccomp::Prepared,
+    gate: Option<super::unix_sockets::Gate>,
     signals: SignalFd,
     slave: Option<OwnedFd>,
     egress_port: Option<u16>,
@@ -187,6 +189,8 @@ fn prepare(
     };
     super::enter_directory(&command.cwd)?;
     let _ = crate::sys::set_dumpable(false);
+    // Named sockets are pinned in the sandbox's own mount namespace, before Landlock.
+    let gate = super::unix_sockets::Gate::for_policy(policy, &mut report.warnings);
     let ttys = if layout.dev {
         landlock::private_ttys()
     } else {
@@ -200,7 +204,9 @@ fn prepare(
         audit_log: options.audit_log,
         egress_port,
     };
-    super::finish_confinement(policy, &ttys, &enforce, &mut report)?;
+    super::confine_but_seccomp(policy, &ttys, &enforce, &mut report)?;
+    let seccomp = super::seccomp::Prepared::new(super::seccomp_variant(policy, &enforce))?;
+    report.seccomp = seccomp.names().to_vec();
     let signals =
         SignalFd::with_flags(&forwarded_signals(), SfdFlags::SFD_CLOEXEC).map_err(|source| {
             SandboxError::Terminal {
@@ -209,6 +215,8 @@ fn prepare(
         })?;
     Ok(Prepared {
         report,
+        seccomp,
+        gate,
         signals,
         slave,
         egress_port,
@@ -273,9 +281,41 @@ pub const FORWARDED_SIGNALS: [Signal; 7] = [
     Signal::SIGCONT,
 ];
 
-/// Forwards signals and reaps until the command ends; returns its status message.
-pub(super) fn supervise(signals: &SignalFd, command: Pid) -> (u8, i32) {
+/// Forwards signals, reaps, and answers the command's notifications (`notifier`) until the
+/// command ends; returns its status message.
+pub(super) fn supervise(
+    signals: &SignalFd,
+    command: Pid,
+    notifier: Option<&super::unix_sockets::Notifier>,
+) -> (u8, i32) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut listening = notifier.is_some();
     loop {
+        if let Some(notifier) = notifier.filter(|_| listening) {
+            let mut fds = [
+                PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+                PollFd::new(notifier.fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return end_unsupervised(command),
+            }
+            let ready = fds[1].revents().unwrap_or(PollFlags::empty());
+            if ready.contains(PollFlags::POLLIN) {
+                notifier.handle_one();
+            } else if ready.intersects(PollFlags::POLLHUP | PollFlags::POLLERR) {
+                // No process is left under the filter; only signals from now on.
+                listening = false;
+            }
+            if !fds[0]
+                .revents()
+                .unwrap_or(PollFlags::empty())
+                .contains(PollFlags::POLLIN)
+            {
+                continue;
+            }
+        }
         let info = match signals.read_signal() {
             Ok(Some(info)) => info,
             Ok(None) | Err(nix::errno::Errno::EINTR) => continue,
@@ -407,18 +447,26 @@ fn search_path(program: &OsStr, path: &OsStr) -> Vec<PathBuf> {
 
 /// The command's process: its own session, the sandbox's terminal as its controlling
 /// terminal, default signals, its rlimits, then `execve`. Never returns.
-pub(super) fn start_command(exec: &Exec, slave: Option<OwnedFd>, relayed: [bool; 3]) -> ! {
+pub(super) fn start_command(exec: &Exec, slave: Option<&OwnedFd>, relayed: [bool; 3]) -> ! {
     crate::sys::reset_signals_for_exec();
     let _ = nix::unistd::setsid();
     if let Some(slave) = slave {
         let _ = crate::sys::set_controlling_terminal(slave.as_fd());
         for (fd, relayed) in relayed.iter().enumerate() {
             if *relayed {
-                // SAFETY: dup2 onto 0-2 of this single-threaded child replaces its own stdio.
+                // SAFETY: dup2 onto 0-2 of this single-threaded child replaces its own stdio
+                // (its descriptor table is its own by now).
                 unsafe { libc::dup2(slave.as_raw_fd(), fd as i32) };
             }
         }
+        // This process's copy (the parent closes its own).
+        let _ = nix::unistd::close(slave.as_raw_fd());
     }
+    exec_prepared(exec)
+}
+
+/// The command's rlimits, then `execve` along its `PATH`. Never returns.
+pub(super) fn exec_prepared(exec: &Exec) -> ! {
     // Last, so nothing of the setup above counts against them (and PID 1 never has them).
     if let Err(err) = crate::limits::apply_pool_rlimits_to_current_process()
         .and_then(|()| exec.limits.apply_rlimits_to_current_process())

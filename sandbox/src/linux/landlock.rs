@@ -245,6 +245,17 @@ pub fn install_on_current_process(
             created = created.add_rule(PathBeneath::new(fd, rights(rule.access, abi, is_dir)))?;
             report.rules += 1;
         }
+        if abi_number >= super::unix_sockets::LANDLOCK_UNIX_ABI {
+            // ABI 9 handles LANDLOCK_ACCESS_FS_RESOLVE_UNIX with every right of the ABI: the
+            // writable roots grant it, and so does a rule on each named socket.
+            for socket in &policy.unix_sockets {
+                let Some((fd, _)) = open_path(socket)? else {
+                    continue;
+                };
+                created = created.add_rule(PathBeneath::new(fd, AccessFs::ResolveUnix))?;
+                report.rules += 1;
+            }
+        }
     }
     if let (Some(port), true) = (
         net.egress_port,

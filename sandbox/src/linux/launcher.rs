@@ -663,7 +663,12 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
         setup_failed(status, &message);
     }
     drop(joining);
-    let (signals, warnings) = match warm_up {
+    let WarmedUp {
+        signals,
+        warnings,
+        seccomp,
+        gate,
+    } = match warm_up {
         Ok(ready) => ready,
         Err(message) => setup_failed(status, &message),
     };
@@ -704,19 +709,21 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
         },
         None,
     );
-    // Sharing PID 1's memory until its execve: PID 1 is single-threaded, and the child only
-    // resets its own signals, session and rlimits before it execs (its signalfd and the status
-    // pipe are close-on-exec) or leaves through _exit.
-    let child = match crate::sys::spawn_sharing_memory(&mut || {
+    // Sharing PID 1's memory and descriptors until it has installed its seccomp filters, then
+    // its memory until its execve: PID 1 is single-threaded, and the child only resets its own
+    // signals, session and rlimits before it execs (its signalfd and the status pipe are
+    // close-on-exec) or leaves through _exit. PID 1 installs its own filter after.
+    let started = super::unix_sockets::start_command(seccomp, gate, &mut || {
         init::start_command(&exec, None, [false; 3]);
-    }) {
-        Ok(child) => child,
+    });
+    let (child, notifier) = match started {
+        Ok(started) => started,
         Err(err) => setup_failed(status, &format!("cannot start the command: {err}")),
     };
     // PID 1 keeps none of the command's stdio: it closes for the server when the command and
     // what it started close it, not when PID 1 is gone.
     release_stdio();
-    let (kind, value) = init::supervise(&signals, child);
+    let (kind, value) = init::supervise(&signals, child, notifier.as_ref());
     // What the command left behind dies before its status goes out: the server reports the
     // exit on the status, and nothing of the command outlives that report.
     end_the_rest();
@@ -781,14 +788,26 @@ fn join_cgroups<'a>(cgroups: impl Iterator<Item = BorrowedFd<'a>>) -> Result<(),
     Ok(())
 }
 
+/// What a PID 1 prepared before its command arrived.
+struct WarmedUp {
+    signals: SignalFd,
+    warnings: Vec<String>,
+    /// Its seccomp program, installed once the command has installed its own.
+    seccomp: super::seccomp::Prepared,
+    /// What it lets the command connect to (when it holds the command's listener).
+    gate: Option<super::unix_sockets::Gate>,
+}
+
 /// PID 1's own setup, before its command arrives: a session of its own, the per-command
-/// mounts, the working directory, every capability dropped, Landlock and seccomp, and the
-/// signalfd it forwards signals from.
-fn warm_up(setup: &Setup) -> Result<(SignalFd, Vec<String>), String> {
+/// mounts, the working directory, the named unix sockets pinned, every capability dropped,
+/// Landlock, the seccomp program built, and the signalfd it forwards signals from.
+fn warm_up(setup: &Setup) -> Result<WarmedUp, String> {
     let _ = nix::unistd::setsid();
     mounts::apply(&setup.per_command).map_err(|e| e.to_string())?;
     super::enter_directory(&setup.cwd).map_err(|e| e.to_string())?;
     let _ = crate::sys::set_dumpable(false);
+    let mut report = EnforcementReport::default();
+    let gate = super::unix_sockets::Gate::for_policy(&setup.policy, &mut report.warnings);
     let enforce = EnforceOptions {
         best_effort: false,
         keep_fds: Vec::new(),
@@ -797,20 +816,26 @@ fn warm_up(setup: &Setup) -> Result<(SignalFd, Vec<String>), String> {
         audit_log: false,
         egress_port: None,
     };
-    let mut report = EnforcementReport::default();
     report.namespaces.user = true;
-    super::finish_confinement(
+    super::confine_but_seccomp(
         &setup.policy,
         &landlock::private_ttys(),
         &enforce,
         &mut report,
     )
     .map_err(|e| e.to_string())?;
+    let seccomp = super::seccomp::Prepared::new(super::seccomp_variant(&setup.policy, &enforce))
+        .map_err(|e| e.to_string())?;
     let forwarded = init::forwarded_signals();
     let signals = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&forwarded), None)
         .and_then(|()| SignalFd::with_flags(&forwarded, SfdFlags::SFD_CLOEXEC))
         .map_err(|e| format!("signalfd: {e}"))?;
-    Ok((signals, report.warnings))
+    Ok(WarmedUp {
+        signals,
+        warnings: report.warnings,
+        seccomp,
+        gate,
+    })
 }
 
 /// Says why on the command's stderr, reports exit status 125, and exits.

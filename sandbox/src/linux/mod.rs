@@ -23,7 +23,11 @@
 //!    supervisor's own ports with it on), signal and abstract-socket
 //!    scoping; after the mounts, because a Landlock domain may no longer change mounts;
 //! 6. seccomp ([`seccomp`]), last: a default-deny allow-list that also forbids `mount` and
-//!    `unshare`.
+//!    `unshare`. A process that starts a command (PID 1, or `sandbox-run` without namespaces)
+//!    starts it first ([`unix_sockets::start_command`]): the command's process installs its own
+//!    filter (with the listener the starter keeps, when the host needs the unix-socket
+//!    notifier) and the main one, then execs; the starter installs the main one on itself
+//!    right after (under the denial audit the main filter refuses new filters).
 //!
 //! A rule that only a missing layer could enforce fails the whole call unless
 //! [`EnforceOptions::best_effort`] is set.
@@ -39,6 +43,7 @@ pub mod namespaces;
 mod pty;
 pub mod seccomp;
 pub mod seccomp_policy;
+pub mod unix_sockets;
 
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
@@ -129,6 +134,9 @@ pub struct EnforcementReport {
     pub no_new_privs: bool,
     /// Every capability set (bounding, permitted, effective, inheritable, ambient) is empty.
     pub capabilities_dropped: bool,
+    /// How pathname unix sockets outside the writable roots are kept out (`None`: the
+    /// filesystem is unrestricted, every socket is reachable).
+    pub unix_sockets: Option<unix_sockets::Mechanism>,
     /// Why a layer is missing or weaker, when best effort let it pass.
     pub warnings: Vec<String>,
 }
@@ -194,6 +202,18 @@ pub enum SandboxError {
         /// Why the layer is unavailable.
         cause: String,
     },
+    /// The command's process could not be started with its own seccomp filter.
+    #[error("starting the command failed: {source}")]
+    Spawn {
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The holder of the command's seccomp listener could not install its own filter.
+    #[error("installing the seccomp filter failed: {source}")]
+    HolderSeccomp {
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// Entering the working directory after the mount changes failed.
     #[error("entering working directory {path} in the sandbox failed: {source}")]
     Chdir {
@@ -225,6 +245,20 @@ fn helper_layout() -> mounts::Layout {
 /// [`SandboxError`] naming the step that failed; with `best_effort` unset, also when a rule
 /// of the policy cannot be enforced by the layers available on this machine.
 pub fn restrict_current_process(
+    policy: &ResolvedPolicy,
+    options: &EnforceOptions,
+) -> Result<EnforcementReport, SandboxError> {
+    let mut report = restrict_current_process_but_seccomp(policy, options)?;
+    if !policy.is_unrestricted() {
+        report.seccomp = seccomp::install_on_current_thread(seccomp_variant(policy, options))?;
+    }
+    Ok(report)
+}
+
+/// [`restrict_current_process`] without its last step, the seccomp filter: a process that
+/// starts a command holding a seccomp listener ([`unix_sockets::start_command`]) installs it
+/// after the command has installed its own.
+pub(crate) fn restrict_current_process_but_seccomp(
     policy: &ResolvedPolicy,
     options: &EnforceOptions,
 ) -> Result<EnforcementReport, SandboxError> {
@@ -271,7 +305,7 @@ pub fn restrict_current_process(
     } else {
         landlock::session_ttys()
     };
-    finish_confinement(policy, &ttys, options, &mut report)?;
+    confine_but_seccomp(policy, &ttys, options, &mut report)?;
     Ok(report)
 }
 
@@ -316,13 +350,30 @@ pub(crate) fn enter_directory(path: &Path) -> Result<(), SandboxError> {
     nix::unistd::fchdir(&dir).map_err(|e| chdir_error(e.into()))
 }
 
-/// Steps 4 to 6: capabilities, Landlock, seccomp.
-pub(crate) fn finish_confinement(
+/// The seccomp program `policy` and `options` call for.
+pub(crate) fn seccomp_variant(
+    policy: &ResolvedPolicy,
+    options: &EnforceOptions,
+) -> seccomp::Variant {
+    seccomp::Variant {
+        network_allowed: policy.network_allowed(),
+        audit: options.audit_log,
+    }
+}
+
+/// Steps 4 and 5: capabilities and Landlock (seccomp comes once the command has started, see
+/// [`unix_sockets::start_command`]).
+pub(crate) fn confine_but_seccomp(
     policy: &ResolvedPolicy,
     ttys: &[PathBuf],
     options: &EnforceOptions,
     report: &mut EnforcementReport,
 ) -> Result<(), SandboxError> {
+    report.unix_sockets = if policy.restricts_filesystem() {
+        Some(unix_sockets::Mechanism::of_this_host())
+    } else {
+        None
+    };
     drop_capabilities(report.namespaces.user)
         .map_err(|source| SandboxError::Capabilities { source })?;
     report.capabilities_dropped = true;
@@ -336,10 +387,6 @@ pub(crate) fn finish_confinement(
         },
         &mut report.warnings,
     )?;
-    report.seccomp = seccomp::install_on_current_thread(seccomp::Variant {
-        network_allowed: policy.network_allowed(),
-        audit: options.audit_log,
-    })?;
     Ok(())
 }
 

@@ -196,6 +196,7 @@ pub fn disassemble(program: &[sock_filter]) -> String {
     let describe_ret = |k: u32| match k & 0xffff_0000 {
         0x8000_0000 => "KILL_PROCESS".to_owned(),
         0x0005_0000 => format!("ERRNO({})", k & 0xffff),
+        0x7fc0_0000 => "USER_NOTIF".to_owned(),
         SECCOMP_RET_ALLOW => "ALLOW".to_owned(),
         other => format!("{other:#x}"),
     };
@@ -209,6 +210,8 @@ pub fn disassemble(program: &[sock_filter]) -> String {
                 0x20 => format!("ld [{}]", insn.k),
                 0x15 => format!("jeq {:#x} ? +{} : +{}", insn.k, insn.jt, insn.jf),
                 0x35 => format!("jge {:#x} ? +{} : +{}", insn.k, insn.jt, insn.jf),
+                0x54 => format!("and {:#x}", insn.k),
+                0x05 => format!("ja +{}", insn.k),
                 0x06 => format!("ret {}", describe_ret(insn.k)),
                 code => format!("op {code:#x} k {:#x}", insn.k),
             };
@@ -404,6 +407,60 @@ pub fn install_on_current_thread(variant: Variant) -> Result<Vec<String>, Seccom
         message,
     })?;
     Ok(names)
+}
+
+/// The program of a variant, built ahead so that installing it allocates nothing (in a child
+/// that shares its parent's memory, or on a start's path).
+pub struct Prepared {
+    names: Vec<String>,
+    program: Vec<libc::sock_filter>,
+    logged: bool,
+}
+
+impl Prepared {
+    /// Builds the program of `variant`.
+    ///
+    /// # Errors
+    /// As [`program_for`].
+    pub fn new(variant: Variant) -> Result<Self, SeccompError> {
+        let (names, program) = program_for(variant)?;
+        Ok(Self {
+            names,
+            program: program
+                .iter()
+                .map(|insn| libc::sock_filter {
+                    code: insn.code,
+                    jt: insn.jt,
+                    jf: insn.jf,
+                    k: insn.k,
+                })
+                .collect(),
+            logged: variant.audit,
+        })
+    }
+
+    /// The names of its parts.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Whether its refusals are logged (the denial audit).
+    pub fn logged(&self) -> bool {
+        self.logged
+    }
+
+    /// Installs it on the calling thread. `no_new_privs` must be set.
+    ///
+    /// # Errors
+    /// The OS error of `seccomp(2)`.
+    pub fn install_on_current_thread(&self) -> std::io::Result<()> {
+        let flags = if self.logged {
+            crate::sys::SECCOMP_FILTER_FLAG_LOG
+        } else {
+            0
+        };
+        crate::sys::install_filter_on_current_thread(&self.program, flags).map(|_| ())
+    }
 }
 
 /// Kills foreign-architecture syscalls and refuses x32 ones with `EPERM`.

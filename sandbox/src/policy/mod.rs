@@ -130,6 +130,11 @@ pub struct ResolvedPolicy {
     /// command gets a private tmpfs there, as on `/tmp`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tmpdir: Option<PathBuf>,
+    /// Pathname unix sockets the sandboxed process may connect to outside its writable roots
+    /// (`allowUnixSockets`), canonical; pinned by inode when a sandbox starts
+    /// ([`crate::linux::unix_sockets`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unix_sockets: Vec<PathBuf>,
 }
 
 impl ResolvedPolicy {
@@ -143,6 +148,7 @@ impl ResolvedPolicy {
             read_only: Vec::new(),
             denied_tcp_ports: Vec::new(),
             tmpdir: None,
+            unix_sockets: Vec::new(),
         }
     }
 

@@ -66,6 +66,10 @@ pub struct ProfileFile {
     /// Stores of the deny set left readable, named as in the data file (`"~/.aws"`).
     #[serde(default)]
     pub readable_credential_stores: Vec<String>,
+    /// Pathname unix sockets (absolute) the command may connect to outside its writable roots
+    /// (`allowUnixSockets` is accepted too).
+    #[serde(default, alias = "allowUnixSockets")]
+    pub allow_unix_sockets: Vec<String>,
     /// Path (absolute, `:special`, or glob) to access.
     #[serde(default)]
     pub filesystem: BTreeMap<String, Access>,
@@ -95,6 +99,14 @@ impl ProfileFile {
             super::credentials::canonical_store(name).map_err(|err| PolicyError::ProfileFile {
                 origin: origin.to_owned(),
                 message: err.to_string(),
+            })?;
+        }
+        for path in &profile.allow_unix_sockets {
+            super::wire::parse_abs("allow_unix_sockets", path).map_err(|err| {
+                PolicyError::ProfileFile {
+                    origin: origin.to_owned(),
+                    message: err.to_string(),
+                }
             })?;
         }
         for key in profile.filesystem.keys() {

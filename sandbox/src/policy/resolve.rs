@@ -83,6 +83,8 @@ struct Draft {
     glob_depth: usize,
     /// Deny the credential stores but these (`None`: no deny set).
     credential_stores: Option<Vec<String>>,
+    /// Pathname unix sockets the policy names (absolute, as written).
+    unix_sockets: Vec<PathBuf>,
 }
 
 impl Draft {
@@ -98,6 +100,12 @@ impl Draft {
             credential_stores: profile
                 .deny_credential_stores
                 .then(|| profile.readable_credential_stores.clone()),
+            // Checked absolute when the profile was parsed.
+            unix_sockets: profile
+                .allow_unix_sockets
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
         }
     }
 
@@ -109,6 +117,7 @@ impl Draft {
             protected: Vec::new(),
             glob_depth: DEFAULT_GLOB_SCAN_MAX_DEPTH,
             credential_stores: None,
+            unix_sockets: Vec::new(),
         }
     }
 
@@ -200,6 +209,7 @@ impl Draft {
                             .collect(),
                         glob_depth: glob_scan_max_depth.unwrap_or(DEFAULT_GLOB_SCAN_MAX_DEPTH),
                         credential_stores: None,
+                        unix_sockets: Vec::new(),
                     },
                 }
             }
@@ -263,6 +273,9 @@ impl SandboxSpec {
             // Lifting a store the policy does not deny is a mistake worth naming, not a no-op.
             super::credentials::canonical_store(name)?;
         }
+        draft
+            .unix_sockets
+            .extend(self.allow_unix_sockets.iter().cloned());
         let mut policy = resolve_draft(&draft, self.cwd.as_deref(), &self.workspace_roots, ctx)?;
         if !self.allowances.is_empty() {
             let bases = super::AllowanceBases::from_env();
@@ -310,6 +323,26 @@ impl ResolvedPolicy {
         self
     }
 
+    /// Lets the sandboxed process connect to the pathname unix socket `path` (absolute) outside
+    /// its writable roots. Does nothing when the filesystem is unrestricted (every socket is
+    /// reachable then).
+    ///
+    /// # Errors
+    /// [`PolicyError::PlantedSymlink`] when the way to it passes a symlink a sandbox under this
+    /// policy could have planted.
+    pub fn with_allowed_unix_socket(mut self, path: &Path) -> Result<Self, PolicyError> {
+        if !self.restricts_filesystem() {
+            return Ok(self);
+        }
+        self.refuse_planted_symlink(path)?;
+        let path = normalize_existing(path);
+        if !self.unix_sockets.contains(&path) {
+            self.unix_sockets.push(path);
+            self.unix_sockets.sort();
+        }
+        Ok(self)
+    }
+
     /// Turns the network on or off.
     pub fn with_network(mut self, allowed: bool) -> Self {
         self.network = allowed.into();
@@ -330,6 +363,7 @@ fn resolve_draft(
     ctx: &ResolveContext,
 ) -> Result<ResolvedPolicy, PolicyError> {
     if draft.full_filesystem {
+        // Every path is writable: every socket is reachable, a named one needs no entry.
         return Ok(ResolvedPolicy::new(
             FilesystemPolicy::Unrestricted,
             draft.network.clone(),
@@ -411,6 +445,14 @@ fn resolve_draft(
     for path in &named {
         policy.refuse_planted_symlink_after(path, &ctx.earlier_writable)?;
     }
+    for socket in &draft.unix_sockets {
+        // A symlink a sandbox could have planted on the way would redirect the name to any
+        // socket (docker.sock): refused, as for every path a start names.
+        policy.refuse_planted_symlink_after(socket, &ctx.earlier_writable)?;
+        policy.unix_sockets.push(normalize_existing(socket));
+    }
+    policy.unix_sockets.sort();
+    policy.unix_sockets.dedup();
     Ok(policy)
 }
 

@@ -72,6 +72,7 @@ fn read_only_profile_reads_everywhere_and_writes_only_dev_null() {
             read_only: Vec::new(),
             denied_tcp_ports: Vec::new(),
             tmpdir: None,
+            unix_sockets: Vec::new(),
         }
     );
     assert!(policy.restricts_filesystem());

@@ -306,6 +306,9 @@ pub struct SandboxSpec {
     /// `denyPaths` beside the source: paths the command may neither read nor write, as
     /// `sandbox-run --deny`.
     pub denied_paths: Vec<PathBuf>,
+    /// `allowUnixSockets` beside the source: pathname unix sockets (absolute paths or `file:`
+    /// URIs) the command may connect to outside its writable roots.
+    pub allow_unix_sockets: Vec<PathBuf>,
 }
 
 /// Keys reference clients send that have no meaning on Linux; accepted and ignored.
@@ -327,6 +330,7 @@ impl SandboxSpec {
             writable_roots: Vec::new(),
             allowances: Vec::new(),
             denied_paths: Vec::new(),
+            allow_unix_sockets: Vec::new(),
         }
     }
 
@@ -391,6 +395,14 @@ impl TryFrom<Value> for SandboxSpec {
         } else {
             Vec::new()
         };
+        let allow_unix_sockets = take_strings(
+            &mut map,
+            "allowUnixSockets",
+            "\"/run/user/1000/ssh-agent.sock\"",
+        )?
+        .iter()
+        .map(|path| parse_abs("allowUnixSockets entry", path))
+        .collect::<Result<_, _>>()?;
         let source = if let Some(toml) = map.remove("profileToml") {
             reject_extra(&map, "profileToml")?;
             let Value::String(text) = toml else {
@@ -437,6 +449,7 @@ impl TryFrom<Value> for SandboxSpec {
             writable_roots,
             allowances,
             denied_paths,
+            allow_unix_sockets,
         })
     }
 }
@@ -490,6 +503,17 @@ impl From<SandboxSpec> for Value {
                     spec.readable_credential_stores
                         .into_iter()
                         .map(Value::String)
+                        .collect(),
+                ),
+            );
+        }
+        if !spec.allow_unix_sockets.is_empty() {
+            map.insert(
+                "allowUnixSockets".to_owned(),
+                Value::Array(
+                    spec.allow_unix_sockets
+                        .iter()
+                        .map(|path| Value::String(path.display().to_string()))
                         .collect(),
                 ),
             );

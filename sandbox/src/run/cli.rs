@@ -60,6 +60,10 @@ pub struct Cli {
     /// policies/credential-stores.toml: `--allow-credential-store '~/.aws'`.
     #[arg(long = "allow-credential-store", value_name = "STORE")]
     pub allow_credential_stores: Vec<String>,
+    /// Let the command connect to this pathname unix socket outside its writable roots
+    /// (repeatable): `--allow-unix-socket /run/user/1000/ssh-agent.sock`.
+    #[arg(long = "allow-unix-socket", value_name = "PATH")]
+    pub allow_unix_sockets: Vec<PathBuf>,
     /// Extra path to hide (masked by the namespace layer, refused by Landlock); repeatable.
     #[arg(long = "deny", value_name = "PATH")]
     pub denies: Vec<PathBuf>,
@@ -135,11 +139,11 @@ pub struct Cli {
     pub wall_time: Option<u64>,
     /// Internal (exec-server): read the resolved policy and the command from inherited
     /// descriptor N instead of the options above.
-    #[arg(long, value_name = "N", hide = true, conflicts_with_all = ["policy_json", "cwd", "writable_roots", "allowances", "denies", "allow_credential_stores", "allow_network", "allow_domains", "deny_domains", "explain", "memory", "pids", "cpu_time", "wall_time"])]
+    #[arg(long, value_name = "N", hide = true, conflicts_with_all = ["policy_json", "cwd", "writable_roots", "allowances", "denies", "allow_credential_stores", "allow_unix_sockets", "allow_network", "allow_domains", "deny_domains", "explain", "memory", "pids", "cpu_time", "wall_time"])]
     pub launch_fd: Option<i32>,
     /// Internal (exec-server): serve as a pre-confined launcher on the `SOCK_SEQPACKET`
     /// socket on stdin (see `sandbox::linux::launcher`).
-    #[arg(long, hide = true, conflicts_with_all = ["launch_fd", "policy_json", "cwd", "writable_roots", "allowances", "denies", "allow_credential_stores", "allow_network", "allow_domains", "deny_domains", "explain", "memory", "pids", "cpu_time", "wall_time"])]
+    #[arg(long, hide = true, conflicts_with_all = ["launch_fd", "policy_json", "cwd", "writable_roots", "allowances", "denies", "allow_credential_stores", "allow_unix_sockets", "allow_network", "allow_domains", "deny_domains", "explain", "memory", "pids", "cpu_time", "wall_time"])]
     pub launcher: bool,
     /// The program and its arguments.
     #[arg(

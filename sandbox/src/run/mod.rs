@@ -207,6 +207,14 @@ pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
             },
         },
         "seccomp": { "filters": seccomp_filters },
+        // Pathname unix sockets: only inside the writable roots, or named. `mechanism` is
+        // null when the filesystem is unrestricted (every socket is reachable then).
+        "unix_sockets": {
+            "mechanism": policy
+                .restricts_filesystem()
+                .then(|| crate::linux::unix_sockets::Mechanism::for_abi(abi)),
+            "allowed": &policy.unix_sockets,
+        },
     });
     Explain {
         policy: policy.clone(),

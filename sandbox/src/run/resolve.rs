@@ -178,6 +178,11 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
     for root in &roots {
         policy = policy.with_writable_root(root);
     }
+    for socket in &cli.allow_unix_sockets {
+        policy = policy
+            .with_allowed_unix_socket(&current.join(socket))
+            .map_err(setup)?;
+    }
     let bases = AllowanceBases::from_env();
     for name in &cli.allowances {
         policy = Allowance::builtin(name)

@@ -67,7 +67,8 @@ pub fn clone_into_namespaces(flags: libc::c_int) -> io::Result<Option<Pid>> {
     }
 }
 
-/// Stack of a [`spawn_sharing_memory`] child, which only sets up and execs.
+/// Stack of a child that shares its parent's memory ([`spawn_sharing_memory_and_descriptors`]),
+/// which only sets up and execs.
 const SHARED_CHILD_STACK_BYTES: usize = 256 * 1024;
 
 /// Starts `child` in a new process that shares the caller's memory until it execs or exits
@@ -82,7 +83,25 @@ const SHARED_CHILD_STACK_BYTES: usize = 256 * 1024;
 ///
 /// # Errors
 /// The OS error of `clone(2)`.
+#[cfg(test)]
 pub fn spawn_sharing_memory(child: &mut dyn FnMut()) -> io::Result<Pid> {
+    spawn_sharing(child, 0)
+}
+
+/// As `spawn_sharing_memory` (the same `clone`, used by the tests), and the child also shares
+/// the caller's descriptor table (`CLONE_FILES`) until it execs or calls
+/// [`super::unshare_descriptor_table`]: a descriptor the child creates (a seccomp listener) is
+/// the caller's too. The child must not close or replace the caller's descriptors while it
+/// shares them; `child` must end in `execve` or [`exit_now`], and the caller must be
+/// single-threaded.
+///
+/// # Errors
+/// The OS error of `clone(2)`.
+pub fn spawn_sharing_memory_and_descriptors(child: &mut dyn FnMut()) -> io::Result<Pid> {
+    spawn_sharing(child, libc::CLONE_FILES)
+}
+
+fn spawn_sharing(child: &mut dyn FnMut(), extra_flags: libc::c_int) -> io::Result<Pid> {
     extern "C" fn trampoline(arg: *mut libc::c_void) -> libc::c_int {
         // SAFETY: `arg` is the `&mut &mut dyn FnMut()` below, alive while the caller is
         // suspended (CLONE_VFORK) until this process execs or exits.
@@ -100,7 +119,7 @@ pub fn spawn_sharing_memory(child: &mut dyn FnMut()) -> io::Result<Pid> {
         libc::clone(
             trampoline,
             top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD | extra_flags,
             (&raw mut child).cast::<libc::c_void>(),
         )
     };

@@ -58,6 +58,15 @@ pub fn run_probe(args: &[String]) -> Value {
             .map(|n| json!(n)),
         "unix-connect" => std::os::unix::net::UnixStream::connect(arg(1)).map(|_| Value::Null),
         "abstract-connect" => abstract_connect(&arg(1)),
+        "unix-connect-read" => unix_connect_read(&arg(1)),
+        "unix-connect-when" => unix_connect_when(&arg(1), &arg(2), &arg(3)),
+        "unix-bind-connect" => unix_bind_connect(&arg(1)),
+        "unix-dgram-send" => std::os::unix::net::UnixDatagram::unbound()
+            .and_then(|socket| socket.send_to(b"hello", arg(1)))
+            .map(|sent| json!(sent)),
+        "unix-socket" => unix_socket(&arg(1), false),
+        "unix-socketpair" => unix_socket(&arg(1), true),
+        "unix-connect-loop" => unix_connect_loop(&arg(1), arg(2).parse().unwrap_or(0)),
         "no-new-privs" => std::fs::read_to_string("/proc/self/status").map(|status| {
             let line = status.lines().find(|l| l.starts_with("NoNewPrivs:"));
             json!(line.map(|l| l.trim_start_matches("NoNewPrivs:").trim()))
@@ -590,6 +599,79 @@ fn abstract_connect(name: &str) -> Result<Value, std::io::Error> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
     std::os::unix::net::UnixStream::connect_addr(&addr).map(|_| Value::Null)
+}
+
+/// Connects to the pathname socket `path` and returns what the peer sends first (up to 64
+/// bytes): which listener answered.
+fn unix_connect_read(path: &str) -> Result<Value, std::io::Error> {
+    let mut stream = std::os::unix::net::UnixStream::connect(path)?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    let mut buf = [0u8; 64];
+    let n = stream.read(&mut buf)?;
+    Ok(json!(String::from_utf8_lossy(&buf[..n])))
+}
+
+/// Creates `ready`, waits (at most 20 s) until `go` exists, then [`unix_connect_read`]s `path`:
+/// lets a test change the host between the sandbox's start and the connect.
+fn unix_connect_when(ready: &str, go: &str, path: &str) -> Result<Value, std::io::Error> {
+    std::fs::write(ready, b"ready\n")?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::path::Path::new(go).exists() {
+        if std::time::Instant::now() > deadline {
+            return Err(std::io::Error::other("no go signal"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    unix_connect_read(path)
+}
+
+/// Binds a stream socket at `path`, connects to it and sends a byte through: a socket the
+/// command made itself.
+fn unix_bind_connect(path: &str) -> Result<Value, std::io::Error> {
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    let mut client = std::os::unix::net::UnixStream::connect(path)?;
+    let (mut server, _) = listener.accept()?;
+    client.write_all(b"x")?;
+    let mut buf = [0u8; 1];
+    server.read_exact(&mut buf)?;
+    let _ = std::fs::remove_file(path);
+    Ok(Value::Null)
+}
+
+/// `socket` (or `socketpair`) of `AF_UNIX` and `kind` (`stream`, `dgram`, `seqpacket`); a pair
+/// sends one byte across.
+fn unix_socket(kind: &str, pair: bool) -> Result<Value, std::io::Error> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket, socketpair};
+    let kind = match kind {
+        "stream" => SockType::Stream,
+        "dgram" => SockType::Datagram,
+        "seqpacket" => SockType::SeqPacket,
+        other => {
+            return Err(std::io::Error::other(format!(
+                "unknown socket type {other}"
+            )));
+        }
+    };
+    if !pair {
+        return socket(AddressFamily::Unix, kind, SockFlag::SOCK_CLOEXEC, None)
+            .map(|_| Value::Null)
+            .map_err(std::io::Error::from);
+    }
+    let (a, b) = socketpair(AddressFamily::Unix, kind, None, SockFlag::SOCK_CLOEXEC)?;
+    nix::unistd::write(&a, b"x")?;
+    let mut buf = [0u8; 1];
+    nix::unistd::read(&b, &mut buf)?;
+    Ok(Value::Null)
+}
+
+/// Connects to `path` `count` times (each connection closed at once) and returns the
+/// microseconds taken: the cost of a connect.
+fn unix_connect_loop(path: &str, count: u32) -> Result<Value, std::io::Error> {
+    let started = std::time::Instant::now();
+    for _ in 0..count {
+        std::os::unix::net::UnixStream::connect(path)?;
+    }
+    Ok(json!(started.elapsed().as_micros() as u64))
 }
 
 #[allow(dead_code)]

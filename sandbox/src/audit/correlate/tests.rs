@@ -29,6 +29,7 @@ fn policy() -> ResolvedPolicy {
         read_only: Vec::new(),
         denied_tcp_ports: Vec::new(),
         tmpdir: None,
+        unix_sockets: Vec::new(),
     }
 }
 

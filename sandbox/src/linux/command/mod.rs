@@ -261,7 +261,11 @@ fn run_without_namespaces(
         audit_log: options.audit_log,
         egress_port: None,
     };
+    let holds = super::unix_sockets::needs_notifier(policy);
     let Some(observer) = observer else {
+        if holds {
+            return hold_here(policy, command, options, &enforce);
+        }
         confine_here(policy, command, options, &enforce)?;
         return exec_in_place(command);
     };
@@ -269,6 +273,16 @@ fn run_without_namespaces(
     // SAFETY: sandbox-run is single-threaded; the child confines itself and execs or leaves
     // through _exit.
     let child = match unsafe { nix::unistd::fork() }.map_err(plumbing("fork"))? {
+        nix::unistd::ForkResult::Child if holds => {
+            crate::sys::reset_signals_for_exec();
+            match hold_here(policy, command, options, &enforce) {
+                Ok(ended) => exit_as(ended),
+                Err(err) => {
+                    eprintln!("sandbox-run: {err}");
+                    crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
+                }
+            }
+        }
         nix::unistd::ForkResult::Child => {
             crate::sys::reset_signals_for_exec();
             if let Err(err) = confine_here(policy, command, options, &enforce) {
@@ -298,6 +312,69 @@ fn run_without_namespaces(
         interrupts: Interrupts::new(options.escalate_interrupts),
     };
     Ok(outer.wait(Some(observer)))
+}
+
+/// Ends this process as the command ended: its exit status, or death by its signal.
+fn exit_as(ended: Ended) -> ! {
+    if let Ended::Signaled(signal) = ended {
+        crate::sys::die_of_signal(signal);
+    }
+    crate::sys::exit_now(ended.code())
+}
+
+/// Without namespaces, when the command's unix-socket connections need a holder
+/// ([`super::unix_sockets`]): this process confines itself, starts the command as its child
+/// (which installs its own filter, whose listener this process keeps), installs its own
+/// seccomp filter, and then forwards signals, answers the command's connections and waits
+/// until the command ends. The command gets `SIGKILL` if this process dies: its connections
+/// would fail from then on.
+fn hold_here(
+    policy: &ResolvedPolicy,
+    command: &Command,
+    options: &RunOptions,
+    enforce: &EnforceOptions,
+) -> Result<Ended, CommandError> {
+    nix::unistd::chdir(&command.cwd).map_err(|source| SandboxError::Chdir {
+        path: command.cwd.clone(),
+        source: source.into(),
+    })?;
+    let mut pinned = Vec::new();
+    let gate = super::unix_sockets::Gate::for_policy(policy, &mut pinned);
+    let mut report = super::restrict_current_process_but_seccomp(policy, enforce)?;
+    report.warnings.extend(pinned);
+    let main = super::seccomp::Prepared::new(super::seccomp_variant(policy, enforce))
+        .map_err(SandboxError::from)?;
+    report.seccomp = main.names().to_vec();
+    for warning in &report.warnings {
+        eprintln!("sandbox-run: warning: {warning}");
+    }
+    if options.report {
+        eprintln!("{}", serde_json::to_string(&report).unwrap_or_default());
+    }
+    let _ = crate::sys::set_dumpable(false);
+    let forwarded = init::forwarded_signals();
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&forwarded), None)
+        .map_err(plumbing("blocking signals"))?;
+    let signals =
+        SignalFd::with_flags(&forwarded, SfdFlags::SFD_CLOEXEC).map_err(plumbing("signalfd"))?;
+    let exec = init::Exec::new(command, None);
+    let (child, notifier) = super::unix_sockets::start_command(main, gate, &mut || {
+        crate::sys::reset_signals_for_exec();
+        let _ = crate::sys::set_parent_death_signal(libc::SIGKILL);
+        if let Some(seconds) = command.limits.wall_seconds {
+            // As in exec_in_place: no process of ours watches the wall clock here.
+            nix::unistd::alarm::set(u32::try_from(seconds).unwrap_or(u32::MAX));
+        }
+        // Its rlimits and its shares of the host's pools (without a user namespace of its own
+        // it charges the host uid's counters directly), then execve.
+        init::exec_prepared(&exec);
+    })?;
+    let (kind, value) = init::supervise(&signals, child, notifier.as_ref());
+    Ok(if kind == init::STATUS_SIGNALED {
+        Ended::Signaled(value)
+    } else {
+        Ended::Exited(value)
+    })
 }
 
 fn confine_here(

@@ -1,0 +1,346 @@
+//! Pathname unix sockets: a sandboxed command reaches one only inside its writable roots or when
+//! the policy names it (`--allow-unix-socket`), on both ways in (namespaces, and
+//! `--no-namespaces`), as root and as an unprivileged uid, each against an unsandboxed control
+//! that reaches the same listener.
+#![cfg(target_os = "linux")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+
+use common::{Fixture, assert_allowed, identities, probe, s};
+
+const WW: &[&str] = &["--policy", "workspace-write"];
+const RO: &[&str] = &["--policy", "read-only"];
+const FREE: &[&str] = &["--policy", "danger-full-access"];
+/// The two ways a command is confined: namespaces (PID 1 holds the listener) and without
+/// them (`sandbox-run` itself holds it; best effort for workspace-write's read-only `.git`,
+/// which only the namespace layer keeps).
+const LAUNCHES: [&[&str]; 2] = [&[], &["--no-namespaces", "--best-effort"]];
+
+#[test]
+#[ignore = "entry point of the in-sandbox probe, not a test"]
+fn probe_entry() {
+    common::probe_entry();
+}
+
+/// A listener on `path` that answers each connection with `greeting` and counts them.
+struct Listener {
+    listener: UnixListener,
+    greeting: &'static str,
+}
+
+impl Listener {
+    fn bind(path: &Path, greeting: &'static str) -> Self {
+        let listener = UnixListener::bind(path).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        Self { listener, greeting }
+    }
+
+    /// Answers the connections waiting now; returns how many there were.
+    fn drain(&self) -> usize {
+        let mut count = 0;
+        while let Ok((mut stream, _)) = self.listener.accept() {
+            let _ = stream.write_all(self.greeting.as_bytes());
+            count += 1;
+        }
+        count
+    }
+}
+
+/// A probe that connects to `path` and reads the greeting, while this thread answers.
+fn connect(
+    args: &[&str],
+    path: &Path,
+    uid: Option<u32>,
+    cwd: &Path,
+    listener: &Listener,
+) -> serde_json::Value {
+    std::thread::scope(|scope| {
+        let run = scope.spawn(|| probe(args, &["unix-connect-read", s(path)], uid, cwd));
+        let mut count = 0;
+        while !run.is_finished() {
+            count += listener.drain();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        count += listener.drain();
+        let result = run.join().unwrap();
+        serde_json::json!({"result": result, "accepted": count})
+    })
+}
+
+fn with(launch: &[&str], policy: &[&str], extra: &[&str]) -> Vec<String> {
+    launch
+        .iter()
+        .chain(policy)
+        .chain(extra)
+        .map(|a| (*a).to_owned())
+        .collect()
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn a_socket_outside_the_roots_is_unreachable_unless_named() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let path = fx.outside.join("daemon.sock");
+        let listener = Listener::bind(&path, "daemon");
+        for launch in LAUNCHES {
+            for policy in [WW, RO] {
+                let context = format!("{launch:?} {policy:?} as {uid:?}");
+                let args = with(launch, policy, &[]);
+                let seen = connect(&strs(&args), &path, uid, &fx.ws, &listener);
+                assert_eq!(
+                    seen["result"]["error"], "EACCES",
+                    "{context}: expected EACCES, got {seen}"
+                );
+                assert_eq!(
+                    seen["accepted"], 0,
+                    "{context}: the listener saw a connection"
+                );
+                let args = with(launch, policy, &["--allow-unix-socket", s(&path)]);
+                let seen = connect(&strs(&args), &path, uid, &fx.ws, &listener);
+                assert_allowed(&seen["result"], &format!("{context}, named"));
+                assert_eq!(seen["result"]["detail"], "daemon", "{context}, named");
+                assert_eq!(seen["accepted"], 1, "{context}, named");
+            }
+        }
+        let seen = connect(FREE, &path, uid, &fx.ws, &listener);
+        assert_allowed(&seen["result"], &format!("control as {uid:?}"));
+        assert_eq!(seen["accepted"], 1, "control: the listener counts");
+    }
+}
+
+#[test]
+fn a_socket_inside_a_writable_root_is_reachable() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let path = fx.ws.join("lsp.sock");
+        let listener = Listener::bind(&path, "lsp");
+        for launch in LAUNCHES {
+            let context = format!("{launch:?} as {uid:?}");
+            let args = with(launch, WW, &[]);
+            let seen = connect(&strs(&args), &path, uid, &fx.ws, &listener);
+            assert_allowed(&seen["result"], &context);
+            assert_eq!(seen["accepted"], 1, "{context}");
+            // Read-only: the workspace is no writable root there.
+            let args = with(launch, RO, &[]);
+            let seen = connect(&strs(&args), &path, uid, &fx.ws, &listener);
+            assert_eq!(
+                seen["result"]["error"], "EACCES",
+                "{context} read-only: {seen}"
+            );
+            assert_eq!(seen["accepted"], 0, "{context} read-only");
+            // A relative path resolves against the command's working directory.
+            let args = with(launch, WW, &[]);
+            let seen = connect(&strs(&args), Path::new("lsp.sock"), uid, &fx.ws, &listener);
+            assert_allowed(&seen["result"], &format!("{context} relative"));
+            // A socket the command binds itself, in its root.
+            let own = fx.ws.join("own.sock");
+            let result = probe(&strs(&args), &["unix-bind-connect", s(&own)], uid, &fx.ws);
+            assert_allowed(&result, &format!("{context} own socket"));
+        }
+    }
+}
+
+#[test]
+fn a_symlink_in_a_root_to_an_outside_socket_is_refused() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let path = fx.outside.join("daemon.sock");
+        let listener = Listener::bind(&path, "daemon");
+        let link = fx.ws.join("daemon.sock");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        for launch in LAUNCHES {
+            let args = with(launch, WW, &[]);
+            let seen = connect(&strs(&args), &link, uid, &fx.ws, &listener);
+            assert_eq!(
+                seen["result"]["error"], "EACCES",
+                "{launch:?} as {uid:?}: {seen}"
+            );
+            assert_eq!(seen["accepted"], 0, "{launch:?} as {uid:?}");
+        }
+        let seen = connect(FREE, &link, uid, &fx.ws, &listener);
+        assert_allowed(&seen["result"], "control through the link");
+    }
+}
+
+/// The policy names `named.sock`; while the command runs, `named.sock` is replaced by a symlink
+/// to `other.sock`, whose listener the policy does not name. The connect must not follow it.
+#[test]
+fn a_named_socket_swapped_for_a_symlink_is_not_followed() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let named = fx.outside.join("named.sock");
+        let other = fx.outside.join("other.sock");
+        let named_listener = Listener::bind(&named, "named");
+        let other_listener = Listener::bind(&other, "other");
+        for launch in LAUNCHES {
+            let context = format!("{launch:?} as {uid:?}");
+            let ready = fx.ws.join("ready");
+            let go = fx.ws.join("go");
+            let _ = std::fs::remove_file(&ready);
+            let _ = std::fs::remove_file(&go);
+            let args = with(launch, WW, &["--allow-unix-socket", s(&named)]);
+            let result = std::thread::scope(|scope| {
+                let run = scope.spawn(|| {
+                    probe(
+                        &strs(&args),
+                        &["unix-connect-when", s(&ready), s(&go), s(&named)],
+                        uid,
+                        &fx.ws,
+                    )
+                });
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                while !ready.exists() {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{context}: never ready"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                // The swap: the named path is now a symlink to the unnamed listener.
+                std::fs::rename(&named, fx.outside.join("named.sock.moved")).unwrap();
+                std::os::unix::fs::symlink(&other, &named).unwrap();
+                std::fs::write(&go, b"go").unwrap();
+                run.join().unwrap()
+            });
+            assert_eq!(result["error"], "EACCES", "{context}: {result}");
+            assert_eq!(
+                other_listener.drain(),
+                0,
+                "{context}: the symlink was followed"
+            );
+            assert_eq!(named_listener.drain(), 0, "{context}");
+            // Put the named socket back for the next round.
+            std::fs::remove_file(&named).unwrap();
+            std::fs::rename(fx.outside.join("named.sock.moved"), &named).unwrap();
+        }
+        // Control: unsandboxed, the symlink leads to the other listener.
+        std::fs::rename(&named, fx.outside.join("named.sock.moved")).unwrap();
+        std::os::unix::fs::symlink(&other, &named).unwrap();
+        let seen = connect(FREE, &named, uid, &fx.ws, &other_listener);
+        assert_eq!(seen["result"]["detail"], "other", "control: {seen}");
+    }
+}
+
+#[test]
+fn datagram_unix_sockets_are_refused_and_stream_pairs_work() {
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        for launch in LAUNCHES {
+            for policy in [WW, RO] {
+                let context = format!("{launch:?} {policy:?} as {uid:?}");
+                let args = with(launch, policy, &[]);
+                for op in ["unix-socket", "unix-socketpair"] {
+                    let result = probe(&strs(&args), &[op, "dgram"], uid, &fx.ws);
+                    assert_eq!(result["error"], "EACCES", "{context} {op} dgram: {result}");
+                    for kind in ["stream", "seqpacket"] {
+                        let result = probe(&strs(&args), &[op, kind], uid, &fx.ws);
+                        assert_allowed(&result, &format!("{context} {op} {kind}"));
+                    }
+                }
+            }
+        }
+        for op in ["unix-socket", "unix-socketpair"] {
+            assert_allowed(&probe(FREE, &[op, "dgram"], uid, &fx.ws), "control");
+        }
+    }
+}
+
+/// A datagram sent to a pathname outside the roots: refused where it starts (no datagram
+/// socket can be made), and the host socket receives nothing.
+#[test]
+fn a_datagram_to_a_host_socket_is_refused() {
+    let fx = Fixture::new(None);
+    let path: PathBuf = fx.outside.join("log.sock");
+    let host = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    host.set_nonblocking(true).unwrap();
+    for launch in LAUNCHES {
+        let args = with(launch, WW, &[]);
+        let result = probe(&strs(&args), &["unix-dgram-send", s(&path)], None, &fx.ws);
+        assert_eq!(result["error"], "EACCES", "{launch:?}: {result}");
+    }
+    let mut buf = [0u8; 16];
+    assert!(
+        host.recv(&mut buf).is_err(),
+        "the host socket got a datagram"
+    );
+    assert_allowed(
+        &probe(FREE, &["unix-dgram-send", s(&path)], None, &fx.ws),
+        "control",
+    );
+    assert_eq!(
+        host.recv(&mut buf).unwrap(),
+        5,
+        "control: the datagram arrives"
+    );
+}
+
+/// The holder's own `pidfd_getfd` is refused to the command (its filter answers `EPERM` before
+/// the kernel looks at the junk arguments, which unsandboxed get `EINVAL`).
+#[test]
+fn the_command_cannot_take_descriptors_with_pidfd_getfd() {
+    let nr = libc::SYS_pidfd_getfd.to_string();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        for launch in LAUNCHES {
+            for policy in [WW, RO] {
+                let args = with(launch, policy, &[]);
+                let result = probe(&strs(&args), &["syscall", &nr], uid, &fx.ws);
+                assert_eq!(
+                    result["error"], "EPERM",
+                    "{launch:?} {policy:?} as {uid:?}: {result}"
+                );
+            }
+        }
+        let result = probe(FREE, &["syscall", &nr], uid, &fx.ws);
+        assert_eq!(result["error"], "EINVAL", "control as {uid:?}: {result}");
+    }
+}
+
+/// `--explain` lists the named sockets and the mechanism this host uses.
+#[test]
+fn explain_names_the_allowed_sockets_and_the_mechanism() {
+    let fx = Fixture::new(None);
+    let path = fx.outside.join("agent.sock");
+    let _listener = Listener::bind(&path, "agent");
+    let out = common::sandbox_run(
+        &[
+            "--policy",
+            "read-only",
+            "--allow-unix-socket",
+            s(&path),
+            "--explain",
+        ],
+        &["true"],
+        None,
+        &fx.ws,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let explain: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let expected =
+        serde_json::to_value(sandbox::linux::unix_sockets::Mechanism::of_this_host()).unwrap();
+    assert!(
+        expected == "landlock" || expected == "seccomp-notify",
+        "{expected}"
+    );
+    assert_eq!(explain["layers"]["unix_sockets"]["mechanism"], expected);
+    assert_eq!(
+        explain["layers"]["unix_sockets"]["allowed"],
+        serde_json::json!([s(&path)])
+    );
+    assert_eq!(
+        explain["policy"]["unix_sockets"],
+        serde_json::json!([s(&path)])
+    );
+}

@@ -1,0 +1,269 @@
+//! Pathname unix sockets outside the writable roots are out of reach of a sandboxed
+//! `process/start` unless the policy names them (`allowUnixSockets`), issue 30:
+//! - a tmux server started outside does not run a sandboxed client's `run-shell` (its marker
+//!   file is never created), and does when the socket is named;
+//! - a second exec-server listening on a unix socket under the scratch directory (`/var/tmp`)
+//!   cannot be reached.
+//!
+//! Every case runs with the server as root and as uid 65534, through launchers and one-shot
+//! (`--one-shot-sandbox --one-shot-helpers`), each with an unsandboxed control that succeeds.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use tests::{ExecServer, file_uri, install_binaries, scratch};
+
+/// The unprivileged identity the server also runs as.
+const NOBODY: u32 = 65534;
+
+fn identities() -> Vec<Option<u32>> {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests run the server as root and as uid {NOBODY}; run them as root"
+    );
+    vec![None, Some(NOBODY)]
+}
+
+fn launch_modes() -> [(&'static str, &'static [&'static str]); 2] {
+    [
+        ("launcher", &[]),
+        ("one-shot", &["--one-shot-sandbox", "--one-shot-helpers"]),
+    ]
+}
+
+/// An install of the binaries, a workspace and an outside directory, owned by `uid`.
+struct Install {
+    _base: tempfile::TempDir,
+    bin: PathBuf,
+    ws: PathBuf,
+    outside: PathBuf,
+    uid: Option<u32>,
+}
+
+impl Install {
+    fn new(uid: Option<u32>) -> Self {
+        let base = scratch::scratch_dir("unix-sockets-");
+        let root = std::fs::canonicalize(base.path()).unwrap();
+        let bin = root.join("bin");
+        install_binaries(&bin);
+        let ws = root.join("ws");
+        let outside = root.join("outside");
+        for dir in [&ws, &outside] {
+            std::fs::create_dir(dir).unwrap();
+            if let Some(uid) = uid {
+                std::os::unix::fs::chown(dir, Some(uid), Some(uid)).unwrap();
+            }
+        }
+        scratch::assert_outside_writable_roots(&outside);
+        Self {
+            _base: base,
+            bin,
+            ws,
+            outside,
+            uid,
+        }
+    }
+
+    fn start(&self, args: &[&str]) -> ExecServer {
+        let uid = self.uid;
+        ExecServer::start_binary(&self.bin.join("exec-server"), args, |command| {
+            command
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                .current_dir("/");
+            if let Some(uid) = uid {
+                command.uid(uid).gid(uid);
+            }
+        })
+    }
+
+    /// A command as the uid, with a clean environment.
+    fn command(&self, program: &str) -> std::process::Command {
+        let mut command = std::process::Command::new(program);
+        // tmux runs its commands with the user's shell: nobody's is nologin.
+        command
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("SHELL", "/bin/sh")
+            .current_dir(&self.outside);
+        if let Some(uid) = self.uid {
+            command.uid(uid).gid(uid);
+        }
+        command
+    }
+
+    fn workspace_write(&self, named: &[&Path]) -> Value {
+        let mut sandbox = json!({"profile": "workspace-write", "cwd": file_uri(&self.ws)});
+        if !named.is_empty() {
+            sandbox["allowUnixSockets"] = json!(
+                named
+                    .iter()
+                    .map(|p| p.to_str().unwrap())
+                    .collect::<Vec<_>>()
+            );
+        }
+        sandbox
+    }
+}
+
+/// A tmux server on `socket`, killed on drop.
+struct Tmux<'a> {
+    install: &'a Install,
+    socket: PathBuf,
+}
+
+impl<'a> Tmux<'a> {
+    fn start(install: &'a Install, socket: PathBuf) -> Self {
+        let status = install
+            .command("tmux")
+            .arg("-S")
+            .arg(&socket)
+            .args(["new-session", "-d", "sleep 600"])
+            .status()
+            .expect("tmux is installed (.ci/run installs it)");
+        assert!(status.success(), "tmux new-session: {status}");
+        Self { install, socket }
+    }
+}
+
+impl Drop for Tmux<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .install
+            .command("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .arg("kill-server")
+            .status();
+    }
+}
+
+/// `tmux -S SOCKET run-shell "touch MARKER"` through the server (sandboxed when `sandbox` is
+/// given); returns the process's output.
+async fn tmux_run_shell(
+    client: &mut tests::Client,
+    id: &str,
+    socket: &Path,
+    marker: &Path,
+    sandbox: Option<&Value>,
+    cwd: &Path,
+) -> tests::ProcessOutput {
+    let touch = format!("touch {}", marker.display());
+    let mut extra = json!({"cwd": file_uri(cwd), "env": {"PATH": "/usr/bin:/bin"}});
+    if let Some(sandbox) = sandbox {
+        extra["sandbox"] = sandbox.clone();
+    }
+    client
+        .run(
+            id,
+            &["tmux", "-S", socket.to_str().unwrap(), "run-shell", &touch],
+            extra,
+        )
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tmux_server_outside_is_unreachable_unless_named() {
+    for uid in identities() {
+        for (mode, flags) in launch_modes() {
+            let install = Install::new(uid);
+            let socket = install.outside.join("tmux.sock");
+            let tmux = Tmux::start(&install, socket.clone());
+            let mut args = vec!["--listen", "ws://127.0.0.1:0"];
+            args.extend(flags);
+            let server = install.start(&args);
+            let mut client = server.client().await;
+            let context = format!("{mode} as {uid:?}");
+
+            // The control first: the tmux server runs the command of a client outside.
+            let marker = install.outside.join("control");
+            let out = tmux_run_shell(
+                &mut client,
+                "control",
+                &tmux.socket,
+                &marker,
+                None,
+                &install.ws,
+            )
+            .await;
+            assert_eq!(out.exit_code, Some(0), "{context}, control: {out:?}");
+            assert!(marker.exists(), "{context}, control: no marker");
+            let marker = install.outside.join("denied");
+            let sandbox = install.workspace_write(&[]);
+            let out = tmux_run_shell(
+                &mut client,
+                "denied",
+                &tmux.socket,
+                &marker,
+                Some(&sandbox),
+                &install.ws,
+            )
+            .await;
+            assert_ne!(out.exit_code, Some(0), "{context}: tmux client succeeded");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("Permission denied"),
+                "{context}: expected EACCES from connect, got {stderr}"
+            );
+            assert!(!marker.exists(), "{context}: the tmux server ran run-shell");
+
+            let marker = install.outside.join("named");
+            let sandbox = install.workspace_write(&[&tmux.socket]);
+            let out = tmux_run_shell(
+                &mut client,
+                "named",
+                &tmux.socket,
+                &marker,
+                Some(&sandbox),
+                &install.ws,
+            )
+            .await;
+            assert_eq!(
+                out.exit_code,
+                Some(0),
+                "{context}, named: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(marker.exists(), "{context}, named: no marker");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_exec_server_on_a_unix_socket_cannot_be_driven() {
+    for uid in identities() {
+        for (mode, flags) in launch_modes() {
+            let install = Install::new(uid);
+            let socket = install.outside.join("second.sock");
+            let listen = format!("unix:{}", socket.to_str().unwrap());
+            let _second = install.start(&["--listen", &listen]);
+            let mut args = vec!["--listen", "ws://127.0.0.1:0"];
+            args.extend(flags);
+            let server = install.start(&args);
+            let mut client = server.client().await;
+            let probe = install.bin.join("probe");
+            let probe = probe.to_str().unwrap();
+            let op = ["unix-connect", socket.to_str().unwrap()];
+            let context = format!("{mode} as {uid:?}");
+            let sandbox = install.workspace_write(&[]);
+            let report = tests::probe_report(
+                &mut client,
+                probe,
+                &install.ws,
+                "sandboxed",
+                Some(&sandbox),
+                &op,
+            )
+            .await;
+            assert_eq!(
+                report["ok"], false,
+                "{context}: reached the second server: {report}"
+            );
+            let report =
+                tests::probe_report(&mut client, probe, &install.ws, "control", None, &op).await;
+            assert_eq!(report["ok"], true, "{context}, control: {report}");
+        }
+    }
+}
