@@ -503,20 +503,50 @@ async fn start_at(
 /// through the plant writes outside (the plant is real).
 #[tokio::test]
 async fn a_working_directory_an_earlier_command_planted_is_refused() {
+    a_planted_working_directory_is_refused(false).await;
+}
+
+/// The same with the workspace in the host's `/tmp` (where CI clones live): every command gets a
+/// private `/tmp`, but the workspace is a host directory carried into it, as writable and as
+/// plantable as one anywhere else.
+#[tokio::test]
+async fn a_working_directory_planted_in_a_workspace_under_tmp_is_refused() {
+    a_planted_working_directory_is_refused(true).await;
+}
+
+async fn a_planted_working_directory_is_refused(workspace_in_tmp: bool) {
     for uid in identities() {
         for args in [&[][..], &["--one-shot-sandbox"][..]] {
-            let context = format!("as {uid:?} with {args:?}");
+            let context =
+                format!("as {uid:?} with {args:?}, workspace in /tmp: {workspace_in_tmp}");
             let setup = Setup::new(uid);
             let outside = setup.workspace.parent().unwrap().join("outside");
             std::fs::create_dir(&outside).unwrap();
             if let Some(uid) = uid {
                 std::os::unix::fs::chown(&outside, Some(uid), Some(uid)).unwrap();
             }
+            let in_tmp = tempfile::Builder::new()
+                .prefix("execward-planted-cwd-")
+                .tempdir_in("/tmp")
+                .unwrap();
+            let ws = if workspace_in_tmp {
+                let ws = std::fs::canonicalize(in_tmp.path()).unwrap().join("ws");
+                std::fs::create_dir(&ws).unwrap();
+                if let Some(uid) = uid {
+                    for path in [in_tmp.path(), &ws] {
+                        std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+                    }
+                }
+                ws
+            } else {
+                setup.workspace.clone()
+            };
             let server = setup.start(uid, args);
             let mut client = server.client().await;
-            let ws = &setup.workspace;
+            let ws = &ws;
             let task = ws.join("task");
-            // Control: the command makes `task`; a start there works and writes there.
+            // Control: the command makes `task` (on the host); a start there works and writes
+            // there.
             start_at(&mut client, "mkdir", ws, "mkdir task")
                 .await
                 .unwrap();
@@ -524,6 +554,10 @@ async fn a_working_directory_an_earlier_command_planted_is_refused() {
                 client.collect("mkdir").await.exit_code,
                 Some(0),
                 "{context}"
+            );
+            assert!(
+                task.is_dir(),
+                "{context}: the command's mkdir did not reach the host"
             );
             start_at(&mut client, "in-task", &task, "touch made-in-task")
                 .await

@@ -516,6 +516,9 @@ async fn resolve_sandbox(
             if cwd.to_str().is_none() {
                 return Err(ProcessError::CwdNotUtf8 { path: cwd });
             }
+            // A cwd carried writable into the private /tmp is a host directory the command
+            // writes: a writable root, recorded with the rest.
+            let policy = policy.with_working_directory(&cwd);
             sandboxing.record_started(&policy);
             Ok(Some((policy, cwd)))
         })
