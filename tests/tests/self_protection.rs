@@ -600,16 +600,25 @@ async fn a_planted_working_directory_is_refused(workspace_in_tmp: bool) {
     }
 }
 
-/// Takes POOL (`inotify`, `timers`, `pty`) until refused or CAP were taken, prints
-/// `took N then ERRNO`, and holds them for HOLD seconds (a minute). argv: POOL CAP [HOLD].
+/// Takes POOL (`inotify`, `watches` of one inotify instance on distinct entries of /usr/share,
+/// `timers`, `pty`) until refused or CAP were taken, prints `took N then ERRNO`, and holds them
+/// for HOLD seconds (a minute). argv: POOL CAP [HOLD].
 const POOL_HOG: &str = r#"
 import ctypes, errno, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 what, cap = sys.argv[1], int(sys.argv[2])
 n, err, held = 0, "", []
+entries = ["/usr/share/" + e for e in sorted(os.listdir("/usr/share"))]
 while n < cap:
     if what == "inotify":
         ok = libc.inotify_init1(0o2000000) >= 0
+    elif what == "watches":
+        if not held:
+            held.append(libc.inotify_init1(0o2000000))
+        if n >= len(entries):
+            break
+        # IN_CREATE | IN_DONT_FOLLOW: each entry its own inode, never a link's target twice.
+        ok = libc.inotify_add_watch(held[0], entries[n].encode(), 0x100 | 0x2000000) >= 0
     elif what == "timers":
         ok = libc.timer_create(1, None, ctypes.byref(ctypes.c_void_p())) == 0
     else:
@@ -687,6 +696,175 @@ async fn a_sandbox_holding_its_share_of_a_pool_leaves_one_for_the_host_and_anoth
                     .await;
                 holder.collect(&hog).await;
             }
+        }
+    }
+}
+
+/// Runs the pool hog sandboxed (workspace-write) under `limits`, until refused; its report.
+async fn pool_hog_under(
+    client: &mut tests::Client,
+    id: &str,
+    script: &Path,
+    workspace: &Path,
+    pool: &str,
+    limits: Option<Value>,
+) -> String {
+    let mut extra = json!({
+        "sandbox": {"profile": "workspace-write", "cwd": file_uri(workspace)},
+        "cwd": file_uri(workspace),
+    });
+    if let Some(limits) = limits {
+        extra["limits"] = limits;
+    }
+    let argv = [
+        "/usr/bin/python3",
+        script.to_str().unwrap(),
+        pool,
+        "1000000",
+        "0",
+    ];
+    let out = client.run(id, &argv, extra).await;
+    assert_eq!(
+        out.exit_code,
+        Some(0),
+        "{id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The number a hog report (`took N then ERRNO`) took.
+fn took(report: &str) -> u64 {
+    report
+        .strip_prefix("took ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a hog report: {report:?}"))
+}
+
+/// Issue 31: `limits` bounds a sandboxed command below its share of each pool
+/// (`inotifyInstances`, `inotifyWatches`, `ptys`, which the sandbox's setup holds, so such a
+/// start runs one-shot; `pendingSignals` and `messageQueueBytes`, rlimits set at the command's
+/// start, through the launcher too), never above it; on both launch paths, under a root and an
+/// unprivileged server. Controls: the same command without the limit takes more (its share). A
+/// start without a sandbox is refused such a limit.
+#[tokio::test]
+async fn limits_bound_a_sandbox_below_its_share_of_each_pool_and_never_above() {
+    for uid in identities() {
+        for args in [&[][..], &["--one-shot-sandbox"][..]] {
+            let context = format!("as {uid:?} with {args:?}");
+            let setup = Setup::new(uid);
+            let script = setup.workspace.join("hog.py");
+            std::fs::write(&script, POOL_HOG).unwrap();
+            let server = setup.start(uid, args);
+            let mut client = server.client().await;
+            let ws = &setup.workspace;
+            for (pool, key, bound, refused) in [
+                ("inotify", "inotifyInstances", 3, "EMFILE"),
+                ("watches", "inotifyWatches", 3, "ENOSPC"),
+                ("pty", "ptys", 2, "ENOSPC"),
+                ("timers", "pendingSignals", 5, "EAGAIN"),
+            ] {
+                let context = format!("{context}, {key}");
+                let bounded = pool_hog_under(
+                    &mut client,
+                    &format!("bounded-{pool}"),
+                    &script,
+                    ws,
+                    pool,
+                    Some(json!({ key: bound })),
+                )
+                .await;
+                assert_eq!(
+                    bounded,
+                    format!("took {bound} then {refused}"),
+                    "{context}: the limit did not bound the sandbox"
+                );
+                let control = pool_hog_under(
+                    &mut client,
+                    &format!("share-{pool}"),
+                    &script,
+                    ws,
+                    pool,
+                    None,
+                )
+                .await;
+                assert!(
+                    took(&control) > bound,
+                    "{context}: without the limit the sandbox took no more ({control})"
+                );
+                // Asking for more than the share gets the share, not more.
+                let above = pool_hog_under(
+                    &mut client,
+                    &format!("above-{pool}"),
+                    &script,
+                    ws,
+                    pool,
+                    Some(json!({ key: 1u64 << 40 })),
+                )
+                .await;
+                assert!(
+                    took(&above) <= took(&control) + 1,
+                    "{context}: a limit above the share raised the sandbox: {above} against {control}"
+                );
+            }
+            // RLIMIT_MSGQUEUE (Landlock refuses creating a queue at all; the bound is the rlimit).
+            let limits_of = |limits: Option<Value>| {
+                let mut extra = json!({
+                    "sandbox": {"profile": "workspace-write", "cwd": file_uri(ws)},
+                    "cwd": file_uri(ws),
+                });
+                if let Some(limits) = limits {
+                    extra["limits"] = limits;
+                }
+                extra
+            };
+            let read_limits = [
+                "/bin/grep",
+                "-E",
+                "msgqueue|pending signals",
+                "/proc/self/limits",
+            ];
+            let out = client
+                .run(
+                    "mq",
+                    &read_limits,
+                    limits_of(Some(
+                        json!({"messageQueueBytes": 4096, "pendingSignals": 7}),
+                    )),
+                )
+                .await;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let row = |name: &str| -> Vec<String> {
+                text.lines()
+                    .find(|line| line.contains(name))
+                    .unwrap_or_else(|| panic!("{context}: no {name} in {text}"))
+                    .split_whitespace()
+                    .filter(|word| word.parse::<u64>().is_ok())
+                    .map(str::to_owned)
+                    .collect()
+            };
+            assert_eq!(row("msgqueue"), ["4096", "4096"], "{context}: {text}");
+            assert_eq!(row("pending signals"), ["7", "7"], "{context}: {text}");
+            let out = client.run("mq-share", &read_limits, limits_of(None)).await;
+            let control = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                !control.contains(" 4096 "),
+                "{context}: the control has the bound too: {control}"
+            );
+            // Without a sandbox nothing holds a pool bound: refused, naming it.
+            let error = client
+                .start(
+                    "unsandboxed",
+                    &["/bin/true"],
+                    json!({"cwd": file_uri(ws), "limits": {"ptys": 2}}),
+                )
+                .await
+                .expect_err("a pool bound without a sandbox was accepted");
+            assert!(
+                error.message.contains("limits.ptys") && error.message.contains("no sandbox"),
+                "{context}: {error:?}"
+            );
         }
     }
 }
