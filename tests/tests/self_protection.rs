@@ -600,25 +600,32 @@ async fn a_planted_working_directory_is_refused(workspace_in_tmp: bool) {
     }
 }
 
-/// Takes POOL (`inotify`, `watches` of one inotify instance on distinct entries of /usr/share,
-/// `timers`, `pty`) until refused or CAP were taken, prints `took N then ERRNO`, and holds them
-/// for HOLD seconds (a minute). argv: POOL CAP [HOLD].
+/// Takes POOL (`inotify`; `watches`: every file of `./watch`, else every entry of /usr/share, in
+/// one inotify instance after another; `timers`; `pty`; `keys`) until refused or CAP were taken,
+/// prints `took N then ERRNO`, and holds them for HOLD seconds (a minute). argv: POOL CAP [HOLD].
 const POOL_HOG: &str = r#"
 import ctypes, errno, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 what, cap = sys.argv[1], int(sys.argv[2])
 n, err, held = 0, "", []
-entries = ["/usr/share/" + e for e in sorted(os.listdir("/usr/share"))]
+if os.path.isdir("watch"):
+    entries = sorted(os.path.join("watch", e) for e in os.listdir("watch"))
+else:
+    entries = ["/usr/share/" + e for e in sorted(os.listdir("/usr/share"))]
+at = 0
 while n < cap:
     if what == "inotify":
         ok = libc.inotify_init1(0o2000000) >= 0
     elif what == "watches":
-        if not held:
+        if not held or at >= len(entries):
             held.append(libc.inotify_init1(0o2000000))
-        if n >= len(entries):
-            break
+            at = 0
         # IN_CREATE | IN_DONT_FOLLOW: each entry its own inode, never a link's target twice.
-        ok = libc.inotify_add_watch(held[0], entries[n].encode(), 0x100 | 0x2000000) >= 0
+        ok = held[-1] >= 0 and libc.inotify_add_watch(held[-1], entries[at].encode(), 0x100 | 0x2000000) >= 0
+        at += ok
+    elif what == "keys":
+        desc = ("execward-%d-%d" % (os.getpid(), n)).encode()
+        ok = libc.syscall(248, b"user", desc, b"k" * 1000, 1000, ctypes.c_int(-2)) >= 0
     elif what == "timers":
         ok = libc.timer_create(1, None, ctypes.byref(ctypes.c_void_p())) == 0
     else:
@@ -644,13 +651,22 @@ async fn a_sandbox_holding_its_share_of_a_pool_leaves_one_for_the_host_and_anoth
             let setup = Setup::new(uid);
             let script = setup.workspace.join("hog.py");
             std::fs::write(&script, POOL_HOG).unwrap();
+            // Enough files that the sandbox's inotify instances can hold its share of watches.
+            let watch = setup.workspace.join("watch");
+            std::fs::create_dir(&watch).unwrap();
+            for i in 0..8192 {
+                std::fs::write(watch.join(i.to_string()), "").unwrap();
+            }
             let server = setup.start(uid, args);
             let mut holder = server.client().await;
             let mut other = server.client().await;
             for (pool, refused) in [
                 ("inotify", "EMFILE"),
+                ("watches", "ENOSPC"),
                 ("timers", "EAGAIN"),
                 ("pty", "ENOSPC"),
+                // Refused outright (seccomp): the key quota is the host uid's.
+                ("keys", "EPERM"),
             ] {
                 let context = format!("{pool} as {uid:?} with {args:?}");
                 let argv = [
@@ -673,10 +689,12 @@ async fn a_sandbox_holding_its_share_of_a_pool_leaves_one_for_the_host_and_anoth
                 let one = ["/usr/bin/python3", script.to_str().unwrap(), pool, "1", "0"];
                 other.start(&taker, &one, extra).await.unwrap();
                 let got = other.wait_for_output(&taker, "took").await;
-                assert!(
-                    got.contains("took 1 then"),
-                    "{context}: another session got none: {got}"
-                );
+                let expected = if pool == "keys" {
+                    "took 0 then EPERM"
+                } else {
+                    "took 1 then"
+                };
+                assert!(got.contains(expected), "{context}: another session: {got}");
                 let mut host = std::process::Command::new("/usr/bin/timeout");
                 host.args(["5"])
                     .args(one)
