@@ -606,6 +606,42 @@ fn a_workspace_under_tmp_is_a_host_directory_sandboxes_write_and_its_plants_are_
 }
 
 #[test]
+fn a_workspace_under_a_writable_tmpdir_stays_a_writable_root_of_its_own() {
+    // ctx()'s $TMPDIR is /var/tmp, writable (a private layer) under workspace-write.
+    let dir = tempfile::Builder::new()
+        .prefix("policy-test-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let ws = std::fs::canonicalize(dir.path()).unwrap();
+    let policy = spec(json!({"profile": "workspace-write", "cwd": ws.to_str().unwrap()}))
+        .resolve_with(&ctx())
+        .unwrap();
+    assert_eq!(policy.tmpdir.as_deref(), Some(Path::new("/var/tmp")));
+    assert!(
+        policy
+            .rules()
+            .contains(&rule(ws.to_str().unwrap(), Access::Write)),
+        "{:?}",
+        policy.rules()
+    );
+    let plantable = policy.plantable_roots();
+    assert!(plantable.contains(&ws), "{plantable:?}");
+    assert!(
+        !plantable.contains(&PathBuf::from("/var/tmp")),
+        "{plantable:?}"
+    );
+    // Where $TMPDIR is not writable it is no private layer: a root there merges as usual
+    // into a writable ancestor (here none: it stays).
+    let excluded = spec(json!({
+        "profile": "workspace-write", "cwd": ws.to_str().unwrap(), "excludeTmpdirEnvVar": true
+    }))
+    .resolve_with(&ctx())
+    .unwrap();
+    assert_eq!(excluded.tmpdir, None);
+    assert!(excluded.plantable_roots().contains(&ws));
+}
+
+#[test]
 fn a_working_directory_carried_writable_into_the_private_tmp_becomes_a_writable_root() {
     let (_dir, cwd) = tmp_workspace();
     std::fs::create_dir(cwd.join(".git")).unwrap();
