@@ -870,6 +870,30 @@ async fn limits_bound_a_sandbox_below_its_share_of_each_pool_and_never_above() {
                 !control.contains(" 4096 "),
                 "{context}: the control has the bound too: {control}"
             );
+            // Which path served them: a launcher's commands run under a clone of it as PID 1.
+            let pid_1 = ["/bin/cat", "/proc/1/cmdline"];
+            let launched = |out: &tests::ProcessOutput| {
+                String::from_utf8_lossy(&out.stdout).contains("--launcher")
+            };
+            let rlimit_only = client
+                .run(
+                    "pid1-rlimit",
+                    &pid_1,
+                    limits_of(Some(json!({"pendingSignals": 7}))),
+                )
+                .await;
+            assert_eq!(
+                launched(&rlimit_only),
+                args.is_empty(),
+                "{context}: a start bounding only rlimits goes through the launcher where there is one"
+            );
+            let at_setup = client
+                .run("pid1-setup", &pid_1, limits_of(Some(json!({"ptys": 2}))))
+                .await;
+            assert!(
+                !launched(&at_setup) && at_setup.exit_code == Some(0),
+                "{context}: a start bounding its devpts ran in a launcher's sandbox"
+            );
             // Without a sandbox nothing holds a pool bound: refused, naming it.
             let error = client
                 .start(
