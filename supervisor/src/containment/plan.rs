@@ -338,6 +338,12 @@ pub fn support(caps: Capabilities) -> proto::methods::environment::LimitsSupport
         wall_seconds: Enforcement::Timer,
         file_size_bytes: Enforcement::Rlimit,
         open_files: Enforcement::Rlimit,
+        // Held by a sandbox only (`Plan::without_sandbox`).
+        inotify_instances: Enforcement::None,
+        inotify_watches: Enforcement::None,
+        pending_signals: Enforcement::None,
+        message_queue_bytes: Enforcement::None,
+        ptys: Enforcement::None,
     }
 }
 
