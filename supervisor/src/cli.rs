@@ -16,6 +16,10 @@ use crate::listen::DEFAULT_LISTEN_URL;
 /// `exec-server exec --connect URL -- PROGRAM [ARGS...]` (or `--remote REGISTRY_URL
 /// --environment-id ID` through a rendezvous) is a client instead: it runs one command on a
 /// server (see `exec-server exec --help`).
+///
+/// Exit status: 0 after a clean shutdown; 2 when the command line or a file it names is wrong
+/// (bad URL, token file, helper directory, limits); 1 when the server failed while running
+/// (the OS refused the bind, e.g. address in use).
 #[derive(Debug, Parser)]
 #[command(name = "exec-server", version, about, long_about)]
 pub struct Cli {
@@ -186,11 +190,59 @@ pub struct ExecArgs {
     pub raw: bool,
 
     /// Run the command under this sandbox: a built-in profile (read-only, workspace-write,
-    /// danger-full-access) or a JSON sandbox object (`{"permissions": ...}`, see
-    /// policies/README.md). The command's working directory (--cwd) is the sandbox's workspace
-    /// unless the object names a cwd.
-    #[arg(long, value_name = "NAME|JSON")]
+    /// danger-full-access), a profile file (`./mine.toml`, the format of policies/*.toml: read
+    /// here, its paths resolved on the server), or a JSON sandbox object (`{"permissions": ...}`,
+    /// see policies/README.md). The command's working directory (--cwd) is the sandbox's
+    /// workspace unless the object names a cwd. The flags below widen or narrow it as
+    /// sandbox-run's do.
+    #[arg(long, value_name = "NAME|FILE|JSON")]
     pub sandbox: Option<String>,
+
+    /// Also let the sandboxed command write DIR, a directory on the server (repeatable; relative
+    /// to --cwd). Its .git, .agents and .codex stay read-only.
+    #[arg(long = "writable-root", value_name = "DIR", requires = "sandbox")]
+    pub writable_roots: Vec<String>,
+
+    /// Widen the sandbox by a named allowance from policies/allowances/ (repeatable):
+    /// `toolchain-caches` makes the caches of cargo, pip, npm and ccache writable. Resolved on
+    /// the server, from its $CARGO_HOME, $XDG_CACHE_HOME and $HOME.
+    #[arg(long = "allow", value_name = "NAME", requires = "sandbox")]
+    pub allowances: Vec<String>,
+
+    /// Neither read nor write PATH on the server, even inside a writable root (repeatable;
+    /// relative to --cwd).
+    #[arg(long = "deny", value_name = "PATH", requires = "sandbox")]
+    pub denies: Vec<String>,
+
+    /// Turn the sandbox's network on (no allowlist).
+    #[arg(long, requires = "sandbox", conflicts_with_all = ["allow_domains", "deny_domains"])]
+    pub allow_network: bool,
+
+    /// Limit the sandbox's network to an allowlist and add PATTERN to it (repeatable): `host`,
+    /// `*.domain`, an IP literal, each with an optional `:PORT`, or a named set such as
+    /// `@package-registries`; the command reaches them only through the server's egress proxy.
+    #[arg(long = "allow-domain", value_name = "PATTERN", requires = "sandbox")]
+    pub allow_domains: Vec<String>,
+
+    /// Refuse PATTERN even when an --allow-domain pattern matches (repeatable).
+    #[arg(long = "deny-domain", value_name = "PATTERN", requires = "sandbox")]
+    pub deny_domains: Vec<String>,
+
+    /// Report what the sandbox denied the command, one line on stderr per denial as it
+    /// happens (`denied fs.make_reg /srv/x — allow: ...`) and a summary at the end. Needs the
+    /// server's kernel audit log (a server running as root); otherwise exec says no denial
+    /// could be seen. See docs/audit.md.
+    #[arg(long, requires = "sandbox")]
+    pub audit: bool,
+
+    /// Leave this credential store of the built-in deny set readable (repeatable; named as in
+    /// policies/credential-stores.toml, e.g. '~/.aws').
+    #[arg(
+        long = "allow-credential-store",
+        value_name = "NAME",
+        requires = "sandbox"
+    )]
+    pub allow_credential_stores: Vec<String>,
 
     /// Working directory on the server (absolute path or file: URI); defaults to the local
     /// current directory, which must then exist on the server.
@@ -243,6 +295,39 @@ pub fn init_logging(format: LogFormat) {
     }
 }
 
+/// Exit status of a server (`exec-server`, `exec-rendezvous`) refused what it was given: a bad
+/// flag, URL, token file, helper directory, limit or certificate. The same status clap uses for
+/// a usage error: fix the command line or the files it names.
+pub const CONFIGURATION_STATUS: u8 = 2;
+/// Exit status of a server that failed while running, its configuration accepted: the OS refused
+/// the bind (address in use, no permission), a signal handler, the guardian or the servers
+/// registry failed. Retrying later, or elsewhere, may succeed.
+pub const RUNTIME_FAILURE_STATUS: u8 = 1;
+
+/// The exit status for a server's startup error: [`RUNTIME_FAILURE_STATUS`] when any cause in
+/// its chain is a runtime failure, else [`CONFIGURATION_STATUS`].
+pub fn server_failure_status(error: &anyhow::Error) -> u8 {
+    let runtime = error.chain().any(|cause| {
+        #[cfg(feature = "rendezvous")]
+        if cause
+            .downcast_ref::<crate::rendezvous::RendezvousError>()
+            .is_some_and(crate::rendezvous::RendezvousError::is_runtime_failure)
+        {
+            return true;
+        }
+        cause
+            .downcast_ref::<crate::server::ExecServerError>()
+            .is_some_and(crate::server::ExecServerError::is_runtime_failure)
+            || cause
+                .downcast_ref::<crate::transport::BindError>()
+                .is_some()
+    });
+    if runtime {
+        RUNTIME_FAILURE_STATUS
+    } else {
+        CONFIGURATION_STATUS
+    }
+}
 /// `error` and its causes on one line, each cause once: a cause whose text the message already
 /// holds ("cannot bind 127.0.0.1:1: Address already in use (os error 98)") is not repeated.
 pub fn describe_error(error: &(dyn std::error::Error + 'static)) -> String {

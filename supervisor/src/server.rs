@@ -120,6 +120,27 @@ pub enum ExecServerError {
     Subreaper(std::io::Error),
 }
 
+impl ExecServerError {
+    /// Whether the server failed while running (a bind the OS refused, a signal handler, the
+    /// guardian, stdout, the registry) rather than on what it was given (a bad URL, token file,
+    /// helper directory or limit): the two exit differently (see [`crate::cli::RUNTIME_FAILURE_STATUS`]).
+    pub fn is_runtime_failure(&self) -> bool {
+        match self {
+            Self::ListenUrl(_)
+            | Self::TokenRequired(_)
+            | Self::TokenFile { .. }
+            | Self::Helper(_)
+            | Self::DefaultLimits(_) => false,
+            Self::Bind(_)
+            | Self::Signals(_)
+            | Self::Guardian { .. }
+            | Self::Stdout(_)
+            | Self::Registry(_)
+            | Self::Subreaper(_) => true,
+        }
+    }
+}
+
 /// A bound server, not yet serving.
 pub struct BoundServer {
     listener: Listener,

@@ -117,11 +117,16 @@ fn a_missing_helper_is_a_startup_error_naming_what_is_missing_and_the_fix() {
 }
 
 #[test]
-fn an_address_in_use_is_reported_once() {
+fn an_address_in_use_is_reported_once_and_exits_as_a_runtime_failure() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("ws://{}", taken.local_addr().unwrap());
     let output = exec_server().args(["--listen", &url]).output().unwrap();
-    assert_eq!(output.status.code(), Some(2));
+    // Not 2, the status of a usage or configuration mistake: the command line was right.
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(supervisor::cli::RUNTIME_FAILURE_STATUS))
+    );
+    assert_eq!(supervisor::cli::RUNTIME_FAILURE_STATUS, 1);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(
         stderr.matches("Address already in use").count(),
@@ -199,4 +204,34 @@ fn logs_carry_no_colour_off_a_terminal_and_are_json_on_request() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("possible values: text, json"));
+}
+
+#[test]
+fn the_rendezvous_exits_1_when_its_address_is_taken_and_2_when_its_files_are_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = dir.path().join("rendezvous.toml");
+    std::fs::write(
+        &credentials,
+        "[[harness]]\ntoken = \"0123456789abcdef-harness\"\nenvironments = [\"laptop\"]\n",
+    )
+    .unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let rendezvous = || Command::new(env!("CARGO_BIN_EXE_exec-rendezvous"));
+    let output = rendezvous()
+        .args(["--listen", &address, "--credentials"])
+        .arg(&credentials)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("Address already in use"), "{stderr}");
+    let output = rendezvous()
+        .args(["--listen", "127.0.0.1:0", "--credentials"])
+        .arg(dir.path().join("missing.toml"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("missing.toml"), "{stderr}");
 }

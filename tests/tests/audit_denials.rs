@@ -36,6 +36,11 @@ async fn audited_sandboxed_process_reports_its_denials() {
         .await;
     let denial = &denied["params"]["denial"];
     assert_eq!(denied["params"]["processId"], json!("audited"));
+    // Numbered as `afterDenial` counts, so a resuming client reads exactly what it missed.
+    assert!(
+        denied["params"]["number"].as_u64().is_some_and(|n| n >= 1),
+        "{denied}"
+    );
     // Creating a file is denied on its directory (fs.make_reg), as the kernel records it.
     let outside_dir = outside.path().to_str().unwrap().to_owned();
     assert!(
@@ -98,4 +103,105 @@ async fn audit_without_a_restricting_sandbox_is_refused() {
         )
         .await;
     assert_rpc_error(r, -32602, "invalidParams");
+}
+
+/// The library client delivers the records as `ProcessEvent::Denied` (each once, numbered from
+/// 1 without a hole) and `wait()` collects them; `exec --audit` prints them as they happen.
+#[tokio::test]
+async fn the_library_client_and_exec_report_denials_as_they_happen() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the denial audit reads the kernel audit log: run as root"
+    );
+    let tests::SandboxDirs { workspace, outside } = tests::SandboxDirs::new();
+    let target = outside.path().join("denied.txt");
+    let server = ExecServer::start(&[]);
+    let client = tests::library_client(server.url()).await;
+    let script = format!("echo x > {} 2>/dev/null; exit 0", target.display());
+    let workspace_uri = supervisor::FileUri::from_path(workspace.path()).unwrap();
+    let start = |id: &str| {
+        proto::methods::process::StartParams::new(id, sh(&script), workspace_uri.clone())
+            .with_env_var("PATH", "/usr/bin:/bin")
+    };
+    let params = start("lib-audited")
+        .with_sandbox(json!({"profile": "workspace-write", "cwd": file_uri(workspace.path())}))
+        .with_audit_denials(true);
+    let mut handle = client.start_process(params).await.unwrap();
+    let mut numbers = Vec::new();
+    let mut records = Vec::new();
+    loop {
+        match tests::next_event(&mut handle, Duration::from_secs(30)).await {
+            supervisor::ProcessEvent::Denied { number, record } => {
+                numbers.push(number);
+                records.push(record);
+            }
+            supervisor::ProcessEvent::Closed { .. } => break,
+            supervisor::ProcessEvent::Failed { error } => panic!("{error}"),
+            _ => {}
+        }
+    }
+    assert!(!target.exists(), "the denied write did not land");
+    let expected: Vec<u64> = (1..=numbers.len() as u64).collect();
+    assert_eq!(numbers, expected, "each record once, in order");
+    let outside_dir = outside.path().to_str().unwrap().to_owned();
+    assert!(
+        records.iter().any(|r| r["kind"] == "denial"
+            && r["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with(&outside_dir))),
+        "{records:?}"
+    );
+    assert_eq!(
+        records.last().map(|r| r["kind"].clone()),
+        Some(json!("coverage")),
+        "the coverage record comes last: {records:?}"
+    );
+    // `wait()` collects the same records.
+    let params = start("lib-audited-2")
+        .with_sandbox(json!({"profile": "workspace-write", "cwd": file_uri(workspace.path())}))
+        .with_audit_denials(true);
+    let output = client
+        .start_process(params)
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert!(
+        output.denials.iter().any(|r| r["kind"] == "denial"
+            && r["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with(&outside_dir))),
+        "{:?}",
+        output.denials
+    );
+    // exec --audit prints each denial with its path and a summary line.
+    let mut cmd = std::process::Command::new(tests::exec_server_binary());
+    cmd.args(["exec", "--connect", server.url(), "--cwd"])
+        .arg(workspace.path())
+        .args(["--sandbox", "workspace-write", "--audit", "--"])
+        .args(sh(&script));
+    let (status, _, stderr) = tests::output_within(&mut cmd, b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(!target.exists(), "the denied write did not land");
+    assert!(
+        stderr
+            .lines()
+            .any(|line| line.starts_with("exec-server exec: denied fs.")
+                && line.contains(&outside_dir)),
+        "{stderr}"
+    );
+    assert!(stderr.contains("exec-server exec: audit: "), "{stderr}");
+    // Control: without --audit, exec says nothing about denials.
+    let mut cmd = std::process::Command::new(tests::exec_server_binary());
+    cmd.args(["exec", "--connect", server.url(), "--cwd"])
+        .arg(workspace.path())
+        .args(["--sandbox", "workspace-write", "--"])
+        .args(sh(&script));
+    let (status, _, stderr) = tests::output_within(&mut cmd, b"");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(
+        !stderr.contains("exec-server exec: denied") && !stderr.contains("exec-server exec: audit"),
+        "{stderr}"
+    );
 }

@@ -585,7 +585,7 @@ fn exec_says_which_limit_ended_the_command() {
 }
 
 #[test]
-fn sandbox_takes_a_json_object_and_explains_why_not_a_profile_file() {
+fn sandbox_takes_a_json_object() {
     let server = server();
     let base = tests::scratch::scratch_dir("exec-sandbox-json-");
     let target = base.path().join("written.txt");
@@ -606,12 +606,6 @@ fn sandbox_takes_a_json_object_and_explains_why_not_a_profile_file() {
     let (status, _, stderr) = output_within(&mut exec(server.url(), &[], &sh(&script)), b"");
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(target.exists());
-    let (status, _, stderr) = output_within(
-        &mut exec(server.url(), &["--sandbox", "./mine.toml"], &["true"]),
-        b"",
-    );
-    assert_eq!(status.code(), Some(255));
-    assert!(stderr.contains("sandbox-run --policy FILE"), "{stderr}");
     let (status, _, stderr) = output_within(
         &mut exec(server.url(), &["--sandbox", "{not json"], &["true"]),
         b"",
@@ -658,4 +652,107 @@ fn a_command_without_the_separator_gets_a_hint() {
         stderr.contains("hint: the command goes after `--`"),
         "{stderr}"
     );
+}
+
+/// `exec` takes the policy forms and flags `sandbox-run` takes: a profile file, `--writable-root`,
+/// `--deny`, `--allow`; each checked by what the command could do with and without it.
+#[test]
+fn sandbox_takes_a_profile_file_and_the_policy_flags_sandbox_run_takes() {
+    let server = server();
+    let base = tests::scratch::scratch_dir("exec-sandbox-flags-");
+    tests::scratch::assert_outside_writable_roots(base.path());
+    let profile = base.path().join("mine.toml");
+    std::fs::write(
+        &profile,
+        "description = \"reads the system\"\n[filesystem]\n\":minimal\" = \"read\"\n",
+    )
+    .unwrap();
+    let secret = base.path().join("secret.txt");
+    std::fs::write(&secret, "s3cret\n").unwrap();
+    let target = base.path().join("written.txt");
+    let script = format!(
+        "cat {} 2>/dev/null || echo unreadable; echo x > {} 2>/dev/null || echo denied",
+        secret.display(),
+        target.display()
+    );
+    let file = profile.to_str().unwrap();
+    let root = base.path().to_str().unwrap();
+    let secret_arg = secret.to_str().unwrap();
+    // The file's policy: only :minimal is readable, nothing writable.
+    let (status, stdout, stderr) = output_within(
+        &mut exec(server.url(), &["--sandbox", file], &sh(&script)),
+        b"",
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert_eq!(stdout, "unreadable\ndenied\n", "{stderr}");
+    assert!(
+        !target.exists(),
+        "the profile file's sandbox let the write land"
+    );
+    // --writable-root makes the scratch directory writable (and readable).
+    let (status, stdout, stderr) = output_within(
+        &mut exec(
+            server.url(),
+            &["--sandbox", file, "--writable-root", root],
+            &sh(&script),
+        ),
+        b"",
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert_eq!(stdout, "s3cret\n", "{stderr}");
+    assert!(
+        target.exists(),
+        "--writable-root did not make the root writable"
+    );
+    std::fs::remove_file(&target).unwrap();
+    // --deny takes the one file back out of it, and only that file.
+    let (status, stdout, stderr) = output_within(
+        &mut exec(
+            server.url(),
+            &[
+                "--sandbox",
+                "workspace-write",
+                "--writable-root",
+                root,
+                "--deny",
+                secret_arg,
+            ],
+            &sh(&script),
+        ),
+        b"",
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert_eq!(stdout, "unreadable\n", "{stderr}");
+    assert!(
+        target.exists(),
+        "the write beside the denied file should land"
+    );
+    // A named allowance the server does not know is an error that names it and the known ones.
+    let (status, _, stderr) = output_within(
+        &mut exec(
+            server.url(),
+            &["--sandbox", "read-only", "--allow", "toolchain-cachez"],
+            &["true"],
+        ),
+        b"",
+    );
+    assert_eq!(status.code(), Some(255), "{stderr}");
+    assert!(
+        stderr.contains("toolchain-cachez") && stderr.contains("toolchain-caches"),
+        "{stderr}"
+    );
+    // A profile file that does not parse is reported before anything is sent.
+    std::fs::write(&profile, "[filesystem]\n\"/\" = \"rwx\"\n").unwrap();
+    let (status, _, stderr) = output_within(
+        &mut exec(server.url(), &["--sandbox", file], &["true"]),
+        b"",
+    );
+    assert_eq!(status.code(), Some(255), "{stderr}");
+    assert!(stderr.contains("mine.toml"), "{stderr}");
+    // The flags need a sandbox to widen or narrow.
+    let (status, _, stderr) = output_within(
+        &mut exec(server.url(), &["--deny", secret_arg], &["true"]),
+        b"",
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
 }

@@ -79,6 +79,7 @@ async fn twenty_cuts_during_a_50_mb_stream_lose_no_byte_and_keep_the_process() {
                 ProcessEvent::Exited { exit_code, .. } => exit = Some(exit_code),
                 ProcessEvent::Closed { .. } => return (stdout, exit),
                 ProcessEvent::Failed { error } => panic!("the stream process failed: {error}"),
+                other => panic!("an unaudited process got {other:?}"),
             }
         }
         panic!("event stream ended without closed");

@@ -455,7 +455,12 @@ pub enum PolicyError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A named allowance of the spec (`allowances`) is unknown or cannot be applied.
+    #[error("allowances: {0}")]
+    Allowance(#[source] Box<allowance::AllowanceError>),
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wire_tests;

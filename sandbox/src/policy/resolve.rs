@@ -239,7 +239,21 @@ impl SandboxSpec {
             PolicySource::Named(named) => Draft::from_named(named)?,
             PolicySource::Permissions(profile) => Draft::from_permissions(profile),
             PolicySource::Legacy(legacy) => Draft::from_legacy(legacy)?,
+            PolicySource::Toml(text) => {
+                Draft::from_profile(&ProfileFile::parse(text, "profileToml")?)
+            }
         };
+        // Beside the source, as `sandbox-run --writable-root` and `--deny`: entries of the
+        // draft, so they are resolved (and refused when planted) like the source's own.
+        let entry = |path: &PathBuf| EntryPath::Path {
+            path: path.display().to_string(),
+        };
+        for root in &self.writable_roots {
+            draft.entries.push((entry(root), Access::Write));
+        }
+        for path in &self.denied_paths {
+            draft.entries.push((entry(path), Access::Deny));
+        }
         if let Some(network) = &self.network {
             draft.network = network.clone();
         }
@@ -249,7 +263,16 @@ impl SandboxSpec {
             // Lifting a store the policy does not deny is a mistake worth naming, not a no-op.
             super::credentials::canonical_store(name)?;
         }
-        resolve_draft(&draft, self.cwd.as_deref(), &self.workspace_roots, ctx)
+        let mut policy = resolve_draft(&draft, self.cwd.as_deref(), &self.workspace_roots, ctx)?;
+        if !self.allowances.is_empty() {
+            let bases = super::AllowanceBases::from_env();
+            for name in &self.allowances {
+                policy = super::Allowance::builtin(name)
+                    .and_then(|allowance| allowance.apply(policy, &bases))
+                    .map_err(|err| PolicyError::Allowance(Box::new(err)))?;
+            }
+        }
+        Ok(policy)
     }
 }
 

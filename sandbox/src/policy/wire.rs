@@ -275,6 +275,10 @@ pub enum PolicySource {
     Permissions(PermissionProfile),
     /// `{"type": ...}` or `{"sandboxPolicy": {...}}`.
     Legacy(LegacyPolicy),
+    /// `{"profileToml": "..."}`: a profile file's text (the format of `policies/*.toml`),
+    /// resolved where the command runs, as `sandbox-run --policy FILE` resolves the file. Kept as
+    /// text (checked to parse when the spec is read) so a spec stays comparable and hashable.
+    Toml(String),
 }
 
 /// The wire `sandbox` object of `fs/*` and `process/start` params.
@@ -293,6 +297,15 @@ pub struct SandboxSpec {
     /// `readableCredentialStores` beside the source: stores of the built-in deny set the
     /// command may read (`["~/.aws"]`).
     pub readable_credential_stores: Vec<String>,
+    /// `writableRoots` beside a source other than `profile` (which carries its own): more
+    /// writable roots, as `sandbox-run --writable-root`.
+    pub writable_roots: Vec<PathBuf>,
+    /// `allowances` beside the source: named allowances (`["toolchain-caches"]`), as
+    /// `sandbox-run --allow`.
+    pub allowances: Vec<String>,
+    /// `denyPaths` beside the source: paths the command may neither read nor write, as
+    /// `sandbox-run --deny`.
+    pub denied_paths: Vec<PathBuf>,
 }
 
 /// Keys reference clients send that have no meaning on Linux; accepted and ignored.
@@ -311,6 +324,9 @@ impl SandboxSpec {
             workspace_roots: Vec::new(),
             network: None,
             readable_credential_stores: Vec::new(),
+            writable_roots: Vec::new(),
+            allowances: Vec::new(),
+            denied_paths: Vec::new(),
         }
     }
 
@@ -358,28 +374,35 @@ impl TryFrom<Value> for SandboxSpec {
                 });
             }
         };
-        let readable_credential_stores = match map.remove("readableCredentialStores") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(items)) => items
+        let readable_credential_stores =
+            take_strings(&mut map, "readableCredentialStores", "\"~/.aws\"")?;
+        let allowances = take_strings(&mut map, "allowances", "\"toolchain-caches\"")?;
+        let denied_paths = take_strings(&mut map, "denyPaths", "\"/srv/ws/secrets\"")?
+            .iter()
+            .map(|path| parse_abs("denyPaths[]", path))
+            .collect::<Result<_, _>>()?;
+        // `profile` and the legacy `type` carry their own `writableRoots` (the reference's
+        // shapes); beside `permissions` and `profileToml` they are the spec's.
+        let writable_roots = if map.contains_key("permissions") || map.contains_key("profileToml") {
+            take_strings(&mut map, "writableRoots", "\"/srv/ws\"")?
                 .iter()
-                .map(|item| match item {
-                    Value::String(s) => Ok(s.clone()),
-                    other => Err(PolicyError::Shape {
-                        message: format!(
-                            "readableCredentialStores entries must be strings such as \"~/.aws\" (got {other})"
-                        ),
-                    }),
-                })
-                .collect::<Result<_, _>>()?,
-            Some(other) => {
+                .map(|path| parse_abs("writableRoots[]", path))
+                .collect::<Result<_, _>>()?
+        } else {
+            Vec::new()
+        };
+        let source = if let Some(toml) = map.remove("profileToml") {
+            reject_extra(&map, "profileToml")?;
+            let Value::String(text) = toml else {
                 return Err(PolicyError::Shape {
                     message: format!(
-                        "readableCredentialStores must be an array such as [\"~/.aws\"] (got {other})"
+                        "profileToml must be a string holding a profile file's TOML (got {toml})"
                     ),
                 });
-            }
-        };
-        let source = if map.contains_key("profile") {
+            };
+            super::ProfileFile::parse(&text, "profileToml")?;
+            PolicySource::Toml(text)
+        } else if map.contains_key("profile") {
             PolicySource::Named(
                 serde_json::from_value(Value::Object(map)).map_err(|err| shape("profile", err))?,
             )
@@ -411,6 +434,9 @@ impl TryFrom<Value> for SandboxSpec {
             workspace_roots,
             network,
             readable_credential_stores,
+            writable_roots,
+            allowances,
+            denied_paths,
         })
     }
 }
@@ -428,7 +454,32 @@ impl From<SandboxSpec> for Value {
                 );
                 map
             }
+            PolicySource::Toml(text) => {
+                let mut map = Map::new();
+                map.insert("profileToml".to_owned(), Value::String(text));
+                map
+            }
         };
+        let paths = |paths: Vec<PathBuf>| {
+            Value::Array(
+                paths
+                    .iter()
+                    .map(|path| Value::String(path.display().to_string()))
+                    .collect(),
+            )
+        };
+        if !spec.writable_roots.is_empty() {
+            map.insert("writableRoots".to_owned(), paths(spec.writable_roots));
+        }
+        if !spec.denied_paths.is_empty() {
+            map.insert("denyPaths".to_owned(), paths(spec.denied_paths));
+        }
+        if !spec.allowances.is_empty() {
+            map.insert(
+                "allowances".to_owned(),
+                Value::Array(spec.allowances.into_iter().map(Value::String).collect()),
+            );
+        }
         if let Some(cwd) = spec.cwd {
             map.insert("cwd".to_owned(), Value::String(cwd.display().to_string()));
         }
@@ -480,8 +531,36 @@ fn reject_extra(map: &Map<String, Value>, source: &str) -> Result<(), PolicyErro
         None => Ok(()),
         Some(key) => Err(PolicyError::Shape {
             message: format!(
-                "unknown key {key:?} beside {source:?} (expected only \"cwd\", \"workspaceRoots\" and \"network\")"
+                "unknown key {key:?} beside {source:?} (expected only \"cwd\", \"workspaceRoots\", \
+                 \"network\", \"writableRoots\", \"allowances\", \"denyPaths\" and \
+                 \"readableCredentialStores\")"
             ),
+        }),
+    }
+}
+
+/// Removes `key`, an array of strings (absent or `null`: empty); `example` shows an entry in the
+/// error.
+fn take_strings(
+    map: &mut Map<String, Value>,
+    key: &str,
+    example: &str,
+) -> Result<Vec<String>, PolicyError> {
+    match map.remove(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) => Ok(s.clone()),
+                other => Err(PolicyError::Shape {
+                    message: format!(
+                        "{key} entries must be strings such as {example} (got {other})"
+                    ),
+                }),
+            })
+            .collect(),
+        Some(other) => Err(PolicyError::Shape {
+            message: format!("{key} must be an array such as [{example}] (got {other})"),
         }),
     }
 }

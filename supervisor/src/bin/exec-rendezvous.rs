@@ -22,7 +22,7 @@ fn main() -> ExitCode {
                 "exec-rendezvous: {}",
                 supervisor::cli::describe_error(error.as_ref())
             );
-            ExitCode::from(2)
+            ExitCode::from(supervisor::cli::server_failure_status(&error))
         }
     }
 }

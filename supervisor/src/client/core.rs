@@ -8,8 +8,12 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use proto::jsonrpc::Notification;
-use proto::methods::process::{ClosedNotification, ExitedNotification, OutputNotification};
-use proto::methods::{HTTP_REQUEST_BODY_DELTA, PROCESS_CLOSED, PROCESS_EXITED, PROCESS_OUTPUT};
+use proto::methods::process::{
+    ClosedNotification, DeniedNotification, ExitedNotification, OutputNotification,
+};
+use proto::methods::{
+    HTTP_REQUEST_BODY_DELTA, PROCESS_CLOSED, PROCESS_DENIED, PROCESS_EXITED, PROCESS_OUTPUT,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -193,8 +197,9 @@ impl Inner {
         let entry = processes.get_mut(process_id)?;
         let (events, result) = update(&mut entry.sequencer);
         for event in events {
-            if let ProcessEvent::Output { data, .. } = &event {
-                let unread = entry.unread.fetch_add(data.len(), Ordering::Relaxed) + data.len();
+            let bytes = event.buffered_bytes();
+            if bytes > 0 {
+                let unread = entry.unread.fetch_add(bytes, Ordering::Relaxed) + bytes;
                 if unread > super::CLIENT_EVENT_BUFFER_BYTES {
                     let reason = format!(
                         "its events were not read: more than CLIENT_EVENT_BUFFER_BYTES ({} MiB) of output waiting; the process still runs on the server",
@@ -313,6 +318,18 @@ impl Inner {
             PROCESS_CLOSED => serde_json::from_value::<ClosedNotification>(params)
                 .ok()
                 .map(|n| (n.process_id, ProcessEvent::Closed { seq: n.seq })),
+            PROCESS_DENIED => {
+                let Ok(n) = serde_json::from_value::<DeniedNotification>(params) else {
+                    tracing::warn!(method = PROCESS_DENIED, "ignoring a malformed notification");
+                    return;
+                };
+                // A server without `number` sends its records in order on one connection.
+                self.update_process(&n.process_id, |sequencer| {
+                    let number = n.number.unwrap_or(sequencer.last_denial() + 1);
+                    (sequencer.offer_denial(number, n.denial), ())
+                });
+                return;
+            }
             other => {
                 tracing::debug!(method = other, "ignoring an unknown notification");
                 return;

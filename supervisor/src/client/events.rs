@@ -7,13 +7,18 @@
 //! retained chunks by seq, exit and close at `exitSeq` / `closedSeq`. If the read leaves a hole
 //! below its `nextSeq`, the missing events were output the server no longer retains: a
 //! [`CatchUpGap`], and that process fails alone.
+//!
+//! Denial records (processes started with `auditDenials`) have a numbering of their own: each
+//! is published once, in number order, as soon as every lower number was; a hole the server's
+//! retention made (a read answers with later records only) is skipped, never waited on.
 
 use std::collections::BTreeMap;
 
 use proto::methods::process::{ExitReason, OutputStream, ReadResult};
 
-/// One event of a process, in seq order.
+/// One event of a process, in seq order (denials in their own order, between them).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ProcessEvent {
     /// Bytes the process wrote.
     Output {
@@ -35,6 +40,15 @@ pub enum ProcessEvent {
         /// Why it ended, when the server says (`oom`, `wallTimeout`, ...).
         reason: Option<ExitReason>,
     },
+    /// The sandbox denied the process something (a process started with `auditDenials`): one
+    /// record of the denial audit, as `process/denied` carries it (see docs/audit.md). Not in
+    /// the seq order; every record arrives before [`ProcessEvent::Closed`].
+    Denied {
+        /// The record's number, from 1, in this process's denial numbering.
+        number: u64,
+        /// The record (`kind`, `operation`, `path`, `allow_rule`, ...).
+        record: serde_json::Value,
+    },
     /// Exited and every output stream reached end of file: the last event.
     Closed {
         /// Event sequence number.
@@ -49,13 +63,24 @@ pub enum ProcessEvent {
 }
 
 impl ProcessEvent {
-    /// The event's seq (`None` for [`ProcessEvent::Failed`]).
+    /// The event's seq (`None` for [`ProcessEvent::Failed`] and [`ProcessEvent::Denied`]).
     pub fn seq(&self) -> Option<u64> {
         match self {
             ProcessEvent::Output { seq, .. }
             | ProcessEvent::Exited { seq, .. }
             | ProcessEvent::Closed { seq } => Some(*seq),
-            ProcessEvent::Failed { .. } => None,
+            ProcessEvent::Failed { .. } | ProcessEvent::Denied { .. } => None,
+        }
+    }
+
+    /// Bytes this event holds while it waits unread in a client's queue (output and denial
+    /// records; counted against `CLIENT_EVENT_BUFFER_BYTES`).
+    pub fn buffered_bytes(&self) -> usize {
+        match self {
+            ProcessEvent::Output { data, .. } => data.len(),
+            // Records are at most MAX_DENIAL_RECORD_BYTES of JSON; their text is their weight.
+            ProcessEvent::Denied { record, .. } => record.to_string().len(),
+            _ => 0,
         }
     }
 
@@ -83,12 +108,47 @@ pub struct EventSequencer {
     published: u64,
     pending: BTreeMap<u64, ProcessEvent>,
     finished: bool,
+    /// Number of the last denial record published (0 before the first).
+    denials_published: u64,
+    pending_denials: BTreeMap<u64, serde_json::Value>,
 }
 
 impl EventSequencer {
     /// The seq of the last published event (0 before the first).
     pub fn last_published(&self) -> u64 {
         self.published
+    }
+
+    /// The number of the last denial record published (0 before the first): what a resuming
+    /// `process/read` passes as `afterDenial`.
+    pub fn last_denial(&self) -> u64 {
+        self.denials_published
+    }
+
+    /// Offer denial record `number`; returns the denials that became publishable, in number
+    /// order. Repeats and records after the end are dropped.
+    pub fn offer_denial(&mut self, number: u64, record: serde_json::Value) -> Vec<ProcessEvent> {
+        if self.finished || number <= self.denials_published {
+            return Vec::new();
+        }
+        self.pending_denials.entry(number).or_insert(record);
+        let mut out = Vec::new();
+        self.drain_denials(&mut out, false);
+        out
+    }
+
+    /// Publishes the pending denials that follow the last published one; with `skip_holes`,
+    /// every pending one (in order), the missing numbers being gone for good.
+    fn drain_denials(&mut self, out: &mut Vec<ProcessEvent>, skip_holes: bool) {
+        while let Some(entry) = self.pending_denials.first_entry() {
+            let number = *entry.key();
+            if !skip_holes && number != self.denials_published + 1 {
+                break;
+            }
+            let record = entry.remove();
+            self.denials_published = number;
+            out.push(ProcessEvent::Denied { number, record });
+        }
     }
 
     /// Whether events wait for a lower seq.
@@ -126,11 +186,17 @@ impl EventSequencer {
                 break;
             };
             self.published += 1;
-            self.finished = event.is_terminal();
+            if event.is_terminal() {
+                // Every denial precedes `closed`: one still waiting for a lower number waits
+                // for a record that is gone.
+                self.drain_denials(out, true);
+                self.finished = true;
+            }
             out.push(event);
         }
         if self.finished {
             self.pending.clear();
+            self.pending_denials.clear();
         }
     }
 
@@ -166,6 +232,22 @@ impl EventSequencer {
             self.insert(ProcessEvent::Closed { seq });
         }
         let mut out = Vec::new();
+        if let Some(next) = read.next_denial {
+            // The records are consecutive and end just below `nextDenial`; anything between
+            // the last published and the first returned was dropped by retention.
+            let first = next.saturating_sub(read.denials.len() as u64);
+            if !self.finished {
+                for (number, record) in (first..).zip(&read.denials) {
+                    if number > self.denials_published {
+                        self.pending_denials
+                            .entry(number)
+                            .or_insert_with(|| record.clone());
+                    }
+                }
+                self.denials_published = self.denials_published.max(first.saturating_sub(1));
+                self.drain_denials(&mut out, false);
+            }
+        }
         self.drain(&mut out);
         if !self.finished && self.published + 1 < read.next_seq {
             return Err(CatchUpGap {
@@ -180,6 +262,7 @@ impl EventSequencer {
     pub fn fail(&mut self) {
         self.finished = true;
         self.pending.clear();
+        self.pending_denials.clear();
     }
 }
 
@@ -281,6 +364,53 @@ mod tests {
         );
         assert!(sequencer.is_finished());
         assert_eq!(sequencer.offer(out(6, "x")), vec![], "nothing after closed");
+    }
+
+    fn denied(number: u64) -> ProcessEvent {
+        ProcessEvent::Denied {
+            number,
+            record: serde_json::json!({ "n": number }),
+        }
+    }
+
+    fn offer_denial(sequencer: &mut EventSequencer, number: u64) -> Vec<ProcessEvent> {
+        sequencer.offer_denial(number, serde_json::json!({ "n": number }))
+    }
+
+    #[test]
+    fn denials_are_published_once_in_number_order_beside_the_seq_events() {
+        let mut sequencer = EventSequencer::default();
+        assert_eq!(offer_denial(&mut sequencer, 1), vec![denied(1)]);
+        assert_eq!(offer_denial(&mut sequencer, 1), vec![], "a repeat");
+        assert_eq!(offer_denial(&mut sequencer, 3), vec![], "waits for 2");
+        assert_eq!(seqs(&sequencer.offer(out(1, "a"))), vec![1]);
+        assert_eq!(offer_denial(&mut sequencer, 2), vec![denied(2), denied(3)]);
+        assert_eq!(sequencer.last_denial(), 3);
+    }
+
+    #[test]
+    fn a_resuming_read_fills_the_missed_denials_and_skips_what_retention_dropped() {
+        let mut sequencer = EventSequencer::default();
+        offer_denial(&mut sequencer, 1);
+        // Live records 6 and 7 arrived on the new connection before the catch-up read.
+        assert_eq!(offer_denial(&mut sequencer, 7), vec![]);
+        // The read after denial 1 starts at 4: 2 and 3 were dropped by retention.
+        let mut result = read(&[], 1);
+        result.denials = (4..=6).map(|n| serde_json::json!({ "n": n })).collect();
+        result.next_denial = Some(7);
+        let merged = sequencer.merge_read(&result, identity).unwrap();
+        assert_eq!(merged, vec![denied(4), denied(5), denied(6), denied(7)]);
+        // A read answered again changes nothing.
+        assert_eq!(sequencer.merge_read(&result, identity).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn closed_publishes_the_denials_still_waiting_and_nothing_follows() {
+        let mut sequencer = EventSequencer::default();
+        assert_eq!(offer_denial(&mut sequencer, 2), vec![]);
+        let events = sequencer.offer(ProcessEvent::Closed { seq: 1 });
+        assert_eq!(events, vec![denied(2), ProcessEvent::Closed { seq: 1 }]);
+        assert_eq!(offer_denial(&mut sequencer, 3), vec![], "after the end");
     }
 
     #[test]

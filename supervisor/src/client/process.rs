@@ -42,7 +42,8 @@ pub struct RemoteProcess {
 
 /// The events of one process in seq order, each once: [`ProcessEvent::Output`]s,
 /// [`ProcessEvent::Exited`], then [`ProcessEvent::Closed`] (or a terminal
-/// [`ProcessEvent::Failed`]). Also a [`futures_util::Stream`].
+/// [`ProcessEvent::Failed`]), with [`ProcessEvent::Denied`] records between them. Also a
+/// [`futures_util::Stream`].
 pub struct ProcessEvents {
     receiver: mpsc::UnboundedReceiver<ProcessEvent>,
     /// Output bytes received and not yet read; see [`super::CLIENT_EVENT_BUFFER_BYTES`].
@@ -64,6 +65,9 @@ pub struct ProcessOutput {
     pub signal: Option<i32>,
     /// Why it ended, when the server says.
     pub reason: Option<proto::methods::process::ExitReason>,
+    /// What the sandbox denied it, in order (processes started with `auditDenials`; see
+    /// [`ProcessEvent::Denied`]).
+    pub denials: Vec<serde_json::Value>,
 }
 
 impl ProcessHandle {
@@ -111,6 +115,7 @@ impl ProcessHandle {
                     output.signal = signal;
                     output.reason = reason;
                 }
+                ProcessEvent::Denied { record, .. } => output.denials.push(record),
                 ProcessEvent::Closed { .. } => return Ok(output),
                 ProcessEvent::Failed { error } => return Err(error),
             }
@@ -128,8 +133,9 @@ impl ProcessEvents {
     }
 
     fn taken(&self, event: Option<&ProcessEvent>) {
-        if let Some(ProcessEvent::Output { data, .. }) = event {
-            self.unread.fetch_sub(data.len(), Ordering::Relaxed);
+        if let Some(event) = event {
+            self.unread
+                .fetch_sub(event.buffered_bytes(), Ordering::Relaxed);
         }
     }
 }

@@ -253,9 +253,9 @@ impl Inner {
     async fn catch_up(&self, connection: &RpcConnection, process_id: &str) -> Result<(), Attempt> {
         let mut wait_ms = 0;
         loop {
-            let Some(after_seq) =
-                self.update_process(process_id, |s| (Vec::new(), s.last_published()))
-            else {
+            let Some((after_seq, after_denial)) = self.update_process(process_id, |s| {
+                (Vec::new(), (s.last_published(), s.last_denial()))
+            }) else {
                 return Ok(()); // finished meanwhile (closed arrived live)
             };
             let params = ReadParams {
@@ -263,7 +263,7 @@ impl Inner {
                 after_seq: Some(after_seq),
                 max_bytes: Some(CATCH_UP_READ_MAX_BYTES),
                 wait_ms: Some(wait_ms),
-                after_denial: None,
+                after_denial: Some(after_denial),
             };
             let params = serde_json::to_value(params).unwrap_or_default();
             let answer = connection

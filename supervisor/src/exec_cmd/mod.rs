@@ -334,7 +334,13 @@ pub fn start_params(
     let sandbox = args
         .sandbox
         .as_deref()
-        .map(|text| sandbox_object(text, &cwd))
+        .map(|text| {
+            let object = sandbox_object(text, &cwd, local_cwd)?;
+            with_policy_flags(object, args, &cwd).map_err(|reason| ExecCommandError::Sandbox {
+                value: text.to_owned(),
+                reason,
+            })
+        })
         .transpose()?;
     let mut params = StartParams::new(
         format!("exec-{}", uuid::Uuid::new_v4()),
@@ -350,17 +356,25 @@ pub fn start_params(
     if let Some(limits) = &args.limits {
         params = params.with_limits(limits.clone());
     }
+    if args.audit {
+        params = params.with_audit_denials(true);
+    }
     Ok(params)
 }
 
-/// The wire `sandbox` object for `--sandbox`: a built-in profile name, or a JSON sandbox
-/// object (as `sandbox-run --policy` takes), each with the command's cwd as its workspace
-/// unless the object names one.
+/// The wire `sandbox` object for `--sandbox`: a built-in profile name, a profile file (read
+/// here, sent as `profileToml`, its paths resolved where the command runs), or a JSON sandbox
+/// object (as `sandbox-run --policy` takes), each with the command's cwd as its workspace unless
+/// the object names one.
 ///
 /// # Errors
 /// [`ExecCommandError::Sandbox`] for invalid JSON, a JSON value that is not an object, or a
-/// profile file (the server resolves policies and the wire has no TOML form).
-pub fn sandbox_object(text: &str, cwd: &FileUri) -> Result<serde_json::Value, ExecCommandError> {
+/// profile file that cannot be read or does not parse.
+pub fn sandbox_object(
+    text: &str,
+    cwd: &FileUri,
+    local_cwd: &Option<PathBuf>,
+) -> Result<serde_json::Value, ExecCommandError> {
     let error = |reason: String| ExecCommandError::Sandbox {
         value: text.to_owned(),
         reason,
@@ -378,15 +392,118 @@ pub fn sandbox_object(text: &str, cwd: &FileUri) -> Result<serde_json::Value, Ex
         return Ok(serde_json::Value::Object(object));
     }
     if text.contains('/') || text.ends_with(".toml") {
-        return Err(error(
-            "a profile file is resolved where the command runs, and the server takes a built-in \
-             name or a JSON sandbox object: pass the profile as JSON (see policies/README.md, \
-             the `permissions` shape), or run the file's policy locally with `sandbox-run \
-             --policy FILE`"
-                .into(),
-        ));
+        let path = match local_cwd {
+            Some(base) => base.join(text),
+            None => PathBuf::from(text),
+        };
+        let toml = std::fs::read_to_string(&path)
+            .map_err(|err| error(format!("cannot read the profile file: {err}")))?;
+        // Parsed here too, so a mistake is reported before anything is sent.
+        sandbox::policy::ProfileFile::parse(&toml, &path.display().to_string())
+            .map_err(|err| error(err.to_string()))?;
+        return Ok(serde_json::json!({ "profileToml": toml, "cwd": cwd.to_uri_string() }));
     }
     Ok(serde_json::json!({ "profile": text, "cwd": cwd.to_uri_string() }))
+}
+
+/// `object` with exec's policy flags applied as the wire keys `sandbox-run`'s flags map to:
+/// `--writable-root` (`writableRoots`, inside a `profile` object or beside `permissions` and
+/// `profileToml`), `--allow` (`allowances`), `--deny` (`denyPaths`), `--allow-network`,
+/// `--allow-domain`/`--deny-domain` (`network`), `--allow-credential-store`
+/// (`readableCredentialStores`). Relative paths are taken relative to the command's cwd on the
+/// server.
+///
+/// # Errors
+/// What is wrong, for a flag the object's shape cannot take.
+pub fn with_policy_flags(
+    mut object: serde_json::Value,
+    args: &ExecArgs,
+    cwd: &FileUri,
+) -> Result<serde_json::Value, String> {
+    use serde_json::Value;
+    let serde_json::Value::Object(map) = &mut object else {
+        return Err("a sandbox object must be a JSON object".into());
+    };
+    let remote = |path: &str| {
+        let path = Path::new(path);
+        let absolute = if path.is_absolute() {
+            path.to_owned()
+        } else {
+            cwd.as_path().join(path)
+        };
+        Value::String(absolute.display().to_string())
+    };
+    let append = |map: &mut serde_json::Map<String, Value>, key: &str, items: Vec<Value>| {
+        if items.is_empty() {
+            return Ok(());
+        }
+        match map
+            .entry(key.to_owned())
+            .or_insert_with(|| Value::Array(Vec::new()))
+        {
+            Value::Array(existing) => {
+                existing.extend(items);
+                Ok(())
+            }
+            other => Err(format!(
+                "the object's {key:?} must be an array (got {other})"
+            )),
+        }
+    };
+    if !args.writable_roots.is_empty() {
+        let takes_roots = ["profile", "permissions", "profileToml"]
+            .iter()
+            .any(|key| map.contains_key(*key));
+        if !takes_roots {
+            return Err(
+                "--writable-root needs a profile name, a profile file or a `permissions` object \
+                 (a legacy `type` object names its own writableRoots)"
+                    .into(),
+            );
+        }
+        append(
+            map,
+            "writableRoots",
+            args.writable_roots.iter().map(|p| remote(p)).collect(),
+        )?;
+    }
+    append(
+        map,
+        "allowances",
+        args.allowances.iter().cloned().map(Value::String).collect(),
+    )?;
+    append(
+        map,
+        "denyPaths",
+        args.denies.iter().map(|p| remote(p)).collect(),
+    )?;
+    append(
+        map,
+        "readableCredentialStores",
+        args.allow_credential_stores
+            .iter()
+            .cloned()
+            .map(Value::String)
+            .collect(),
+    )?;
+    if args.allow_network {
+        map.insert("network".into(), Value::String("on".into()));
+    }
+    if !args.allow_domains.is_empty() || !args.deny_domains.is_empty() {
+        let network = map
+            .entry("network".to_owned())
+            .or_insert_with(|| serde_json::json!({}));
+        if !network.is_object() {
+            // "off" or "on" beside domains: the allowlist is what was asked for.
+            *network = serde_json::json!({});
+        }
+        if let Value::Object(network) = network {
+            let strings = |items: &[String]| items.iter().cloned().map(Value::String).collect();
+            append(network, "allow", strings(&args.allow_domains))?;
+            append(network, "deny", strings(&args.deny_domains))?;
+        }
+    }
+    Ok(object)
 }
 
 fn cwd_uri(cwd: Option<&str>, local_cwd: &Option<PathBuf>) -> Result<FileUri, ExecCommandError> {
@@ -521,6 +638,11 @@ async fn run_command(
                     exit = Some((exit_code, reason));
                     drain.as_mut().reset(tokio::time::Instant::now() + EXIT_DRAIN);
                 }
+                Some(ProcessEvent::Denied { record, .. }) => {
+                    if let Some(line) = describe_denial(&record) {
+                        eprintln!("exec-server exec: {line}");
+                    }
+                }
                 Some(ProcessEvent::Closed { .. }) => break Ok(finish(exit, &args_limits)),
                 Some(ProcessEvent::Failed { error }) => break Err(error.into()),
                 None => break Err(ExecCommandError::Incomplete),
@@ -546,6 +668,65 @@ async fn run_command(
     };
     writer.abort();
     outcome
+}
+
+/// The stderr line for one record of the denial audit (docs/audit.md): a denial with what
+/// would allow it, or the coverage summary at the end; `None` for the per-group summaries.
+/// Every value is the server's: control characters are escaped so none reaches the terminal.
+pub fn describe_denial(record: &serde_json::Value) -> Option<String> {
+    let text = |key: &str| {
+        record
+            .get(key)
+            .and_then(serde_json::Value::as_str)
+            .map(|value| {
+                value
+                    .chars()
+                    .map(|c| match c.is_control() {
+                        true => c.escape_unicode().to_string(),
+                        false => c.to_string(),
+                    })
+                    .collect::<String>()
+            })
+    };
+    match record.get("kind").and_then(serde_json::Value::as_str)? {
+        "denial" => {
+            let operation = text("operation").unwrap_or_else(|| "?".into());
+            let target = text("path")
+                .or_else(|| text("address"))
+                .unwrap_or_else(|| "?".into());
+            let mut line = format!("denied {operation} {target}");
+            if let Some(exe) = text("exe") {
+                line.push_str(&format!(" by {exe}"));
+            }
+            if let Some(rule) = text("allow_rule") {
+                line.push_str(&format!(" — allow: {rule}"));
+            }
+            Some(line)
+        }
+        "coverage" => {
+            if record.get("audit").and_then(serde_json::Value::as_bool) == Some(false) {
+                return Some(
+                    "audit: the server cannot read the kernel audit log (it must run as root), so \
+                     no denial could be seen; this is not a clean report"
+                        .into(),
+                );
+            }
+            let denials = record
+                .get("denials")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            let complete = record.get("complete").and_then(serde_json::Value::as_bool);
+            Some(format!(
+                "audit: {denials} denial(s){}",
+                if complete == Some(false) {
+                    " (incomplete: some layers could not be observed; see docs/audit.md)"
+                } else {
+                    ""
+                }
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// Interrupts (Ctrl-C, SIGTERM) received so far: the first is forwarded to the command, the
@@ -760,6 +941,27 @@ mod tests {
             Ok(Some(crate::cli::Command::Exec(args))) => args,
             other => panic!("not an exec command line: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_denial_line_names_the_operation_path_and_rule_and_escapes_control_characters() {
+        let record = serde_json::json!({"kind": "denial", "operation": "fs.make_reg",
+            "path": "/srv/x\u{1b}[2J", "exe": "/usr/bin/dash",
+            "allow_rule": "\"/srv\" = \"write\""});
+        assert_eq!(
+            describe_denial(&record).unwrap(),
+            "denied fs.make_reg /srv/x\\u{1b}[2J by /usr/bin/dash — allow: \"/srv\" = \"write\""
+        );
+        let blind = serde_json::json!({"kind": "coverage", "audit": false});
+        assert!(
+            describe_denial(&blind)
+                .unwrap()
+                .contains("not a clean report")
+        );
+        let clean =
+            serde_json::json!({"kind": "coverage", "audit": true, "denials": 0, "complete": true});
+        assert_eq!(describe_denial(&clean).unwrap(), "audit: 0 denial(s)");
+        assert_eq!(describe_denial(&serde_json::json!({"kind": "group"})), None);
     }
 
     fn local_env() -> Vec<(String, String)> {

@@ -120,8 +120,9 @@ pub struct DenialRead {
 }
 
 impl DenialLog {
-    fn push(&mut self, record: serde_json::Value, size: usize) {
-        self.records.push_back((self.next, record, size));
+    fn push(&mut self, record: serde_json::Value, size: usize) -> u64 {
+        let number = self.next;
+        self.records.push_back((number, record, size));
         self.next += 1;
         self.bytes += size;
         while self.records.len() > MAX_DENIALS_RETAINED
@@ -132,6 +133,7 @@ impl DenialLog {
                 self.dropped += 1;
             }
         }
+        number
     }
 
     /// Records numbered after `after` whose sizes fit `budget`; the first one even when it does
@@ -218,12 +220,12 @@ impl ManagedProcess {
     }
 
     /// Keep a denial record of `size` bytes (the newest [`MAX_DENIALS_RETAINED`] records and at
-    /// most [`MAX_DENIAL_BYTES_RETAINED`] bytes are kept).
-    pub fn record_denial(&self, record: serde_json::Value, size: usize) {
+    /// most [`MAX_DENIAL_BYTES_RETAINED`] bytes are kept); its number, from 1.
+    pub fn record_denial(&self, record: serde_json::Value, size: usize) -> u64 {
         self.denials
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(record, size);
+            .push(record, size)
     }
 
     /// Denial records numbered after `after`, their sizes within `budget` bytes (the first one

@@ -213,10 +213,11 @@ async fn forward_denials(
                 let Ok(record) = serde_json::from_slice::<serde_json::Value>(&line) else {
                     continue;
                 };
-                process.record_denial(record.clone(), line.len());
+                let number = process.record_denial(record.clone(), line.len());
                 if let Some(sender) = sink.sender() {
                     let params = DeniedNotification {
                         process_id: process.id.clone(),
+                        number: Some(number),
                         denial: record,
                     };
                     let message = Message::Notification(Notification {

@@ -11,6 +11,9 @@ use clap::Parser;
 /// with a token of the credentials file (--credentials): executor tokens register and serve
 /// environments, harness tokens connect to them, admin tokens release key bindings. SIGHUP
 /// rereads the file.
+///
+/// Exit status: 0 after a clean shutdown (SIGINT, SIGTERM); 2 when the command line or a file it
+/// names is wrong (listen address, credentials file, certificate); 1 when the OS refused the bind.
 #[derive(Debug, Parser)]
 #[command(name = "exec-rendezvous", version, about, long_about)]
 pub struct Cli {

@@ -100,6 +100,18 @@ pub enum RendezvousError {
     },
 }
 
+impl RendezvousError {
+    /// Whether the rendezvous failed while starting to run (the OS refused the bind) rather than
+    /// on what it was given (credentials file, certificate): see
+    /// [`crate::cli::RUNTIME_FAILURE_STATUS`].
+    pub fn is_runtime_failure(&self) -> bool {
+        match self {
+            Self::Credentials(_) | Self::Tls(_) => false,
+            Self::Bind { .. } => true,
+        }
+    }
+}
+
 /// A bound rendezvous.
 pub struct Rendezvous {
     listener: TcpListener,

@@ -375,12 +375,17 @@ pub const MAX_DENIAL_RECORD_BYTES: usize = 64 * 1024;
 pub const MAX_DENIAL_BYTES_RETAINED: usize = 256 * 1024;
 
 /// `process/denied` notification: one record from the sandbox's denial audit (the objects
-/// `sandbox-run --audit` writes; see docs/audit.md). Not numbered in the event sequence.
+/// `sandbox-run --audit` writes; see docs/audit.md). Not numbered in the event sequence, but in
+/// the process's own denial numbering (`number`, from 1, as `afterDenial` counts), so a client
+/// that resumes reads exactly the records it missed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeniedNotification {
     /// The process.
     pub process_id: String,
+    /// The record's number (absent from servers older than this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub number: Option<u64>,
     /// The record.
     pub denial: Value,
 }

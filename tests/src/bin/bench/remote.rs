@@ -134,7 +134,7 @@ async fn library_output_bytes(
             supervisor::ProcessEvent::Output { data, .. } => bytes += data.len() as u64,
             supervisor::ProcessEvent::Closed { .. } => return bytes,
             supervisor::ProcessEvent::Failed { error } => panic!("{process_id} failed: {error}"),
-            supervisor::ProcessEvent::Exited { .. } => {}
+            _ => {}
         }
     }
     panic!("the events of {process_id} ended without closed");
