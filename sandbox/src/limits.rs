@@ -33,6 +33,69 @@ pub struct CommandLimits {
     /// Wall-clock seconds after which `sandbox-run` kills the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall_seconds: Option<u64>,
+    /// The sandbox's bounds on kernel pools the host shares, below its share.
+    #[serde(default, skip_serializing_if = "PoolLimits::is_empty")]
+    pub pools: PoolLimits,
+}
+
+/// What one sandbox may take of the kernel pools its host shares, when asked for less than its
+/// share ([`pool_share`], [`SANDBOX_PTYS`]): each bound is clamped to the share, so no request
+/// raises a sandbox above it. Every field optional (absent: the share).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolLimits {
+    /// Inotify instances of the sandbox's user namespace (`max_inotify_instances`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inotify_instances: Option<u64>,
+    /// Inotify watches of the sandbox's user namespace (`max_inotify_watches`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inotify_watches: Option<u64>,
+    /// Queued signals and POSIX timers (`RLIMIT_SIGPENDING`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_signals: Option<u64>,
+    /// POSIX message-queue bytes (`RLIMIT_MSGQUEUE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_queue_bytes: Option<u64>,
+    /// Pseudo-terminals of the sandbox's devpts instance (its `max=`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptys: Option<u64>,
+}
+
+impl PoolLimits {
+    /// No bound is set.
+    pub fn is_empty(&self) -> bool {
+        self == &PoolLimits::default()
+    }
+
+    /// Whether a bound is one the sandbox's mounts hold (its user namespace's inotify maxima,
+    /// its devpts instance), built when the sandbox is set up: a launcher, which prepares each
+    /// command's sandbox before the command (and its limits) arrives, cannot apply it.
+    pub fn set_at_setup(&self) -> bool {
+        self.inotify_instances.is_some() || self.inotify_watches.is_some() || self.ptys.is_some()
+    }
+
+    /// The `max=` of the sandbox's devpts instance: [`SANDBOX_PTYS`], or less when asked.
+    pub fn ptys(&self) -> u64 {
+        self.ptys
+            .map_or(SANDBOX_PTYS, |asked| asked.clamp(1, SANDBOX_PTYS))
+    }
+
+    /// The inotify maximum of the sandbox's user namespace for the host's `host` (instances
+    /// when `watches` is false): its share, or less when asked.
+    pub fn inotify(&self, host: u64, watches: bool) -> u64 {
+        let asked = if watches {
+            self.inotify_watches
+        } else {
+            self.inotify_instances
+        };
+        bounded_share(host, i32::MAX as u64, asked)
+    }
+}
+
+/// [`pool_share`] of `host` (at most `cap`), or `asked` when that is less (at least 1).
+pub fn bounded_share(host: u64, cap: u64, asked: Option<u64>) -> u64 {
+    let share = pool_share(host, cap);
+    asked.map_or(share, |asked| asked.clamp(1, share))
 }
 
 /// The resources [`CommandLimits`] sets, as `setrlimit` names them.
@@ -132,7 +195,8 @@ pub fn pool_share(host: u64, cap: u64) -> u64 {
 }
 
 /// Sets `RLIMIT_SIGPENDING`, `RLIMIT_MSGQUEUE` and `RLIMIT_MEMLOCK` (soft and hard) of the
-/// calling process to its share of what it has now ([`pool_share`]): a sandboxed command's
+/// calling process to its share of what it has now ([`pool_share`]), or to the smaller bound
+/// `pools` asks for: a sandboxed command's
 /// queued signals, POSIX timers, message-queue bytes and `SHM_LOCK`ed bytes are counted per user namespace against these, while what it
 /// adds to the host uid's count is checked against the limits the sandbox's user namespace was
 /// created with (the host's). Lowering those instead (in the process that creates the
@@ -142,23 +206,26 @@ pub fn pool_share(host: u64, cap: u64) -> u64 {
 /// # Errors
 /// The resource and the OS error of the `setrlimit` that failed.
 #[cfg(target_os = "linux")]
-pub fn apply_pool_rlimits_to_current_process() -> Result<(), LimitError> {
+pub fn apply_pool_rlimits_to_current_process(pools: &PoolLimits) -> Result<(), LimitError> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    for (kernel, name, cap) in [
+    for (kernel, name, cap, asked) in [
         (
             Resource::RLIMIT_SIGPENDING,
             "RLIMIT_SIGPENDING",
             MAX_SANDBOX_PENDING_SIGNALS,
+            pools.pending_signals,
         ),
         (
             Resource::RLIMIT_MSGQUEUE,
             "RLIMIT_MSGQUEUE",
             MAX_SANDBOX_MESSAGE_QUEUE_BYTES,
+            pools.message_queue_bytes,
         ),
         (
             Resource::RLIMIT_MEMLOCK,
             "RLIMIT_MEMLOCK",
             MAX_SANDBOX_LOCKED_BYTES,
+            None,
         ),
     ] {
         let (soft, _) = getrlimit(kernel).map_err(|source| LimitError::SetShare {
@@ -166,7 +233,7 @@ pub fn apply_pool_rlimits_to_current_process() -> Result<(), LimitError> {
             value: 0,
             source: source.into(),
         })?;
-        let share = pool_share(soft, cap);
+        let share = bounded_share(soft, cap, asked);
         setrlimit(kernel, share, share).map_err(|source| LimitError::SetShare {
             resource: name,
             value: share,
@@ -219,6 +286,38 @@ mod tests {
         );
         assert!(CommandLimits::default().rlimits().is_empty());
         assert!(CommandLimits::default().is_empty() && !limits.is_empty());
+    }
+
+    #[test]
+    fn a_pool_bound_is_clamped_to_the_share() {
+        let asked = PoolLimits {
+            inotify_instances: Some(3),
+            inotify_watches: Some(1 << 40),
+            ptys: Some(1000),
+            ..PoolLimits::default()
+        };
+        assert_eq!(asked.inotify(128, false), 3);
+        assert_eq!(asked.inotify(128, true), 16, "above the share: the share");
+        assert_eq!(asked.ptys(), SANDBOX_PTYS);
+        assert_eq!(PoolLimits::default().inotify(128, false), 16);
+        assert_eq!(PoolLimits::default().ptys(), SANDBOX_PTYS);
+        assert_eq!(bounded_share(1 << 20, 8 << 20, Some(100)), 100);
+        assert_eq!(bounded_share(1 << 20, 8 << 20, Some(1 << 30)), 1 << 17);
+        assert_eq!(bounded_share(u64::MAX, 8 << 20, None), 8 << 20);
+        assert!(asked.set_at_setup());
+        let rlimits_only = PoolLimits {
+            pending_signals: Some(4),
+            ..PoolLimits::default()
+        };
+        assert!(!rlimits_only.set_at_setup() && !rlimits_only.is_empty());
+        let limits = CommandLimits {
+            pools: rlimits_only,
+            ..CommandLimits::default()
+        };
+        assert!(
+            limits.rlimits().is_empty(),
+            "pool bounds are no plain rlimits"
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Kernel pools the host shares (issue 31): a sandboxed command that takes all it can of one
-//! (inotify instances, queued signals through POSIX timers, POSIX message-queue bytes, AIO
-//! contexts, pseudo-terminals) leaves enough that a host process of the same uid, and a second
+//! (inotify instances and watches, queued signals through POSIX timers, POSIX message-queue
+//! bytes, AIO contexts, pseudo-terminals, keys) leaves enough that a host process of the same uid, and a second
 //! sandbox, still get one. Each pool also has a control showing the exhaustion is real: the
 //! same hog unsandboxed takes the uid's (or the host's) whole pool, so a host process then gets
 //! none. Run as root and as uid 65534, each hog in a fresh `sandbox-run`; every hog is killed
@@ -25,6 +25,9 @@ libc = ctypes.CDLL(None, use_errno=True)
 what, hold = sys.argv[1], float(sys.argv[2])
 cap = int(sys.argv[3]) if len(sys.argv) > 3 else 1 << 30
 n, err, held = 0, "", []
+# Files to watch (`watches`), made by the test in the working directory.
+files = sorted(os.path.join("watch", f) for f in os.listdir("watch")) if os.path.isdir("watch") else []
+watched = [0]
 def fail():
     return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
 def take():
@@ -32,6 +35,23 @@ def take():
         fd = libc.inotify_init1(0o2000000)
         held.append(fd)
         return fd >= 0
+    if what == "watches":
+        # Every file in one instance, then the next instance: each watch counts.
+        if not held or watched[0] >= len(files):
+            fd = libc.inotify_init1(0o2000000)
+            if fd < 0:
+                return False
+            held.append(fd)
+            watched[0] = 0
+        ok = libc.inotify_add_watch(held[-1], files[watched[0]].encode(), 0x100) >= 0
+        if ok:
+            watched[0] += 1
+        return ok
+    if what == "keys":
+        # add_key (x86_64) of a 1000-byte user key into the process keyring: the uid's key
+        # quota (kernel.keys.maxbytes; root_maxbytes for root).
+        desc = ("execward-pools-%d-%d" % (os.getpid(), n)).encode()
+        return libc.syscall(248, b"user", desc, b"k" * 1000, 1000, ctypes.c_int(-2)) >= 0
     if what == "timers":
         tid = ctypes.c_void_p()
         return libc.timer_create(1, None, ctypes.byref(tid)) == 0
@@ -257,6 +277,58 @@ fn a_sandbox_takes_only_its_share_of_the_uids_inotify_instances() {
         others_still_get_one(&script, "inotify", uid, &fx.ws, true);
         drop(held);
         unsandboxed_hog_starves_the_host(&script, "inotify", uid, &fx.ws, "EMFILE");
+    }
+}
+
+/// Files the `watches` hog watches, each instance all of them: few instances reach the uid's
+/// whole watch quota (a control that needed more than the uid's instances would stop at those).
+const WATCHED_FILES: usize = 8192;
+
+fn make_watched_files(fx: &Fixture) {
+    let dir = fx.ws.join("watch");
+    std::fs::create_dir(&dir).unwrap();
+    for i in 0..WATCHED_FILES {
+        std::fs::write(dir.join(i.to_string()), "").unwrap();
+    }
+}
+
+#[test]
+fn a_sandbox_takes_only_its_share_of_the_uids_inotify_watches() {
+    let _serial = serial();
+    let host_max = proc_number("/proc/sys/fs/inotify/max_user_watches");
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let script = hog_script(&fx);
+        make_watched_files(&fx);
+        let held = hog(&script, "watches", true, None, uid, &fx.ws);
+        assert_eq!(
+            (held.took, held.error.as_str()),
+            (share(host_max), "ENOSPC"),
+            "as {uid:?}: the sandbox's inotify watches are not bounded to its share"
+        );
+        others_still_get_one(&script, "watches", uid, &fx.ws, true);
+        drop(held);
+        unsandboxed_hog_starves_the_host(&script, "watches", uid, &fx.ws, "ENOSPC");
+    }
+}
+
+#[test]
+fn a_sandbox_takes_no_keys_from_the_uids_quota() {
+    let _serial = serial();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let script = hog_script(&fx);
+        // The keyring calls are refused by seccomp (the quota is the host uid's, and no user
+        // namespace maximum covers it).
+        let held = hog(&script, "keys", true, None, uid, &fx.ws);
+        assert_eq!(
+            (held.took, held.error.as_str()),
+            (0, "EPERM"),
+            "as {uid:?}: a sandbox added a key"
+        );
+        others_still_get_one(&script, "keys", uid, &fx.ws, false);
+        drop(held);
+        unsandboxed_hog_starves_the_host(&script, "keys", uid, &fx.ws, "EDQUOT");
     }
 }
 

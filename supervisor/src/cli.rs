@@ -71,8 +71,9 @@ pub struct Cli {
     pub one_shot_sandbox: bool,
 
     /// Limits of every process/start that does not set its own, as comma-separated NAME=VALUE
-    /// items: memoryBytes, processes, cpuSeconds, wallSeconds, fileSizeBytes, openFiles (byte
-    /// sizes may end in K, M or G), and optionally bestEffort. The server refuses to start when
+    /// items: memoryBytes, processes, cpuSeconds, wallSeconds, fileSizeBytes, openFiles,
+    /// inotifyInstances, inotifyWatches, pendingSignals, messageQueueBytes, ptys (byte sizes may
+    /// end in K, M or G), and optionally bestEffort. The server refuses to start when
     /// one cannot be enforced here (unless bestEffort). Example:
     /// memoryBytes=4G,processes=1024,wallSeconds=3600
     #[arg(long, value_name = "LIST", value_parser = crate::containment::plan::parse_default_limits)]

@@ -666,6 +666,16 @@ async fn environment_info_says_how_trees_are_contained_here() {
     let server = ExecServer::start(&[]);
     let mut client = server.client().await;
     let report = containment(&mut client).await;
+    // The pool bounds hold in a sandbox only: nothing here enforces them without one.
+    for pool in [
+        "inotifyInstances",
+        "inotifyWatches",
+        "pendingSignals",
+        "messageQueueBytes",
+        "ptys",
+    ] {
+        assert_eq!(report["limits"][pool], "none", "{pool}: {report}");
+    }
     let v2 = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .contains(" - cgroup2 ");

@@ -81,6 +81,27 @@ pub struct LimitsSupport {
     pub file_size_bytes: crate::methods::process::Enforcement,
     /// `openFiles`.
     pub open_files: crate::methods::process::Enforcement,
+    /// `inotifyInstances` (held by a sandbox only, so for a start without one `none`; as the
+    /// four below).
+    #[serde(default = "no_sandbox")]
+    pub inotify_instances: crate::methods::process::Enforcement,
+    /// `inotifyWatches`.
+    #[serde(default = "no_sandbox")]
+    pub inotify_watches: crate::methods::process::Enforcement,
+    /// `pendingSignals`.
+    #[serde(default = "no_sandbox")]
+    pub pending_signals: crate::methods::process::Enforcement,
+    /// `messageQueueBytes`.
+    #[serde(default = "no_sandbox")]
+    pub message_queue_bytes: crate::methods::process::Enforcement,
+    /// `ptys`.
+    #[serde(default = "no_sandbox")]
+    pub ptys: crate::methods::process::Enforcement,
+}
+
+/// What holds a pool bound for a start without a sandbox: nothing.
+fn no_sandbox() -> crate::methods::process::Enforcement {
+    crate::methods::process::Enforcement::None
 }
 
 /// The shell of `environment/info`.

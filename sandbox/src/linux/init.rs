@@ -168,8 +168,9 @@ fn prepare(
     // server's signals to the outer's process group reach only the outer, which forwards them.
     let _ = nix::unistd::setsid();
     let layout = command_layout(policy, &command.cwd);
-    let applied = mounts::apply(&mounts::mount_plan(policy, &layout))
-        .map_err(super::namespaces::NamespaceError::from)?;
+    let applied =
+        mounts::apply_bounded(&mounts::mount_plan(policy, &layout), &command.limits.pools)
+            .map_err(super::namespaces::NamespaceError::from)?;
     report.namespaces.mounts = applied.ops;
     report.warnings.extend(applied.warnings);
     let slave = match terminal {
@@ -468,7 +469,7 @@ pub(super) fn start_command(exec: &Exec, slave: Option<&OwnedFd>, relayed: [bool
 /// The command's rlimits, then `execve` along its `PATH`. Never returns.
 pub(super) fn exec_prepared(exec: &Exec) -> ! {
     // Last, so nothing of the setup above counts against them (and PID 1 never has them).
-    if let Err(err) = crate::limits::apply_pool_rlimits_to_current_process()
+    if let Err(err) = crate::limits::apply_pool_rlimits_to_current_process(&exec.limits.pools)
         .and_then(|()| exec.limits.apply_rlimits_to_current_process())
     {
         eprintln!("sandbox-run: {err}");

@@ -352,6 +352,7 @@ impl Allowance {
                     source,
                 })?;
         }
+        let layers = policy.private_layers();
         if let FilesystemPolicy::Restricted { rules } = &mut policy.filesystem {
             let mut all = std::mem::take(rules);
             let mut reads = Vec::new();
@@ -365,9 +366,9 @@ impl Allowance {
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect();
-            let mut all = protect_subpaths(all, &protected, &[]);
+            let mut all = protect_subpaths(all, &protected, &layers);
             all.extend(reads);
-            *rules = normalize_rules(all);
+            *rules = normalize_rules(all, &layers);
         }
         Ok(policy)
     }

@@ -308,15 +308,29 @@ impl ResolvedPolicy {
     /// Adds a deny rule (for example the supervisor's own unix socket), keeping the rule list
     /// normalised. Does nothing when the filesystem is unrestricted.
     pub fn with_denied_path(mut self, path: &Path) -> Self {
+        let layers = self.private_layers();
         if let FilesystemPolicy::Restricted { rules } = &mut self.filesystem {
             let mut all = std::mem::take(rules);
             all.push(PathRule {
                 path: resolve::normalize_existing(path),
                 access: Access::Deny,
             });
-            *rules = resolve::normalize_rules(all);
+            *rules = resolve::normalize_rules(all, &layers);
         }
         self
+    }
+
+    /// The directories a command under this policy gets a fresh tmpfs on (`/tmp`, and
+    /// `$TMPDIR` when the policy makes it writable); empty when the filesystem is unrestricted.
+    /// Host paths inside them are visible to the command only when carried in: its writable
+    /// roots there and its working directory.
+    pub fn private_layers(&self) -> Vec<PathBuf> {
+        if !self.restricts_filesystem() {
+            return Vec::new();
+        }
+        let mut layers = vec![PathBuf::from("/tmp")];
+        layers.extend(self.tmpdir.iter().cloned());
+        layers
     }
 }
 

@@ -308,6 +308,7 @@ impl ResolvedPolicy {
     /// Adds a writable root (with the default protected subpaths kept read-only). Does nothing
     /// when the filesystem is unrestricted.
     pub fn with_writable_root(mut self, root: &Path) -> Self {
+        let layers = self.private_layers();
         if let FilesystemPolicy::Restricted { rules } = &mut self.filesystem {
             let mut all = std::mem::take(rules);
             all.push(PathRule {
@@ -318,7 +319,7 @@ impl ResolvedPolicy {
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect();
-            *rules = protect_subpaths(all, &protected, &[]);
+            *rules = protect_subpaths(all, &protected, &layers);
         }
         self
     }
@@ -341,6 +342,24 @@ impl ResolvedPolicy {
             self.unix_sockets.sort();
         }
         Ok(self)
+    }
+
+    /// The policy a command starting in `cwd` (canonical) runs under. A working directory
+    /// inside a private layer ([`Self::private_layers`]) is carried into the command's fresh
+    /// tmpfs with the access the policy gives it; when that is write, the command writes that
+    /// host directory (and can plant symlinks in it) as in any writable root, so it becomes
+    /// one: carried in, its protected names kept read-only, recorded and checked as a
+    /// directory sandboxes write ([`PlantableDirs`]). Any other `cwd` changes nothing.
+    pub fn with_working_directory(self, cwd: &Path) -> Self {
+        let carried = self
+            .private_layers()
+            .iter()
+            .any(|layer| cwd.starts_with(layer) && cwd != layer.as_path());
+        if carried && self.can_write(cwd) {
+            self.with_writable_root(cwd)
+        } else {
+            self
+        }
     }
 
     /// Turns the network on or off.
@@ -420,16 +439,6 @@ fn resolve_draft(
             access: Access::Write,
         });
     }
-    let tmpdir = ctx.tmpdir.as_deref().map(normalize_existing);
-    let fresh: Vec<PathBuf> = [Some(PathBuf::from("/tmp")), tmpdir.clone()]
-        .into_iter()
-        .flatten()
-        .collect();
-    let rules = protect_subpaths(rules, &draft.protected, &fresh);
-    let mut policy = ResolvedPolicy::new(
-        FilesystemPolicy::Restricted { rules },
-        draft.network.clone(),
-    );
     let tmpdir_writable = draft.entries.iter().any(|(path, access)| {
         *access == Access::Write
             && matches!(
@@ -439,9 +448,19 @@ fn resolve_draft(
                 }
             )
     });
+    let mut policy = ResolvedPolicy::new(
+        FilesystemPolicy::Restricted { rules: Vec::new() },
+        draft.network.clone(),
+    );
     if tmpdir_writable {
-        policy.tmpdir = tmpdir;
+        policy.tmpdir = ctx.tmpdir.as_deref().map(normalize_existing);
     }
+    // The fresh layers' host contents are never scanned; writable roots inside them stay
+    // rules of their own (host directories carried in).
+    let fresh = policy.private_layers();
+    policy.filesystem = FilesystemPolicy::Restricted {
+        rules: protect_subpaths(rules, &draft.protected, &fresh),
+    };
     for path in &named {
         policy.refuse_planted_symlink_after(path, &ctx.earlier_writable)?;
     }

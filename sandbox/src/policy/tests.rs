@@ -44,10 +44,9 @@ fn host_workspace() -> (tempfile::TempDir, PathBuf) {
 /// A directory outside `/dev` (whose paths resolve lexically, not through symlinks) and `/tmp`
 /// (every sandbox's private layer).
 fn disk_workspace() -> (tempfile::TempDir, PathBuf) {
-    // In /srv, outside /tmp and the test $TMPDIR (/var/tmp), wherever the checkout is: a
-    // workspace under /tmp is merged into the /tmp rule, which `plantable_roots` leaves out as
-    // a private layer (a known gap: such a workspace is carried into the private /tmp
-    // writable, so its plants are not recorded).
+    // In /srv, outside /tmp and the test $TMPDIR (/var/tmp), wherever the checkout is (a
+    // workspace under /tmp has its own test:
+    // a_workspace_under_tmp_is_a_host_directory_sandboxes_write_and_its_plants_are_refused).
     let dir = tempfile::Builder::new()
         .prefix("policy-test-")
         .tempdir_in("/srv")
@@ -95,9 +94,8 @@ fn workspace_write_grants_cwd_tmp_and_tmpdir_and_protects_git() {
         rule("/tmp", Access::Write),
         rule("/var/tmp", Access::Write),
     ];
-    if !ws.starts_with("/tmp") {
-        expected.push(rule(&ws_str, Access::Write));
-    }
+    // Under /tmp too: a workspace there is a host directory bound into the private /tmp.
+    expected.push(rule(&ws_str, Access::Write));
     expected.push(rule(&format!("{ws_str}/.git"), Access::Read));
     expected.sort_by(|a, b| a.path.cmp(&b.path));
     assert_eq!(policy.rules(), expected.as_slice());
@@ -306,13 +304,16 @@ fn resolved_policy_round_trips_and_hashes() {
 
 #[test]
 fn more_specific_rule_wins_and_deny_beats_write_at_equal_depth() {
-    let rules = resolve::normalize_rules(vec![
-        rule("/", Access::Read),
-        rule("/a", Access::Write),
-        rule("/a", Access::Deny),
-        rule("/a/b", Access::Write),
-        rule("/a/b/c", Access::Write),
-    ]);
+    let rules = resolve::normalize_rules(
+        vec![
+            rule("/", Access::Read),
+            rule("/a", Access::Write),
+            rule("/a", Access::Deny),
+            rule("/a/b", Access::Write),
+            rule("/a/b/c", Access::Write),
+        ],
+        &[],
+    );
     assert_eq!(
         rules,
         vec![
@@ -539,6 +540,136 @@ fn a_cwd_planted_by_an_earlier_sandbox_is_refused_and_an_unplanted_one_resolves(
         control.refuse_planted_symlink_after(&ws.join("task"), &earlier),
         Err(PolicyError::PlantedSymlink { .. })
     ));
+}
+
+/// A directory in the host's /tmp (the CI clone lives there), outside the test $TMPDIR.
+fn tmp_workspace() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("policy-test-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let path = std::fs::canonicalize(dir.path()).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn a_workspace_under_tmp_is_a_host_directory_sandboxes_write_and_its_plants_are_refused() {
+    let (_dir, ws) = tmp_workspace();
+    let (_outside_dir, outside) = disk_workspace();
+    let earlier_policy = spec(json!({"profile": "workspace-write", "cwd": ws.to_str().unwrap()}))
+        .resolve_with(&ctx())
+        .unwrap();
+    // The workspace stays a rule of its own beside the private /tmp (not merged into it), so
+    // it is carried in and recorded; /tmp itself is not a host directory sandboxes write.
+    assert!(
+        earlier_policy
+            .rules()
+            .contains(&rule(ws.to_str().unwrap(), Access::Write)),
+        "{:?}",
+        earlier_policy.rules()
+    );
+    let plantable = earlier_policy.plantable_roots();
+    assert!(plantable.contains(&ws), "{plantable:?}");
+    assert!(!plantable.contains(&PathBuf::from("/tmp")), "{plantable:?}");
+    // Writable roots inside it are redundant again.
+    let nested = earlier_policy.clone().with_writable_root(&ws.join("sub"));
+    assert_eq!(nested.rules(), earlier_policy.rules());
+    let mut earlier = PlantableDirs::default();
+    earlier.record(&earlier_policy);
+    let after = ResolveContext {
+        earlier_writable: std::sync::Arc::new(earlier),
+        ..ctx()
+    };
+    let next =
+        |cwd: &Path| spec(json!({"profile": "workspace-write", "cwd": cwd.to_str().unwrap()}));
+    // Control: a real `task` resolves.
+    std::fs::create_dir(ws.join("task")).unwrap();
+    next(&ws.join("task")).resolve_with(&after).unwrap();
+    // The plant: refused both by the record and by the next policy itself (which makes the
+    // workspace's `task` writable, not the workspace: the record is what refuses it).
+    std::fs::remove_dir(ws.join("task")).unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("task")).unwrap();
+    let unrecorded = next(&ws.join("task")).resolve_with(&ctx()).unwrap();
+    assert!(
+        unrecorded.plantable_roots().contains(&outside),
+        "without the record the plant is followed (the attack)"
+    );
+    let err = next(&ws.join("task")).resolve_with(&after).unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::PlantedSymlink { link, .. } if *link == ws.join("task")),
+        "{err}"
+    );
+    // Under the workspace's own policy the symlink is in a directory it writes.
+    assert!(matches!(
+        earlier_policy.refuse_planted_symlink(&ws.join("task")),
+        Err(PolicyError::PlantedSymlink { .. })
+    ));
+}
+
+#[test]
+fn a_workspace_under_a_writable_tmpdir_stays_a_writable_root_of_its_own() {
+    // ctx()'s $TMPDIR is /var/tmp, writable (a private layer) under workspace-write.
+    let dir = tempfile::Builder::new()
+        .prefix("policy-test-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let ws = std::fs::canonicalize(dir.path()).unwrap();
+    let policy = spec(json!({"profile": "workspace-write", "cwd": ws.to_str().unwrap()}))
+        .resolve_with(&ctx())
+        .unwrap();
+    assert_eq!(policy.tmpdir.as_deref(), Some(Path::new("/var/tmp")));
+    assert!(
+        policy
+            .rules()
+            .contains(&rule(ws.to_str().unwrap(), Access::Write)),
+        "{:?}",
+        policy.rules()
+    );
+    let plantable = policy.plantable_roots();
+    assert!(plantable.contains(&ws), "{plantable:?}");
+    assert!(
+        !plantable.contains(&PathBuf::from("/var/tmp")),
+        "{plantable:?}"
+    );
+    // Where $TMPDIR is not writable it is no private layer: a root there merges as usual
+    // into a writable ancestor (here none: it stays).
+    let excluded = spec(json!({
+        "profile": "workspace-write", "cwd": ws.to_str().unwrap(), "excludeTmpdirEnvVar": true
+    }))
+    .resolve_with(&ctx())
+    .unwrap();
+    assert_eq!(excluded.tmpdir, None);
+    assert!(excluded.plantable_roots().contains(&ws));
+}
+
+#[test]
+fn a_working_directory_carried_writable_into_the_private_tmp_becomes_a_writable_root() {
+    let (_dir, cwd) = tmp_workspace();
+    std::fs::create_dir(cwd.join(".git")).unwrap();
+    // /tmp writable, the cwd named by no entry: carried in writable by the mount layout.
+    let policy = spec(json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+            {"path": {"type": "special", "value": {"kind": "slash_tmp"}}, "access": "write"},
+        ]}}
+    }))
+    .resolve_with(&ctx())
+    .unwrap();
+    assert!(
+        !policy.plantable_roots().contains(&cwd),
+        "{:?}",
+        policy.rules()
+    );
+    let started = policy.clone().with_working_directory(&cwd);
+    assert!(started.plantable_roots().contains(&cwd), "{started:?}");
+    assert!(!started.can_write(&cwd.join(".git/config")), "{started:?}");
+    // A cwd the policy does not let it write, or one outside the private layers, adds nothing.
+    let read_only = spec(json!({"profile": "read-only"}))
+        .resolve_with(&ctx())
+        .unwrap();
+    assert_eq!(read_only.clone().with_working_directory(&cwd), read_only);
+    let (_other, disk) = disk_workspace();
+    assert_eq!(policy.clone().with_working_directory(&disk), policy);
 }
 
 #[test]

@@ -128,6 +128,7 @@ fn cli_limits(cli: &Cli) -> Result<crate::limits::CommandLimits, RunError> {
         address_space_bytes: cli.memory,
         processes: cli.pids,
         wall_seconds: cli.wall_time,
+        pools: crate::limits::PoolLimits::default(),
     })
 }
 

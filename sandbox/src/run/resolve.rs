@@ -241,7 +241,7 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
     }
     let cwd = std::fs::canonicalize(&cwd)
         .map_err(|err| RunError::Setup(format!("--cwd {}: {err}", cwd.display())))?;
-    Ok((policy, cwd))
+    Ok((policy.with_working_directory(&cwd), cwd))
 }
 
 /// A profile file the sandboxed command could rewrite would confine the next run by the

@@ -54,6 +54,8 @@ pub struct Plan {
     pub wall: Option<Duration>,
     /// CPU budget of the whole tree, measured in its cgroup.
     pub cpu_budget: Option<Duration>,
+    /// Best effort was asked: a limit nothing enforces is reported, not refused.
+    pub best_effort: bool,
 }
 
 impl Plan {
@@ -123,7 +125,10 @@ pub fn plan(limits: &Limits, caps: Capabilities) -> Result<Plan, PlanError> {
             return Err(PlanError::Zero { limit: name });
         }
     }
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        best_effort: limits.best_effort,
+        ..Plan::default()
+    };
     if let Some(bytes) = limits.memory_bytes {
         let detail = match caps.memory {
             Some(version @ CgroupVersion::V2) => {
@@ -234,7 +239,86 @@ pub fn plan(limits: &Limits, caps: Capabilities) -> Result<Plan, PlanError> {
         let detail = applied(count, Rlimit, Process, "RLIMIT_NOFILE".into());
         plan.applied.set(LimitName::OpenFiles, detail);
     }
+    plan_pools(limits, &mut plan);
     Ok(plan)
+}
+
+/// The bounds on kernel pools the host shares, which the sandbox holds (its user namespace's
+/// inotify maxima, its devpts instance, its rlimit shares), each clamped there to the sandbox's
+/// share ([`sandbox::limits::PoolLimits`]). A start without a sandbox has none of these:
+/// [`Plan::without_sandbox`].
+fn plan_pools(limits: &Limits, plan: &mut Plan) {
+    let pools = &mut plan.rlimits.pools;
+    for name in LimitName::POOLS {
+        let Some(value) = limits.get(name) else {
+            continue;
+        };
+        let (slot, detail) = match name {
+            LimitName::InotifyInstances => (
+                &mut pools.inotify_instances,
+                "the sandbox's user namespace max_inotify_instances",
+            ),
+            LimitName::InotifyWatches => (
+                &mut pools.inotify_watches,
+                "the sandbox's user namespace max_inotify_watches",
+            ),
+            LimitName::PendingSignals => (
+                &mut pools.pending_signals,
+                "RLIMIT_SIGPENDING, queued signals and POSIX timers counted per sandbox",
+            ),
+            LimitName::MessageQueueBytes => (
+                &mut pools.message_queue_bytes,
+                "RLIMIT_MSGQUEUE, counted per sandbox",
+            ),
+            _ => (&mut pools.ptys, "max= of the sandbox's devpts instance"),
+        };
+        *slot = Some(value);
+        let detail = format!(
+            "{detail}; never above the sandbox's share of the host's pool (a request above it \
+             gets the share)"
+        );
+        plan.applied.set(
+            name,
+            applied(value, Enforcement::Sandbox, LimitScope::Tree, detail),
+        );
+    }
+}
+
+impl Plan {
+    /// For a start without a sandbox: the pool bounds have nothing to hold them (no user
+    /// namespace, devpts instance or share of its own), so they refuse the start unless best
+    /// effort was asked, which reports them as not enforced.
+    ///
+    /// # Errors
+    /// [`PlanError::Unenforceable`] naming the first pool bound.
+    pub fn without_sandbox(&mut self) -> Result<(), PlanError> {
+        let best_effort = self.best_effort;
+        for name in LimitName::POOLS {
+            let Some(value) = self.applied.get(name).map(|applied| applied.value) else {
+                continue;
+            };
+            if !best_effort {
+                return Err(PlanError::Unenforceable {
+                    limit: name,
+                    value,
+                    reason: "it bounds what a sandbox takes of a pool the host shares, and this \
+                             start has no sandbox"
+                        .into(),
+                });
+            }
+            self.applied.set(
+                name,
+                applied(
+                    value,
+                    Enforcement::None,
+                    LimitScope::Tree,
+                    "not enforced: no sandbox".into(),
+                ),
+            );
+        }
+        self.rlimits.pools = sandbox::limits::PoolLimits::default();
+        Ok(())
+    }
 }
 
 /// What enforces each limit here, for `environment/info` (a start without best effort fails
@@ -254,6 +338,12 @@ pub fn support(caps: Capabilities) -> proto::methods::environment::LimitsSupport
         wall_seconds: Enforcement::Timer,
         file_size_bytes: Enforcement::Rlimit,
         open_files: Enforcement::Rlimit,
+        // Held by a sandbox only (`Plan::without_sandbox`).
+        inotify_instances: Enforcement::None,
+        inotify_watches: Enforcement::None,
+        pending_signals: Enforcement::None,
+        message_queue_bytes: Enforcement::None,
+        ptys: Enforcement::None,
     }
 }
 
@@ -261,8 +351,9 @@ pub fn support(caps: Capabilities) -> proto::methods::environment::LimitsSupport
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "--default-limits: {item:?} {problem}; expected comma-separated NAME=VALUE items with NAME \
-     one of memoryBytes, processes, cpuSeconds, wallSeconds, fileSizeBytes, openFiles (byte \
-     sizes may end in K, M or G), and optionally bestEffort, e.g. \
+     one of memoryBytes, processes, cpuSeconds, wallSeconds, fileSizeBytes, openFiles, \
+     inotifyInstances, inotifyWatches, pendingSignals, messageQueueBytes, ptys (byte sizes may \
+     end in K, M or G), and optionally bestEffort, e.g. \
      memoryBytes=2G,processes=512,wallSeconds=3600"
 )]
 pub struct DefaultLimitsError {
@@ -296,7 +387,10 @@ pub fn parse_default_limits(text: &str) -> Result<Limits, DefaultLimitsError> {
             .into_iter()
             .find(|known| known.as_str() == name.trim())
             .ok_or_else(|| error("names no limit"))?;
-        let sized = matches!(name, LimitName::MemoryBytes | LimitName::FileSizeBytes);
+        let sized = matches!(
+            name,
+            LimitName::MemoryBytes | LimitName::FileSizeBytes | LimitName::MessageQueueBytes
+        );
         let value = parse_number(value.trim(), sized).ok_or_else(|| error("is not a number"))?;
         if value == 0 {
             return Err(error("is zero"));
@@ -475,6 +569,60 @@ mod tests {
         assert_eq!(plan.wall, Some(Duration::from_secs(3)));
         assert_eq!(plan.cpu_budget, None, "no cgroup: no tree budget");
         assert_eq!(plan.applied.cpu_seconds.unwrap().scope, LimitScope::Process);
+    }
+
+    #[test]
+    fn pool_bounds_are_held_by_the_sandbox_and_refused_without_one() {
+        let asked = limits(serde_json::json!({
+            "inotifyInstances": 3, "inotifyWatches": 40, "pendingSignals": 5,
+            "messageQueueBytes": 4096, "ptys": 2
+        }));
+        let mut sandboxed = plan(&asked, Capabilities::default()).unwrap();
+        assert_eq!(
+            sandboxed.rlimits.pools,
+            sandbox::limits::PoolLimits {
+                inotify_instances: Some(3),
+                inotify_watches: Some(40),
+                pending_signals: Some(5),
+                message_queue_bytes: Some(4096),
+                ptys: Some(2),
+            }
+        );
+        assert!(sandboxed.rlimits.rlimits().is_empty());
+        for name in LimitName::POOLS {
+            let applied = sandboxed.applied.get(name).unwrap();
+            assert_eq!(applied.enforcement, Enforcement::Sandbox, "{name}");
+            assert!(applied.detail.contains("share"), "{}", applied.detail);
+        }
+        // Without a sandbox nothing holds them: refused, naming the limit...
+        let error = sandboxed.clone().without_sandbox().unwrap_err();
+        assert!(
+            error.to_string().contains("limits.inotifyInstances (3)")
+                && error.to_string().contains("no sandbox"),
+            "{error}"
+        );
+        // ... or, with best effort, reported as not enforced and not passed on.
+        sandboxed.best_effort = true;
+        sandboxed.without_sandbox().unwrap();
+        assert!(sandboxed.rlimits.pools.is_empty());
+        assert_eq!(
+            sandboxed.applied.ptys.unwrap().enforcement,
+            Enforcement::None
+        );
+        // A plan without them starts without a sandbox.
+        let mut plain = plan(
+            &limits(serde_json::json!({"openFiles": 64})),
+            Capabilities::default(),
+        )
+        .unwrap();
+        plain.without_sandbox().unwrap();
+        assert_eq!(plain.rlimits.open_files, Some(64));
+        assert_eq!(
+            parse_default_limits("ptys=8,messageQueueBytes=1M,pendingSignals=100")
+                .unwrap()
+                .message_queue_bytes,
+            Some(1 << 20)
+        );
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub async fn start(
     };
     let cwd = params.cwd.as_path().to_path_buf();
     let reservation = session.processes.reserve(&params.process_id)?;
-    let plan = launch.containment.plan(params.limits.as_ref())?;
+    let mut plan = launch.containment.plan(params.limits.as_ref())?;
     let pty = params.tty.then(|| {
         (
             params.cols.unwrap_or(DEFAULT_PTY_COLS),
@@ -94,8 +94,12 @@ pub async fn start(
     let how = match policy {
         // A pipe-mode start in a policy a launcher can serve goes through the session's
         // launcher; its one-shot spec is made only if no launcher takes it.
+        // A launcher prepares each command's sandbox before the command arrives, so bounds
+        // set when a sandbox is built (its devpts instance, its inotify maxima) need a
+        // one-shot `sandbox-run`.
         Some((policy, cwd))
             if params.arg0.is_none()
+                && !plan.rlimits.pools.set_at_setup()
                 && launch.launchers.eligible(&policy, pty.is_some(), audit) =>
         {
             How::Launcher(LauncherStart {
@@ -116,18 +120,22 @@ pub async fn start(
             None if audit => {
                 return Err(ProcessError::AuditWithoutSandbox);
             }
-            None => SpawnSpec {
-                argv: params.argv,
-                arg0: params.arg0,
-                cwd,
-                env,
-                pty,
-                pipe_stdin: params.pipe_stdin,
-                audit_pipe: false,
-                launch: None,
-                cgroups: ChildCgroupFds::default(),
-                rlimits: plan.rlimits.clone(),
-            },
+            None => {
+                // The pool bounds hold only in a sandbox.
+                plan.without_sandbox()?;
+                SpawnSpec {
+                    argv: params.argv,
+                    arg0: params.arg0,
+                    cwd,
+                    env,
+                    pty,
+                    pipe_stdin: params.pipe_stdin,
+                    audit_pipe: false,
+                    launch: None,
+                    cgroups: ChildCgroupFds::default(),
+                    rlimits: plan.rlimits.clone(),
+                }
+            }
             Some(_) if params.arg0.is_some() => {
                 return Err(ProcessError::Arg0WithSandbox {
                     arg0: params.arg0.unwrap_or_default(),
@@ -520,6 +528,9 @@ async fn resolve_sandbox(
             if cwd.to_str().is_none() {
                 return Err(ProcessError::CwdNotUtf8 { path: cwd });
             }
+            // A cwd carried writable into the private /tmp is a host directory the command
+            // writes: a writable root, recorded with the rest.
+            let policy = policy.with_working_directory(&cwd);
             sandboxing.record_started(&policy);
             Ok(Some((policy, cwd)))
         })

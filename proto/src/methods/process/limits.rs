@@ -30,6 +30,23 @@ pub struct Limits {
     /// Open descriptors per process (`RLIMIT_NOFILE`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_files: Option<u64>,
+    /// Inotify instances the sandbox may hold (its user namespace's `max_inotify_instances`);
+    /// at most its share of the host uid's. Sandboxed starts only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inotify_instances: Option<u64>,
+    /// Inotify watches the sandbox may hold (`max_inotify_watches`); at most its share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inotify_watches: Option<u64>,
+    /// Queued signals and POSIX timers (`RLIMIT_SIGPENDING`, counted per sandbox); at most its
+    /// share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_signals: Option<u64>,
+    /// POSIX message-queue bytes (`RLIMIT_MSGQUEUE`, counted per sandbox); at most its share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_queue_bytes: Option<u64>,
+    /// Pseudo-terminals of the sandbox's own devpts instance (its `max=`); at most 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptys: Option<u64>,
     /// Start even when a limit cannot be enforced on this host; the result says what was
     /// applied. Without it such a start fails, naming the limit.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -52,17 +69,42 @@ pub enum LimitName {
     FileSizeBytes,
     /// `openFiles`.
     OpenFiles,
+    /// `inotifyInstances`.
+    InotifyInstances,
+    /// `inotifyWatches`.
+    InotifyWatches,
+    /// `pendingSignals`.
+    PendingSignals,
+    /// `messageQueueBytes`.
+    MessageQueueBytes,
+    /// `ptys`.
+    Ptys,
 }
 
 impl LimitName {
     /// Every limit, in wire order.
-    pub const ALL: [LimitName; 6] = [
+    pub const ALL: [LimitName; 11] = [
         LimitName::MemoryBytes,
         LimitName::Processes,
         LimitName::CpuSeconds,
         LimitName::WallSeconds,
         LimitName::FileSizeBytes,
         LimitName::OpenFiles,
+        LimitName::InotifyInstances,
+        LimitName::InotifyWatches,
+        LimitName::PendingSignals,
+        LimitName::MessageQueueBytes,
+        LimitName::Ptys,
+    ];
+
+    /// The limits that bound what a sandbox takes of a kernel pool the host shares: they hold
+    /// for sandboxed starts only.
+    pub const POOLS: [LimitName; 5] = [
+        LimitName::InotifyInstances,
+        LimitName::InotifyWatches,
+        LimitName::PendingSignals,
+        LimitName::MessageQueueBytes,
+        LimitName::Ptys,
     ];
 
     /// The wire name (`memoryBytes`, ...).
@@ -74,6 +116,11 @@ impl LimitName {
             LimitName::WallSeconds => "wallSeconds",
             LimitName::FileSizeBytes => "fileSizeBytes",
             LimitName::OpenFiles => "openFiles",
+            LimitName::InotifyInstances => "inotifyInstances",
+            LimitName::InotifyWatches => "inotifyWatches",
+            LimitName::PendingSignals => "pendingSignals",
+            LimitName::MessageQueueBytes => "messageQueueBytes",
+            LimitName::Ptys => "ptys",
         }
     }
 }
@@ -94,6 +141,11 @@ impl Limits {
             LimitName::WallSeconds => self.wall_seconds,
             LimitName::FileSizeBytes => self.file_size_bytes,
             LimitName::OpenFiles => self.open_files,
+            LimitName::InotifyInstances => self.inotify_instances,
+            LimitName::InotifyWatches => self.inotify_watches,
+            LimitName::PendingSignals => self.pending_signals,
+            LimitName::MessageQueueBytes => self.message_queue_bytes,
+            LimitName::Ptys => self.ptys,
         }
     }
 
@@ -106,6 +158,11 @@ impl Limits {
             LimitName::WallSeconds => &mut self.wall_seconds,
             LimitName::FileSizeBytes => &mut self.file_size_bytes,
             LimitName::OpenFiles => &mut self.open_files,
+            LimitName::InotifyInstances => &mut self.inotify_instances,
+            LimitName::InotifyWatches => &mut self.inotify_watches,
+            LimitName::PendingSignals => &mut self.pending_signals,
+            LimitName::MessageQueueBytes => &mut self.message_queue_bytes,
+            LimitName::Ptys => &mut self.ptys,
         };
         *slot = value;
     }
@@ -141,6 +198,8 @@ pub enum Enforcement {
     Rlimit,
     /// The server's own timer, which kills the tree.
     Timer,
+    /// The sandbox itself: its user namespace's maxima, its devpts instance, its rlimit shares.
+    Sandbox,
     /// Nothing: the host cannot enforce it (only with `bestEffort`).
     None,
 }
@@ -191,6 +250,21 @@ pub struct AppliedLimits {
     /// `openFiles`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_files: Option<AppliedLimit>,
+    /// `inotifyInstances`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inotify_instances: Option<AppliedLimit>,
+    /// `inotifyWatches`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inotify_watches: Option<AppliedLimit>,
+    /// `pendingSignals`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_signals: Option<AppliedLimit>,
+    /// `messageQueueBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_queue_bytes: Option<AppliedLimit>,
+    /// `ptys`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptys: Option<AppliedLimit>,
 }
 
 impl AppliedLimits {
@@ -203,6 +277,11 @@ impl AppliedLimits {
             LimitName::WallSeconds => self.wall_seconds.as_ref(),
             LimitName::FileSizeBytes => self.file_size_bytes.as_ref(),
             LimitName::OpenFiles => self.open_files.as_ref(),
+            LimitName::InotifyInstances => self.inotify_instances.as_ref(),
+            LimitName::InotifyWatches => self.inotify_watches.as_ref(),
+            LimitName::PendingSignals => self.pending_signals.as_ref(),
+            LimitName::MessageQueueBytes => self.message_queue_bytes.as_ref(),
+            LimitName::Ptys => self.ptys.as_ref(),
         }
     }
 
@@ -215,6 +294,11 @@ impl AppliedLimits {
             LimitName::WallSeconds => &mut self.wall_seconds,
             LimitName::FileSizeBytes => &mut self.file_size_bytes,
             LimitName::OpenFiles => &mut self.open_files,
+            LimitName::InotifyInstances => &mut self.inotify_instances,
+            LimitName::InotifyWatches => &mut self.inotify_watches,
+            LimitName::PendingSignals => &mut self.pending_signals,
+            LimitName::MessageQueueBytes => &mut self.message_queue_bytes,
+            LimitName::Ptys => &mut self.ptys,
         };
         *slot = Some(applied);
     }

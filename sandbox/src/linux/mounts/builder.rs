@@ -9,6 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 use super::{DEV_NODES, MountError, MountOp, depth};
+use crate::limits::PoolLimits;
 use crate::sys::{
     self, FsContext, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
 };
@@ -96,11 +97,21 @@ pub struct Applied {
     pub warnings: Vec<String>,
 }
 
-/// Builds `plan` in the caller's (fresh, private) mount namespace.
+/// Builds `plan` in the caller's (fresh, private) mount namespace, its devpts instance and user
+/// namespace bounded to their shares of the host's pools.
 ///
 /// # Errors
 /// [`MountError`] naming the step; the namespace is then half-built.
 pub fn apply(plan: &[MountOp]) -> Result<Applied, MountError> {
+    apply_bounded(plan, &PoolLimits::default())
+}
+
+/// [`apply`], with the devpts instance's `max=` and the user namespace's inotify maxima at the
+/// smaller bounds `pools` asks for (never above the shares).
+///
+/// # Errors
+/// As [`apply`].
+pub fn apply_bounded(plan: &[MountOp], pools: &PoolLimits) -> Result<Applied, MountError> {
     let step = |op: &MountOp| {
         let op = op.clone();
         move |source: io::Error| MountError::Step { op, source }
@@ -154,6 +165,7 @@ pub fn apply(plan: &[MountOp]) -> Result<Applied, MountError> {
                     &devices,
                     mask_file.as_ref(),
                     &mut applied,
+                    pools,
                 )
             }
         };
@@ -301,6 +313,7 @@ fn build(
     devices: &[(&str, Source)],
     mask_file: Option<&OwnedFd>,
     applied: &mut Applied,
+    pools: &PoolLimits,
 ) -> io::Result<Option<(OwnedFd, bool)>> {
     let source = |path: &Path| {
         sources
@@ -373,8 +386,8 @@ fn build(
             sys::attach_mount(tmp.as_fd(), target.as_fd())?;
             Ok(Some((tmp, true)))
         }
-        MountOp::PrivateDev => build_dev(target, devices).map(|dev| Some((dev, false))),
-        MountOp::Proc => build_proc(target, applied).map(|proc| Some((proc, false))),
+        MountOp::PrivateDev => build_dev(target, devices, pools).map(|dev| Some((dev, false))),
+        MountOp::Proc => build_proc(target, applied, pools).map(|proc| Some((proc, false))),
     }
 }
 
@@ -387,7 +400,11 @@ fn fresh_tmpfs(mode: &str, attrs: u64) -> io::Result<OwnedFd> {
 /// A tmpfs on `/dev` holding [`DEV_NODES`] bound from the host, a private devpts instance, the
 /// mount point of `/dev/shm` (a [`MountOp::PrivateDir`] of its own) and the usual symlinks;
 /// read-only once populated.
-fn build_dev(target: &OwnedFd, devices: &[(&str, Source)]) -> io::Result<OwnedFd> {
+fn build_dev(
+    target: &OwnedFd,
+    devices: &[(&str, Source)],
+    pools: &PoolLimits,
+) -> io::Result<OwnedFd> {
     use nix::sys::stat::Mode;
     let dev = fresh_tmpfs("0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
     sys::attach_mount(dev.as_fd(), target.as_fd())?;
@@ -427,7 +444,7 @@ fn build_dev(target: &OwnedFd, devices: &[(&str, Source)]) -> io::Result<OwnedFd
         .set("ptmxmode", "0666")?
         .set("mode", "0620")?
         // The host's devpts instances share one pool (kernel.pty.max): bounded per sandbox.
-        .set("max", &crate::limits::SANDBOX_PTYS.to_string())?;
+        .set("max", &pools.ptys().to_string())?;
     let pts = sys::fsmount(&pts, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)?;
     let place = sys::open_no_symlinks(Some(dev.as_fd()), Path::new("pts"))?;
     sys::attach_mount(pts.as_fd(), place.as_fd())?;
@@ -439,11 +456,11 @@ fn build_dev(target: &OwnedFd, devices: &[(&str, Source)]) -> io::Result<OwnedFd
 /// host's (`fs/inotify/max_user_*` shows the initial namespace's), written as this namespace's
 /// own maxima (`sys/user/max_inotify_*`), which the kernel checks at every level of the
 /// user-namespace hierarchy. Not setting them leaves the sandbox the host uid's whole pool, so
-/// it fails the build.
+/// it fails the build. `pools` may ask for less ([`PoolLimits::inotify`]).
 ///
 /// [`POOL_SHARE_DIVISOR`]: crate::limits::POOL_SHARE_DIVISOR
-fn bound_inotify(proc: &OwnedFd) -> io::Result<()> {
-    for (host, ours) in INOTIFY_POOLS {
+fn bound_inotify(proc: &OwnedFd, pools: &PoolLimits) -> io::Result<()> {
+    for (host, ours, watches) in INOTIFY_POOLS {
         let read = nix::fcntl::openat(
             proc.as_fd(),
             *host,
@@ -456,7 +473,7 @@ fn bound_inotify(proc: &OwnedFd) -> io::Result<()> {
             .trim()
             .parse()
             .map_err(|_| io::Error::other(format!("{host}: not a number: {text:?}")))?;
-        let share = crate::limits::pool_share(host_max, i32::MAX as u64);
+        let share = pools.inotify(host_max, *watches);
         let fd = nix::fcntl::openat(
             proc.as_fd(),
             *ours,
@@ -470,15 +487,18 @@ fn bound_inotify(proc: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-/// The host's per-uid inotify maxima and this user namespace's own, relative to `/proc`.
-const INOTIFY_POOLS: &[(&str, &str)] = &[
+/// The host's per-uid inotify maxima and this user namespace's own, relative to `/proc`, and
+/// whether they count watches (else instances).
+const INOTIFY_POOLS: &[(&str, &str, bool)] = &[
     (
         "sys/fs/inotify/max_user_instances",
         "sys/user/max_inotify_instances",
+        false,
     ),
     (
         "sys/fs/inotify/max_user_watches",
         "sys/user/max_inotify_watches",
+        true,
     ),
 ];
 
@@ -486,7 +506,7 @@ const INOTIFY_POOLS: &[(&str, &str)] = &[
 /// re-bound read-only, after forbidding new user namespaces in ours
 /// (`/proc/sys/user/max_user_namespaces` = 0: a nested user namespace would hand a process a
 /// full capability set again; seccomp refuses creating one too).
-fn build_proc(target: &OwnedFd, applied: &mut Applied) -> io::Result<OwnedFd> {
+fn build_proc(target: &OwnedFd, applied: &mut Applied, pools: &PoolLimits) -> io::Result<OwnedFd> {
     let context = FsContext::open("proc")?;
     let proc = sys::fsmount(
         &context,
@@ -505,7 +525,7 @@ fn build_proc(target: &OwnedFd, applied: &mut Applied) -> io::Result<OwnedFd> {
             "cannot set max_user_namespaces to 0 ({err}); seccomp still refuses new namespaces"
         ));
     }
-    bound_inotify(&proc)?;
+    bound_inotify(&proc, pools)?;
     for entry in PROC_READ_ONLY {
         let Ok(place) = sys::open_no_symlinks(Some(proc.as_fd()), Path::new(entry)) else {
             continue;

@@ -33,7 +33,7 @@ use serde::Serialize;
 use crate::policy::{Access, ResolvedPolicy};
 
 mod builder;
-pub use builder::{Applied, apply};
+pub use builder::{Applied, apply, apply_bounded};
 
 /// Device nodes the private `/dev` holds, bound from the host's.
 pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];

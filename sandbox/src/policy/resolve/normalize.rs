@@ -3,7 +3,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use crate::policy::{Access, PathRule, effective_access, parent_access};
+use crate::policy::{Access, PathRule, effective_access};
 
 /// Canonical path when it exists, else the lexically normalised absolute path.
 pub(crate) fn normalize_existing(path: &Path) -> PathBuf {
@@ -29,13 +29,34 @@ fn lexical(path: &Path) -> PathBuf {
 }
 
 /// Dedupes (highest precedence per path wins), sorts, and drops rules that repeat the access of
-/// their nearest ancestor rule (including `deny` at the top, which is the default).
-pub(crate) fn normalize_rules(mut rules: Vec<PathRule>) -> Vec<PathRule> {
+/// their nearest ancestor rule (including `deny` at the top, which is the default), except a
+/// writable root whose nearest ancestor rule is one of the private `layers` (`/tmp`, a writable
+/// `$TMPDIR`, see [`ResolvedPolicy::private_layers`]): a command gets a fresh tmpfs there, and
+/// a writable root inside it is a host directory bound into that tmpfs, which the command can
+/// write (and plant symlinks in) on the host. Merged into the layer's rule it would be neither
+/// carried in nor recorded as a host directory sandboxes write.
+///
+/// [`ResolvedPolicy::private_layers`]: crate::policy::ResolvedPolicy::private_layers
+pub(crate) fn normalize_rules(mut rules: Vec<PathRule>, layers: &[PathBuf]) -> Vec<PathRule> {
     rules.sort_by(|a, b| a.path.cmp(&b.path).then(b.access.cmp(&a.access)));
     rules.dedup_by(|later, earlier| later.path == earlier.path);
     let all = rules.clone();
-    rules.retain(|rule| parent_access(&all, &rule.path) != rule.access);
+    rules.retain(|rule| {
+        let nearest = nearest_ancestor(&all, &rule.path);
+        let host_root_in_layer = rule.access == Access::Write
+            && nearest.is_some_and(|layer| layers.contains(&layer.path));
+        host_root_in_layer || nearest.map_or(Access::Deny, |parent| parent.access) != rule.access
+    });
     rules
+}
+
+/// The strictly shallower rule that decides `path`'s access when `path` has no rule of its own
+/// (what `policy::parent_access` reads).
+fn nearest_ancestor<'a>(rules: &'a [PathRule], path: &Path) -> Option<&'a PathRule> {
+    rules
+        .iter()
+        .filter(|rule| rule.path != path && path.starts_with(&rule.path))
+        .max_by_key(|rule| (rule.path.components().count(), rule.access))
 }
 
 /// Directory entries the search for nested protected names reads per writable root.
@@ -52,13 +73,14 @@ pub const PROTECTED_SCAN_MAX_DEPTH: usize = 8;
 /// repository's `.git/hooks` runs code outside the sandbox as surely as the top-level one),
 /// including the directory a `.git` pointer file names and a symlink's target, where they are
 /// otherwise writable. `skip` lists writable roots that are the sandbox's own fresh directories
-/// (`/tmp`, `$TMPDIR`), whose host contents no command sees.
+/// (`/tmp`, `$TMPDIR`), whose host contents no command sees (the private layers of
+/// [`normalize_rules`]).
 pub(crate) fn protect_subpaths(
     raw: Vec<PathRule>,
     protected: &[String],
     skip: &[PathBuf],
 ) -> Vec<PathRule> {
-    let rules = normalize_rules(raw.clone());
+    let rules = normalize_rules(raw.clone(), skip);
     let mut extra = Vec::new();
     if !protected.is_empty() {
         for root in raw.iter().filter(|r| r.access == Access::Write) {
@@ -92,7 +114,7 @@ pub(crate) fn protect_subpaths(
         .collect();
     let mut all = rules;
     all.extend(narrowing);
-    normalize_rules(all)
+    normalize_rules(all, skip)
 }
 
 /// Paths under `root` (breadth first, not following symlinks, not descending into what it

@@ -113,7 +113,10 @@ impl ResolvedPolicy {
     }
 
     /// The host directories a sandbox under this policy can create entries in: its writable
-    /// roots but the private `/tmp`/`$TMPDIR` layers; none when the filesystem is unrestricted.
+    /// roots but the private `/tmp`/`$TMPDIR` layers, writable roots inside those layers
+    /// included (they are host directories carried in, kept as rules of their own by
+    /// normalisation; a working directory carried in writable becomes one through
+    /// [`Self::with_working_directory`]); none when the filesystem is unrestricted.
     pub fn plantable_roots(&self) -> Vec<PathBuf> {
         self.rules()
             .iter()
@@ -123,7 +126,7 @@ impl ResolvedPolicy {
     }
 
     fn is_private_layer(&self, root: &Path) -> bool {
-        root == Path::new("/tmp") || self.tmpdir.as_deref() == Some(root)
+        self.private_layers().iter().any(|layer| layer == root)
     }
 
     /// Whether a sandbox under this policy can create entries in the host directory `dir`:
