@@ -6,7 +6,7 @@
 //! `Connection: close` (so every request on a connection goes to the host that was checked) and
 //! without `Proxy-*` headers. A `Host` header naming another host than the URL is refused.
 //! `https://` absolute-form requests are refused: clients tunnel TLS with `CONNECT`. A
-//! request's body framing is checked here ([`framing`](super::framing)); the bytes after the
+//! request's body framing is checked here (the [`super::framing`] module); the bytes after the
 //! head are the caller's to follow, so that every later request on the connection is parsed
 //! and checked the same way.
 

@@ -24,7 +24,7 @@
 //!    scoping; after the mounts, because a Landlock domain may no longer change mounts;
 //! 6. seccomp ([`seccomp`]), last: a default-deny allow-list that also forbids `mount` and
 //!    `unshare`. A process that starts a command (PID 1, or `sandbox-run` without namespaces)
-//!    starts it first ([`unix_sockets::start_command`]): the command's process installs its own
+//!    starts it first (`unix_sockets::start_command`): the command's process installs its own
 //!    filter (with the listener the starter keeps, when the host needs the unix-socket
 //!    notifier) and the main one, then execs; the starter installs the main one on itself
 //!    right after (under the denial audit the main filter refuses new filters).
@@ -256,7 +256,7 @@ pub fn restrict_current_process(
 }
 
 /// [`restrict_current_process`] without its last step, the seccomp filter: a process that
-/// starts a command holding a seccomp listener ([`unix_sockets::start_command`]) installs it
+/// starts a command holding a seccomp listener (`unix_sockets::start_command`) installs it
 /// after the command has installed its own.
 pub(crate) fn restrict_current_process_but_seccomp(
     policy: &ResolvedPolicy,
