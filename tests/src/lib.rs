@@ -30,6 +30,7 @@ mod raw_ws;
 mod server;
 mod wire;
 
+pub mod matrix;
 pub mod relay;
 pub mod scratch;
 pub mod siege;

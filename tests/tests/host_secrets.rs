@@ -15,27 +15,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tests::matrix::{identities, launch_modes};
 use tests::{ExecServer, file_uri, install_binaries, scratch, unb64};
 
-/// The unprivileged identity the servers also run as.
-const NOBODY: u32 = 65534;
 /// EACCES: what a masked path answers.
 const EACCES: i64 = 13;
-
-fn identities() -> Vec<Option<u32>> {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "these tests run the servers as root and as uid {NOBODY}; run them as root"
-    );
-    vec![None, Some(NOBODY)]
-}
-
-fn launch_modes() -> [(&'static str, &'static [&'static str]); 2] {
-    [
-        ("launcher", &[]),
-        ("one-shot", &["--one-shot-sandbox", "--one-shot-helpers"]),
-    ]
-}
 
 /// A scratch directory with an install of the binaries and a workspace owned by `uid`.
 struct Install {

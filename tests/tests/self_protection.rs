@@ -12,18 +12,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
+use tests::matrix::identities;
 use tests::{ExecServer, file_uri, install_binaries, scratch};
-
-/// The unprivileged identity the server also runs as.
-const NOBODY: u32 = 65534;
-
-fn identities() -> Vec<Option<u32>> {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "these tests run the server as root and as uid {NOBODY}; run them as root"
-    );
-    vec![None, Some(NOBODY)]
-}
 
 /// A workspace, an install of the binaries and a token file, owned by `uid`.
 struct Setup {
