@@ -80,11 +80,18 @@ pub enum SockDiagError {
     Malformed(&'static str),
 }
 
+/// The netlink socket lookups share: opened by the first lookup and kept, so a lookup needs no
+/// new descriptor (a server that ran out of descriptors still learns who its next client is
+/// when one frees up: without this, the client accepted on that one descriptor was refused,
+/// its owner unknown). Dropped after any round trip that did not end in a whole answer, so a
+/// late answer can never be read as the next lookup's.
+static NETLINK: std::sync::Mutex<Option<OwnedFd>> = std::sync::Mutex::new(None);
+
 /// The owner of the TCP socket whose own address is `local` and which is connected to `remote`,
 /// in this process's network namespace. Both addresses must be of one family; an IPv4-mapped
 /// IPv6 address is looked up as the IPv4 address it maps.
 ///
-/// Blocking (one netlink round trip, answered inside the kernel's `sendto`).
+/// Blocking (one netlink round trip, answered inside the kernel's `sendto`); lookups take turns.
 ///
 /// # Errors
 /// [`SockDiagError`]: unavailable, no such socket, or a refused or malformed answer.
@@ -94,7 +101,29 @@ pub fn tcp_socket_owner(
 ) -> Result<TcpSocketOwner, SockDiagError> {
     let (local, remote) = (unmapped(local), unmapped(remote));
     let request = request_bytes(local, remote)?;
-    let unavailable = |operation| move |source| SockDiagError::Unavailable { operation, source };
+    let mut shared = NETLINK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let netlink = match shared.take() {
+        Some(netlink) => netlink,
+        None => open_netlink()?,
+    };
+    let answer = round_trip(&netlink, &request)?;
+    let owner = parse_answer(&answer, local, remote);
+    // A whole answer was read (an owner, or the kernel's "no such socket"): the socket is clean
+    // for the next lookup.
+    if matches!(owner, Ok(_) | Err(SockDiagError::NotFound { .. })) {
+        *shared = Some(netlink);
+    }
+    owner
+}
+
+fn unavailable(operation: &'static str) -> impl Fn(nix::Error) -> SockDiagError {
+    move |source| SockDiagError::Unavailable { operation, source }
+}
+
+/// A `NETLINK_SOCK_DIAG` socket whose answers wait at most [`ANSWER_TIMEOUT`].
+fn open_netlink() -> Result<OwnedFd, SockDiagError> {
     let netlink: OwnedFd = socket(
         AddressFamily::Netlink,
         SockType::Datagram,
@@ -108,9 +137,14 @@ pub fn tcp_socket_owner(
     );
     setsockopt(&netlink, sockopt::ReceiveTimeout, &timeout)
         .map_err(unavailable("setsockopt(SO_RCVTIMEO)"))?;
+    Ok(netlink)
+}
+
+/// Sends `request`, returns the answer's bytes.
+fn round_trip(netlink: &OwnedFd, request: &[u8]) -> Result<Vec<u8>, SockDiagError> {
     sendto(
         netlink.as_raw_fd(),
-        &request,
+        request,
         &NetlinkAddr::new(0, 0),
         MsgFlags::empty(),
     )
@@ -118,7 +152,8 @@ pub fn tcp_socket_owner(
     let mut answer = vec![0u8; ANSWER_BUFFER_BYTES];
     let length =
         recv(netlink.as_raw_fd(), &mut answer, MsgFlags::empty()).map_err(unavailable("recv"))?;
-    parse_answer(&answer[..length.min(answer.len())], local, remote)
+    answer.truncate(length);
+    Ok(answer)
 }
 
 /// An IPv4-mapped IPv6 address as its IPv4 address (a dual-stack listener sees IPv4 peers so;
