@@ -231,7 +231,7 @@ pub struct ExecArgs {
 
     /// Widen the sandbox by a named allowance from policies/allowances/ (repeatable):
     /// `toolchain-caches` makes the caches of cargo, pip, npm and ccache writable. Resolved on
-    /// the server, from its $CARGO_HOME, $XDG_CACHE_HOME and $HOME.
+    /// the server, under the server's home (~/.cargo, ~/.cache).
     #[arg(long = "allow", value_name = "NAME", requires = "sandbox")]
     pub allowances: Vec<String>,
 

@@ -278,7 +278,14 @@ impl SandboxSpec {
             .extend(self.allow_unix_sockets.iter().cloned());
         let mut policy = resolve_draft(&draft, self.cwd.as_deref(), &self.workspace_roots, ctx)?;
         if !self.allowances.is_empty() {
-            let bases = super::AllowanceBases::from_env();
+            // From the context's home, as the credential stores are: the processes that
+            // resolve one spec (the server recording what sandboxes write, a launcher or a
+            // one-shot sandbox-run, each with its own cleared environment) then agree on it.
+            let home = ctx.homes.first().cloned();
+            let bases = super::AllowanceBases::from_vars(|name| match name {
+                "HOME" => home.clone(),
+                _ => None,
+            });
             for name in &self.allowances {
                 policy = super::Allowance::builtin(name)
                     .and_then(|allowance| allowance.apply(policy, &bases))

@@ -134,3 +134,25 @@ fn the_new_keys_survive_a_round_trip_through_json() {
     assert_eq!(spec.denied_paths, [PathBuf::from("/srv/a/secret")]);
     assert_eq!(spec.writable_roots, [PathBuf::from("/srv/a")]);
 }
+
+#[test]
+fn allowances_resolve_under_the_contexts_home_not_the_environment() {
+    let (_dir, home) = disk_dir();
+    std::fs::create_dir_all(home.join(".cargo/registry")).unwrap();
+    let ctx = ResolveContext {
+        homes: vec![home.clone()],
+        ..ctx()
+    };
+    let spec = |allowances: serde_json::Value| {
+        SandboxSpec::try_from(json!({"profile": "read-only", "allowances": allowances}))
+            .unwrap()
+            .resolve_with(&ctx)
+            .unwrap()
+    };
+    let registry = home.join(".cargo/registry/x");
+    assert!(
+        !spec(json!([])).can_write(&registry),
+        "control: not writable"
+    );
+    assert!(spec(json!(["toolchain-caches"])).can_write(&registry));
+}
