@@ -87,6 +87,18 @@ pub enum SockDiagError {
 /// late answer can never be read as the next lookup's.
 static NETLINK: std::sync::Mutex<Option<OwnedFd>> = std::sync::Mutex::new(None);
 
+/// Opens the shared netlink socket now rather than at the first lookup, so a TCP listener
+/// holds every descriptor it will keep from the moment it is bound (the first client does not
+/// change the server's descriptor count). A failure is left for the lookups to report.
+pub fn open_shared() {
+    let mut shared = NETLINK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if shared.is_none() {
+        *shared = open_netlink().ok();
+    }
+}
+
 /// The owner of the TCP socket whose own address is `local` and which is connected to `remote`,
 /// in this process's network namespace. Both addresses must be of one family; an IPv4-mapped
 /// IPv6 address is looked up as the IPv4 address it maps.

@@ -79,6 +79,8 @@ impl Listener {
                     ListenAddress::Wss(_) => tls.map(tokio_rustls::TlsAcceptor::from),
                     _ => None,
                 };
+                // Peer lookups of every accepted client share this one netlink socket.
+                crate::sys::sock_diag::open_shared();
                 TcpListener::bind(socket_address)
                     .await
                     .map(|listener| Self::Tcp(listener, acceptor))
