@@ -149,6 +149,9 @@ pub const RETAINED_OUTPUT_BUDGET_BYTES: usize = 256 * 1024 * 1024;
 /// What a retained chunk costs beyond its bytes (its entry in the process's log and in its
 /// session's order, the allocation's header), so a flood of one-byte chunks is charged honestly.
 pub const RETAINED_CHUNK_OVERHEAD_BYTES: usize = 128;
+/// Worker threads of the runtime that reads every process's output (`process::pump`).
+pub const OUTPUT_RUNTIME_THREADS: usize = 1;
+
 /// Largest read of a child's pipe or PTY in one go (one `process/output` chunk at most), well
 /// below [`OUTPUT_RETENTION_BYTES`]. A protocol limit the client relies on too, so it lives in
 /// `proto`.

@@ -152,6 +152,9 @@ pub enum ExecServerError {
     /// The server could not become a child subreaper (needed without cgroups).
     #[error("cannot make the server a child subreaper (PR_SET_CHILD_SUBREAPER): {0}")]
     Subreaper(std::io::Error),
+    /// The threads that read processes' output could not be started.
+    #[error("cannot start the threads that read processes' output: {0}")]
+    OutputRuntime(std::io::Error),
 }
 
 impl ExecServerError {
@@ -174,7 +177,8 @@ impl ExecServerError {
             | Self::Guardian { .. }
             | Self::Stdout(_)
             | Self::Registry(_)
-            | Self::Subreaper(_) => true,
+            | Self::Subreaper(_)
+            | Self::OutputRuntime(_) => true,
         }
     }
 }
@@ -207,6 +211,8 @@ impl BoundServer {
             .map(read_token)
             .transpose()?;
         let tls = listener_tls(address.as_ref(), &options)?;
+        // Its threads and descriptors exist from the start, not from the first process.
+        crate::process::pump::start_output_runtime().map_err(ExecServerError::OutputRuntime)?;
         if let Some(address) = &address
             && !address.is_local_only()
         {

@@ -284,13 +284,7 @@ pub async fn start(
         cpu_limit: plan.rlimits.cpu_seconds.map(Duration::from_secs),
         wall_limit: plan.wall,
     };
-    tokio::spawn(pump::run(
-        process,
-        spawned.leader,
-        pump_io,
-        spawned.audit,
-        context,
-    ));
+    pump::start(process, spawned.leader, pump_io, spawned.audit, context);
     let applied = plan.applied;
     Ok(StartResult {
         process_id: params.process_id,
