@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[path = "../../tests/src/scratch.rs"]
 mod scratch;
@@ -911,6 +911,13 @@ fn connections_beyond_the_bound_are_closed_and_the_rest_stay_up() {
             "{uid:?}: {}",
             describe(&output)
         );
+        // The origin counts a connection when its accept loop gets to it, which may be after
+        // the command has exited: wait for the count, then check no more arrive.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while origin.connections() - before < bound && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20)); // polling interval
+        }
+        std::thread::sleep(Duration::from_millis(200)); // any connection beyond the bound
         assert_eq!(origin.connections() - before, bound, "{uid:?}");
     }
 }
