@@ -185,7 +185,10 @@ async fn lossy_links_and_a_rendezvous_restart_deliver_every_message_exactly_once
     let dir = tempfile::tempdir().unwrap();
     let mut client = RemoteClient::connect(&registry, "env-lossy").await;
 
-    const TOTAL: u64 = 10_000;
+    // Enough for every kind of loss to hit every kind of message many times over (hundreds of
+    // drops, a restart halfway, four multi-MiB messages), at 20% loss still about 40 s: each
+    // loss stalls the window for a retransmission timeout (10,000 took 94 s).
+    const TOTAL: u64 = 4_000;
     const WINDOW: u64 = 256;
     let big_every = 1_000;
     let mut expected: std::collections::HashMap<u64, Vec<u8>> = Default::default();
