@@ -13,6 +13,7 @@
 //! ([`crate::budget`]), so they carry that reservation instead of drawing on this budget.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use proto::jsonrpc::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -28,6 +29,8 @@ pub enum Outbound {
     Message(Message),
     /// A message already serialized (hot-path notifications).
     Text(String),
+    /// A binary frame (`process/output` to a client that asked for binary output).
+    Binary(Vec<u8>),
     /// Close the transport with this code and reason, then stop.
     Close(CloseCode, String),
 }
@@ -37,6 +40,8 @@ pub enum Outbound {
 pub enum Queued {
     /// One serialized message; dropping what it holds returns its bytes to their budget.
     Text(String, Held),
+    /// One binary frame, likewise.
+    Binary(Vec<u8>, Held),
     /// Close, then stop.
     Close(CloseCode, String),
 }
@@ -69,6 +74,8 @@ pub struct Closed;
 pub struct OutboundSender {
     queue: mpsc::Sender<Queued>,
     budget: Arc<Semaphore>,
+    /// The connection's client asked for `process/output` as binary frames and was granted it.
+    binary_output: Arc<AtomicBool>,
 }
 
 /// A new queue.
@@ -78,6 +85,7 @@ pub fn outbound_queue() -> (OutboundSender, mpsc::Receiver<Queued>) {
         OutboundSender {
             queue,
             budget: Arc::new(Semaphore::new(OUTBOUND_QUEUE_BYTES)),
+            binary_output: Arc::new(AtomicBool::new(false)),
         },
         receiver,
     )
@@ -87,6 +95,8 @@ pub fn outbound_queue() -> (OutboundSender, mpsc::Receiver<Queued>) {
 enum Prepared {
     /// Serialized text (empty when serialization failed; nothing is sent then).
     Text(String),
+    /// A binary frame.
+    Binary(Vec<u8>),
     /// A close.
     Close(CloseCode, String),
 }
@@ -100,14 +110,15 @@ fn prepare(item: Outbound) -> Prepared {
             }))
         }
         Outbound::Text(text) => Prepared::Text(text),
+        Outbound::Binary(bytes) => Prepared::Binary(bytes),
         Outbound::Close(code, reason) => Prepared::Close(code, reason),
     }
 }
 
-/// The budget share of `text`: its length, at most the whole budget (a message larger than the
-/// budget waits for the queue to drain completely).
-fn cost(text: &str) -> u32 {
-    text.len().clamp(1, OUTBOUND_QUEUE_BYTES) as u32
+/// The budget share of a message of `length` bytes: its length, at most the whole budget (a
+/// message larger than the budget waits for the queue to drain completely).
+fn cost(length: usize) -> u32 {
+    length.clamp(1, OUTBOUND_QUEUE_BYTES) as u32
 }
 
 impl OutboundSender {
@@ -120,16 +131,34 @@ impl OutboundSender {
             Prepared::Close(code, reason) => Queued::Close(code, reason),
             Prepared::Text(text) if text.is_empty() => return Ok(()),
             Prepared::Text(text) => {
-                let permit = self
-                    .budget
-                    .clone()
-                    .acquire_many_owned(cost(&text))
-                    .await
-                    .map_err(|_| Closed)?;
+                let permit = self.queue_share(text.len()).await?;
                 Queued::Text(text, Held::Queue(permit))
+            }
+            Prepared::Binary(bytes) => {
+                let permit = self.queue_share(bytes.len()).await?;
+                Queued::Binary(bytes, Held::Queue(permit))
             }
         };
         self.queue.send(queued).await.map_err(|_| Closed)
+    }
+
+    /// Wait for a message of `length` bytes' share of [`OUTBOUND_QUEUE_BYTES`].
+    async fn queue_share(&self, length: usize) -> Result<OwnedSemaphorePermit, Closed> {
+        self.budget
+            .clone()
+            .acquire_many_owned(cost(length))
+            .await
+            .map_err(|_| Closed)
+    }
+
+    /// Send `process/output` to this connection as binary frames (or as JSON) from now on.
+    pub fn set_binary_output(&self, binary: bool) {
+        self.binary_output.store(binary, Ordering::Relaxed);
+    }
+
+    /// Whether `process/output` goes to this connection as binary frames.
+    pub fn binary_output(&self) -> bool {
+        self.binary_output.load(Ordering::Relaxed)
     }
 
     /// Queue an answer already serialized, with the memory reserved for it (it does not draw on
@@ -149,16 +178,22 @@ impl OutboundSender {
     /// # Errors
     /// [`Closed`] when the connection has ended or the queue is full.
     pub fn try_send(&self, item: Outbound) -> Result<(), Closed> {
+        let share = |length| {
+            self.budget
+                .clone()
+                .try_acquire_many_owned(cost(length))
+                .map_err(|_| Closed)
+        };
         let queued = match prepare(item) {
             Prepared::Close(code, reason) => Queued::Close(code, reason),
             Prepared::Text(text) if text.is_empty() => return Ok(()),
             Prepared::Text(text) => {
-                let permit = self
-                    .budget
-                    .clone()
-                    .try_acquire_many_owned(cost(&text))
-                    .map_err(|_| Closed)?;
+                let permit = share(text.len())?;
                 Queued::Text(text, Held::Queue(permit))
+            }
+            Prepared::Binary(bytes) => {
+                let permit = share(bytes.len())?;
+                Queued::Binary(bytes, Held::Queue(permit))
             }
         };
         self.queue.try_send(queued).map_err(|_| Closed)

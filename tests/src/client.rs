@@ -13,6 +13,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::{self, Message};
 
 use crate::{DEADLINE, RpcError, unb64};
+use proto::methods::process::binary::{OUTPUT_FRAME_KIND, OutputFrame};
 
 /// Byte stream a websocket can run over (TCP or unix socket).
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -319,6 +320,11 @@ impl Client {
             };
             let bytes: Vec<u8> = match frame {
                 Message::Text(text) => text.as_bytes().to_vec(),
+                Message::Binary(bytes) if bytes.first() == Some(&OUTPUT_FRAME_KIND) => {
+                    let value = output_frame_as_notification(&bytes);
+                    self.log.push(value.clone());
+                    return Some(value);
+                }
                 Message::Binary(bytes) => bytes.to_vec(),
                 Message::Close(close) => panic!("server closed the connection: {close:?}"),
                 _ => continue,
@@ -519,6 +525,23 @@ impl Client {
     pub async fn close(mut self) {
         let _ = tokio::time::timeout(Duration::from_secs(2), self.ws.close(None)).await;
     }
+}
+
+/// A binary `process/output` frame as the JSON notification it stands for, marked
+/// `"frame": "binary"` (panics on a malformed frame: the server must never send one).
+fn output_frame_as_notification(bytes: &[u8]) -> Value {
+    let frame = OutputFrame::decode(bytes)
+        .unwrap_or_else(|error| panic!("server sent a malformed output frame: {error}"));
+    json!({
+        "method": "process/output",
+        "frame": "binary",
+        "params": {
+            "processId": frame.process_id,
+            "stream": frame.stream,
+            "chunk": crate::b64(frame.data),
+            "seq": frame.seq,
+        },
+    })
 }
 
 /// Decode a list of process events.

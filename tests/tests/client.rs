@@ -42,6 +42,30 @@ async fn process_output_lands_on_its_streams_with_the_exit_code() {
 }
 
 #[tokio::test]
+async fn binary_and_json_output_deliver_every_byte_on_its_stream() {
+    let server = server();
+    // Every byte value, on both streams, in chunks of whatever sizes the pipes give.
+    let dir = tempfile::tempdir().unwrap();
+    let expected: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    std::fs::write(dir.path().join("bytes"), &expected).unwrap();
+    for binary in [true, false] {
+        let client = ExecServerClient::connect(
+            ExecServerClientConnectOptions::new(server.url()).with_binary_output(binary),
+        )
+        .await
+        .unwrap();
+        let mut params = start_params("p", &sh("cat bytes; cat bytes >&2; exit 5"));
+        params.cwd = uri(dir.path());
+        let output = within(client.start_process(params).await.unwrap().wait())
+            .await
+            .unwrap();
+        assert_eq!(output.exit_code, 5, "binary {binary}");
+        assert!(output.stdout == expected, "binary {binary}: stdout differs");
+        assert!(output.stderr == expected, "binary {binary}: stderr differs");
+    }
+}
+
+#[tokio::test]
 async fn events_come_in_seq_order_ending_with_closed() {
     let server = server();
     let client = library_client(server.url()).await;

@@ -434,3 +434,134 @@ async fn exited_follows_all_output_written_before_the_exit() {
     }
     assert_eq!(checked, 40);
 }
+
+/// `initialize` asking for binary output frames; the session id.
+async fn initialize_binary(client: &mut tests::Client, resume: Option<&str>) -> String {
+    let mut params = json!({"clientName": "tests", "binaryOutput": true});
+    if let Some(session) = resume {
+        params["resumeSessionId"] = json!(session);
+    }
+    let result = client.call("initialize", params).await;
+    assert_eq!(result["binaryOutput"], true, "{result}");
+    result["sessionId"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn binary_output_frames_carry_the_bytes_and_seqs_process_read_returns() {
+    let server = server();
+    let mut client = server.connect().await;
+    initialize_binary(&mut client, None).await;
+    // Bytes that are not UTF-8 on both streams, PTY output too.
+    let script = r"printf 'a\377\000b'; printf 'e\376' >&2; printf 'c\n'";
+    let out = client.run("p", &sh(script), json!({})).await;
+    let tty = client
+        .run("t", &sh("printf 'tty\\377'"), json!({"tty": true}))
+        .await;
+    for events in [&out.events, &tty.events] {
+        let outputs: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["method"] == "process/output")
+            .collect();
+        assert!(!outputs.is_empty());
+        for output in &outputs {
+            assert_eq!(
+                output["frame"], "binary",
+                "JSON output to a binary client: {output}"
+            );
+        }
+        // One seq counter for the frames and the JSON exited/closed, as before.
+        let seqs = seqs(events);
+        assert_eq!(
+            seqs,
+            (1..=seqs.len() as u64).collect::<Vec<_>>(),
+            "{events:?}"
+        );
+    }
+    assert_eq!(out.stdout, b"a\xff\x00bc\n");
+    assert_eq!(out.stderr, b"e\xfe");
+    assert!(tty.pty.ends_with(b"tty\xff"), "{:?}", tty.pty);
+    // `process/read` (JSON) returns the same chunks under the same seqs.
+    let read = client
+        .call("process/read", json!({"processId": "p", "afterSeq": 0}))
+        .await;
+    let from_read: Vec<(u64, String, Vec<u8>)> = read["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let bytes = unb64(c["chunk"].as_str().unwrap());
+            (
+                c["seq"].as_u64().unwrap(),
+                c["stream"].as_str().unwrap().to_owned(),
+                bytes,
+            )
+        })
+        .collect();
+    let from_frames: Vec<(u64, String, Vec<u8>)> = out
+        .events
+        .iter()
+        .filter(|e| e["method"] == "process/output")
+        .map(|e| {
+            let p = &e["params"];
+            let bytes = unb64(p["chunk"].as_str().unwrap());
+            (
+                p["seq"].as_u64().unwrap(),
+                p["stream"].as_str().unwrap().to_owned(),
+                bytes,
+            )
+        })
+        .collect();
+    assert_eq!(from_frames, from_read);
+}
+
+#[tokio::test]
+async fn a_resumed_session_gets_output_in_the_form_its_new_connection_asked_for() {
+    let server = server();
+    let mut binary = server.connect().await;
+    let session = initialize_binary(&mut binary, None).await;
+    binary
+        .start("cat", &["/bin/cat"], json!({"pipeStdin": true}))
+        .await
+        .unwrap();
+    let write = |text: &str| json!({"processId": "cat", "chunk": b64(text)});
+    binary.call("process/write", write("one\n")).await;
+    let first = binary.next_notification(tests::DEADLINE).await;
+    assert_eq!(first["frame"], "binary", "{first}");
+    binary.close().await;
+    // A client that does not ask gets JSON, exactly as before.
+    let mut json_client = server.connect().await;
+    let result = json_client
+        .call(
+            "initialize",
+            json!({"clientName": "tests", "resumeSessionId": session}),
+        )
+        .await;
+    assert!(result.get("binaryOutput").is_none(), "{result}");
+    json_client.call("process/write", write("two\n")).await;
+    let second = json_client
+        .wait_for_notification("output", tests::DEADLINE, |n| {
+            n["method"] == "process/output"
+        })
+        .await;
+    assert!(second.get("frame").is_none(), "{second}");
+    assert_eq!(unb64(second["params"]["chunk"].as_str().unwrap()), b"two\n");
+    assert!(second["params"]["seq"].as_u64().unwrap() > first["params"]["seq"].as_u64().unwrap());
+    json_client.close().await;
+    // And binary again on the next resume.
+    let mut again = server.connect().await;
+    initialize_binary(&mut again, Some(&session)).await;
+    again.call("process/write", write("three\n")).await;
+    let third = again
+        .wait_for_notification("output", tests::DEADLINE, |n| {
+            n["method"] == "process/output"
+        })
+        .await;
+    assert_eq!(third["frame"], "binary", "{third}");
+    assert_eq!(
+        unb64(third["params"]["chunk"].as_str().unwrap()),
+        b"three\n"
+    );
+    again
+        .call("process/terminate", json!({"processId": "cat"}))
+        .await;
+}

@@ -18,6 +18,11 @@ pub struct InitializeParams {
     /// included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detached_session_ttl_seconds: Option<u64>,
+    /// Send `process/output` to this connection as binary frames
+    /// ([`crate::methods::process::binary`]) instead of JSON with base64. The answer's
+    /// `binaryOutput` says whether the server does (relay streams keep JSON for now).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub binary_output: bool,
 }
 
 /// Result of `initialize`.
@@ -26,4 +31,8 @@ pub struct InitializeParams {
 pub struct InitializeResult {
     /// The session's id (UUIDv4); pass it as `resumeSessionId` after a disconnect.
     pub session_id: String,
+    /// `process/output` comes as binary frames on this connection (asked for with
+    /// `binaryOutput`, and granted).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub binary_output: bool,
 }

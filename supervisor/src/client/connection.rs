@@ -15,12 +15,16 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
+use proto::methods::process::binary::{OUTPUT_FRAME_KIND, OutputFrame};
+
 use super::transport::TransportConnection;
 
 /// Receives what a connection's reader sees. Implemented by the client.
 pub(crate) trait ConnectionEvents: Send + Sync + 'static {
     /// A server notification (called on the reader task, in arrival order; must not block).
     fn notification(&self, generation: u64, notification: Notification);
+    /// A binary `process/output` frame (called like `notification`).
+    fn output_frame(&self, generation: u64, frame: OutputFrame<'_>);
     /// The connection ended; every pending request has already failed.
     fn disconnected(self: Arc<Self>, generation: u64);
 }
@@ -91,6 +95,20 @@ impl RpcConnection {
     }
 
     fn dispatch<E: ConnectionEvents>(&self, payload: &[u8], events: &Weak<E>) {
+        // A binary output frame begins with a byte no JSON text begins with.
+        if payload.first() == Some(&OUTPUT_FRAME_KIND) {
+            match OutputFrame::decode(payload) {
+                Ok(frame) => {
+                    if let Some(events) = events.upgrade() {
+                        events.output_frame(self.generation, frame);
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "ignoring a malformed output frame from the exec server");
+                }
+            }
+            return;
+        }
         let message = match Message::from_slice(payload) {
             Ok(message) => message,
             Err(error) => {

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use proto::jsonrpc::Notification;
+use proto::methods::process::binary::OutputFrame;
 use proto::methods::process::{
     ClosedNotification, DeniedNotification, ExitedNotification, OutputNotification,
 };
@@ -104,6 +105,8 @@ pub(crate) struct Settings {
     pub detached_session_ttl: Option<Duration>,
     pub initialize_timeout: Duration,
     pub recovery_timeout: Duration,
+    /// `binaryOutput` of every `initialize`.
+    pub binary_output: bool,
 }
 
 pub(crate) struct Inner {
@@ -354,6 +357,16 @@ impl ConnectionEvents for Inner {
         // Events carry their seq, so a late notification from an older connection is merged
         // (or dropped as a repeat) like any other.
         self.on_notification(notification);
+    }
+
+    fn output_frame(&self, _generation: u64, frame: OutputFrame<'_>) {
+        // Like a `process/output` notification: merged by seq, whichever connection brought it.
+        let event = ProcessEvent::Output {
+            seq: frame.seq,
+            stream: frame.stream,
+            data: frame.data.to_vec(),
+        };
+        self.update_process(frame.process_id, |sequencer| (sequencer.offer(event), ()));
     }
 
     fn disconnected(self: Arc<Self>, generation: u64) {

@@ -142,6 +142,9 @@ pub struct ExecServerClientConnectOptions {
     pub initialize_timeout: Duration,
     /// How long recovery may take before the client fails ([`RECOVERY_DEADLINE`]).
     pub recovery_timeout: Duration,
+    /// Ask for `process/output` as binary frames (no base64, no JSON); the server may keep
+    /// JSON (a relay stream does). Either way the events are the same.
+    pub binary_output: bool,
 }
 
 /// `detachedSessionTtlSeconds` for a requested TTL (rounded up to whole seconds, so a short
@@ -152,7 +155,7 @@ pub(crate) fn ttl_seconds(ttl: Option<Duration>) -> Option<u64> {
 
 impl ExecServerClientConnectOptions {
     /// Defaults for `url`: no token, client name `execward-client`, 10 s connect and
-    /// initialize timeouts, [`RECOVERY_DEADLINE`].
+    /// initialize timeouts, [`RECOVERY_DEADLINE`], binary output frames asked for.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -164,7 +167,15 @@ impl ExecServerClientConnectOptions {
             connect_timeout: transport::DEFAULT_CONNECT_TIMEOUT,
             initialize_timeout: DEFAULT_INITIALIZE_TIMEOUT,
             recovery_timeout: RECOVERY_DEADLINE,
+            binary_output: true,
         }
+    }
+
+    /// Ask for `process/output` as binary frames (the default) or as JSON.
+    #[must_use]
+    pub fn with_binary_output(mut self, binary: bool) -> Self {
+        self.binary_output = binary;
+        self
     }
 
     /// Set the bearer token.
@@ -244,6 +255,7 @@ impl ExecServerClient {
                 detached_session_ttl: options.detached_session_ttl,
                 initialize_timeout: options.initialize_timeout,
                 recovery_timeout: options.recovery_timeout,
+                binary_output: options.binary_output,
             },
         );
         let connection = RpcConnection::start(
@@ -255,6 +267,7 @@ impl ExecServerClient {
             client_name: options.client_name,
             resume_session_id: options.resume_session_id,
             detached_session_ttl_seconds: ttl_seconds(options.detached_session_ttl),
+            binary_output: options.binary_output,
         };
         let answer = tokio::time::timeout(
             options.initialize_timeout,

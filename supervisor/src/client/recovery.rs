@@ -168,6 +168,7 @@ impl Inner {
             client_name: self.settings.client_name.clone(),
             resume_session_id: Some(session_id.clone()),
             detached_session_ttl_seconds: super::ttl_seconds(self.settings.detached_session_ttl),
+            binary_output: self.settings.binary_output,
         };
         let params = to_params(INITIALIZE, &params).map_err(Attempt::Permanent)?;
         let answer = tokio::time::timeout(

@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Weak};
 
 use proto::jsonrpc::{Message, Notification};
+use proto::methods::process::binary::OutputFrame;
 use proto::methods::process::{
     ClosedNotification, DeniedNotification, ExitedNotification, OutputStream,
 };
@@ -340,6 +341,9 @@ async fn drain(emitter: &Emitter<'_>, stream: OutputStream, fd: BorrowedFd<'_>) 
     true
 }
 
+/// Where an output frame's seq sits (see `proto::methods::process::binary`).
+const SEQ_OFFSET: usize = 2;
+
 /// How much output [`drain`] takes from one stream when the child exits.
 const EXIT_DRAIN_LIMIT: usize = 4 * 1024 * 1024;
 
@@ -364,31 +368,45 @@ struct Emitter<'a> {
 
 impl Emitter<'_> {
     async fn output(&self, stream: OutputStream, data: Vec<u8>) {
+        let Some(sender) = self.sink.sender() else {
+            let seq = self.process.push_output(stream, data);
+            self.process.publish(seq);
+            return;
+        };
+        if sender.binary_output() {
+            // The frame copies the bytes before the log takes them; its seq is patched in.
+            let mut frame = OutputFrame {
+                process_id: &self.process.id,
+                stream,
+                seq: 0,
+                data: &data,
+            }
+            .encode();
+            let seq = self.process.push_output(stream, data);
+            self.process.publish(seq);
+            frame[SEQ_OFFSET..SEQ_OFFSET + 8].copy_from_slice(&seq.to_be_bytes());
+            let _ = sender.send(crate::outbound::Outbound::Binary(frame)).await;
+            return;
+        }
         // Hot path: write the notification text directly (base64 needs no JSON escaping),
         // instead of building a serde_json::Value and serializing it again. It is encoded
-        // before the log takes the bytes (its seq goes last), and only for an attached client.
-        let notification = self.sink.sender().map(|sender| {
-            let stream_name = match stream {
-                OutputStream::Stdout => "stdout",
-                OutputStream::Stderr => "stderr",
-                OutputStream::Pty => "pty",
-            };
-            let mut text =
-                String::with_capacity(data.len() / 3 * 4 + 128 + self.process.id_json.len());
-            text.push_str(r#"{"method":""#);
-            text.push_str(PROCESS_OUTPUT);
-            text.push_str(r#"","params":{"processId":"#);
-            text.push_str(&self.process.id_json);
-            text.push_str(&format!(r#","stream":"{stream_name}","chunk":""#));
-            base64_simd::STANDARD.encode_append(&data, &mut text);
-            (sender, text)
-        });
+        // before the log takes the bytes (its seq goes last).
+        let stream_name = match stream {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+            OutputStream::Pty => "pty",
+        };
+        let mut text = String::with_capacity(data.len() / 3 * 4 + 128 + self.process.id_json.len());
+        text.push_str(r#"{"method":""#);
+        text.push_str(PROCESS_OUTPUT);
+        text.push_str(r#"","params":{"processId":"#);
+        text.push_str(&self.process.id_json);
+        text.push_str(&format!(r#","stream":"{stream_name}","chunk":""#));
+        base64_simd::STANDARD.encode_append(&data, &mut text);
         let seq = self.process.push_output(stream, data);
         self.process.publish(seq);
-        if let Some((sender, mut text)) = notification {
-            text.push_str(&format!(r#"","seq":{seq}}}}}"#));
-            let _ = sender.send(crate::outbound::Outbound::Text(text)).await;
-        }
+        text.push_str(&format!(r#"","seq":{seq}}}}}"#));
+        let _ = sender.send(crate::outbound::Outbound::Text(text)).await;
     }
 
     async fn exit(&self, status: ChildExit, reason: proto::methods::process::ExitReason) {

@@ -65,6 +65,8 @@ pub enum Inbound {
 pub enum OutboundFrame {
     /// One serialized JSON-RPC message.
     Text(String),
+    /// A binary `process/output` frame (only to a client that asked for them).
+    Binary(Vec<u8>),
     /// Close with this code and reason (a websocket close frame; a relay reset).
     Close(CloseCode, String),
 }
@@ -98,6 +100,7 @@ async fn serve_websocket<S>(
     let sink = sink.with(|frame: OutboundFrame| {
         futures_util::future::ready(Ok::<_, WsError>(match frame {
             OutboundFrame::Text(text) => WsMessage::text(text),
+            OutboundFrame::Binary(bytes) => WsMessage::binary(bytes),
             OutboundFrame::Close(code, reason) => WsMessage::Close(Some(CloseFrame {
                 code,
                 reason: reason.into(),
@@ -206,6 +209,13 @@ pub async fn serve_admitted<I, O>(
                 Queued::Text(text, held) => {
                     let sent = sink.send(OutboundFrame::Text(text)).await;
                     // The bytes are out of the queue now; let producers continue.
+                    drop(held);
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+                Queued::Binary(bytes, held) => {
+                    let sent = sink.send(OutboundFrame::Binary(bytes)).await;
                     drop(held);
                     if sent.is_err() {
                         break;
@@ -498,6 +508,11 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
     let ttl = params
         .detached_session_ttl_seconds
         .map(std::time::Duration::from_secs);
+    // Relay streams carry JSON only (their frames are text inside the Noise channel). Set
+    // before the session attaches, so its output never comes in both forms.
+    let binary_output =
+        params.binary_output && !matches!(connection.client, ClientIdentity::Relay(_));
+    connection.outbound.set_binary_output(binary_output);
     let session = match &params.resume_session_id {
         Some(id) => sessions.resume(id, connection.attacher(), ttl)?,
         None => sessions.create(connection.attacher(), ttl)?,
@@ -512,5 +527,6 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
     connection.set_session(session.clone());
     proto::methods::to_value(proto::methods::initialize::InitializeResult {
         session_id: session.id.clone(),
+        binary_output,
     })
 }

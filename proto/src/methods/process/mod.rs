@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::uri::FileUri;
 
+pub mod binary;
 mod limits;
 
 pub use limits::{AppliedLimit, AppliedLimits, Enforcement, LimitName, LimitScope, Limits};

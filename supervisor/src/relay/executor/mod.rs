@@ -522,6 +522,10 @@ impl Executor {
         let outgoing = futures_util::sink::unfold(app_tx, |tx, frame: OutboundFrame| async move {
             let out = match frame {
                 OutboundFrame::Text(text) => AppOut::Message(text.into_bytes()),
+                // Never granted on a relay stream (see `initialize`).
+                OutboundFrame::Binary(_) => {
+                    AppOut::Close("internal error: a binary frame on a relay stream".into())
+                }
                 OutboundFrame::Close(_, reason) => AppOut::Close(reason),
             };
             tx.send(out).await.map(|()| tx)
