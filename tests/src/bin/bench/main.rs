@@ -37,6 +37,8 @@ use crate::sandbox::{sandbox_run_table, sandboxed_read_file, sandboxed_spawn};
 use crate::spawn::{spawn_round_trip, start_after_idle};
 use crate::table::{Row, render};
 
+use proto::methods::process::binary::{OUTPUT_FRAME_KIND, OutputFrame};
+
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 fn bin_dir() -> PathBuf {
@@ -102,11 +104,20 @@ struct Client {
 
 impl Client {
     async fn connect(url: &str) -> Client {
+        Client::connect_with(url, false).await
+    }
+
+    /// A client that asks for `process/output` as binary frames (`binary`) or as JSON.
+    async fn connect_with(url: &str, binary: bool) -> Client {
         let (ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
         let mut client = Client { ws, next_id: 1 };
-        client
-            .request("initialize", json!({"clientName": "bench"}))
+        let result = client
+            .request(
+                "initialize",
+                json!({"clientName": "bench", "binaryOutput": binary}),
+            )
             .await;
+        assert_eq!(result["binaryOutput"] == json!(true), binary, "{result}");
         client
     }
 
@@ -162,6 +173,15 @@ async fn run_to_close(
     let mut bytes = 0u64;
     loop {
         let data = client.ws.next().await.unwrap().unwrap().into_data();
+        if data.first() == Some(&OUTPUT_FRAME_KIND) {
+            // A binary output frame: the bytes are there as they are (copied out, as an
+            // application taking them would).
+            let frame = OutputFrame::decode(&data).unwrap();
+            decode.clear();
+            decode.extend_from_slice(frame.data);
+            bytes += frame.data.len() as u64;
+            continue;
+        }
         let frame: Frame = serde_json::from_slice(&data).unwrap();
         match frame.method {
             Some("process/output") => {

@@ -1,4 +1,5 @@
-//! The output group: output throughput through the server against a pipe read directly.
+//! The output group: output throughput through the server against a pipe read directly, with
+//! `process/output` as binary frames and as JSON, and the server's CPU time per GiB.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -7,25 +8,54 @@ use std::time::Instant;
 use crate::table::{Row, throughput_row};
 use crate::{Client, Server, run_to_close};
 
+/// CPU seconds (user + system) process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_comm = stat.rsplit_once(") ").unwrap().1;
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5); after the comm, 12 and 13 (from 1).
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks / hz
+}
+
+/// One form's samples: MiB/s per run and server CPU seconds per GiB per run.
+#[derive(Default)]
+struct Form {
+    rates: Vec<f64>,
+    cpu_per_gib: Vec<f64>,
+}
+
 pub(crate) async fn output_throughput(rows: &mut Vec<Row>, mib: u64, runs: usize) {
     let server = Server::start();
-    let mut client = Client::connect(&server.url).await;
+    let mut binary_client = Client::connect_with(&server.url, true).await;
+    let mut json_client = Client::connect_with(&server.url, false).await;
     let count = format!("{}", mib * 1024 * 1024);
     let mut scratch = Vec::new();
-    let mut ours = Vec::new();
+    let (mut binary, mut json) = (Form::default(), Form::default());
     let mut pipe = Vec::new();
     for run in 0..runs {
-        let started = Instant::now();
-        let bytes = run_to_close(
-            &mut client,
-            &format!("head-{run}"),
-            &["head", "-c", &count, "/dev/zero"],
-            None,
-            &mut scratch,
-        )
-        .await;
-        assert_eq!(bytes, mib * 1024 * 1024, "every byte must arrive");
-        ours.push(mib as f64 / started.elapsed().as_secs_f64());
+        for (client, form) in [
+            (&mut binary_client, &mut binary),
+            (&mut json_client, &mut json),
+        ] {
+            let cpu_before = cpu_seconds(server.child.id());
+            let started = Instant::now();
+            let bytes = run_to_close(
+                client,
+                &format!("head-{run}"),
+                &["head", "-c", &count, "/dev/zero"],
+                None,
+                &mut scratch,
+            )
+            .await;
+            assert_eq!(bytes, mib * 1024 * 1024, "every byte must arrive");
+            form.rates
+                .push(mib as f64 / started.elapsed().as_secs_f64());
+            let cpu = cpu_seconds(server.child.id()) - cpu_before;
+            form.cpu_per_gib.push(cpu * 1024.0 / mib as f64);
+        }
         let started = Instant::now();
         let mut child = Command::new("head")
             .args(["-c", &count, "/dev/zero"])
@@ -46,10 +76,20 @@ pub(crate) async fn output_throughput(rows: &mut Vec<Row>, mib: u64, runs: usize
         assert_eq!(total, mib * 1024 * 1024);
         pipe.push(mib as f64 / started.elapsed().as_secs_f64());
     }
-    rows.push(throughput_row(
-        format!("output throughput, head -c {mib}M /dev/zero to a Rust client ({runs} runs)"),
-        (ours, ""),
-        (pipe, " plain pipe"),
-        40.0,
-    ));
+    let median = |mut samples: Vec<f64>| {
+        samples.sort_by(f64::total_cmp);
+        samples[samples.len() / 2]
+    };
+    for (form, name, min_percent) in [(binary, "binary frames", 70.0), (json, "JSON", 40.0)] {
+        let cpu = median(form.cpu_per_gib);
+        rows.push(throughput_row(
+            format!(
+                "output throughput, head -c {mib}M /dev/zero to a Rust client, {name} \
+                 ({runs} runs; server CPU {cpu:.2} s per GiB)"
+            ),
+            (form.rates, ""),
+            (pipe.clone(), " plain pipe"),
+            min_percent,
+        ));
+    }
 }
