@@ -6,7 +6,8 @@
 //! goes there as one JSON line ([`Refusal`]), and the outer turns it into a [`Denial`] of layer
 //! `unix-sockets`, operation `unix.connect`, for the audit's pipeline (`--audit` reports,
 //! `--audit-fd`, and so the server's `process/denied`). Without the audit there is no channel
-//! and the holder prints one line on its stderr instead, as the egress proxy's refusals do.
+//! and the holder prints one line on its stderr instead, as the egress proxy's refusals do (the
+//! launcher's PID 1, whose own stdio is `/dev/null`, on a copy of the command's stderr).
 //!
 //! Bounds: a line is at most [`MAX_REFUSAL_LINE_BYTES`] (below `PIPE_BUF`, so a write is
 //! atomic: whole or not at all) and the holder's end is non-blocking: when the outer is slow
@@ -117,6 +118,9 @@ fn errno_name(errno: i32) -> String {
 /// The holder's end: where refusals go.
 pub struct Reporter {
     channel: Option<OwnedFd>,
+    /// Where the stderr line goes when there is no channel: the holder's own stderr, or a
+    /// copy of the command's (the launcher's PID 1 points its own 0-2 at `/dev/null`).
+    stderr: Option<std::fs::File>,
     dropped: Cell<u64>,
 }
 
@@ -131,15 +135,31 @@ impl Reporter {
         }
         Self {
             channel,
+            stderr: None,
             dropped: Cell::new(0),
         }
+    }
+
+    /// Without a channel, refusals go as one line to `stderr` (a copy of the command's) instead
+    /// of the holder's own descriptor 2.
+    pub fn with_stderr(mut self, stderr: OwnedFd) -> Self {
+        self.stderr = Some(std::fs::File::from(stderr));
+        self
     }
 
     /// Reports `refusal`: one line on the channel (counted as dropped when it is full), or on
     /// stderr.
     pub fn report(&self, mut refusal: Refusal) {
         let Some(channel) = &self.channel else {
-            eprintln!("{}", refusal.describe());
+            let line = format!("{}\n", refusal.describe());
+            match &self.stderr {
+                Some(stderr) => {
+                    use std::io::Write;
+                    let mut stderr: &std::fs::File = stderr;
+                    let _ = stderr.write_all(line.as_bytes());
+                }
+                None => eprint!("{line}"),
+            }
             return;
         };
         refusal.dropped = self.dropped.get();

@@ -337,6 +337,13 @@ impl Gate {
         self
     }
 
+    /// Refusals go as one line to `stderr` (a copy of the command's stderr) instead of the
+    /// holder's own.
+    pub fn report_on(mut self, stderr: OwnedFd) -> Self {
+        self.reporter = self.reporter.with_stderr(stderr);
+        self
+    }
+
     /// Whether the socket `target` (an `O_PATH` descriptor of it) may be connected to.
     fn verdict(&self, target: BorrowedFd<'_>, st: &libc::stat) -> Verdict {
         if self
