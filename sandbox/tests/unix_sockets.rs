@@ -521,3 +521,66 @@ fn validate_sarif(report: &Path) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A command looping on refused connects: every refusal is counted, one example is listed, and
+/// the report stays small (nothing grows with the number of refusals).
+#[test]
+fn a_flood_of_refused_connects_is_counted_not_listed() {
+    const TIMES: u64 = 2000;
+    let (layer, _) = expected_record();
+    if layer != "unix-sockets" {
+        // Landlock's refusals go through the kernel audit's own bounds (audit_cost.rs).
+        return;
+    }
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let path = fx.outside.join("daemon.sock");
+        let listener = Listener::bind(&path, "daemon");
+        let jsonl = fx.ws.join("flood.jsonl");
+        for launch in LAUNCHES {
+            let context = format!("{launch:?} as {uid:?}");
+            let args = with(launch, WW, &["--audit", s(&jsonl)]);
+            let result = probe(
+                &strs(&args),
+                &["repeat", &TIMES.to_string(), "unix-connect", s(&path)],
+                uid,
+                &fx.ws,
+            );
+            assert_eq!(
+                result["detail"]["outcomes"],
+                serde_json::json!({"EACCES": TIMES}),
+                "{context}: {result}"
+            );
+            assert_eq!(listener.drain(), 0, "{context}");
+            let text = std::fs::read_to_string(&jsonl).unwrap();
+            assert!(text.len() < 16 * 1024, "{context}: {} bytes", text.len());
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            let listed = lines
+                .iter()
+                .filter(|l| l["kind"] == "denial" && l["layer"] == layer)
+                .count();
+            assert_eq!(listed, 1, "{context}: one distinct socket, one example");
+            let counted: u64 = lines
+                .iter()
+                .filter(|l| l["kind"] == "group" && l["layer"] == layer)
+                .map(|l| l["count"].as_u64().unwrap())
+                .sum();
+            let coverage = lines.last().unwrap();
+            // Refusals the channel had no room for are counted as a coverage gap.
+            let dropped: u64 = coverage["gaps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|g| g.as_str()?.strip_suffix(" refused unix-socket connects were not reported (the refusal channel was full)"))
+                .map(|n| n.parse::<u64>().unwrap())
+                .sum();
+            assert_eq!(counted + dropped, TIMES, "{context}: {coverage}");
+            if dropped > 0 {
+                assert_eq!(coverage["complete"], false, "{context}: {coverage}");
+            }
+        }
+    }
+}
