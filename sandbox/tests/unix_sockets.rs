@@ -344,3 +344,243 @@ fn explain_names_the_allowed_sockets_and_the_mechanism() {
         serde_json::json!([s(&path)])
     );
 }
+
+/// The layer and operation a refused connect is recorded under on this host: the gate's own
+/// records where seccomp user notification keeps the rule, Landlock's (kernel audit, root only)
+/// from ABI 9.
+fn expected_record() -> (&'static str, Option<&'static str>) {
+    match sandbox::linux::unix_sockets::Mechanism::of_this_host() {
+        sandbox::linux::unix_sockets::Mechanism::SeccompNotify => {
+            ("unix-sockets", Some("unix.connect"))
+        }
+        sandbox::linux::unix_sockets::Mechanism::Landlock => ("landlock", None),
+    }
+}
+
+/// The listed denials of a JSON-lines report.
+fn report_denials(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["kind"] == "denial")
+        .collect()
+}
+
+#[test]
+fn a_refused_connect_is_a_denial_record_naming_the_socket() {
+    let (layer, operation) = expected_record();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let path = fx.outside.join("daemon.sock");
+        let listener = Listener::bind(&path, "daemon");
+        let jsonl = fx.ws.join("report.jsonl");
+        let sarif = fx.ws.join("report.sarif");
+        for launch in LAUNCHES {
+            let context = format!("{launch:?} as {uid:?}");
+            // JSON lines: the refusal names the socket, the pid and the errno.
+            let args = with(launch, WW, &["--audit", s(&jsonl)]);
+            let seen = connect(&strs(&args), &path, uid, &fx.ws, &listener);
+            assert_eq!(seen["result"]["error"], "EACCES", "{context}: {seen}");
+            assert_eq!(seen["accepted"], 0, "{context}: the listener saw it");
+            let denials = report_denials(&jsonl);
+            if layer == "landlock" && uid.is_some() {
+                // The kernel audit needs root; Landlock's refusals are invisible to nobody.
+                continue;
+            }
+            let record = denials
+                .iter()
+                .find(|d| d["layer"] == layer && d["path"] == s(&path))
+                .unwrap_or_else(|| {
+                    panic!("{context}: no {layer} record of {path:?}: {denials:#?}")
+                });
+            if let Some(operation) = operation {
+                assert_eq!(record["operation"], operation, "{context}: {record}");
+                assert_eq!(record["errno"], "EACCES", "{context}: {record}");
+                assert_eq!(record["syscall"], "connect", "{context}: {record}");
+                assert!(record["pid"].as_u64().is_some(), "{context}: {record}");
+                assert!(
+                    record["allow_rule"]
+                        .as_str()
+                        .unwrap()
+                        .contains("allowUnixSockets"),
+                    "{context}: {record}"
+                );
+            }
+            // The notified connect itself is no seccomp denial.
+            assert!(
+                !denials
+                    .iter()
+                    .any(|d| d["layer"] == "seccomp" && d["syscall"] == "connect"),
+                "{context}: {denials:#?}"
+            );
+            // SARIF: one result of the rule, located at the socket.
+            let args = with(
+                launch,
+                WW,
+                &["--audit", s(&sarif), "--audit-format", "sarif"],
+            );
+            let seen = connect(&strs(&args), &path, uid, &fx.ws, &listener);
+            assert_eq!(seen["result"]["error"], "EACCES", "{context}: {seen}");
+            let log: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&sarif).unwrap()).unwrap();
+            let results = log["runs"][0]["results"].as_array().unwrap();
+            let uri = format!("file://{}", s(&path));
+            assert!(
+                results.iter().any(|r| {
+                    r["properties"]["layer"] == layer
+                        && r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == uri
+                }),
+                "{context}: no SARIF result at {uri}: {log:#}"
+            );
+            validate_sarif(&sarif);
+            // Named: it connects, and nothing is recorded.
+            let args = with(
+                launch,
+                WW,
+                &["--allow-unix-socket", s(&path), "--audit", s(&jsonl)],
+            );
+            let seen = connect(&strs(&args), &path, uid, &fx.ws, &listener);
+            assert_allowed(&seen["result"], &format!("{context}, named"));
+            assert_eq!(seen["accepted"], 1, "{context}, named");
+            let denials = report_denials(&jsonl);
+            assert!(
+                denials.iter().all(|d| d["path"] != s(&path)),
+                "{context}, named: {denials:#?}"
+            );
+        }
+        let seen = connect(FREE, &path, uid, &fx.ws, &listener);
+        assert_allowed(&seen["result"], &format!("control as {uid:?}"));
+    }
+}
+
+/// Without the audit, a refusal is one line on the command's stderr, whose control characters
+/// (the socket's name is the command's choice) are escaped.
+#[test]
+fn without_the_audit_a_refusal_is_one_escaped_line_on_stderr() {
+    if sandbox::linux::unix_sockets::Mechanism::of_this_host()
+        != sandbox::linux::unix_sockets::Mechanism::SeccompNotify
+    {
+        // Landlock refuses in the kernel: no line is printed there, and none is promised.
+        return;
+    }
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let path = fx.outside.join("ev\n\u{1b}[2Jil.sock");
+        let listener = Listener::bind(&path, "evil");
+        for launch in LAUNCHES {
+            let context = format!("{launch:?} as {uid:?}");
+            let mut cmd = std::process::Command::new(common::sandbox_run_exe());
+            cmd.args(launch)
+                .args(WW)
+                .arg("--")
+                .arg(common::probe_exe())
+                .args(common::PROBE_ARGS)
+                .current_dir(&fx.ws)
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                .env("HOME", common::empty_home())
+                .env(
+                    common::PROBE_ENV,
+                    serde_json::to_string(&["unix-connect-read", s(&path)]).unwrap(),
+                );
+            if let Some(uid) = uid {
+                use std::os::unix::process::CommandExt;
+                cmd.uid(uid).gid(uid);
+            }
+            let out = cmd.output().unwrap();
+            assert_eq!(listener.drain(), 0, "{context}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let lines: Vec<&str> = stderr
+                .lines()
+                .filter(|l| l.contains("denied: connect to unix socket"))
+                .collect();
+            assert_eq!(lines.len(), 1, "{context}: {stderr}");
+            assert!(
+                lines[0].contains("ev\\n\\u{1b}[2Jil.sock"),
+                "{context}: {stderr}"
+            );
+            assert!(!stderr.contains('\u{1b}'), "{context}: {stderr:?}");
+        }
+    }
+}
+
+fn validate_sarif(report: &Path) {
+    let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/sarif-schema-2.1.0.json");
+    let script = "import json, sys, jsonschema\n\
+        schema = json.load(open(sys.argv[1]))\n\
+        log = json.load(open(sys.argv[2]))\n\
+        jsonschema.Draft4Validator(schema, format_checker=jsonschema.FormatChecker()).validate(log)\n";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, s(&schema), s(report)])
+        .output()
+        .expect("python3 is needed to validate SARIF (pip install jsonschema)");
+    assert!(
+        out.status.success(),
+        "SARIF does not validate against the 2.1.0 schema (or python3 lacks the jsonschema \
+         module): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A command looping on refused connects: every refusal is counted, one example is listed, and
+/// the report stays small (nothing grows with the number of refusals).
+#[test]
+fn a_flood_of_refused_connects_is_counted_not_listed() {
+    const TIMES: u64 = 2000;
+    let (layer, _) = expected_record();
+    if layer != "unix-sockets" {
+        // Landlock's refusals go through the kernel audit's own bounds (audit_cost.rs).
+        return;
+    }
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let path = fx.outside.join("daemon.sock");
+        let listener = Listener::bind(&path, "daemon");
+        let jsonl = fx.ws.join("flood.jsonl");
+        for launch in LAUNCHES {
+            let context = format!("{launch:?} as {uid:?}");
+            let args = with(launch, WW, &["--audit", s(&jsonl)]);
+            let result = probe(
+                &strs(&args),
+                &["repeat", &TIMES.to_string(), "unix-connect", s(&path)],
+                uid,
+                &fx.ws,
+            );
+            assert_eq!(
+                result["detail"]["outcomes"],
+                serde_json::json!({"EACCES": TIMES}),
+                "{context}: {result}"
+            );
+            assert_eq!(listener.drain(), 0, "{context}");
+            let text = std::fs::read_to_string(&jsonl).unwrap();
+            assert!(text.len() < 16 * 1024, "{context}: {} bytes", text.len());
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            let listed = lines
+                .iter()
+                .filter(|l| l["kind"] == "denial" && l["layer"] == layer)
+                .count();
+            assert_eq!(listed, 1, "{context}: one distinct socket, one example");
+            let counted: u64 = lines
+                .iter()
+                .filter(|l| l["kind"] == "group" && l["layer"] == layer)
+                .map(|l| l["count"].as_u64().unwrap())
+                .sum();
+            let coverage = lines.last().unwrap();
+            // Refusals the channel had no room for are counted as a coverage gap.
+            let dropped: u64 = coverage["gaps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|g| g.as_str()?.strip_suffix(" refused unix-socket connects were not reported (the refusal channel was full)"))
+                .map(|n| n.parse::<u64>().unwrap())
+                .sum();
+            assert_eq!(counted + dropped, TIMES, "{context}: {coverage}");
+            if dropped > 0 {
+                assert_eq!(coverage["complete"], false, "{context}: {coverage}");
+            }
+        }
+    }
+}

@@ -250,3 +250,118 @@ async fn a_second_exec_server_on_a_unix_socket_cannot_be_driven() {
         }
     }
 }
+
+/// A listener on a socket outside the roots, reachable by the uid; counts connections.
+fn outside_listener(install: &Install) -> (PathBuf, std::os::unix::net::UnixListener) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = install.outside.join("daemon.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    (path, listener)
+}
+
+fn accepted(listener: &std::os::unix::net::UnixListener) -> usize {
+    std::iter::from_fn(|| listener.accept().ok()).count()
+}
+
+/// A refused connect of an audited process is a `process/denied` notification naming the
+/// socket (layer `unix-sockets`, operation `unix.connect`), on a launcher server and a
+/// one-shot one (audited starts always run a one-shot `sandbox-run`), and `exec --audit`
+/// prints it; without the audit the refusal is a line on the process's stderr on both paths.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_connect_is_reported_as_a_denial() {
+    for uid in identities() {
+        for (mode, flags) in launch_modes() {
+            let install = Install::new(uid);
+            let (path, listener) = outside_listener(&install);
+            let path_text = path.to_str().unwrap();
+            let mut args = vec!["--listen", "ws://127.0.0.1:0"];
+            args.extend(flags);
+            let server = install.start(&args);
+            let mut client = server.client().await;
+            let probe = install.bin.join("probe");
+            let probe = probe.to_str().unwrap();
+            let context = format!("{mode} as {uid:?}");
+            let sandbox = install.workspace_write(&[]);
+            let info = client.call("environment/info", json!({})).await;
+            assert_eq!(
+                info["sandbox"]["unixSockets"], "seccomp-notify",
+                "{context}: this case covers the gate's own records; where Landlock keeps the \
+                 rule (ABI 9) the kernel audit reports it: {info}"
+            );
+
+            let extra = json!({
+                "cwd": file_uri(&install.ws),
+                "sandbox": sandbox,
+                "auditDenials": true,
+            });
+            client
+                .start("audited", &[probe, "unix-connect", path_text], extra)
+                .await
+                .unwrap();
+            let denied = client
+                .wait_for_notification(
+                    "a unix-sockets process/denied",
+                    std::time::Duration::from_secs(20),
+                    |n| {
+                        n["method"] == "process/denied"
+                            && n["params"]["denial"]["layer"] == "unix-sockets"
+                    },
+                )
+                .await;
+            let denial = &denied["params"]["denial"];
+            assert_eq!(denied["params"]["processId"], "audited", "{context}");
+            assert_eq!(denial["operation"], "unix.connect", "{context}: {denial}");
+            assert_eq!(denial["path"], path_text, "{context}: {denial}");
+            assert_eq!(denial["errno"], "EACCES", "{context}: {denial}");
+            let out = client.collect("audited").await;
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            assert_eq!(report["ok"], false, "{context}: {out:?}");
+            assert_eq!(accepted(&listener), 0, "{context}: the listener saw it");
+
+            // Without the audit: one line on the process's stderr (the launcher's PID 1 too).
+            let out = client
+                .run(
+                    "plain",
+                    &[probe, "unix-connect", path_text],
+                    json!({"cwd": file_uri(&install.ws), "sandbox": install.workspace_write(&[])}),
+                )
+                .await;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains(&format!("denied: connect to unix socket {path_text}")),
+                "{context}: {stderr}"
+            );
+            assert_eq!(accepted(&listener), 0, "{context}: the listener saw it");
+
+            // exec --audit prints it.
+            let mut cmd = std::process::Command::new(tests::exec_server_binary());
+            cmd.args(["exec", "--connect", server.url(), "--cwd"])
+                .arg(&install.ws)
+                .args(["--sandbox", "workspace-write", "--audit", "--"])
+                .args([probe, "unix-connect", path_text]);
+            let (_, _, stderr) = tests::output_within(&mut cmd, b"");
+            assert!(
+                stderr.lines().any(|line| line.starts_with(&format!(
+                    "exec-server exec: denied unix.connect {path_text}"
+                ))),
+                "{context}: {stderr}"
+            );
+            assert_eq!(accepted(&listener), 0, "{context}: the listener saw it");
+
+            // Control: unsandboxed, the same connect reaches the listener.
+            let report = tests::probe_report(
+                &mut client,
+                probe,
+                &install.ws,
+                "control",
+                None,
+                &["unix-connect", path_text],
+            )
+            .await;
+            assert_eq!(report["ok"], true, "{context}, control: {report}");
+            assert_eq!(accepted(&listener), 1, "{context}, control");
+        }
+    }
+}

@@ -64,6 +64,11 @@ const AT_REMOVEDIR: u64 = 0x200;
 const SECCOMP_RET_ACTION_FULL: u64 = 0xffff_0000;
 /// `SECCOMP_RET_ERRNO`.
 const SECCOMP_RET_ERRNO: u64 = 0x0005_0000;
+/// Actions that refuse nothing by themselves: `SECCOMP_RET_USER_NOTIF` (the unix-socket gate
+/// decides, and reports its own refusals as layer `unix-sockets`), `SECCOMP_RET_TRACE`,
+/// `SECCOMP_RET_LOG`, `SECCOMP_RET_ALLOW`. Logged because the command's own filter carries
+/// `SECCOMP_FILTER_FLAG_LOG`.
+const SECCOMP_NOT_A_REFUSAL: [u64; 4] = [0x7fc0_0000, 0x7ff0_0000, 0x7ffc_0000, 0x7fff_0000];
 /// Syscalls the seccomp filter answers with an errno by design rather than to refuse them:
 /// `clone3` gets `ENOSYS` so libc falls back to `clone`, whose flags the filter checks. With
 /// `SECCOMP_FILTER_FLAG_LOG` they are logged too, but they are not denials.
@@ -308,6 +313,9 @@ impl Correlator {
                 continue;
             }
             let code = record.hex("code").unwrap_or(0);
+            if SECCOMP_NOT_A_REFUSAL.contains(&(code & SECCOMP_RET_ACTION_FULL)) {
+                continue;
+            }
             let name = record
                 .number("syscall")
                 .map(syscalls::name)

@@ -17,6 +17,10 @@ pub enum Layer {
     Helper,
     /// The egress proxy refused a connection (network allowlist).
     Proxy,
+    /// The pathname unix-socket gate refused a `connect` (a socket outside the writable roots
+    /// that `allowUnixSockets` does not name; seccomp user notification, where Landlock cannot
+    /// mediate unix sockets).
+    UnixSockets,
     /// A syscall of the command tree failed with `EACCES` or `EPERM` and no layer's record
     /// accounts for it: a file's own mode or owner, a capability the sandbox does not grant,
     /// or a layer the audit cannot see. Reported because the audit cannot tell them apart.
@@ -32,6 +36,7 @@ impl Layer {
             Layer::Mount => "mount",
             Layer::Helper => "helper",
             Layer::Proxy => "proxy",
+            Layer::UnixSockets => "unix-sockets",
             Layer::Unexplained => "unexplained",
         }
     }

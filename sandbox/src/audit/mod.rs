@@ -9,6 +9,10 @@
 //!   the read-only mount layer (which Landlock never sees, because the mount check comes first),
 //!   plus the pid, exe and socket arguments of the two kinds above.
 //!
+//! Besides the kernel, the outer `sandbox-run` reports the refusals it sees directly: the egress
+//! proxy's (layer `proxy`) and the unix-socket gate's (layer `unix-sockets`, sent by the holder
+//! over a pipe: `crate::linux::unix_refusals`). They need no kernel audit.
+//!
 //! Attribution is exact (see [`correlate`]); nothing of another process is reported.
 //! Honesty: when collection is impossible the reports say so ([`Coverage`]) and never look
 //! like an empty, clean list.

@@ -42,6 +42,8 @@ struct AuditObserver {
     pipeline: Option<Pipeline>,
     /// The streams, until the pipeline exists.
     streams: Vec<Stream>,
+    /// What the outer could not observe completely (coverage gaps).
+    gaps: Vec<String>,
 }
 
 impl Observer for AuditObserver {
@@ -61,6 +63,10 @@ impl Observer for AuditObserver {
         if let Some(pipeline) = self.pipeline.as_mut() {
             pipeline.denial(denial);
         }
+    }
+
+    fn gap(&mut self, gap: String) {
+        self.gaps.push(gap);
     }
 
     fn started(&mut self, root: Pid) {
@@ -166,6 +172,7 @@ pub fn run_audited(
         cli_denied: absolute_paths(cli_denied),
         pipeline: None,
         streams,
+        gaps: Vec::new(),
     };
     let command = crate::run::command_of(prepared);
     let ended = command::run(&prepared.policy, &command, &options, Some(&mut observer))
@@ -203,6 +210,10 @@ pub fn run_audited(
             streams: std::mem::take(&mut observer.streams),
         },
     };
+    if !observer.gaps.is_empty() {
+        coverage.complete = false;
+        coverage.gaps.append(&mut observer.gaps);
+    }
     if !evasion.is_empty() {
         coverage.complete = false;
         coverage.gaps.extend(evasion.gaps());

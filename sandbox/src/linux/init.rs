@@ -45,6 +45,9 @@ pub struct InitChannels {
     pub relayed: [bool; 3],
     /// Where the egress proxy's listening socket goes (network allowlist only).
     pub egress: Option<UnixStream>,
+    /// Where the unix-socket gate's refusals go (the denial audit runs and the gate is
+    /// needed; see [`super::unix_refusals`]).
+    pub unix_refusals: Option<OwnedFd>,
 }
 
 /// PID 1. Never returns.
@@ -66,6 +69,7 @@ pub fn run_init(
     ];
     keep.extend(channels.terminal.as_ref().map(AsRawFd::as_raw_fd));
     keep.extend(channels.egress.as_ref().map(AsRawFd::as_raw_fd));
+    keep.extend(channels.unix_refusals.as_ref().map(AsRawFd::as_raw_fd));
     if super::hygiene::close_inherited_fds(&keep).is_err() {
         crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
     }
@@ -100,7 +104,10 @@ pub fn run_init(
     let exec = Exec::new(command, prepared.egress_port);
     // The child shares PID 1's memory and descriptors until it has installed its filters; it
     // then only sets up its session and terminal and execs (or leaves through _exit).
-    let started = super::unix_sockets::start_command(prepared.seccomp, prepared.gate, &mut || {
+    let gate = prepared
+        .gate
+        .map(|gate| gate.report_to(channels.unix_refusals));
+    let started = super::unix_sockets::start_command(prepared.seccomp, gate, &mut || {
         start_command(&exec, prepared.slave.as_ref(), channels.relayed)
     });
     let (child, notifier) = match started {

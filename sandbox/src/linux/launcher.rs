@@ -713,6 +713,18 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
     // its memory until its execve: PID 1 is single-threaded, and the child only resets its own
     // signals, session and rlimits before it execs (its signalfd and the status pipe are
     // close-on-exec) or leaves through _exit. PID 1 installs its own filter after.
+    // The gate's refusals go to the command's stderr (PID 1's own is released below), on a
+    // copy PID 1 closes as soon as the command has ended.
+    let gate = gate.map(|gate| match nix::unistd::dup(std::io::stderr()) {
+        Ok(stderr) => {
+            let _ = nix::fcntl::fcntl(
+                &stderr,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            );
+            gate.report_on(stderr)
+        }
+        Err(_) => gate,
+    });
     let started = super::unix_sockets::start_command(seccomp, gate, &mut || {
         init::start_command(&exec, None, [false; 3]);
     });
@@ -724,6 +736,8 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
     // what it started close it, not when PID 1 is gone.
     release_stdio();
     let (kind, value) = init::supervise(&signals, child, notifier.as_ref());
+    // Its copy of the command's stderr closes now, not when PID 1 is gone.
+    drop(notifier);
     // What the command left behind dies before its status goes out: the server reports the
     // exit on the status, and nothing of the command outlives that report.
     end_the_rest();

@@ -24,8 +24,9 @@
 //!   when its inode is a named socket (pinned by device and inode when the sandbox started) or
 //!   its path lies in a writable root, and then the socket is connected to
 //!   `/proc/self/fd/N`, the pinned inode, so nothing swapped in since can receive the
-//!   connection. Otherwise the call fails with `EACCES` and the refusal is reported on the
-//!   holder's stderr.
+//!   connection. Otherwise the call fails with `EACCES` and the refusal is reported: as a
+//!   denial record on the refusal channel when the denial audit runs, else one line on the
+//!   holder's stderr ([`super::unix_refusals`]).
 //! - Sockets of other families are connected the same way (on the caller's socket, in the
 //!   holder, which is in the same Landlock domain, seccomp filter and network namespace as the
 //!   command, so Landlock's TCP rule still decides); a blocking one in a short-lived child of
@@ -271,6 +272,7 @@ struct Named {
 pub struct Gate {
     policy: ResolvedPolicy,
     named: Vec<Named>,
+    reporter: super::unix_refusals::Reporter,
 }
 
 /// The decision about one pathname.
@@ -324,7 +326,22 @@ impl Gate {
         Self {
             policy: policy.clone(),
             named,
+            reporter: super::unix_refusals::Reporter::new(None),
         }
+    }
+
+    /// Refusals go to `channel` (the outer's refusal channel, when the denial audit runs)
+    /// instead of stderr.
+    pub fn report_to(mut self, channel: Option<OwnedFd>) -> Self {
+        self.reporter = super::unix_refusals::Reporter::new(channel);
+        self
+    }
+
+    /// Refusals go as one line to `stderr` (a copy of the command's stderr) instead of the
+    /// holder's own.
+    pub fn report_on(mut self, stderr: OwnedFd) -> Self {
+        self.reporter = self.reporter.with_stderr(stderr);
+        self
     }
 
     /// Whether the socket `target` (an `O_PATH` descriptor of it) may be connected to.
@@ -456,12 +473,14 @@ impl Notifier {
                 ))
             }
             Verdict::Denied(resolved) => {
-                eprintln!(
-                    "sandbox-run: denied: connect to unix socket {} (resolved {}): outside the \
-                     writable roots and not named by allowUnixSockets",
-                    path.display(),
-                    resolved.display()
-                );
+                self.gate
+                    .reporter
+                    .report(super::unix_refusals::Refusal::new(
+                        caller,
+                        &path.to_string_lossy(),
+                        &resolved.to_string_lossy(),
+                        libc::EACCES,
+                    ));
                 Err(libc::EACCES)
             }
         }

@@ -143,6 +143,16 @@ fn seccomp_records_of_the_session_are_named_by_syscall() {
 }
 
 #[test]
+fn a_notified_connect_is_not_a_seccomp_denial() {
+    // The unix-socket gate's filter notifies on connect; the gate reports its own refusals.
+    let denials = feed(&[(
+        1326,
+        r#"audit(12.690:23): auid=0 ses=7 pid=102 comm="p" exe="/p" sig=0 arch=c000003e syscall=42 compat=0 ip=0x1 code=0x7fc00000"#,
+    )]);
+    assert_eq!(denials, Vec::new());
+}
+
+#[test]
 fn the_clone3_fallback_is_not_a_denial() {
     let denials = feed(&[(
         1326,

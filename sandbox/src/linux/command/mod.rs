@@ -107,9 +107,14 @@ pub trait Observer {
     /// The process that confines itself (and creates the Landlock domain) exists and waits;
     /// called before it is let go.
     fn started(&mut self, root: Pid);
-    /// A denial the outer saw directly (the egress proxy's refusals).
+    /// A denial the outer saw directly (the egress proxy's and the unix-socket gate's
+    /// refusals).
     fn denial(&mut self, denial: crate::audit::Denial) {
         let _ = denial;
+    }
+    /// Something the outer could not observe completely (the report says so).
+    fn gap(&mut self, gap: String) {
+        let _ = gap;
     }
 }
 
@@ -264,18 +269,27 @@ fn run_without_namespaces(
     let holds = super::unix_sockets::needs_notifier(policy);
     let Some(observer) = observer else {
         if holds {
-            return hold_here(policy, command, options, &enforce);
+            return hold_here(policy, command, options, &enforce, None);
         }
         confine_here(policy, command, options, &enforce)?;
         return exec_in_place(command);
     };
+    let refusals = refusal_channel(policy, true)?;
     let signals = block_forwarded_signals()?;
     // SAFETY: sandbox-run is single-threaded; the child confines itself and execs or leaves
     // through _exit.
     let child = match unsafe { nix::unistd::fork() }.map_err(plumbing("fork"))? {
         nix::unistd::ForkResult::Child if holds => {
             crate::sys::reset_signals_for_exec();
-            match hold_here(policy, command, options, &enforce) {
+            let mut enforce = enforce.clone();
+            let channel = refusals.map(|(read, write)| {
+                drop(read);
+                enforce
+                    .keep_fds
+                    .push(std::os::fd::AsRawFd::as_raw_fd(&write));
+                write
+            });
+            match hold_here(policy, command, options, &enforce, channel) {
                 Ok(ended) => exit_as(ended),
                 Err(err) => {
                     eprintln!("sandbox-run: {err}");
@@ -310,8 +324,26 @@ fn run_without_namespaces(
         proxy: None,
         egress_log: None,
         interrupts: Interrupts::new(options.escalate_interrupts),
+        refusals: refusals.map(|(read, write)| {
+            drop(write);
+            super::unix_refusals::Reader::new(read)
+        }),
     };
     Ok(outer.wait(Some(observer)))
+}
+
+/// The refusal channel of the unix-socket gate ([`super::unix_refusals`]): a pipe, when the
+/// denial audit runs (`audited`) and the policy needs the gate on this host.
+fn refusal_channel(
+    policy: &ResolvedPolicy,
+    audited: bool,
+) -> Result<Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>, CommandError> {
+    if !audited || !super::unix_sockets::needs_notifier(policy) {
+        return Ok(None);
+    }
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map(Some)
+        .map_err(plumbing("the unix-socket refusal channel"))
 }
 
 /// Ends this process as the command ended: its exit status, or death by its signal.
@@ -333,13 +365,15 @@ fn hold_here(
     command: &Command,
     options: &RunOptions,
     enforce: &EnforceOptions,
+    refusals: Option<std::os::fd::OwnedFd>,
 ) -> Result<Ended, CommandError> {
     nix::unistd::chdir(&command.cwd).map_err(|source| SandboxError::Chdir {
         path: command.cwd.clone(),
         source: source.into(),
     })?;
     let mut pinned = Vec::new();
-    let gate = super::unix_sockets::Gate::for_policy(policy, &mut pinned);
+    let gate = super::unix_sockets::Gate::for_policy(policy, &mut pinned)
+        .map(|gate| gate.report_to(refusals));
     let mut report = super::restrict_current_process_but_seccomp(policy, enforce)?;
     report.warnings.extend(pinned);
     let main = super::seccomp::Prepared::new(super::seccomp_variant(policy, enforce))
@@ -443,6 +477,8 @@ fn run_in_namespaces(
     } else {
         None
     };
+    // With the denial audit, the gate's refusals become denial records (unix_refusals).
+    let refusals = refusal_channel(policy, observer.is_some())?;
     let signals = block_forwarded_signals()?;
     let flags = namespaces::namespace_flags(policy, true);
     let cloned = crate::sys::clone_into_namespaces(flags.bits()).map_err(|source| {
@@ -453,6 +489,8 @@ fn run_in_namespaces(
     })?;
     let Some(root) = cloned else {
         drop((go_write, status_read, signals));
+        let (refusals_read, unix_refusals) = refusals.unzip();
+        drop(refusals_read);
         let terminal = terminal.map(|(ours, theirs)| {
             drop(ours);
             theirs
@@ -471,10 +509,15 @@ fn run_in_namespaces(
                 terminal,
                 relayed,
                 egress,
+                unix_refusals,
             },
         )
     };
     drop((go_read, status_write));
+    let refusals = refusals.map(|(read, write)| {
+        drop(write);
+        super::unix_refusals::Reader::new(read)
+    });
     nix::fcntl::fcntl(
         &status_read,
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
@@ -528,6 +571,7 @@ fn run_in_namespaces(
         proxy,
         egress_log: options.egress_log.clone(),
         interrupts: Interrupts::new(options.escalate_interrupts),
+        refusals,
     };
     Ok(outer.wait(observer))
 }

@@ -31,6 +31,8 @@ pub(super) struct Outer {
     pub(super) egress_log: Option<std::sync::Arc<std::fs::File>>,
     /// SIGINT/SIGTERM received so far, when they escalate.
     pub(super) interrupts: Interrupts,
+    /// The unix-socket gate's refusals (the denial audit runs and the gate is needed).
+    pub(super) refusals: Option<crate::linux::unix_refusals::Reader>,
 }
 
 /// Counts interrupts when they escalate (`sandbox-run` run by hand).
@@ -71,6 +73,7 @@ impl Outer {
                 let events = proxy.read_events();
                 self.egress_events(events, &mut observer);
             }
+            self.unix_refusals(&mut observer);
             self.handle_signals();
             self.enforce_wall_clock();
             self.read_status();
@@ -80,6 +83,20 @@ impl Outer {
             self.reap_root();
         }
         self.read_status();
+        // The holder is gone with the sandbox: what it wrote is all there is.
+        self.unix_refusals(&mut observer);
+        if let Some(dropped) = self
+            .refusals
+            .as_ref()
+            .map(|r| r.dropped())
+            .filter(|n| *n > 0)
+            && let Some(observer) = observer.as_deref_mut()
+        {
+            observer.gap(format!(
+                "{dropped} refused unix-socket connects were not reported (the refusal channel \
+                 was full)"
+            ));
+        }
         if let Some(proxy) = self.proxy.take() {
             let events = proxy.stop();
             self.egress_events(events, &mut observer);
@@ -117,6 +134,21 @@ impl Outer {
         }
     }
 
+    /// Reports the unix-socket gate's refusals: to the observer (the denial audit) when there
+    /// is one, else on stderr (as the proxy's; without the audit the holder prints them itself
+    /// and no channel exists).
+    fn unix_refusals(&mut self, observer: &mut Option<&mut dyn Observer>) {
+        let Some(reader) = self.refusals.as_mut() else {
+            return;
+        };
+        for refusal in reader.read_available() {
+            match observer {
+                Some(observer) => observer.denial(refusal.to_denial()),
+                None => eprintln!("{}", refusal.describe()),
+            }
+        }
+    }
+
     fn poll_once(&self, observer: Option<&dyn Observer>) {
         let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
         if let Some(status) = &self.status {
@@ -135,6 +167,9 @@ impl Outer {
             }
         }
         if let Some(fd) = observer.and_then(Observer::poll_fd) {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+        }
+        if let Some(fd) = self.refusals.as_ref().and_then(|r| r.poll_fd()) {
             fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         if let Some(fd) = self.proxy.as_ref().and_then(|p| p.events_fd()) {
