@@ -184,8 +184,12 @@ async fn the_library_client_and_exec_report_denials_as_they_happen() {
         .arg(workspace.path())
         .args(["--sandbox", "workspace-write", "--audit", "--"])
         .args(sh(&script));
-    let (status, _, stderr) = tests::output_within(&mut cmd, b"");
-    assert_eq!(status.code(), Some(0), "{stderr}");
+    let (status, stdout, stderr) = tests::output_within(&mut cmd, b"");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "{status:?}; stdout {stdout:?}; stderr {stderr}"
+    );
     assert!(!target.exists(), "the denied write did not land");
     assert!(
         stderr

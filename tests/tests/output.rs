@@ -435,13 +435,29 @@ async fn exited_follows_all_output_written_before_the_exit() {
     assert_eq!(checked, 40);
 }
 
+/// `initialize` with `params`, retried while the session is still attached to a connection
+/// that is closing (`sessionAttached`); the result.
+async fn initialize_with(client: &mut tests::Client, params: Value) -> Value {
+    let started = Instant::now();
+    loop {
+        match client.request("initialize", params.clone()).await {
+            Ok(result) => return result,
+            Err(error) if tests::error_kind(&error) == "sessionAttached" => {
+                assert!(started.elapsed() < tests::DEADLINE, "{error:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await; // retry interval
+            }
+            Err(error) => panic!("initialize {params}: {error:?}"),
+        }
+    }
+}
+
 /// `initialize` asking for binary output frames; the session id.
 async fn initialize_binary(client: &mut tests::Client, resume: Option<&str>) -> String {
     let mut params = json!({"clientName": "tests", "binaryOutput": true});
     if let Some(session) = resume {
         params["resumeSessionId"] = json!(session);
     }
-    let result = client.call("initialize", params).await;
+    let result = initialize_with(client, params).await;
     assert_eq!(result["binaryOutput"], true, "{result}");
     result["sessionId"].as_str().unwrap().to_owned()
 }
@@ -530,12 +546,11 @@ async fn a_resumed_session_gets_output_in_the_form_its_new_connection_asked_for(
     binary.close().await;
     // A client that does not ask gets JSON, exactly as before.
     let mut json_client = server.connect().await;
-    let result = json_client
-        .call(
-            "initialize",
-            json!({"clientName": "tests", "resumeSessionId": session}),
-        )
-        .await;
+    let result = initialize_with(
+        &mut json_client,
+        json!({"clientName": "tests", "resumeSessionId": session}),
+    )
+    .await;
     assert!(result.get("binaryOutput").is_none(), "{result}");
     json_client.call("process/write", write("two\n")).await;
     let second = json_client
