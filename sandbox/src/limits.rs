@@ -189,6 +189,36 @@ pub const MAX_SANDBOX_MESSAGE_QUEUE_BYTES: u64 = 8 << 20;
 /// may hold whatever the host's limit is.
 pub const MAX_SANDBOX_LOCKED_BYTES: u64 = 64 << 20;
 
+/// Open descriptors (`RLIMIT_NOFILE`, soft and hard) of every sandboxed process whose start
+/// sets no `openFiles` (never more than the server's own soft limit). Besides bounding each
+/// process's descriptor table, it is the sandbox's bound on the host uid's descriptors in
+/// flight over unix sockets (`SCM_RIGHTS`): the kernel charges those to the sender's uid and
+/// refuses a send (`ETOOMANYREFS`) once the uid's count is above the *sender's* soft
+/// `RLIMIT_NOFILE`, unless the sender has `CAP_SYS_RESOURCE` or `CAP_SYS_ADMIN` in the initial
+/// user namespace (a sandboxed process never does). So a sandbox brings the uid's count to at
+/// most this plus [`SCM_MAX_FD`] (765), below [`HOST_DEFAULT_OPEN_FILES`]: a host process of
+/// the uid at that default still sends. The count is the uid's, compared with each sender's
+/// own limit, so while one sandbox holds all it can, a second sandbox with this same limit is
+/// refused: this pool has no per-sandbox share. 512 descriptors per process leave room for a parallel build (compilers and
+/// linkers hold tens; a build's processes each have their own table).
+pub const SANDBOX_OPEN_FILES: u64 = 512;
+
+/// Most descriptors one `SCM_RIGHTS` message carries (the kernel's `SCM_MAX_FD`): what a send
+/// checked just below the limit adds at most.
+pub const SCM_MAX_FD: u64 = 253;
+
+/// The soft `RLIMIT_NOFILE` every process starts with (the kernel's `INR_OPEN_CUR`).
+pub const HOST_DEFAULT_OPEN_FILES: u64 = 1024;
+
+// A sandbox's descriptors in flight leave room below the host's default soft limit.
+const _: () = assert!(SANDBOX_OPEN_FILES + SCM_MAX_FD < HOST_DEFAULT_OPEN_FILES);
+
+/// `RLIMIT_NOFILE` of a sandboxed command whose soft limit is `current` now: what it asked
+/// for (`openFiles`), or [`SANDBOX_OPEN_FILES`] (at most `current`) when it asked nothing.
+pub fn open_files_share(current: u64, asked: Option<u64>) -> u64 {
+    asked.unwrap_or_else(|| current.min(SANDBOX_OPEN_FILES))
+}
+
 /// [`POOL_SHARE_DIVISOR`] of `host`, at least 1 and at most `cap`.
 pub fn pool_share(host: u64, cap: u64) -> u64 {
     (host / POOL_SHARE_DIVISOR).clamp(1, cap)
@@ -205,9 +235,29 @@ pub fn pool_share(host: u64, cap: u64) -> u64 {
 ///
 /// # Errors
 /// The resource and the OS error of the `setrlimit` that failed.
+/// Without an `openFiles` of its own, `RLIMIT_NOFILE` too is set to [`SANDBOX_OPEN_FILES`]
+/// (see there: the sandbox's bound on the uid's descriptors in flight); an `openFiles` is set
+/// by [`CommandLimits::apply_rlimits_to_current_process`] afterwards.
 #[cfg(target_os = "linux")]
-pub fn apply_pool_rlimits_to_current_process(pools: &PoolLimits) -> Result<(), LimitError> {
+pub fn apply_pool_rlimits_to_current_process(limits: &CommandLimits) -> Result<(), LimitError> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let pools = &limits.pools;
+    if limits.open_files.is_none() {
+        let (soft, _) =
+            getrlimit(Resource::RLIMIT_NOFILE).map_err(|source| LimitError::SetShare {
+                resource: "RLIMIT_NOFILE",
+                value: 0,
+                source: source.into(),
+            })?;
+        let share = open_files_share(soft, None);
+        setrlimit(Resource::RLIMIT_NOFILE, share, share).map_err(|source| {
+            LimitError::SetShare {
+                resource: "RLIMIT_NOFILE",
+                value: share,
+                source: source.into(),
+            }
+        })?;
+    }
     for (kernel, name, cap, asked) in [
         (
             Resource::RLIMIT_SIGPENDING,
@@ -317,6 +367,17 @@ mod tests {
         assert!(
             limits.rlimits().is_empty(),
             "pool bounds are no plain rlimits"
+        );
+    }
+
+    #[test]
+    fn a_sandbox_gets_open_files_below_the_hosts_default_unless_it_asks() {
+        assert_eq!(open_files_share(20_000, None), SANDBOX_OPEN_FILES);
+        assert_eq!(open_files_share(100, None), 100, "never above the server's");
+        assert_eq!(
+            open_files_share(20_000, Some(4096)),
+            4096,
+            "openFiles is the caller's"
         );
     }
 
