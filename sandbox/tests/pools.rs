@@ -77,6 +77,19 @@ def take():
         except OSError as e:
             ctypes.set_errno(e.errno)
             return False
+    if what == "threads":
+        # Tasks (a thread is one, as a process is): threads parked in pause(2) on small stacks.
+        if not held:
+            attr = ctypes.create_string_buffer(128)
+            libc.pthread_attr_init(attr)
+            libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(65536))
+            held.append(attr)
+        tid = ctypes.c_ulong()
+        rc = libc.pthread_create(ctypes.byref(tid), held[0], ctypes.cast(libc.pause, ctypes.c_void_p), None)
+        if rc != 0:
+            ctypes.set_errno(rc)
+            return False
+        return True
     if what in ("inflight", "inflight-host"):
         # One descriptor per SCM_RIGHTS message, 100 messages a socket pair (its queue
         # holds them without blocking); the uid's count of descriptors in flight grows by one
@@ -530,4 +543,34 @@ fn a_sandbox_keeps_its_descriptors_in_flight_below_the_hosts_default_limit() {
             );
         }
     }
+}
+
+#[test]
+fn a_sandbox_takes_only_its_share_of_the_hosts_tasks() {
+    let _serial = serial();
+    let share = sandbox::limits::host_processes_share();
+    // RLIMIT_NPROC, counted in the sandbox's own user namespace, is what sandbox-run alone has;
+    // the kernel does not apply it to uid 0 (exec-server's pids cgroup bounds root's sandboxes:
+    // tests/tests/self_protection.rs). So as uid 65534 only.
+    let uid = Some(common::NOBODY);
+    let fx = Fixture::new(uid);
+    let script = hog_script(&fx);
+    // The sandbox's PID 1 and the hog's main thread are tasks of the sandbox too.
+    let held = hog(&script, "threads", true, None, uid, &fx.ws);
+    assert!(
+        held.took < share && held.took + 16 >= share && held.error == "EAGAIN",
+        "the sandbox's tasks are not bounded to its share {share}: took {} then {}",
+        held.took,
+        held.error
+    );
+    others_still_get_one(&script, "threads", uid, &fx.ws, true);
+    drop(held);
+    // The control: unsandboxed, the same hog gets past the share (draining the host's process
+    // IDs would stop every process of the machine from forking, so it stops one past).
+    let held = hog(&script, "threads", false, Some(share + 1), uid, &fx.ws);
+    assert_eq!(
+        (held.took, held.error.as_str()),
+        (share + 1, ""),
+        "the unsandboxed hog (the control)"
+    );
 }
