@@ -189,6 +189,86 @@ pub const MAX_SANDBOX_MESSAGE_QUEUE_BYTES: u64 = 8 << 20;
 /// may hold whatever the host's limit is.
 pub const MAX_SANDBOX_LOCKED_BYTES: u64 = 64 << 20;
 
+/// Open descriptors (`RLIMIT_NOFILE`, soft and hard) of every sandboxed process whose start
+/// sets no `openFiles` (never more than the server's own soft limit). Besides bounding each
+/// process's descriptor table, it is the sandbox's bound on the host uid's descriptors in
+/// flight over unix sockets (`SCM_RIGHTS`): the kernel charges those to the sender's uid and
+/// refuses a send (`ETOOMANYREFS`) once the uid's count is above the *sender's* soft
+/// `RLIMIT_NOFILE`, unless the sender has `CAP_SYS_RESOURCE` or `CAP_SYS_ADMIN` in the initial
+/// user namespace (a sandboxed process never does). So a sandbox brings the uid's count to at
+/// most this plus [`SCM_MAX_FD`] (765), below [`HOST_DEFAULT_OPEN_FILES`]: a host process of
+/// the uid at that default still sends. The count is the uid's, compared with each sender's
+/// own limit, so while one sandbox holds all it can, a second sandbox with this same limit is
+/// refused: this pool has no per-sandbox share. 512 descriptors per process leave room for a parallel build (compilers and
+/// linkers hold tens; a build's processes each have their own table).
+pub const SANDBOX_OPEN_FILES: u64 = 512;
+
+/// The `RLIMIT_NOFILE` [`apply_pool_rlimits_to_current_process`] gives a command of `limits`
+/// started from this process (None when it cannot be read).
+#[cfg(target_os = "linux")]
+pub fn open_files_of_current_process(limits: &CommandLimits) -> Option<u64> {
+    let (soft, _) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).ok()?;
+    Some(open_files_share(soft, limits.open_files))
+}
+
+/// Most descriptors one `SCM_RIGHTS` message carries (the kernel's `SCM_MAX_FD`): what a send
+/// checked just below the limit adds at most.
+pub const SCM_MAX_FD: u64 = 253;
+
+/// The soft `RLIMIT_NOFILE` every process starts with (the kernel's `INR_OPEN_CUR`).
+pub const HOST_DEFAULT_OPEN_FILES: u64 = 1024;
+
+// A sandbox's descriptors in flight leave room below the host's default soft limit.
+const _: () = assert!(SANDBOX_OPEN_FILES + SCM_MAX_FD < HOST_DEFAULT_OPEN_FILES);
+
+/// `RLIMIT_NOFILE` of a sandboxed command whose soft limit is `current` now: what it asked
+/// for (`openFiles`), or [`SANDBOX_OPEN_FILES`] (at most `current`) when it asked nothing.
+pub fn open_files_share(current: u64, asked: Option<u64>) -> u64 {
+    asked.unwrap_or_else(|| current.min(SANDBOX_OPEN_FILES))
+}
+
+/// Most processes (threads included) a sandbox gets by default whatever the host allows.
+pub const MAX_SANDBOX_PROCESSES: u64 = 8192;
+
+/// The host's process IDs when `/proc/sys/kernel/pid_max` cannot be read (the kernel's
+/// `PID_MAX_DEFAULT`).
+pub const HOST_PID_MAX_DEFAULT: u64 = 32_768;
+
+/// The processes (threads included) of a sandbox whose start sets no `processes`: its share
+/// ([`pool_share`]) of the fewest tasks the host allows the uid: `kernel.pid_max` (process IDs
+/// are host-wide: every task of every PID namespace takes one), `kernel.threads-max`, and
+/// `uid_nproc`, the soft `RLIMIT_NPROC` of the server's uid (a host process of a uid other than
+/// root is refused a fork past it, sandboxes' processes counted). At most
+/// [`MAX_SANDBOX_PROCESSES`]. On a host at the default `pid_max` of 32,768 that is 4,096: a fork
+/// bomb leaves seven eighths to the host and other sandboxes, and a parallel build (a few
+/// processes and threads per job, a job per core) stays in the hundreds.
+pub fn processes_share(pid_max: u64, threads_max: u64, uid_nproc: u64) -> u64 {
+    pool_share(
+        pid_max.min(threads_max).min(uid_nproc),
+        MAX_SANDBOX_PROCESSES,
+    )
+}
+
+/// [`processes_share`] of this host (the calling process's `RLIMIT_NPROC`; a `pid_max` or
+/// `threads-max` that cannot be read counts as [`HOST_PID_MAX_DEFAULT`]).
+#[cfg(target_os = "linux")]
+pub fn host_processes_share() -> u64 {
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .unwrap_or(HOST_PID_MAX_DEFAULT)
+    };
+    let nproc = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC)
+        .map_or(u64::MAX, |(soft, _)| soft);
+    processes_share(
+        read("/proc/sys/kernel/pid_max"),
+        read("/proc/sys/kernel/threads-max"),
+        nproc,
+    )
+}
+
 /// [`POOL_SHARE_DIVISOR`] of `host`, at least 1 and at most `cap`.
 pub fn pool_share(host: u64, cap: u64) -> u64 {
     (host / POOL_SHARE_DIVISOR).clamp(1, cap)
@@ -205,9 +285,29 @@ pub fn pool_share(host: u64, cap: u64) -> u64 {
 ///
 /// # Errors
 /// The resource and the OS error of the `setrlimit` that failed.
+/// Without an `openFiles` of its own, `RLIMIT_NOFILE` too is set to [`SANDBOX_OPEN_FILES`]
+/// (see there: the sandbox's bound on the uid's descriptors in flight); an `openFiles` is set
+/// by [`CommandLimits::apply_rlimits_to_current_process`] afterwards.
 #[cfg(target_os = "linux")]
-pub fn apply_pool_rlimits_to_current_process(pools: &PoolLimits) -> Result<(), LimitError> {
+pub fn apply_pool_rlimits_to_current_process(limits: &CommandLimits) -> Result<(), LimitError> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let pools = &limits.pools;
+    if limits.open_files.is_none() {
+        let (soft, _) =
+            getrlimit(Resource::RLIMIT_NOFILE).map_err(|source| LimitError::SetShare {
+                resource: "RLIMIT_NOFILE",
+                value: 0,
+                source: source.into(),
+            })?;
+        let share = open_files_share(soft, None);
+        setrlimit(Resource::RLIMIT_NOFILE, share, share).map_err(|source| {
+            LimitError::SetShare {
+                resource: "RLIMIT_NOFILE",
+                value: share,
+                source: source.into(),
+            }
+        })?;
+    }
     for (kernel, name, cap, asked) in [
         (
             Resource::RLIMIT_SIGPENDING,
@@ -317,6 +417,31 @@ mod tests {
         assert!(
             limits.rlimits().is_empty(),
             "pool bounds are no plain rlimits"
+        );
+    }
+
+    #[test]
+    fn a_sandbox_gets_open_files_below_the_hosts_default_unless_it_asks() {
+        assert_eq!(open_files_share(20_000, None), SANDBOX_OPEN_FILES);
+        assert_eq!(open_files_share(100, None), 100, "never above the server's");
+        assert_eq!(
+            open_files_share(20_000, Some(4096)),
+            4096,
+            "openFiles is the caller's"
+        );
+    }
+
+    #[test]
+    fn a_sandbox_gets_an_eighth_of_the_fewest_tasks_the_host_allows() {
+        assert_eq!(processes_share(32_768, 192_730, 96_365), 4096);
+        assert_eq!(
+            processes_share(32_768, 192_730, 1000),
+            125,
+            "the uid's RLIMIT_NPROC"
+        );
+        assert_eq!(
+            processes_share(4_194_304, 1 << 22, u64::MAX),
+            MAX_SANDBOX_PROCESSES
         );
     }
 

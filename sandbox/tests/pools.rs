@@ -77,6 +77,41 @@ def take():
         except OSError as e:
             ctypes.set_errno(e.errno)
             return False
+    if what == "threads":
+        # Tasks (a thread is one, as a process is): threads parked in pause(2) on small stacks.
+        if not held:
+            attr = ctypes.create_string_buffer(128)
+            libc.pthread_attr_init(attr)
+            libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(65536))
+            held.append(attr)
+        tid = ctypes.c_ulong()
+        rc = libc.pthread_create(ctypes.byref(tid), held[0], ctypes.cast(libc.pause, ctypes.c_void_p), None)
+        if rc != 0:
+            ctypes.set_errno(rc)
+            return False
+        return True
+    if what in ("inflight", "inflight-host"):
+        # One descriptor per SCM_RIGHTS message, 100 messages a socket pair (its queue
+        # holds them without blocking); the uid's count of descriptors in flight grows by one
+        # each. `inflight-host` is a host process at the soft RLIMIT_NOFILE every process
+        # starts with.
+        import socket, array
+        if not held:
+            if what == "inflight-host":
+                import resource
+                resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+            held.append(os.pipe())
+        if len(held) == 1 or held[-1][2] >= 100:
+            a, b = socket.socketpair()
+            held.append([a, b, 0])
+        fds = array.array("i", [held[0][0]]).tobytes()
+        try:
+            held[-1][0].sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], socket.MSG_DONTWAIT)
+        except OSError as e:
+            ctypes.set_errno(e.errno)
+            return False
+        held[-1][2] += 1
+        return True
     raise SystemExit("unknown pool " + what)
 while n < cap:
     if not take():
@@ -442,5 +477,100 @@ fn a_sandboxs_devpts_instance_holds_only_its_share_of_the_hosts_ptys() {
         (sandbox::limits::SANDBOX_PTYS + 1).to_string(),
         "an unbounded devpts instance (the control): {}",
         String::from_utf8_lossy(&unbounded.stderr)
+    );
+}
+
+/// Descriptors the unsandboxed control keeps in flight: past the soft limit a host process
+/// starts with, so one at that default is refused.
+const INFLIGHT_CONTROL: u64 = 2 * sandbox::limits::HOST_DEFAULT_OPEN_FILES;
+
+#[test]
+fn a_sandbox_keeps_its_descriptors_in_flight_below_the_hosts_default_limit() {
+    use sandbox::limits::{HOST_DEFAULT_OPEN_FILES, SANDBOX_OPEN_FILES};
+    let _serial = serial();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let script = hog_script(&fx);
+        // Sends are refused once the uid's count is above the sender's soft RLIMIT_NOFILE: the
+        // sandbox's (SANDBOX_OPEN_FILES) is below the host's default, whoever the uid is (a
+        // sandboxed root has no CAP_SYS_RESOURCE on the host). Other processes of the uid may
+        // hold a few in flight already.
+        let held = hog(&script, "inflight", true, None, uid, &fx.ws);
+        assert!(
+            held.took <= SANDBOX_OPEN_FILES + 1
+                && held.took + 64 >= SANDBOX_OPEN_FILES
+                && held.error == "ETOOMANYREFS",
+            "as {uid:?}: the sandbox's descriptors in flight are not bounded by its \
+             RLIMIT_NOFILE: took {} then {}",
+            held.took,
+            held.error
+        );
+        // A host process of the uid at the soft limit every process starts with still sends.
+        // (A second sandbox with the same limit does not while this one holds all it can:
+        // the count is the uid's, compared with each sender's own limit; see
+        // SANDBOX_OPEN_FILES.)
+        let host = one(&script, "inflight-host", false, uid, &fx.ws);
+        assert_eq!(
+            (host.took, host.error.as_str()),
+            (1, ""),
+            "as {uid:?}: a host process at RLIMIT_NOFILE {HOST_DEFAULT_OPEN_FILES} got none \
+             while a sandbox held its all"
+        );
+        drop(held);
+        // The control: unsandboxed, the same hog (at the limit the server's processes have)
+        // puts more in flight than the sandbox could.
+        let held = hog(
+            &script,
+            "inflight",
+            false,
+            Some(INFLIGHT_CONTROL),
+            uid,
+            &fx.ws,
+        );
+        assert_eq!(
+            (held.took, held.error.as_str()),
+            (INFLIGHT_CONTROL, ""),
+            "as {uid:?}: the unsandboxed hog (the control)"
+        );
+        if uid.is_some() {
+            // Root is exempt from the check (CAP_SYS_RESOURCE); any other uid's host process
+            // at the default limit is now refused.
+            let host = one(&script, "inflight-host", false, uid, &fx.ws);
+            assert_eq!(
+                (host.took, host.error.as_str()),
+                (0, "ETOOMANYREFS"),
+                "as {uid:?}: the unsandboxed hog did not starve a host process (the control)"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_sandbox_takes_only_its_share_of_the_hosts_tasks() {
+    let _serial = serial();
+    let share = sandbox::limits::host_processes_share();
+    // RLIMIT_NPROC, counted in the sandbox's own user namespace, is what sandbox-run alone has;
+    // the kernel does not apply it to uid 0 (exec-server's pids cgroup bounds root's sandboxes:
+    // tests/tests/self_protection.rs). So as uid 65534 only.
+    let uid = Some(common::NOBODY);
+    let fx = Fixture::new(uid);
+    let script = hog_script(&fx);
+    // The sandbox's PID 1 and the hog's main thread are tasks of the sandbox too.
+    let held = hog(&script, "threads", true, None, uid, &fx.ws);
+    assert!(
+        held.took < share && held.took + 16 >= share && held.error == "EAGAIN",
+        "the sandbox's tasks are not bounded to its share {share}: took {} then {}",
+        held.took,
+        held.error
+    );
+    others_still_get_one(&script, "threads", uid, &fx.ws, true);
+    drop(held);
+    // The control: unsandboxed, the same hog gets past the share (draining the host's process
+    // IDs would stop every process of the machine from forking, so it stops one past).
+    let held = hog(&script, "threads", false, Some(share + 1), uid, &fx.ws);
+    assert_eq!(
+        (held.took, held.error.as_str()),
+        (share + 1, ""),
+        "the unsandboxed hog (the control)"
     );
 }

@@ -618,6 +618,16 @@ while n < cap:
         ok = libc.syscall(248, b"user", desc, b"k" * 1000, 1000, ctypes.c_int(-2)) >= 0
     elif what == "timers":
         ok = libc.timer_create(1, None, ctypes.byref(ctypes.c_void_p())) == 0
+    elif what == "threads":
+        # Tasks (the host's process IDs): threads parked in pause(2) on small stacks.
+        if not held:
+            held.append(ctypes.create_string_buffer(128))
+            libc.pthread_attr_init(held[0])
+            libc.pthread_attr_setstacksize(held[0], ctypes.c_size_t(65536))
+        rc = libc.pthread_create(ctypes.byref(ctypes.c_ulong()), held[0], ctypes.cast(libc.pause, ctypes.c_void_p), None)
+        ok = rc == 0
+        if not ok:
+            ctypes.set_errno(rc)
     else:
         try:
             held.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)); ok = True
@@ -629,6 +639,24 @@ while n < cap:
 print("took %d then %s" % (n, err), flush=True)
 time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 60)
 "#;
+
+/// A sandbox's default share of the host's tasks, as `sandbox::limits::host_processes_share`
+/// computes it (an eighth of the fewest of pid_max, threads-max and RLIMIT_NPROC, at most 8,192).
+fn processes_share() -> u64 {
+    let read = |path: &str| -> u64 {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (nproc, _) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC).unwrap();
+    let fewest = read("/proc/sys/kernel/pid_max")
+        .min(read("/proc/sys/kernel/threads-max"))
+        .min(nproc);
+    (fewest / 8).clamp(1, 8192)
+}
 
 /// Issue 31, through the server on both launch paths, as root and as uid 65534: while one
 /// session's sandboxed command holds all it can of a kernel pool the host shares, a sandboxed
@@ -655,6 +683,8 @@ async fn a_sandbox_holding_its_share_of_a_pool_leaves_one_for_the_host_and_anoth
                 ("watches", "ENOSPC"),
                 ("timers", "EAGAIN"),
                 ("pty", "ENOSPC"),
+                // The sandbox's default share of the host's tasks (pids.max of its tree).
+                ("threads", "EAGAIN"),
                 // Refused outright (seccomp): the key quota is the host uid's.
                 ("keys", "EPERM"),
             ] {
@@ -676,6 +706,18 @@ async fn a_sandbox_holding_its_share_of_a_pool_leaves_one_for_the_host_and_anoth
                     report.contains(&format!("then {refused}")),
                     "{context}: the sandbox was not stopped by its bound: {report}"
                 );
+                if pool == "threads" {
+                    let took: u64 = report
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|n| n.parse().ok())
+                        .unwrap();
+                    let share = processes_share();
+                    assert!(
+                        took < share && took + 16 >= share,
+                        "{context}: took {took} threads, the share is {share}"
+                    );
+                }
                 let one = ["/usr/bin/python3", script.to_str().unwrap(), pool, "1", "0"];
                 other.start(&taker, &one, extra).await.unwrap();
                 let got = other.wait_for_output(&taker, "took").await;

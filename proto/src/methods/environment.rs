@@ -60,6 +60,11 @@ pub struct ContainmentSupport {
     /// The limits every start gets unless it sets its own (`exec-server --default-limits`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_limits: Option<crate::methods::process::Limits>,
+    /// The `processes` a sandboxed start gets when neither it nor `--default-limits` sets one:
+    /// the sandbox's share of the host's tasks (an eighth of the fewest of `kernel.pid_max`,
+    /// `kernel.threads-max` and the server's `RLIMIT_NPROC`, at most 8,192).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_processes: Option<u64>,
     /// Why something weaker than a cgroup is used, in words.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,

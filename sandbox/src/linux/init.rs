@@ -476,7 +476,7 @@ pub(super) fn start_command(exec: &Exec, slave: Option<&OwnedFd>, relayed: [bool
 /// The command's rlimits, then `execve` along its `PATH`. Never returns.
 pub(super) fn exec_prepared(exec: &Exec) -> ! {
     // Last, so nothing of the setup above counts against them (and PID 1 never has them).
-    if let Err(err) = crate::limits::apply_pool_rlimits_to_current_process(&exec.limits.pools)
+    if let Err(err) = crate::limits::apply_pool_rlimits_to_current_process(&exec.limits)
         .and_then(|()| exec.limits.apply_rlimits_to_current_process())
     {
         eprintln!("sandbox-run: {err}");

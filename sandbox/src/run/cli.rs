@@ -128,7 +128,9 @@ pub struct Cli {
     pub memory: Option<u64>,
     /// Processes of the sandbox's user (RLIMIT_NPROC, counted in the sandbox's own user
     /// namespace). The kernel exempts uid 0, so as root this needs --best-effort (exec-server
-    /// bounds a tree with a pids cgroup instead).
+    /// bounds a tree with a pids cgroup instead). Without it: the sandbox's share of the host's
+    /// tasks (an eighth of the fewest of kernel.pid_max, kernel.threads-max and RLIMIT_NPROC,
+    /// at most 8192; --explain shows it), which binds every user but root.
     #[arg(long, value_name = "N")]
     pub pids: Option<u64>,
     /// CPU seconds per process (RLIMIT_CPU: SIGXCPU at the limit, SIGKILL a second later).

@@ -126,6 +126,12 @@ fn cli_limits(cli: &Cli) -> Result<crate::limits::CommandLimits, RunError> {
         file_size_bytes: None,
         open_files: None,
         address_space_bytes: cli.memory,
+        // Without --pids, the sandbox's share of the host's tasks: RLIMIT_NPROC is counted in
+        // the sandbox's own user namespace, so the share is this sandbox's (the kernel does
+        // not apply it to uid 0, which only exec-server's pids cgroup bounds).
+        #[cfg(target_os = "linux")]
+        processes: Some(cli.pids.unwrap_or_else(crate::limits::host_processes_share)),
+        #[cfg(not(target_os = "linux"))]
         processes: cli.pids,
         wall_seconds: cli.wall_time,
         pools: crate::limits::PoolLimits::default(),
@@ -208,6 +214,14 @@ pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
             },
         },
         "seccomp": { "filters": seccomp_filters },
+        // What the command's processes get (with no --pids, the sandbox's share of the host's
+        // tasks; RLIMIT_NPROC, which the kernel does not apply to uid 0) and its open files
+        // (the bound on its descriptors in flight over unix sockets).
+        "limits": {
+            "processes": prepared.limits.processes,
+            "processes_bound_here": !nix::unistd::geteuid().is_root(),
+            "open_files": crate::limits::open_files_of_current_process(&prepared.limits),
+        },
         // Pathname unix sockets: only inside the writable roots, or named. `mechanism` is
         // null when the filesystem is unrestricted (every socket is reachable then).
         "unix_sockets": {

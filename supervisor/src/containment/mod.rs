@@ -297,6 +297,11 @@ impl Containment {
         self.v1.values().map(|h| h.base.path().to_owned()).collect()
     }
 
+    /// What the host offers for limits.
+    pub fn caps(&self) -> Capabilities {
+        self.caps
+    }
+
     /// The `--default-limits`.
     pub fn defaults(&self) -> &Limits {
         &self.defaults
@@ -313,6 +318,7 @@ impl Containment {
             cgroup: self.v2_base().map(|p| p.display().to_string()),
             limits: plan::support(self.caps),
             default_limits: (!self.defaults.is_empty()).then(|| self.defaults.clone()),
+            sandbox_processes: Some(sandbox::limits::host_processes_share()),
             notes: self.notes.clone(),
         }
     }
@@ -327,6 +333,17 @@ impl Containment {
             None => self.defaults.clone(),
         };
         plan::plan(&limits, self.caps)
+    }
+
+    /// The limits of a sandboxed start: [`Containment::plan`], then [`Plan::for_sandbox`] with
+    /// this host's share of its tasks.
+    ///
+    /// # Errors
+    /// [`PlanError`] naming the limit.
+    pub fn plan_sandboxed(&self, requested: Option<&Limits>) -> Result<Plan, PlanError> {
+        let mut plan = self.plan(requested)?;
+        plan.for_sandbox(self.caps, sandbox::limits::host_processes_share());
+        Ok(plan)
     }
 
     /// Check at startup that the defaults can be enforced here.

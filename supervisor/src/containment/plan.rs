@@ -285,6 +285,42 @@ fn plan_pools(limits: &Limits, plan: &mut Plan) {
 }
 
 impl Plan {
+    /// For a sandboxed start that sets no `processes` (nor does `--default-limits`): `share`
+    /// processes (the sandbox's share of the host's tasks, `sandbox::limits::processes_share`),
+    /// so a fork bomb in one sandbox leaves the host and other sandboxes room. Held by the
+    /// tree's pids cgroup where there is one; else by `RLIMIT_NPROC`, which the kernel counts in
+    /// the sandbox's own user namespace (so the share is this sandbox's) and does not apply to
+    /// uid 0. A start's own `processes` is left as it is.
+    pub fn for_sandbox(&mut self, caps: Capabilities, share: u64) {
+        if self.applied.get(LimitName::Processes).is_some() {
+            return;
+        }
+        let detail = match caps.pids {
+            Some(version) => {
+                self.pids = Some((version, share));
+                applied(
+                    share,
+                    version.enforcement(),
+                    LimitScope::Tree,
+                    "pids.max: the sandbox's default share of the host's tasks".into(),
+                )
+            }
+            None => {
+                self.rlimits.processes = Some(share);
+                applied(
+                    share,
+                    Enforcement::Rlimit,
+                    LimitScope::Tree,
+                    "RLIMIT_NPROC counted in the sandbox's user namespace: the sandbox's default \
+                     share of the host's tasks (no pids cgroup here; the kernel does not apply it \
+                     to uid 0)"
+                        .into(),
+                )
+            }
+        };
+        self.applied.set(LimitName::Processes, detail);
+    }
+
     /// For a start without a sandbox: the pool bounds have nothing to hold them (no user
     /// namespace, devpts instance or share of its own), so they refuse the start unless best
     /// effort was asked, which reports them as not enforced.
@@ -569,6 +605,37 @@ mod tests {
         assert_eq!(plan.wall, Some(Duration::from_secs(3)));
         assert_eq!(plan.cpu_budget, None, "no cgroup: no tree budget");
         assert_eq!(plan.applied.cpu_seconds.unwrap().scope, LimitScope::Process);
+    }
+
+    #[test]
+    fn a_sandboxed_start_gets_its_share_of_the_hosts_tasks_unless_it_sets_processes() {
+        let cgroup = Capabilities {
+            pids: Some(CgroupVersion::V1),
+            ..Capabilities::default()
+        };
+        let mut plain = plan(&Limits::default(), cgroup).unwrap();
+        plain.for_sandbox(cgroup, 4096);
+        assert_eq!(plain.pids, Some((CgroupVersion::V1, 4096)));
+        assert_eq!(plain.rlimits.processes, None, "the cgroup holds it");
+        let applied = plain.applied.get(LimitName::Processes).unwrap();
+        assert_eq!((applied.value, applied.scope), (4096, LimitScope::Tree));
+        // No pids cgroup: RLIMIT_NPROC, counted in the sandbox's user namespace.
+        let mut rlimit = plan(&Limits::default(), Capabilities::default()).unwrap();
+        rlimit.for_sandbox(Capabilities::default(), 4096);
+        assert_eq!((rlimit.pids, rlimit.rlimits.processes), (None, Some(4096)));
+        assert_eq!(
+            rlimit
+                .applied
+                .get(LimitName::Processes)
+                .unwrap()
+                .enforcement,
+            Enforcement::Rlimit
+        );
+        // A start's own processes stays as asked.
+        let asked = limits(serde_json::json!({"processes": 20000}));
+        let mut own = plan(&asked, cgroup).unwrap();
+        own.for_sandbox(cgroup, 4096);
+        assert_eq!(own.pids, Some((CgroupVersion::V1, 20000)));
     }
 
     #[test]

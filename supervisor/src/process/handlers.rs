@@ -91,6 +91,13 @@ pub async fn start(
             feature: UnsupportedFeature::EnforceManagedNetworkWithOpenNetwork,
         });
     }
+    if policy.is_some() {
+        // Its default share of the host's tasks.
+        plan.for_sandbox(
+            launch.containment.caps(),
+            sandbox::limits::host_processes_share(),
+        );
+    }
     let how = match policy {
         // A pipe-mode start in a policy a launcher can serve goes through the session's
         // launcher; its one-shot spec is made only if no launcher takes it.

@@ -290,7 +290,7 @@ impl Launchers {
         plan: &Plan,
     ) -> Result<Option<(Launched, Tree)>, LauncherFailure> {
         let failure = |error: LauncherError, stderr: String| LauncherFailure { error, stderr };
-        let Ok(ahead_plan) = containment.plan(None) else {
+        let Ok(ahead_plan) = containment.plan_sandboxed(None) else {
             return Ok(None);
         };
         if !plan.same_cgroups(&ahead_plan) {

@@ -430,7 +430,7 @@ fn confine_here(
     }
     // Without a user namespace of its own the command charges the host uid's counters
     // directly: its rlimit shares still bound what it can add to them.
-    crate::limits::apply_pool_rlimits_to_current_process(&command.limits.pools).map_err(|err| {
+    crate::limits::apply_pool_rlimits_to_current_process(&command.limits).map_err(|err| {
         CommandError::Plumbing {
             what: "setting the command's shares of the host's pools",
             source: std::io::Error::other(err.to_string()),
