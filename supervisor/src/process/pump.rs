@@ -109,7 +109,13 @@ pub fn start(
             }
             pty => pty,
         };
-        let audit = audit.and_then(|pipe| registered_here(pipe).ok());
+        let audit = audit.and_then(|pipe| {
+            registered_here(pipe)
+                .map_err(|error| {
+                    tracing::error!(%error, "cannot watch a process's denial records");
+                })
+                .ok()
+        });
         run(process, leader, io, audit, context).await;
     };
     match OUTPUT_RUNTIME.get() {

@@ -70,10 +70,8 @@ fn stream_byte(stream: OutputStream) -> u8 {
 }
 
 impl<'a> OutputFrame<'a> {
-    /// The frame's bytes.
-    ///
-    /// # Panics
-    /// Never for ids the server accepts (at most `u16::MAX` bytes): a longer one is a bug.
+    /// The frame's bytes. A process id longer than `u16::MAX` bytes cannot be framed and is
+    /// cut to that length (the server accepts ids of at most 128 bytes).
     pub fn encode(&self) -> Vec<u8> {
         let id = self.process_id.as_bytes();
         let id_len = u16::try_from(id.len()).unwrap_or(u16::MAX);
