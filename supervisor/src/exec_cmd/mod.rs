@@ -642,7 +642,7 @@ async fn run_command(
                 }
                 Some(ProcessEvent::Denied { record, .. }) => {
                     if let Some(line) = describe_denial(&record) {
-                        eprintln!("exec-server exec: {line}");
+                        output.say(&line);
                     }
                 }
                 Some(ProcessEvent::Closed { .. }) => break Ok(finish(exit, &args_limits)),
@@ -850,6 +850,8 @@ struct LocalOutput {
     stdout: Option<escapes::TerminalFilter>,
     stderr: Option<escapes::TerminalFilter>,
     filtered: Vec<u8>,
+    /// The command's stderr so far ends inside a line: exec's own lines start a new one.
+    stderr_mid_line: bool,
 }
 
 impl LocalOutput {
@@ -862,7 +864,17 @@ impl LocalOutput {
             stdout: filter_if_terminal(std::io::stdout().as_fd()),
             stderr: filter_if_terminal(std::io::stderr().as_fd()),
             filtered: Vec::new(),
+            stderr_mid_line: false,
         }
+    }
+
+    /// One line of exec's own (`exec-server exec: {line}`) on stderr, on a line of its own even
+    /// when the command's stderr is in the middle of one.
+    fn say(&mut self, line: &str) {
+        let newline = if self.stderr_mid_line { "\n" } else { "" };
+        self.stderr_mid_line = false;
+        let mut stderr = std::io::stderr().lock();
+        let _ = writeln!(stderr, "{newline}exec-server exec: {line}").and_then(|()| stderr.flush());
     }
 
     fn write(&mut self, stream: OutputStream, data: &[u8]) {
@@ -882,6 +894,9 @@ impl LocalOutput {
         };
         let _ = match stream {
             OutputStream::Stderr => {
+                if let Some(last) = data.last() {
+                    self.stderr_mid_line = *last != b'\n';
+                }
                 let mut stderr = std::io::stderr().lock();
                 stderr.write_all(data).and_then(|()| stderr.flush())
             }
