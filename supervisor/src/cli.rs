@@ -201,7 +201,8 @@ pub struct ExecArgs {
     pub ca_file: Option<PathBuf>,
 
     /// Remote mode: seconds to wait for an environment the registry does not know yet (its
-    /// executor may be starting); then exec fails with 255.
+    /// executor may be starting) or for a registry that refuses connections (it may be
+    /// starting too); then exec fails with 255.
     #[arg(long, value_name = "SECONDS", requires = "remote", default_value_t = crate::relay::REGISTRATION_WAIT.as_secs_f64())]
     pub registration_wait: f64,
 

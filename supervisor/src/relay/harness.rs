@@ -149,7 +149,8 @@ impl RemoteConnectArgs {
     }
 
     /// Look the environment up, waiting up to [`Self::registration_wait`] while the registry
-    /// answers 404, and check the pinned key.
+    /// answers 404 or is not listening yet (connection refused: a rendezvous started at the same
+    /// moment), and check the pinned key.
     async fn lookup(&self, registry: &RegistryClient) -> Result<ConnectResponse, HarnessError> {
         let deadline = Instant::now() + self.registration_wait;
         let mut pause = REGISTRATION_POLL_INITIAL;
@@ -159,12 +160,16 @@ impl RemoteConnectArgs {
                 .await
             {
                 Ok(info) => break info,
-                Err(RegistryError::Status { status: 404, .. }) => {
+                Err(error) if error.is_not_yet() => {
                     let now = Instant::now();
                     if now >= deadline {
-                        return Err(HarnessError::NotRegistered {
-                            environment_id: self.environment_id.clone(),
-                            waited: self.registration_wait,
+                        return Err(match error {
+                            RegistryError::Status { .. } => HarnessError::NotRegistered {
+                                environment_id: self.environment_id.clone(),
+                                waited: self.registration_wait,
+                            },
+                            // Still refused at the deadline: say so, as it is.
+                            other => other.into(),
                         });
                     }
                     // The last lookup happens at the deadline, not a backoff before it.

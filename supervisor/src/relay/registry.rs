@@ -155,6 +155,31 @@ pub enum RegistryError {
     PublicKey(#[from] PublicKeyError),
 }
 
+impl RegistryError {
+    /// Whether waiting may change the answer: the environment is not registered yet (404), or
+    /// nothing listens at the registry's address yet (connection refused, as when the
+    /// rendezvous and `exec --remote` are started at the same moment). Every other failure
+    /// (TLS, credentials, timeouts) is final.
+    pub fn is_not_yet(&self) -> bool {
+        match self {
+            Self::Status { status, .. } => *status == 404,
+            Self::Http { source, .. } => {
+                let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
+                while let Some(error) = cause {
+                    if let Some(io) = error.downcast_ref::<std::io::Error>()
+                        && io.kind() == std::io::ErrorKind::ConnectionRefused
+                    {
+                        return true;
+                    }
+                    cause = error.source();
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+}
+
 /// The registry's HTTP client: one reqwest client (connection pool, TLS settings) for every
 /// call to one registry. Cheap to clone.
 #[derive(Clone)]
