@@ -225,13 +225,18 @@ fn prepare(
 }
 
 /// The layout of a command's sandbox: a fresh `/proc` (its own PID namespace) and a minimal
-/// `/dev` always; with a restricted filesystem also private `/tmp`, `$TMPDIR` and `/run`, with
-/// the working directory carried in when it lives there.
+/// `/dev` always; with a restricted filesystem also private `$TMPDIR` and `/run`, with the
+/// working directory carried in when it lives there, and `/tmp` as [`TmpView`] says.
 pub fn command_layout(policy: &ResolvedPolicy, cwd: &Path) -> mounts::Layout {
     let restricted = policy.restricts_filesystem();
     let mut private_dirs = Vec::new();
+    let mut overlay_dirs = Vec::new();
+    match TmpView::of(policy, true) {
+        TmpView::Overlay => overlay_dirs.push(PathBuf::from(SLASH_TMP)),
+        TmpView::Private => private_dirs.push(PathBuf::from(SLASH_TMP)),
+        TmpView::HostReadOnly | TmpView::Host | TmpView::Hidden => {}
+    }
     if restricted {
-        private_dirs.push(PathBuf::from("/tmp"));
         private_dirs.extend(policy.tmpdir.iter().cloned());
         private_dirs.push(PathBuf::from("/run"));
         private_dirs.sort();
@@ -245,7 +250,58 @@ pub fn command_layout(policy: &ResolvedPolicy, cwd: &Path) -> mounts::Layout {
         proc: true,
         dev: true,
         private_dirs,
+        overlay_dirs,
         carry,
+    }
+}
+
+/// `/tmp`.
+const SLASH_TMP: &str = "/tmp";
+
+/// What a command sees at `/tmp` (`--explain` prints it as [`TmpView::describe`] says).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmpView {
+    /// The policy writes `/tmp`: the host's `/tmp` read-only, a private writable layer on top
+    /// (an overlay; what the command writes there never reaches the host).
+    Overlay,
+    /// The policy reads `/tmp` only: the host's `/tmp`, read-only.
+    HostReadOnly,
+    /// The policy cannot read `/tmp`: a private, empty tmpfs (host files there unreachable).
+    Private,
+    /// No mount namespace (or no sandbox): the host's `/tmp` with the policy's access; writes
+    /// reach the host.
+    Host,
+    /// No mount namespace and the policy cannot read `/tmp`.
+    Hidden,
+}
+
+impl TmpView {
+    /// The view under `policy`, with or without a mount namespace.
+    pub fn of(policy: &ResolvedPolicy, mount_namespace: bool) -> Self {
+        let tmp = Path::new(SLASH_TMP);
+        if !policy.restricts_filesystem() {
+            return TmpView::Host;
+        }
+        let access = policy.access_for(tmp);
+        match (mount_namespace, access) {
+            (true, crate::policy::Access::Write) => TmpView::Overlay,
+            (true, crate::policy::Access::Read) => TmpView::HostReadOnly,
+            (true, crate::policy::Access::Deny) => TmpView::Private,
+            (false, crate::policy::Access::Write) => TmpView::Host,
+            (false, crate::policy::Access::Read) => TmpView::HostReadOnly,
+            (false, crate::policy::Access::Deny) => TmpView::Hidden,
+        }
+    }
+
+    /// One line for `--explain`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TmpView::Overlay => "host /tmp read-only, private writable layer on top",
+            TmpView::HostReadOnly => "host /tmp read-only",
+            TmpView::Private => "private, empty",
+            TmpView::Host => "host /tmp, writes reach the host",
+            TmpView::Hidden => "host /tmp, unreadable",
+        }
     }
 }
 

@@ -254,16 +254,12 @@ struct Setup {
 }
 
 /// The steps of `plan` that belong to one command: its `/proc` (its PID namespace's), its
-/// `/dev` (its devpts instance), its private directories and everything mounted inside them.
+/// `/dev` (its devpts instance), its private and overlaid directories and everything mounted
+/// inside them.
 pub fn per_command_steps(plan: &[MountOp]) -> Vec<MountOp> {
     let fresh: Vec<&Path> = plan
         .iter()
-        .filter(|op| {
-            matches!(
-                op,
-                MountOp::PrivateDir(_) | MountOp::PrivateDev | MountOp::Proc
-            )
-        })
+        .filter(|op| op.is_fresh())
         .map(MountOp::path)
         .collect();
     plan.iter()
@@ -321,14 +317,25 @@ impl Setup {
         // (what an unprivileged launcher does to map itself into its user namespace).
         let _ = crate::sys::set_dumpable(false);
         let full = init::command_layout(policy, &request.cwd);
+        // An overlay's lower layer is the host directory: the shared layout leaves it (and
+        // what the plan mounts inside it) to each command.
         let shared = mounts::Layout {
             proc: false,
+            overlay_dirs: Vec::new(),
             ..full.clone()
         };
+        let shared_plan: Vec<MountOp> = mounts::mount_plan(policy, &shared)
+            .into_iter()
+            .filter(|op| {
+                !full
+                    .overlay_dirs
+                    .iter()
+                    .any(|dir| op.path().starts_with(dir))
+            })
+            .collect();
         let mut warnings = Vec::new();
         if entered.mount {
-            let applied =
-                mounts::apply(&mounts::mount_plan(policy, &shared)).map_err(|e| e.to_string())?;
+            let applied = mounts::apply(&shared_plan).map_err(|e| e.to_string())?;
             warnings = applied.warnings;
         }
         Ok(Self {

@@ -207,6 +207,8 @@ pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
                 Vec::new()
             },
         },
+        // What the command sees at /tmp, from the same decision the layout is built from.
+        "tmp": crate::linux::TmpView::of(policy, userns).describe(),
         "seccomp": { "filters": seccomp_filters },
         // Pathname unix sockets: only inside the writable roots, or named. `mechanism` is
         // null when the filesystem is unrestricted (every socket is reachable then).
