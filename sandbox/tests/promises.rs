@@ -567,6 +567,31 @@ fn a_script_in_host_tmp_runs_and_explain_says_what_tmp_is_as_a_probe_sees_it() {
             "host-data\n",
             "as {uid:?}: the overwrite reached the host"
         );
+        // A host daemon's socket under /tmp, seen through the overlay: refused. The gate
+        // (seccomp-notify) judges it by where its inode lives (EACCES); Landlock ABI 9 lets
+        // /tmp's write right pass and the kernel finds no listener on the overlay's inode.
+        let socket = host.join("daemon.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let expected = match sandbox::linux::unix_sockets::Mechanism::of_this_host() {
+            sandbox::linux::unix_sockets::Mechanism::SeccompNotify => "EACCES",
+            sandbox::linux::unix_sockets::Mechanism::Landlock => "ECONNREFUSED",
+        };
+        let result = probe(WW, &["unix-connect", s(&socket)], uid, &fx.ws);
+        assert_eq!(result["error"], expected, "as {uid:?}: {result}");
+        assert!(listener.accept().is_err(), "as {uid:?}: reached the daemon");
+        let control = probe(
+            &["--policy", "danger-full-access"],
+            &["unix-connect", s(&socket)],
+            uid,
+            &fx.ws,
+        );
+        assert_allowed(&control, &format!("control connect as {uid:?}"));
+        assert!(listener.accept().is_ok(), "as {uid:?}: the control counts");
+        // Its own socket in /tmp (the upper layer) is reachable.
+        let own = probe(WW, &["unix-bind-connect", "/tmp/own.sock"], uid, &fx.ws);
+        assert_allowed(&own, &format!("own socket in /tmp as {uid:?}"));
     }
 }
 

@@ -173,6 +173,7 @@ fn prepare(
             .map_err(super::namespaces::NamespaceError::from)?;
     report.namespaces.mounts = applied.ops;
     report.warnings.extend(applied.warnings);
+    let overlays = applied.overlays;
     let slave = match terminal {
         Some(socket) => {
             let like = relayed
@@ -191,7 +192,7 @@ fn prepare(
     super::enter_directory(&command.cwd)?;
     let _ = crate::sys::set_dumpable(false);
     // Named sockets are pinned in the sandbox's own mount namespace, before Landlock.
-    let gate = super::unix_sockets::Gate::for_policy(policy, &mut report.warnings);
+    let gate = super::unix_sockets::Gate::for_policy(policy, overlays, &mut report.warnings);
     let ttys = if layout.dev {
         landlock::private_ttys()
     } else {

@@ -810,11 +810,15 @@ struct WarmedUp {
 /// Landlock, the seccomp program built, and the signalfd it forwards signals from.
 fn warm_up(setup: &Setup) -> Result<WarmedUp, String> {
     let _ = nix::unistd::setsid();
-    mounts::apply(&setup.per_command).map_err(|e| e.to_string())?;
+    let applied = mounts::apply(&setup.per_command).map_err(|e| e.to_string())?;
     super::enter_directory(&setup.cwd).map_err(|e| e.to_string())?;
     let _ = crate::sys::set_dumpable(false);
     let mut report = EnforcementReport::default();
-    let gate = super::unix_sockets::Gate::for_policy(&setup.policy, &mut report.warnings);
+    let gate = super::unix_sockets::Gate::for_policy(
+        &setup.policy,
+        applied.overlays,
+        &mut report.warnings,
+    );
     let enforce = EnforceOptions {
         best_effort: false,
         keep_fds: Vec::new(),

@@ -339,7 +339,8 @@ fn hold_here(
         source: source.into(),
     })?;
     let mut pinned = Vec::new();
-    let gate = super::unix_sockets::Gate::for_policy(policy, &mut pinned);
+    // No mount namespace, no overlay.
+    let gate = super::unix_sockets::Gate::for_policy(policy, Vec::new(), &mut pinned);
     let mut report = super::restrict_current_process_but_seccomp(policy, enforce)?;
     report.warnings.extend(pinned);
     let main = super::seccomp::Prepared::new(super::seccomp_variant(policy, enforce))

@@ -98,6 +98,10 @@ pub struct Applied {
     pub ops: Vec<MountOp>,
     /// Narrower outcomes (a writable root the host mounted read-only stays read-only).
     pub warnings: Vec<String>,
+    /// Each overlaid directory and its upper layer (a descriptor, the only way to it once the
+    /// overlay covers it): where the objects the command made there live
+    /// ([`crate::linux::unix_sockets::Gate`]).
+    pub overlays: Vec<(PathBuf, OwnedFd)>,
 }
 
 /// Builds `plan` in the caller's (fresh, private) mount namespace, its devpts instance and user
@@ -389,7 +393,11 @@ fn build(
             sys::attach_mount(tmp.as_fd(), target.as_fd())?;
             Ok(Some((tmp, true)))
         }
-        MountOp::OverlayDir(path) => build_overlay(target, source(path)?).map(|o| Some((o, true))),
+        MountOp::OverlayDir(path) => {
+            let (overlay, upper) = build_overlay(target, source(path)?)?;
+            applied.overlays.push((path.clone(), upper));
+            Ok(Some((overlay, true)))
+        }
         MountOp::PrivateDev => build_dev(target, devices, pools).map(|dev| Some((dev, false))),
         MountOp::Proc => build_proc(target, applied, pools).map(|proc| Some((proc, false))),
     }
@@ -401,7 +409,8 @@ fn build(
 /// it. Layers are named by `/proc/self/fd` (the private `/proc` is mounted before any private
 /// directory), so nothing is looked up by path twice. `userxattr`: the overlay's own
 /// attributes live in the `user.` namespace, the one a user namespace may write.
-fn build_overlay(target: &OwnedFd, lower: &Source) -> io::Result<OwnedFd> {
+/// Returns the overlay and its upper directory.
+fn build_overlay(target: &OwnedFd, lower: &Source) -> io::Result<(OwnedFd, OwnedFd)> {
     use nix::sys::stat::{FchmodatFlags, Mode, fchmodat};
     let stat = nix::sys::stat::fstat(lower.fd.as_fd())?;
     let layer = fresh_tmpfs("0755", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
@@ -439,7 +448,7 @@ fn build_overlay(target: &OwnedFd, lower: &Source) -> io::Result<OwnedFd> {
         .flag("userxattr")?;
     let overlay = sys::fsmount(&context, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
     sys::attach_mount(overlay.as_fd(), layer.as_fd())?;
-    Ok(overlay)
+    Ok((overlay, upper))
 }
 
 fn fresh_tmpfs(mode: &str, attrs: u64) -> io::Result<OwnedFd> {
