@@ -238,7 +238,14 @@ pub fn command_layout(policy: &ResolvedPolicy, cwd: &Path) -> mounts::Layout {
         TmpView::HostReadOnly | TmpView::Host | TmpView::Hidden => {}
     }
     if restricted {
-        private_dirs.extend(policy.tmpdir.iter().cloned());
+        // `$TMPDIR` = `/tmp` is the overlay, not a tmpfs of its own.
+        private_dirs.extend(
+            policy
+                .tmpdir
+                .iter()
+                .filter(|dir| !overlay_dirs.contains(dir))
+                .cloned(),
+        );
         private_dirs.push(PathBuf::from("/run"));
         private_dirs.sort();
         private_dirs.dedup();
@@ -556,4 +563,50 @@ pub(super) fn exec_prepared(exec: &Exec) -> ! {
         EXIT_CANNOT_EXECUTE
     };
     crate::sys::exit_now(i32::from(status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Access, FilesystemPolicy, PathRule};
+
+    fn policy(tmp: Access) -> ResolvedPolicy {
+        let rule = |path: &str, access| PathRule {
+            path: PathBuf::from(path),
+            access,
+        };
+        ResolvedPolicy::new(
+            FilesystemPolicy::Restricted {
+                rules: vec![rule("/", Access::Read), rule("/tmp", tmp)],
+            },
+            false,
+        )
+    }
+
+    #[test]
+    fn tmp_is_an_overlay_when_written_the_hosts_when_read_and_private_when_denied() {
+        let cases = [
+            (Access::Write, TmpView::Overlay, true, false),
+            (Access::Read, TmpView::HostReadOnly, false, false),
+            (Access::Deny, TmpView::Private, false, true),
+        ];
+        for (access, view, overlaid, private) in cases {
+            let policy = policy(access);
+            assert_eq!(TmpView::of(&policy, true), view, "{access:?}");
+            let layout = command_layout(&policy, Path::new("/"));
+            let tmp = PathBuf::from("/tmp");
+            assert_eq!(layout.overlay_dirs.contains(&tmp), overlaid, "{access:?}");
+            assert_eq!(layout.private_dirs.contains(&tmp), private, "{access:?}");
+        }
+        assert_eq!(TmpView::of(&policy(Access::Write), false), TmpView::Host);
+    }
+
+    #[test]
+    fn a_tmpdir_that_is_tmp_is_the_overlay_not_a_tmpfs_of_its_own() {
+        let mut policy = policy(Access::Write);
+        policy.tmpdir = Some(PathBuf::from("/tmp"));
+        let layout = command_layout(&policy, Path::new("/"));
+        assert_eq!(layout.overlay_dirs, vec![PathBuf::from("/tmp")]);
+        assert!(!layout.private_dirs.contains(&PathBuf::from("/tmp")));
+    }
 }
