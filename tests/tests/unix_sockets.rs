@@ -3,7 +3,9 @@
 //! - a tmux server started outside does not run a sandboxed client's `run-shell` (its marker
 //!   file is never created), and does when the socket is named;
 //! - a second exec-server listening on a unix socket under the scratch directory (`/var/tmp`)
-//!   cannot be reached.
+//!   cannot be reached;
+//! - host `/tmp` (issue 35): a script there runs, writes there stay private, a denied file there
+//!   stays unreadable, and a tmux server's socket there is unreachable unless named.
 //!
 //! Every case runs with the server as root and as uid 65534, through launchers and one-shot
 //! (`--one-shot-sandbox --one-shot-helpers`), each with an unsandboxed control that succeeds.
@@ -362,6 +364,169 @@ async fn a_refused_connect_is_reported_as_a_denial() {
             .await;
             assert_eq!(report["ok"], true, "{context}, control: {report}");
             assert_eq!(accepted(&listener), 1, "{context}, control");
+        }
+    }
+}
+
+/// A directory under the host's `/tmp` (mode 0755, owned by `uid`) holding a script that
+/// prints `ran` and the `data` file beside it, and a `secret`; removed when dropped.
+fn host_tmp_dir(uid: Option<u32>) -> (tempfile::TempDir, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("execward-host-tmp-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let path = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::write(path.join("data"), "host-data\n").unwrap();
+    std::fs::write(path.join("secret"), "k\n").unwrap();
+    let script = path.join("run.sh");
+    let text = format!("#!/bin/sh\necho ran\ncat {}/data\n", path.display());
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if let Some(uid) = uid {
+        for file in [&path, &path.join("data"), &path.join("secret"), &script] {
+            std::os::unix::fs::chown(file, Some(uid), Some(uid)).unwrap();
+        }
+    }
+    (dir, path)
+}
+
+/// Host `/tmp` under workspace-write (issue 35): a script a harness wrote there runs, a write
+/// there stays in the command's private layer (checked on the host; the unsandboxed control's
+/// write lands), a denied file there stays unreadable (the control reads it), and a tmux
+/// server whose socket is under the host's `/tmp` does not run a sandboxed client's command
+/// unless the socket is named (the control's does).
+#[tokio::test(flavor = "multi_thread")]
+async fn host_tmp_is_readable_its_writes_stay_private_and_its_sockets_unreachable_unless_named() {
+    for uid in identities() {
+        for (mode, flags) in launch_modes() {
+            let install = Install::new(uid);
+            let (_dir, host) = host_tmp_dir(uid);
+            let secret = host.join("secret");
+            let mut args = vec!["--listen", "ws://127.0.0.1:0"];
+            args.extend(flags);
+            let server = install.start(&args);
+            let mut client = server.client().await;
+            let context = format!("{mode} as {uid:?}");
+            let mut sandbox = install.workspace_write(&[]);
+            sandbox["denyPaths"] = json!([secret.to_str().unwrap()]);
+            let extra = |sandboxed: bool| {
+                let mut extra =
+                    json!({"cwd": file_uri(&install.ws), "env": {"PATH": "/usr/bin:/bin"}});
+                if sandboxed {
+                    extra["sandbox"] = sandbox.clone();
+                }
+                extra
+            };
+
+            let script = host.join("run.sh");
+            let out = client
+                .run("script", &[script.to_str().unwrap()], extra(true))
+                .await;
+            assert_eq!(
+                (out.exit_code, String::from_utf8_lossy(&out.stdout).as_ref()),
+                (Some(0), "ran\nhost-data\n"),
+                "{context}: the /tmp script: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+
+            let written = host.join("written");
+            let write = format!("echo mine > {0} && cat {0}", written.display());
+            let out = client
+                .run("write", &["/bin/sh", "-c", &write], extra(true))
+                .await;
+            assert_eq!(
+                (out.exit_code, String::from_utf8_lossy(&out.stdout).as_ref()),
+                (Some(0), "mine\n"),
+                "{context}: writing /tmp: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!written.exists(), "{context}: the write reached host /tmp");
+            let out = client
+                .run("write-control", &["/bin/sh", "-c", &write], extra(false))
+                .await;
+            assert_eq!(out.exit_code, Some(0), "{context}, control: {out:?}");
+            assert!(written.exists(), "{context}, control: no write on the host");
+
+            let probe = install.bin.join("probe");
+            let probe = probe.to_str().unwrap();
+            let read = ["read", secret.to_str().unwrap()];
+            let report = tests::probe_report(
+                &mut client,
+                probe,
+                &install.ws,
+                "secret",
+                Some(&sandbox),
+                &read,
+            )
+            .await;
+            assert_eq!(report["error"], "EACCES", "{context}: {report}");
+            let report = tests::probe_report(
+                &mut client,
+                probe,
+                &install.ws,
+                "secret-control",
+                None,
+                &read,
+            )
+            .await;
+            assert_eq!(report["ok"], true, "{context}, control: {report}");
+
+            let tmux = Tmux::start(&install, host.join("tmux.sock"));
+            let marker = install.outside.join("control");
+            let out = tmux_run_shell(
+                &mut client,
+                "tmux-control",
+                &tmux.socket,
+                &marker,
+                None,
+                &install.ws,
+            )
+            .await;
+            assert_eq!(out.exit_code, Some(0), "{context}, tmux control: {out:?}");
+            assert!(marker.exists(), "{context}, tmux control: no marker");
+            let marker = install.outside.join("denied");
+            let out = tmux_run_shell(
+                &mut client,
+                "tmux-denied",
+                &tmux.socket,
+                &marker,
+                Some(&sandbox),
+                &install.ws,
+            )
+            .await;
+            assert_ne!(out.exit_code, Some(0), "{context}: tmux client succeeded");
+            assert!(!marker.exists(), "{context}: the tmux server ran run-shell");
+            let report = tests::probe_report(
+                &mut client,
+                probe,
+                &install.ws,
+                "socket",
+                Some(&sandbox),
+                &["unix-connect", tmux.socket.to_str().unwrap()],
+            )
+            .await;
+            assert_eq!(report["ok"], false, "{context}: connected: {report}");
+            let marker = install.outside.join("named");
+            let mut named = install.workspace_write(&[&tmux.socket]);
+            named["denyPaths"] = json!([secret.to_str().unwrap()]);
+            let out = tmux_run_shell(
+                &mut client,
+                "tmux-named",
+                &tmux.socket,
+                &marker,
+                Some(&named),
+                &install.ws,
+            )
+            .await;
+            assert_eq!(
+                out.exit_code,
+                Some(0),
+                "{context}, named: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(marker.exists(), "{context}, named: no marker");
         }
     }
 }

@@ -180,6 +180,7 @@ fn prepare(
             .map_err(super::namespaces::NamespaceError::from)?;
     report.namespaces.mounts = applied.ops;
     report.warnings.extend(applied.warnings);
+    let overlays = applied.overlays;
     let slave = match terminal {
         Some(socket) => {
             let like = relayed
@@ -198,7 +199,7 @@ fn prepare(
     super::enter_directory(&command.cwd)?;
     let _ = crate::sys::set_dumpable(false);
     // Named sockets are pinned in the sandbox's own mount namespace, before Landlock.
-    let gate = super::unix_sockets::Gate::for_policy(policy, &mut report.warnings);
+    let gate = super::unix_sockets::Gate::for_policy(policy, overlays, &mut report.warnings);
     let ttys = if layout.dev {
         landlock::private_ttys()
     } else {
@@ -232,14 +233,26 @@ fn prepare(
 }
 
 /// The layout of a command's sandbox: a fresh `/proc` (its own PID namespace) and a minimal
-/// `/dev` always; with a restricted filesystem also private `/tmp`, `$TMPDIR` and `/run`, with
-/// the working directory carried in when it lives there.
+/// `/dev` always; with a restricted filesystem also private `$TMPDIR` and `/run`, with the
+/// working directory carried in when it lives there, and `/tmp` as [`TmpView`] says.
 pub fn command_layout(policy: &ResolvedPolicy, cwd: &Path) -> mounts::Layout {
     let restricted = policy.restricts_filesystem();
     let mut private_dirs = Vec::new();
+    let mut overlay_dirs = Vec::new();
+    match TmpView::of(policy, true) {
+        TmpView::Overlay => overlay_dirs.push(PathBuf::from(SLASH_TMP)),
+        TmpView::Private => private_dirs.push(PathBuf::from(SLASH_TMP)),
+        TmpView::HostReadOnly | TmpView::Host | TmpView::Hidden => {}
+    }
     if restricted {
-        private_dirs.push(PathBuf::from("/tmp"));
-        private_dirs.extend(policy.tmpdir.iter().cloned());
+        // `$TMPDIR` = `/tmp` is the overlay, not a tmpfs of its own.
+        private_dirs.extend(
+            policy
+                .tmpdir
+                .iter()
+                .filter(|dir| !overlay_dirs.contains(dir))
+                .cloned(),
+        );
         private_dirs.push(PathBuf::from("/run"));
         private_dirs.sort();
         private_dirs.dedup();
@@ -252,7 +265,58 @@ pub fn command_layout(policy: &ResolvedPolicy, cwd: &Path) -> mounts::Layout {
         proc: true,
         dev: true,
         private_dirs,
+        overlay_dirs,
         carry,
+    }
+}
+
+/// `/tmp`.
+const SLASH_TMP: &str = "/tmp";
+
+/// What a command sees at `/tmp` (`--explain` prints it as [`TmpView::describe`] says).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmpView {
+    /// The policy writes `/tmp`: the host's `/tmp` read-only, a private writable layer on top
+    /// (an overlay; what the command writes there never reaches the host).
+    Overlay,
+    /// The policy reads `/tmp` only: the host's `/tmp`, read-only.
+    HostReadOnly,
+    /// The policy cannot read `/tmp`: a private, empty tmpfs (host files there unreachable).
+    Private,
+    /// No mount namespace (or no sandbox): the host's `/tmp` with the policy's access; writes
+    /// reach the host.
+    Host,
+    /// No mount namespace and the policy cannot read `/tmp`.
+    Hidden,
+}
+
+impl TmpView {
+    /// The view under `policy`, with or without a mount namespace.
+    pub fn of(policy: &ResolvedPolicy, mount_namespace: bool) -> Self {
+        let tmp = Path::new(SLASH_TMP);
+        if !policy.restricts_filesystem() {
+            return TmpView::Host;
+        }
+        let access = policy.access_for(tmp);
+        match (mount_namespace, access) {
+            (true, crate::policy::Access::Write) => TmpView::Overlay,
+            (true, crate::policy::Access::Read) => TmpView::HostReadOnly,
+            (true, crate::policy::Access::Deny) => TmpView::Private,
+            (false, crate::policy::Access::Write) => TmpView::Host,
+            (false, crate::policy::Access::Read) => TmpView::HostReadOnly,
+            (false, crate::policy::Access::Deny) => TmpView::Hidden,
+        }
+    }
+
+    /// One line for `--explain`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TmpView::Overlay => "host /tmp read-only, private writable layer on top",
+            TmpView::HostReadOnly => "host /tmp read-only",
+            TmpView::Private => "private, empty",
+            TmpView::Host => "host /tmp, writes reach the host",
+            TmpView::Hidden => "host /tmp, unreadable",
+        }
     }
 }
 
@@ -506,4 +570,50 @@ pub(super) fn exec_prepared(exec: &Exec) -> ! {
         EXIT_CANNOT_EXECUTE
     };
     crate::sys::exit_now(i32::from(status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Access, FilesystemPolicy, PathRule};
+
+    fn policy(tmp: Access) -> ResolvedPolicy {
+        let rule = |path: &str, access| PathRule {
+            path: PathBuf::from(path),
+            access,
+        };
+        ResolvedPolicy::new(
+            FilesystemPolicy::Restricted {
+                rules: vec![rule("/", Access::Read), rule("/tmp", tmp)],
+            },
+            false,
+        )
+    }
+
+    #[test]
+    fn tmp_is_an_overlay_when_written_the_hosts_when_read_and_private_when_denied() {
+        let cases = [
+            (Access::Write, TmpView::Overlay, true, false),
+            (Access::Read, TmpView::HostReadOnly, false, false),
+            (Access::Deny, TmpView::Private, false, true),
+        ];
+        for (access, view, overlaid, private) in cases {
+            let policy = policy(access);
+            assert_eq!(TmpView::of(&policy, true), view, "{access:?}");
+            let layout = command_layout(&policy, Path::new("/"));
+            let tmp = PathBuf::from("/tmp");
+            assert_eq!(layout.overlay_dirs.contains(&tmp), overlaid, "{access:?}");
+            assert_eq!(layout.private_dirs.contains(&tmp), private, "{access:?}");
+        }
+        assert_eq!(TmpView::of(&policy(Access::Write), false), TmpView::Host);
+    }
+
+    #[test]
+    fn a_tmpdir_that_is_tmp_is_the_overlay_not_a_tmpfs_of_its_own() {
+        let mut policy = policy(Access::Write);
+        policy.tmpdir = Some(PathBuf::from("/tmp"));
+        let layout = command_layout(&policy, Path::new("/"));
+        assert_eq!(layout.overlay_dirs, vec![PathBuf::from("/tmp")]);
+        assert!(!layout.private_dirs.contains(&PathBuf::from("/tmp")));
+    }
 }

@@ -254,16 +254,12 @@ struct Setup {
 }
 
 /// The steps of `plan` that belong to one command: its `/proc` (its PID namespace's), its
-/// `/dev` (its devpts instance), its private directories and everything mounted inside them.
+/// `/dev` (its devpts instance), its private and overlaid directories and everything mounted
+/// inside them.
 pub fn per_command_steps(plan: &[MountOp]) -> Vec<MountOp> {
     let fresh: Vec<&Path> = plan
         .iter()
-        .filter(|op| {
-            matches!(
-                op,
-                MountOp::PrivateDir(_) | MountOp::PrivateDev | MountOp::Proc
-            )
-        })
+        .filter(|op| op.is_fresh())
         .map(MountOp::path)
         .collect();
     plan.iter()
@@ -321,14 +317,25 @@ impl Setup {
         // (what an unprivileged launcher does to map itself into its user namespace).
         let _ = crate::sys::set_dumpable(false);
         let full = init::command_layout(policy, &request.cwd);
+        // An overlay's lower layer is the host directory: the shared layout leaves it (and
+        // what the plan mounts inside it) to each command.
         let shared = mounts::Layout {
             proc: false,
+            overlay_dirs: Vec::new(),
             ..full.clone()
         };
+        let shared_plan: Vec<MountOp> = mounts::mount_plan(policy, &shared)
+            .into_iter()
+            .filter(|op| {
+                !full
+                    .overlay_dirs
+                    .iter()
+                    .any(|dir| op.path().starts_with(dir))
+            })
+            .collect();
         let mut warnings = Vec::new();
         if entered.mount {
-            let applied =
-                mounts::apply(&mounts::mount_plan(policy, &shared)).map_err(|e| e.to_string())?;
+            let applied = mounts::apply(&shared_plan).map_err(|e| e.to_string())?;
             warnings = applied.warnings;
         }
         Ok(Self {
@@ -688,8 +695,10 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
             ),
         );
     }
-    // The channel and anything else left from the launcher; the signalfd stays.
-    let keep = [0, 1, 2, status.as_raw_fd(), signals.as_raw_fd()];
+    // The channel and anything else left from the launcher; the signalfd and the gate's own
+    // descriptors (its overlays' upper layers) stay.
+    let mut keep = vec![0, 1, 2, status.as_raw_fd(), signals.as_raw_fd()];
+    keep.extend(gate.iter().flat_map(super::unix_sockets::Gate::descriptors));
     if super::hygiene::close_inherited_fds(&keep).is_err() {
         setup_failed(status, "closing the channel failed");
     }
@@ -817,11 +826,15 @@ struct WarmedUp {
 /// Landlock, the seccomp program built, and the signalfd it forwards signals from.
 fn warm_up(setup: &Setup) -> Result<WarmedUp, String> {
     let _ = nix::unistd::setsid();
-    mounts::apply(&setup.per_command).map_err(|e| e.to_string())?;
+    let applied = mounts::apply(&setup.per_command).map_err(|e| e.to_string())?;
     super::enter_directory(&setup.cwd).map_err(|e| e.to_string())?;
     let _ = crate::sys::set_dumpable(false);
     let mut report = EnforcementReport::default();
-    let gate = super::unix_sockets::Gate::for_policy(&setup.policy, &mut report.warnings);
+    let gate = super::unix_sockets::Gate::for_policy(
+        &setup.policy,
+        applied.overlays,
+        &mut report.warnings,
+    );
     let enforce = EnforceOptions {
         best_effort: false,
         keep_fds: Vec::new(),

@@ -35,7 +35,7 @@
 pub mod command;
 pub mod hygiene;
 mod init;
-pub use init::command_layout;
+pub use init::{TmpView, command_layout};
 pub mod landlock;
 pub mod launcher;
 pub mod mounts;
@@ -232,6 +232,7 @@ fn helper_layout() -> mounts::Layout {
         proc: false,
         dev: true,
         private_dirs: Vec::new(),
+        overlay_dirs: Vec::new(),
         carry: Vec::new(),
     }
 }

@@ -125,6 +125,15 @@ pub struct Reporter {
 }
 
 impl Reporter {
+    /// The descriptors this reporter owns.
+    pub fn descriptors(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
+        use std::os::fd::AsRawFd;
+        self.channel
+            .iter()
+            .map(AsRawFd::as_raw_fd)
+            .chain(self.stderr.iter().map(AsRawFd::as_raw_fd))
+    }
+
     /// Refusals go to `channel` (made non-blocking here), or to stderr without one.
     pub fn new(channel: Option<OwnedFd>) -> Self {
         if let Some(channel) = &channel {

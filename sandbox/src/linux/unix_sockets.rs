@@ -22,7 +22,9 @@
 //!   A pathname is first opened `O_PATH` relative to the caller's working directory: that
 //!   descriptor is the resolution (symlinks followed once, as `connect` would); it is allowed
 //!   when its inode is a named socket (pinned by device and inode when the sandbox started) or
-//!   its path lies in a writable root, and then the socket is connected to
+//!   its path lies in a writable root (on an overlaid `/tmp`'s own mount: only when the inode
+//!   lives in the command's upper layer; the host's sockets seen through the lower layer are
+//!   refused whatever their path), and then the socket is connected to
 //!   `/proc/self/fd/N`, the pinned inode, so nothing swapped in since can receive the
 //!   connection. Otherwise the call fails with `EACCES` and the refusal is reported: as a
 //!   denial record on the refusal channel when the denial audit runs, else one line on the
@@ -273,6 +275,18 @@ pub struct Gate {
     policy: ResolvedPolicy,
     named: Vec<Named>,
     reporter: super::unix_refusals::Reporter,
+    overlays: Vec<Overlay>,
+}
+
+/// An overlaid directory (`/tmp`): a socket on the overlay's mount lies in a writable root
+/// only when its inode lives in the command's own upper layer; one of the host's, seen through
+/// the lower layer, is refused whatever its path. (Sockets on mounts bound into it, a writable
+/// root or a named socket, are judged as anywhere else.)
+struct Overlay {
+    path: PathBuf,
+    /// The overlay's mount id (`None`: not identifiable, every socket on it is refused).
+    mount: Option<u64>,
+    upper: OwnedFd,
 }
 
 /// The decision about one pathname.
@@ -284,9 +298,23 @@ enum Verdict {
 
 impl Gate {
     /// The gate of a command under `policy` when this host needs the notifier for it
-    /// ([`needs_notifier`]); see [`Self::open`].
-    pub fn for_policy(policy: &ResolvedPolicy, warnings: &mut Vec<String>) -> Option<Self> {
-        needs_notifier(policy).then(|| Self::open(policy, warnings))
+    /// ([`needs_notifier`]); see [`Self::open`]. `overlays`: the overlaid directories of the
+    /// command's mount namespace and their upper layers ([`super::mounts::Applied::overlays`]).
+    pub fn for_policy(
+        policy: &ResolvedPolicy,
+        overlays: Vec<(PathBuf, OwnedFd)>,
+        warnings: &mut Vec<String>,
+    ) -> Option<Self> {
+        needs_notifier(policy).then(|| {
+            let mut gate = Self::open(policy, warnings);
+            for (path, upper) in overlays {
+                let mount = sys::open_no_symlinks(None, &path)
+                    .ok()
+                    .and_then(|fd| mount_id(fd.as_fd()));
+                gate.overlays.push(Overlay { path, mount, upper });
+            }
+            gate
+        })
     }
 
     /// Pins the policy's named sockets (`allowUnixSockets`) by device and inode, opening each
@@ -327,6 +355,7 @@ impl Gate {
             policy: policy.clone(),
             named,
             reporter: super::unix_refusals::Reporter::new(None),
+            overlays: Vec::new(),
         }
     }
 
@@ -344,6 +373,17 @@ impl Gate {
         self
     }
 
+    /// The descriptors the gate owns (its overlays' upper layers, its reporter's channel and
+    /// stderr copy): a holder that closes what it inherited must keep these, or their owners
+    /// would close them a second time.
+    pub fn descriptors(&self) -> Vec<RawFd> {
+        self.overlays
+            .iter()
+            .map(|overlay| overlay.upper.as_raw_fd())
+            .chain(self.reporter.descriptors())
+            .collect()
+    }
+
     /// Whether the socket `target` (an `O_PATH` descriptor of it) may be connected to.
     fn verdict(&self, target: BorrowedFd<'_>, st: &libc::stat) -> Verdict {
         if self
@@ -358,11 +398,34 @@ impl Gate {
             return Verdict::Denied(PathBuf::from("(unknown path)"));
         };
         let deleted = path.as_os_str().as_bytes().ends_with(b" (deleted)");
-        if !deleted && path.is_absolute() && self.policy.can_write(&path) {
+        if !deleted
+            && path.is_absolute()
+            && self.policy.can_write(&path)
+            && self.own_if_overlaid(target, &path)
+        {
             Verdict::Allowed
         } else {
             Verdict::Denied(path)
         }
+    }
+
+    /// False when `target` is on an overlay's own mount and no socket lives at its place in
+    /// the command's upper layer: it is the host's, seen through the lower layer.
+    fn own_if_overlaid(&self, target: BorrowedFd<'_>, path: &Path) -> bool {
+        let on = mount_id(target);
+        let Some(overlay) = self
+            .overlays
+            .iter()
+            .find(|o| path.starts_with(&o.path) && (o.mount.is_none() || o.mount == on))
+        else {
+            return true;
+        };
+        let Ok(relative) = path.strip_prefix(&overlay.path) else {
+            return false;
+        };
+        open_beneath_no_symlinks(overlay.upper.as_fd(), relative)
+            .and_then(|fd| nix::sys::stat::fstat(&fd).map_err(std::io::Error::from))
+            .is_ok_and(|own| own.st_mode & libc::S_IFMT == libc::S_IFSOCK)
     }
 
     /// The sockets it pins, for the report.
@@ -534,6 +597,14 @@ fn denied_explicitly(policy: &ResolvedPolicy, path: &Path) -> bool {
         .is_some_and(|rule| rule.access == crate::policy::Access::Deny)
 }
 
+/// The id of the mount `fd` lies on (`mnt_id` of `/proc/self/fdinfo`).
+fn mount_id(fd: BorrowedFd<'_>) -> Option<u64> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("mnt_id:"))
+        .and_then(|id| id.trim().parse().ok())
+}
+
 /// A pidfd of the calling thread: a thread pidfd where the kernel has them (6.9), else one of
 /// its thread group (the descriptor table it uses is the group's).
 fn open_caller(tid: u32) -> std::io::Result<OwnedFd> {
@@ -573,6 +644,23 @@ fn unix_address(path: &[u8]) -> Vec<u8> {
 }
 
 /// `O_PATH` open of `path` (relative to `dir`), following symlinks as `connect` would.
+/// `relative` (normal components only) opened `O_PATH` below `dir` one component at a time,
+/// following no symlink: with `openat` (the holder's seccomp filter refuses `openat2`).
+fn open_beneath_no_symlinks(dir: BorrowedFd<'_>, relative: &Path) -> std::io::Result<OwnedFd> {
+    use nix::fcntl::OFlag;
+    let flags = OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+    let mut current: Option<OwnedFd> = None;
+    for component in relative.components() {
+        let std::path::Component::Normal(name) = component else {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        let base = current.as_ref().map_or(dir, AsFd::as_fd);
+        let next = nix::fcntl::openat(base, name, flags, nix::sys::stat::Mode::empty())?;
+        current = Some(next);
+    }
+    current.ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))
+}
+
 fn open_following(dir: Option<BorrowedFd<'_>>, path: &Path) -> std::io::Result<OwnedFd> {
     use nix::fcntl::OFlag;
     let flags = OFlag::O_PATH | OFlag::O_CLOEXEC;

@@ -372,7 +372,8 @@ fn hold_here(
         source: source.into(),
     })?;
     let mut pinned = Vec::new();
-    let gate = super::unix_sockets::Gate::for_policy(policy, &mut pinned)
+    // No mount namespace, no overlay.
+    let gate = super::unix_sockets::Gate::for_policy(policy, Vec::new(), &mut pinned)
         .map(|gate| gate.report_to(refusals));
     let mut report = super::restrict_current_process_but_seccomp(policy, enforce)?;
     report.warnings.extend(pinned);

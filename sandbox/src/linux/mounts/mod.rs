@@ -17,8 +17,13 @@
 //! re-bound read-only (`.git`, `.agents`, `.codex`, the server's binaries), denied paths masked,
 //! ancestors of denied paths inside writable roots pinned (bound onto themselves, so they cannot
 //! be renamed from inside: a deny entry cannot be moved from under the next command), private
-//! `/tmp`, `$TMPDIR` and `/run` (fresh tmpfs: host daemons' sockets and files there are out of
-//! reach; paths the policy names inside them are carried in), a minimal `/dev` with its own
+//! `$TMPDIR` and `/run` (fresh tmpfs: host daemons' sockets and files there are out of reach;
+//! paths the policy names inside them are carried in), `/tmp` as an overlay when the policy
+//! writes it (the host's `/tmp` the read-only lower layer, a fresh tmpfs the private upper
+//! layer: host files there stay readable, what the command writes stays its own, and a host
+//! socket seen through the lower layer is another inode than the one its server bound, so
+//! `connect` finds no listener; named sockets are bound in from the host), a minimal `/dev`
+//! with its own
 //! devpts instance (no host terminal, disk or console is reachable), and a fresh `/proc` for the
 //! PID namespace with `/proc/sys` and friends read-only.
 //!
@@ -47,8 +52,11 @@ pub struct Layout {
     pub proc: bool,
     /// A minimal `/dev` with a private devpts instance.
     pub dev: bool,
-    /// Directories that get a fresh tmpfs (`/tmp`, `$TMPDIR`, `/run`).
+    /// Directories that get a fresh tmpfs (`$TMPDIR`, `/run`, `/tmp` when not overlaid).
     pub private_dirs: Vec<PathBuf>,
+    /// Directories that get an overlay: the host directory as the read-only lower layer, a
+    /// fresh tmpfs as the private upper layer (`/tmp` under a policy that writes it).
+    pub overlay_dirs: Vec<PathBuf>,
     /// Paths to carry into a private directory besides the policy's own rules (the working
     /// directory), with the access the policy gives them.
     pub carry: Vec<PathBuf>,
@@ -73,6 +81,9 @@ pub enum MountOp {
     MaskFile(PathBuf),
     /// A fresh tmpfs on the directory.
     PrivateDir(PathBuf),
+    /// An overlay on the directory: the host directory read-only below, a fresh tmpfs (the
+    /// command's own, gone when its mount namespace ends) as the writable layer above.
+    OverlayDir(PathBuf),
     /// A minimal `/dev`.
     PrivateDev,
     /// A fresh `/proc`.
@@ -91,12 +102,13 @@ impl MountOp {
             | MountOp::Pin(path)
             | MountOp::MaskDir(path)
             | MountOp::MaskFile(path)
-            | MountOp::PrivateDir(path) => path,
+            | MountOp::PrivateDir(path)
+            | MountOp::OverlayDir(path) => path,
         }
     }
 
     /// Whether the step re-mounts the host object at its own place (and so must find the same
-    /// inode there).
+    /// inode there). An overlay's lower layer is the host directory at its own place.
     fn binds_in_place(&self) -> bool {
         matches!(
             self,
@@ -105,6 +117,15 @@ impl MountOp {
                 | MountOp::Pin(_)
                 | MountOp::MaskDir(_)
                 | MountOp::MaskFile(_)
+                | MountOp::OverlayDir(_)
+        )
+    }
+
+    /// Whether the step gives the command a fresh layer of its own (redone per command).
+    pub fn is_fresh(&self) -> bool {
+        matches!(
+            self,
+            MountOp::PrivateDir(_) | MountOp::OverlayDir(_) | MountOp::PrivateDev | MountOp::Proc
         )
     }
 }
@@ -155,10 +176,26 @@ pub fn mount_plan(policy: &ResolvedPolicy, layout: &Layout) -> Vec<MountOp> {
         private_dirs.push(shm.to_owned());
     }
     let private = |path: &Path| private_dirs.iter().any(|dir| path.starts_with(dir));
+    let overlay_dirs: Vec<PathBuf> = layout
+        .overlay_dirs
+        .iter()
+        .filter(|dir| is_dir(dir) && !replaced(dir) && !private(dir))
+        .cloned()
+        .collect();
+    let overlaid = |path: &Path| {
+        overlay_dirs
+            .iter()
+            .any(|dir| path.starts_with(dir) && path != dir.as_path())
+    };
     let mut ops: Vec<MountOp> = private_dirs
         .iter()
         .map(|dir| MountOp::PrivateDir(dir.clone()))
         .collect();
+    ops.extend(
+        overlay_dirs
+            .iter()
+            .map(|dir| MountOp::OverlayDir(dir.clone())),
+    );
     if layout.dev {
         ops.push(MountOp::PrivateDev);
     }
@@ -172,8 +209,17 @@ pub fn mount_plan(policy: &ResolvedPolicy, layout: &Layout) -> Vec<MountOp> {
         }
     }
     for path in &layout.carry {
-        if private(path) && !carried.iter().any(|(p, _)| p == path) {
+        if (private(path) || overlaid(path)) && !carried.iter().any(|(p, _)| p == path) {
             carried.push((path.clone(), policy.access_for(path)));
+        }
+    }
+    // A named socket inside a private or overlaid directory is bound in from the host: a
+    // fresh tmpfs does not hold it, and through an overlay's lower layer it is another inode
+    // than the one its server listens on.
+    for path in &policy.unix_sockets {
+        let hidden = policy.hidden_paths().iter().any(|h| path.starts_with(h));
+        if (private(path) || overlaid(path)) && !hidden && policy.access_for(path).can_read() {
+            carried.push((path.clone(), Access::Read));
         }
     }
     for path in policy.hidden_paths() {
@@ -192,7 +238,7 @@ pub fn mount_plan(policy: &ResolvedPolicy, layout: &Layout) -> Vec<MountOp> {
     let mut bound: Vec<PathBuf> = Vec::new();
     for (path, access) in &carried {
         // A private directory is a fresh tmpfs of its own (PrivateDir), whatever its rule.
-        if replaced(path) || private_dirs.contains(path) {
+        if replaced(path) || private_dirs.contains(path) || overlay_dirs.contains(path) {
             continue;
         }
         let Ok(meta) = path.symlink_metadata() else {
@@ -208,9 +254,19 @@ pub fn mount_plan(policy: &ResolvedPolicy, layout: &Layout) -> Vec<MountOp> {
         } else {
             Access::Deny
         };
+        // Inside an overlay (and no bind of ours between), a write lands in the command's
+        // private layer: the host object there is read-only until bound writable.
+        let below_bind = bound
+            .iter()
+            .any(|b| path.starts_with(b) && b.as_path() != path.as_path());
+        let host_parent = if overlaid(path) && !below_bind && parent == Access::Write {
+            Access::Read
+        } else {
+            parent
+        };
         let is_device = meta.file_type().is_char_device() || meta.file_type().is_block_device();
         let op = match access {
-            Access::Write if parent != Access::Write && !is_device => {
+            Access::Write if host_parent != Access::Write && !is_device => {
                 Some(MountOp::WritableBind(path.clone()))
             }
             Access::Read if parent == Access::Write || !visible_parent => {
@@ -230,7 +286,7 @@ pub fn mount_plan(policy: &ResolvedPolicy, layout: &Layout) -> Vec<MountOp> {
         }
         ops.extend(op);
     }
-    for pin in pinned_ancestors(policy, &ops) {
+    for pin in pinned_ancestors(policy, &ops, &overlay_dirs) {
         ops.push(MountOp::Pin(pin));
     }
     // The private /dev and /proc come first (masks use the private /dev's unreadable file),
@@ -263,8 +319,21 @@ fn effective(policy: &ResolvedPolicy, path: &Path) -> Access {
 /// above a protected `vendor/lib/.git`, `services` above a read entry `services/api` with a
 /// denied `.env`) would leave the protected *path* an ordinary directory the command could
 /// recreate; a mount point cannot be renamed or removed (`EBUSY`). The walk stops at a directory
-/// that is already a step: that step's own walk pins what is above it.
-fn pinned_ancestors(policy: &ResolvedPolicy, ops: &[MountOp]) -> Vec<PathBuf> {
+/// that is already a step: that step's own walk pins what is above it. It stops too at a
+/// directory an overlay shows and no writable bind carries: the command does not write the
+/// host object there (and overlayfs refuses to rename a directory of its lower layer).
+fn pinned_ancestors(
+    policy: &ResolvedPolicy,
+    ops: &[MountOp],
+    overlays: &[PathBuf],
+) -> Vec<PathBuf> {
+    let host_writable = |dir: &Path| {
+        effective(policy, dir).can_write()
+            && (!overlays.iter().any(|o| dir.starts_with(o))
+                || ops
+                    .iter()
+                    .any(|op| matches!(op, MountOp::WritableBind(b) if dir.starts_with(b))))
+    };
     let mut pins = Vec::new();
     for op in ops {
         let (MountOp::MaskDir(path) | MountOp::MaskFile(path) | MountOp::ReadOnlyBind(path)) = op
@@ -273,7 +342,7 @@ fn pinned_ancestors(policy: &ResolvedPolicy, ops: &[MountOp]) -> Vec<PathBuf> {
         };
         let mut ancestor = path.parent();
         while let Some(dir) = ancestor {
-            if dir == Path::new("/") || !effective(policy, dir).can_write() {
+            if dir == Path::new("/") || !host_writable(dir) {
                 break;
             }
             let is_root =
@@ -350,6 +419,7 @@ mod tests {
             proc: true,
             dev: true,
             private_dirs: vec![PathBuf::from("/tmp")],
+            overlay_dirs: Vec::new(),
             carry: Vec::new(),
         };
         let plan = mount_plan(&policy, &layout);
@@ -381,6 +451,7 @@ mod tests {
             proc: true,
             dev: true,
             private_dirs: vec![PathBuf::from("/tmp")],
+            overlay_dirs: Vec::new(),
             carry: vec![cwd.clone()],
         };
         let plan = mount_plan(&policy, &layout);
@@ -394,6 +465,52 @@ mod tests {
         );
         assert!(
             !plan.contains(&MountOp::WritableBind(PathBuf::from("/tmp"))),
+            "{plan:?}"
+        );
+    }
+
+    #[test]
+    fn an_overlaid_tmp_binds_its_writable_roots_and_masks_denied_paths_without_pins() {
+        let dir = tempfile::tempdir_in("/tmp").unwrap();
+        let ws = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(ws.join(".git")).unwrap();
+        let other = tempfile::tempdir_in("/tmp").unwrap();
+        let other = std::fs::canonicalize(other.path()).unwrap();
+        std::fs::create_dir(other.join("sub")).unwrap();
+        std::fs::write(other.join("sub/token"), "k").unwrap();
+        let policy = policy(&[
+            ("/", Access::Read),
+            ("/tmp", Access::Write),
+            (ws.to_str().unwrap(), Access::Write),
+            (ws.join(".git").to_str().unwrap(), Access::Read),
+            (other.join("sub/token").to_str().unwrap(), Access::Deny),
+        ]);
+        let layout = Layout {
+            proc: true,
+            dev: true,
+            private_dirs: Vec::new(),
+            overlay_dirs: vec![PathBuf::from("/tmp")],
+            carry: vec![ws.clone()],
+        };
+        let plan = mount_plan(&policy, &layout);
+        for expected in [
+            MountOp::OverlayDir(PathBuf::from("/tmp")),
+            MountOp::WritableBind(ws.clone()),
+            MountOp::ReadOnlyBind(ws.join(".git")),
+            MountOp::MaskFile(other.join("sub/token")),
+        ] {
+            assert!(plan.contains(&expected), "{expected:?}: {plan:?}");
+        }
+        // A pin is a writable bind of the host directory: inside the overlay it would hand
+        // the command the host's own directory.
+        assert!(
+            !plan.iter().any(|op| matches!(op, MountOp::Pin(_))),
+            "{plan:?}"
+        );
+        assert!(
+            !plan
+                .iter()
+                .any(|op| matches!(op, MountOp::PrivateDir(p) if p == Path::new("/tmp"))),
             "{plan:?}"
         );
     }
