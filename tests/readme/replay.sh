@@ -10,12 +10,14 @@
 #   - `target/release/` reads `target/debug/` and `cargo build --release --workspace` is the
 #     debug build the test suite already made;
 #   - `./install.sh` installs the debug build (`--profile dev`).
-# Fixtures a block assumes (a project in ~/proj, a server on 127.0.0.1:4000) are made first and
-# named in the block's check.
+# Each block runs in a HOME of its own holding only what the README's install put there
+# (~/.local): whatever else a block needs (a project, a server to talk to, a token file) it must
+# make itself, as a paste into a fresh shell would.
 set -uo pipefail
 # /srv, /run, the network and the scratch HOME are this script's own: private mount and network
-# namespaces (loopback only) with tmpfs on /srv and /run, so the fixtures the examples name
-# (/srv/ws, /run/exec.sock, ports 4000 and 7700) touch nothing real and collide with nothing.
+# namespaces (loopback only) with tmpfs on /srv and /run, so what the examples start (servers on
+# ports 4000 and 7700, the servers registry under /run) touches nothing real and collides with
+# nothing.
 if [ "${EXECWARD_README_REPLAY_NS:-}" != 1 ]; then
   EXECWARD_README_REPLAY_NS=1 unshare --mount --net --propagation private -- "$0" "$@"
   status=$?
@@ -62,8 +64,10 @@ block() {
     -e "s#^\./install\.sh #./install.sh --profile dev #"
 }
 
-# Runs block $1 with bash in directory $2 (default: the checkout), output to $scratch/out, its
-# exit status to $scratch/status.
+# Runs block $1 with bash in directory $2 (default: the checkout), in a fresh HOME (set as
+# $block_home) holding only the install's ~/.local, output to $scratch/out, its exit status to
+# $scratch/status.
+homes=0
 run_block() {
   local text dir="${2:-$repo}"
   text="$(block "$1")"
@@ -71,9 +75,13 @@ run_block() {
     fail "no \`\`\`sh block of README.md starts with: $1"
     return 1
   fi
+  homes=$((homes + 1))
+  block_home="$scratch/home.$homes"
+  mkdir -p "$block_home"
+  if [ -d "$HOME/.local" ]; then cp -a "$HOME/.local" "$block_home/"; fi
   echo "readme replay: running the block starting: $1"
   # Its own session, so what it starts in the background (`&`) is stopped with it.
-  (cd "$dir" && exec setsid timeout 300 bash -c "$text") >"$scratch/out" 2>&1 </dev/null &
+  (cd "$dir" && HOME="$block_home" exec setsid timeout 300 bash -c "$text") >"$scratch/out" 2>&1 </dev/null &
   local pid=$! status
   wait "$pid"
   status=$?
@@ -125,9 +133,11 @@ fi
 first='./install.sh                  # builds (release) and installs under ~/.local; --prefix DIR, --uninstall'
 replayed+=("$first")
 run_block "$first" && {
-  expect "installed execward into $HOME/.local" "$first"
+  expect "installed execward into $block_home/.local" "$first"
   expect "Usage: exec-server" "$first"
   expect_status 0 "$first"
+  # What every later block's HOME starts with.
+  cp -a "$block_home/.local" "$HOME/"
   for file in bin/exec-server bin/sandbox-run libexec/execward/fs-helper \
     libexec/execward/exec-guardian libexec/execward/sandbox-run libexec/execward/egress-proxy share/man/man1/sandbox-run.1 \
     share/zsh/site-functions/_exec-server; do
@@ -144,19 +154,16 @@ skipped+=("cargo install --locked --path supervisor --bin exec-server --bin exec
 echo "readme replay: skipped the cargo install alternative (a second release build of three" \
   "packages; install.sh is replayed) and the test command (CI runs it just before)"
 
-# sandbox-run examples: ~/proj is a fresh cargo project whose Makefile runs its tests,
-# ~/.cache/ccache exists (--writable-root refuses a missing directory), /srv/ws is a workspace.
-first="sandbox-run --policy workspace-write --cwd ~/proj -- cargo test"
+# sandbox-run examples: the block makes its project, Makefile and cache directory itself.
+first="cargo new --vcs none ~/proj && cd ~/proj       # any project will do; a fresh one here"
 replayed+=("$first")
-cargo new --quiet --vcs none "$HOME/proj"
-printf 'test:\n\tcargo test\n.DEFAULT_GOAL := test\n' >"$HOME/proj/Makefile"
-mkdir -p "$HOME/.cache/ccache" /srv/ws
-printf 'all:\n\techo built in $$PWD > built\n' >/srv/ws/Makefile
-run_block "$first" "$HOME/proj" && {
+run_block "$first" && {
   expect "test result: ok" "$first"
   expect "PRETTY_NAME=" "$first"
   expect '"op": "writable-bind"' "$first"
-  [ -f /srv/ws/built ] || fail "block \"$first\": make did not run in /srv/ws"
+  expect_status 0 "$first"
+  grep -qxF "built in $block_home/proj" "$block_home/proj/built" 2>/dev/null ||
+    fail "block \"$first\": make did not run in ~/proj"
 }
 
 # Remote mode, pasted as one block.
@@ -176,27 +183,15 @@ echo "readme replay: skipped the egress allowlist examples (they reach pypi.org 
 skipped+=("exec-rendezvous --listen https://0.0.0.0:7443 --tls-cert rendezvous.pem --tls-key rendezvous-key.pem \\")
 echo "readme replay: skipped the TLS deployment sketch (needs a certificate and a DNS name)"
 
-# exec: a server on ws://127.0.0.1:4000 and unix:/run/exec.sock with a token in ~/.exec-token.
-first="exec-server exec --connect ws://127.0.0.1:4000 -- sh -c 'echo out; echo err >&2; exit 3'; echo \$?"
+# exec: the block starts its own two servers and waits for them.
+first="# Two servers to talk to: one on loopback TCP, one on a unix socket with a token."
 replayed+=("$first")
-echo "the token" >"$HOME/.exec-token"
-chmod 600 "$HOME/.exec-token"
-exec-server --listen ws://127.0.0.1:4000 >/dev/null 2>&1 &
-pids+=($!)
-exec-server --listen unix:/run/exec.sock --auth-token-file "$HOME/.exec-token" >/dev/null 2>&1 &
-pids+=($!)
-deadline=$((SECONDS + 30))
-until curl -fs http://127.0.0.1:4000/readyz >/dev/null && [ -S /run/exec.sock ]; do
-  [ $SECONDS -lt $deadline ] || { fail "the fixture servers did not start within 30 s"; break; }
-  sleep 0.1 # polling interval under the deadline above
-done
-printf 'test:\n\techo tests ran in $$PWD with RUST_LOG=$$RUST_LOG\n' >/srv/Makefile
 run_block "$first" && {
   expect -x "out" "$first"
   expect -x "err" "$first"
   expect -x "3" "$first"
   expect "stdin is not a terminal" "$first"
-  expect "tests ran in /srv with RUST_LOG=debug" "$first"
+  expect "tests ran in $block_home/demo with RUST_LOG=debug" "$first"
   expect_status 0 "$first"
 }
 
