@@ -1,7 +1,7 @@
 //! Race tests: while the real `exec-server` runs recursive `fs/copy`, recursive `fs/remove`,
 //! `fs/writeFile` (atomic and in place) and `fs/createDirectory {recursive}`, an attacker
 //! thread swaps every directory and file the operation creates or walks for a symlink to a
-//! sentinel directory outside the workspace, in a tight loop. After 1,000 rounds per operation
+//! sentinel directory outside the workspace, in a tight loop. After 500 rounds per operation
 //! nothing in the sentinel has been written, removed or changed (content, mode, owner, size,
 //! link count, mtime and ctime of every entry, the directories included), no sentinel content
 //! was copied into the workspace through a swapped link, and the server never tried to write
@@ -23,8 +23,10 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use tests::{Client, ExecServer, b64, error_kind, file_uri};
 
-/// Rounds per operation and mode, at least.
-const ROUNDS: usize = 1000;
+/// Rounds per operation and mode, at least. (1,000 rounds landed 2,600 to 7,900 swaps, far
+/// past [`MIN_SWAPS`], and cost ~90 s of CI's time on 2 cores in the sandboxed mode, where
+/// every round is a helper's request competing with the attacker's spinning thread.)
+const ROUNDS: usize = 500;
 
 /// Fewest swaps the attacker must land in one run, or the run proved nothing. How many land
 /// depends on scheduling (a busy machine may run the attacker rarely), so a run goes on past
