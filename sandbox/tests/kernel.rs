@@ -372,3 +372,221 @@ fn user_namespace_maps_every_id_for_root_and_only_its_own_otherwise() {
         assert_eq!(lines, expected, "as {uid:?}");
     }
 }
+
+/// Every Landlock filesystem right of the running ABI, one probe operation each, with the
+/// namespace layer off (`--no-namespaces`: no read-only mount answers first, so Landlock alone
+/// decides): under a profile that reads only the system directories and one `readable`
+/// directory and writes only the workspace, each operation fails with Landlock's errno
+/// (`EACCES`; `EXDEV` for reparenting), and each succeeds in an unsandboxed control run by
+/// the same uid. A Landlock ruleset that stopped handling one right (say `Truncate`, which a
+/// read-only mount would otherwise hide) fails its row. `MakeChar` and `MakeBlock` have no
+/// row: without `CAP_MKNOD`, which every sandbox drops, the capability check answers first;
+/// the unit test of the handled set covers them.
+#[test]
+fn landlock_alone_refuses_each_filesystem_right_it_was_not_given() {
+    // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) only answers
+    // the ABI version.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    } as i32;
+    assert!(abi >= 1, "Landlock is unavailable on this kernel");
+    let probe_dir = probe_exe().parent().unwrap().to_path_buf();
+    for uid in identities() {
+        let fx = Fixture::new(uid);
+        let root = fx.ws.parent().unwrap().to_path_buf();
+        let readable = root.join("readable");
+        std::fs::create_dir_all(readable.join("sub")).unwrap();
+        std::fs::write(readable.join("file"), "kept\n").unwrap();
+        let outside_true = fx.outside.join("true");
+        std::fs::copy("/bin/true", &outside_true).unwrap();
+        if let Some(uid) = uid {
+            for path in [&readable, &readable.join("sub"), &readable.join("file")] {
+                std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+            }
+            std::os::unix::fs::chown(&outside_true, Some(uid), Some(uid)).unwrap();
+        }
+        let mut profile = String::from(
+            "network = false\nprotected_subpaths = []\ndeny_credential_stores = false\n[filesystem]\n",
+        );
+        for (path, access) in [
+            (Path::new("/usr"), "read"),
+            (Path::new("/lib"), "read"),
+            (Path::new("/lib64"), "read"),
+            (Path::new("/bin"), "read"),
+            (Path::new("/etc"), "read"),
+            (Path::new("/proc"), "read"),
+            (Path::new("/sys"), "read"),
+            (Path::new("/dev"), "read"),
+            (probe_dir.as_path(), "read"),
+            (readable.as_path(), "read"),
+            (fx.ws.as_path(), "write"),
+        ] {
+            if path.exists() {
+                profile.push_str(&format!("{:?} = \"{access}\"\n", path.to_str().unwrap()));
+            }
+        }
+        let profile_path = root.join("profile.toml");
+        std::fs::write(&profile_path, profile).unwrap();
+        let policy = ["--policy", s(&profile_path), "--no-namespaces"];
+        let r = |name: &str| s(&readable.join(name)).to_owned();
+        // (right, first ABI with it, probe operation, errno under the sandbox)
+        let rows: Vec<(&str, i32, Vec<String>, i32)> = vec![
+            (
+                "ReadFile",
+                1,
+                vec!["read".into(), s(&fx.outside_file).into()],
+                libc::EACCES,
+            ),
+            (
+                "ReadDir",
+                1,
+                vec!["readdir".into(), s(&fx.outside).into()],
+                libc::EACCES,
+            ),
+            (
+                "Execute",
+                1,
+                vec!["exec".into(), s(&outside_true).into()],
+                libc::EACCES,
+            ),
+            (
+                "WriteFile",
+                1,
+                vec!["append".into(), r("file")],
+                libc::EACCES,
+            ),
+            (
+                "Truncate",
+                3,
+                vec!["truncate-path".into(), r("file")],
+                libc::EACCES,
+            ),
+            (
+                "RemoveFile",
+                1,
+                vec!["unlink".into(), r("file")],
+                libc::EACCES,
+            ),
+            ("RemoveDir", 1, vec!["rmdir".into(), r("sub")], libc::EACCES),
+            ("MakeReg", 1, vec!["write".into(), r("new")], libc::EACCES),
+            (
+                "MakeDir",
+                1,
+                vec!["mkdir".into(), r("newdir")],
+                libc::EACCES,
+            ),
+            (
+                "MakeSym",
+                1,
+                vec!["symlink".into(), "/".into(), r("link")],
+                libc::EACCES,
+            ),
+            (
+                "MakeFifo",
+                1,
+                vec!["mkfifo".into(), r("fifo")],
+                libc::EACCES,
+            ),
+            (
+                "MakeSock",
+                1,
+                vec!["unix-bind".into(), r("sock")],
+                libc::EACCES,
+            ),
+            (
+                "IoctlDev",
+                5,
+                vec!["ioctl-tcgets".into(), "/dev/zero".into()],
+                libc::EACCES,
+            ),
+            (
+                "Refer",
+                2,
+                vec!["link".into(), r("file"), s(&fx.ws.join("linked")).into()],
+                libc::EXDEV,
+            ),
+        ];
+        let rows: Vec<_> = rows.into_iter().filter(|row| row.1 <= abi).collect();
+        for (right, _, op, errno) in &rows {
+            let op: Vec<&str> = op.iter().map(String::as_str).collect();
+            let result = probe(&policy, &op, uid, &fx.ws);
+            assert_eq!(
+                result["errno"],
+                serde_json::json!(errno),
+                "{right} as {uid:?}: {op:?} under Landlock alone: {result}"
+            );
+        }
+        // Nothing the refused operations named changed.
+        assert_eq!(
+            std::fs::read_to_string(readable.join("file")).unwrap(),
+            "kept\n"
+        );
+        let mut names: Vec<String> = std::fs::read_dir(&readable)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["file", "sub"], "as {uid:?}: readable/ changed");
+        assert!(!fx.ws.join("linked").exists());
+        // The controls, in an order where each finds what it needs (the link before the
+        // unlink): every operation works for this uid without the sandbox.
+        let order = [
+            "ReadFile",
+            "ReadDir",
+            "Execute",
+            "WriteFile",
+            "Truncate",
+            "Refer",
+            "RemoveFile",
+            "RemoveDir",
+            "MakeReg",
+            "MakeDir",
+            "MakeSym",
+            "MakeFifo",
+            "MakeSock",
+            "IoctlDev",
+        ];
+        for right in order {
+            let Some((_, _, op, _)) = rows.iter().find(|row| row.0 == right) else {
+                continue;
+            };
+            let result = unsandboxed_probe(op, uid, &fx.ws);
+            let made_the_call = if right == "IoctlDev" {
+                result["errno"] == serde_json::json!(libc::ENOTTY)
+            } else {
+                result["ok"] == true
+            };
+            assert!(
+                made_the_call,
+                "{right} control as {uid:?}: {op:?}: {result}"
+            );
+        }
+    }
+}
+
+/// The probe `op` run directly as `uid`, with no sandbox: the control of a denial.
+#[allow(clippy::unwrap_used)]
+fn unsandboxed_probe(op: &[String], uid: Option<u32>, cwd: &Path) -> serde_json::Value {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(probe_exe());
+    cmd.args(PROBE_ARGS)
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env(PROBE_ENV, serde_json::to_string(op).unwrap());
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let output = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("PROBE_RESULT "))
+        .unwrap_or_else(|| panic!("control probe {op:?} printed no result: {stdout}"));
+    serde_json::from_str(line).unwrap()
+}

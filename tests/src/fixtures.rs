@@ -17,6 +17,19 @@ pub fn require_root(what: &str) {
     );
 }
 
+/// A test that cannot run on this host says so and returns (the caller returns after this),
+/// except under CI (the `CI` variable set, as `.ci/run` sets it), where a missing host feature
+/// is a failure: CI's machine has every feature the suite needs, so a skip there would hide a
+/// regression in how the server finds it.
+#[track_caller]
+pub fn skip_unless_ci(reason: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{reason}: CI is set, where this would have been skipped; a CI host must have it"
+    );
+    println!("skipped: {reason}");
+}
+
 /// Wait until `path` exists, polling, panicking after `deadline`.
 pub fn wait_for_file(path: &Path, deadline: Duration) {
     let started = Instant::now();

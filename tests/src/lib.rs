@@ -36,7 +36,9 @@ pub mod scratch;
 pub mod siege;
 
 pub use client::{Client, Io, ProcessOutput, decode_events, probe_report, seqs, sh};
-pub use fixtures::{SandboxDirs, median, output_within, require_root, wait_child, wait_for_file};
+pub use fixtures::{
+    SandboxDirs, median, output_within, require_root, skip_unless_ci, wait_child, wait_for_file,
+};
 pub use library::{
     library_client, next_event, start_params, wait_for_event_output, wait_for_state,
 };

@@ -223,6 +223,69 @@ async fn after_a_configured_ttl_the_processes_are_gone_and_the_id_is_unknown() {
     detached_session_expires(server, Duration::from_secs(2)).await;
 }
 
+/// The TTL counts from the latest detach: a session detached, resumed 1.2 s later and detached
+/// again outlives the first detach's timer (2 s) and dies 2 s after the second.
+#[tokio::test]
+async fn the_ttl_counts_from_the_latest_detach_not_the_first() {
+    let ttl = Duration::from_secs(2);
+    let server = ExecServer::start(&[
+        "--listen",
+        "ws://127.0.0.1:0",
+        "--detached-session-ttl",
+        "2",
+    ]);
+    let mut client = server.connect().await;
+    let session = client.initialize().await;
+    let pid = start_sleeper(&mut client).await;
+    client.close().await;
+    let first_detach = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let resumed = loop {
+        let mut candidate = server.connect().await;
+        match candidate
+            .request(
+                "initialize",
+                json!({"clientName": "t", "resumeSessionId": session}),
+            )
+            .await
+        {
+            Ok(_) => break candidate,
+            // The first connection's close may not have been seen yet.
+            Err(error) if error.code == -32010 && first_detach.elapsed() < ttl => continue,
+            Err(error) => panic!("resume failed: {error:?}"),
+        }
+    };
+    resumed.close().await;
+    let second_detach = Instant::now();
+    // Past the first detach's TTL (and its SIGTERM grace would not matter: sleep dies at once).
+    let past_first = (first_detach + ttl + Duration::from_millis(800)).max(Instant::now());
+    tokio::time::sleep_until(past_first.into()).await;
+    assert!(
+        second_detach.elapsed() < ttl,
+        "the check came too late to tell the timers apart ({:?} after the second detach)",
+        second_detach.elapsed()
+    );
+    assert!(
+        !process_is_dead(pid),
+        "the session died {:?} after its first detach although it was resumed and detached \
+         again {:?} ago: the first detach's timer expired it",
+        first_detach.elapsed(),
+        second_detach.elapsed()
+    );
+    let slack = Duration::from_secs(8); // SIGTERM grace (2 s) and scheduling
+    tokio::task::spawn_blocking(move || {
+        wait_process_dead(pid, ttl + slack, "process of the expired session")
+    })
+    .await
+    .unwrap();
+    assert!(
+        second_detach.elapsed() >= ttl - Duration::from_millis(200),
+        "the process died {:?} after the second detach, before the TTL",
+        second_detach.elapsed()
+    );
+    expect_unknown_session(&server, &session).await;
+}
+
 #[tokio::test]
 async fn after_the_default_30_s_ttl_the_processes_are_gone_and_the_id_is_unknown() {
     detached_session_expires(server(), supervisor::limits::DETACHED_SESSION_TTL).await;

@@ -146,6 +146,12 @@ pub fn session_ttys() -> Vec<PathBuf> {
     ttys
 }
 
+/// The filesystem rights a restricting ruleset handles: every right of the ABI, so a right no
+/// rule grants is refused (`MakeChar` and `MakeBlock` included, though no rule grants them).
+fn handled_fs(abi: ABI) -> BitFlags<AccessFs> {
+    AccessFs::from_all(abi)
+}
+
 fn rights(access: RuleAccess, abi: ABI, is_dir: bool) -> BitFlags<AccessFs> {
     let all = match access {
         RuleAccess::Read => AccessFs::from_read(abi),
@@ -212,7 +218,7 @@ pub fn install_on_current_process(
     };
     let mut ruleset = Ruleset::default().set_compatibility(level);
     if policy.restricts_filesystem() {
-        ruleset = ruleset.handle_access(AccessFs::from_all(abi))?;
+        ruleset = ruleset.handle_access(handled_fs(abi))?;
     }
     let deny_ports = policy.network_fully_on() && !policy.denied_tcp_ports.is_empty();
     let handle_tcp = !policy.network_fully_on() || deny_ports;
@@ -323,5 +329,49 @@ fn open_path(path: &Path) -> Result<Option<(std::os::fd::OwnedFd, bool)>, Landlo
             path: path.to_owned(),
         }),
         Err(_) => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every right of every ABI is handled (`kernel.rs`'s
+    /// `landlock_alone_refuses_each_filesystem_right_it_was_not_given` probes each one the
+    /// running kernel has), and a write rule grants every one but the device nodes.
+    #[test]
+    fn the_handled_set_is_the_abis_full_set() {
+        let every_right = [
+            AccessFs::Execute,
+            AccessFs::WriteFile,
+            AccessFs::ReadFile,
+            AccessFs::ReadDir,
+            AccessFs::RemoveDir,
+            AccessFs::RemoveFile,
+            AccessFs::MakeChar,
+            AccessFs::MakeDir,
+            AccessFs::MakeReg,
+            AccessFs::MakeSock,
+            AccessFs::MakeFifo,
+            AccessFs::MakeBlock,
+            AccessFs::MakeSym,
+            AccessFs::Refer,
+            AccessFs::Truncate,
+            AccessFs::IoctlDev,
+        ];
+        for abi in [ABI::V1, ABI::V2, ABI::V3, ABI::V4, ABI::V5, ABI::V6] {
+            let handled = handled_fs(abi);
+            assert_eq!(handled, AccessFs::from_all(abi), "{abi:?}");
+            let write = rights(RuleAccess::Write, abi, true);
+            assert_eq!(
+                write,
+                handled & !(AccessFs::MakeChar | AccessFs::MakeBlock),
+                "{abi:?}"
+            );
+        }
+        let newest = handled_fs(ABI::V6);
+        for right in every_right {
+            assert!(newest.contains(right), "{right:?} is not handled");
+        }
     }
 }

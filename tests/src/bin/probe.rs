@@ -43,6 +43,19 @@ pub fn run_probe(args: &[String]) -> Value {
                 .and_then(|mut f| f.read_to_string(&mut text))
                 .map(|n| json!(n))
         }
+        "truncate-path" => nix::unistd::truncate(arg(1).as_str(), 0)
+            .map(|()| Value::Null)
+            .map_err(std::io::Error::from),
+        "readdir" => std::fs::read_dir(arg(1)).map(|entries| json!(entries.count())),
+        "exec" => std::process::Command::new(arg(1))
+            .status()
+            .map(|status| json!(status.code())),
+        "rmdir" => std::fs::remove_dir(arg(1)).map(|()| Value::Null),
+        "mkfifo" => nix::unistd::mkfifo(arg(1).as_str(), nix::sys::stat::Mode::S_IRWXU)
+            .map(|()| Value::Null)
+            .map_err(std::io::Error::from),
+        "unix-bind" => std::os::unix::net::UnixListener::bind(arg(1)).map(|_| Value::Null),
+        "ioctl-tcgets" => ioctl_tcgets(&arg(1)),
         "mkdir" => std::fs::create_dir(arg(1)).map(|()| Value::Null),
         "unlink" => std::fs::remove_file(arg(1)).map(|()| Value::Null),
         "rename" => std::fs::rename(arg(1), arg(2)).map(|()| Value::Null),
@@ -158,6 +171,21 @@ fn sequence(args: &[String]) -> Value {
             .map(run_probe)
             .collect(),
     )
+}
+
+/// `TCGETS` on `path` opened for reading: a device that is not a terminal answers `ENOTTY`
+/// (the call was made); Landlock without `IoctlDev` on it answers `EACCES`.
+fn ioctl_tcgets(path: &str) -> Result<Value, std::io::Error> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path)?;
+    let mut termios = std::mem::MaybeUninit::<libc::termios>::uninit();
+    // SAFETY: TCGETS writes at most one termios into the buffer given.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TCGETS, termios.as_mut_ptr()) };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(Value::Null)
+    }
 }
 
 fn report(op: &str, result: Result<Value, std::io::Error>) -> Value {
