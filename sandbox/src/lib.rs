@@ -11,6 +11,7 @@
 
 pub mod audit;
 pub mod egress;
+pub mod exit;
 pub mod launch;
 pub mod limits;
 pub mod policy;

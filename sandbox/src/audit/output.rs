@@ -20,8 +20,8 @@ use std::path::{Component, Path, PathBuf};
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
+use crate::exit::RunError;
 use crate::policy::ResolvedPolicy;
-use crate::run::RunError;
 
 /// Where the report goes.
 #[derive(Debug)]

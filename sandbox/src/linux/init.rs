@@ -22,16 +22,14 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use super::command::{Command, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED, RunOptions};
+use super::spec::{Command, RunOptions};
 use super::{EnforcementReport, SandboxError, landlock, mounts, pty};
+use crate::exit::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED};
 use crate::policy::ResolvedPolicy;
 
 /// Where `execvp` looks when the command's environment has no `PATH`.
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-/// Status message from PID 1 to the outer: kind byte, then the value (little-endian i32).
-pub const STATUS_EXITED: u8 = 1;
-/// The command was killed by a signal.
-pub const STATUS_SIGNALED: u8 = 2;
+pub use super::spec::{STATUS_EXITED, STATUS_SIGNALED};
 
 /// PID 1's ends of the channels to the outer.
 pub struct InitChannels {

@@ -62,10 +62,11 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
-use super::command::{Command, EXIT_SETUP_FAILED, Ended};
 use super::init::{self, Exec};
 use super::mounts::{self, MountOp};
+use super::spec::{Command, Ended};
 use super::{EnforceOptions, EnforcementReport, EnvMode, NamespaceMode, landlock, namespaces};
+use crate::exit::EXIT_SETUP_FAILED;
 use crate::launch::{LaunchRequest, read_json};
 use crate::limits::CommandLimits;
 use crate::policy::ResolvedPolicy;

@@ -43,6 +43,7 @@ pub mod namespaces;
 mod pty;
 pub mod seccomp;
 pub mod seccomp_policy;
+pub mod spec;
 pub mod unix_refusals;
 pub mod unix_sockets;
 

@@ -260,7 +260,7 @@ pub(crate) fn start_command(
 
 fn setup_failed(what: &str, err: &std::io::Error) -> ! {
     eprintln!("sandbox-run: {what} failed: {err}");
-    sys::exit_now(i32::from(super::command::EXIT_SETUP_FAILED))
+    sys::exit_now(i32::from(crate::exit::EXIT_SETUP_FAILED))
 }
 
 /// A socket the policy names, pinned when the sandbox started.

@@ -17,41 +17,7 @@ mod resolve;
 pub use cli::{Cli, command};
 pub use resolve::{list_profiles, resolve_cli_policy, user_profile_dir};
 
-/// Exit status for a setup failure.
-pub const EXIT_SETUP_FAILED: u8 = 125;
-/// Exit status when the program exists but cannot be executed.
-pub const EXIT_CANNOT_EXECUTE: u8 = 126;
-/// Exit status when the program is not found.
-pub const EXIT_NOT_FOUND: u8 = 127;
-
-/// Why `sandbox-run` stopped before the program ran.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// Policy or sandbox setup failed (exit 125).
-    #[error("{0}")]
-    Setup(String),
-    /// `execve` failed (exit 126 or 127).
-    #[error("cannot execute {program}: {source}")]
-    Exec {
-        /// The program.
-        program: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
-}
-
-impl RunError {
-    /// The exit status for this error.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            RunError::Setup(_) => EXIT_SETUP_FAILED,
-            RunError::Exec { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                EXIT_NOT_FOUND
-            }
-            RunError::Exec { .. } => EXIT_CANNOT_EXECUTE,
-        }
-    }
-}
+pub use crate::exit::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED, RunError};
 
 /// A resolved run: the policy, what to run, where.
 #[derive(Clone, Debug)]

@@ -19,10 +19,8 @@
 //! the denial audit it forks one child for that instead, because the collector must outlive the
 //! command.
 
-use std::ffi::OsString;
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 
 use nix::sys::signal::{SigmaskHow, Signal, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
@@ -36,67 +34,9 @@ use crate::policy::ResolvedPolicy;
 mod outer;
 use outer::{Interrupts, Outer, wall_deadline};
 
-pub use crate::run::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED};
+pub use crate::exit::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED};
 
-/// What to run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Command {
-    /// Program and arguments (the program is searched in the command's `PATH`).
-    pub argv: Vec<OsString>,
-    /// The command's complete environment; `sandbox-run` itself never runs with it.
-    pub env: Vec<(OsString, OsString)>,
-    /// The working directory (absolute).
-    pub cwd: PathBuf,
-    /// Its rlimits (set right before `execve`) and wall-clock time.
-    pub limits: crate::limits::CommandLimits,
-}
-
-/// How to run it.
-#[derive(Clone, Debug)]
-pub struct RunOptions {
-    /// Run even if a layer the policy needs is missing (reported on stderr).
-    pub best_effort: bool,
-    /// Namespace layer.
-    pub namespaces: NamespaceMode,
-    /// The denial audit runs (log denials, refuse nested Landlock/seccomp).
-    pub audit_log: bool,
-    /// Print the enforcement report as JSON on stderr before the command starts.
-    pub report: bool,
-    /// Descriptors besides 0-2 a process confined in place (without namespaces) keeps open
-    /// until it execs.
-    pub keep_fds: Vec<RawFd>,
-    /// Names the egress proxy resolves without DNS (hosts-file mapping; allowlist only).
-    pub egress_hosts: Vec<(String, std::net::IpAddr)>,
-    /// Where every egress decision (allowed ones too) goes as a JSON line, opened before the
-    /// command starts.
-    pub egress_log: Option<std::sync::Arc<std::fs::File>>,
-    /// Repeated SIGINT/SIGTERM escalate (see the `outer` module): the first is forwarded, the second
-    /// terminates the sandbox (SIGTERM, SIGKILL after [`INTERRUPT_GRACE`]), the third kills it.
-    pub escalate_interrupts: bool,
-}
-
-/// How long, after a second interrupt, the command has to end on SIGTERM before the sandbox is
-/// killed.
-pub const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// How the command ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ended {
-    /// It exited with this status.
-    Exited(i32),
-    /// This signal killed it.
-    Signaled(i32),
-}
-
-impl Ended {
-    /// The shell's view: the status, or 128 + the signal.
-    pub fn code(self) -> i32 {
-        match self {
-            Ended::Exited(code) => code,
-            Ended::Signaled(signal) => 128 + signal,
-        }
-    }
-}
+pub use super::spec::{Command, Ended, INTERRUPT_GRACE, RunOptions};
 
 /// Watches the sandbox from the outer process (the denial audit).
 pub trait Observer {

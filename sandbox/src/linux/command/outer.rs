@@ -11,8 +11,8 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use super::{EXIT_SETUP_FAILED, Ended, Observer};
-use crate::linux::init::{STATUS_EXITED, STATUS_SIGNALED};
 use crate::linux::pty;
+use crate::linux::spec::{STATUS_EXITED, STATUS_SIGNALED};
 
 /// The outer's state while the sandbox runs.
 pub(super) struct Outer {
