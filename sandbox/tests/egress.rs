@@ -155,6 +155,8 @@ struct Origin {
     connections: Arc<AtomicUsize>,
     bytes_in: Arc<AtomicUsize>,
     streams: Mutex<mpsc::Receiver<()>>,
+    /// The request line of every request served, in order.
+    requests: Arc<Mutex<Vec<String>>>,
 }
 
 impl Origin {
@@ -170,14 +172,20 @@ impl Origin {
         let bytes_in = Arc::new(AtomicUsize::new(0));
         let (stream_tx, streams) = mpsc::channel();
         let (counted, bytes) = (Arc::clone(&connections), Arc::clone(&bytes_in));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&requests);
         let wheel = Arc::new(wheel);
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
                 counted.fetch_add(1, Ordering::SeqCst);
-                let (bytes, wheel, stream_tx) =
-                    (Arc::clone(&bytes), Arc::clone(&wheel), stream_tx.clone());
-                std::thread::spawn(move || serve(stream, &bytes, &wheel, &stream_tx));
+                let (bytes, wheel, stream_tx, recorded) = (
+                    Arc::clone(&bytes),
+                    Arc::clone(&wheel),
+                    stream_tx.clone(),
+                    Arc::clone(&recorded),
+                );
+                std::thread::spawn(move || serve(stream, &bytes, &wheel, &stream_tx, &recorded));
             }
         });
         Self {
@@ -185,6 +193,7 @@ impl Origin {
             connections,
             bytes_in,
             streams: Mutex::new(streams),
+            requests,
         }
     }
 
@@ -198,6 +207,7 @@ fn serve(
     bytes: &AtomicUsize,
     wheel: &Option<(String, Vec<u8>)>,
     streams: &mpsc::Sender<()>,
+    requests: &Mutex<Vec<String>>,
 ) {
     stream
         .set_read_timeout(Some(Duration::from_secs(120)))
@@ -214,6 +224,10 @@ fn serve(
         }
     }
     let line = text(&head);
+    requests
+        .lock()
+        .unwrap()
+        .push(line.lines().next().unwrap_or_default().to_owned());
     let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
     let respond = |stream: &mut TcpStream, kind: &str, body: &[u8]| {
         let _ = write!(
@@ -290,6 +304,95 @@ fn allowed_host_is_reached_through_plain_http_connect_and_socks5() {
             describe(&output)
         );
         assert_eq!(origin.connections() - before, 3, "{uid:?}");
+    }
+}
+
+/// `methods=read-only paths=/hello` on a destination: GET of `/hello` reaches it by plain
+/// HTTP and through a CONNECT tunnel; a POST, another path, a dot-segment path that reads as
+/// `/hello` and TLS through the tunnel (which would hide the requests) are refused with the
+/// rule named, and none of them reaches the origin (its request log shows only the GETs). The
+/// control: the same requests under a pattern without limits all reach it.
+#[test]
+fn request_rules_limit_methods_and_paths_and_refuse_tls_that_would_hide_them() {
+    let origin = Origin::start(None);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let url = format!("http://registry.test:{}", origin.port);
+        let requests = format!(
+            "for args in '{url}/hello' '-X POST -d x {url}/hello' '{url}/other' \
+                 '--path-as-is {url}/hello/../other' '-p {url}/hello' '-p -X POST -d x {url}/hello'; do \
+               code=$(curl -sS -m 10 -o /dev/null -w '%{{http_code}}' $args 2>/dev/null); \
+               echo \"$code $args\"; \
+             done"
+        );
+        // TLS to the plain origin only where the proxy must cut it (else it would wait there).
+        let tls = format!(
+            "; curl -sS -m 10 -k -p -o /dev/null https://registry.test:{}/hello 2>/dev/null; \
+             echo \"tls $?\"",
+            origin.port
+        );
+        for (limited, pattern) in [
+            (
+                true,
+                format!(
+                    "registry.test:{} methods=read-only paths=/hello",
+                    origin.port
+                ),
+            ),
+            (false, format!("registry.test:{}", origin.port)),
+        ] {
+            origin.requests.lock().unwrap().clear();
+            let args = [
+                "--allow-domain".to_owned(),
+                pattern.clone(),
+                "--allow-domain".to_owned(),
+                format!("127.0.0.1:{}", origin.port),
+            ];
+            let script = if limited {
+                format!("{requests}{tls}")
+            } else {
+                requests.clone()
+            };
+            let output = ws.run(&strs(&args), &["sh", "-c", &script]);
+            let out = text(&output.stdout);
+            let codes: Vec<&str> = out
+                .lines()
+                .map(|line| line.split_whitespace().next().unwrap_or_default())
+                .collect();
+            let seen = origin.requests.lock().unwrap().clone();
+            let context = format!(
+                "{uid:?} {pattern}: {}\norigin saw {seen:?}",
+                describe(&output)
+            );
+            if limited {
+                // GET /hello twice (plain, tunnelled); the plain refusals answer 403; the
+                // tunnelled POST is cut (curl reports no status); TLS is cut.
+                assert_eq!(codes[..4], ["200", "403", "403", "403"], "{context}");
+                assert_eq!(codes[4], "200", "{context}");
+                assert_ne!(codes[5], "200", "{context}");
+                assert!(out.contains("tls ") && !out.contains("tls 0"), "{context}");
+                assert_eq!(
+                    seen,
+                    ["GET /hello HTTP/1.1", "GET /hello HTTP/1.1"],
+                    "{context}"
+                );
+                let stderr = text(&output.stderr);
+                assert!(
+                    stderr.contains(
+                        "is outside what its pattern allows (methods=GET,HEAD,OPTIONS paths=/hello)"
+                    ),
+                    "{context}"
+                );
+                assert!(stderr.contains("TLS would hide them"), "{context}");
+            } else {
+                assert_eq!(
+                    codes[..6],
+                    ["200", "200", "404", "404", "200", "200"],
+                    "{context}"
+                );
+                assert_eq!(seen.len(), 6, "{context}");
+            }
+        }
     }
 }
 

@@ -281,6 +281,44 @@ async fn http_request_is_checked_against_the_sandboxs_allowlist() {
     assert_eq!(origin.connections.load(Ordering::SeqCst), 1);
 }
 
+/// `http/request` under a pattern with `methods=read-only paths=/ok/` (the table form, as a
+/// harness sends it): a GET of `/ok/x` is made, a POST, another path and a dot-segment path
+/// are refused with `sandboxDenied` naming the limits, and none of them reaches the origin.
+#[tokio::test]
+async fn http_request_holds_a_patterns_methods_and_paths() {
+    let origin = Origin::start();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let base = format!("http://127.0.0.1:{}", origin.port);
+    let sandbox = json!({"profile": "read-only", "network": {"allow": [
+        {"pattern": format!("127.0.0.1:{}", origin.port), "methods": "read-only", "paths": ["/ok/"]}
+    ]}});
+    let request = |method: &str, path: &str| {
+        json!({"method": method, "url": format!("{base}{path}"), "headers": [], "requestId": "r",
+               "streamResponse": false, "sandbox": sandbox})
+    };
+    let ok = client.call("http/request", request("GET", "/ok/x")).await;
+    assert_eq!(ok["status"], 200, "{ok}");
+    for (method, path) in [
+        ("POST", "/ok/x"),
+        ("GET", "/admin"),
+        ("GET", "/ok/%2e%2e/admin"),
+    ] {
+        let error = assert_rpc_error(
+            client.request("http/request", request(method, path)).await,
+            -32600,
+            "sandboxDenied",
+        );
+        assert!(
+            error
+                .message
+                .contains("outside what its pattern allows (methods=GET,HEAD,OPTIONS paths=/ok/)"),
+            "{method} {path}: {error:?}"
+        );
+    }
+    assert_eq!(origin.connections.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn http_request_refuses_a_host_header_naming_another_host_under_an_allowlist() {
     let origin = Origin::start();

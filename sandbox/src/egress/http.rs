@@ -33,6 +33,10 @@ pub enum Request {
         host: Host,
         /// Destination port.
         port: u16,
+        /// The request method.
+        method: String,
+        /// The request target in origin form (`/path?query`), as sent upstream.
+        path: String,
         /// The rewritten head.
         upstream: Vec<u8>,
         /// How the body that follows the head is framed.
@@ -192,6 +196,8 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request>, HttpError> {
     Ok(Some(Request::Forward {
         host,
         port,
+        method: method.to_owned(),
+        path,
         upstream,
         body,
         head_len,
@@ -286,6 +292,8 @@ mod tests {
         let Request::Forward {
             host,
             port,
+            method,
+            path,
             upstream,
             body,
             head_len,
@@ -294,6 +302,7 @@ mod tests {
             panic!("not forward");
         };
         assert_eq!((host.to_string(), port), ("pypi.test".to_owned(), 8080));
+        assert_eq!((method.as_str(), path.as_str()), ("POST", "/simple/x/?a=1"));
         assert_eq!(body, Body::Length(4));
         assert_eq!(head_len, 148);
         assert_eq!(

@@ -18,7 +18,7 @@
 //! but each later request must be absolute-form naming the same destination, and its head is
 //! rewritten as the first one was ([`http::parse`]).
 
-use crate::policy::network::{Host, TunnelMode};
+use crate::policy::network::{Host, RequestScope, TunnelMode};
 
 use super::framing::{self, Body, BodyReader};
 use super::http::{self, Request};
@@ -89,6 +89,8 @@ pub struct Inspector {
     host: Host,
     port: u16,
     mode: TunnelMode,
+    /// The requests the destination may be sent ([`Self::limited_to`]).
+    scope: RequestScope,
     state: State,
 }
 
@@ -99,8 +101,17 @@ impl Inspector {
             host,
             port,
             mode,
+            scope: RequestScope::Any,
             state: State::Start,
         }
+    }
+
+    /// Only requests `scope` permits pass (each request of the connection is checked; TLS,
+    /// which hides them, is refused when the scope limits anything).
+    #[must_use]
+    pub fn limited_to(mut self, scope: RequestScope) -> Self {
+        self.scope = scope;
+        self
     }
 
     /// For a plain-HTTP proxy connection after its first request (whose head went upstream
@@ -110,6 +121,7 @@ impl Inspector {
             host,
             port,
             mode: TunnelMode::Checked,
+            scope: RequestScope::Any,
             state: State::Http {
                 form: Form::Forward,
                 body: BodyReader::new(body),
@@ -181,6 +193,34 @@ impl Inspector {
         step
     }
 
+    fn scope_refusal_tls(&self) -> Refusal {
+        Refusal::new(
+            format!(
+                "requests to {}:{} are limited ({}), and TLS would hide them from the proxy",
+                self.host,
+                self.port,
+                self.scope.describe()
+            ),
+            "send plain HTTP to this destination, or allow it without methods=/paths=              (inspecting TLS is not supported yet)",
+        )
+    }
+
+    /// The refusal of a request the scope does not permit.
+    fn scope_refusal(&self, method: &str, target: &str) -> Refusal {
+        Refusal::new(
+            format!(
+                "{method} {target} to {}:{} is outside what its pattern allows ({})",
+                self.host,
+                self.port,
+                self.scope.describe()
+            ),
+            format!(
+                "--allow-domain '{}' with that method and path (methods=, paths=)",
+                crate::policy::network::suggested_rule(&self.host, self.port)
+            ),
+        )
+    }
+
     fn any_rule(&self) -> String {
         format!(
             "--allow-domain '{} tunnel=any' (or tunnel = \"any\" on its pattern)",
@@ -199,6 +239,9 @@ impl Inspector {
     }
 
     fn start(&mut self, buf: &[u8]) -> Step {
+        if buf[0] == 0x16 && self.scope.is_limited() {
+            return Step::Refuse(self.scope_refusal_tls());
+        }
         if buf[0] == 0x16 {
             self.state = State::Tls(TlsStream::new(self.host.clone()));
             return self.feed(buf);
@@ -251,9 +294,22 @@ impl Inspector {
             Ok(Some(Request::Forward {
                 host,
                 port,
+                method,
+                path,
+                ..
+            })) if host == self.host
+                && port == self.port
+                && !self.scope.permits(&method, &path) =>
+            {
+                Err(self.scope_refusal(&method, &path))
+            }
+            Ok(Some(Request::Forward {
+                host,
+                port,
                 upstream,
                 body,
                 head_len,
+                ..
             })) if host == self.host && port == self.port => Ok(Some((
                 Step::Replace {
                     consumed: head_len,
@@ -356,11 +412,13 @@ impl Inspector {
         }
         let target = request.path.unwrap_or_default();
         let lower = target.to_ascii_lowercase();
+        let mut origin_form = target;
         if let Some(after) = ["http://", "https://"]
             .iter()
             .find_map(|scheme| lower.starts_with(scheme).then(|| &target[scheme.len()..]))
         {
             let authority = &after[..after.find(['/', '?', '#']).unwrap_or(after.len())];
+            origin_form = &after[authority.len()..];
             let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
             if !http::host_header_names(authority, &self.host, self.port) {
                 return refuse(
@@ -372,6 +430,9 @@ impl Inspector {
                     "none: open a tunnel to that host itself (and allow it)",
                 );
             }
+        }
+        if !self.scope.permits(method, origin_form) {
+            return Err(self.scope_refusal(method, target));
         }
         let body = framing::body_of(request.version.unwrap_or(1), request.headers)
             .map_err(|err| Refusal::new(err.to_string(), "none: send well-framed HTTP/1.1"))?;
@@ -473,6 +534,56 @@ mod tests {
                 (step, sent, refusal)
             })
             .collect()
+    }
+
+    fn read_only_scope() -> RequestScope {
+        crate::EgressRules::parse(&["a.test methods=read-only paths=/ok/".to_owned()], &[])
+            .unwrap()
+            .request_scope(&host("a.test"), 80)
+    }
+
+    /// Under `methods=read-only paths=/ok/`, a kept-alive tunnel passes the GET and is cut at
+    /// the pipelined POST (nothing of it passes), whatever the pieces; TLS is cut at its first
+    /// byte; a forward connection's later request is checked the same way.
+    #[test]
+    fn a_limited_scope_checks_every_request_of_a_connection_and_refuses_tls() {
+        let get = b"GET /ok/a HTTP/1.1\r\nHost: a.test\r\n\r\n".to_vec();
+        let mut input = get.clone();
+        input.extend_from_slice(
+            b"POST /ok/a HTTP/1.1\r\nHost: a.test\r\nContent-Length: 2\r\n\r\nhi",
+        );
+        let make = || {
+            Inspector::tunnel(host("a.test"), 80, TunnelMode::Checked).limited_to(read_only_scope())
+        };
+        for (step, sent, refusal) in every_split(make, &input) {
+            assert_eq!(sent, get, "step {step}");
+            let refusal = refusal.unwrap_or_else(|| panic!("step {step}: the POST passed"));
+            assert!(refusal.reason.contains("POST /ok/a"), "{refusal:?}");
+        }
+        let mut other_path = get.clone();
+        other_path.extend_from_slice(b"GET /ok/../admin HTTP/1.1\r\nHost: a.test\r\n\r\n");
+        let (sent, refusal) = relay(&mut make(), &other_path, 7);
+        assert_eq!(sent, get);
+        assert!(refusal.is_some());
+        let (sent, refusal) = relay(&mut make(), &client_hello(Some("a.test")), 64);
+        assert!(sent.is_empty());
+        assert!(refusal.unwrap().reason.contains("TLS would hide them"));
+        // Without the scope, the same bytes pass (the control).
+        let (sent, refusal) = relay(
+            &mut Inspector::tunnel(host("a.test"), 80, TunnelMode::Checked),
+            &input,
+            5,
+        );
+        assert_eq!((sent, refusal), (input.clone(), None));
+        let mut forward =
+            Inspector::forward(host("a.test"), 80, Body::None).limited_to(read_only_scope());
+        let (sent, refusal) = relay(
+            &mut forward,
+            b"DELETE http://a.test/ok/a HTTP/1.1\r\n\r\n",
+            9,
+        );
+        assert!(sent.is_empty());
+        assert!(refusal.unwrap().reason.contains("DELETE /ok/a"));
     }
 
     #[test]

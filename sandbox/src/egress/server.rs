@@ -223,6 +223,42 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
         Request::Forward { host, port, .. } => (host.clone(), *port, "http"),
     };
     let mode = proxy.config.rules.tunnel_mode(&host, port);
+    let scope = proxy.config.rules.request_scope(&host, port);
+    let limited = match &request {
+        Request::Forward { method, path, .. } if !scope.permits(method, path) => Some(format!(
+            "{method} {path} to {host}:{port} is outside what its pattern allows ({})",
+            scope.describe()
+        )),
+        Request::Connect { .. } if scope.is_limited() && mode == TunnelMode::TlsOnly => {
+            Some(format!(
+                "requests to {host}:{port} are limited ({}), and its tunnel carries TLS only, \
+                 which would hide them",
+                scope.describe()
+            ))
+        }
+        _ => None,
+    };
+    if let Some(reason) = limited {
+        // Refused by what it asks, before any connection (the destination itself is allowed).
+        let event = EgressEvent::refused(
+            protocol,
+            &host.to_string(),
+            port,
+            format!(
+                "--allow-domain '{}' with that method and path (methods=, paths=); TLS to a \
+                 limited destination needs inspection, not supported yet",
+                crate::policy::network::suggested_rule(&host, port)
+            ),
+            reason,
+        );
+        proxy.emit(&event);
+        let _ = client.write_all(&http::response(
+            403,
+            "Forbidden",
+            &format!("execward: {}\n", event.describe()),
+        ));
+        return;
+    }
     if protocol == "http" && mode == TunnelMode::TlsOnly {
         // Plain HTTP to a destination that carries TLS only: refused before any connection.
         let event = EgressEvent::refused(
@@ -268,7 +304,7 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
                 return;
             }
             buf.drain(..head_len);
-            Inspector::tunnel(host.clone(), port, mode)
+            Inspector::tunnel(host.clone(), port, mode).limited_to(scope)
         }
         Request::Forward {
             upstream: head,
@@ -281,7 +317,7 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
                 return;
             }
             buf.drain(..head_len);
-            Inspector::forward(host.clone(), port, body)
+            Inspector::forward(host.clone(), port, body).limited_to(scope)
         }
     };
     let destination = Destination {
@@ -361,7 +397,8 @@ fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline
         host: &host,
         port,
     };
-    let inspector = Inspector::tunnel(host.clone(), port, mode);
+    let scope = proxy.config.rules.request_scope(&host, port);
+    let inspector = Inspector::tunnel(host.clone(), port, mode).limited_to(scope);
     tunnel(proxy, &destination, client, upstream, rest, inspector);
 }
 

@@ -12,7 +12,16 @@
 //! - an `allow` pattern optionally followed by ` tunnel=tls-only` or ` tunnel=any` (in TOML and
 //!   on the wire also `{pattern = "...", tunnel = "any"}`): what the tunnel to a destination it
 //!   allows may carry ([`TunnelMode`]). Without it: TLS only on port 443, and TLS or HTTP (every
-//!   request's `Host` checked) on every other port; an unknown protocol needs `tunnel=any`.
+//!   request's `Host` checked) on every other port; an unknown protocol needs `tunnel=any`;
+//! - an `allow` pattern optionally followed by ` methods=GET,HEAD` (or the shorthand
+//!   ` methods=read-only`: GET, HEAD and OPTIONS) and/or ` paths=/simple/,/packages/` (in TOML
+//!   and on the wire also `{pattern = "...", methods = ["GET"], paths = ["/simple/"]}`): the
+//!   requests it allows ([`RequestScope`]). A destination every matching pattern limits is
+//!   reached by plain HTTP only (each request of a connection checked); a TLS tunnel to it
+//!   hides its requests and is refused. A path prefix applies to the request target without its
+//!   query; a target with a dot segment (`..;` too), an encoded dot, slash, backslash or
+//!   percent, a backslash or `//` is refused where a prefix applies (a server could read it
+//!   as another path).
 //!
 //! Names are compared case-insensitively after IDNA normalisation (`bücher.example` and
 //! `xn--bcher-kva.example` are one host). `deny` wins over `allow`. A destination that
@@ -196,9 +205,9 @@ pub enum PatternError {
     /// The host is not a valid name.
     #[error(transparent)]
     Host(#[from] HostNameError),
-    /// A setting after the pattern other than `tunnel=tls-only` or `tunnel=any`.
+    /// A setting after the pattern other than `tunnel=`, `methods=` or `paths=`.
     #[error(
-        "{setting:?} is not a pattern setting (expected \"tunnel=tls-only\" or \"tunnel=any\")"
+        "{setting:?} is not a pattern setting (expected tunnel=tls-only|any, methods=GET,HEAD|read-only or paths=/PREFIX,...)"
     )]
     Setting {
         /// The setting as written.
@@ -207,6 +216,33 @@ pub enum PatternError {
     /// `tunnel=` on a `deny` pattern.
     #[error("tunnel= applies to allow patterns only")]
     TunnelOnDeny,
+    /// `methods=` or `paths=` on a `deny` pattern.
+    #[error("methods= and paths= apply to allow patterns only")]
+    RequestsOnDeny,
+    /// `methods=`/`paths=` with `tunnel=any`: the requests of an unknown protocol cannot be
+    /// checked.
+    #[error("methods= and paths= need checked HTTP; tunnel=any carries bytes nobody checks")]
+    RequestsWithAnyTunnel,
+    /// A method that is not an HTTP token of capitals.
+    #[error("{method:?} is not an HTTP method (capital letters, as GET; or methods=read-only)")]
+    Method {
+        /// The method as written.
+        method: String,
+    },
+    /// A path prefix that does not start with `/` or holds what a prefix cannot hold.
+    #[error(
+        "{path:?} is not a path prefix (it starts with '/', and holds no whitespace, ',', '?', '#', '%', '\\' or dot segment)"
+    )]
+    PathPrefix {
+        /// The prefix as written.
+        path: String,
+    },
+    /// The same setting twice.
+    #[error("{key}= is given twice")]
+    Repeated {
+        /// The setting's key.
+        key: &'static str,
+    },
 }
 
 /// A host that is neither an IP literal nor a valid DNS name.
@@ -262,6 +298,22 @@ pub struct AllowTable {
     /// What its tunnels may carry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tunnel: Option<String>,
+    /// The request methods it allows: a list, or `"read-only"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub methods: Option<MethodsSpec>,
+    /// The request path prefixes it allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paths: Option<Vec<String>>,
+}
+
+/// `methods` as written in the table form.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MethodsSpec {
+    /// A shorthand (`"read-only"`).
+    Named(String),
+    /// The methods.
+    List(Vec<String>),
 }
 
 impl AllowEntry {
@@ -269,20 +321,135 @@ impl AllowEntry {
     fn to_pattern_text(&self) -> String {
         match self {
             Self::Pattern(text) => text.clone(),
-            Self::Table(AllowTable {
-                pattern,
-                tunnel: None,
-            }) => pattern.clone(),
-            Self::Table(AllowTable {
-                pattern,
-                tunnel: Some(tunnel),
-            }) => format!("{pattern} {TUNNEL_KEY}={tunnel}"),
+            Self::Table(table) => {
+                let mut text = table.pattern.clone();
+                if let Some(tunnel) = &table.tunnel {
+                    text.push_str(&format!(" {TUNNEL_KEY}={tunnel}"));
+                }
+                match &table.methods {
+                    Some(MethodsSpec::Named(name)) => {
+                        text.push_str(&format!(" {METHODS_KEY}={name}"));
+                    }
+                    Some(MethodsSpec::List(methods)) => {
+                        text.push_str(&format!(" {METHODS_KEY}={}", methods.join(",")));
+                    }
+                    None => {}
+                }
+                if let Some(paths) = &table.paths {
+                    text.push_str(&format!(" {PATHS_KEY}={}", paths.join(",")));
+                }
+                text
+            }
         }
     }
 }
 
 /// The key of a pattern's tunnel setting (`pypi.org tunnel=any`).
 const TUNNEL_KEY: &str = "tunnel";
+/// The key of a pattern's methods (`pypi.org methods=GET,HEAD`).
+const METHODS_KEY: &str = "methods";
+/// The key of a pattern's path prefixes (`pypi.org paths=/simple/`).
+const PATHS_KEY: &str = "paths";
+/// `methods=read-only`.
+pub const READ_ONLY_METHODS: [&str; 3] = ["GET", "HEAD", "OPTIONS"];
+
+/// The requests one `allow` pattern admits: `None` methods or empty paths admit any.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RequestRule {
+    /// Allowed methods (sorted), or any.
+    pub methods: Option<Vec<String>>,
+    /// Allowed path prefixes (sorted), or any when empty.
+    pub paths: Vec<String>,
+}
+
+impl RequestRule {
+    /// Whether the rule limits anything.
+    pub fn is_limited(&self) -> bool {
+        self.methods.is_some() || !self.paths.is_empty()
+    }
+
+    /// Whether a request `method` for `target` (origin form: `/path?query`) is admitted.
+    pub fn permits(&self, method: &str, target: &str) -> bool {
+        let method_ok = self
+            .methods
+            .as_ref()
+            .is_none_or(|methods| methods.iter().any(|m| m == method));
+        method_ok
+            && (self.paths.is_empty()
+                || (plain_path(target)
+                    .is_some_and(|path| self.paths.iter().any(|p| path.starts_with(p.as_str())))))
+    }
+}
+
+/// The path of an origin-form `target` (the query cut off), when a prefix can be compared
+/// with it as any server will read it: starting with `/`; no dot segment (`..`, `.`, also with
+/// a `;` parameter, `..;`, which Java servers resolve); no percent-encoded dot, slash,
+/// backslash or percent (`%2e`, `%2f`, `%5c`, `%25`, any case: decoded once or twice, they
+/// could make one); no backslash; no `//`.
+fn plain_path(target: &str) -> Option<&str> {
+    let path = target.split(['?', '#']).next().unwrap_or_default();
+    let lower = path.to_ascii_lowercase();
+    let dot_segment = path.split('/').any(|segment| {
+        let name = segment.split(';').next().unwrap_or_default();
+        name == "." || name == ".."
+    });
+    let encoded = ["%2e", "%2f", "%5c", "%25"]
+        .iter()
+        .any(|code| lower.contains(code));
+    (path.starts_with('/')
+        && !dot_segment
+        && !encoded
+        && !path.contains('\\')
+        && !path.contains("//"))
+    .then_some(path)
+}
+
+/// What requests to one destination may be: any, or those some limiting pattern admits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum RequestScope {
+    /// Some matching pattern limits nothing.
+    #[default]
+    Any,
+    /// Every matching pattern limits its requests; a request passes when one admits it.
+    Limited(Vec<RequestRule>),
+}
+
+impl RequestScope {
+    /// Whether `method` for `target` (origin form) may be sent.
+    pub fn permits(&self, method: &str, target: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Limited(rules) => rules.iter().any(|rule| rule.permits(method, target)),
+        }
+    }
+
+    /// Whether requests are limited (so a tunnel that hides them is refused).
+    pub fn is_limited(&self) -> bool {
+        matches!(self, Self::Limited(_))
+    }
+
+    /// The limits in pattern words, for refusals (`methods=GET,HEAD paths=/simple/`; one
+    /// alternative per pattern, joined with " or ").
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Any => "any request".to_owned(),
+            Self::Limited(rules) => rules
+                .iter()
+                .map(|rule| {
+                    let mut words = Vec::new();
+                    if let Some(methods) = &rule.methods {
+                        words.push(format!("{METHODS_KEY}={}", methods.join(",")));
+                    }
+                    if !rule.paths.is_empty() {
+                        words.push(format!("{PATHS_KEY}={}", rule.paths.join(",")));
+                    }
+                    words.join(" ")
+                })
+                .collect::<Vec<_>>()
+                .join(" or "),
+        }
+    }
+}
 
 /// What an `allow` pattern says its tunnels may carry (`tunnel=...`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -365,6 +532,13 @@ impl EgressRules {
             }
             .into());
         }
+        if let Some(pattern) = rules.deny.iter().find(|p| p.requests.is_limited()) {
+            return Err(NetworkError::Pattern {
+                pattern: pattern.to_string(),
+                source: PatternError::RequestsOnDeny,
+            }
+            .into());
+        }
         if rules.allow.len() + rules.deny.len() > MAX_EGRESS_PATTERNS {
             return Err(NetworkError::TooManyPatterns {
                 limit: MAX_EGRESS_PATTERNS,
@@ -405,6 +579,23 @@ impl EgressRules {
             })
             .max()
             .unwrap_or(default)
+    }
+
+    /// The requests `host:port` may be sent: any when one matching `allow` pattern limits
+    /// nothing, else those one of the matching patterns admits.
+    pub fn request_scope(&self, host: &Host, port: u16) -> RequestScope {
+        let mut rules = Vec::new();
+        for pattern in self.allow.iter().filter(|p| p.matches(host, port, false)) {
+            if !pattern.requests.is_limited() {
+                return RequestScope::Any;
+            }
+            rules.push(pattern.requests.clone());
+        }
+        if rules.is_empty() {
+            RequestScope::Any
+        } else {
+            RequestScope::Limited(rules)
+        }
     }
 
     /// Whether `host:port` may be reached by name (before its addresses are checked).
@@ -573,6 +764,8 @@ pub struct HostPattern {
     pub port: Option<u16>,
     /// What tunnels to what it allows may carry; `None`: the port's default ([`TunnelMode`]).
     pub tunnel: Option<TunnelSetting>,
+    /// The requests it allows (unlimited by default).
+    pub requests: RequestRule,
 }
 
 impl HostPattern {
@@ -586,25 +779,48 @@ impl HostPattern {
             source,
         };
         let text = text.trim();
-        let setting = text
-            .rsplit_once(char::is_whitespace)
-            .filter(|(_, setting)| setting.contains('='));
-        let (text, tunnel) = match setting {
-            None => (text, None),
-            Some((pattern, setting)) => {
-                let setting = setting.trim();
-                let parsed = setting
-                    .strip_prefix(TUNNEL_KEY)
-                    .and_then(|rest| rest.strip_prefix('='))
-                    .and_then(TunnelSetting::parse)
-                    .ok_or_else(|| {
-                        bad(PatternError::Setting {
-                            setting: setting.to_owned(),
-                        })
-                    })?;
-                (pattern.trim_end(), Some(parsed))
+        let mut words = text.split_whitespace();
+        let text = words.next().unwrap_or_default();
+        let mut tunnel = None;
+        let mut requests = RequestRule::default();
+        let mut seen_paths = false;
+        for setting in words {
+            let (key, value) = setting.split_once('=').ok_or_else(|| {
+                bad(PatternError::Setting {
+                    setting: setting.to_owned(),
+                })
+            })?;
+            let unknown = || {
+                bad(PatternError::Setting {
+                    setting: setting.to_owned(),
+                })
+            };
+            match key {
+                TUNNEL_KEY => {
+                    if tunnel.is_some() {
+                        return Err(bad(PatternError::Repeated { key: TUNNEL_KEY }).into());
+                    }
+                    tunnel = Some(TunnelSetting::parse(value).ok_or_else(unknown)?);
+                }
+                METHODS_KEY => {
+                    if requests.methods.is_some() {
+                        return Err(bad(PatternError::Repeated { key: METHODS_KEY }).into());
+                    }
+                    requests.methods = Some(parse_methods(value).map_err(bad)?);
+                }
+                PATHS_KEY => {
+                    if seen_paths {
+                        return Err(bad(PatternError::Repeated { key: PATHS_KEY }).into());
+                    }
+                    seen_paths = true;
+                    requests.paths = parse_paths(value).map_err(bad)?;
+                }
+                _ => return Err(unknown().into()),
             }
-        };
+        }
+        if requests.is_limited() && tunnel == Some(TunnelSetting::Any) {
+            return Err(bad(PatternError::RequestsWithAnyTunnel).into());
+        }
         let (host, port) = split_port(text).map_err(bad)?;
         let host = if let Some(suffix) = host.strip_prefix("*.") {
             let name = normalize_name(suffix).map_err(|e| bad(e.into()))?;
@@ -617,7 +833,12 @@ impl HostPattern {
         } else {
             HostMatch::Exact(Host::parse(host).map_err(|e| bad(e.into()))?)
         };
-        Ok(Self { host, port, tunnel })
+        Ok(Self {
+            host,
+            port,
+            tunnel,
+            requests,
+        })
     }
 
     /// Whether the pattern covers `host:port`; `every_port_by_default` for deny patterns.
@@ -686,11 +907,66 @@ impl fmt::Display for HostPattern {
         if let Some(port) = self.port {
             write!(f, ":{port}")?;
         }
-        match self.tunnel {
-            Some(tunnel) => write!(f, " {TUNNEL_KEY}={}", tunnel.as_str()),
-            None => Ok(()),
+        if let Some(tunnel) = self.tunnel {
+            write!(f, " {TUNNEL_KEY}={}", tunnel.as_str())?;
         }
+        if let Some(methods) = &self.requests.methods {
+            write!(f, " {METHODS_KEY}={}", methods.join(","))?;
+        }
+        if !self.requests.paths.is_empty() {
+            write!(f, " {PATHS_KEY}={}", self.requests.paths.join(","))?;
+        }
+        Ok(())
     }
+}
+
+/// `GET,HEAD` or `read-only`, sorted and deduplicated.
+fn parse_methods(value: &str) -> Result<Vec<String>, PatternError> {
+    let mut methods: Vec<String> = if value == "read-only" {
+        READ_ONLY_METHODS.iter().map(|m| (*m).to_owned()).collect()
+    } else {
+        value
+            .split(',')
+            .map(|method| {
+                let ok = !method.is_empty()
+                    && method.len() <= 32
+                    && method.bytes().all(|b| b.is_ascii_uppercase());
+                if ok {
+                    Ok(method.to_owned())
+                } else {
+                    Err(PatternError::Method {
+                        method: method.to_owned(),
+                    })
+                }
+            })
+            .collect::<Result<_, _>>()?
+    };
+    methods.sort();
+    methods.dedup();
+    Ok(methods)
+}
+
+/// `/a/,/b` path prefixes, sorted and deduplicated.
+fn parse_paths(value: &str) -> Result<Vec<String>, PatternError> {
+    let mut paths = value
+        .split(',')
+        .map(|path| {
+            let ok = path.len() <= 256
+                && !path.contains(['?', '#', '%', '\\'])
+                && !path.chars().any(|c| c.is_whitespace() || c.is_control())
+                && plain_path(path) == Some(path);
+            if ok {
+                Ok(path.to_owned())
+            } else {
+                Err(PatternError::PathPrefix {
+                    path: path.to_owned(),
+                })
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    paths.sort();
+    paths.dedup();
+    Ok(paths)
 }
 
 impl TryFrom<String> for HostPattern {
@@ -792,6 +1068,91 @@ mod tests {
 
     fn hosts(prefix: &str, n: usize) -> Vec<String> {
         (0..n).map(|i| format!("h{i}.{prefix}.test")).collect()
+    }
+
+    #[test]
+    fn request_rules_parse_in_both_forms_and_limit_only_when_every_match_limits() {
+        let limited = rules(
+            &[
+                "pypi.org methods=read-only paths=/simple/,/packages/",
+                "files.test methods=GET",
+            ],
+            &[],
+        );
+        let scope = limited.request_scope(&name("pypi.org"), 443);
+        assert!(scope.is_limited());
+        assert!(scope.permits("GET", "/simple/requests/"));
+        assert!(scope.permits("HEAD", "/packages/x.whl?sha=1"));
+        for (method, target) in [
+            ("POST", "/simple/requests/"),
+            ("PUT", "/packages/x"),
+            ("GET", "/legacy/"),
+            ("GET", "/simple/../legacy/"),
+            ("GET", "/simple/%2e%2e/legacy/"),
+            ("GET", "/simple/%2F..%2Flegacy"),
+            ("GET", "/simple\\..\\legacy"),
+            ("GET", "/simple/..;/legacy"),
+            ("GET", "/simple/%252e%252e/legacy"),
+            ("GET", "//evil/simple/"),
+            ("GET", "simple/"),
+            ("get", "/simple/"),
+        ] {
+            assert!(!scope.permits(method, target), "{method} {target}");
+        }
+        assert_eq!(
+            scope.describe(),
+            "methods=GET,HEAD,OPTIONS paths=/packages/,/simple/"
+        );
+        let files = limited.request_scope(&name("files.test"), 80);
+        assert!(files.permits("GET", "/anything") && !files.permits("POST", "/anything"));
+        // One matching pattern without limits lifts them.
+        let both = rules(&["pypi.org methods=GET", "pypi.org:443"], &[]);
+        assert_eq!(
+            both.request_scope(&name("pypi.org"), 443),
+            RequestScope::Any
+        );
+        assert!(both.request_scope(&name("pypi.org"), 80).is_limited());
+        // The table form says the same, and prints back as the string form.
+        let table: AllowEntry = serde_json::from_value(serde_json::json!(
+            {"pattern": "pypi.org", "methods": "read-only", "paths": ["/simple/"]}
+        ))
+        .unwrap();
+        let pattern = HostPattern::parse(&table.to_pattern_text()).unwrap();
+        assert_eq!(
+            pattern.to_string(),
+            "pypi.org methods=GET,HEAD,OPTIONS paths=/simple/"
+        );
+        assert_eq!(HostPattern::parse(&pattern.to_string()).unwrap(), pattern);
+    }
+
+    #[test]
+    fn request_rules_that_cannot_hold_are_refused_when_parsed() {
+        let owned = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        for (allow, deny, says) in [
+            (
+                &["a.test methods=get"][..],
+                &[][..],
+                "is not an HTTP method",
+            ),
+            (&["a.test methods="], &[], "is not an HTTP method"),
+            (&["a.test paths=simple/"], &[], "is not a path prefix"),
+            (&["a.test paths=/a/../b"], &[], "is not a path prefix"),
+            (&["a.test paths=/a%2f"], &[], "is not a path prefix"),
+            (&["a.test methods=GET methods=POST"], &[], "given twice"),
+            (
+                &["a.test methods=GET tunnel=any"],
+                &[],
+                "tunnel=any carries",
+            ),
+            (&["a.test verbs=GET"], &[], "is not a pattern setting"),
+            (&[], &["a.test methods=GET"], "apply to allow patterns only"),
+        ] {
+            let error = EgressRules::parse(&owned(allow), &owned(deny))
+                .err()
+                .unwrap_or_else(|| panic!("{allow:?} {deny:?} was accepted"))
+                .to_string();
+            assert!(error.contains(says), "{allow:?} {deny:?}: {error}");
+        }
     }
 
     #[test]

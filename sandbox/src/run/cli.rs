@@ -88,7 +88,10 @@ pub struct Cli {
     /// `*.domain`, an IP literal, each with an optional `:PORT` (default 80 and 443), or a
     /// named set such as `@package-registries`, optionally followed by ` tunnel=any` (an
     /// unknown protocol may pass; default: TLS only on 443, TLS or Host-checked HTTP elsewhere)
-    /// or ` tunnel=tls-only`. The command reaches them only through the egress proxy
+    /// or ` tunnel=tls-only`, and/or ` methods=GET,HEAD` (` methods=read-only`: GET, HEAD,
+    /// OPTIONS) and ` paths=/PREFIX,...`: only those requests pass, checked on every request of
+    /// plain HTTP; TLS to such a destination is refused (it would hide them). The command
+    /// reaches them only through the egress proxy
     /// (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY are set for it), which checks every request and
     /// every TLS ClientHello it sends.
     #[arg(long = "allow-domain", value_name = "PATTERN")]

@@ -83,6 +83,9 @@ impl HttpClients {
                 check_host_header(&outgoing)?;
             }
             let client = self.pinned_client(&outgoing.url, policy).await?;
+            if let Some(rules) = &policy.egress {
+                check_request_scope(rules, &outgoing)?;
+            }
             let mut request = client
                 .request(outgoing.method.clone(), outgoing.url.clone())
                 .headers(outgoing.headers.clone());
@@ -300,6 +303,42 @@ fn check_host_header(outgoing: &Outgoing) -> Result<(), HttpError> {
         }
     }
     Ok(())
+}
+
+/// Refuses a request (every hop, redirects included) whose method or path the matching `allow`
+/// patterns limit it from (`methods=`, `paths=`). The server makes the request itself, so this
+/// holds for `https://` too, which the egress proxy can only refuse whole.
+fn check_request_scope(rules: &sandbox::EgressRules, outgoing: &Outgoing) -> Result<(), HttpError> {
+    use sandbox::policy::network::{Host, suggested_rule};
+    let url = &outgoing.url;
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+        return Ok(());
+    };
+    let Ok(parsed) = Host::parse(host) else {
+        return Ok(());
+    };
+    let scope = rules.request_scope(&parsed, port);
+    let target = match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_owned(),
+    };
+    let method = outgoing.method.as_str();
+    if scope.permits(method, &target) {
+        return Ok(());
+    }
+    Err(HttpError::NotInAllowlist {
+        url: url.to_string(),
+        host: parsed.to_string(),
+        port,
+        reason: AllowlistRefusal::RequestLimited {
+            request: format!("{method} {target}"),
+            allowed: scope.describe(),
+        },
+        rule: format!(
+            "'{}' with that method and path (methods=, paths=)",
+            suggested_rule(&parsed, port)
+        ),
+    })
 }
 
 /// Refuses `host:port` (of every hop, redirects included) unless the sandbox's allowlist allows

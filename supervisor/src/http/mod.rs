@@ -291,6 +291,14 @@ pub enum AllowlistRefusal {
     /// otherwise, or `tunnel=tls-only`), as the egress proxy refuses it.
     #[error("the destination carries TLS only, and this is a plain http:// request")]
     PlainHttpToTlsOnly,
+    /// The destination is allowed, this request to it is not (`methods=` / `paths=`).
+    #[error("{request} is outside what its pattern allows ({allowed})")]
+    RequestLimited {
+        /// Method and target.
+        request: String,
+        /// What the patterns allow.
+        allowed: String,
+    },
 }
 
 /// Server-wide state of `http/request`.
