@@ -22,6 +22,7 @@
 //! route, or for a full socket queue, is dropped.
 
 pub mod cli;
+pub mod cluster;
 pub(crate) mod credentials;
 pub(crate) mod router;
 
@@ -51,9 +52,11 @@ use crate::relay::registry::{
     ConnectResponse, RegisterRequest, RegisterResponse, validate_environment_id,
 };
 use crate::transport::admission::{Admission, PendingTicket, Source, evicted};
+use cluster::registry::{Binding, ClusterRegistryError, Registered};
+use cluster::{Cluster, ClusterError, ClusterOptions};
 pub use credentials::CredentialsError;
 use credentials::{Caller, Credentials, Role};
-use router::{RegisterError, Router};
+use router::{RegisterError, Router, validate_registration};
 
 /// Simultaneous TCP connections (HTTP and websockets); more are closed right after accept.
 pub const MAX_RENDEZVOUS_CONNECTIONS: usize = 4096;
@@ -86,6 +89,8 @@ pub struct RendezvousOptions {
     /// (default [`MAX_STREAMS_PER_CREDENTIAL`]); frames opening more are dropped. At
     /// least 1.
     pub max_streams_per_credential: usize,
+    /// Join a cluster of nodes on NATS (`None`: one node, state in memory).
+    pub cluster: Option<ClusterOptions>,
 }
 
 /// Why the rendezvous cannot start.
@@ -97,6 +102,9 @@ pub enum RendezvousError {
     /// The TLS certificate or key is unusable.
     #[error(transparent)]
     Tls(#[from] crate::relay::tls::TlsError),
+    /// The cluster could not be joined.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     /// Binding failed.
     #[error("cannot listen on {address}: {source}")]
     Bind {
@@ -114,6 +122,10 @@ impl RendezvousError {
     pub fn is_runtime_failure(&self) -> bool {
         match self {
             Self::Credentials(_) | Self::Tls(_) => false,
+            Self::Cluster(error) => matches!(
+                error,
+                ClusterError::Connect { .. } | ClusterError::Bucket { .. }
+            ),
             Self::Bind { .. } => true,
         }
     }
@@ -135,6 +147,8 @@ struct AppState {
     /// Open websockets per credential label.
     per_credential: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     max_per_credential: usize,
+    /// Cluster mode: the link to NATS (registry in JetStream, frames on subjects).
+    cluster: Option<Arc<Cluster>>,
 }
 
 /// One websocket counted against its credential until dropped.
@@ -204,6 +218,10 @@ impl Rendezvous {
             address: options.listen,
             source,
         };
+        let cluster = match &options.cluster {
+            Some(cluster) => Some(Cluster::join(cluster).await?),
+            None => None,
+        };
         let listener = TcpListener::bind(options.listen).await.map_err(bind)?;
         let address = listener.local_addr().map_err(bind)?;
         let scheme = if tls.is_some() { "wss" } else { "ws" };
@@ -217,10 +235,11 @@ impl Rendezvous {
                 credentials_file: options.credentials_file,
                 credentials: RwLock::new(Arc::new(credentials)),
                 public_url: public_url.trim_end_matches('/').to_owned(),
-                router: Router::new(options.max_streams_per_credential),
+                router: Router::with_cluster(options.max_streams_per_credential, cluster.clone()),
                 sockets: Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS)),
                 per_credential: std::sync::Mutex::default(),
                 max_per_credential: options.max_sockets_per_credential.max(1),
+                cluster,
             }),
         })
     }
@@ -245,6 +264,18 @@ impl Rendezvous {
         let connections = Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS));
         // Connections that have not presented a valid token yet: the server's admission pool.
         let admission = Admission::new(MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_SOURCE);
+        let _link_watch = self.state.cluster.as_ref().map(|cluster| {
+            let mut link = cluster.link();
+            let state = self.state.clone();
+            AbortOnDrop(tokio::spawn(async move {
+                while link.changed().await.is_ok() {
+                    if !*link.borrow_and_update() {
+                        let closed = state.router.close_all();
+                        tracing::warn!(closed, "NATS link lost: every socket of this node closed");
+                    }
+                }
+            }))
+        });
         tokio::pin!(stop);
         loop {
             tokio::select! {
@@ -282,6 +313,15 @@ impl Rendezvous {
                 },
             }
         }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -374,8 +414,40 @@ fn app(state: Arc<AppState>) -> axum::Router {
             authenticate,
         ))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BODY_BYTES))
-        .route("/readyz", get(|| async { text(StatusCode::OK, "ready\n") }))
+        .route("/readyz", get(readyz))
         .with_state(state)
+}
+
+/// `GET /readyz`: 200 when the node serves; in cluster mode 503 while its NATS link is down.
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match &state.cluster {
+        Some(cluster) if !cluster.is_linked() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("NATS link down (node {})\n", cluster.node()),
+        ),
+        Some(cluster) => text(
+            StatusCode::OK,
+            &format!("ready (node {}, NATS linked)\n", cluster.node()),
+        ),
+        None => text(StatusCode::OK, "ready\n"),
+    }
+}
+
+/// The cluster registry's failure as a response: 503 (another node may answer).
+fn cluster_unavailable(error: &ClusterRegistryError) -> Response {
+    tracing::warn!(%error, "cluster registry unavailable");
+    text(StatusCode::SERVICE_UNAVAILABLE, &format!("{error}\n"))
+}
+
+/// Name and key of `id`: from the cluster registry in cluster mode, else from memory.
+async fn lookup(state: &AppState, id: &str) -> Result<Option<(String, String)>, Response> {
+    match &state.cluster {
+        Some(cluster) => match cluster.lookup(id).await {
+            Ok(binding) => Ok(binding.map(|b| (b.name, b.public_key))),
+            Err(error) => Err(cluster_unavailable(&error)),
+        },
+        None => Ok(state.router.lookup(id)),
+    }
 }
 
 /// A plain-text response; a refusal also closes the connection (a client that was refused
@@ -507,10 +579,12 @@ async fn register(
         }
     };
     let credentials = state.credentials();
-    match state
-        .router
-        .register(&id, registration, credentials.pinned_key(&id))
-    {
+    let pinned = credentials.pinned_key(&id);
+    let registered = match &state.cluster {
+        Some(cluster) => register_in_cluster(&state, cluster, &id, registration, pinned).await,
+        None => state.router.register(&id, registration, pinned),
+    };
+    match registered {
         Ok(()) => {
             tracing::info!(environment = %id, "environment registered");
             json(&RegisterResponse {
@@ -521,7 +595,38 @@ async fn register(
             tracing::warn!(environment = %id, "registration with another key refused");
             text(StatusCode::CONFLICT, &format!("{error}\n"))
         }
+        Err(RegisterError::Unavailable(error)) => cluster_unavailable(&error),
         Err(error) => text(StatusCode::BAD_REQUEST, &format!("{error}\n")),
+    }
+}
+
+/// Cluster mode: bind (or confirm) in the cluster registry by compare-and-set, then hold the
+/// binding in this node's table for the executor socket that follows.
+async fn register_in_cluster(
+    state: &AppState,
+    cluster: &Cluster,
+    id: &str,
+    registration: crate::relay::registry::RegisterRequest,
+    pinned: Option<&str>,
+) -> Result<(), RegisterError> {
+    validate_registration(id, &registration, pinned)?;
+    let binding = Binding {
+        name: registration.name,
+        public_key: registration.public_key,
+    };
+    match cluster.register(id, &binding, pinned).await {
+        Ok(outcome) => {
+            if outcome == Registered::Displaced {
+                tracing::warn!(
+                    environment = id,
+                    "an operator's pin displaced the binding to another key"
+                );
+            }
+            state.router.adopt(id, binding.name, &binding.public_key);
+            Ok(())
+        }
+        Err(ClusterRegistryError::Refused(error)) => Err(error),
+        Err(error) => Err(RegisterError::Unavailable(Box::new(error))),
     }
 }
 
@@ -533,7 +638,14 @@ async fn unbind(
     if let Some(response) = refusal(caller.as_deref(), Role::Admin, &id) {
         return response;
     }
-    if state.router.unbind(&id) {
+    let released = match &state.cluster {
+        Some(cluster) => match cluster.release(&id).await {
+            Ok(released) => released | state.router.unbind(&id),
+            Err(error) => return cluster_unavailable(&error),
+        },
+        None => state.router.unbind(&id),
+    };
+    if released {
         tracing::info!(environment = %id, "binding released by an operator");
         text(StatusCode::OK, "binding released\n")
     } else {
@@ -549,7 +661,11 @@ async fn connect(
     if let Some(response) = refusal(caller.as_deref(), Role::Harness, &id) {
         return response;
     }
-    match state.router.lookup(&id) {
+    let known = match lookup(&state, &id).await {
+        Ok(known) => known,
+        Err(response) => return response,
+    };
+    match known {
         Some((name, public_key)) => json(&ConnectResponse {
             rendezvous_url: format!("{}/v1/environments/{id}/harness", state.public_url),
             public_key,
@@ -571,6 +687,17 @@ async fn executor_socket(
     let Some(axum::Extension(caller)) = caller else {
         return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
     };
+    let known = match lookup(&state, &id).await {
+        Ok(known) => known,
+        Err(response) => return response,
+    };
+    let Some((name, public_key)) = known else {
+        return text(StatusCode::NOT_FOUND, "environment not registered\n");
+    };
+    if state.cluster.is_some() {
+        // The socket proves the key the cluster holds, here.
+        state.router.adopt(&id, name, &public_key);
+    }
     upgrade(state, id, &caller, true, request)
 }
 
@@ -586,6 +713,11 @@ async fn harness_socket(
     let Some(axum::Extension(caller)) = caller else {
         return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
     };
+    match lookup(&state, &id).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return text(StatusCode::NOT_FOUND, "environment not registered\n"),
+        Err(response) => return response,
+    }
     upgrade(state, id, &caller, false, request)
 }
 
@@ -597,8 +729,11 @@ fn upgrade(
     executor: bool,
     mut request: Request,
 ) -> Response {
-    if state.router.lookup(&id).is_none() {
-        return text(StatusCode::NOT_FOUND, "environment not registered\n");
+    if state.cluster.as_ref().is_some_and(|c| !c.is_linked()) {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this node lost its NATS link; try another node\n",
+        );
     }
     let headers = request.headers();
     let is_upgrade = headers
