@@ -406,3 +406,32 @@ async fn a_nats_restart_is_recovered_without_restarting_the_nodes() {
         .unwrap_err();
     assert_eq!(status(&refused), 409, "{refused}");
 }
+
+/// A harness whose node dies moves on: connected through node B with `B,C` as its registry
+/// URLs, it survives B's SIGKILL by looking the environment up again (through C) and carries
+/// on through C, on the same stream, without a reply lost or doubled.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_harness_moves_to_another_node_when_its_node_is_killed() {
+    let nats = Nats::start();
+    let a = start_node(&nats, "a", "127.0.0.1:0", None);
+    let mut b = Some(start_node(&nats, "b", "127.0.0.1:0", None));
+    let c = start_node(&nats, "c", "127.0.0.1:0", None);
+    let b_url = b.as_ref().unwrap().first_line.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let identity = dir.path().join("identity");
+    let executor = start_executor_with(&a.first_line, "env-harness-moves", &identity, &[]);
+    wait_registered(&a.first_line, "env-harness-moves", &executor).await;
+    let registries = format!("{b_url},{}", c.first_line);
+    let mut client = RemoteClient::connect(&registries, "env-harness-moves").await;
+    let before = client.call("no/such-method", json!({})).await.unwrap_err();
+    assert_eq!(before["code"], -32601);
+
+    drop(b.take());
+    let id = client.send("no/such-method", json!({"after": true})).await;
+    let after = client
+        .response_within(id, Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert_eq!(after["code"], -32601, "{after}");
+    assert_eq!(client.unclaimed(), 0, "a reply arrived twice");
+}
