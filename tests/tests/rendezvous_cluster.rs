@@ -435,3 +435,88 @@ async fn a_harness_moves_to_another_node_when_its_node_is_killed() {
     assert_eq!(after["code"], -32601, "{after}");
     assert_eq!(client.unclaimed(), 0, "a reply arrived twice");
 }
+
+/// Open a websocket on `path` of `node` with `token` and keep it: its status (101, or the
+/// refusal's) and, when open, the socket.
+async fn hold_socket(
+    node: &str,
+    path: &str,
+    token: &str,
+) -> (
+    u16,
+    Option<tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStreamAsync>>>,
+) {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let url = format!("{}{path}", node.replacen("http://", "ws://", 1));
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("Authorization", format!("Bearer {token}").parse().unwrap());
+    match tokio::time::timeout(DEADLINE, tokio_tungstenite::connect_async(request))
+        .await
+        .expect("websocket upgrade deadline")
+    {
+        Ok((socket, response)) => (response.status().as_u16(), Some(socket)),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            (response.status().as_u16(), None)
+        }
+        Err(other) => panic!("websocket to {path}: {other}"),
+    }
+}
+
+type TcpStreamAsync = tokio::net::TcpStream;
+
+/// `--max-sockets-per-credential` counts across the cluster: with a share of 2, one harness
+/// socket through node A and one through node B fill it, and the third is refused (503 naming
+/// the limit) through either node; another credential still gets one; a closed socket frees
+/// its place. A count per node would let the third in (each node holds one).
+#[tokio::test(flavor = "multi_thread")]
+async fn one_credential_holds_at_most_its_share_of_sockets_across_the_cluster() {
+    let nats = Nats::start();
+    let share = [
+        "--cluster",
+        &nats.url(),
+        "--max-sockets-per-credential",
+        "2",
+    ];
+    let a = start_rendezvous_with(
+        "127.0.0.1:0",
+        None,
+        &[&share[..], &["--node-name", "a"]].concat(),
+    );
+    let b = start_rendezvous_with(
+        "127.0.0.1:0",
+        None,
+        &[&share[..], &["--node-name", "b"]].concat(),
+    );
+    registry(&a.first_line)
+        .register("env-share", &registration(6), EXECUTOR_TOKEN)
+        .await
+        .unwrap();
+    let harness = "/v1/environments/env-share/harness";
+    let (status, first) = hold_socket(&a.first_line, harness, TOKEN).await;
+    assert_eq!(status, 101);
+    let (status, _second) = hold_socket(&b.first_line, harness, TOKEN).await;
+    assert_eq!(status, 101);
+    for node in [&a.first_line, &b.first_line] {
+        let (status, socket) = hold_socket(node, harness, TOKEN).await;
+        assert_eq!(status, 503, "a third socket through {node} was let in");
+        assert!(socket.is_none());
+    }
+    let (status, _other) = hold_socket(&b.first_line, harness, tests::relay::ATTACKER_TOKEN).await;
+    assert_eq!(status, 101, "another credential was held back");
+    drop(first);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (status, socket) = hold_socket(&b.first_line, harness, TOKEN).await;
+        if status == 101 {
+            drop(socket);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a closed socket never freed its place (still {status})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

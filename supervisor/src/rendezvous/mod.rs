@@ -53,6 +53,7 @@ use crate::relay::registry::{
 };
 use crate::transport::admission::{Admission, PendingTicket, Source, evicted};
 use cluster::registry::{Binding, ClusterRegistryError, Registered};
+use cluster::sockets::ClusterSocketSlot;
 use cluster::{Cluster, ClusterError, ClusterOptions};
 pub use credentials::CredentialsError;
 use credentials::{Caller, Credentials, Role};
@@ -264,6 +265,11 @@ impl Rendezvous {
         let connections = Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS));
         // Connections that have not presented a valid token yet: the server's admission pool.
         let admission = Admission::new(MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_SOURCE);
+        let _renew_counts = self
+            .state
+            .cluster
+            .clone()
+            .map(|cluster| AbortOnDrop(tokio::spawn(cluster.renew_socket_counts())));
         let _link_watch = self.state.cluster.as_ref().map(|cluster| {
             let mut link = cluster.link();
             let state = self.state.clone();
@@ -698,7 +704,11 @@ async fn executor_socket(
         // The socket proves the key the cluster holds, here.
         state.router.adopt(&id, name, &public_key);
     }
-    upgrade(state, id, &caller, true, request)
+    let cluster_slot = match cluster_socket_slot(&state, &caller, &id).await {
+        Ok(slot) => slot,
+        Err(response) => return response,
+    };
+    upgrade(state, id, &caller, true, request, cluster_slot)
 }
 
 async fn harness_socket(
@@ -718,7 +728,48 @@ async fn harness_socket(
         Ok(None) => return text(StatusCode::NOT_FOUND, "environment not registered\n"),
         Err(response) => return response,
     }
-    upgrade(state, id, &caller, false, request)
+    let cluster_slot = match cluster_socket_slot(&state, &caller, &id).await {
+        Ok(slot) => slot,
+        Err(response) => return response,
+    };
+    upgrade(state, id, &caller, false, request, cluster_slot)
+}
+
+/// Cluster mode: count the socket against its credential across the cluster (503 past
+/// `--max-sockets-per-credential`, or when the cluster cannot count); `None` on a single node.
+async fn cluster_socket_slot(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<Option<ClusterSocketSlot>, Response> {
+    let Some(cluster) = &state.cluster else {
+        return Ok(None);
+    };
+    match cluster
+        .take_socket(caller.secret.token(), state.max_per_credential)
+        .await
+    {
+        Ok(Some(slot)) => Ok(Some(slot)),
+        Ok(None) => {
+            tracing::info!(
+                credential = %caller.label,
+                environment = id,
+                "refused: too many sockets for one credential across the cluster"
+            );
+            Err(too_many_sockets(state.max_per_credential))
+        }
+        Err(error) => Err(cluster_unavailable(&error)),
+    }
+}
+
+fn too_many_sockets(max: usize) -> Response {
+    text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!(
+            "too many sockets for this credential: at most {max} at once \
+             (exec-rendezvous --max-sockets-per-credential)\n"
+        ),
+    )
 }
 
 /// Answer a websocket upgrade with 101 and serve the socket once hyper hands it over.
@@ -728,6 +779,7 @@ fn upgrade(
     caller: &Caller,
     executor: bool,
     mut request: Request,
+    cluster_slot: Option<ClusterSocketSlot>,
 ) -> Response {
     if state.cluster.as_ref().is_some_and(|c| !c.is_linked()) {
         return text(
@@ -762,14 +814,7 @@ fn upgrade(
             environment = id,
             "refused: too many sockets for one credential"
         );
-        return text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &format!(
-                "too many sockets for this credential: at most {} at once \
-                 (exec-rendezvous --max-sockets-per-credential)\n",
-                state.max_per_credential
-            ),
-        );
+        return too_many_sockets(state.max_per_credential);
     };
     let on_upgrade = hyper::upgrade::on(&mut request);
     tokio::spawn(async move {
@@ -791,7 +836,7 @@ fn upgrade(
         } else {
             state.router.serve_harness(&id, socket, secret).await;
         }
-        drop((slot, permit));
+        drop((slot, permit, cluster_slot));
     });
     let accept = derive_accept_key(key.as_bytes());
     let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();

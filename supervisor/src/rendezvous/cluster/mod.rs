@@ -26,6 +26,7 @@
 pub(crate) mod bus;
 pub(crate) mod registry;
 pub(crate) mod seat;
+pub(crate) mod sockets;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -122,6 +123,9 @@ pub struct Cluster {
     key: ring::hmac::Key,
     bindings: kv::Store,
     leases: kv::Store,
+    sockets: kv::Store,
+    /// This node's open sockets per credential key (what it vouches for in `sockets`).
+    local_sockets: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     publisher: Publisher,
     linked: watch::Receiver<bool>,
 }
@@ -218,6 +222,7 @@ impl Cluster {
         let jetstream = jetstream::new(client.clone());
         let bindings = bucket(&jetstream, BINDINGS_BUCKET, Duration::ZERO).await?;
         let leases = bucket(&jetstream, LEASES_BUCKET, LEASE_TTL).await?;
+        let sockets = bucket(&jetstream, sockets::SOCKETS_BUCKET, Duration::ZERO).await?;
         let settings = bucket(&jetstream, CLUSTER_BUCKET, Duration::ZERO).await?;
         let key = subject_key(&settings).await?;
         let publisher = Publisher::start(client.clone());
@@ -227,6 +232,8 @@ impl Cluster {
             key,
             bindings,
             leases,
+            sockets,
+            local_sockets: std::sync::Mutex::default(),
             publisher,
             linked,
         }))
