@@ -24,6 +24,8 @@
 pub mod cli;
 pub mod cluster;
 pub(crate) mod credentials;
+pub(crate) mod queue;
+pub(crate) mod registration;
 pub(crate) mod router;
 
 pub use router::{MAX_STREAMS_PER_CREDENTIAL, PROOF_TIMEOUT};
@@ -57,7 +59,8 @@ use cluster::sockets::ClusterSocketSlot;
 use cluster::{Cluster, ClusterError, ClusterOptions};
 pub use credentials::CredentialsError;
 use credentials::{Caller, Credentials, Role};
-use router::{RegisterError, Router, validate_registration};
+use registration::{RegisterError, validate_registration};
+use router::Router;
 
 /// Simultaneous TCP connections (HTTP and websockets); more are closed right after accept.
 pub const MAX_RENDEZVOUS_CONNECTIONS: usize = 4096;
@@ -601,7 +604,13 @@ async fn register(
             tracing::warn!(environment = %id, "registration with another key refused");
             text(StatusCode::CONFLICT, &format!("{error}\n"))
         }
-        Err(RegisterError::Unavailable(error)) => cluster_unavailable(&error),
+        Err(RegisterError::Unavailable(reason)) => {
+            tracing::warn!(%reason, "cluster registry unavailable");
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("the cluster registry is unavailable: {reason}\n"),
+            )
+        }
         Err(error) => text(StatusCode::BAD_REQUEST, &format!("{error}\n")),
     }
 }
@@ -632,7 +641,7 @@ async fn register_in_cluster(
             Ok(())
         }
         Err(ClusterRegistryError::Refused(error)) => Err(error),
-        Err(error) => Err(RegisterError::Unavailable(Box::new(error))),
+        Err(error) => Err(RegisterError::Unavailable(error.to_string())),
     }
 }
 

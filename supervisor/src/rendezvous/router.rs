@@ -25,8 +25,8 @@
 //! - Quotas are per party: one harness credential owns at most
 //!   `max_streams_per_credential` streams of an environment whatever number of sockets it
 //!   opens. One harness socket cannot crowd others out either: it sends at most
-//!   [`NEW_STREAMS_PER_SOCKET_BURST`] handshakes or new streams at once and
-//!   [`NEW_STREAMS_PER_SOCKET_PER_SECOND`] after that (a harness sends message 1 a few times per
+//!   [`NEW_STREAMS_PER_SOCKET_BURST`](super::queue::NEW_STREAMS_PER_SOCKET_BURST) handshakes or new streams at once and
+//!   [`NEW_STREAMS_PER_SOCKET_PER_SECOND`](super::queue::NEW_STREAMS_PER_SOCKET_PER_SECOND) after that (a harness sends message 1 a few times per
 //!   stream), and owns at most [`MAX_STREAMS_PER_SOCKET`]; frames beyond are dropped here,
 //!   so a flood never reaches (or costs) the executor, and the executor's one socket is never
 //!   closed over one party's frames.
@@ -47,13 +47,13 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::{Bytes, Message as WsMessage};
 
 use super::cluster::seat::{ExecutorSeat, HarnessSeat, Received};
-use super::cluster::{Cluster, Control, Publisher};
+use super::cluster::{Cluster, Control};
 use super::credentials::{CredentialSecret, Credentials, Role};
+pub(crate) use super::queue::{NewStreamLimiter, Queue};
+pub use super::registration::{MAX_ENVIRONMENTS, RegisterError, validate_registration};
 use crate::relay::driver::send_batch;
 use crate::relay::registry::{RegisterRequest, decode_public_key};
 
-/// Environments registered at once.
-pub const MAX_ENVIRONMENTS: usize = 1024;
 /// Streams routed per environment; frames opening more are dropped.
 pub const MAX_STREAMS_PER_ENVIRONMENT: usize = 4096;
 /// Streams one harness socket may own (a harness opens one socket per stream; 64 is far more
@@ -63,79 +63,12 @@ pub const MAX_STREAMS_PER_SOCKET: usize = 64;
 /// one harness credential own together. Half of the executor's `MAX_RELAY_STREAMS` (256), so one
 /// credential, whatever number of sockets it opens, leaves the other half to everyone else.
 pub const MAX_STREAMS_PER_CREDENTIAL: usize = 128;
-/// Handshake frames (or new streams) a harness socket may send at once (token bucket size).
-pub const NEW_STREAMS_PER_SOCKET_BURST: f64 = 16.0;
-/// Handshake frames (or new streams) a harness socket may send per second once its burst is
-/// spent. Each costs the executor a Noise operation (four X25519 for a new stream) or an
-/// answer; a flood of them is dropped here.
-pub const NEW_STREAMS_PER_SOCKET_PER_SECOND: f64 = 8.0;
 /// Frames queued for one socket; more are dropped (the endpoints retransmit).
 pub const SOCKET_QUEUE_FRAMES: usize = 4096;
-/// Longest display name, in bytes.
-pub const MAX_NAME_BYTES: usize = 256;
 pub use proto::relay::limits::PROOF_TIMEOUT;
 /// How often the key challenge is sent again while unanswered (a lossy link may drop it or
 /// its answer).
 pub const PROOF_RESEND_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// Why a registration was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum RegisterError {
-    /// The body's public key is unusable.
-    #[error(transparent)]
-    PublicKey(#[from] crate::relay::registry::PublicKeyError),
-    /// The body's display name is longer than [`MAX_NAME_BYTES`].
-    #[error("name must be at most {limit} bytes (got {length})")]
-    NameTooLong {
-        /// Its length in bytes.
-        length: usize,
-        /// The limit.
-        limit: usize,
-    },
-    /// The id is bound to another key.
-    #[error(
-        "environment {id:?} is bound to another public key; an operator must release the binding (DELETE /v1/environments/{id} with an admin credential) before a new key can register"
-    )]
-    KeyConflict {
-        /// The environment.
-        id: String,
-    },
-    /// The table is full.
-    #[error("registry full: MAX_ENVIRONMENTS ({MAX_ENVIRONMENTS})")]
-    Full,
-    /// Cluster mode: the cluster registry did not answer.
-    #[error(transparent)]
-    Unavailable(Box<super::cluster::registry::ClusterRegistryError>),
-}
-
-/// Where frames for a socket go. Frames are `Bytes` as the websocket delivered them: routed
-/// without a copy.
-#[derive(Clone)]
-pub(crate) enum Queue {
-    /// A socket of this node.
-    Local(mpsc::Sender<Bytes>),
-    /// A harness socket of another node (cluster mode): its subject.
-    Remote {
-        subject: async_nats::Subject,
-        publisher: Publisher,
-    },
-}
-
-impl Queue {
-    /// Queue a frame without waiting; `Err` when it was dropped (full queue, closed socket).
-    fn try_send(&self, frame: Bytes) -> Result<(), ()> {
-        match self {
-            Self::Local(queue) => queue.try_send(frame).map_err(|_| ()),
-            Self::Remote { subject, publisher } => {
-                if publisher.try_publish(subject, None, frame) {
-                    Ok(())
-                } else {
-                    Err(())
-                }
-            }
-        }
-    }
-}
 
 /// Which harness socket owns a stream, and for which party.
 struct StreamRoute {
@@ -854,28 +787,6 @@ impl Router {
     }
 }
 
-/// Check a registration's key and name, and that it presents the `pinned` key if there is one.
-///
-/// # Errors
-/// [`RegisterError`] naming what is wrong.
-pub fn validate_registration(
-    id: &str,
-    registration: &RegisterRequest,
-    pinned: Option<&str>,
-) -> Result<(), RegisterError> {
-    decode_public_key(&registration.public_key)?;
-    if registration.name.len() > MAX_NAME_BYTES {
-        return Err(RegisterError::NameTooLong {
-            length: registration.name.len(),
-            limit: MAX_NAME_BYTES,
-        });
-    }
-    if pinned.is_some_and(|key| key != registration.public_key) {
-        return Err(RegisterError::KeyConflict { id: id.to_owned() });
-    }
-    Ok(())
-}
-
 /// Send what is queued for a socket that is being closed (bounded: the queue's capacity).
 async fn flush_queued<Si>(sink: &mut Si, outbox: &mut mpsc::Receiver<Bytes>)
 where
@@ -903,35 +814,4 @@ struct Harness<'a> {
     socket: u64,
     party: u64,
     queue: &'a Queue,
-}
-
-/// Per harness socket: a token bucket for opening streams, and the cap on streams owned.
-pub(crate) struct NewStreamLimiter {
-    tokens: f64,
-    refilled: Instant,
-    dropped: u64,
-}
-
-impl NewStreamLimiter {
-    pub(crate) fn new(now: Instant) -> Self {
-        Self {
-            tokens: NEW_STREAMS_PER_SOCKET_BURST,
-            refilled: now,
-            dropped: 0,
-        }
-    }
-
-    /// May this socket send one more handshake, or open one more stream, now?
-    fn allow(&mut self, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.refilled);
-        self.refilled = now;
-        self.tokens = (self.tokens + elapsed.as_secs_f64() * NEW_STREAMS_PER_SOCKET_PER_SECOND)
-            .min(NEW_STREAMS_PER_SOCKET_BURST);
-        if self.tokens < 1.0 {
-            self.dropped += 1;
-            return false;
-        }
-        self.tokens -= 1.0;
-        true
-    }
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use tokio_tungstenite::tungstenite::Bytes;
 
 use super::{Cluster, Control};
-use crate::rendezvous::router::RegisterError;
+use crate::rendezvous::registration::RegisterError;
 
 /// Attempts at a compare-and-set before giving up (each lost race means another node wrote the
 /// same binding in between; more than a few means something is wrong).

@@ -11,7 +11,7 @@ use tokio_tungstenite::tungstenite::Bytes;
 
 use super::{Cluster, Control, LEASE_RENEW_INTERVAL};
 use crate::rendezvous::credentials::CredentialSecret;
-use crate::rendezvous::router::{NewStreamLimiter, Queue};
+use crate::rendezvous::queue::{NewStreamLimiter, Queue};
 
 /// Harness sockets of other nodes one executor seat keeps state for (a limiter and a reply
 /// subject each); frames from more are dropped until some close. Matches the single node's
