@@ -183,6 +183,15 @@ echo "readme replay: skipped the egress allowlist examples (they reach pypi.org 
 skipped+=("exec-rendezvous --listen https://0.0.0.0:7443 --tls-cert rendezvous.pem --tls-key rendezvous-key.pem \\")
 echo "readme replay: skipped the TLS deployment sketch (needs a certificate and a DNS name)"
 
+# Scaling the rendezvous: its own nats-server (.ci/run installs it), three nodes, one executor.
+first="# Scaling the rendezvous: one NATS server with JetStream, three nodes, an executor, a harness."
+replayed+=("$first")
+run_block "$first" && {
+  expect -x "through node-2" "$first"
+  expect -x "after node-1" "$first"
+  expect_status 0 "$first"
+}
+
 # exec: the block starts its own two servers and waits for them.
 first="# Two servers to talk to: one on loopback TCP, one on a unix socket with a token."
 replayed+=("$first")

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use supervisor::rendezvous::cli::Cli;
+use supervisor::rendezvous::cluster::ClusterOptions;
 use supervisor::rendezvous::{Rendezvous, RendezvousOptions};
 use supervisor::server::{ShutdownSignals, announce_url};
 
@@ -66,6 +67,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         public_url: cli.public_url,
         max_sockets_per_credential: cli.max_sockets_per_credential,
         max_streams_per_credential: cli.max_streams_per_credential,
+        cluster: cli.node_name.map(|node_name| ClusterOptions {
+            urls: cli.cluster,
+            node_name,
+            creds_file: cli.nats_creds,
+            ca_file: cli.nats_ca_file,
+        }),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

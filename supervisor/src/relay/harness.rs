@@ -316,6 +316,11 @@ impl RelayHarnessConnection {
             url: info.rendezvous_url,
             token: args.bearer_token.clone(),
             tls: clients.tls,
+            relookup: Relookup {
+                registry: clients.registry.clone(),
+                environment_id: args.environment_id.clone(),
+                public_key: info.public_key.clone(),
+            },
             stream_id: stream_id.clone(),
             inbox: inbox_tx,
             outbox: outbox_rx,
@@ -420,6 +425,8 @@ struct SocketLoop {
     url: String,
     token: String,
     tls: Arc<rustls::ClientConfig>,
+    /// To look the environment up again when `url`'s node fails.
+    relookup: Relookup,
     stream_id: String,
     inbox: mpsc::Sender<Frame>,
     outbox: mpsc::Receiver<Vec<u8>>,
@@ -447,8 +454,42 @@ async fn socket_loop(mut state: SocketLoop) {
                 state.reconnects.send_modify(|generation| *generation += 1);
                 socket = Some(reconnected);
             }
-            Err(error) => tracing::debug!(%error, "rendezvous reconnect failed"),
+            Err(error) => {
+                tracing::debug!(%error, "rendezvous reconnect failed");
+                follow_registry(&state.relookup, &state.token, &mut state.url).await;
+            }
         }
+    }
+}
+
+/// What a harness needs to look its environment up again when its socket URL fails (another
+/// node of a cluster hands out its own socket URL).
+struct Relookup {
+    registry: RegistryClient,
+    environment_id: String,
+    /// The key the stream was opened to: a lookup presenting another is not followed.
+    public_key: String,
+}
+
+/// The socket URL failed: ask the registry again (its client moves on to another node of a
+/// cluster when one fails) and take the socket URL it hands out, if it still presents the key
+/// the stream was opened to.
+async fn follow_registry(relookup: &Relookup, token: &str, url: &mut String) {
+    match relookup
+        .registry
+        .connect(&relookup.environment_id, token)
+        .await
+    {
+        Ok(info) if info.public_key == relookup.public_key => {
+            if info.rendezvous_url != *url {
+                tracing::info!(url = %info.rendezvous_url, "moving to another rendezvous node");
+                *url = info.rendezvous_url;
+            }
+        }
+        Ok(_) => tracing::warn!(
+            "the registry now presents another key for this environment; staying on the stream's node"
+        ),
+        Err(error) => tracing::debug!(%error, "registry lookup after a failed reconnect"),
     }
 }
 

@@ -156,6 +156,16 @@ pub enum RegistryError {
 }
 
 impl RegistryError {
+    /// Whether another node of a cluster may answer where this one failed: it could not be
+    /// reached, timed out, or answered 5xx (it lost its cluster link).
+    pub fn is_node_failure(&self) -> bool {
+        match self {
+            Self::Http { .. } | Self::Timeout { .. } => true,
+            Self::Status { status, .. } => *status >= 500,
+            _ => false,
+        }
+    }
+
     /// Whether waiting may change the answer: the environment is not registered yet (404), or
     /// nothing listens at the registry's address yet (connection refused, as when the
     /// rendezvous and `exec --remote` are started at the same moment). Every other failure
@@ -181,17 +191,21 @@ impl RegistryError {
 }
 
 /// The registry's HTTP client: one reqwest client (connection pool, TLS settings) for every
-/// call to one registry. Cheap to clone.
+/// call to one registry, or to the nodes of a rendezvous cluster (`URL1,URL2,...`): a call
+/// goes to the node that answered last and moves on to the next when that one cannot be
+/// reached or answers 5xx (a node that lost its cluster link). Cheap to clone; clones share
+/// the current node.
 #[derive(Clone)]
 pub struct RegistryClient {
-    base: String,
+    bases: Arc<[String]>,
+    current: Arc<std::sync::atomic::AtomicUsize>,
     http: reqwest::Client,
 }
 
 impl std::fmt::Debug for RegistryClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegistryClient")
-            .field("base", &self.base)
+            .field("bases", &self.bases)
             .finish()
     }
 }
@@ -204,7 +218,13 @@ impl RegistryClient {
     /// [`RegistryError::Url`] for a URL that is not allowed, [`RegistryError::Http`] when the
     /// client cannot be built.
     pub fn new(registry_url: &str, tls: &Arc<rustls::ClientConfig>) -> Result<Self, RegistryError> {
-        check_url(registry_url, ["http", "https"]).map_err(RegistryError::Url)?;
+        let bases: Vec<String> = registry_url
+            .split(',')
+            .map(|url| url.trim().trim_end_matches('/').to_owned())
+            .collect();
+        for base in &bases {
+            check_url(base, ["http", "https"]).map_err(RegistryError::Url)?;
+        }
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(rustls::ClientConfig::clone(tls))
             .timeout(REGISTRY_TIMEOUT)
@@ -217,19 +237,26 @@ impl RegistryClient {
                 source,
             })?;
         Ok(Self {
-            base: registry_url.trim_end_matches('/').to_owned(),
+            bases: bases.into(),
+            current: Arc::default(),
             http,
         })
     }
 
-    /// Whether the registry is reached over TLS.
+    /// Whether the registry is reached over TLS (every URL, when there are several).
     pub fn is_tls(&self) -> bool {
-        matches!(check_url(&self.base, ["http", "https"]), Ok(Scheme::Tls))
+        self.bases
+            .iter()
+            .all(|base| matches!(check_url(base, ["http", "https"]), Ok(Scheme::Tls)))
     }
 
-    /// The registry URL.
+    /// The registry URL in use (the one that answered last).
     pub fn url(&self) -> &str {
-        &self.base
+        let current = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        self.bases
+            .get(current)
+            .or_else(|| self.bases.first())
+            .map_or("", String::as_str)
     }
 
     /// Register an environment.
@@ -268,21 +295,55 @@ impl RegistryClient {
         .await
     }
 
+    /// POST to the current node; on a failure another node may not have (unreachable, timed
+    /// out, 5xx), to the next one, each node once.
     async fn post<T: for<'de> Deserialize<'de>>(
         &self,
         path: &str,
         body: Vec<u8>,
         token: &str,
     ) -> Result<T, RegistryError> {
-        let url = format!("{}{path}", self.base);
+        let count = self.bases.len();
+        let start = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        let mut last = None;
+        for step in 0..count {
+            let index = (start + step) % count;
+            let Some(base) = self.bases.get(index) else {
+                continue;
+            };
+            match self.post_to(base, path, body.clone(), token).await {
+                Err(error) if step + 1 < count && error.is_node_failure() => {
+                    tracing::info!(registry = %base, %error, "registry node failed; trying the next");
+                    last = Some(error);
+                }
+                result => {
+                    self.current
+                        .store(index, std::sync::atomic::Ordering::Relaxed);
+                    return result;
+                }
+            }
+        }
+        Err(last.unwrap_or(RegistryError::Timeout {
+            url: self.url().to_owned(),
+        }))
+    }
+
+    async fn post_to<T: for<'de> Deserialize<'de>>(
+        &self,
+        base: &str,
+        path: &str,
+        body: Vec<u8>,
+        token: &str,
+    ) -> Result<T, RegistryError> {
+        let url = format!("{base}{path}");
         let failed = |source: reqwest::Error| {
             if source.is_timeout() {
                 RegistryError::Timeout {
-                    url: self.base.clone(),
+                    url: base.to_owned(),
                 }
             } else {
                 RegistryError::Http {
-                    url: self.base.clone(),
+                    url: base.to_owned(),
                     source,
                 }
             }

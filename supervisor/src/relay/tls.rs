@@ -160,10 +160,10 @@ pub fn client_config_for(
     registry_url: &str,
     ca_file: Option<&Path>,
 ) -> Result<Arc<rustls::ClientConfig>, TlsError> {
-    let plain = matches!(
-        check_url(registry_url, ["http", "https"]),
-        Ok(Scheme::Plain)
-    );
+    // Several URLs (the nodes of a cluster): plain only if every one is.
+    let plain = registry_url
+        .split(',')
+        .all(|url| matches!(check_url(url.trim(), ["http", "https"]), Ok(Scheme::Plain)));
     if plain && ca_file.is_none() {
         let config = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()

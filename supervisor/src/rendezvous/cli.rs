@@ -58,6 +58,31 @@ pub struct Cli {
         value_parser = at_least_one
     )]
     pub max_streams_per_credential: usize,
+    /// Make this node one of a cluster sharing its registry and routing through NATS
+    /// (nats-server with JetStream): one or more nats://HOST:PORT or tls://HOST:PORT, comma
+    /// separated. Without it the rendezvous is one process with its state in memory. See
+    /// docs/remote.md "Scaling the rendezvous".
+    #[arg(
+        long,
+        value_name = "URL[,URL...]",
+        value_delimiter = ',',
+        requires = "node_name"
+    )]
+    pub cluster: Vec<String>,
+    /// This node's name in the cluster (in leases and logs): 1 to 64 bytes of A-Z a-z 0-9 . _ -.
+    #[arg(long, value_name = "NAME", requires = "cluster")]
+    pub node_name: Option<String>,
+    /// NATS credentials file (JWT and nkey seed) for --cluster.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "EXECWARD_NATS_CREDS",
+        requires = "cluster"
+    )]
+    pub nats_creds: Option<PathBuf>,
+    /// Extra CA certificates (PEM) to verify tls:// NATS servers with (beside the system's).
+    #[arg(long, value_name = "PEM", requires = "cluster")]
+    pub nats_ca_file: Option<PathBuf>,
     /// Log format on stderr: text (coloured only on a terminal) or json (one object per line).
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = crate::cli::LogFormat::Text)]
     pub log_format: crate::cli::LogFormat,

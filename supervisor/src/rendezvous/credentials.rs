@@ -195,6 +195,11 @@ impl CredentialSecret {
         }
     }
 
+    /// The token itself (cluster mode keys a cluster-wide party id with it).
+    pub(crate) fn token(&self) -> &[u8] {
+        &self.token
+    }
+
     /// The party this token stands for: equal for every socket opened with the same token.
     pub fn party(&self) -> u64 {
         self.party

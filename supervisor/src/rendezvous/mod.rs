@@ -22,7 +22,10 @@
 //! route, or for a full socket queue, is dropped.
 
 pub mod cli;
+pub mod cluster;
 pub(crate) mod credentials;
+pub(crate) mod queue;
+pub(crate) mod registration;
 pub(crate) mod router;
 
 pub use router::{MAX_STREAMS_PER_CREDENTIAL, PROOF_TIMEOUT};
@@ -51,9 +54,13 @@ use crate::relay::registry::{
     ConnectResponse, RegisterRequest, RegisterResponse, validate_environment_id,
 };
 use crate::transport::admission::{Admission, PendingTicket, Source, evicted};
+use cluster::registry::{Binding, ClusterRegistryError, Registered};
+use cluster::sockets::ClusterSocketSlot;
+use cluster::{Cluster, ClusterError, ClusterOptions};
 pub use credentials::CredentialsError;
 use credentials::{Caller, Credentials, Role};
-use router::{RegisterError, Router};
+use registration::{RegisterError, validate_registration};
+use router::Router;
 
 /// Simultaneous TCP connections (HTTP and websockets); more are closed right after accept.
 pub const MAX_RENDEZVOUS_CONNECTIONS: usize = 4096;
@@ -86,6 +93,8 @@ pub struct RendezvousOptions {
     /// (default [`MAX_STREAMS_PER_CREDENTIAL`]); frames opening more are dropped. At
     /// least 1.
     pub max_streams_per_credential: usize,
+    /// Join a cluster of nodes on NATS (`None`: one node, state in memory).
+    pub cluster: Option<ClusterOptions>,
 }
 
 /// Why the rendezvous cannot start.
@@ -97,6 +106,9 @@ pub enum RendezvousError {
     /// The TLS certificate or key is unusable.
     #[error(transparent)]
     Tls(#[from] crate::relay::tls::TlsError),
+    /// The cluster could not be joined.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     /// Binding failed.
     #[error("cannot listen on {address}: {source}")]
     Bind {
@@ -114,6 +126,10 @@ impl RendezvousError {
     pub fn is_runtime_failure(&self) -> bool {
         match self {
             Self::Credentials(_) | Self::Tls(_) => false,
+            Self::Cluster(error) => matches!(
+                error,
+                ClusterError::Connect { .. } | ClusterError::Bucket { .. }
+            ),
             Self::Bind { .. } => true,
         }
     }
@@ -135,6 +151,8 @@ struct AppState {
     /// Open websockets per credential label.
     per_credential: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     max_per_credential: usize,
+    /// Cluster mode: the link to NATS (registry in JetStream, frames on subjects).
+    cluster: Option<Arc<Cluster>>,
 }
 
 /// One websocket counted against its credential until dropped.
@@ -204,6 +222,10 @@ impl Rendezvous {
             address: options.listen,
             source,
         };
+        let cluster = match &options.cluster {
+            Some(cluster) => Some(Cluster::join(cluster).await?),
+            None => None,
+        };
         let listener = TcpListener::bind(options.listen).await.map_err(bind)?;
         let address = listener.local_addr().map_err(bind)?;
         let scheme = if tls.is_some() { "wss" } else { "ws" };
@@ -217,10 +239,11 @@ impl Rendezvous {
                 credentials_file: options.credentials_file,
                 credentials: RwLock::new(Arc::new(credentials)),
                 public_url: public_url.trim_end_matches('/').to_owned(),
-                router: Router::new(options.max_streams_per_credential),
+                router: Router::with_cluster(options.max_streams_per_credential, cluster.clone()),
                 sockets: Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS)),
                 per_credential: std::sync::Mutex::default(),
                 max_per_credential: options.max_sockets_per_credential.max(1),
+                cluster,
             }),
         })
     }
@@ -245,6 +268,23 @@ impl Rendezvous {
         let connections = Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS));
         // Connections that have not presented a valid token yet: the server's admission pool.
         let admission = Admission::new(MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_SOURCE);
+        let _renew_counts = self
+            .state
+            .cluster
+            .clone()
+            .map(|cluster| AbortOnDrop(tokio::spawn(cluster.renew_socket_counts())));
+        let _link_watch = self.state.cluster.as_ref().map(|cluster| {
+            let mut link = cluster.link();
+            let state = self.state.clone();
+            AbortOnDrop(tokio::spawn(async move {
+                while link.changed().await.is_ok() {
+                    if !*link.borrow_and_update() {
+                        let closed = state.router.close_all();
+                        tracing::warn!(closed, "NATS link lost: every socket of this node closed");
+                    }
+                }
+            }))
+        });
         tokio::pin!(stop);
         loop {
             tokio::select! {
@@ -282,6 +322,15 @@ impl Rendezvous {
                 },
             }
         }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -374,8 +423,40 @@ fn app(state: Arc<AppState>) -> axum::Router {
             authenticate,
         ))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BODY_BYTES))
-        .route("/readyz", get(|| async { text(StatusCode::OK, "ready\n") }))
+        .route("/readyz", get(readyz))
         .with_state(state)
+}
+
+/// `GET /readyz`: 200 when the node serves; in cluster mode 503 while its NATS link is down.
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match &state.cluster {
+        Some(cluster) if !cluster.is_linked() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("NATS link down (node {})\n", cluster.node()),
+        ),
+        Some(cluster) => text(
+            StatusCode::OK,
+            &format!("ready (node {}, NATS linked)\n", cluster.node()),
+        ),
+        None => text(StatusCode::OK, "ready\n"),
+    }
+}
+
+/// The cluster registry's failure as a response: 503 (another node may answer).
+fn cluster_unavailable(error: &ClusterRegistryError) -> Response {
+    tracing::warn!(%error, "cluster registry unavailable");
+    text(StatusCode::SERVICE_UNAVAILABLE, &format!("{error}\n"))
+}
+
+/// Name and key of `id`: from the cluster registry in cluster mode, else from memory.
+async fn lookup(state: &AppState, id: &str) -> Result<Option<(String, String)>, Response> {
+    match &state.cluster {
+        Some(cluster) => match cluster.lookup(id).await {
+            Ok(binding) => Ok(binding.map(|b| (b.name, b.public_key))),
+            Err(error) => Err(cluster_unavailable(&error)),
+        },
+        None => Ok(state.router.lookup(id)),
+    }
 }
 
 /// A plain-text response; a refusal also closes the connection (a client that was refused
@@ -507,10 +588,12 @@ async fn register(
         }
     };
     let credentials = state.credentials();
-    match state
-        .router
-        .register(&id, registration, credentials.pinned_key(&id))
-    {
+    let pinned = credentials.pinned_key(&id);
+    let registered = match &state.cluster {
+        Some(cluster) => register_in_cluster(&state, cluster, &id, registration, pinned).await,
+        None => state.router.register(&id, registration, pinned),
+    };
+    match registered {
         Ok(()) => {
             tracing::info!(environment = %id, "environment registered");
             json(&RegisterResponse {
@@ -521,7 +604,44 @@ async fn register(
             tracing::warn!(environment = %id, "registration with another key refused");
             text(StatusCode::CONFLICT, &format!("{error}\n"))
         }
+        Err(RegisterError::Unavailable(reason)) => {
+            tracing::warn!(%reason, "cluster registry unavailable");
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("the cluster registry is unavailable: {reason}\n"),
+            )
+        }
         Err(error) => text(StatusCode::BAD_REQUEST, &format!("{error}\n")),
+    }
+}
+
+/// Cluster mode: bind (or confirm) in the cluster registry by compare-and-set, then hold the
+/// binding in this node's table for the executor socket that follows.
+async fn register_in_cluster(
+    state: &AppState,
+    cluster: &Cluster,
+    id: &str,
+    registration: crate::relay::registry::RegisterRequest,
+    pinned: Option<&str>,
+) -> Result<(), RegisterError> {
+    validate_registration(id, &registration, pinned)?;
+    let binding = Binding {
+        name: registration.name,
+        public_key: registration.public_key,
+    };
+    match cluster.register(id, &binding, pinned).await {
+        Ok(outcome) => {
+            if outcome == Registered::Displaced {
+                tracing::warn!(
+                    environment = id,
+                    "an operator's pin displaced the binding to another key"
+                );
+            }
+            state.router.adopt(id, binding.name, &binding.public_key);
+            Ok(())
+        }
+        Err(ClusterRegistryError::Refused(error)) => Err(error),
+        Err(error) => Err(RegisterError::Unavailable(error.to_string())),
     }
 }
 
@@ -533,7 +653,14 @@ async fn unbind(
     if let Some(response) = refusal(caller.as_deref(), Role::Admin, &id) {
         return response;
     }
-    if state.router.unbind(&id) {
+    let released = match &state.cluster {
+        Some(cluster) => match cluster.release(&id).await {
+            Ok(released) => released | state.router.unbind(&id),
+            Err(error) => return cluster_unavailable(&error),
+        },
+        None => state.router.unbind(&id),
+    };
+    if released {
         tracing::info!(environment = %id, "binding released by an operator");
         text(StatusCode::OK, "binding released\n")
     } else {
@@ -549,7 +676,11 @@ async fn connect(
     if let Some(response) = refusal(caller.as_deref(), Role::Harness, &id) {
         return response;
     }
-    match state.router.lookup(&id) {
+    let known = match lookup(&state, &id).await {
+        Ok(known) => known,
+        Err(response) => return response,
+    };
+    match known {
         Some((name, public_key)) => json(&ConnectResponse {
             rendezvous_url: format!("{}/v1/environments/{id}/harness", state.public_url),
             public_key,
@@ -571,7 +702,22 @@ async fn executor_socket(
     let Some(axum::Extension(caller)) = caller else {
         return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
     };
-    upgrade(state, id, &caller, true, request)
+    let known = match lookup(&state, &id).await {
+        Ok(known) => known,
+        Err(response) => return response,
+    };
+    let Some((name, public_key)) = known else {
+        return text(StatusCode::NOT_FOUND, "environment not registered\n");
+    };
+    if state.cluster.is_some() {
+        // The socket proves the key the cluster holds, here.
+        state.router.adopt(&id, name, &public_key);
+    }
+    let cluster_slot = match cluster_socket_slot(&state, &caller, &id).await {
+        Ok(slot) => slot,
+        Err(response) => return response,
+    };
+    upgrade(state, id, &caller, true, request, cluster_slot)
 }
 
 async fn harness_socket(
@@ -586,7 +732,53 @@ async fn harness_socket(
     let Some(axum::Extension(caller)) = caller else {
         return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
     };
-    upgrade(state, id, &caller, false, request)
+    match lookup(&state, &id).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return text(StatusCode::NOT_FOUND, "environment not registered\n"),
+        Err(response) => return response,
+    }
+    let cluster_slot = match cluster_socket_slot(&state, &caller, &id).await {
+        Ok(slot) => slot,
+        Err(response) => return response,
+    };
+    upgrade(state, id, &caller, false, request, cluster_slot)
+}
+
+/// Cluster mode: count the socket against its credential across the cluster (503 past
+/// `--max-sockets-per-credential`, or when the cluster cannot count); `None` on a single node.
+async fn cluster_socket_slot(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<Option<ClusterSocketSlot>, Response> {
+    let Some(cluster) = &state.cluster else {
+        return Ok(None);
+    };
+    match cluster
+        .take_socket(caller.secret.token(), state.max_per_credential)
+        .await
+    {
+        Ok(Some(slot)) => Ok(Some(slot)),
+        Ok(None) => {
+            tracing::info!(
+                credential = %caller.label,
+                environment = id,
+                "refused: too many sockets for one credential across the cluster"
+            );
+            Err(too_many_sockets(state.max_per_credential))
+        }
+        Err(error) => Err(cluster_unavailable(&error)),
+    }
+}
+
+fn too_many_sockets(max: usize) -> Response {
+    text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!(
+            "too many sockets for this credential: at most {max} at once \
+             (exec-rendezvous --max-sockets-per-credential)\n"
+        ),
+    )
 }
 
 /// Answer a websocket upgrade with 101 and serve the socket once hyper hands it over.
@@ -596,9 +788,13 @@ fn upgrade(
     caller: &Caller,
     executor: bool,
     mut request: Request,
+    cluster_slot: Option<ClusterSocketSlot>,
 ) -> Response {
-    if state.router.lookup(&id).is_none() {
-        return text(StatusCode::NOT_FOUND, "environment not registered\n");
+    if state.cluster.as_ref().is_some_and(|c| !c.is_linked()) {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this node lost its NATS link; try another node\n",
+        );
     }
     let headers = request.headers();
     let is_upgrade = headers
@@ -627,14 +823,7 @@ fn upgrade(
             environment = id,
             "refused: too many sockets for one credential"
         );
-        return text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &format!(
-                "too many sockets for this credential: at most {} at once \
-                 (exec-rendezvous --max-sockets-per-credential)\n",
-                state.max_per_credential
-            ),
-        );
+        return too_many_sockets(state.max_per_credential);
     };
     let on_upgrade = hyper::upgrade::on(&mut request);
     tokio::spawn(async move {
@@ -656,7 +845,7 @@ fn upgrade(
         } else {
             state.router.serve_harness(&id, socket, secret).await;
         }
-        drop((slot, permit));
+        drop((slot, permit, cluster_slot));
     });
     let accept = derive_accept_key(key.as_bytes());
     let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();

@@ -25,8 +25,8 @@
 //! - Quotas are per party: one harness credential owns at most
 //!   `max_streams_per_credential` streams of an environment whatever number of sockets it
 //!   opens. One harness socket cannot crowd others out either: it sends at most
-//!   [`NEW_STREAMS_PER_SOCKET_BURST`] handshakes or new streams at once and
-//!   [`NEW_STREAMS_PER_SOCKET_PER_SECOND`] after that (a harness sends message 1 a few times per
+//!   [`NEW_STREAMS_PER_SOCKET_BURST`](super::queue::NEW_STREAMS_PER_SOCKET_BURST) handshakes or new streams at once and
+//!   [`NEW_STREAMS_PER_SOCKET_PER_SECOND`](super::queue::NEW_STREAMS_PER_SOCKET_PER_SECOND) after that (a harness sends message 1 a few times per
 //!   stream), and owns at most [`MAX_STREAMS_PER_SOCKET`]; frames beyond are dropped here,
 //!   so a flood never reaches (or costs) the executor, and the executor's one socket is never
 //!   closed over one party's frames.
@@ -46,12 +46,14 @@ use tokio::sync::{Notify, mpsc};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::{Bytes, Message as WsMessage};
 
+use super::cluster::seat::{ExecutorSeat, HarnessSeat, Received};
+use super::cluster::{Cluster, Control};
 use super::credentials::{CredentialSecret, Credentials, Role};
+pub(crate) use super::queue::{NewStreamLimiter, Queue};
+pub use super::registration::{MAX_ENVIRONMENTS, RegisterError, validate_registration};
 use crate::relay::driver::send_batch;
 use crate::relay::registry::{RegisterRequest, decode_public_key};
 
-/// Environments registered at once.
-pub const MAX_ENVIRONMENTS: usize = 1024;
 /// Streams routed per environment; frames opening more are dropped.
 pub const MAX_STREAMS_PER_ENVIRONMENT: usize = 4096;
 /// Streams one harness socket may own (a harness opens one socket per stream; 64 is far more
@@ -61,50 +63,12 @@ pub const MAX_STREAMS_PER_SOCKET: usize = 64;
 /// one harness credential own together. Half of the executor's `MAX_RELAY_STREAMS` (256), so one
 /// credential, whatever number of sockets it opens, leaves the other half to everyone else.
 pub const MAX_STREAMS_PER_CREDENTIAL: usize = 128;
-/// Handshake frames (or new streams) a harness socket may send at once (token bucket size).
-pub const NEW_STREAMS_PER_SOCKET_BURST: f64 = 16.0;
-/// Handshake frames (or new streams) a harness socket may send per second once its burst is
-/// spent. Each costs the executor a Noise operation (four X25519 for a new stream) or an
-/// answer; a flood of them is dropped here.
-pub const NEW_STREAMS_PER_SOCKET_PER_SECOND: f64 = 8.0;
 /// Frames queued for one socket; more are dropped (the endpoints retransmit).
 pub const SOCKET_QUEUE_FRAMES: usize = 4096;
-/// Longest display name, in bytes.
-pub const MAX_NAME_BYTES: usize = 256;
 pub use proto::relay::limits::PROOF_TIMEOUT;
 /// How often the key challenge is sent again while unanswered (a lossy link may drop it or
 /// its answer).
 pub const PROOF_RESEND_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// Why a registration was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum RegisterError {
-    /// The body's public key is unusable.
-    #[error(transparent)]
-    PublicKey(#[from] crate::relay::registry::PublicKeyError),
-    /// The body's display name is longer than [`MAX_NAME_BYTES`].
-    #[error("name must be at most {limit} bytes (got {length})")]
-    NameTooLong {
-        /// Its length in bytes.
-        length: usize,
-        /// The limit.
-        limit: usize,
-    },
-    /// The id is bound to another key.
-    #[error(
-        "environment {id:?} is bound to another public key; an operator must release the binding (DELETE /v1/environments/{id} with an admin credential) before a new key can register"
-    )]
-    KeyConflict {
-        /// The environment.
-        id: String,
-    },
-    /// The table is full.
-    #[error("registry full: MAX_ENVIRONMENTS ({MAX_ENVIRONMENTS})")]
-    Full,
-}
-
-/// Frames are `Bytes` as the websocket delivered them: routed without a copy.
-type Queue = mpsc::Sender<Bytes>;
 
 /// Which harness socket owns a stream, and for which party.
 struct StreamRoute {
@@ -157,6 +121,8 @@ pub struct Router {
     sockets: Mutex<HashMap<u64, OpenSocket>>,
     next_socket: AtomicU64,
     max_streams_per_credential: usize,
+    /// Cluster mode: the link to the other nodes.
+    cluster: Option<Arc<Cluster>>,
 }
 
 /// Unregisters a socket from [`Router`]'s table when its task ends.
@@ -173,14 +139,56 @@ impl Drop for SocketGuard<'_> {
 
 impl Router {
     /// A table whose harness credentials own at most `max_streams_per_credential` streams of
-    /// an environment each.
-    pub fn new(max_streams_per_credential: usize) -> Self {
+    /// an environment each; `cluster` for a node of a cluster (`None`: a single node).
+    pub fn with_cluster(max_streams_per_credential: usize, cluster: Option<Arc<Cluster>>) -> Self {
+        // Socket ids travel between nodes in cluster mode (a frame's `source`, stream
+        // ownership): the high half is random per node, so two nodes never hand out the same.
+        let first_socket = match cluster {
+            Some(_) => (uuid::Uuid::new_v4().as_u64_pair().0 & 0xffff_ffff_0000_0000) | 1,
+            // 0 is "unknown" in a frame's `source`: never a socket.
+            None => 1,
+        };
         Self {
             environments: Mutex::default(),
             sockets: Mutex::default(),
-            // 0 is "unknown" in a frame's `source`: never a socket.
-            next_socket: AtomicU64::new(1),
+            next_socket: AtomicU64::new(first_socket),
             max_streams_per_credential: max_streams_per_credential.max(1),
+            cluster,
+        }
+    }
+
+    /// Close every open socket (cluster mode: the NATS link was lost, so nothing routed here
+    /// reaches anyone; the endpoints move to another node).
+    pub fn close_all(&self) -> usize {
+        let sockets = self.open_sockets();
+        for socket in sockets.values() {
+            socket.close.notify_one();
+        }
+        sockets.len()
+    }
+
+    /// Cluster mode: hold `id` in the local table with the cluster's binding (before an
+    /// executor socket is served here); a binding to another key than the local one
+    /// displaces it.
+    pub fn adopt(&self, id: &str, name: String, public_key: &str) {
+        let known = self.table().get(id).map(|env| env.public_key.clone());
+        match known {
+            Some(key) if key != public_key => self.displace(id, public_key),
+            Some(_) => {}
+            None => {
+                self.table().insert(
+                    id.to_owned(),
+                    Environment {
+                        name: name.clone(),
+                        public_key: public_key.to_owned(),
+                        executor: None,
+                        streams: HashMap::new(),
+                    },
+                );
+            }
+        }
+        if let Some(env) = self.table().get_mut(id) {
+            env.name = name;
         }
     }
 
@@ -226,17 +234,8 @@ impl Router {
         registration: RegisterRequest,
         pinned: Option<&str>,
     ) -> Result<(), RegisterError> {
-        decode_public_key(&registration.public_key)?;
-        if registration.name.len() > MAX_NAME_BYTES {
-            return Err(RegisterError::NameTooLong {
-                length: registration.name.len(),
-                limit: MAX_NAME_BYTES,
-            });
-        }
+        validate_registration(id, &registration, pinned)?;
         let conflict = || RegisterError::KeyConflict { id: id.to_owned() };
-        if pinned.is_some_and(|key| key != registration.public_key) {
-            return Err(conflict());
-        }
         let mut table = self.table();
         match table.get_mut(id) {
             Some(entry) => {
@@ -410,8 +409,21 @@ impl Router {
             let Some(env) = table.get_mut(environment) else {
                 return;
             };
-            env.executor = Some((socket_id, queue));
+            env.executor = Some((socket_id, Queue::Local(queue)));
         }
+        // Cluster mode: take the environment's subject (the other nodes' harness frames).
+        let mut seat = match &self.cluster {
+            Some(cluster) => match ExecutorSeat::take(cluster, environment).await {
+                Ok(seat) => Some(seat),
+                Err(error) => {
+                    tracing::warn!(environment, %error, "cannot take the environment's subject: executor socket closed");
+                    self.forget_executor(environment, socket_id);
+                    let _ = sink.close().await;
+                    return;
+                }
+            },
+            None => None,
+        };
         tracing::info!(
             environment,
             socket = socket_id,
@@ -419,6 +431,15 @@ impl Router {
         );
         loop {
             tokio::select! {
+                control = next_control(&mut seat) => {
+                    let Some(control) = control else { break };
+                    if let Some(seat) = &mut seat
+                        && !self.on_control(environment, seat, control)
+                    {
+                        flush_queued(&mut sink, &mut outbox).await;
+                        break;
+                    }
+                }
                 message = incoming.next() => match message {
                     Some(Ok(WsMessage::Binary(bytes))) => self.route_from_executor(environment, bytes),
                     Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break,
@@ -437,6 +458,14 @@ impl Router {
                 }
             }
         }
+        self.forget_executor(environment, socket_id);
+        drop(seat);
+        let _ = sink.close().await;
+        tracing::info!(environment, socket = socket_id, "executor socket closed");
+    }
+
+    /// Forget `socket_id` as `environment`'s executor (if it still is).
+    fn forget_executor(&self, environment: &str, socket_id: u64) {
         if let Some(env) = self.table().get_mut(environment)
             && env
                 .executor
@@ -445,8 +474,60 @@ impl Router {
         {
             env.executor = None;
         }
-        let _ = sink.close().await;
-        tracing::info!(environment, socket = socket_id, "executor socket closed");
+    }
+
+    /// Cluster mode: act on one message of the environment's subject. Returns `false` when the
+    /// executor socket must close (another node took it over, or the binding was released).
+    fn on_control(&self, environment: &str, seat: &mut ExecutorSeat, control: Received) -> bool {
+        match control.control {
+            Control::Frame {
+                socket,
+                party,
+                frame,
+            } => {
+                let Some(remote) = seat.remote(socket, control.reply) else {
+                    return true;
+                };
+                let Ok(route) = route(&frame) else {
+                    return true;
+                };
+                if is_proof_stream(&route.stream_id) {
+                    return true;
+                }
+                let harness = Harness {
+                    socket,
+                    party,
+                    queue: &remote.queue,
+                };
+                self.route_to_executor(environment, &harness, &mut remote.limiter, route, frame);
+                true
+            }
+            Control::SocketClosed { socket } => {
+                seat.forget(socket);
+                if let Some(env) = self.table().get_mut(environment) {
+                    env.streams.retain(|_, route| route.socket != socket);
+                }
+                true
+            }
+            Control::Takeover { node } => {
+                if node == seat.nonce() {
+                    return true;
+                }
+                tracing::info!(
+                    environment,
+                    "another socket of the executor was proven (here or on another node): closing this one"
+                );
+                false
+            }
+            Control::Release => {
+                tracing::info!(environment, "binding released or displaced by an operator");
+                if let Some(env) = self.table().get_mut(environment) {
+                    env.reset_all("the environment's key binding was released");
+                }
+                self.table().remove(environment);
+                false
+            }
+        }
     }
 
     /// Challenge a new executor socket and check its answer within [`PROOF_TIMEOUT`]; on
@@ -538,9 +619,23 @@ impl Router {
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let party = secret.party();
-        let (socket_id, close, _guard) = self.open(environment, Role::Harness, secret);
         let (queue, mut outbox) = mpsc::channel(SOCKET_QUEUE_FRAMES);
+        // Cluster mode: frames for this socket arrive on a subject of its own.
+        let seat = match &self.cluster {
+            Some(cluster) => match HarnessSeat::take(cluster, environment, &secret, &queue).await {
+                Ok(seat) => Some(seat),
+                Err(error) => {
+                    tracing::warn!(environment, %error, "cannot subscribe a harness socket: closed");
+                    return;
+                }
+            },
+            None => None,
+        };
+        let party = seat
+            .as_ref()
+            .map_or_else(|| secret.party(), HarnessSeat::party);
+        let (socket_id, close, _guard) = self.open(environment, Role::Harness, secret);
+        let queue = Queue::Local(queue);
         let mut limiter = NewStreamLimiter::new(Instant::now());
         let (mut sink, mut incoming) = socket.split();
         let sender = Harness {
@@ -552,7 +647,7 @@ impl Router {
             tokio::select! {
                 message = incoming.next() => match message {
                     Some(Ok(WsMessage::Binary(bytes))) => {
-                        self.route_from_harness(environment, &sender, &mut limiter, bytes);
+                        self.route_from_harness(environment, &sender, &mut limiter, bytes, seat.as_ref());
                     }
                     Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break,
                     Some(Ok(_)) => {}
@@ -581,6 +676,9 @@ impl Router {
         if let Some(env) = self.table().get_mut(environment) {
             env.streams.retain(|_, route| route.socket != socket_id);
         }
+        if let Some(seat) = seat {
+            seat.closed(socket_id);
+        }
         let _ = sink.close().await;
     }
 
@@ -590,6 +688,7 @@ impl Router {
         harness: &Harness<'_>,
         limiter: &mut NewStreamLimiter,
         frame: Bytes,
+        seat: Option<&HarnessSeat>,
     ) {
         let Ok(route) = route(&frame) else {
             return;
@@ -605,6 +704,23 @@ impl Router {
         if route.handshake && !limiter.allow(Instant::now()) {
             return;
         }
+        match seat {
+            // Cluster mode: to whichever node holds the executor socket; it keeps the table.
+            Some(seat) => seat.forward(harness.socket, frame),
+            None => self.route_to_executor(environment, harness, limiter, route, frame),
+        }
+    }
+
+    /// Route a harness frame through `environment`'s stream table to its executor socket (on
+    /// the node that holds it): ownership, quotas, the per-socket limits.
+    fn route_to_executor(
+        &self,
+        environment: &str,
+        harness: &Harness<'_>,
+        limiter: &mut NewStreamLimiter,
+        route: proto::relay::frame::Route,
+        frame: Bytes,
+    ) {
         let mut table = self.table();
         let Some(env) = table.get_mut(environment) else {
             return;
@@ -684,40 +800,18 @@ where
     let _ = sink.flush().await;
 }
 
+/// The next message of an executor seat's subject; pending forever on a single node, `None`
+/// once the subscription ended (the NATS client closed).
+async fn next_control(seat: &mut Option<ExecutorSeat>) -> Option<Received> {
+    match seat {
+        Some(seat) => seat.next().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The harness socket a frame came from.
 struct Harness<'a> {
     socket: u64,
     party: u64,
     queue: &'a Queue,
-}
-
-/// Per harness socket: a token bucket for opening streams, and the cap on streams owned.
-struct NewStreamLimiter {
-    tokens: f64,
-    refilled: Instant,
-    dropped: u64,
-}
-
-impl NewStreamLimiter {
-    fn new(now: Instant) -> Self {
-        Self {
-            tokens: NEW_STREAMS_PER_SOCKET_BURST,
-            refilled: now,
-            dropped: 0,
-        }
-    }
-
-    /// May this socket send one more handshake, or open one more stream, now?
-    fn allow(&mut self, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.refilled);
-        self.refilled = now;
-        self.tokens = (self.tokens + elapsed.as_secs_f64() * NEW_STREAMS_PER_SOCKET_PER_SECOND)
-            .min(NEW_STREAMS_PER_SOCKET_BURST);
-        if self.tokens < 1.0 {
-            self.dropped += 1;
-            return false;
-        }
-        self.tokens -= 1.0;
-        true
-    }
 }

@@ -124,6 +124,12 @@ impl RemoteClient {
         }
     }
 
+    /// Responses received but never asked for: a duplicate of a response already taken stays
+    /// here, so 0 at the end of a run means every response arrived exactly once.
+    pub fn unclaimed(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Request and wait.
     pub async fn call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         let id = self.send(method, params).await;

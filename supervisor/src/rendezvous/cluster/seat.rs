@@ -1,0 +1,224 @@
+//! A socket's place in the cluster: the subscriptions and leases a node holds for the executor
+//! and harness sockets it serves (`router.rs` drives them).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Bytes;
+
+use super::{Cluster, Control, LEASE_RENEW_INTERVAL};
+use crate::rendezvous::credentials::CredentialSecret;
+use crate::rendezvous::queue::{NewStreamLimiter, Queue};
+
+/// Harness sockets of other nodes one executor seat keeps state for (a limiter and a reply
+/// subject each); frames from more are dropped until some close. Matches the single node's
+/// `MAX_RENDEZVOUS_CONNECTIONS`.
+pub const MAX_REMOTE_HARNESS_SOCKETS: usize = 4096;
+
+/// Why a seat could not be taken.
+#[derive(Debug, thiserror::Error)]
+#[error("NATS subscription: {0}")]
+pub struct SeatError(String);
+
+/// A message of an environment's subject, decoded.
+pub struct Received {
+    /// What it says.
+    pub control: Control,
+    /// Its reply subject (a harness socket's, for frames).
+    pub reply: Option<async_nats::Subject>,
+}
+
+/// What the executor's node keeps for one harness socket of any node.
+pub struct RemoteHarness {
+    /// Frames back to it.
+    pub queue: Queue,
+    /// Its new-stream limiter (the stream table's half of it).
+    pub limiter: NewStreamLimiter,
+}
+
+/// A proven executor socket's hold on its environment's subject and lease.
+pub struct ExecutorSeat {
+    cluster: Arc<Cluster>,
+    environment: String,
+    subscriber: async_nats::Subscriber,
+    nonce: [u8; 16],
+    remote: HashMap<u64, RemoteHarness>,
+    renew: tokio::time::Interval,
+}
+
+impl ExecutorSeat {
+    /// Subscribe to `environment`'s subject, announce the takeover (any other holder closes),
+    /// write the lease.
+    ///
+    /// # Errors
+    /// [`SeatError`] when NATS refuses the subscription.
+    pub async fn take(cluster: &Arc<Cluster>, environment: &str) -> Result<Self, SeatError> {
+        let subject = async_nats::Subject::from(cluster.executor_subject(environment));
+        let subscriber = cluster
+            .client()
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| SeatError(e.to_string()))?;
+        let nonce = *uuid::Uuid::new_v4().as_bytes();
+        cluster
+            .publisher()
+            .try_publish(&subject, None, Control::Takeover { node: nonce }.encode());
+        let mut renew = tokio::time::interval(LEASE_RENEW_INTERVAL);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ok(Self {
+            cluster: cluster.clone(),
+            environment: environment.to_owned(),
+            subscriber,
+            nonce,
+            remote: HashMap::new(),
+            renew,
+        })
+    }
+
+    /// This seat's id in takeover announcements.
+    pub fn nonce(&self) -> [u8; 16] {
+        self.nonce
+    }
+
+    /// The next message (malformed ones skipped), renewing the lease when it is due; `None`
+    /// once the subscription ended.
+    pub async fn next(&mut self) -> Option<Received> {
+        loop {
+            tokio::select! {
+                message = self.subscriber.next() => {
+                    let message = message?;
+                    if let Some(control) = Control::decode(&message.payload) {
+                        return Some(Received { control, reply: message.reply });
+                    }
+                }
+                _ = self.renew.tick() => {
+                    let cluster = self.cluster.clone();
+                    let environment = self.environment.clone();
+                    tokio::spawn(async move { cluster.renew_lease(&environment).await });
+                }
+            }
+        }
+    }
+
+    /// The state of harness socket `socket` (created on its first frame, which must carry its
+    /// reply subject); `None` when it cannot be kept.
+    pub fn remote(
+        &mut self,
+        socket: u64,
+        reply: Option<async_nats::Subject>,
+    ) -> Option<&mut RemoteHarness> {
+        if !self.remote.contains_key(&socket) {
+            let subject = reply.filter(|s| s.starts_with("execward.h."))?;
+            if self.remote.len() >= MAX_REMOTE_HARNESS_SOCKETS {
+                return None;
+            }
+            self.remote.insert(
+                socket,
+                RemoteHarness {
+                    queue: Queue::Remote {
+                        subject,
+                        publisher: self.cluster.publisher().clone(),
+                    },
+                    limiter: NewStreamLimiter::new(Instant::now()),
+                },
+            );
+        }
+        self.remote.get_mut(&socket)
+    }
+
+    /// Harness socket `socket` closed.
+    pub fn forget(&mut self, socket: u64) {
+        self.remote.remove(&socket);
+    }
+}
+
+impl Drop for ExecutorSeat {
+    fn drop(&mut self) {
+        let cluster = self.cluster.clone();
+        let environment = std::mem::take(&mut self.environment);
+        tokio::spawn(async move { cluster.drop_lease(&environment).await });
+    }
+}
+
+/// A harness socket's subject (frames for it arrive there) and its way to the executor.
+pub struct HarnessSeat {
+    cluster: Arc<Cluster>,
+    subject: async_nats::Subject,
+    executor: async_nats::Subject,
+    party: u64,
+    forward: tokio::task::JoinHandle<()>,
+}
+
+impl HarnessSeat {
+    /// Subscribe a fresh subject whose frames go into `queue`.
+    ///
+    /// # Errors
+    /// [`SeatError`] when NATS refuses the subscription.
+    pub async fn take(
+        cluster: &Arc<Cluster>,
+        environment: &str,
+        secret: &CredentialSecret,
+        queue: &mpsc::Sender<Bytes>,
+    ) -> Result<Self, SeatError> {
+        let subject = async_nats::Subject::from(cluster.harness_subject());
+        let mut subscriber = cluster
+            .client()
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| SeatError(e.to_string()))?;
+        let queue = queue.clone();
+        let forward = tokio::spawn(async move {
+            while let Some(message) = subscriber.next().await {
+                if queue.try_send(message.payload).is_err() && queue.is_closed() {
+                    break;
+                }
+            }
+        });
+        Ok(Self {
+            cluster: cluster.clone(),
+            subject,
+            executor: async_nats::Subject::from(cluster.executor_subject(environment)),
+            party: cluster.party(secret.token()),
+            forward,
+        })
+    }
+
+    /// The socket's party, the same on every node.
+    pub fn party(&self) -> u64 {
+        self.party
+    }
+
+    /// Send a harness frame to the node holding the executor socket.
+    pub fn forward(&self, socket: u64, frame: Bytes) {
+        let message = Control::Frame {
+            socket,
+            party: self.party,
+            frame,
+        };
+        if !self.cluster.publisher().try_publish(
+            &self.executor,
+            Some(&self.subject),
+            message.encode(),
+        ) {
+            tracing::debug!("NATS publish queue full: frame dropped");
+        }
+    }
+
+    /// The socket closed: the executor's node forgets its streams.
+    pub fn closed(self, socket: u64) {
+        let _ = self.cluster.publisher().try_publish(
+            &self.executor,
+            None,
+            Control::SocketClosed { socket }.encode(),
+        );
+    }
+}
+
+impl Drop for HarnessSeat {
+    fn drop(&mut self) {
+        self.forward.abort();
+    }
+}
