@@ -330,12 +330,42 @@ async fn ps_prints_every_sessions_processes_and_the_budgets() {
                 == ["liveProcesses", "1", "4096", "processes"]),
         "{stdout}"
     );
+    // The Rust client's typed list of the same session sees nothing of it; its own start it does.
+    let library = supervisor::ExecServerClient::connect(
+        supervisor::ExecServerClientConnectOptions::new(server.url()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(library.list_processes().await.unwrap(), []);
+    let cwd = proto::FileUri::from_path(std::path::Path::new("/")).unwrap();
+    let _sleeper = library
+        .start_process(proto::methods::process::StartParams::new(
+            "typed",
+            ["/bin/sleep", "30"],
+            cwd,
+        ))
+        .await
+        .unwrap();
+    let listed = library.list_processes().await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].process_id, "typed");
+    assert_eq!(
+        listed[0].state,
+        proto::methods::process::ProcessState::Running
+    );
     // --json prints the status as served.
     command.arg("--json");
     let (status, stdout, stderr) = output_within(&mut command, b"");
     assert!(status.success(), "{stderr}");
     let json: Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!(json["sessions"][0]["processes"][0]["state"], "running");
+    let states: Vec<_> = json["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["processes"].as_array().unwrap().clone())
+        .map(|p| p["state"].clone())
+        .collect();
+    assert_eq!(states, ["running", "running"], "{json}");
 }
 
 #[tokio::test]

@@ -18,9 +18,9 @@ use proto::error::ErrorKind;
 use proto::methods::process::ExitReason;
 use proto::methods::status::BudgetUse;
 
-/// The methods request durations are labelled with; any other method name is `other`.
+/// The methods request durations are labelled with (those dispatched after `initialize`); any
+/// other method name is `other`.
 pub const KNOWN_METHODS: &[&str] = &[
-    proto::methods::INITIALIZE,
     proto::methods::PROCESS_START,
     proto::methods::PROCESS_READ,
     proto::methods::PROCESS_WRITE,
