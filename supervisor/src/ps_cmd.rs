@@ -213,6 +213,12 @@ pub fn render(status: &ServerStatus) -> String {
         status.launchers
     );
     out.push_str(&columns(&rows));
+    if status.processes_omitted > 0 {
+        out.push_str(&format!(
+            "({} more processes not listed: the page holds at most MAX_STATUS_PROCESSES)\n",
+            status.processes_omitted
+        ));
+    }
     out.push('\n');
     let mut budgets = vec![["BUDGET", "IN USE", "LIMIT", "UNIT"].map(str::to_owned)];
     for budget in &status.budgets {

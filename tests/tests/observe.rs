@@ -222,6 +222,7 @@ async fn views_report_what_runs(args: &[&str]) {
     let status: Value = serde_json::from_str(&body).unwrap();
     let sessions = status["sessions"].as_array().unwrap();
     assert_eq!(sessions.len(), 2, "{status}");
+    assert_eq!(status["processesOmitted"], 0, "{status}");
     let mine = sessions
         .iter()
         .find(|s| s["tag"] == session[..8])

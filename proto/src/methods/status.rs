@@ -31,6 +31,10 @@ pub struct ServerStatus {
     pub uptime_ms: u64,
     /// Every session, attached or detached, with its processes.
     pub sessions: Vec<SessionStatus>,
+    /// Processes not listed because the page holds at most the server's
+    /// `MAX_STATUS_PROCESSES` (4096).
+    #[serde(default)]
+    pub processes_omitted: u64,
     /// Pooled fs-helpers alive now.
     pub helpers: u64,
     /// Pre-confined sandbox launchers alive now.
@@ -53,6 +57,7 @@ impl ServerStatus {
             version,
             uptime_ms,
             sessions,
+            processes_omitted: 0,
             helpers,
             launchers,
             budgets,

@@ -1,5 +1,6 @@
 //! The body of `GET /status` and the live part of `GET /metrics`, read from the server-wide
-//! state. Reading a running process's resources reads its cgroup files (blocking), so the
+//! state. The page lists at most [`MAX_STATUS_PROCESSES`] processes (it is built whole in
+//! memory) and counts the rest. Reading a running process's resources reads its cgroup files (blocking), so the
 //! pages are built on the blocking pool ([`page`]).
 
 use std::sync::Arc;
@@ -8,7 +9,9 @@ use proto::methods::status::{BudgetUse, ServerStatus, SessionStatus, session_tag
 
 use super::metrics::Snapshot;
 use crate::budget::in_use;
-use crate::limits::{MAX_CONNECTIONS, MAX_PENDING_CONNECTIONS, MAX_RELAY_STREAMS, MAX_SESSIONS};
+use crate::limits::{
+    MAX_CONNECTIONS, MAX_PENDING_CONNECTIONS, MAX_RELAY_STREAMS, MAX_SESSIONS, MAX_STATUS_PROCESSES,
+};
 use crate::state::ServerState;
 
 /// Which page a peer asked for.
@@ -96,18 +99,19 @@ pub fn budgets(state: &ServerState) -> Vec<BudgetUse> {
 
 /// The body of `GET /status`.
 pub fn status(state: &ServerState) -> ServerStatus {
+    let mut room = MAX_STATUS_PROCESSES;
+    let mut omitted = 0u64;
     let mut sessions: Vec<SessionStatus> = state
         .sessions
         .all()
         .iter()
         .map(|session| {
             let connection = session.attachment.connection_budget();
-            let mut processes: Vec<_> = session
-                .processes
-                .all()
-                .iter()
-                .map(|process| process.info())
-                .collect();
+            let all = session.processes.all();
+            let shown = all.len().min(room);
+            room -= shown;
+            omitted += (all.len() - shown) as u64;
+            let mut processes: Vec<_> = all[..shown].iter().map(|process| process.info()).collect();
             processes.sort_by(|a, b| {
                 (a.started_at_ms, &a.process_id).cmp(&(b.started_at_ms, &b.process_id))
             });
@@ -120,14 +124,16 @@ pub fn status(state: &ServerState) -> ServerStatus {
         })
         .collect();
     sessions.sort_by(|a, b| a.tag.cmp(&b.tag));
-    ServerStatus::new(
+    let mut status = ServerStatus::new(
         env!("CARGO_PKG_VERSION").to_owned(),
         u64::try_from(state.started.elapsed().as_millis()).unwrap_or(u64::MAX),
         sessions,
         state.helpers.live() as u64,
         state.launchers.live() as u64,
         budgets(state),
-    )
+    );
+    status.processes_omitted = omitted;
+    status
 }
 
 /// The live values `GET /metrics` shows beside its counters.
