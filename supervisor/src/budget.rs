@@ -26,6 +26,8 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use proto::methods::status::BudgetUse;
+
 use crate::cpu_pool::CpuPool;
 use crate::limits::{
     CONNECTION_MEMORY_ALLOWANCE, DESCRIPTOR_RESERVE, MAX_BLOCKING_TASKS,
@@ -134,6 +136,32 @@ impl Budgets {
         self.descriptor_limit - self.descriptors.available_permits()
     }
 
+    /// Live-process slots in use (processes running now, across sessions).
+    pub fn processes_in_use(&self) -> usize {
+        MAX_LIVE_PROCESSES - self.processes.available_permits()
+    }
+
+    /// Every server-wide budget with its limit and use, for `GET /status` and `GET /metrics`.
+    pub fn usage(&self) -> Vec<BudgetUse> {
+        vec![
+            in_use("memoryBytes", "bytes", MEMORY_BUDGET_BYTES, &self.memory),
+            in_use(
+                "clientDescriptors",
+                "descriptors",
+                self.descriptor_limit,
+                &self.descriptors,
+            ),
+            in_use(
+                "liveProcesses",
+                "processes",
+                MAX_LIVE_PROCESSES,
+                &self.processes,
+            ),
+            in_use("blockingTasks", "tasks", MAX_BLOCKING_TASKS, &self.blocking),
+            in_use("bulkReads", "reads", MAX_BULK_READS, &self.bulk_reads),
+        ]
+    }
+
     /// Take `count` descriptors from the client budget (refused, not waited for).
     ///
     /// # Errors
@@ -223,6 +251,30 @@ impl ConnectionBudget {
             allowance: Arc::new(Semaphore::new(CONNECTION_MEMORY_ALLOWANCE)),
             blocking: Arc::new(Semaphore::new(MAX_BLOCKING_TASKS_PER_CONNECTION)),
         }
+    }
+
+    /// This connection's own budgets with their limits and use, for `GET /status`.
+    pub fn usage(&self) -> Vec<BudgetUse> {
+        vec![
+            in_use(
+                "inflightBytes",
+                "bytes",
+                MAX_INFLIGHT_BYTES_PER_CONNECTION,
+                &self.inflight,
+            ),
+            in_use(
+                "memoryAllowanceBytes",
+                "bytes",
+                CONNECTION_MEMORY_ALLOWANCE,
+                &self.allowance,
+            ),
+            in_use(
+                "blockingTasks",
+                "tasks",
+                MAX_BLOCKING_TASKS_PER_CONNECTION,
+                &self.blocking,
+            ),
+        ]
     }
 
     /// The server-wide budgets.
@@ -368,6 +420,16 @@ impl ConnectionBudget {
             .await
             .map_err(|_| BudgetError::Closed)
     }
+}
+
+/// The use of a budget kept as `semaphore` of `limit` permits.
+pub fn in_use(name: &str, unit: &str, limit: usize, semaphore: &Semaphore) -> BudgetUse {
+    BudgetUse::new(
+        name,
+        unit,
+        limit as u64,
+        limit.saturating_sub(semaphore.available_permits()) as u64,
+    )
 }
 
 fn clamp_bytes(bytes: usize) -> u32 {

@@ -131,6 +131,8 @@ pub struct Cli {
 }
 
 /// Client subcommands.
+// Parsed once per run and moved out at once: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Run a command on an exec server, stream its output, exit with its status.
@@ -158,6 +160,13 @@ pub enum Command {
     /// off.
     #[command(long_about)]
     Exec(ExecArgs),
+    /// Show what a server runs: every session's processes (state, pid, age, CPU, memory,
+    /// exit) and every budget, from its GET /status.
+    ///
+    /// The request is admitted as a websocket connection would be: with --token-file's token,
+    /// or without one from the server's own user (or root). --json prints the status as the
+    /// server sent it. See docs/protocol.md, "GET /status".
+    Ps(crate::ps_cmd::PsArgs),
 }
 
 /// Arguments of `exec-server exec`.

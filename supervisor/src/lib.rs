@@ -46,6 +46,8 @@ mod http;
 #[cfg(feature = "server")]
 mod listen;
 #[cfg(feature = "server")]
+mod observe;
+#[cfg(feature = "server")]
 mod outbound;
 #[cfg(feature = "server")]
 mod paths;
@@ -75,6 +77,8 @@ mod untrusted;
 pub mod client;
 #[cfg(feature = "server")]
 pub mod exec_cmd;
+#[cfg(feature = "server")]
+pub mod ps_cmd;
 
 // Remote mode (feature `remote`): the relay glue both ends share, the harness end (with
 // `client`) and the executor end (with `server`).

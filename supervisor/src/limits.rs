@@ -162,6 +162,10 @@ pub const CHILD_PIPE_BYTES: i32 = 1024 * 1024;
 pub use proto::limits::MAX_READ_BYTES;
 /// Cap of `process/read`'s `waitMs`: a long-poll never holds a request slot longer than this.
 pub const MAX_WAIT_MS: u64 = 60_000;
+/// Processes `GET /status` lists at most (about 400 bytes each: a page of at most ~2 MiB); past
+/// it the page counts the rest in `processesOmitted`. Sessions may hold far more (closed
+/// processes stay in their tables for a while), and a page is built whole in memory.
+pub const MAX_STATUS_PROCESSES: usize = 4096;
 /// Processes (running or retained after exit) one session may hold.
 pub const MAX_PROCESSES_PER_SESSION: usize = 2048;
 /// Longest `processId`, in bytes.

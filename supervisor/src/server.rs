@@ -305,6 +305,8 @@ impl BoundServer {
             sandboxing,
             containment,
             reaper,
+            metrics: Arc::new(crate::observe::Metrics::new()),
+            started: std::time::Instant::now(),
         });
         Ok(Self {
             listener,

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::budget::ConnectionBudget;
 use crate::fs::helpers::HelperPool;
 use crate::limits::{MAX_DETACHED_SESSIONS, MAX_DETACHED_SESSIONS_PER_CLIENT, MAX_SESSIONS};
 use crate::outbound::OutboundSender;
@@ -43,11 +44,15 @@ pub struct Attacher {
     pub client: ClientIdentity,
     /// Its outbound queue.
     pub sender: OutboundSender,
+    /// Its budgets (shown by `GET /status` while it holds the session).
+    pub budget: ConnectionBudget,
 }
 
 #[derive(Default)]
 struct AttachmentState {
     connection: Option<(u64, OutboundSender)>,
+    /// The attached connection's budgets.
+    budget: Option<ConnectionBudget>,
     /// The client of the connection that attached it last: whose share a detached session counts
     /// against.
     client: Option<ClientIdentity>,
@@ -65,6 +70,11 @@ impl Attachment {
         self.current
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The attached connection's budgets; `None` while detached.
+    pub fn connection_budget(&self) -> Option<ConnectionBudget> {
+        self.lock().budget.clone()
     }
 
     /// The attached connection's outbound queue.
@@ -158,6 +168,7 @@ impl SessionRegistry {
         {
             let mut state = attachment.lock();
             state.connection = Some((attacher.connection, attacher.sender));
+            state.budget = Some(attacher.budget);
             state.client = Some(attacher.client);
             state.requested_ttl = requested_ttl;
         }
@@ -174,6 +185,11 @@ impl SessionRegistry {
         }
         sessions.insert(session.id.clone(), session.clone());
         Ok(session)
+    }
+
+    /// The server's cap on retained output.
+    pub fn retention(&self) -> &Arc<RetentionPool> {
+        &self.retention
     }
 
     /// Sessions held now (attached or detached).
@@ -207,6 +223,7 @@ impl SessionRegistry {
             return Err(SessionError::StillAttached(id.to_owned()));
         }
         state.connection = Some((attacher.connection, attacher.sender));
+        state.budget = Some(attacher.budget);
         state.client = Some(attacher.client);
         state.detached_at = None;
         if requested_ttl.is_some() {
@@ -227,6 +244,7 @@ impl SessionRegistry {
                 _ => return,
             }
             state.connection = None;
+            state.budget = None;
             state.detach_generation += 1;
             state.detached_at = Some(Instant::now());
             let ttl = state
@@ -306,7 +324,7 @@ impl SessionRegistry {
         });
     }
 
-    /// Every session (for shutdown).
+    /// Every session (for shutdown and `GET /status`).
     pub fn all(&self) -> Vec<Arc<Session>> {
         self.lock().values().cloned().collect()
     }

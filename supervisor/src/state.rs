@@ -52,4 +52,8 @@ pub struct ServerState {
     pub reaper: Option<Arc<Reaper>>,
     /// Pre-confined launchers for sandboxed starts.
     pub launchers: Arc<crate::process::launcher::Launchers>,
+    /// Counters for `GET /metrics`.
+    pub metrics: Arc<crate::observe::Metrics>,
+    /// When the server started (`uptimeMs` of `GET /status`).
+    pub started: std::time::Instant,
 }

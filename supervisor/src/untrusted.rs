@@ -30,6 +30,31 @@ impl fmt::Display for Untrusted<'_> {
     }
 }
 
+/// A client's string as a structured log field (`process_id = %LogField(&id)`): every
+/// control or non-printable character escaped and the text cut after
+/// [`MAX_LOGGED_UNTRUSTED_BYTES`] as [`Untrusted`] does, but not quoted, so the JSON log
+/// format's own quoting is the only one (`"process_id":"build"`, not `"\"build\""`).
+/// Quotes and backslashes are left as they are: both formats already escape or delimit them.
+#[derive(Debug, Clone, Copy)]
+pub struct LogField<'a>(pub &'a str);
+
+impl fmt::Display for LogField<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = cut_at_char_boundary(self.0, MAX_LOGGED_UNTRUSTED_BYTES);
+        for c in shown.chars() {
+            if c == '"' || c == '\\' || c == '\'' {
+                write!(f, "{c}")?;
+            } else {
+                write!(f, "{}", c.escape_debug())?;
+            }
+        }
+        if shown.len() < self.0.len() {
+            write!(f, "... ({} bytes in all)", self.0.len())?;
+        }
+        Ok(())
+    }
+}
+
 /// `text` cut to at most `max` bytes at a character boundary, with a note of what was cut.
 pub fn cut(text: &str, max: usize) -> Cow<'_, str> {
     if text.len() <= max {
@@ -57,6 +82,21 @@ fn cut_at_char_boundary(text: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_field_is_unquoted_with_control_characters_escaped_and_cut() {
+        assert_eq!(LogField("exec-1").to_string(), "exec-1");
+        assert_eq!(
+            LogField("a\nb\u{1b}[2J \"q\"").to_string(),
+            "a\\nb\\u{1b}[2J \"q\""
+        );
+        let long = "x".repeat(MAX_LOGGED_UNTRUSTED_BYTES + 5);
+        assert!(
+            LogField(&long)
+                .to_string()
+                .ends_with(&format!("... ({} bytes in all)", long.len()))
+        );
+    }
 
     #[test]
     fn control_characters_are_escaped_so_no_line_or_sequence_is_forged() {

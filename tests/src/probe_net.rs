@@ -59,6 +59,7 @@ pub fn run(op: &str, args: &[String]) -> Option<Result<Value, std::io::Error>> {
         "send-flag-sweep" => Ok(send_flag_sweep()),
         "setsockopt-sweep" => Ok(setsockopt_sweep()),
         "ws-session" => ws_session(&arg(1), args.get(2).map(String::as_str)),
+        "http-get" => http_get(&arg(1), &arg(2), args.get(3).map(String::as_str)),
         _ => return None,
     })
 }
@@ -73,21 +74,7 @@ impl<T: std::io::Read + std::io::Write> Duplex for T {}
 /// the answer, so an admission is proven by the JSON-RPC layer answering, not by a status alone.
 fn ws_session(url: &str, token: Option<&str>) -> Result<Value, std::io::Error> {
     use std::io::Write;
-    let timeout = Some(std::time::Duration::from_secs(
-        REPLY_TIMEOUT_SECS.unsigned_abs(),
-    ));
-    let mut stream: Box<dyn Duplex> = if let Some(path) = url.strip_prefix("unix:") {
-        let stream = std::os::unix::net::UnixStream::connect(path)?;
-        stream.set_read_timeout(timeout)?;
-        Box::new(stream)
-    } else {
-        let address = url
-            .strip_prefix("ws://")
-            .ok_or_else(|| std::io::Error::other(format!("unsupported URL {url}")))?;
-        let stream = std::net::TcpStream::connect(address.trim_end_matches('/'))?;
-        stream.set_read_timeout(timeout)?;
-        Box::new(stream)
-    };
+    let mut stream = connect_url(url)?;
     let mut request = REQUEST[..REQUEST.len() - 2].to_vec();
     if let Some(token) = token {
         request.extend_from_slice(format!("Authorization: Bearer {token}\r\n").as_bytes());
@@ -143,6 +130,48 @@ fn ws_session(url: &str, token: Option<&str>) -> Result<Value, std::io::Error> {
     let mut payload = vec![0u8; length];
     stream.read_exact(&mut payload)?;
     Ok(json!({"status": status, "initialize": String::from_utf8_lossy(&payload)}))
+}
+
+/// A stream to `ws://HOST:PORT` or `unix:/path`, with a read timeout.
+fn connect_url(url: &str) -> Result<Box<dyn Duplex>, std::io::Error> {
+    let timeout = Some(std::time::Duration::from_secs(
+        REPLY_TIMEOUT_SECS.unsigned_abs(),
+    ));
+    if let Some(path) = url.strip_prefix("unix:") {
+        let stream = std::os::unix::net::UnixStream::connect(path)?;
+        stream.set_read_timeout(timeout)?;
+        return Ok(Box::new(stream));
+    }
+    let address = url
+        .strip_prefix("ws://")
+        .ok_or_else(|| std::io::Error::other(format!("unsupported URL {url}")))?;
+    let stream = std::net::TcpStream::connect(address.trim_end_matches('/'))?;
+    stream.set_read_timeout(timeout)?;
+    Ok(Box::new(stream))
+}
+
+/// `http-get URL PATH [TOKEN]`: as this process's user, send a plain `GET PATH` (with
+/// `Authorization: Bearer TOKEN` when given) to the listener at `URL` (`ws://HOST:PORT` or
+/// `unix:/path`) and report the answer's status and body.
+fn http_get(url: &str, path: &str, token: Option<&str>) -> Result<Value, std::io::Error> {
+    use std::io::Write;
+    let mut stream = connect_url(url)?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n");
+    if let Some(token) = token {
+        request.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes())?;
+    let mut received = Vec::new();
+    stream.read_to_end(&mut received)?;
+    let text = String::from_utf8_lossy(&received).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    Ok(json!({"status": status, "body": body}))
 }
 
 fn parse_addr(text: &str) -> Result<SocketAddr, std::io::Error> {

@@ -9,6 +9,7 @@ pub mod fs;
 pub mod http;
 pub mod initialize;
 pub mod process;
+pub mod status;
 
 /// `initialize` (request).
 pub const INITIALIZE: &str = "initialize";
@@ -26,6 +27,8 @@ pub const PROCESS_SIGNAL: &str = "process/signal";
 pub const PROCESS_RESIZE: &str = "process/resize";
 /// `process/terminate`.
 pub const PROCESS_TERMINATE: &str = "process/terminate";
+/// `process/list`.
+pub const PROCESS_LIST: &str = "process/list";
 /// `process/output` (server notification).
 pub const PROCESS_OUTPUT: &str = "process/output";
 /// `process/exited` (server notification).

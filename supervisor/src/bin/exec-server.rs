@@ -17,14 +17,26 @@ fn main() -> ExitCode {
         }
         error.exit()
     });
-    if let Some(Command::Exec(args)) = cli.command.take() {
-        return match supervisor::exec_cmd::run(args) {
-            Ok(status) => ExitCode::from(status),
-            Err(error) => {
-                eprintln!("exec-server exec: {error}");
-                ExitCode::from(supervisor::exec_cmd::failure_status(&error))
-            }
-        };
+    match cli.command.take() {
+        Some(Command::Exec(args)) => {
+            return match supervisor::exec_cmd::run(args) {
+                Ok(status) => ExitCode::from(status),
+                Err(error) => {
+                    eprintln!("exec-server exec: {error}");
+                    ExitCode::from(supervisor::exec_cmd::failure_status(&error))
+                }
+            };
+        }
+        Some(Command::Ps(args)) => {
+            return match supervisor::ps_cmd::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("exec-server ps: {error}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        None => {}
     }
     supervisor::cli::init_logging(cli.log_format);
     match run(cli) {

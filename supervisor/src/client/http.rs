@@ -243,6 +243,21 @@ impl ExecServerClient {
             .await
     }
 
+    /// `process/list`: this session's processes (state, pid, start time, limits, live
+    /// resources, exit), oldest first.
+    ///
+    /// # Errors
+    /// The server's error (a server that predates `process/list` answers -32601).
+    pub async fn list_processes(
+        &self,
+    ) -> Result<Vec<proto::methods::process::ProcessInfo>, ExecServerError> {
+        let result: proto::methods::process::ListResult = self
+            .inner
+            .call(proto::methods::PROCESS_LIST, &Empty {}, Replay::Safe)
+            .await?;
+        Ok(result.processes)
+    }
+
     /// `http/request` with the body returned whole (at most the server's
     /// `MAX_HTTP_RESPONSE_BODY_BYTES`, 32 MiB; use [`ExecServerClient::http_request_stream`]
     /// beyond).

@@ -614,6 +614,17 @@ impl Tree {
         dir.read(file).ok()?.trim().parse().ok()
     }
 
+    /// Memory charged to the tree now: `memory.current` of its v2 cgroup, or
+    /// `memory.usage_in_bytes` of its v1 one; `None` without a memory cgroup.
+    pub fn current_memory(&self) -> Option<u64> {
+        let (dir, file) = match &self.oom {
+            Some((dir, "memory.oom_control")) => (dir, "memory.usage_in_bytes"),
+            Some((dir, _)) => (dir, "memory.current"),
+            None => (self.leaf.as_ref()?, "memory.current"),
+        };
+        dir.read(file).ok()?.trim().parse().ok()
+    }
+
     /// Remove the tree's cgroups (they must be empty).
     ///
     /// # Errors

@@ -7,12 +7,12 @@ use std::time::Duration;
 use base64::Engine;
 use nix::sys::signal::Signal;
 use proto::methods::process::{
-    OutputChunk, ReadParams, ReadResult, ResizeParams, RunningResult, SignalName, SignalParams,
-    StartParams, StartResult, TerminateParams, WriteParams, WriteResult, WriteStatus,
+    ListResult, OutputChunk, ReadParams, ReadResult, ResizeParams, RunningResult, SignalName,
+    SignalParams, StartParams, StartResult, TerminateParams, WriteParams, WriteResult, WriteStatus,
 };
 
 use super::guardian::Guardian;
-use super::managed::{ManagedProcess, ProcessCharges, Stdin};
+use super::managed::{ManagedProcess, ProcessCharges, StartFacts, Stdin};
 use super::pump::{self, PumpContext, PumpIo};
 use super::spawn::{ChildIo, SpawnSpec, spawn};
 use super::{Lookup, ProcessError, UnsupportedFeature, bounds, env_policy, watch};
@@ -25,6 +25,7 @@ use crate::limits::{
 };
 use crate::sandboxing::Sandboxing;
 use crate::session::Session;
+use crate::untrusted::LogField;
 
 /// What `process/start` uses of the server-wide state (`rpc::dispatch` builds it): budgets,
 /// containment, the sandboxing (policy resolution, protections, the `sandbox-run` helper) and
@@ -42,6 +43,8 @@ pub struct LaunchContext<'a> {
     pub reaper: &'a Option<Arc<Reaper>>,
     /// Pre-confined launchers for sandboxed starts.
     pub launchers: &'a Arc<super::launcher::Launchers>,
+    /// Counts the start and, through the pump, the exit.
+    pub metrics: &'a Arc<crate::observe::Metrics>,
 }
 
 /// `process/start`. Field lengths are checked first; the server's process and descriptor budgets
@@ -266,6 +269,20 @@ pub async fn start(
         session.processes.retention().clone(),
     ));
     process.hold_charges(charges);
+    process.record_start(StartFacts {
+        sandboxed,
+        limits: (plan.applied != Default::default()).then(|| plan.applied.clone()),
+    });
+    launch.metrics.process_started();
+    tracing::info!(
+        session_id = %session.id,
+        process_id = %LogField(&process.id),
+        pid = process.pid,
+        sandboxed,
+        launched,
+        tty = params.tty,
+        "process started"
+    );
     if audit {
         process.mark_audited();
     }
@@ -290,6 +307,8 @@ pub async fn start(
         reaper: launch.reaper.clone(),
         cpu_limit: plan.rlimits.cpu_seconds.map(Duration::from_secs),
         wall_limit: plan.wall,
+        metrics: launch.metrics.clone(),
+        session_id: session.id.clone(),
     };
     pump::start(process, spawned.leader, pump_io, spawned.audit, context);
     let applied = plan.applied;
@@ -297,6 +316,15 @@ pub async fn start(
         process_id: params.process_id,
         limits: (applied != Default::default()).then_some(applied),
     })
+}
+
+/// `process/list`: the session's started processes, oldest first. Reads the running ones'
+/// cgroup files: call it on the blocking pool.
+pub fn list(table: &super::ProcessTable) -> ListResult {
+    let mut processes: Vec<_> = table.all().iter().map(|process| process.info()).collect();
+    processes
+        .sort_by(|a, b| (a.started_at_ms, &a.process_id).cmp(&(b.started_at_ms, &b.process_id)));
+    ListResult::new(processes)
 }
 
 /// `process/read`. Once there is something to return (or the wait is over), `reserve` is asked

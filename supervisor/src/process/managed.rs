@@ -26,7 +26,6 @@ use crate::limits::{
     WRITE_ID_MEMORY,
 };
 use crate::sys::ChildExit;
-use crate::untrusted::Untrusted;
 
 /// Where `process/write` bytes go.
 pub enum Stdin {
@@ -67,6 +66,10 @@ pub struct ManagedProcess {
     tree: Arc<Tree>,
     /// When it started (for `wallSeconds`).
     pub started: Instant,
+    /// When it started, by the wall clock (for `process/list`).
+    started_at: std::time::SystemTime,
+    /// What `process/list` reports of how it was started.
+    facts: std::sync::OnceLock<StartFacts>,
     /// What its tree used, measured when the leader exited.
     usage: std::sync::OnceLock<proto::methods::process::ResourceUsage>,
     /// Why the server killed it, for the exit reason.
@@ -82,6 +85,15 @@ pub struct KillCauses {
     pub wall: AtomicBool,
     /// The tree's CPU budget ran out.
     pub cpu: AtomicBool,
+}
+
+/// How a process was started, as `process/list` reports it.
+#[derive(Debug, Clone, Default)]
+pub struct StartFacts {
+    /// Under a sandbox.
+    pub sandboxed: bool,
+    /// The limits in force and how each is enforced.
+    pub limits: Option<proto::methods::process::AppliedLimits>,
 }
 
 /// The server-wide budget shares of a running process ([`crate::budget`]).
@@ -184,6 +196,8 @@ impl ManagedProcess {
             leader: Mutex::new(Some(leader)),
             tree,
             started: Instant::now(),
+            started_at: std::time::SystemTime::now(),
+            facts: std::sync::OnceLock::new(),
             usage: std::sync::OnceLock::new(),
             kills: KillCauses::default(),
             id_json: serde_json::Value::String(id.clone()).to_string(),
@@ -273,6 +287,56 @@ impl ManagedProcess {
                 exit.max_rss_bytes,
             )
         })
+    }
+
+    /// Record how it was started (once; later calls change nothing).
+    pub fn record_start(&self, facts: StartFacts) {
+        let _ = self.facts.set(facts);
+    }
+
+    /// Its entry in `process/list` and `GET /status`: state, exit, limits, and, while it runs,
+    /// what its tree uses now (read from its cgroups: blocking file reads).
+    pub fn info(&self) -> proto::methods::process::ProcessInfo {
+        use proto::methods::process::{LiveResources, ProcessInfo, ProcessState};
+        let started_at_ms = self
+            .started_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+            });
+        let mut info = ProcessInfo::new(self.id.clone(), self.pid, started_at_ms);
+        info.tty = self.tty;
+        if let Some(facts) = self.facts.get() {
+            info.sandboxed = facts.sandboxed;
+            info.limits = facts.limits.clone();
+        }
+        let (exit, closed) = {
+            let log = self.log();
+            (log.exit(), log.is_closed())
+        };
+        match exit {
+            None => {
+                let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                let resources = LiveResources::new(
+                    self.tree.current_memory(),
+                    self.tree.peak_memory(),
+                    self.tree.cpu_usage().map(millis),
+                );
+                info.resources = (resources != LiveResources::default()).then_some(resources);
+            }
+            Some(exit) => {
+                info.state = if closed {
+                    ProcessState::Closed
+                } else {
+                    ProcessState::Exited
+                };
+                info.exit_code = Some(exit.code);
+                info.signal = exit.signal;
+                info.reason = exit.reason;
+                info.usage = self.usage();
+            }
+        }
+        info
     }
 
     /// What the tree used, once the leader exited.
@@ -406,7 +470,7 @@ impl ManagedProcess {
             *stdin = Stdin::Unavailable("the process has exited");
         }
         let closed = |reason: &dyn std::fmt::Display| {
-            tracing::debug!(process_id = %Untrusted(&self.id), %reason, "process/write: stdin closed");
+            tracing::debug!(process_id = %crate::untrusted::LogField(&self.id), %reason, "process/write: stdin closed");
             WriteStatus::StdinClosed
         };
         match &mut *stdin {

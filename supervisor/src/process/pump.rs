@@ -51,6 +51,10 @@ pub struct PumpContext {
     pub cpu_limit: Option<Duration>,
     /// See `cpu_limit`.
     pub wall_limit: Option<Duration>,
+    /// Counts the exit.
+    pub metrics: Arc<crate::observe::Metrics>,
+    /// The session's id, for the exit's log event.
+    pub session_id: String,
 }
 
 impl PumpContext {
@@ -62,6 +66,30 @@ impl PumpContext {
         if let Some(reaper) = &self.reaper {
             reaper.forget(pid);
         }
+    }
+
+    /// The leader exited: count it and log it (ids, outcome, reason, duration and usage; no
+    /// argv, no environment).
+    fn exited(
+        &self,
+        process: &ManagedProcess,
+        exit: ChildExit,
+        reason: proto::methods::process::ExitReason,
+        usage: &proto::methods::process::ResourceUsage,
+    ) {
+        self.metrics.process_exited(reason);
+        tracing::info!(
+            session_id = %self.session_id,
+            process_id = %crate::untrusted::LogField(&process.id),
+            pid = process.pid,
+            exit_code = exit.code,
+            signal = exit.signal,
+            reason = %crate::observe::metrics::reason_label(reason),
+            duration_ms = usage.wall_millis,
+            cpu_ms = usage.cpu_millis,
+            peak_memory_bytes = usage.peak_memory_bytes,
+            "process exited"
+        );
     }
 
     /// Why the process ended.
@@ -203,7 +231,9 @@ async fn run(
                         if err_open {
                             err_open = drain(&emitter, OutputStream::Stderr, stderr.as_fd()).await;
                         }
-                        emitter.exit(status, context.reason(&process, status)).await;
+                        let reason = context.reason(&process, status);
+                        let usage = emitter.exit(status, reason).await;
+                        context.exited(&process, status, reason, &usage);
                     }
                 }
             }
@@ -221,7 +251,9 @@ async fn run(
                         if open {
                             open = drain(&emitter, OutputStream::Pty, master.get_ref().as_fd()).await;
                         }
-                        emitter.exit(status, context.reason(&process, status)).await;
+                        let reason = context.reason(&process, status);
+                        let usage = emitter.exit(status, reason).await;
+                        context.exited(&process, status, reason, &usage);
                     }
                 }
             }
@@ -268,7 +300,7 @@ async fn forward_denials(
         match (&mut reader).take(limit).read_until(b'\n', &mut line).await {
             Ok(0) | Err(_) => return,
             Ok(_) if line.last() != Some(&b'\n') && line.len() as u64 >= limit => {
-                tracing::warn!(process_id = %crate::untrusted::Untrusted(&process.id), "dropping an oversized denial record");
+                tracing::warn!(process_id = %crate::untrusted::LogField(&process.id), "dropping an oversized denial record");
                 // Skip the rest of the oversized line.
                 let mut rest = Vec::new();
                 if reader.read_until(b'\n', &mut rest).await.is_err() {
@@ -415,7 +447,11 @@ impl Emitter<'_> {
         let _ = sender.send(crate::outbound::Outbound::Text(text)).await;
     }
 
-    async fn exit(&self, status: ChildExit, reason: proto::methods::process::ExitReason) {
+    async fn exit(
+        &self,
+        status: ChildExit,
+        reason: proto::methods::process::ExitReason,
+    ) -> proto::methods::process::ResourceUsage {
         let (code, signal) = (status.code, status.signal);
         // Measured before the exit is published, so a `process/read` that sees the exit sees
         // its usage too.
@@ -431,6 +467,7 @@ impl Emitter<'_> {
             usage: Some(usage),
         };
         self.send(PROCESS_EXITED, &params).await;
+        usage
     }
 
     async fn closed(&self) {

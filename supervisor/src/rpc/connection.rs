@@ -38,7 +38,6 @@ use crate::transport::admission::{PendingTicket, evicted};
 use crate::transport::frame_meter::MeterError;
 use crate::transport::hangup::{PeerHangup, peer_gone};
 use crate::transport::identity::ClientIdentity;
-use crate::untrusted::Untrusted;
 
 use crate::outbound::{Outbound, Queued, outbound_queue};
 
@@ -410,8 +409,14 @@ async fn handle_payload(
             let request_charge = charge.split(request_bytes);
             let connection = connection.clone();
             tokio::spawn(async move {
+                let method = crate::observe::metrics::method_label(&request.method);
+                let began = std::time::Instant::now();
                 super::dispatch::respond(&connection, &session, request, request_charge, charge)
                     .await;
+                connection
+                    .server
+                    .metrics
+                    .request_done(method, began.elapsed());
                 drop(slot);
             });
             Flow::Continue
@@ -520,7 +525,7 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
     tracing::info!(
         connection = connection.id,
         session_id = %session.id,
-        client = %Untrusted(&params.client_name),
+        client = %crate::untrusted::LogField(&params.client_name),
         "initialized"
     );
     *connection.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(slot);

@@ -99,6 +99,7 @@ fn changes_nothing(method: &str) -> bool {
             | FS_WALK
             | ENVIRONMENT_INFO
             | PROCESS_READ
+            | PROCESS_LIST
     )
 }
 
@@ -143,6 +144,17 @@ pub async fn dispatch(
             to_value(Empty {})
         }
         PROCESS_TERMINATE => to_value(handlers::terminate(session, parse_params(method, params)?)),
+        PROCESS_LIST => {
+            let process::ListParams {} = parse_params(method, params)?;
+            let table = session.processes.clone();
+            to_value(
+                connection
+                    .budget
+                    .blocking(move || handlers::list(&table))
+                    .await
+                    .map_err(crate::process::ProcessError::from)?,
+            )
+        }
         ENVIRONMENT_INFO => {
             let Empty {} = parse_params(method, params)?;
             to_value(environment::info(&connection.server.environment).await)
@@ -182,6 +194,7 @@ fn launch_context(server: &ServerState) -> handlers::LaunchContext<'_> {
         guardian: &server.guardian,
         reaper: &server.reaper,
         launchers: &server.launchers,
+        metrics: &server.metrics,
     }
 }
 

@@ -58,6 +58,7 @@ impl Connection {
             connection: self.id,
             client: self.client,
             sender: self.outbound.clone(),
+            budget: self.budget.clone(),
         }
     }
 
@@ -77,7 +78,12 @@ impl Connection {
     pub async fn send_answer(&self, message: Message, mut charge: MemoryCharge) {
         let id = match &message {
             Message::Response(response) => Some(response.id.clone()),
-            Message::Error(error) => Some(error.id.clone()),
+            Message::Error(error) => {
+                if let Some(kind) = error.error.kind() {
+                    self.server.metrics.request_failed(kind);
+                }
+                Some(error.id.clone())
+            }
             _ => None,
         };
         // A large answer (file contents) is serialized off the async workers.

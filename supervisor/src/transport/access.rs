@@ -65,6 +65,14 @@ fn token_hint(token_configured: bool) -> &'static str {
 }
 
 impl Refusal {
+    /// The reason's label in `GET /metrics` (`execward_listener_refusals_total`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::OtherUser { .. } => "otherUser",
+            Self::OwnerUnknown { .. } => "ownerUnknown",
+        }
+    }
+
     /// The HTTP status: 401 when the token would admit the peer, 403 when nothing would.
     pub fn status(&self) -> &'static str {
         let (Self::OtherUser {

@@ -1,6 +1,7 @@
 //! The HTTP head of a new connection, read and judged by hand before any websocket state exists:
 //! `/readyz`, the `Origin` refusal, the bearer token (checked when sent; when none is, who may
 //! connect is decided by the peer's owner, [`super::access`]), and the `101` upgrade response.
+//! `GET /status` and `GET /metrics` pass the same checks as an upgrade ([`HeadDecision::Page`]).
 //!
 //! Reading the head ourselves (bounded in size and time) means a slow or hostile client costs a
 //! fixed amount of memory and is dropped after [`UPGRADE_HEAD_TIMEOUT`].
@@ -10,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 use crate::limits::{MAX_UPGRADE_HEAD_BYTES, UPGRADE_HEAD_TIMEOUT};
+pub use crate::observe::status::Page;
 
 /// What to do with a connection after its head was read.
 #[derive(Debug, PartialEq, Eq)]
@@ -20,6 +22,14 @@ pub enum HeadDecision {
         key: String,
         /// Bytes after the head.
         leftover: Vec<u8>,
+        /// Whether the server's bearer token was presented (a wrong one is refused here).
+        token: TokenPresented,
+    },
+    /// Serve a page (`GET /status`, `GET /metrics`) once the peer is admitted as an upgrade
+    /// would be.
+    Page {
+        /// Which page.
+        page: Page,
         /// Whether the server's bearer token was presented (a wrong one is refused here).
         token: TokenPresented,
     },
@@ -123,7 +133,10 @@ fn decide(head: &[u8], leftover: Vec<u8>, token: Option<&[u8]>) -> HeadDecision 
             body: "only GET is served\n",
         };
     }
-    if !is_upgrade {
+    // The pages are judged exactly as an upgrade is: the same Origin refusal, the same token
+    // check, and then the same owner check (`transport::handle_stream`).
+    let page = Page::at(path);
+    if !is_upgrade && page.is_none() {
         return if path == "/readyz" {
             HeadDecision::Reject {
                 status: "200 OK",
@@ -132,36 +145,17 @@ fn decide(head: &[u8], leftover: Vec<u8>, token: Option<&[u8]>) -> HeadDecision 
         } else {
             HeadDecision::Reject {
                 status: "404 Not Found",
-                body: "not found; connect with a websocket or GET /readyz\n",
+                body: "not found; connect with a websocket, or GET /readyz, /status or /metrics\n",
             }
         };
     }
-    if header("origin").is_some() {
-        return HeadDecision::Reject {
-            status: "403 Forbidden",
-            body: "requests with an Origin header are refused: browser pages may not reach this server\n",
-        };
-    }
-    let authorization = header("authorization");
-    let token = match (token, authorization) {
-        (_, None) => TokenPresented::None,
-        (Some(expected), Some(value)) => {
-            let presented = value
-                .strip_prefix(b"Bearer ".as_slice())
-                .unwrap_or_default();
-            let matches: bool =
-                presented.len() == expected.len() && bool::from(presented.ct_eq(expected));
-            if !matches {
-                return HeadDecision::Reject {
-                    status: "401 Unauthorized",
-                    body: "wrong bearer token\n",
-                };
-            }
-            TokenPresented::Valid
-        }
-        // A server without a token ignores one: the peer's owner decides.
-        (None, Some(_)) => TokenPresented::None,
+    let token = match authenticate(header("origin"), header("authorization"), token) {
+        Ok(token) => token,
+        Err(rejection) => return rejection,
     };
+    if let Some(page) = page.filter(|_| !is_upgrade) {
+        return HeadDecision::Page { page, token };
+    }
     let version_ok = header("sec-websocket-version").is_some_and(|v| v == b"13");
     match header("sec-websocket-key").and_then(|key| std::str::from_utf8(key).ok()) {
         Some(key) if version_ok => HeadDecision::Upgrade {
@@ -171,6 +165,55 @@ fn decide(head: &[u8], leftover: Vec<u8>, token: Option<&[u8]>) -> HeadDecision 
         },
         _ => BAD_REQUEST,
     }
+}
+
+/// The checks every admitted request passes (an upgrade, `/status`, `/metrics`): no `Origin`
+/// header, and a bearer token that is right when one is sent.
+fn authenticate(
+    origin: Option<&[u8]>,
+    authorization: Option<&[u8]>,
+    token: Option<&[u8]>,
+) -> Result<TokenPresented, HeadDecision> {
+    if origin.is_some() {
+        return Err(HeadDecision::Reject {
+            status: "403 Forbidden",
+            body: "requests with an Origin header are refused: browser pages may not reach this server\n",
+        });
+    }
+    match (token, authorization) {
+        (_, None) => Ok(TokenPresented::None),
+        (Some(expected), Some(value)) => {
+            let presented = value
+                .strip_prefix(b"Bearer ".as_slice())
+                .unwrap_or_default();
+            let matches: bool =
+                presented.len() == expected.len() && bool::from(presented.ct_eq(expected));
+            if !matches {
+                return Err(HeadDecision::Reject {
+                    status: "401 Unauthorized",
+                    body: "wrong bearer token\n",
+                });
+            }
+            Ok(TokenPresented::Valid)
+        }
+        // A server without a token ignores one: the peer's owner decides.
+        (None, Some(_)) => Ok(TokenPresented::None),
+    }
+}
+
+/// Write a page (`GET /status`, `GET /metrics`) and shut the socket down.
+pub async fn write_page<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
 }
 
 /// Write a plain response and shut the socket down.
@@ -290,6 +333,51 @@ mod tests {
                 token: TokenPresented::Valid,
             }
         );
+    }
+
+    #[test]
+    fn status_and_metrics_pass_the_upgrades_checks_and_nothing_else_is_served() {
+        let get = |path: &str, extra: &str| {
+            decide(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n").as_bytes(),
+                vec![],
+                Some(b"secret"),
+            )
+        };
+        assert_eq!(
+            get("/status", ""),
+            HeadDecision::Page {
+                page: Page::Status,
+                token: TokenPresented::None
+            }
+        );
+        assert_eq!(
+            get("/metrics?x=1", "Authorization: Bearer secret\r\n"),
+            HeadDecision::Page {
+                page: Page::Metrics,
+                token: TokenPresented::Valid
+            }
+        );
+        for (path, extra, status) in [
+            (
+                "/status",
+                "Authorization: Bearer wrong\r\n",
+                "401 Unauthorized",
+            ),
+            ("/metrics", "Origin: http://evil\r\n", "403 Forbidden"),
+            (
+                "/status",
+                "Origin: http://evil\r\nAuthorization: Bearer secret\r\n",
+                "403 Forbidden",
+            ),
+            ("/statusx", "", "404 Not Found"),
+        ] {
+            assert!(
+                matches!(get(path, extra), HeadDecision::Reject { status: s, .. } if s == status),
+                "{path} {extra:?}: {:?}",
+                get(path, extra)
+            );
+        }
     }
 
     #[test]

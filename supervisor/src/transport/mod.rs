@@ -311,15 +311,9 @@ async fn handle_stream<S>(
             leftover,
             token,
         }) => {
-            // Looked up while the peer waits for our answer: its socket is open.
-            let identity = identity.resolve().await;
-            if token == http::TokenPresented::None
-                && let Err(refusal) = state.access.admit_without_token(identity)
-            {
-                tracing::warn!(peer = %identity, reason = %refusal, "refused a connection");
-                let _ = http::write_rejection(&mut stream, refusal.status(), &refusal.body()).await;
+            let Some(identity) = admit(&mut stream, &state, token, identity).await else {
                 return;
-            }
+            };
             ticket.authenticated();
             if http::write_upgrade(&mut stream, &key).await.is_err() {
                 return;
@@ -352,9 +346,60 @@ async fn handle_stream<S>(
             )
             .await;
         }
+        Ok(http::HeadDecision::Page { page, token }) => {
+            if admit(&mut stream, &state, token, identity).await.is_none() {
+                return;
+            }
+            ticket.authenticated();
+            match crate::observe::status::page(&state, page).await {
+                Ok(body) => {
+                    let _ = http::write_page(&mut stream, page.content_type(), &body).await;
+                }
+                Err(error) => {
+                    tracing::error!(%error, "cannot render a status page");
+                    let _ = http::write_rejection(
+                        &mut stream,
+                        "500 Internal Server Error",
+                        "the page could not be rendered\n",
+                    )
+                    .await;
+                }
+            }
+        }
         Ok(http::HeadDecision::Reject { status, body }) => {
+            if status.starts_with("401") || status.starts_with("403") {
+                state
+                    .metrics
+                    .listener_refused(if status.starts_with("401") {
+                        "wrongToken"
+                    } else {
+                        "origin"
+                    });
+            }
             let _ = http::write_rejection(&mut stream, status, body).await;
         }
         Err(error) => tracing::debug!(%error, "dropping connection before upgrade"),
     }
+}
+
+/// Admit a peer that passed the head checks (an upgrade, or a `/status` or `/metrics` page): a
+/// right token admits it; without one, its owner decides ([`access`]). A refused peer is
+/// answered and counted here; `None` then.
+async fn admit<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    state: &ServerState,
+    token: http::TokenPresented,
+    identity: PeerIdentity,
+) -> Option<ClientIdentity> {
+    // Looked up while the peer waits for our answer: its socket is open.
+    let identity = identity.resolve().await;
+    if token == http::TokenPresented::None
+        && let Err(refusal) = state.access.admit_without_token(identity)
+    {
+        tracing::warn!(peer = %identity, reason = %refusal, "refused a connection");
+        state.metrics.listener_refused(refusal.label());
+        let _ = http::write_rejection(stream, refusal.status(), &refusal.body()).await;
+        return None;
+    }
+    Some(identity)
 }
