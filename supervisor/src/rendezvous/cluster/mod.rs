@@ -3,12 +3,12 @@
 //! this runs and the node is the single process it always was.
 //!
 //! What lives where:
-//! - The registry ([`registry`]) is two JetStream key-value buckets: [`BINDINGS_BUCKET`]
+//! - The registry (module `registry`) is two JetStream key-value buckets: [`BINDINGS_BUCKET`]
 //!   (environment → name and bound public key; no expiry, written by compare-and-set so the key
 //!   binding holds whatever node a registration reaches) and [`LEASES_BUCKET`] (environment →
 //!   the node holding its executor socket; every entry expires after [`LEASE_TTL`] unless the
 //!   node renews it, so a dead node's leases go with it).
-//! - Frames travel on subjects ([`bus`]): `execward.x.TOKEN` reaches the node holding an
+//! - Frames travel on subjects (module `bus`): `execward.x.TOKEN` reaches the node holding an
 //!   environment's executor socket, `execward.h.TOKEN` one harness socket. Tokens are opaque: an
 //!   environment's is an HMAC-SHA256 of its id under the cluster's key (created once, at random,
 //!   in [`CLUSTER_BUCKET`] by whichever node starts first), a harness socket's is random. No

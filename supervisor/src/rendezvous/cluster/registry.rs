@@ -63,8 +63,8 @@ impl Cluster {
     /// key (and tells the node holding the old executor socket to close it).
     ///
     /// # Errors
-    /// [`RegisterError::KeyConflict`] when the id is bound to another key;
-    /// [`ClusterRegistryError::Unavailable`] when JetStream does not answer.
+    /// `RegisterError::KeyConflict` when the id is bound to another key;
+    /// `ClusterRegistryError::Unavailable` when JetStream does not answer.
     pub async fn register(
         &self,
         id: &str,
@@ -117,7 +117,7 @@ impl Cluster {
     /// The binding of `id`, if any.
     ///
     /// # Errors
-    /// [`ClusterRegistryError::Unavailable`] when JetStream does not answer.
+    /// `ClusterRegistryError::Unavailable` when JetStream does not answer.
     pub async fn lookup(&self, id: &str) -> Result<Option<Binding>, ClusterRegistryError> {
         let Some(value) = self
             .bindings
@@ -136,7 +136,7 @@ impl Cluster {
     /// closes it. Returns whether it was bound.
     ///
     /// # Errors
-    /// [`ClusterRegistryError::Unavailable`] when JetStream does not answer.
+    /// `ClusterRegistryError::Unavailable` when JetStream does not answer.
     pub async fn release(&self, id: &str) -> Result<bool, ClusterRegistryError> {
         if self.lookup(id).await?.is_none() {
             return Ok(false);
@@ -189,7 +189,7 @@ impl Cluster {
     /// The node holding `id`'s executor socket, per its lease.
     ///
     /// # Errors
-    /// [`ClusterRegistryError::Unavailable`] when JetStream does not answer.
+    /// `ClusterRegistryError::Unavailable` when JetStream does not answer.
     pub async fn lease_holder(&self, id: &str) -> Result<Option<String>, ClusterRegistryError> {
         let Some(value) = self.leases.get(self.token(id)).await.map_err(unavailable)? else {
             return Ok(None);

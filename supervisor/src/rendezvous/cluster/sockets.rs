@@ -83,7 +83,7 @@ impl Cluster {
     /// cluster already (`None`).
     ///
     /// # Errors
-    /// [`ClusterRegistryError::Unavailable`] when JetStream does not answer.
+    /// `ClusterRegistryError::Unavailable` when JetStream does not answer.
     pub async fn take_socket(
         self: &Arc<Self>,
         token: &[u8],
