@@ -1,0 +1,47 @@
+"""Starts the real exec-server ($EXECWARD_BIN_DIR, else the workspace's target/debug)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def bin_dir() -> Path:
+    configured = os.environ.get("EXECWARD_BIN_DIR")
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[3] / "target" / "debug"
+
+
+def start_server(listen: str) -> tuple[subprocess.Popen[bytes], str]:
+    server = subprocess.Popen(
+        [str(bin_dir() / "exec-server"), "--listen", listen],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert server.stdout is not None
+    url = server.stdout.readline().decode().strip()
+    assert url, "exec-server printed no URL"
+    return server, url
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    server, url = start_server("ws://127.0.0.1:0")
+    yield url
+    server.terminate()
+    server.wait(10)
+
+
+@pytest.fixture(scope="session")
+def unix_url() -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as directory:
+        server, url = start_server(f"unix:{directory}/exec.sock")
+        yield url
+        server.terminate()
+        server.wait(10)
