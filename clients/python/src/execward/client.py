@@ -106,17 +106,25 @@ class Process:
             yield chunk
 
     async def write(self, data: bytes, *, close: bool = False) -> str:
-        """Write to stdin; returns the server's status (``accepted``, ``stdinClosed``, ...)."""
-        result = await self._client.request(
-            "process/write",
-            {
-                "processId": self.process_id,
-                "chunk": base64.b64encode(data).decode(),
-                "writeId": uuid.uuid4().hex,
-                "close": close,
-            },
-        )
-        return str(result["status"])
+        """Write to stdin; returns the server's status (``accepted``, ``stdinClosed``, ...).
+
+        A write cut off by a dropped connection is sent again after the resume with the same
+        ``writeId``, so the server applies it once.
+        """
+        params = {
+            "processId": self.process_id,
+            "chunk": base64.b64encode(data).decode(),
+            "writeId": uuid.uuid4().hex,
+            "close": close,
+        }
+        while True:
+            try:
+                result = await self._client.request("process/write", params)
+            except ConnectionLost:
+                if self._client._failure is not None:
+                    raise
+                continue
+            return str(result["status"])
 
     async def close_stdin(self) -> str:
         return await self.write(b"", close=True)
