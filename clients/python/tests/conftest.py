@@ -18,11 +18,14 @@ def bin_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "target" / "debug"
 
 
-def start_server(listen: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(listen: str, user: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
     server = subprocess.Popen(
         [str(bin_dir() / "exec-server"), "--listen", listen],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        user=user,
+        group=user,
+        extra_groups=[] if user is not None else None,
     )
     assert server.stdout is not None
     url = server.stdout.readline().decode().strip()
@@ -45,3 +48,17 @@ def unix_url() -> Iterator[str]:
         yield url
         server.terminate()
         server.wait(10)
+
+
+@pytest.fixture(scope="session", params=["root", "nobody"])
+def sandbox_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, int]]:
+    """(URL, uid) of a server as root and of one as uid 65534 (the suite runs as root)."""
+    if request.param == "nobody":
+        if os.geteuid() != 0:
+            pytest.fail("the uid 65534 run needs root")
+        server, url = start_server("ws://127.0.0.1:0", user=65534)
+    else:
+        server, url = start_server("ws://127.0.0.1:0")
+    yield url, 65534 if request.param == "nobody" else os.geteuid()
+    server.terminate()
+    server.wait(10)

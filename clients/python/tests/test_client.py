@@ -79,16 +79,19 @@ def test_signal_and_terminate_reasons(server_url: str) -> None:
     run(body)
 
 
-def test_sandboxed_write_is_denied(server_url: str) -> None:
+def test_sandboxed_write_is_denied(sandbox_server: tuple[str, int]) -> None:
+    url, uid = sandbox_server
+
     async def body() -> None:
-        client = await execward.connect(server_url)
+        client = await execward.connect(url)
         with tempfile.TemporaryDirectory(dir="/var/tmp") as directory:
+            os.chmod(directory, 0o777)  # the uid 65534 server's control must be able to write
             target = os.path.join(directory, "landed")
             script = f"echo x > {target}"
             # Control: without a sandbox the same command writes the file.
             control = await client.start(["sh", "-c", script], cwd="/tmp", env=ENV)
             assert (await control.wait()).code == 0
-            assert os.path.exists(target)
+            assert os.stat(target).st_uid == uid  # the command ran as the server's uid
             os.unlink(target)
             process = await client.start(
                 ["sh", "-c", script],
