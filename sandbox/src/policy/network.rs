@@ -207,7 +207,7 @@ pub enum PatternError {
     Host(#[from] HostNameError),
     /// A setting after the pattern other than `tunnel=`, `methods=` or `paths=`.
     #[error(
-        "{setting:?} is not a pattern setting (expected tunnel=tls-only|any, methods=GET,HEAD|read-only or paths=/PREFIX,...)"
+        "{setting:?} is not a pattern setting (expected tunnel=tls-only or tunnel=any, methods=GET,HEAD or methods=read-only, paths=/PREFIX,...)"
     )]
     Setting {
         /// The setting as written.
@@ -779,8 +779,15 @@ impl HostPattern {
             source,
         };
         let text = text.trim();
-        let mut words = text.split_whitespace();
-        let text = words.next().unwrap_or_default();
+        // The settings are the trailing words with a `=`; everything before them is the host
+        // (a space inside it makes it an invalid host, reported as such).
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let first_setting = words
+            .iter()
+            .rposition(|word| !word.contains('='))
+            .map_or(0, |last_host_word| last_host_word + 1);
+        let host_text = words[..first_setting].join(" ");
+        let (text, words) = (host_text.as_str(), words[first_setting..].iter().copied());
         let mut tunnel = None;
         let mut requests = RequestRule::default();
         let mut seen_paths = false;
