@@ -188,6 +188,25 @@ async fn expect_unknown_session(server: &ExecServer, session: &str) {
     );
 }
 
+/// `session` resumed on a new connection, retrying while the server still counts it attached
+/// (-32010: the old connection's end not seen yet) until `deadline`.
+async fn resume(server: &ExecServer, session: &str, deadline: Instant) -> Client {
+    loop {
+        let mut candidate = server.connect().await;
+        match candidate
+            .request(
+                "initialize",
+                json!({"clientName": "t", "resumeSessionId": session}),
+            )
+            .await
+        {
+            Ok(_) => return candidate,
+            Err(error) if error.code == -32010 && Instant::now() < deadline => continue,
+            Err(error) => panic!("resume failed: {error:?}"),
+        }
+    }
+}
+
 async fn detached_session_expires(server: ExecServer, ttl: Duration) {
     let mut client = server.connect().await;
     let session = client.initialize().await;
@@ -240,21 +259,7 @@ async fn the_ttl_counts_from_the_latest_detach_not_the_first() {
     client.close().await;
     let first_detach = Instant::now();
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let resumed = loop {
-        let mut candidate = server.connect().await;
-        match candidate
-            .request(
-                "initialize",
-                json!({"clientName": "t", "resumeSessionId": session}),
-            )
-            .await
-        {
-            Ok(_) => break candidate,
-            // The first connection's close may not have been seen yet.
-            Err(error) if error.code == -32010 && first_detach.elapsed() < ttl => continue,
-            Err(error) => panic!("resume failed: {error:?}"),
-        }
-    };
+    let resumed = resume(&server, &session, first_detach + ttl).await;
     resumed.close().await;
     let second_detach = Instant::now();
     // Past the first detach's TTL (and its SIGTERM grace would not matter: sleep dies at once).
@@ -302,20 +307,7 @@ async fn a_long_poll_on_the_old_connection_does_not_hold_up_the_takeover() {
     let _pending = old.send_request("process/read", read).await;
     proxy.cut();
     let started = Instant::now();
-    let mut new = loop {
-        let mut candidate = server.connect().await;
-        match candidate
-            .request(
-                "initialize",
-                json!({"clientName": "t", "resumeSessionId": session}),
-            )
-            .await
-        {
-            Ok(_) => break candidate,
-            Err(error) if error.code == -32010 && started.elapsed() < DEADLINE => continue,
-            Err(error) => panic!("resume failed: {error:?}"),
-        }
-    };
+    let mut new = resume(&server, &session, started + DEADLINE).await;
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "the takeover waited for the old long-poll ({:?})",
