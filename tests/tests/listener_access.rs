@@ -11,55 +11,30 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tests::{DEADLINE, ExecServer, install_binaries, output_within, scratch};
+use tests::matrix::{ListenerFixture, NOBODY, OTHER, server_users};
+use tests::{DEADLINE, ExecServer, output_within};
 
-const NOBODY: u32 = 65534;
-/// A user that is neither root nor the server when the server runs as [`NOBODY`].
-const OTHER: u32 = 65533;
 const TOKEN: &str = "listener-token";
 
-/// The servers' users: root (the test's) and [`NOBODY`]; with each, a user that is neither it
-/// nor root.
-fn server_users() -> Vec<(Option<u32>, u32)> {
-    tests::require_root("the servers run as root and as uid 65534, their clients as others");
-    vec![(None, NOBODY), (Some(NOBODY), OTHER)]
-}
+/// Binaries every uid can run, a token file and a socket directory owned by the server's user
+/// ([`ListenerFixture`]), with this file's ways to start a server and to call it.
+struct Setup(ListenerFixture);
 
-/// Binaries every uid can run, a token file and a socket directory owned by the server's user.
-struct Setup {
-    _base: tempfile::TempDir,
-    bin: PathBuf,
-    token_file: PathBuf,
-    socket_dir: PathBuf,
+impl std::ops::Deref for Setup {
+    type Target = ListenerFixture;
+
+    fn deref(&self) -> &ListenerFixture {
+        &self.0
+    }
 }
 
 impl Setup {
     fn new(server_uid: Option<u32>) -> Setup {
-        let base = scratch::scratch_dir("listener-");
-        let root = std::fs::canonicalize(base.path()).unwrap();
-        let bin = root.join("bin");
-        install_binaries(&bin);
-        let token_file = root.join("token");
-        std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let socket_dir = root.join("run");
-        std::fs::create_dir(&socket_dir).unwrap();
-        if let Some(uid) = server_uid {
-            for path in [&token_file, &socket_dir] {
-                std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
-            }
-        }
-        Setup {
-            _base: base,
-            bin,
-            token_file,
-            socket_dir,
-        }
+        Setup(ListenerFixture::new("listener-", TOKEN, server_uid))
     }
 
     fn start(&self, uid: Option<u32>, args: &[&str]) -> ExecServer {
@@ -79,17 +54,9 @@ impl Setup {
     /// `probe ws-session URL [TOKEN]` as `uid` (the test's own user for `None`): the answer's
     /// `status` and `body`, or after a 101 the `initialize` answer.
     fn session(&self, uid: Option<u32>, url: &str, token: Option<&str>) -> Value {
-        let mut command = Command::new(self.bin.join("probe"));
-        command.current_dir("/").args(["ws-session", url]);
-        command.args(token);
-        if let Some(uid) = uid {
-            command.uid(uid).gid(uid);
-        }
-        let (status, stdout, stderr) = output_within(&mut command, b"");
-        assert!(status.success(), "probe: {stdout} {stderr}");
-        let report: Value = serde_json::from_str(stdout.trim()).unwrap();
-        assert_eq!(report["ok"], true, "as uid {uid:?} to {url}: {report}");
-        report["detail"].clone()
+        let mut args = vec!["ws-session", url];
+        args.extend(token);
+        self.probe(uid, &args, &format!("to {url}"))
     }
 }
 

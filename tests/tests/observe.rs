@@ -11,16 +11,13 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tests::{DEADLINE, ExecServer, install_binaries, output_within, scratch, sh};
+use tests::matrix::{ListenerFixture, server_users};
+use tests::{DEADLINE, ExecServer, output_within, sh};
 
-const NOBODY: u32 = 65534;
-/// A user that is neither root nor the server when the server runs as [`NOBODY`].
-const OTHER: u32 = 65533;
 const TOKEN: &str = "observe-token";
 
 /// The hog's memory limit, and what it tries to hold (a shell variable of 100 MB).
@@ -441,43 +438,21 @@ async fn lifecycle_logs_are_json_with_typed_fields_and_no_argv_or_environment() 
 // Who may read the pages: whoever may open a websocket, no one else
 // ---------------------------------------------------------------------------------------------
 
-/// The servers' users: root (the test's) and [`NOBODY`]; with each, a user that is neither it
-/// nor root.
-fn server_users() -> Vec<(Option<u32>, u32)> {
-    tests::require_root("the servers run as root and as uid 65534, their clients as others");
-    vec![(None, NOBODY), (Some(NOBODY), OTHER)]
-}
+/// Binaries every uid can run, a token file and a socket directory owned by the server's user
+/// ([`ListenerFixture`]), with this file's ways to start a server and to read its pages.
+struct Setup(ListenerFixture);
 
-/// Binaries every uid can run, a token file and a socket directory owned by the server's user.
-struct Setup {
-    _base: tempfile::TempDir,
-    bin: PathBuf,
-    token_file: PathBuf,
-    socket_dir: PathBuf,
+impl std::ops::Deref for Setup {
+    type Target = ListenerFixture;
+
+    fn deref(&self) -> &ListenerFixture {
+        &self.0
+    }
 }
 
 impl Setup {
     fn new(server_uid: Option<u32>) -> Setup {
-        let base = scratch::scratch_dir("observe-");
-        let root = std::fs::canonicalize(base.path()).unwrap();
-        let bin = root.join("bin");
-        install_binaries(&bin);
-        let token_file = root.join("token");
-        std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let socket_dir = root.join("run");
-        std::fs::create_dir(&socket_dir).unwrap();
-        if let Some(uid) = server_uid {
-            for path in [&token_file, &socket_dir] {
-                std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
-            }
-        }
-        Setup {
-            _base: base,
-            bin,
-            token_file,
-            socket_dir,
-        }
+        Setup(ListenerFixture::new("observe-", TOKEN, server_uid))
     }
 
     fn start(&self, uid: Option<u32>, listen: &str, token: bool) -> ExecServer {
@@ -496,20 +471,9 @@ impl Setup {
 
     /// `probe http-get URL PATH [TOKEN]` as `uid` (the test's own user for `None`).
     fn get(&self, uid: Option<u32>, url: &str, path: &str, token: Option<&str>) -> Value {
-        let mut command = Command::new(self.bin.join("probe"));
-        command.current_dir("/").args(["http-get", url, path]);
-        command.args(token);
-        if let Some(uid) = uid {
-            command.uid(uid).gid(uid);
-        }
-        let (status, stdout, stderr) = output_within(&mut command, b"");
-        assert!(status.success(), "probe: {stdout} {stderr}");
-        let report: Value = serde_json::from_str(stdout.trim()).unwrap();
-        assert_eq!(
-            report["ok"], true,
-            "as uid {uid:?} to {url}{path}: {report}"
-        );
-        report["detail"].clone()
+        let mut args = vec!["http-get", url, path];
+        args.extend(token);
+        self.probe(uid, &args, &format!("to {url}{path}"))
     }
 }
 
