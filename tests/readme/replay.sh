@@ -180,6 +180,8 @@ echo "readme replay: skipped the fs-helper transcript (\$ prompts; fs-helper/tes
 skipped+=("sandbox-run --policy workspace-write --cwd ~/proj \\")
 echo "readme replay: skipped the egress allowlist examples (they reach pypi.org and crates.io;" \
   "the replay has no network, and sandbox/tests cover the proxy against a local server)"
+skipped+=("exec-server ps --connect ws://127.0.0.1:8700              # every session's processes and every budget")
+echo "readme replay: skipped the exec-server ps sketch (a server on :8700; tests/tests/observe.rs::ps_prints_every_sessions_processes_and_the_budgets runs ps)"
 skipped+=("exec-rendezvous --listen https://0.0.0.0:7443 --tls-cert rendezvous.pem --tls-key rendezvous-key.pem \\")
 echo "readme replay: skipped the TLS deployment sketch (needs a certificate and a DNS name)"
 
