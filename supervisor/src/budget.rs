@@ -45,7 +45,7 @@ const MIN_CLIENT_DESCRIPTORS: usize = 256;
 pub enum BudgetError {
     /// The server-wide memory budget cannot take this request now.
     #[error(
-        "the server's memory budget (MEMORY_BUDGET_BYTES, {limit} bytes) has no room for the \
+        "the server's memory budget ({limit} bytes; MEMORY_BUDGET_BYTES, --memory-budget) has no room for the \
          {needed} bytes this request and its answer need; retry later, or ask for less at once \
          (fs/open + fs/readBlock, a smaller maxBytes)"
     )]
@@ -90,6 +90,7 @@ pub enum BudgetError {
 #[derive(Debug)]
 pub struct Budgets {
     memory: Arc<Semaphore>,
+    memory_limit: usize,
     descriptors: Arc<Semaphore>,
     descriptor_limit: usize,
     processes: Arc<Semaphore>,
@@ -107,6 +108,7 @@ impl Budgets {
         let descriptor_limit = client_descriptor_budget(open_file_limit, open_now);
         Self {
             memory: Arc::new(Semaphore::new(MEMORY_BUDGET_BYTES)),
+            memory_limit: MEMORY_BUDGET_BYTES,
             descriptors: Arc::new(Semaphore::new(descriptor_limit)),
             descriptor_limit,
             processes: Arc::new(Semaphore::new(MAX_LIVE_PROCESSES)),
@@ -114,6 +116,15 @@ impl Budgets {
             bulk_reads: Arc::new(Semaphore::new(MAX_BULK_READS)),
             cpu: CpuPool::new(),
         }
+    }
+
+    /// The same budgets with a server-wide memory budget of `bytes` instead of
+    /// [`MEMORY_BUDGET_BYTES`] (`--memory-budget`).
+    #[must_use]
+    pub fn with_memory_limit(mut self, bytes: usize) -> Self {
+        self.memory = Arc::new(Semaphore::new(bytes));
+        self.memory_limit = bytes;
+        self
     }
 
     /// Budgets for this process: its open-file limit and the descriptors it has open now.
@@ -144,7 +155,7 @@ impl Budgets {
     /// Every server-wide budget with its limit and use, for `GET /status` and `GET /metrics`.
     pub fn usage(&self) -> Vec<BudgetUse> {
         vec![
-            in_use("memoryBytes", "bytes", MEMORY_BUDGET_BYTES, &self.memory),
+            in_use("memoryBytes", "bytes", self.memory_limit, &self.memory),
             in_use(
                 "clientDescriptors",
                 "descriptors",
@@ -201,7 +212,7 @@ impl Budgets {
             .try_acquire_many_owned(bytes)
             .map_err(|_| BudgetError::Memory {
                 needed: bytes as usize,
-                limit: MEMORY_BUDGET_BYTES,
+                limit: self.memory_limit,
             })
     }
 }
@@ -343,7 +354,7 @@ impl ConnectionBudget {
     fn overdraft(&self, bytes: usize) -> Result<MemoryCharge, BudgetError> {
         let refused = || BudgetError::Memory {
             needed: bytes,
-            limit: MEMORY_BUDGET_BYTES,
+            limit: self.budgets.memory_limit,
         };
         let permits = u32::try_from(bytes).map_err(|_| refused())?;
         let (allowance, server) = match self.allowance.clone().try_acquire_many_owned(permits) {

@@ -92,6 +92,13 @@ pub struct Cli {
     #[arg(long, value_name = "BYTES", value_parser = crate::process::retention::parse_retained_output_bytes, default_value = crate::process::retention::DEFAULT_RETAINED_OUTPUT_BYTES)]
     pub retained_output_bytes: usize,
 
+    /// Bytes of requests, their answers and unfinished websocket messages all connections may
+    /// hold beyond each connection's own CONNECTION_MEMORY_ALLOWANCE (bytes, or with K, M or G).
+    /// Past it, large requests are refused with a retryable limitExceeded and an unfinished
+    /// message that does not fit closes its connection (1013); small requests are still served.
+    #[arg(long, value_name = "BYTES", value_parser = crate::limits::parse_memory_budget, default_value = crate::limits::DEFAULT_MEMORY_BUDGET)]
+    pub memory_budget: usize,
+
     /// Seconds a detached session (its connection lost) keeps its processes for a resume.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::limits::DETACHED_SESSION_TTL.as_secs_f64())]
     pub detached_session_ttl: f64,

@@ -79,7 +79,8 @@ pub const MAX_DETACHED_SESSIONS: usize = 4 * MAX_DETACHED_SESSIONS_PER_CLIENT;
 /// copy) plus the worst-case size of its answer, reserved before the work starts. Past it, new
 /// work is refused with `limitExceeded` (retryable) instead of growing the process toward the
 /// OOM killer. Each connection's first [`CONNECTION_MEMORY_ALLOWANCE`] bytes do not draw on it,
-/// so small requests keep being served while large ones are refused.
+/// so small requests keep being served while large ones are refused. The default of
+/// `--memory-budget`.
 pub const MEMORY_BUDGET_BYTES: usize = 1024 * 1024 * 1024;
 /// Bytes of requests and answers each connection may hold without drawing on
 /// [`MEMORY_BUDGET_BYTES`]: what a client issuing ordinary small requests needs.
@@ -266,3 +267,92 @@ pub const ORPHAN_KILL_ROUNDS: usize = 16;
 /// with a reset. Their sessions take connection slots of their own, apart from
 /// [`MAX_CONNECTIONS`], so harnesses holding every relay stream never lock out a local client.
 pub const MAX_RELAY_STREAMS: usize = 256;
+
+/// Why a size option (`--retained-output-bytes`, `--memory-budget`) was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SizeOptionError {
+    /// Not a number of bytes.
+    #[error("{0:?} is not a size (bytes, or a number with K, M or G)")]
+    NotASize(String),
+    /// Below the least the option can work with.
+    #[error("{bytes} bytes is below {what} ({minimum}); give at least that")]
+    TooSmall {
+        /// The value given.
+        bytes: usize,
+        /// What the minimum is.
+        what: &'static str,
+        /// The least accepted.
+        minimum: usize,
+    },
+}
+
+/// A size given as bytes or as a number with K, M or G (powers of 1024), at least `minimum`
+/// (`what` names it in the refusal).
+///
+/// # Errors
+/// [`SizeOptionError`].
+pub fn parse_size(
+    text: &str,
+    what: &'static str,
+    minimum: usize,
+) -> Result<usize, SizeOptionError> {
+    let trimmed = text.trim();
+    let (digits, unit) = match trimmed.as_bytes().last() {
+        Some(b'K' | b'k') => (&trimmed[..trimmed.len() - 1], 1usize << 10),
+        Some(b'M' | b'm') => (&trimmed[..trimmed.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&trimmed[..trimmed.len() - 1], 1 << 30),
+        _ => (trimmed, 1),
+    };
+    let bytes = digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|number| number.checked_mul(unit))
+        .ok_or_else(|| SizeOptionError::NotASize(text.to_owned()))?;
+    if bytes < minimum {
+        return Err(SizeOptionError::TooSmall {
+            bytes,
+            what,
+            minimum,
+        });
+    }
+    Ok(bytes)
+}
+
+/// The default of `--memory-budget`, as it shows it ([`MEMORY_BUDGET_BYTES`]; a unit test keeps
+/// the two equal).
+pub const DEFAULT_MEMORY_BUDGET: &str = "1G";
+
+/// `--memory-budget`: at least [`MAX_FRAME_BYTES`], so that one request of the largest size a
+/// connection may send can be backed.
+///
+/// # Errors
+/// [`SizeOptionError`].
+pub fn parse_memory_budget(text: &str) -> Result<usize, SizeOptionError> {
+    parse_size(
+        text,
+        "the largest message (MAX_FRAME_BYTES)",
+        MAX_FRAME_BYTES,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memory_budget_option_defaults_to_the_constant_and_refuses_less_than_a_message() {
+        assert_eq!(
+            parse_memory_budget(DEFAULT_MEMORY_BUDGET).unwrap(),
+            MEMORY_BUDGET_BYTES
+        );
+        assert_eq!(parse_memory_budget("256M").unwrap(), 256 << 20);
+        assert!(matches!(
+            parse_memory_budget("1M"),
+            Err(SizeOptionError::TooSmall { .. })
+        ));
+        assert!(matches!(
+            parse_memory_budget("lots"),
+            Err(SizeOptionError::NotASize(_))
+        ));
+    }
+}

@@ -50,6 +50,9 @@ pub struct ServerOptions {
     pub default_limits: proto::methods::process::Limits,
     /// Bytes of process output all sessions retain together (`--retained-output-bytes`).
     pub retained_output_bytes: usize,
+    /// Bytes of requests, answers and unfinished messages all connections may hold beyond their
+    /// allowances (`--memory-budget`, default [`crate::limits::MEMORY_BUDGET_BYTES`]).
+    pub memory_budget_bytes: usize,
 }
 
 impl ServerOptions {
@@ -75,6 +78,7 @@ impl ServerOptions {
             use_cgroups: true,
             default_limits: proto::methods::process::Limits::default(),
             retained_output_bytes: crate::limits::RETAINED_OUTPUT_BUDGET_BYTES,
+            memory_budget_bytes: crate::limits::MEMORY_BUDGET_BYTES,
         }
     }
 }
@@ -250,7 +254,8 @@ impl BoundServer {
         let (hidden, read_only) = sandboxing.registration();
         let registration = sandbox::servers::Registration::register(hidden, read_only)?;
         crate::sys::prepare_server_descriptors();
-        let budgets = Arc::new(Budgets::for_current_process());
+        let budgets =
+            Arc::new(Budgets::for_current_process().with_memory_limit(options.memory_budget_bytes));
         tracing::debug!(
             descriptors = budgets.descriptor_limit(),
             "client descriptor budget"

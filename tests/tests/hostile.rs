@@ -1662,10 +1662,14 @@ const MESSAGE_COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
 async fn unfinished_frames_of_many_connections_are_charged_to_the_memory_budget() {
     // The case: 24 connections each holding an unfinished 62 MiB frame took the server
     // from 7 to 1,500 MiB; the frame was buffered before any budget charge.
+    // The server runs with a quarter of the default budget (`--memory-budget 256M`): the same
+    // accounting, a quarter of the bytes to fault in and copy while the neighbour is measured.
     const CONNECTIONS: usize = 24;
     const SENT: usize = 62 * 1024 * 1024;
-    let server = besieged_server(&[]);
-    let bound = MEMORY_BUDGET_BYTES + CONNECTIONS as u64 * CONNECTION_MEMORY_ALLOWANCE + RSS_SLACK;
+    const BUDGET: u64 = 256 * 1024 * 1024;
+    let server = besieged_server(&["--memory-budget", "256M"]);
+    let held_at_most = BUDGET + CONNECTIONS as u64 * CONNECTION_MEMORY_ALLOWANCE;
+    let bound = held_at_most + RSS_SLACK;
     let siege = Siege::begin(&server, "unfinished frames", bound + RSS_SLACK).await;
     let payload = std::sync::Arc::new(vec![b'a'; SENT]);
     let mut attackers = Vec::new();
@@ -1710,6 +1714,11 @@ async fn unfinished_frames_of_many_connections_are_charged_to_the_memory_budget(
     assert!(refused > 0, "no unfinished message was refused: {ends:?}");
     // ...and the ones that fit were closed at the completion deadline, none left hanging.
     assert_eq!(refused + timed_out, CONNECTIONS, "{ends:?}");
+    // No more fit than the budget given on the command line backs (the default would hold 17).
+    assert!(
+        timed_out as u64 <= held_at_most / SENT as u64,
+        "{timed_out} unfinished messages were held, more than --memory-budget 256M backs"
+    );
     siege
         .end(&server)
         .await

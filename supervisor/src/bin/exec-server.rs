@@ -72,6 +72,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     options.detached_session_ttl = Duration::from_secs_f64(cli.detached_session_ttl);
     options.use_cgroups = !cli.no_cgroups;
     options.retained_output_bytes = cli.retained_output_bytes;
+    options.memory_budget_bytes = cli.memory_budget;
     options.default_limits = cli.default_limits.unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -203,48 +203,16 @@ impl RetentionCharge for SessionRetention {
     }
 }
 
-/// Why `--retained-output-bytes` was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum RetainedOutputBytesError {
-    /// Not a number of bytes.
-    #[error("{0:?} is not a size (bytes, or a number with K, M or G)")]
-    NotASize(String),
-    /// Below one process's own retention.
-    #[error(
-        "{bytes} bytes is below one process's retention (OUTPUT_RETENTION_BYTES, {minimum}); \
-         give at least that"
-    )]
-    TooSmall {
-        /// The value given.
-        bytes: usize,
-        /// The least accepted.
-        minimum: usize,
-    },
-}
-
-/// Parse `--retained-output-bytes`: bytes, or a number with `K`, `M` or `G` (binary units); at
-/// least one process's retention.
+/// `--retained-output-bytes`: at least one process's own retention.
 ///
 /// # Errors
-/// [`RetainedOutputBytesError`].
-pub fn parse_retained_output_bytes(text: &str) -> Result<usize, RetainedOutputBytesError> {
-    let trimmed = text.trim();
-    let (digits, unit) = match trimmed.as_bytes().last() {
-        Some(b'K' | b'k') => (&trimmed[..trimmed.len() - 1], 1usize << 10),
-        Some(b'M' | b'm') => (&trimmed[..trimmed.len() - 1], 1 << 20),
-        Some(b'G' | b'g') => (&trimmed[..trimmed.len() - 1], 1 << 30),
-        _ => (trimmed, 1),
-    };
-    let bytes = digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|number| number.checked_mul(unit))
-        .ok_or_else(|| RetainedOutputBytesError::NotASize(text.to_owned()))?;
-    let minimum = crate::limits::OUTPUT_RETENTION_BYTES;
-    if bytes < minimum {
-        return Err(RetainedOutputBytesError::TooSmall { bytes, minimum });
-    }
-    Ok(bytes)
+/// [`SizeOptionError`](crate::limits::SizeOptionError).
+pub fn parse_retained_output_bytes(text: &str) -> Result<usize, crate::limits::SizeOptionError> {
+    crate::limits::parse_size(
+        text,
+        "one process's retention (OUTPUT_RETENTION_BYTES)",
+        crate::limits::OUTPUT_RETENTION_BYTES,
+    )
 }
 
 /// The default cap, as `--retained-output-bytes` shows it ([`RETAINED_OUTPUT_BUDGET_BYTES`];
@@ -343,11 +311,11 @@ mod tests {
         assert_eq!(parse_retained_output_bytes("1048576").unwrap(), 1 << 20);
         assert!(matches!(
             parse_retained_output_bytes("1K"),
-            Err(RetainedOutputBytesError::TooSmall { .. })
+            Err(crate::limits::SizeOptionError::TooSmall { .. })
         ));
         assert!(matches!(
             parse_retained_output_bytes("lots"),
-            Err(RetainedOutputBytesError::NotASize(_))
+            Err(crate::limits::SizeOptionError::NotASize(_))
         ));
     }
 }

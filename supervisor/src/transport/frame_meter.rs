@@ -35,7 +35,7 @@ use crate::limits::{MESSAGE_CHARGE_STEP_BYTES, MESSAGE_COMPLETION_TIMEOUT};
 pub enum MeterError {
     /// The memory for the message being received is not available.
     #[error(
-        "the server's memory budget (MEMORY_BUDGET_BYTES) has no room for the {received} bytes of \
+        "the server's memory budget (MEMORY_BUDGET_BYTES, --memory-budget) has no room for the {received} bytes of \
          the message being received; retry later"
     )]
     Memory {
