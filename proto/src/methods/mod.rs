@@ -4,6 +4,7 @@
 //! the reference protocol add fields over time: the reference client always sends `envPolicy`);
 //! a `sandbox` object is never tolerant, it is parsed strictly where it is resolved.
 
+pub mod call;
 pub mod environment;
 pub mod fs;
 pub mod http;
