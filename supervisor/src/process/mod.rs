@@ -16,6 +16,7 @@ pub mod output;
 pub mod pump;
 pub mod retention;
 pub mod spawn;
+pub mod start;
 pub mod watch;
 
 use std::collections::HashMap;

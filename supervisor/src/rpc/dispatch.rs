@@ -3,7 +3,7 @@
 //! checks for every method, and its result is serialized. Errors become JSON-RPC errors through
 //! `errors` (the only mapping). Handlers get only what they use, not the connection: the
 //! session, the connection's budget, and a narrow context built here
-//! (`process::handlers::LaunchContext` for `process/start`, `fs::FsContext` for the `fs/*`
+//! (`process::start::LaunchContext` for `process/start`, `fs::FsContext` for the `fs/*`
 //! methods).
 //!
 //! [`respond`] sends the answer; what must follow the answer (the body notifications of a
@@ -91,7 +91,7 @@ async fn dispatch(
             return Ok((to_value(started.result)?, started.body));
         }
         Call::ProcessStart(params) => to_value(
-            handlers::start(
+            crate::process::start::start(
                 session,
                 &launch_context(&connection.server),
                 &connection.budget,
@@ -146,8 +146,8 @@ async fn dispatch(
 }
 
 /// What `process/start` may use of the server-wide state.
-fn launch_context(server: &ServerState) -> handlers::LaunchContext<'_> {
-    handlers::LaunchContext {
+fn launch_context(server: &ServerState) -> crate::process::start::LaunchContext<'_> {
+    crate::process::start::LaunchContext {
         budgets: &server.budgets,
         containment: &server.containment,
         sandboxing: &server.sandboxing,
