@@ -26,6 +26,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(unsafe_code)]
+
 // The exec server (feature `server`): `server` binds and shuts down, `transport` accepts, `rpc`
 // routes; the rest are the handlers and the leaves they share. Only what the binaries and
 // embedders use is public: `server` (and the re-exports below), `cli`, `process::guardian`.
@@ -63,7 +65,9 @@ pub mod server;
 mod session;
 #[cfg(feature = "server")]
 mod state;
+// The only unsafe code of the crate: raw calls, each behind a safe wrapper.
 #[cfg(feature = "server")]
+#[allow(unsafe_code)]
 mod sys;
 #[cfg(feature = "server")]
 mod transport;
