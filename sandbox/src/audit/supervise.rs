@@ -335,6 +335,23 @@ mod tests {
     use crate::audit::aggregate::Aggregate;
     use crate::audit::denial::{Denial, Layer};
 
+    #[test]
+    fn the_audit_root_is_the_flag_else_the_working_directory_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("repo");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let real = std::fs::canonicalize(&real).unwrap();
+        let cwd = std::path::Path::new("/");
+        let flag = AuditArgs {
+            audit_root: Some(link.clone()),
+            ..AuditArgs::default()
+        };
+        assert_eq!(audit_root(&flag, cwd), real);
+        assert_eq!(audit_root(&AuditArgs::default(), &link), real);
+    }
+
     fn audit(denials: usize, coverage: Coverage) -> RunAudit {
         let mut aggregate = Aggregate::new();
         for _ in 0..denials {
