@@ -15,13 +15,13 @@
 //!   copies do not.
 //!
 //! Validation is Python's `jsonschema` (Draft 2020-12), as the SARIF tests already use it; one
-//! `python3` process checks every case.
+//! `python3` process checks every case (`tests::json_schema_verdicts`). The transcript replay
+//! (`transcript.rs`) also validates the real server's messages against the checked-in
+//! `protocol.json`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use schemars::SchemaGenerator;
 use schemars::generate::SchemaSettings;
@@ -105,55 +105,17 @@ struct Case {
     instance: Value,
 }
 
-/// Validates every case with Python's jsonschema (Draft 2020-12) after checking each schema
-/// against the metaschema; returns each case's verdict (and the first error, for messages).
-fn validate(schemas: &BTreeMap<String, Value>, cases: &[Case]) -> Vec<(bool, String)> {
-    let script = "import json, sys, jsonschema\n\
-        job = json.load(sys.stdin)\n\
-        validators = {}\n\
-        for name, schema in job['schemas'].items():\n\
-        \x20   jsonschema.Draft202012Validator.check_schema(schema)\n\
-        \x20   validators[name] = jsonschema.Draft202012Validator(schema)\n\
-        out = []\n\
-        for case in job['cases']:\n\
-        \x20   error = jsonschema.exceptions.best_match(validators[case['schema']].iter_errors(case['instance']))\n\
-        \x20   out.append([error is None, '' if error is None else error.message[:300]])\n\
-        json.dump(out, sys.stdout)\n";
-    let job = json!({
-        "schemas": schemas,
-        "cases": cases.iter().map(|c| json!({"schema": c.schema, "instance": c.instance})).collect::<Vec<_>>(),
-    });
-    let mut child = Command::new("python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 is needed to validate against the schemas (pip install jsonschema)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(job.to_string().as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "python3 jsonschema failed (pip install jsonschema):\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let verdicts: Vec<(bool, String)> = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(verdicts.len(), cases.len());
-    verdicts
-}
-
 /// Checks each case's verdict against `expected(case index)`; reports every mismatch at once.
 fn assert_verdicts(
     schemas: &BTreeMap<String, Value>,
     cases: &[Case],
     expected: &[bool],
 ) -> Vec<(bool, String)> {
-    let verdicts = validate(schemas, cases);
+    let pairs: Vec<(String, Value)> = cases
+        .iter()
+        .map(|case| (case.schema.clone(), case.instance.clone()))
+        .collect();
+    let verdicts = tests::json_schema_verdicts(schemas, &pairs);
     let wrong: Vec<String> = cases
         .iter()
         .zip(&verdicts)
@@ -308,17 +270,7 @@ fn the_golden_transcript_validates_and_mutated_messages_do_not() {
         if let (Some(id), Some(result)) = (message.get("id"), message.get("result")) {
             let method = &methods_by_id[&id.to_string()];
             let name = format!("result of {method}");
-            let mut schema = json!({
-                "$schema": protocol["$schema"],
-                "$defs": protocol["$defs"],
-                "allOf": [protocol["x-results"][method]],
-            });
-            assert!(
-                schema["allOf"][0].is_object(),
-                "protocol.json has no x-results entry for {method}"
-            );
-            schema["title"] = json!(name);
-            schemas.insert(name.clone(), schema);
+            schemas.insert(name.clone(), tests::result_schema(&protocol, method));
             case(format!("line {line} {name}"), &name, result.clone(), true);
             results_checked += 1;
             for (field, value) in result.as_object().unwrap() {
