@@ -284,13 +284,38 @@ pub fn protocol(generator: &mut SchemaGenerator) -> Schema {
         "const": "2.0",
         "description": "Optional; accepted when it says \"2.0\", never sent."
     });
+    // Absent or null params are read as `{}` (`parse_params`): allowed exactly when the params
+    // type has no required field.
+    let definitions = generator.definitions().clone();
+    let prefix = format!("#{}/", generator.settings().definitions_path);
+    let needs_fields = |params: &Schema| {
+        let definition = params
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(|reference| reference.strip_prefix(prefix.as_str()))
+            .and_then(|name| definitions.get(name));
+        definition
+            .unwrap_or(params.as_value())
+            .get("required")
+            .and_then(Value::as_array)
+            .is_some_and(|required| !required.is_empty())
+    };
     let message = |method: &MethodSchema, with_id: bool| {
+        let needs_params = needs_fields(&method.params);
+        let params = if needs_params {
+            method.params.clone().to_value()
+        } else {
+            serde_json::json!({"anyOf": [method.params, {"type": "null"}]})
+        };
         let mut properties = serde_json::json!({
             "jsonrpc": jsonrpc,
             "method": {"const": method.method},
-            "params": method.params,
+            "params": params,
         });
         let mut required = vec!["method"];
+        if needs_params {
+            required.push("params");
+        }
         if with_id {
             properties["id"] = id.clone().to_value();
             required.insert(0, "id");
@@ -319,7 +344,7 @@ pub fn protocol(generator: &mut SchemaGenerator) -> Schema {
         .collect();
     json_schema!({
         "title": "execward JSON-RPC message",
-        "description": "One message (one websocket frame) of the execward protocol: see docs/protocol.md. Params absent or null are read as {}; params fields a method does not know are ignored (the sandbox object is strict).",
+        "description": "One message (one websocket frame) of the execward protocol: see docs/protocol.md. Params absent or null are read as {} (so they may be left out only where no field is required); params fields a method does not know are ignored (the sandbox object is strict).",
         "oneOf": [
             {"title": "request", "oneOf": requests},
             {"title": "notification", "oneOf": notifications},

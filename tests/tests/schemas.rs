@@ -342,6 +342,41 @@ fn the_golden_transcript_validates_and_mutated_messages_do_not() {
         unknown_kind,
         false,
     );
+    // Absent or null params read as {}: allowed where the params type requires no field, as
+    // parse_params decides.
+    use proto::methods::{Empty, parse_params, process::TerminateParams};
+    for params in [None, Some(Value::Null)] {
+        let mut info = json!({"id": 5, "method": "environment/info"});
+        let mut terminate = json!({"id": 6, "method": "process/terminate"});
+        let mut initialized = json!({"method": "initialized"});
+        if let Some(params) = &params {
+            for message in [&mut info, &mut terminate, &mut initialized] {
+                message["params"] = params.clone();
+            }
+        }
+        let info_ok = parse_params::<Empty>("environment/info", params.clone()).is_ok();
+        let terminate_ok =
+            parse_params::<TerminateParams>("process/terminate", params.clone()).is_ok();
+        assert!(info_ok && !terminate_ok);
+        case(
+            format!("environment/info, params {params:?}"),
+            "protocol",
+            info,
+            info_ok,
+        );
+        case(
+            format!("initialized, params {params:?}"),
+            "protocol",
+            initialized,
+            info_ok,
+        );
+        case(
+            format!("process/terminate, params {params:?}"),
+            "protocol",
+            terminate,
+            terminate_ok,
+        );
+    }
     case(
         "an unknown method".into(),
         "protocol",
