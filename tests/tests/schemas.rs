@@ -575,6 +575,24 @@ fn every_profile_in_policies_validates_and_mutated_ones_are_refused() {
                 format!("{name} with full access and entries"),
                 format!("full_filesystem_access = true\n{text}"),
             ));
+            // [filesystem] is the last table: entries appended land in it.
+            for key in [
+                ":rooot",
+                "relative/dir",
+                ":cwd/sub",
+                "",
+                "**/*.pem",
+                "[ab]*.key",
+                ":project_roots/build",
+                ":workspace_roots",
+                ":current_working_directory",
+                "/var/cache/ccache",
+            ] {
+                texts.push((
+                    format!("{name} with entry {key:?}"),
+                    format!("{text}\n\"{key}\" = \"write\"\n"),
+                ));
+            }
         }
     }
     assert!(files >= 3, "policies/ holds the built-in profiles");

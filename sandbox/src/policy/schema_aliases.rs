@@ -50,8 +50,9 @@ pub(super) fn named_policy_aliases(schema: &mut Schema) {
     );
 }
 
-/// `ProfileFile`: `allow_unix_sockets` is also spelled `allowUnixSockets`, and
-/// `full_filesystem_access = true` takes no `[filesystem]` entries (`ProfileFile::parse`).
+/// `ProfileFile`: `allow_unix_sockets` is also spelled `allowUnixSockets`; what
+/// `ProfileFile::parse` checks beyond serde: `full_filesystem_access = true` takes no
+/// `[filesystem]` entries, and each entry's key is a path, a glob or a known special.
 pub(super) fn profile_file_rules(schema: &mut Schema) {
     add_field_aliases(schema, &[("allow_unix_sockets", "allowUnixSockets")]);
     schema.insert(
@@ -62,6 +63,25 @@ pub(super) fn profile_file_rules(schema: &mut Schema) {
         "then".to_owned(),
         json!({"properties": {"filesystem": {"maxProperties": 0}}}),
     );
+    // `parse_entry_key`: `:special` (one of these), else a glob (`*`, `?`, `[`) or an absolute
+    // path.
+    if let Some(filesystem) = schema
+        .get_mut("properties")
+        .and_then(|properties| properties.get_mut("filesystem"))
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        filesystem.insert(
+            "propertyNames".to_owned(),
+            json!({
+                "description": "An absolute path, a glob pattern, or :root, :minimal, :project_roots[/SUB] (also :workspace_roots), :cwd (also :current_working_directory), :tmpdir, :slash_tmp.",
+                "anyOf": [
+                    {"pattern": "^:(root|minimal|cwd|current_working_directory|tmpdir|slash_tmp)$"},
+                    {"pattern": "^:(project_roots|workspace_roots)(/.*)?$"},
+                    {"not": {"pattern": "^:"}, "anyOf": [{"pattern": "^/"}, {"pattern": "[*?\\[]"}]}
+                ]
+            }),
+        );
+    }
 }
 
 /// The string form of `network`.
