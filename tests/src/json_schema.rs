@@ -10,18 +10,24 @@ use std::process::{Command, Stdio};
 use serde_json::{Value, json};
 
 /// Validates each `(schema name, instance)` against `schemas[name]`; returns each verdict with
-/// the best-matching error's message (empty when valid). Panics when python3 or its jsonschema
+/// the best-matching error's message (empty when valid). A schema may refer to another by
+/// `urn:execward:NAME` (as [`result_schema`] does). Panics when python3 or its jsonschema
 /// module is missing, or a schema is not a valid Draft 2020-12 schema.
 pub fn json_schema_verdicts(
     schemas: &BTreeMap<String, Value>,
     cases: &[(String, Value)],
 ) -> Vec<(bool, String)> {
     let script = "import json, sys, jsonschema\n\
+        from referencing import Registry\n\
+        from referencing.jsonschema import DRAFT202012\n\
         job = json.load(sys.stdin)\n\
+        registry = Registry().with_resources(\n\
+        \x20   ('urn:execward:' + name, DRAFT202012.create_resource(schema))\n\
+        \x20   for name, schema in job['schemas'].items())\n\
         validators = {}\n\
         for name, schema in job['schemas'].items():\n\
         \x20   jsonschema.Draft202012Validator.check_schema(schema)\n\
-        \x20   validators[name] = jsonschema.Draft202012Validator(schema)\n\
+        \x20   validators[name] = jsonschema.Draft202012Validator(schema, registry=registry)\n\
         out = []\n\
         for name, instance in job['cases']:\n\
         \x20   error = jsonschema.exceptions.best_match(validators[name].iter_errors(instance))\n\
@@ -60,19 +66,15 @@ pub fn protocol_schema() -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// The schema of `method`'s result: `protocol`'s `x-results` entry with its definitions.
+/// The schema of `method`'s result: a reference to `protocol`'s `x-results` entry, for a
+/// [`json_schema_verdicts`] run that holds `protocol` under the name `"protocol"`.
 pub fn result_schema(protocol: &Value, method: &str) -> Value {
-    let result = &protocol["x-results"][method];
     assert!(
-        result.is_object(),
+        protocol["x-results"][method].is_object(),
         "protocol.json has no x-results entry for {method}"
     );
-    json!({
-        "$schema": protocol["$schema"],
-        "title": format!("result of {method}"),
-        "$defs": protocol["$defs"],
-        "allOf": [result],
-    })
+    let pointer = method.replace('~', "~0").replace('/', "~1");
+    json!({"$ref": format!("urn:execward:protocol#/x-results/{pointer}")})
 }
 
 /// Asserts every message validates against `protocol` (`docs/schema/protocol.json`), and every
