@@ -57,7 +57,7 @@ fn generate() -> BTreeMap<&'static str, Value> {
     schemas.insert("sandbox.json", sandbox.to_value());
     let profile = generator().root_schema_for::<sandbox::policy::ProfileFile>();
     schemas.insert("profile.json", profile.to_value());
-    let rendezvous = supervisor::rendezvous::credentials_file_schema(&mut generator());
+    let rendezvous = supervisor::rendezvous_credentials_schema(&mut generator());
     schemas.insert("rendezvous.json", rendezvous.to_value());
     schemas
 }

@@ -24,8 +24,6 @@
 pub mod cli;
 pub mod cluster;
 pub(crate) mod credentials;
-#[cfg(feature = "schema")]
-pub use credentials::file_schema as credentials_file_schema;
 pub(crate) mod queue;
 pub(crate) mod registration;
 pub(crate) mod router;
