@@ -71,6 +71,7 @@ pub const HTTP_REQUEST_BODY_DELTA: &str = "http/request/bodyDelta";
 
 /// An empty result object `{}` (or params without fields).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Empty {}
 
 /// Parse a method's params; absent or `null` params are read as `{}` so the error names the
