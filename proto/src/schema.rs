@@ -366,3 +366,27 @@ pub fn protocol(generator: &mut SchemaGenerator) -> Schema {
         "x-results": results
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::methods::call::Call;
+
+    /// The schema's table of client requests is the server's: every method `Call::parse`
+    /// accepts has a request schema, and every request schema but `initialize` (answered before
+    /// a session exists) is a `Call`. A method added to one and not the other fails here.
+    #[test]
+    fn the_request_schemas_are_exactly_the_calls_and_initialize() {
+        let mut generator = schemars::generate::SchemaSettings::draft2020_12().into_generator();
+        let mut requests: Vec<&str> = methods(&mut generator)
+            .iter()
+            .filter(|method| method.kind == MethodKind::Request)
+            .map(|method| method.method)
+            .collect();
+        let mut expected: Vec<&str> = Call::METHODS.to_vec();
+        expected.push(crate::methods::INITIALIZE);
+        requests.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(requests, expected);
+    }
+}
