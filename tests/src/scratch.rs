@@ -153,6 +153,25 @@ pub fn traversable(path: &Path) -> PathBuf {
         .clone()
 }
 
+/// [`traversable`] for a binary that starts `siblings` from its own directory (`sandbox-run`
+/// starts `egress-proxy` next to it): where `path` is copied, each sibling is copied beside it.
+pub fn traversable_with(path: &Path, siblings: &[&Path]) -> PathBuf {
+    static SIBLINGS: Mutex<()> = Mutex::new(());
+    let copy = traversable(path);
+    if copy != path {
+        let _copying = SIBLINGS.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = copy.parent().expect("a copy lives in a directory");
+        for sibling in siblings {
+            let to = dir.join(sibling.file_name().expect("a file name"));
+            if !to.exists() {
+                std::fs::copy(sibling, &to).expect("copy the sibling binary");
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        }
+    }
+    copy
+}
+
 /// Whether `path` lies where a sandbox sees a private directory of its own instead of the host's:
 /// `/tmp`, `/run` and `$TMPDIR` (canonical, so `/var/run` counts as `/run`).
 pub fn hidden_by_sandboxes(path: &Path) -> bool {

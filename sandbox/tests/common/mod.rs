@@ -19,7 +19,11 @@ pub mod scratch;
 
 /// `sandbox-run`, at a path every identity of [`identities`] can execute.
 pub fn sandbox_run_exe() -> PathBuf {
-    scratch::traversable(Path::new(env!("CARGO_BIN_EXE_sandbox-run")))
+    // sandbox-run starts egress-proxy from its own directory: a copy takes it along.
+    scratch::traversable_with(
+        Path::new(env!("CARGO_BIN_EXE_sandbox-run")),
+        &[Path::new(env!("CARGO_BIN_EXE_egress-proxy"))],
+    )
 }
 
 /// This test binary (re-executed as the in-sandbox probe), at a path every identity can execute.
