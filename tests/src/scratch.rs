@@ -145,8 +145,7 @@ pub fn traversable(path: &Path) -> PathBuf {
                 .keep();
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
             let copy = dir.join(path.file_name().expect("a file name"));
-            std::fs::copy(path, &copy).expect("copy the binary");
-            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+            copy_executable(path, &copy);
             CopiedBinaries::register(dir);
             copy
         })
@@ -164,12 +163,30 @@ pub fn traversable_with(path: &Path, siblings: &[&Path]) -> PathBuf {
         for sibling in siblings {
             let to = dir.join(sibling.file_name().expect("a file name"));
             if !to.exists() {
-                std::fs::copy(sibling, &to).expect("copy the sibling binary");
-                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+                copy_executable(sibling, &to);
             }
         }
     }
     copy
+}
+
+/// Copy the executable `from` to `to`, mode 0755, in a `cp` process of its own. Copied here, the
+/// copy's writable descriptor would be inherited by any child another test thread forks
+/// meanwhile, and executing the copy would fail with `ETXTBSY` until that child execs.
+pub fn copy_executable(from: &Path, to: &Path) {
+    let status = std::process::Command::new("cp")
+        .arg("--")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("run cp");
+    assert!(
+        status.success(),
+        "cp {} {}: {status}",
+        from.display(),
+        to.display()
+    );
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// Whether `path` lies where a sandbox sees a private directory of its own instead of the host's:

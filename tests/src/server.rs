@@ -274,17 +274,13 @@ fn spawn_retrying_busy(command: &mut Command) -> std::process::Child {
 /// Copies [`INSTALLED_BINARIES`] from the target directory into `dir` (mode 0755), as an install
 /// would, and returns the path of the copied `exec-server`.
 pub fn install_binaries(dir: &Path) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
     let from = exec_server_binary()
         .parent()
         .expect("exec-server has a directory")
         .to_path_buf();
     std::fs::create_dir_all(dir).expect("create the install directory");
     for name in INSTALLED_BINARIES {
-        let to = dir.join(name);
-        std::fs::copy(from.join(name), &to)
-            .unwrap_or_else(|e| panic!("copy {name} to {}: {e}", dir.display()));
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+        crate::scratch::copy_executable(&from.join(name), &dir.join(name));
     }
     dir.join(SERVER_BINARY)
 }
