@@ -308,25 +308,40 @@ async fn connect(
     }
 }
 
+/// The caller of a websocket endpoint of `role` for environment `id`, and the environment's
+/// name and bound key; or the refusal (401/403 for the caller, 404 for an unknown environment).
+async fn socket_caller(
+    state: &AppState,
+    caller: Option<axum::Extension<Caller>>,
+    role: Role,
+    id: &str,
+) -> Result<(Caller, (String, String)), Response> {
+    if let Some(response) = refusal(caller.as_deref(), role, id) {
+        return Err(response);
+    }
+    let Some(axum::Extension(caller)) = caller else {
+        return Err(text(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token\n",
+        ));
+    };
+    match lookup(state, id).await? {
+        Some(known) => Ok((caller, known)),
+        None => Err(text(StatusCode::NOT_FOUND, "environment not registered\n")),
+    }
+}
+
 async fn executor_socket(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     caller: Option<axum::Extension<Caller>>,
     request: Request,
 ) -> Response {
-    if let Some(response) = refusal(caller.as_deref(), Role::Executor, &id) {
-        return response;
-    }
-    let Some(axum::Extension(caller)) = caller else {
-        return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
-    };
-    let known = match lookup(&state, &id).await {
-        Ok(known) => known,
-        Err(response) => return response,
-    };
-    let Some((name, public_key)) = known else {
-        return text(StatusCode::NOT_FOUND, "environment not registered\n");
-    };
+    let (caller, (name, public_key)) =
+        match socket_caller(&state, caller, Role::Executor, &id).await {
+            Ok(admitted) => admitted,
+            Err(response) => return response,
+        };
     if state.cluster.is_some() {
         // The socket proves the key the cluster holds, here.
         state.router.adopt(&id, name, &public_key);
@@ -344,17 +359,10 @@ async fn harness_socket(
     caller: Option<axum::Extension<Caller>>,
     request: Request,
 ) -> Response {
-    if let Some(response) = refusal(caller.as_deref(), Role::Harness, &id) {
-        return response;
-    }
-    let Some(axum::Extension(caller)) = caller else {
-        return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
-    };
-    match lookup(&state, &id).await {
-        Ok(Some(_)) => {}
-        Ok(None) => return text(StatusCode::NOT_FOUND, "environment not registered\n"),
+    let caller = match socket_caller(&state, caller, Role::Harness, &id).await {
+        Ok((caller, _)) => caller,
         Err(response) => return response,
-    }
+    };
     let cluster_slot = match cluster_socket_slot(&state, &caller, &id).await {
         Ok(slot) => slot,
         Err(response) => return response,
