@@ -37,6 +37,11 @@ pub struct ProxyConfig {
     pub denied_ports: Vec<u16>,
     /// Name to address mapping consulted before the system resolver (hosts-file format).
     pub hosts: Vec<(String, IpAddr)>,
+    /// The `Proxy-Authorization` value sent to the upstream proxy
+    /// ([`EgressRules::upstream`]), read from the credentials file by the outer: it lives in
+    /// this sealed memfd and the proxy's memory, never in an argument or the environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_authorization: Option<String>,
 }
 
 /// One decision of the proxy (a JSON line on its event descriptor).

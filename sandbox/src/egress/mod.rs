@@ -21,6 +21,10 @@
 //! (kept-alive, pipelined, inside a tunnel) must name it too, and what the tunnel may carry at
 //! all is the pattern's [`TunnelMode`](crate::policy::network::TunnelMode) (TLS only on 443,
 //! TLS or checked HTTP elsewhere, anything with `tunnel=any`).
+//! With an upstream proxy ([`upstream`]), an allowed connection leaves through it with
+//! `CONNECT host:port` instead: the name is checked against the allowlist as above but not
+//! resolved here (the upstream resolves it), so the address checks apply to IP literals only;
+//! the upstream's own address is checked against the supervisor's listeners.
 //! Every decision is an [`EgressEvent`] written to the outer, which turns refusals into denial
 //! records (layer `proxy`, operation `net.connect`).
 //!
@@ -39,6 +43,7 @@ pub mod inspect;
 pub mod sni;
 pub mod socks;
 pub mod tls;
+pub mod upstream;
 
 #[cfg(target_os = "linux")]
 pub mod helper;

@@ -439,7 +439,92 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
             return Err(OpenError::Refused(Box::new(event)));
         }
     };
+    if let Some(upstream) = &rules.upstream {
+        // The upstream resolves names: only a literal address is checked here.
+        if let Host::Ip(ip) = host {
+            usable_addresses(
+                proxy,
+                protocol,
+                host,
+                port,
+                vec![SocketAddr::new(*ip, port)],
+            )?;
+        }
+        let stream = through_upstream(proxy, upstream, host, port)?;
+        proxy.emit(&EgressEvent::allowed(protocol, host, port, &rule));
+        return Ok(stream);
+    }
     let addresses = resolve(proxy, host, port).map_err(OpenError::Unreachable)?;
+    let usable = usable_addresses(proxy, protocol, host, port, addresses)?;
+    let mut last_error = String::from("no address");
+    for address in usable {
+        match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                proxy.emit(&EgressEvent::allowed(protocol, host, port, &rule));
+                return Ok(stream);
+            }
+            Err(err) => last_error = format!("connecting to {address} failed: {err}"),
+        }
+    }
+    Err(OpenError::Unreachable(last_error))
+}
+
+/// A tunnel to `host:port` through the upstream proxy: its addresses (the hosts mapping first,
+/// then the system resolver) but the supervisor's own listeners, connected in turn, asked
+/// `CONNECT host:port`. The upstream is named by the policy, so a private or loopback address
+/// of it is used (that is where corporate proxies live).
+fn through_upstream(
+    proxy: &Proxy,
+    upstream: &crate::policy::network::UpstreamProxy,
+    host: &Host,
+    port: u16,
+) -> Result<TcpStream, OpenError> {
+    let addresses = resolve(proxy, &upstream.host, upstream.port)
+        .map_err(|why| OpenError::Unreachable(format!("the upstream proxy {upstream}: {why}")))?;
+    let locals = proxy.local_addresses();
+    let mut last_error = format!("the upstream proxy {upstream} has no usable address");
+    for address in addresses {
+        if own_listener(proxy, &locals, address.ip(), address.port()) {
+            last_error = format!(
+                "the upstream proxy {upstream} resolves to {address}, the supervisor's own \
+                 listener"
+            );
+            continue;
+        }
+        let mut stream = match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
+            Ok(stream) => stream,
+            Err(err) => {
+                last_error = format!("connecting to the upstream proxy {address} failed: {err}");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let deadline = Instant::now() + CONNECT_TIMEOUT;
+        let authorization = proxy.config.upstream_authorization.as_deref();
+        return match super::upstream::open_tunnel(&mut stream, host, port, authorization, deadline)
+        {
+            Ok(()) => {
+                let _ = stream.set_read_timeout(None);
+                Ok(stream)
+            }
+            Err(why) => Err(OpenError::Unreachable(why)),
+        };
+    }
+    Err(OpenError::Unreachable(last_error))
+}
+
+/// The addresses of `host` that may be connected to: not the supervisor's listeners, none a
+/// deny pattern names, special or local ones only when an `allow` pattern names them. When
+/// none is left, the refusal of the first one is emitted and returned.
+fn usable_addresses(
+    proxy: &Proxy,
+    protocol: &str,
+    host: &Host,
+    port: u16,
+    addresses: Vec<SocketAddr>,
+) -> Result<Vec<SocketAddr>, OpenError> {
+    let rules = &proxy.config.rules;
     let locals = proxy.local_addresses();
     let mut usable = Vec::new();
     let mut refusal = None;
@@ -489,18 +574,7 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
         proxy.emit(&event);
         return Err(OpenError::Refused(Box::new(event)));
     }
-    let mut last_error = String::from("no address");
-    for address in usable {
-        match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
-            Ok(stream) => {
-                let _ = stream.set_nodelay(true);
-                proxy.emit(&EgressEvent::allowed(protocol, host, port, &rule));
-                return Ok(stream);
-            }
-            Err(err) => last_error = format!("connecting to {address} failed: {err}"),
-        }
-    }
-    Err(OpenError::Unreachable(last_error))
+    Ok(usable)
 }
 
 /// The destination's addresses: the hosts mapping first, then the system resolver.

@@ -45,6 +45,9 @@ pub struct RunOptions {
     /// Where every egress decision (allowed ones too) goes as a JSON line, opened before the
     /// command starts.
     pub egress_log: Option<std::sync::Arc<std::fs::File>>,
+    /// The `Proxy-Authorization` value for the upstream proxy (`Basic ...`, from
+    /// `--upstream-proxy-credentials`), handed to the egress proxy in its sealed configuration.
+    pub upstream_authorization: Option<String>,
     /// Repeated SIGINT/SIGTERM escalate (see the `outer` module): the first is forwarded, the second
     /// terminates the sandbox (SIGTERM, SIGKILL after [`INTERRUPT_GRACE`]), the third kills it.
     pub escalate_interrupts: bool,

@@ -104,6 +104,16 @@ pub struct Cli {
     /// local mirrors, air-gapped sites, tests.
     #[arg(long, value_name = "FILE")]
     pub egress_hosts: Option<PathBuf>,
+    /// Send every allowed connection through this HTTP proxy (`http://HOST:PORT`) with
+    /// `CONNECT host:port`; needs an allowlist (--allow-domain or the policy's). The egress
+    /// proxy still checks every name against the allowlist; it does not resolve names then
+    /// (the upstream does), so the address checks apply to IP literals only.
+    #[arg(long, value_name = "URL")]
+    pub upstream_proxy: Option<String>,
+    /// Credentials for --upstream-proxy: FILE holds one line `USER:PASSWORD`, sent as
+    /// `Proxy-Authorization: Basic ...` (never on the command line or in the environment).
+    #[arg(long, value_name = "FILE", requires = "upstream_proxy")]
+    pub upstream_proxy_credentials: Option<PathBuf>,
     /// Write every egress decision, allowed destinations too, as JSON lines to FILE (created
     /// before the command starts): the allowlist a build needs.
     #[arg(long, value_name = "FILE")]

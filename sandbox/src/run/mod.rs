@@ -250,6 +250,13 @@ pub fn run_options(
         keep_fds,
         egress_hosts: prepared.egress_hosts.clone(),
         egress_log,
+        upstream_authorization: match &cli.upstream_proxy_credentials {
+            Some(path) => Some(
+                crate::egress::upstream::authorization_from_file(path)
+                    .map_err(|err| RunError::Setup(err.to_string()))?,
+            ),
+            None => None,
+        },
         // Run by hand: repeated interrupts escalate. Under exec-server (--launch-fd) every signal
         // is forwarded as sent, and the server terminates trees itself.
         escalate_interrupts: cli.launch_fd.is_none(),

@@ -535,6 +535,7 @@ fn start_proxy(
         rules: rules.clone(),
         denied_ports: policy.denied_tcp_ports.clone(),
         hosts: options.egress_hosts.clone(),
+        upstream_authorization: options.upstream_authorization.clone(),
     };
     match crate::egress::launch::ProxyProcess::spawn(listener, &config) {
         Ok(proxy) => Ok(Some(proxy)),
