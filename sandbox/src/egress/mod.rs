@@ -35,6 +35,7 @@
 //! [`server`] (the accept loop and the connection handler), [`launch`] (the outer's side:
 //! exec the proxy, read its events, stop it).
 
+pub mod ask;
 pub mod config;
 pub mod framing;
 pub mod hosts;

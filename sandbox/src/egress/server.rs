@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::policy::network::{Decision, Host, TunnelMode, canonical_ip};
+use crate::policy::network::{Decision, Host, Refusal, TunnelMode, canonical_ip, suggested_rule};
 
 use super::config::{EgressEvent, ProxyConfig, escape_control};
 use super::http::{self, Request};
@@ -43,6 +43,8 @@ pub struct Proxy {
     events: Mutex<File>,
     active: AtomicUsize,
     started: Instant,
+    /// Asks before a refusal is final (`--ask`), when configured.
+    asker: Option<super::ask::Asker>,
 }
 
 impl Proxy {
@@ -54,7 +56,14 @@ impl Proxy {
             events: Mutex::new(events),
             active: AtomicUsize::new(0),
             started: Instant::now(),
+            asker: None,
         }
+    }
+
+    /// This proxy asking `asker` before refusing a name the allowlist does not allow.
+    pub fn with_asker(mut self, asker: Option<super::ask::Asker>) -> Self {
+        self.asker = asker;
+        self
     }
 
     /// This host's addresses, read again when the last reading is older than
@@ -279,7 +288,11 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
         ));
         return;
     }
-    let upstream = match open(proxy, protocol, &host, port) {
+    let asked = match &request {
+        Request::Forward { method, path, .. } => Some((method.as_str(), path.as_str())),
+        Request::Connect { .. } => None,
+    };
+    let upstream = match open(proxy, protocol, &host, port, asked) {
         Ok(upstream) => upstream,
         Err(OpenError::Refused(event)) => {
             let _ = client.write_all(&http::response(
@@ -377,7 +390,7 @@ fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline
         }
     };
     let rest = buf.split_off(len);
-    let upstream = match open(proxy, "socks5", &host, port) {
+    let upstream = match open(proxy, "socks5", &host, port, None) {
         Ok(upstream) => upstream,
         Err(OpenError::Refused(_)) => {
             let _ = client.write_all(&socks::reply(socks::REPLY_NOT_ALLOWED));
@@ -427,12 +440,27 @@ fn refuse_socks4(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadlin
     let _ = client.write_all(&socks::SOCKS4_REJECTED);
 }
 
-/// Decides, resolves, checks every address and connects.
-fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStream, OpenError> {
+/// Decides (asking, when configured, before a name the allowlist does not allow is refused),
+/// resolves, checks every address and connects. `request`: the method and path of a plain
+/// HTTP request, for the question.
+fn open(
+    proxy: &Proxy,
+    protocol: &str,
+    host: &Host,
+    port: u16,
+    request: Option<(&str, &str)>,
+) -> Result<TcpStream, OpenError> {
     let rules = &proxy.config.rules;
     let decision = rules.decide(host, port);
+    let mut approval = None;
     let rule = match &decision {
         Decision::Allowed(rule) => rule.clone(),
+        Decision::Denied(Refusal::NotAllowed) if proxy.asker.is_some() => {
+            let granted = ask(proxy, protocol, host, port, request)?;
+            let rule = format!("approved by the {} ({})", granted.by, granted.scope);
+            approval = Some(granted);
+            rule
+        }
         Decision::Denied(_) => {
             let event = EgressEvent::from_decision(protocol, host, port, &decision);
             proxy.emit(&event);
@@ -451,7 +479,7 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
             )?;
         }
         let stream = through_upstream(proxy, upstream, host, port)?;
-        proxy.emit(&EgressEvent::allowed(protocol, host, port, &rule));
+        proxy.emit(&allowed_event(protocol, host, port, &rule, &approval));
         return Ok(stream);
     }
     let addresses = resolve(proxy, host, port).map_err(OpenError::Unreachable)?;
@@ -461,13 +489,110 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
         match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
-                proxy.emit(&EgressEvent::allowed(protocol, host, port, &rule));
+                proxy.emit(&allowed_event(protocol, host, port, &rule, &approval));
                 return Ok(stream);
             }
             Err(err) => last_error = format!("connecting to {address} failed: {err}"),
         }
     }
     Err(OpenError::Unreachable(last_error))
+}
+
+/// The event of an allowed connection: by a pattern, or by an approval.
+fn allowed_event(
+    protocol: &str,
+    host: &Host,
+    port: u16,
+    rule: &str,
+    approval: &Option<super::config::Approval>,
+) -> EgressEvent {
+    match approval {
+        Some(approval) => EgressEvent::approved(protocol, host, port, approval.clone()),
+        None => EgressEvent::allowed(protocol, host, port, rule),
+    }
+}
+
+/// Asks whether `host:port`, which the allowlist does not allow, may be reached: an approval,
+/// or the refusal (emitted) saying the answer was no or did not come in time.
+fn ask(
+    proxy: &Proxy,
+    protocol: &str,
+    host: &Host,
+    port: u16,
+    request: Option<(&str, &str)>,
+) -> Result<super::config::Approval, OpenError> {
+    use super::ask::{Question, Scope, cut_path};
+    use super::config::Approval;
+    let Some(asker) = &proxy.asker else {
+        return Err(refuse_unasked(
+            proxy,
+            protocol,
+            host,
+            port,
+            "not in the allowlist",
+        ));
+    };
+    let name = host.to_string();
+    if asker.remembered(&name, port) {
+        return Ok(Approval {
+            by: "earlier approval".to_owned(),
+            scope: "remembered".to_owned(),
+        });
+    }
+    let question = Question {
+        id: 0,
+        protocol: protocol.to_owned(),
+        host: name,
+        port,
+        method: request.map(|(method, _)| method.to_owned()),
+        path: request.map(|(_, path)| cut_path(path)),
+        rule: format!("--allow-domain {}", suggested_rule(host, port)),
+    };
+    match asker.ask(question) {
+        Some(answer) if answer.decision != Scope::Deny => Ok(Approval {
+            by: answer.by.unwrap_or_else(|| "client".to_owned()),
+            scope: answer.decision.as_str().to_owned(),
+        }),
+        Some(answer) => Err(refuse_unasked(
+            proxy,
+            protocol,
+            host,
+            port,
+            &format!(
+                "not in the allowlist, and refused when asked (by the {})",
+                answer.by.as_deref().unwrap_or("client")
+            ),
+        )),
+        None => {
+            let waited = proxy.config.ask.as_ref().map_or(0, |ask| ask.timeout_ms);
+            Err(refuse_unasked(
+                proxy,
+                protocol,
+                host,
+                port,
+                &format!("not in the allowlist, and no approval came within {waited} ms"),
+            ))
+        }
+    }
+}
+
+/// Emits and returns the refusal of a name the allowlist does not allow, with `reason`.
+fn refuse_unasked(
+    proxy: &Proxy,
+    protocol: &str,
+    host: &Host,
+    port: u16,
+    reason: &str,
+) -> OpenError {
+    let event = EgressEvent::refused(
+        protocol,
+        &host.to_string(),
+        port,
+        format!("--allow-domain {}", suggested_rule(host, port)),
+        reason.to_owned(),
+    );
+    proxy.emit(&event);
+    OpenError::Refused(Box::new(event))
 }
 
 /// A tunnel to `host:port` through the upstream proxy: its addresses (the hosts mapping first,

@@ -94,7 +94,8 @@ impl NetworkPolicy {
             NetworkSetting::Allowlist(spec) => {
                 let allow: Vec<String> =
                     spec.allow.iter().map(AllowEntry::to_pattern_text).collect();
-                let rules = EgressRules::parse(&allow, &spec.deny)?;
+                let mut rules = EgressRules::parse(&allow, &spec.deny)?;
+                rules.ask = spec.ask;
                 match spec.upstream {
                     Some(url) => Ok(Self::Allowlist(
                         rules.with_upstream(Some(UpstreamProxy::parse(&url)?)),
@@ -127,6 +128,7 @@ impl From<NetworkPolicy> for NetworkSetting {
                     .collect(),
                 deny: rules.deny.iter().map(ToString::to_string).collect(),
                 upstream: rules.upstream.as_ref().map(ToString::to_string),
+                ask: rules.ask,
             }),
         }
     }
@@ -295,6 +297,10 @@ pub struct AllowlistSpec {
     /// An upstream HTTP proxy (`"http://HOST:PORT"`) every allowed connection leaves through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
+    /// Ask (the terminal, or exec-server's client) before a destination no `allow` pattern
+    /// matches is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ask: bool,
 }
 
 /// One `allow` item as written: a pattern string, or `{"pattern": "...", "tunnel": "any"}`.
@@ -534,6 +540,10 @@ pub struct EgressRules {
     /// Where allowed connections leave: through this HTTP proxy (CONNECT), else directly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamProxy>,
+    /// Ask before a destination no `allow` pattern matches is refused (`deny` patterns are
+    /// final): `sandbox-run` asks its terminal, exec-server its client (`egress/approve`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ask: bool,
 }
 
 /// An upstream HTTP proxy (`http://HOST:PORT`): allowed connections leave through it with
@@ -621,6 +631,7 @@ impl EgressRules {
             allow: parse_list(allow)?,
             deny: parse_list(deny)?,
             upstream: None,
+            ask: false,
         };
         if let Some(pattern) = rules.deny.iter().find(|p| p.tunnel.is_some()) {
             return Err(NetworkError::Pattern {
@@ -654,7 +665,9 @@ impl EgressRules {
         all_allow.extend_from_slice(allow);
         let mut all_deny: Vec<String> = self.deny.iter().map(ToString::to_string).collect();
         all_deny.extend_from_slice(deny);
-        Ok(Self::parse(&all_allow, &all_deny)?.with_upstream(self.upstream.clone()))
+        let mut rules = Self::parse(&all_allow, &all_deny)?.with_upstream(self.upstream.clone());
+        rules.ask = self.ask;
+        Ok(rules)
     }
 
     /// These rules with allowed connections leaving through `upstream` (or directly).
