@@ -467,6 +467,9 @@ fn open(
             return Err(OpenError::Refused(Box::new(event)));
         }
     };
+    // An approval of an address literal names that address, as an `allow` pattern would; an
+    // approved name's addresses are checked as any name's.
+    let named = approval.is_some() && matches!(host, Host::Ip(_));
     if let Some(upstream) = &rules.upstream {
         // The upstream resolves names: only a literal address is checked here.
         if let Host::Ip(ip) = host {
@@ -476,6 +479,7 @@ fn open(
                 host,
                 port,
                 vec![SocketAddr::new(*ip, port)],
+                named,
             )?;
         }
         let stream = through_upstream(proxy, upstream, host, port)?;
@@ -483,7 +487,7 @@ fn open(
         return Ok(stream);
     }
     let addresses = resolve(proxy, host, port).map_err(OpenError::Unreachable)?;
-    let usable = usable_addresses(proxy, protocol, host, port, addresses)?;
+    let usable = usable_addresses(proxy, protocol, host, port, addresses, named)?;
     let mut last_error = String::from("no address");
     for address in usable {
         match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
@@ -641,13 +645,16 @@ fn through_upstream(
 
 /// The addresses of `host` that may be connected to: not the supervisor's listeners, none a
 /// deny pattern names, special or local ones only when an `allow` pattern names them. When
-/// none is left, the refusal of the first one is emitted and returned.
+/// none is left, the refusal of the first one is emitted and returned. `named`: the literal
+/// address was approved when asked, which names it (the supervisor's listeners and deny
+/// patterns still win).
 fn usable_addresses(
     proxy: &Proxy,
     protocol: &str,
     host: &Host,
     port: u16,
     addresses: Vec<SocketAddr>,
+    named: bool,
 ) -> Result<Vec<SocketAddr>, OpenError> {
     let rules = &proxy.config.rules;
     let locals = proxy.local_addresses();
@@ -677,7 +684,7 @@ fn usable_addresses(
                     "none: a deny pattern names the address".to_owned(),
                 )
             });
-        } else if !rules.address_allowed(ip, port, &|ip| locals.contains(&ip)) {
+        } else if !named && !rules.address_allowed(ip, port, &|ip| locals.contains(&ip)) {
             refusal.get_or_insert_with(|| {
                 let named = Host::Ip(ip);
                 (

@@ -112,7 +112,7 @@ pub async fn start(
                 && !plan.rlimits.pools.set_at_setup()
                 && launch.launchers.eligible(&policy, pty.is_some(), audit) =>
         {
-            How::Launcher(LauncherStart {
+            How::Launcher(Box::new(LauncherStart {
                 launchers: launch.launchers.clone(),
                 sandboxing: launch.sandboxing.clone(),
                 session_id: session.id.clone(),
@@ -124,9 +124,9 @@ pub async fn start(
                     limits: plan.rlimits.clone(),
                 },
                 pipe_stdin: params.pipe_stdin,
-            })
+            }))
         }
-        policy => How::Spawn(match policy {
+        policy => How::Spawn(Box::new(match policy {
             None if audit => {
                 return Err(ProcessError::AuditWithoutSandbox);
             }
@@ -142,6 +142,8 @@ pub async fn start(
                     pipe_stdin: params.pipe_stdin,
                     audit_pipe: false,
                     launch: None,
+                    ask: None,
+                    ask_server: None,
                     cgroups: ChildCgroupFds::default(),
                     rlimits: plan.rlimits.clone(),
                 }
@@ -162,7 +164,7 @@ pub async fn start(
                 audit,
                 plan.rlimits.clone(),
             )?,
-        }),
+        })),
     };
     let (sandboxed, check_cwd) = match &how {
         How::Spawn(spec) => (spec.launch.is_some(), policy_free_cwd(spec)),
@@ -178,7 +180,7 @@ pub async fn start(
                 directory_check(&cwd)?;
             }
             let mut spec = match how {
-                How::Spawn(spec) => spec,
+                How::Spawn(spec) => *spec,
                 How::Launcher(start) => {
                     let (child_ends, pipes) = super::spawn::stdio_pipes(start.pipe_stdin)?;
                     // The launcher's PID 1 joined its cgroups ahead (or joins new ones now).
@@ -191,7 +193,7 @@ pub async fn start(
                         &tree_plan,
                     )? {
                         return match super::spawn::launched(started, pipes) {
-                            Ok(spawned) => Ok((spawned, true, tree)),
+                            Ok(spawned) => Ok((spawned, true, tree, None)),
                             Err(error) => {
                                 tree.discard();
                                 Err(error.into())
@@ -210,8 +212,11 @@ pub async fn start(
                     spec.cgroups = cgroups;
                     spawn(&spec, reaper.as_deref()).map_err(ProcessError::from)
                 });
+            // The child holds its end now; the server's is served once the process exists.
+            spec.ask = None;
+            let ask = spec.ask_server.take();
             match spawned {
-                Ok(spawned) => Ok((spawned, false, tree)),
+                Ok(spawned) => Ok((spawned, false, tree, ask)),
                 Err(error) => {
                     let _ = tree.remove();
                     Err(error)
@@ -221,7 +226,7 @@ pub async fn start(
         .await
         .map_err(ProcessError::from)
         .and_then(|spawned| spawned);
-    let (spawned, launched, tree) = spawned?;
+    let (spawned, launched, tree, ask) = spawned?;
     let tree = Arc::new(tree);
     tracing::debug!(
         resolve_us = resolved.as_micros(),
@@ -310,6 +315,16 @@ pub async fn start(
         metrics: launch.metrics.clone(),
         session_id: session.id.clone(),
     };
+    if let Some(ask) = ask
+        && ask.set_nonblocking(true).is_ok()
+        && let Ok(ask) = tokio::net::UnixStream::from_std(ask)
+    {
+        tokio::spawn(super::approve::serve(
+            ask,
+            process.id.clone(),
+            session.attachment.clone(),
+        ));
+    }
     pump::start(process, spawned.leader, pump_io, spawned.audit, context);
     let applied = plan.applied;
     Ok(StartResult {
@@ -491,9 +506,9 @@ pub fn terminate(session: &Session, params: TerminateParams) -> RunningResult {
 /// How a start's process is made.
 enum How {
     /// Spawned by the server (unsandboxed, or through a `sandbox-run` of its own).
-    Spawn(SpawnSpec),
-    /// Through the session's launcher.
-    Launcher(LauncherStart),
+    Spawn(Box<SpawnSpec>),
+    /// Through the session's launcher (boxed: the policy it carries is large).
+    Launcher(Box<LauncherStart>),
 }
 
 /// A start for the session's launcher, with what its one-shot fallback needs.
@@ -601,6 +616,7 @@ fn sandboxed_spec(
     audit: bool,
     limits: sandbox::limits::CommandLimits,
 ) -> Result<SpawnSpec, ProcessError> {
+    let asks = policy.egress().is_some_and(|rules| rules.ask);
     let request = sandbox::launch::LaunchRequest {
         policy,
         argv,
@@ -624,6 +640,20 @@ fn sandboxed_spec(
     if audit {
         wrapped.extend(["--audit-fd".to_owned(), super::spawn::AUDIT_FD.to_string()]);
     }
+    // An allowlist that asks: sandbox-run asks the server on a socket of their own
+    // (`egress/approve`, [`super::approve`]).
+    let (ask, ask_server) = if asks {
+        let (server, child) = std::os::unix::net::UnixStream::pair().map_err(|source| {
+            ProcessError::Spawn(super::spawn::SpawnError::Setup {
+                what: "egress question socket",
+                source,
+            })
+        })?;
+        wrapped.extend(["--ask-fd".to_owned(), super::spawn::ASK_FD.to_string()]);
+        (Some(std::os::fd::OwnedFd::from(child)), Some(server))
+    } else {
+        (None, None)
+    };
     Ok(SpawnSpec {
         argv: wrapped,
         arg0: Some("sandbox-run".to_owned()),
@@ -633,6 +663,8 @@ fn sandboxed_spec(
         pipe_stdin,
         audit_pipe: audit,
         launch: Some(launch),
+        ask,
+        ask_server,
         cgroups: ChildCgroupFds::default(),
         // The command's rlimits are set by sandbox-run right before it execs the command, not
         // on sandbox-run itself (its terminal relay must not run out of CPU time).

@@ -6,6 +6,7 @@
 //! process's log ([`output`]) and notifies the attached connection; after `closed` the process
 //! stays readable for a while, then leaves the table.
 
+pub mod approve;
 pub mod bounds;
 pub mod env_policy;
 pub mod guardian;
