@@ -2298,3 +2298,42 @@ fn asking_without_a_terminal_refuses_at_once() {
         );
     }
 }
+
+/// The question socket (`--ask-fd`) is `sandbox-run`'s and the proxy's, never the command's:
+/// the command's descriptors hold no socket. The control: the same listing run directly with
+/// the socket inherited shows it.
+#[test]
+fn the_ask_socket_never_reaches_the_command() {
+    let listing = "ls -l /proc/self/fd/";
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let (output, questions, _) =
+            run_asking(&ws, &["--allow-domain", "registry.test"], listing, vec![]);
+        assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+        assert!(questions.is_empty(), "{uid:?}: {questions:?}");
+        assert!(
+            !text(&output.stdout).contains("socket:"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+    }
+    let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&theirs);
+    let mut control = Command::new("sh");
+    control.args(["-c", listing]);
+    // SAFETY: dup2 only, between fork and exec.
+    unsafe {
+        control.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let output = control.output().unwrap();
+    assert!(
+        text(&output.stdout).contains("socket:"),
+        "{}",
+        describe(&output)
+    );
+}
