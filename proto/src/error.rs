@@ -20,6 +20,7 @@ pub const SESSION_ATTACHED: i64 = -32010;
 
 /// Machine-readable error classification sent as `data.kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ErrorKind {
     /// The message is not a valid JSON-RPC message.
@@ -78,6 +79,7 @@ pub enum ErrorKind {
 
 /// The `data` member of an error: a kind plus the inputs that explain it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ErrorData {
     /// The classification.
@@ -111,6 +113,7 @@ impl ErrorData {
 
 /// A JSON-RPC error object: `{code, message, data}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[error("{message} (code {code})")]
 pub struct RpcError {
     /// One of the code constants in this module.

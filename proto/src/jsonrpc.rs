@@ -12,6 +12,7 @@ use crate::error::{ErrorKind, RpcError};
 
 /// A request id: an integer or a string, echoed back verbatim.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum RequestId {
     /// An integer id.
@@ -37,6 +38,7 @@ impl std::fmt::Display for RequestId {
 
 /// A request: it expects exactly one response with the same id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Request {
     /// Echoed in the response.
     pub id: RequestId,
@@ -49,6 +51,7 @@ pub struct Request {
 
 /// A notification: no response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Notification {
     /// The method name, e.g. `process/output`.
     pub method: String,
@@ -59,6 +62,7 @@ pub struct Notification {
 
 /// A successful response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Response {
     /// The request's id.
     pub id: RequestId,
@@ -68,6 +72,7 @@ pub struct Response {
 
 /// An error response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ErrorResponse {
     /// The request's id, or -1 when the error is not tied to a request.
     pub id: RequestId,

@@ -10,6 +10,8 @@
 //!
 //! - `relay` (feature `relay`, on by default): the relay frames of remote mode (protobuf), the
 //!   sans-I/O reliable stream and Noise. Without it, neither prost nor snow is built.
+//! - `schema` (feature `schema`, off by default): `JsonSchema` for the wire types and the schema
+//!   of every message (`docs/schema/` is generated from it).
 #![forbid(unsafe_code)]
 
 pub mod error;
@@ -18,6 +20,8 @@ pub mod limits;
 pub mod methods;
 #[cfg(feature = "relay")]
 pub mod relay;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod uri;
 
 pub use error::{ErrorData, ErrorKind, RpcError};

@@ -127,6 +127,7 @@ fn flood(records: impl Iterator<Item = (u16, String)>) -> Outcome {
     let heap_growth = PEAK.load(Ordering::Relaxed) - baseline;
     let audit = RunAudit {
         command: vec!["flood".to_owned()],
+        root: std::path::PathBuf::from("/"),
         exit_status: 0,
         aggregate: findings.aggregate,
         coverage: Coverage::default(),

@@ -413,7 +413,8 @@ fn a_refused_connect_is_a_denial_record_naming_the_socket() {
                     .any(|d| d["layer"] == "seccomp" && d["syscall"] == "connect"),
                 "{context}: {denials:#?}"
             );
-            // SARIF: one result of the rule, located at the socket.
+            // SARIF: one result of the rule; the socket is outside the repository, so its
+            // location is the runtime artifact and the socket is named in its message.
             let args = with(
                 launch,
                 WW,
@@ -424,13 +425,17 @@ fn a_refused_connect_is_a_denial_record_naming_the_socket() {
             let log: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(&sarif).unwrap()).unwrap();
             let results = log["runs"][0]["results"].as_array().unwrap();
-            let uri = format!("file://{}", s(&path));
+            let uri = sandbox::audit::sarif::RUNTIME_ARTIFACT_URI;
             assert!(
                 results.iter().any(|r| {
+                    let location = &r["locations"][0];
                     r["properties"]["layer"] == layer
-                        && r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == uri
+                        && location["physicalLocation"]["artifactLocation"]["uri"] == uri
+                        && location["message"]["text"]
+                            .as_str()
+                            .is_some_and(|t| t.contains(s(&path)))
                 }),
-                "{context}: no SARIF result at {uri}: {log:#}"
+                "{context}: no SARIF result at {uri} naming {path:?}: {log:#}"
             );
             validate_sarif(&sarif);
             // Named: it connects, and nothing is recorded.

@@ -129,10 +129,16 @@ mod tests {
         let pool = CpuPool::with_threads(2);
         let nice = pool
             .run(|| {
-                // SAFETY: getpriority reads the calling thread's nice value; no memory touched.
-                let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
-                // SAFETY: as above.
-                unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) }
+                // The calling thread's nice value: field 19 of its stat line, counted after the
+                // command name (which may hold spaces) as field 3.
+                let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+                let after_name = &stat[stat.rfind(')').unwrap() + 1..];
+                after_name
+                    .split_whitespace()
+                    .nth(19 - 3)
+                    .unwrap()
+                    .parse::<i32>()
+                    .unwrap()
             })
             .await
             .unwrap();

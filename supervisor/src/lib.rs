@@ -5,7 +5,7 @@
 //! `docs/protocol.md`), and drives processes and files. The server holds no extra privilege and
 //! never sandboxes itself; sandboxed work is done by separately exec'd helpers.
 //!
-//! Cargo features, one per product (all on by default):
+//! Cargo features, one per product (all on by default, but `schema`):
 //!
 //! | feature | builds | adds dependencies |
 //! |---|---|---|
@@ -13,6 +13,7 @@
 //! | `remote` | remote mode's relay glue (`relay`); with `client`, `ExecServerClient::connect_remote` and `wss://` URLs; with `server`, the executor (`exec-server --remote`) | `proto`'s relay (prost, snow), reqwest, rustls |
 //! | `server` | the exec server (`exec-server`, `exec-guardian`, the `exec` subcommand); includes `client` and `remote`, which that binary also serves | `sandbox`, `fs-helper` (Landlock, seccomp), clap |
 //! | `rendezvous` | the reference registry + rendezvous (`exec-rendezvous`); includes `server` | axum, hyper |
+//! | `schema` (off by default) | `rendezvous_credentials_schema` and the `schema` features of `proto` and `sandbox`: what `tests/tests/schemas.rs` writes `docs/schema/` from; includes `rendezvous` | schemars |
 //!
 //! An embedder that only drives servers builds `--no-default-features --features client` (add
 //! `remote` to reach executors through a rendezvous): no sandbox, helpers or HTTP server.
@@ -25,6 +26,8 @@
 //! run_main(DEFAULT_LISTEN_URL, ExecServerRuntimePaths::next_to_current_exe()?).await?;
 //! # Ok(()) }
 //! ```
+
+#![deny(unsafe_code)]
 
 // The exec server (feature `server`): `server` binds and shuts down, `transport` accepts, `rpc`
 // routes; the rest are the handlers and the leaves they share. Only what the binaries and
@@ -63,7 +66,9 @@ pub mod server;
 mod session;
 #[cfg(feature = "server")]
 mod state;
+// The only unsafe code of the crate: raw calls, each behind a safe wrapper.
 #[cfg(feature = "server")]
+#[allow(unsafe_code)]
 mod sys;
 #[cfg(feature = "server")]
 mod transport;
@@ -88,6 +93,9 @@ pub mod relay;
 // The reference registry + rendezvous (feature `rendezvous`).
 #[cfg(feature = "rendezvous")]
 pub mod rendezvous;
+/// The JSON Schema of the rendezvous credentials file (feature `schema`, for docs/schema/).
+#[cfg(feature = "schema")]
+pub use rendezvous::credentials::file_schema as rendezvous_credentials_schema;
 
 // When a client may send a token over plain text (both clients ask it).
 #[cfg(any(feature = "client", feature = "remote"))]

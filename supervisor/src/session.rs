@@ -35,7 +35,7 @@ use crate::transport::identity::ClientIdentity;
 pub struct Attachment {
     current: Mutex<AttachmentState>,
     /// `egress/approve` requests in flight and approvals for the session.
-    pub approvals: crate::process::approve::Approvals,
+    pub approvals: crate::process::approvals::Approvals,
 }
 
 /// The connection a session attaches to, and the client it belongs to.

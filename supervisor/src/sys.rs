@@ -2,7 +2,8 @@
 //! the child spawn (a `CLONE_VM | CLONE_VFORK` clone, born in its cgroup v2 leaf by `clone3`
 //! where it can be, that joins its other cgroups and sets its rlimits before `execve`),
 //! `pidfd_open`, `pidfd_send_signal`, `waitid` on a pidfd with the child's
-//! CPU time, the PTY window-size ioctl,
+//! CPU time, the PTY window-size ioctls (set for a child's terminal, read for `exec`'s own),
+//! ignoring a signal (`exec-guardian`),
 //! taking ownership of descriptors received with `SCM_RIGHTS`, and the one-time descriptor
 //! hygiene at server start. [`sock_diag`] asks the kernel's socket table who owns a local TCP
 //! peer's socket (safe code on `nix`'s netlink calls).
@@ -856,4 +857,34 @@ mod tests {
             leaf.path.display()
         );
     }
+}
+
+/// The window size of terminal `fd` as `(cols, rows)` (`TIOCGWINSZ`); `None` when it is not a
+/// terminal or reports a zero size.
+pub fn terminal_window_size(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u16, u16)> {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` through the pointer, which points at a live,
+    // properly aligned local; the descriptor is borrowed for the duration of the call.
+    let status = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCGWINSZ,
+            &mut size as *mut libc::winsize,
+        )
+    };
+    (status == 0 && size.ws_col > 0 && size.ws_row > 0).then_some((size.ws_col, size.ws_row))
+}
+
+/// Ignore `signal` in this process from now on (`SIG_IGN`).
+///
+/// # Errors
+/// The kernel refused the disposition (an invalid signal such as `SIGKILL`).
+pub fn ignore_signal(signal: nix::sys::signal::Signal) -> nix::Result<()> {
+    // SAFETY: SIG_IGN installs no handler code, so nothing can run in signal context.
+    unsafe { nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigIgn) }.map(|_| ())
 }

@@ -14,7 +14,8 @@
 //! The harness is split by concern into private modules whose items are re-exported here, so
 //! every item keeps its `tests::NAME` path: `server` (the process), `client` (the websocket
 //! client), `wire` (encoding helpers, error assertions), `procfs` (`/proc` probes), `raw_ws` (raw
-//! frames), `proxy` ([`CutProxy`]), `library` (library-client helpers) and `fixtures`.
+//! frames), `proxy` ([`CutProxy`]), `library` (library-client helpers), `json_schema` (validation
+//! against `docs/schema/`) and `fixtures`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -23,6 +24,7 @@ pub use proto::RpcError;
 
 mod client;
 mod fixtures;
+mod json_schema;
 mod library;
 mod procfs;
 mod proxy;
@@ -38,6 +40,9 @@ pub mod siege;
 pub use client::{Client, Io, ProcessOutput, decode_events, probe_report, seqs, sh};
 pub use fixtures::{
     SandboxDirs, median, output_within, require_root, skip_unless_ci, wait_child, wait_for_file,
+};
+pub use json_schema::{
+    assert_messages_match_protocol, json_schema_verdicts, protocol_schema, result_schema,
 };
 pub use library::{
     library_client, next_event, start_params, wait_for_event_output, wait_for_state,

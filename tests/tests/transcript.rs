@@ -18,6 +18,10 @@
 //! arrives as `\r\n` and the terminal echoes the written line), `closed` carries `seq`, and the
 //! exit status of the terminated shell is normalised. `bash -lc` became `bash --noprofile --norc
 //! -c` so that the host's login files cannot add output.
+//!
+//! Every message of the replay, sent and received as on the wire (before normalising), validates
+//! against the checked-in `docs/schema/protocol.json`, each response's result against its
+//! request's result schema.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -187,8 +191,11 @@ async fn replay(name: &str) {
     let mut actual_transcript = Vec::new();
     let mut expected_transcript = Vec::new();
     let mut last_seq: BTreeMap<String, u64> = BTreeMap::new();
+    // Every message sent and received, as on the wire, for the schema check.
+    let mut wire = Vec::new();
     for step in &steps {
         client.send_json(&step.send).await;
+        wire.push(step.send.clone());
         let mut received = Vec::new();
         while !step_complete(&step.expect, &received) {
             let message = client.next_message(DEADLINE).await.unwrap_or_else(|| {
@@ -205,6 +212,7 @@ async fn replay(name: &str) {
             }
             received.push(message);
         }
+        wire.extend(received.iter().cloned());
         let canonical_received = canonical(&received);
         let expected = canonical(&step.expect);
         actual_transcript.push(json!({"send": step.send}));
@@ -225,6 +233,7 @@ async fn replay(name: &str) {
             .join("\n")
     };
     assert_eq!(render(&actual_transcript), render(&expected_transcript));
+    tests::assert_messages_match_protocol(&tests::protocol_schema(), &wire);
 }
 
 #[tokio::test]

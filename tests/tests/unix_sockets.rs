@@ -125,6 +125,69 @@ impl Drop for Tmux<'_> {
     }
 }
 
+/// The three runs that show a tmux server's socket is reachable only when named: a control
+/// without a sandbox, a sandboxed client the policy does not name the socket to, and one it does.
+/// Each run's marker (written by the tmux server, outside every sandbox) says whether the
+/// server ran the client's command.
+struct TmuxReach<'a> {
+    install: &'a Install,
+    tmux: &'a Tmux<'a>,
+    context: &'a str,
+}
+
+impl TmuxReach<'_> {
+    async fn run(
+        &self,
+        client: &mut tests::Client,
+        name: &str,
+        sandbox: Option<&Value>,
+    ) -> (tests::ProcessOutput, bool) {
+        let marker = self.install.outside.join(name);
+        let id = format!("tmux-{name}");
+        let out = tmux_run_shell(
+            client,
+            &id,
+            &self.tmux.socket,
+            &marker,
+            sandbox,
+            &self.install.ws,
+        )
+        .await;
+        (out, marker.exists())
+    }
+
+    /// Unsandboxed, the tmux server runs the client's command.
+    async fn control(&self, client: &mut tests::Client) {
+        let (out, ran) = self.run(client, "control", None).await;
+        let context = self.context;
+        assert_eq!(out.exit_code, Some(0), "{context}, control: {out:?}");
+        assert!(ran, "{context}, control: no marker");
+    }
+
+    /// Under `sandbox` (which does not name the socket) the client fails and the server runs
+    /// nothing; returns the client's stderr.
+    async fn denied(&self, client: &mut tests::Client, sandbox: &Value) -> String {
+        let (out, ran) = self.run(client, "denied", Some(sandbox)).await;
+        let context = self.context;
+        assert_ne!(out.exit_code, Some(0), "{context}: tmux client succeeded");
+        assert!(!ran, "{context}: the tmux server ran run-shell");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// Under `sandbox` (which names the socket) the server runs the client's command.
+    async fn named(&self, client: &mut tests::Client, sandbox: &Value) {
+        let (out, ran) = self.run(client, "named", Some(sandbox)).await;
+        let context = self.context;
+        assert_eq!(
+            out.exit_code,
+            Some(0),
+            "{context}, named: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(ran, "{context}, named: no marker");
+    }
+}
+
 /// `tmux -S SOCKET run-shell "touch MARKER"` through the server (sandboxed when `sandbox` is
 /// given); returns the process's output.
 async fn tmux_run_shell(
@@ -162,56 +225,20 @@ async fn a_tmux_server_outside_is_unreachable_unless_named() {
             let mut client = server.client().await;
             let context = format!("{mode} as {uid:?}");
 
-            // The control first: the tmux server runs the command of a client outside.
-            let marker = install.outside.join("control");
-            let out = tmux_run_shell(
-                &mut client,
-                "control",
-                &tmux.socket,
-                &marker,
-                None,
-                &install.ws,
-            )
-            .await;
-            assert_eq!(out.exit_code, Some(0), "{context}, control: {out:?}");
-            assert!(marker.exists(), "{context}, control: no marker");
-            let marker = install.outside.join("denied");
-            let sandbox = install.workspace_write(&[]);
-            let out = tmux_run_shell(
-                &mut client,
-                "denied",
-                &tmux.socket,
-                &marker,
-                Some(&sandbox),
-                &install.ws,
-            )
-            .await;
-            assert_ne!(out.exit_code, Some(0), "{context}: tmux client succeeded");
-            let stderr = String::from_utf8_lossy(&out.stderr);
+            let denied = install.workspace_write(&[]);
+            let named = install.workspace_write(&[&tmux.socket]);
+            let reach = TmuxReach {
+                install: &install,
+                tmux: &tmux,
+                context: &context,
+            };
+            reach.control(&mut client).await;
+            let stderr = reach.denied(&mut client, &denied).await;
             assert!(
                 stderr.contains("Permission denied"),
                 "{context}: expected EACCES from connect, got {stderr}"
             );
-            assert!(!marker.exists(), "{context}: the tmux server ran run-shell");
-
-            let marker = install.outside.join("named");
-            let sandbox = install.workspace_write(&[&tmux.socket]);
-            let out = tmux_run_shell(
-                &mut client,
-                "named",
-                &tmux.socket,
-                &marker,
-                Some(&sandbox),
-                &install.ws,
-            )
-            .await;
-            assert_eq!(
-                out.exit_code,
-                Some(0),
-                "{context}, named: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(marker.exists(), "{context}, named: no marker");
+            reach.named(&mut client, &named).await;
         }
     }
 }
@@ -474,30 +501,13 @@ async fn host_tmp_is_readable_its_writes_stay_private_and_its_sockets_unreachabl
             assert_eq!(report["ok"], true, "{context}, control: {report}");
 
             let tmux = Tmux::start(&install, host.join("tmux.sock"));
-            let marker = install.outside.join("control");
-            let out = tmux_run_shell(
-                &mut client,
-                "tmux-control",
-                &tmux.socket,
-                &marker,
-                None,
-                &install.ws,
-            )
-            .await;
-            assert_eq!(out.exit_code, Some(0), "{context}, tmux control: {out:?}");
-            assert!(marker.exists(), "{context}, tmux control: no marker");
-            let marker = install.outside.join("denied");
-            let out = tmux_run_shell(
-                &mut client,
-                "tmux-denied",
-                &tmux.socket,
-                &marker,
-                Some(&sandbox),
-                &install.ws,
-            )
-            .await;
-            assert_ne!(out.exit_code, Some(0), "{context}: tmux client succeeded");
-            assert!(!marker.exists(), "{context}: the tmux server ran run-shell");
+            let reach = TmuxReach {
+                install: &install,
+                tmux: &tmux,
+                context: &context,
+            };
+            reach.control(&mut client).await;
+            reach.denied(&mut client, &sandbox).await;
             let report = tests::probe_report(
                 &mut client,
                 probe,
@@ -508,25 +518,9 @@ async fn host_tmp_is_readable_its_writes_stay_private_and_its_sockets_unreachabl
             )
             .await;
             assert_eq!(report["ok"], false, "{context}: connected: {report}");
-            let marker = install.outside.join("named");
             let mut named = install.workspace_write(&[&tmux.socket]);
             named["denyPaths"] = json!([secret.to_str().unwrap()]);
-            let out = tmux_run_shell(
-                &mut client,
-                "tmux-named",
-                &tmux.socket,
-                &marker,
-                Some(&named),
-                &install.ws,
-            )
-            .await;
-            assert_eq!(
-                out.exit_code,
-                Some(0),
-                "{context}, named: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(marker.exists(), "{context}, named: no marker");
+            reach.named(&mut client, &named).await;
         }
     }
 }

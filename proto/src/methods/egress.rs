@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// Params of `egress/approve`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ApproveParams {
     /// The process that asks.
@@ -29,6 +30,7 @@ pub struct ApproveParams {
 
 /// Result of `egress/approve`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ApproveResult {
     /// `deny`, `connection` (this connection), `process` (this process's connections to

@@ -10,6 +10,7 @@ use crate::uri::FileUri;
 
 /// Result of `environment/info` (params absent, `null` or `{}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EnvironmentInfo {
     /// The server user's login shell.
@@ -33,6 +34,7 @@ pub struct EnvironmentInfo {
 
 /// How process trees are tracked and killed on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum Tracking {
     /// Each process gets its own cgroup v2 leaf, killed with `cgroup.kill`: nothing escapes by
@@ -46,6 +48,7 @@ pub enum Tracking {
 
 /// `containment` of `environment/info`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ContainmentSupport {
     /// How trees are tracked and killed.
@@ -72,6 +75,7 @@ pub struct ContainmentSupport {
 
 /// What enforces each limit of `process/start` on this host (for a start without a sandbox).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LimitsSupport {
     /// `memoryBytes`.
@@ -111,6 +115,7 @@ fn no_sandbox() -> crate::methods::process::Enforcement {
 
 /// The shell of `environment/info`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ShellInfo {
     /// Short name: `bash`, `zsh`, `sh`, `fish`, ... (the executable's file name).
@@ -121,6 +126,7 @@ pub struct ShellInfo {
 
 /// What a `sandbox` on this host can enforce, as `sandbox-run --explain` reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxSupport {
     /// `sandbox-run` was found and answered; when false the other fields say nothing and

@@ -18,6 +18,7 @@ use crate::uri::FileUri;
 ///
 /// Its JSON is `{"operation": "fs/readFile", "params": {...}}`, the shape of a helper request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "operation", content = "params")]
 pub enum FsRequest {
     /// `fs/readFile`.
@@ -119,17 +120,23 @@ fn default_true() -> bool {
 
 /// Params of `fs/readFile`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReadFileParams {
     /// A regular file.
     pub path: FileUri,
     /// Optional sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::sandbox_field")
+    )]
     pub sandbox: Option<Value>,
 }
 
 /// Result of `fs/readFile`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReadFileResult {
     /// The file's bytes, base64.
@@ -138,6 +145,7 @@ pub struct ReadFileResult {
 
 /// Params of `fs/writeFile`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WriteFileParams {
     /// Target file (created or truncated; its directory must exist).
@@ -150,11 +158,16 @@ pub struct WriteFileParams {
     pub atomic: bool,
     /// Optional sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::sandbox_field")
+    )]
     pub sandbox: Option<Value>,
 }
 
 /// Params of `fs/createDirectory`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CreateDirectoryParams {
     /// The directory.
@@ -164,22 +177,32 @@ pub struct CreateDirectoryParams {
     pub recursive: bool,
     /// Optional sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::sandbox_field")
+    )]
     pub sandbox: Option<Value>,
 }
 
 /// Params of `fs/getMetadata`, `fs/canonicalize` and `fs/readDirectory`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PathParams {
     /// The path.
     pub path: FileUri,
     /// Optional sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::sandbox_field")
+    )]
     pub sandbox: Option<Value>,
 }
 
 /// Result of `fs/getMetadata`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GetMetadataResult {
     /// The path (after following a symlink) is a directory.
@@ -198,6 +221,7 @@ pub struct GetMetadataResult {
 
 /// Result of `fs/canonicalize`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CanonicalizeResult {
     /// The absolute path with every symlink, `.` and `..` resolved.
@@ -206,6 +230,7 @@ pub struct CanonicalizeResult {
 
 /// One entry of `fs/readDirectory`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DirectoryEntry {
     /// The name (lossy UTF-8 for display; use `path` to address the entry).
@@ -222,6 +247,7 @@ pub struct DirectoryEntry {
 
 /// Result of `fs/readDirectory`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReadDirectoryResult {
     /// Entries sorted by name bytes.
@@ -235,6 +261,7 @@ pub struct ReadDirectoryResult {
 
 /// Params of `fs/walk`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WalkParams {
     /// The directory whose tree is listed (followed if it is a symlink).
@@ -247,11 +274,16 @@ pub struct WalkParams {
     pub max_entries: Option<usize>,
     /// Optional sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::sandbox_field")
+    )]
     pub sandbox: Option<Value>,
 }
 
 /// One entry of `fs/walk`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WalkEntry {
     /// The entry's full path; exact even when a name is not UTF-8.
@@ -268,6 +300,7 @@ pub struct WalkEntry {
 
 /// Result of `fs/walk`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WalkResult {
     /// Depth-first, sorted by name bytes within each directory.
@@ -278,6 +311,7 @@ pub struct WalkResult {
 
 /// Params of `fs/remove`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RemoveParams {
     /// The path; a symlink is removed itself, never followed.
@@ -290,11 +324,16 @@ pub struct RemoveParams {
     pub force: bool,
     /// Optional sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::sandbox_field")
+    )]
     pub sandbox: Option<Value>,
 }
 
 /// Params of `fs/copy`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CopyParams {
     /// What to copy.
@@ -306,11 +345,16 @@ pub struct CopyParams {
     pub recursive: bool,
     /// Optional sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::sandbox_field")
+    )]
     pub sandbox: Option<Value>,
 }
 
 /// Params of `fs/open`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OpenParams {
     /// Caller-chosen handle id (1 to 32 bytes), unique on the connection.
@@ -319,11 +363,16 @@ pub struct OpenParams {
     pub path: FileUri,
     /// Optional sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::sandbox_field")
+    )]
     pub sandbox: Option<Value>,
 }
 
 /// Result of `fs/open`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OpenResult {
     /// The handle id from the request.
@@ -332,6 +381,7 @@ pub struct OpenResult {
 
 /// Params of `fs/readBlock`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReadBlockParams {
     /// An open handle.
@@ -344,6 +394,7 @@ pub struct ReadBlockParams {
 
 /// Result of `fs/readBlock`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReadBlockResult {
     /// The bytes read, base64 (shorter than `len` only at end of file).
@@ -354,6 +405,7 @@ pub struct ReadBlockResult {
 
 /// Params of `fs/close`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct CloseParams {
     /// The handle to close.

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 /// One header; the list keeps order and repeats.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HttpHeader {
     /// The name as sent on the wire.
@@ -23,6 +24,7 @@ pub struct HttpHeader {
 
 /// What to do with a redirect response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum HttpRedirectPolicy {
     /// Follow it (at most `MAX_HTTP_REDIRECTS` hops, each checked like the first).
@@ -34,6 +36,7 @@ pub enum HttpRedirectPolicy {
 
 /// Params of `http/request`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HttpRequestParams {
     /// `GET`, `POST`, ...
@@ -72,6 +75,7 @@ pub struct HttpRequestParams {
 
 /// Result of `http/request`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HttpResponse {
     /// The status code.
@@ -84,6 +88,7 @@ pub struct HttpResponse {
 
 /// `http/request/bodyDelta` notification.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HttpBodyDelta {
     /// The request's `requestId`.

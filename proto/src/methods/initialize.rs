@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// Params of `initialize`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct InitializeParams {
     /// A name for logs.
@@ -31,6 +32,7 @@ pub struct InitializeParams {
 
 /// Result of `initialize`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct InitializeResult {
     /// The session's id (UUIDv4); pass it as `resumeSessionId` after a disconnect.

@@ -4,6 +4,7 @@
 //! the reference protocol add fields over time: the reference client always sends `envPolicy`);
 //! a `sandbox` object is never tolerant, it is parsed strictly where it is resolved.
 
+pub mod call;
 pub mod egress;
 pub mod environment;
 pub mod fs;
@@ -74,6 +75,7 @@ pub const EGRESS_APPROVE: &str = "egress/approve";
 
 /// An empty result object `{}` (or params without fields).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Empty {}
 
 /// Parse a method's params; absent or `null` params are read as `{}` so the error names the

@@ -22,6 +22,7 @@ pub fn session_tag(session_id: &str) -> String {
 
 /// The body of `GET /status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct ServerStatus {
@@ -82,6 +83,7 @@ impl ServerStatus {
 
 /// One session of `GET /status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct SessionStatus {
@@ -114,6 +116,7 @@ impl SessionStatus {
 
 /// One budget: what it bounds, its limit and how much of it is in use.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct BudgetUse {

@@ -23,6 +23,11 @@ pub struct AuditArgs {
     /// Report format of --audit FILE.
     #[arg(long, value_enum, default_value_t, value_name = "FORMAT")]
     pub audit_format: Format,
+    /// The repository root SARIF locations are relative to (default: the command's working
+    /// directory, --cwd). A denied path under it is reported as that file; anything else
+    /// points at the documented runtime artifact `.execward/sandbox-run`.
+    #[arg(long, value_name = "DIR")]
+    pub audit_root: Option<PathBuf>,
     /// Also stream each denial as one JSON line to inherited descriptor N while the command
     /// runs (used by exec-server); the descriptor is not passed on to the command.
     #[arg(long, value_name = "N")]

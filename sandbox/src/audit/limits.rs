@@ -36,6 +36,11 @@ pub const MAX_GROUPS: usize = 512;
 /// further denial is counted in a single catch-all group. Operations are syscall and access
 /// names, a few hundred at most, so this is reached only by a forged record stream.
 pub const MAX_FOLDED_GROUPS: usize = 256;
+/// Live denial lines `sandbox-run --audit FILE` prints on stderr while the command runs, one
+/// per new group: enough to see what goes wrong as it happens, few enough that a command
+/// causing thousands of kinds of denial cannot flood the log it shares (the rest are in the
+/// summary at exit and in the report).
+pub const LIVE_LINES_MAX: usize = 20;
 /// Upper bound of the aggregate's heap (groups, examples, index), from the caps above: 4 MiB of
 /// capped strings per [`MAX_GROUPS`] groups of [`EXAMPLES_PER_GROUP`] examples plus folded
 /// groups, with allocator slack. `sandbox/tests/audit_cost.rs` checks it under a flood.

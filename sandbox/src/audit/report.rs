@@ -1,4 +1,5 @@
-//! Rendering a run's denials: JSON lines, the human summary, GitHub workflow annotations.
+//! Rendering a run's denials: JSON lines, the human summary, GitHub workflow annotations, the
+//! Markdown job summary.
 //! Pure functions; SARIF is in [`super::sarif`].
 //!
 //! The JSON-lines report (and the `--audit-fd` stream) is: one `denial` line per listed denial
@@ -30,6 +31,9 @@ pub enum Format {
     Sarif,
     /// GitHub Actions workflow commands (`::warning ...`), one per group of denials.
     Github,
+    /// A Markdown job summary (for `$GITHUB_STEP_SUMMARY`): one table row per group with its
+    /// count and advice, then what the audit could not see.
+    Markdown,
 }
 
 /// Everything a report needs.
@@ -37,6 +41,9 @@ pub enum Format {
 pub struct RunAudit {
     /// The command that ran.
     pub command: Vec<String>,
+    /// The directory SARIF locations are relative to (`--audit-root`, else the command's
+    /// working directory), absolute and resolved.
+    pub root: std::path::PathBuf,
     /// Its exit status (as `sandbox-run` reports it: 128+N for a signal).
     pub exit_status: i32,
     /// The denials, aggregated.
@@ -122,6 +129,19 @@ pub fn closing_lines(audit: &RunAudit) -> String {
         exit_status: audit.exit_status,
     }));
     out
+}
+
+/// The live line printed on stderr when a new group of denials appears (control characters
+/// escaped, so a path cannot forge lines of the command's log):
+/// `sandbox-run: audit: denied fs.make_reg /root (mount) — allow: "/root" = "write" (...)`.
+pub fn live_line(denial: &Denial) -> String {
+    format!(
+        "sandbox-run: audit: denied {} {} ({}) — allow: {}\n",
+        printable(&denial.operation),
+        printable(denial.target()),
+        denial.layer.as_str(),
+        printable(&denial.allow_rule)
+    )
 }
 
 /// The whole JSON-lines report: the listed denials in arrival order, the groups, the coverage.
@@ -287,6 +307,140 @@ pub fn github(audit: &RunAudit, fail_on_denial: bool) -> String {
     out
 }
 
+/// Most groups the Markdown summary lists as rows (GitHub caps a step summary at 1 MiB; 512
+/// groups of 1 KiB paths would not fit).
+pub const MARKDOWN_MAX_GROUPS: usize = 100;
+
+/// A Markdown job summary (for `$GITHUB_STEP_SUMMARY`): a heading with the totals, one table
+/// row per group (layer, operation, where, count, advice), then the coverage gaps. Every text
+/// the command controls (paths, addresses, advice naming them) is escaped by [`markdown_cell`],
+/// so it stays inside its cell as plain text.
+pub fn markdown(audit: &RunAudit, fail_on_denial: bool) -> String {
+    let mut out = String::new();
+    let coverage = &audit.coverage;
+    let aggregate = &audit.aggregate;
+    let _ = writeln!(out, "### Sandbox denials\n");
+    if !coverage.audit {
+        let _ = writeln!(
+            out,
+            "**Audit unavailable: denials were not observed; this is not a clean report.** {}\n",
+            markdown_cell(&coverage.gaps.join("; "))
+        );
+    }
+    let total = aggregate.total();
+    if total == 0 {
+        if coverage.is_full() {
+            let _ = writeln!(out, "No denials observed.");
+        } else if coverage.audit {
+            let _ = writeln!(
+                out,
+                "No denials observed, but the audit is **incomplete** (below): this is not a \
+                 clean report."
+            );
+        }
+    } else {
+        let layers: Vec<&str> = aggregate.layers().into_iter().map(Layer::as_str).collect();
+        let groups = aggregate.groups().len();
+        let _ = writeln!(
+            out,
+            "**{total} denial{} in {groups} group{}** by {}{}\n",
+            if total == 1 { "" } else { "s" },
+            if groups == 1 { "" } else { "s" },
+            layers.join(", "),
+            if fail_on_denial {
+                " (the job fails on denials)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(out, "| layer | operation | where | count | allow |");
+        let _ = writeln!(out, "|---|---|---|---:|---|");
+        for group in aggregate.groups().iter().take(MARKDOWN_MAX_GROUPS) {
+            let targets: Vec<&str> = group.examples.iter().map(|e| e.denial.target()).collect();
+            let place = match targets.as_slice() {
+                [one] if !group.folded() => (*one).to_owned(),
+                _ => format!("{} (e.g. {})", group.prefix, targets.join(", ")),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                group.layer.as_str(),
+                markdown_cell(&group.operation),
+                markdown_cell(&place),
+                group.count,
+                markdown_cell(group.allow_rule())
+            );
+        }
+        if groups > MARKDOWN_MAX_GROUPS {
+            let _ = writeln!(
+                out,
+                "\n... and {} more groups (see the report file).",
+                groups - MARKDOWN_MAX_GROUPS
+            );
+        }
+        if aggregate.aggregated() > 0 {
+            let _ = writeln!(
+                out,
+                "\n{} of them aggregated (counted in their group; up to {EXAMPLES_PER_GROUP} \
+                 distinct examples per group are listed).",
+                aggregate.aggregated()
+            );
+        }
+    }
+    if coverage.audit && !coverage.gaps.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n**The audit is {}:**\n",
+            if coverage.complete {
+                "partial"
+            } else {
+                "incomplete"
+            }
+        );
+        for gap in &coverage.gaps {
+            let _ = writeln!(out, "- {}", markdown_cell(gap));
+        }
+    }
+    out
+}
+
+/// `text` as plain text inside a Markdown table cell: control characters shown escaped (no new
+/// row, no forged line), every ASCII punctuation character that Markdown or GitHub's renderer
+/// gives a meaning (`|` ends a cell; `[`, `!`, `<`, `` ` ``, `*`, ... make links, images,
+/// HTML, code or emphasis) backslash-escaped.
+pub fn markdown_cell(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in printable(text).chars() {
+        if matches!(
+            c,
+            '\\' | '`'
+                | '*'
+                | '_'
+                | '{'
+                | '}'
+                | '['
+                | ']'
+                | '<'
+                | '>'
+                | '('
+                | ')'
+                | '#'
+                | '+'
+                | '!'
+                | '|'
+                | '~'
+                | '&'
+                | ':'
+                | '@'
+                | '$'
+        ) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn escape_data(text: &str) -> String {
     text.replace('%', "%25")
         .replace('\r', "%0D")
@@ -337,6 +491,7 @@ mod tests {
         }
         RunAudit {
             command: vec!["make".to_owned()],
+            root: std::path::PathBuf::from("/repo"),
             exit_status: 0,
             aggregate,
             coverage,
@@ -458,6 +613,65 @@ mod tests {
     }
 
     #[test]
+    fn markdown_renders_one_row_per_group_with_hostile_paths_escaped() {
+        let hostile = "/out/a|b\n| forged | row |![x](https://t.example/p)";
+        let audit = run(
+            vec![
+                denial("fs.write_file", Some("/out/a"), Layer::Mount),
+                denial("fs.write_file", Some("/out/b"), Layer::Mount),
+                denial("fs.make_dir", Some(hostile), Layer::Landlock),
+                denial("socket", None, Layer::Seccomp),
+            ],
+            full(),
+        );
+        let text = markdown(&audit, true);
+        let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('|')).collect();
+        assert_eq!(
+            rows,
+            [
+                "| layer | operation | where | count | allow |",
+                "|---|---|---|---:|---|",
+                "| mount | fs.write\\_file | /out/ \\(e.g. /out/a, /out/b\\) | 2 | \"/out\" = \"write\" |",
+                "| landlock | fs.make\\_dir | /out/a\\|b\\\\x0a\\| forged \\| row \\|\\!\\[x\\]\\(https\\://t.example/p\\) | 1 | \"/out\" = \"write\" |",
+                "| seccomp | socket | - | 1 | \"/out\" = \"write\" |",
+            ],
+            "{text}"
+        );
+        assert!(
+            text.contains("**4 denials in 3 groups** by landlock, seccomp, mount"),
+            "{text}"
+        );
+        // Every row has exactly the table's five cells: no `|` of a path ends a cell.
+        for row in &rows {
+            let cells = row.replace("\\|", "").matches('|').count();
+            assert_eq!(cells, 6, "{row}");
+        }
+    }
+
+    #[test]
+    fn markdown_never_reads_as_clean_when_blind_or_incomplete() {
+        let blind = run(Vec::new(), Coverage::blind("no CAP_AUDIT_READ"));
+        let text = markdown(&blind, false);
+        assert!(text.contains("Audit unavailable"), "{text}");
+        assert!(!text.contains("No denials observed"), "{text}");
+        let incomplete = run(
+            Vec::new(),
+            Coverage {
+                complete: false,
+                gaps: vec!["the audit socket overflowed".to_owned()],
+                ..full()
+            },
+        );
+        let text = markdown(&incomplete, false);
+        assert!(text.contains("**incomplete**"), "{text}");
+        assert!(text.contains("- the audit socket overflowed"), "{text}");
+        assert_eq!(
+            markdown(&run(Vec::new(), full()), false),
+            "### Sandbox denials\n\nNo denials observed.\n"
+        );
+    }
+
+    #[test]
     fn a_path_of_control_characters_cannot_forge_summary_lines() {
         let path = "/out/x\nsandbox-run: audit: no denials observed\u{1b}[1A";
         let audit = run(
@@ -486,6 +700,7 @@ mod tests {
         };
         let audit = RunAudit {
             command: vec![evil.clone()],
+            root: std::path::PathBuf::from("/repo"),
             exit_status: 0,
             aggregate,
             coverage,

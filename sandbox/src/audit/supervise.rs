@@ -44,6 +44,8 @@ struct AuditObserver {
     streams: Vec<Stream>,
     /// What the outer could not observe completely (coverage gaps).
     gaps: Vec<String>,
+    /// Print a live line on stderr per new group (`--audit FILE` given).
+    live_lines: bool,
 }
 
 impl Observer for AuditObserver {
@@ -92,6 +94,13 @@ impl Observer for AuditObserver {
             )
             .with_cli_denied(std::mem::take(&mut self.cli_denied)),
         );
+        // A person reads `--audit FILE` runs: one line per new kind of denial as it happens.
+        // exec-server (`--audit-fd` only) gets every denial as `process/denied` already.
+        if self.live_lines
+            && let Some(pipeline) = self.pipeline.take()
+        {
+            self.pipeline = Some(pipeline.with_live_lines(Box::new(std::io::stderr())));
+        }
     }
 }
 
@@ -106,6 +115,16 @@ fn absolute_paths(paths: &[PathBuf]) -> Vec<PathBuf> {
             std::fs::canonicalize(&joined).unwrap_or(joined)
         })
         .collect()
+}
+
+/// The directory SARIF locations are relative to: `--audit-root`, else the command's working
+/// directory; relative to the current directory and with symlinks resolved, as the kernel
+/// reports denied paths.
+fn audit_root(args: &AuditArgs, cwd: &std::path::Path) -> PathBuf {
+    let chosen = args.audit_root.as_deref().unwrap_or(cwd);
+    absolute_paths(&[chosen.to_owned()])
+        .pop()
+        .unwrap_or_else(|| chosen.to_owned())
 }
 
 /// Whether `pid` lives in a PID namespace other than ours (PID 1 of the sandbox does).
@@ -173,6 +192,7 @@ pub fn run_audited(
         pipeline: None,
         streams,
         gaps: Vec::new(),
+        live_lines: args.audit.is_some(),
     };
     let command = crate::run::command_of(prepared);
     let ended = command::run(&prepared.policy, &command, &options, Some(&mut observer))
@@ -224,6 +244,7 @@ pub fn run_audited(
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
+        root: audit_root(args, &prepared.cwd),
         exit_status: ended.code(),
         aggregate,
         coverage,
@@ -247,6 +268,7 @@ pub fn run_audited(
                 text
             }
             Format::Github => report::github(&audit, args.fail_on_denial),
+            Format::Markdown => report::markdown(&audit, args.fail_on_denial),
         };
         if let Err(err) = output.write(text.as_bytes()) {
             failed = Some(err.to_string());
@@ -313,6 +335,23 @@ mod tests {
     use crate::audit::aggregate::Aggregate;
     use crate::audit::denial::{Denial, Layer};
 
+    #[test]
+    fn the_audit_root_is_the_flag_else_the_working_directory_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("repo");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let real = std::fs::canonicalize(&real).unwrap();
+        let cwd = std::path::Path::new("/");
+        let flag = AuditArgs {
+            audit_root: Some(link.clone()),
+            ..AuditArgs::default()
+        };
+        assert_eq!(audit_root(&flag, cwd), real);
+        assert_eq!(audit_root(&AuditArgs::default(), &link), real);
+    }
+
     fn audit(denials: usize, coverage: Coverage) -> RunAudit {
         let mut aggregate = Aggregate::new();
         for _ in 0..denials {
@@ -334,6 +373,7 @@ mod tests {
         }
         RunAudit {
             command: Vec::new(),
+            root: PathBuf::from("/repo"),
             exit_status: 7,
             aggregate,
             coverage,

@@ -68,6 +68,21 @@ pub const MAX_HEADERS: usize = 64;
 /// threads and two 64 KiB buffers.
 pub const MAX_CONCURRENT_CONNECTIONS: usize = 128;
 
+/// One read that fails with `TimedOut` once `deadline` has passed: the read timeout is what
+/// is left of the deadline, so trickling bytes does not extend it.
+pub(crate) fn read_before(
+    stream: &mut std::net::TcpStream,
+    chunk: &mut [u8],
+    deadline: std::time::Instant,
+) -> std::io::Result<usize> {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    stream.set_read_timeout(Some(left))?;
+    std::io::Read::read(stream, chunk)
+}
+
 /// How long a client has in total to send its request head once connected (and, separately,
 /// each message the proxy must see whole once its first byte arrived: a later request head, a
 /// chunk-size line, a record holding a ClientHello): one deadline, not a timeout per read.

@@ -10,7 +10,7 @@
 //! `tunnel`.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -171,24 +171,9 @@ fn read_more(
     let room = MAX_HEADER_BYTES
         .saturating_sub(buf.len())
         .clamp(1, chunk.len());
-    let n = read_before(stream, &mut chunk[..room], deadline)?;
+    let n = super::read_before(stream, &mut chunk[..room], deadline)?;
     buf.extend_from_slice(&chunk[..n]);
     Ok(n)
-}
-
-/// One read that fails with `TimedOut` once `deadline` has passed: the read timeout is what
-/// is left of the deadline, so trickling bytes does not extend it.
-pub(crate) fn read_before(
-    stream: &mut TcpStream,
-    chunk: &mut [u8],
-    deadline: Instant,
-) -> std::io::Result<usize> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(std::io::ErrorKind::TimedOut.into());
-    }
-    stream.set_read_timeout(Some(left))?;
-    stream.read(chunk)
 }
 
 fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant) {

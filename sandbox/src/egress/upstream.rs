@@ -110,7 +110,7 @@ pub fn open_tunnel(
                  ({MAX_HEADER_BYTES})"
             ));
         }
-        match super::server::read_before(stream, &mut byte, deadline) {
+        match super::read_before(stream, &mut byte, deadline) {
             Ok(0) => return Err("the upstream proxy closed the connection".to_owned()),
             Ok(_) => head.push(byte[0]),
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}

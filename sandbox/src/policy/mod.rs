@@ -15,6 +15,10 @@ mod glob;
 pub mod network;
 mod profile;
 mod resolve;
+#[cfg(feature = "schema")]
+mod schema;
+#[cfg(feature = "schema")]
+mod schema_aliases;
 mod wire;
 
 use std::path::{Path, PathBuf};
@@ -37,6 +41,11 @@ pub use wire::{
 /// The order of the variants is the conflict precedence at equal specificity:
 /// `Deny` beats `Write`, `Write` beats `Read`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(transform = schema_aliases::access_aliases)
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Access {
     /// Read files, list directories, execute.

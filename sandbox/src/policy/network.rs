@@ -60,6 +60,7 @@ pub const NAMED_SETS: &[(&str, &str)] = &[
 
 /// The network policy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(try_from = "NetworkSetting", into = "NetworkSetting")]
 pub enum NetworkPolicy {
     /// No network: the command gets a network namespace with nothing in it.
@@ -274,11 +275,16 @@ pub struct HostNameError {
 
 /// The `network` value as written.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum NetworkSetting {
     /// `true` / `false`.
     Switch(bool),
     /// `"off"` / `"on"` (the reference's `"restricted"` / `"enabled"` too).
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "super::schema_aliases::network_mode")
+    )]
     Mode(String),
     /// An allowlist.
     Allowlist(AllowlistSpec),
@@ -286,6 +292,7 @@ pub enum NetworkSetting {
 
 /// `{"allow": [...], "deny": [...]}` as written.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AllowlistSpec {
     /// Patterns to allow.
@@ -305,6 +312,7 @@ pub struct AllowlistSpec {
 
 /// One `allow` item as written: a pattern string, or `{"pattern": "...", "tunnel": "any"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum AllowEntry {
     /// `"HOST[:PORT][ tunnel=MODE]"`.
@@ -315,6 +323,7 @@ pub enum AllowEntry {
 
 /// `{"pattern": "...", "tunnel": "tls-only" | "any"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AllowTable {
     /// The pattern (without a `tunnel=` suffix).
@@ -332,6 +341,7 @@ pub struct AllowTable {
 
 /// `methods` as written in the table form.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum MethodsSpec {
     /// A shorthand (`"read-only"`).

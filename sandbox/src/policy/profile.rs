@@ -41,6 +41,11 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
 /// "**/*.pem" = "deny"
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(transform = super::schema_aliases::profile_file_rules)
+)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileFile {
     /// Human description, shown by `--explain`.

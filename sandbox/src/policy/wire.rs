@@ -15,6 +15,7 @@ use super::{Access, PolicyError};
 
 /// A filesystem entry's path in the reference's shape.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum EntryPath {
     /// An absolute path or `file:` URI.
@@ -62,6 +63,7 @@ pub enum SpecialPath {
 
 /// One `{path, access}` entry of a permission profile.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct FsEntry {
     /// Which path.
@@ -72,6 +74,7 @@ pub struct FsEntry {
 
 /// The reference's network policy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum NetworkMode {
     /// No network sockets.
@@ -83,6 +86,7 @@ pub enum NetworkMode {
 
 /// Managed filesystem permissions of the reference.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ManagedFileSystem {
     /// Only what the entries grant.
@@ -99,6 +103,7 @@ pub enum ManagedFileSystem {
 
 /// The reference's `PermissionProfile` (tagged by `type`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PermissionProfile {
     /// The sandbox is built from `file_system` and `network`.
@@ -121,8 +126,9 @@ pub enum PermissionProfile {
 
 /// The reference's older, untagged permission profile `{network: {enabled}, file_system: {entries}}`.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
-struct UntaggedPermissionProfile {
+pub(super) struct UntaggedPermissionProfile {
     #[serde(default)]
     network: Option<UntaggedNetwork>,
     #[serde(default)]
@@ -130,6 +136,7 @@ struct UntaggedPermissionProfile {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct UntaggedNetwork {
     #[serde(default)]
@@ -137,6 +144,7 @@ struct UntaggedNetwork {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct UntaggedFileSystem {
     #[serde(default)]
@@ -174,6 +182,11 @@ impl PermissionProfile {
 
 /// The legacy sandbox policy (`{"type": "workspace-write", ...}`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(transform = super::schema_aliases::legacy_policy_aliases)
+)]
 #[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum LegacyPolicy {
     /// No sandbox.
@@ -219,6 +232,11 @@ pub enum LegacyPolicy {
 
 /// A named profile plus the knobs a request may turn.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "schema",
+    derive(schemars::JsonSchema),
+    schemars(transform = super::schema_aliases::named_policy_aliases)
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NamedPolicy {
     /// `read-only`, `workspace-write` or `danger-full-access`.

@@ -7,8 +7,9 @@
 //! `supervisor::guardian`. Terminal signals are ignored so that Ctrl-C reaches the
 //! server, which shuts down in order first.
 
+#![deny(unsafe_code)]
+
 use clap::Parser;
-use nix::sys::signal::{SigHandler, Signal, signal};
 
 /// Internal helper of exec-server; not a command to run by hand.
 ///
@@ -22,14 +23,6 @@ struct Cli {}
 
 fn main() {
     let Cli {} = Cli::parse();
-    for terminal_signal in [
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-    ] {
-        // SAFETY: SIG_IGN installs no handler code; nothing else runs in this process yet.
-        let _ = unsafe { signal(terminal_signal, SigHandler::SigIgn) };
-    }
+    supervisor::guardian::ignore_terminal_signals();
     supervisor::guardian::serve(&std::io::stdin());
 }

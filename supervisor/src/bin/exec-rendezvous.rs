@@ -3,6 +3,8 @@
 //! Prints its `http(s)://HOST:PORT` as the first stdout line, serves until SIGINT/SIGTERM,
 //! rereads its credentials file on SIGHUP. See docs/remote.md.
 
+#![deny(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::process::ExitCode;
 

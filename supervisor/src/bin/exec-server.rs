@@ -1,5 +1,7 @@
 //! `exec-server`: parse arguments, run the server, map the result to an exit code.
 
+#![deny(unsafe_code)]
+
 use std::process::ExitCode;
 use std::time::Duration;
 

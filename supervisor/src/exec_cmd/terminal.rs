@@ -2,7 +2,7 @@
 //! unwinding) and the window size. The one raw call (the `TIOCGWINSZ` ioctl, which `nix` has
 //! no safe wrapper for) is here behind a safe function.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use nix::sys::termios::{self, SetArg, Termios};
 
@@ -44,20 +44,5 @@ pub fn is_terminal(fd: BorrowedFd<'_>) -> bool {
 /// The window size of terminal `fd` as `(cols, rows)`; `None` when it is not a terminal or
 /// reports a zero size.
 pub fn window_size(fd: impl AsFd) -> Option<(u16, u16)> {
-    let mut size = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ writes one `winsize` through the pointer, which points at a live,
-    // properly aligned local; the descriptor is borrowed for the duration of the call.
-    let status = unsafe {
-        libc::ioctl(
-            fd.as_fd().as_raw_fd(),
-            libc::TIOCGWINSZ,
-            &mut size as *mut libc::winsize,
-        )
-    };
-    (status == 0 && size.ws_col > 0 && size.ws_row > 0).then_some((size.ws_col, size.ws_row))
+    crate::sys::terminal_window_size(fd.as_fd())
 }

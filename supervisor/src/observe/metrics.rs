@@ -1,8 +1,9 @@
 //! `GET /metrics`: the server's counters in the Prometheus text exposition format, rendered by
 //! `prometheus-client` (the Prometheus project's Rust client), never by hand.
 //!
-//! Every label set is bounded by the server, never by what a client sends: methods come from
-//! [`KNOWN_METHODS`] (anything else is `other`), exit reasons and error kinds are enums, budget
+//! Every label set is bounded by the server, never by what a client sends: methods are the names
+//! of parsed calls ([`proto::methods::call::Call::method`]: a request whose method is unknown is
+//! refused before it is timed), exit reasons and error kinds are enums, budget
 //! names are the server's own list. Counters only ever grow; gauges (active processes, budget
 //! use, sessions, relay streams) are read from the live state when the page is rendered.
 
@@ -17,41 +18,6 @@ use prometheus_client::registry::Registry;
 use proto::error::ErrorKind;
 use proto::methods::process::ExitReason;
 use proto::methods::status::BudgetUse;
-
-/// The methods request durations are labelled with (those dispatched after `initialize`); any
-/// other method name is `other`.
-pub const KNOWN_METHODS: &[&str] = &[
-    proto::methods::PROCESS_START,
-    proto::methods::PROCESS_READ,
-    proto::methods::PROCESS_WRITE,
-    proto::methods::PROCESS_SIGNAL,
-    proto::methods::PROCESS_RESIZE,
-    proto::methods::PROCESS_TERMINATE,
-    proto::methods::PROCESS_LIST,
-    proto::methods::FS_READ_FILE,
-    proto::methods::FS_WRITE_FILE,
-    proto::methods::FS_CREATE_DIRECTORY,
-    proto::methods::FS_GET_METADATA,
-    proto::methods::FS_CANONICALIZE,
-    proto::methods::FS_READ_DIRECTORY,
-    proto::methods::FS_REMOVE,
-    proto::methods::FS_COPY,
-    proto::methods::FS_WALK,
-    proto::methods::FS_OPEN,
-    proto::methods::FS_READ_BLOCK,
-    proto::methods::FS_CLOSE,
-    proto::methods::ENVIRONMENT_INFO,
-    proto::methods::HTTP_REQUEST,
-];
-
-/// The label of `method`: itself when it is one of [`KNOWN_METHODS`], else `other`.
-pub fn method_label(method: &str) -> &'static str {
-    KNOWN_METHODS
-        .iter()
-        .find(|known| **known == method)
-        .copied()
-        .unwrap_or("other")
-}
 
 /// Request durations: from 100 µs, doubling, to about 52 s.
 const DURATION_BUCKETS: (f64, f64, u16) = (0.0001, 2.0, 20);
@@ -240,7 +206,7 @@ impl Metrics {
             .inc();
     }
 
-    /// A request of `method` (a label from [`method_label`]) took `elapsed`.
+    /// A request of `method` (a [`proto::methods::call::Call::method`]) took `elapsed`.
     pub fn request_done(&self, method: &'static str, elapsed: Duration) {
         self.durations
             .get_or_create(&MethodLabel { method })
@@ -302,14 +268,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unknown_methods_share_one_label_and_counters_render_with_their_labels() {
-        assert_eq!(method_label("process/start"), "process/start");
-        assert_eq!(method_label("x/from-a-client\n"), "other");
+    fn counters_render_with_their_labels() {
         let metrics = Metrics::new();
         metrics.process_started();
         metrics.process_exited(ExitReason::Oom);
         metrics.request_failed(ErrorKind::SandboxDenied);
-        metrics.request_done(method_label("nope"), Duration::from_millis(3));
+        metrics.request_done(proto::methods::FS_WALK, Duration::from_millis(3));
         let text = metrics
             .render(&Snapshot {
                 budgets: vec![BudgetUse::new("liveProcesses", "processes", 4096, 2)],
@@ -320,7 +284,7 @@ mod tests {
             "execward_processes_started_total 1",
             "execward_processes_exited_total{reason=\"oom\"} 1",
             "execward_request_errors_total{kind=\"sandboxDenied\"} 1",
-            "execward_request_duration_seconds_count{method=\"other\"} 1",
+            "execward_request_duration_seconds_count{method=\"fs/walk\"} 1",
             "execward_processes_active 2",
             "execward_budget_limit{budget=\"liveProcesses\",unit=\"processes\"} 4096",
         ] {

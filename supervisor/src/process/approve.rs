@@ -11,10 +11,7 @@
 //! The socket is the server's and `sandbox-run`'s alone: the command never holds it (PID 1
 //! closes every inherited descriptor, the proxy talks to `sandbox-run` over a pair of its own).
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use proto::jsonrpc::{Message, Request, RequestId};
 use proto::methods::EGRESS_APPROVE;
@@ -22,80 +19,8 @@ use proto::methods::egress::{ApproveParams, ApproveResult};
 use sandbox::egress::ask::{ASK_TIMEOUT, Answer, MAX_ASK_MESSAGE_BYTES, Question, Scope};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
 
 use crate::session::Attachment;
-
-/// Most `egress/approve` requests of one session waiting for their answers (each process asks
-/// one at a time; more than this many processes asking at once are refused at once).
-pub const MAX_PENDING_APPROVALS: usize = 64;
-
-/// Most host:port pairs one session remembers as approved for the session.
-pub const MAX_SESSION_APPROVALS: usize = 1024;
-
-/// A session's `egress/approve` requests in flight and its approvals for the session.
-#[derive(Default)]
-pub struct Approvals {
-    next: AtomicU64,
-    pending: Mutex<HashMap<String, oneshot::Sender<Option<Value>>>>,
-    remembered: Mutex<HashSet<(String, u16)>>,
-}
-
-impl Approvals {
-    /// A new request id (`approve-N`) and where its answer will arrive; `None` when
-    /// [`MAX_PENDING_APPROVALS`] wait already.
-    fn register(&self) -> Option<(String, oneshot::Receiver<Option<Value>>)> {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if pending.len() >= MAX_PENDING_APPROVALS {
-            return None;
-        }
-        let id = format!("approve-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
-        let (tx, rx) = oneshot::channel();
-        pending.insert(id.clone(), tx);
-        Some((id, rx))
-    }
-
-    fn forget(&self, id: &str) {
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
-    }
-
-    /// Delivers a client's response (`Some(result)`, or `None` for an error response) to the
-    /// request `id`; `false` when no such request waits (the caller reports it as unexpected).
-    pub fn complete(&self, id: &RequestId, result: Option<Value>) -> bool {
-        let RequestId::String(id) = id else {
-            return false;
-        };
-        let waiter = self
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
-        match waiter {
-            Some(waiter) => {
-                let _ = waiter.send(result);
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn remembered(&self, host: &str, port: u16) -> bool {
-        self.remembered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&(host.to_owned(), port))
-    }
-
-    fn remember(&self, host: &str, port: u16) {
-        let mut remembered = self.remembered.lock().unwrap_or_else(|p| p.into_inner());
-        if remembered.len() < MAX_SESSION_APPROVALS {
-            remembered.insert((host.to_owned(), port));
-        }
-    }
-}
 
 /// Serves the questions of process `process_id` from `socket` until `sandbox-run` closes it.
 pub async fn serve(socket: tokio::net::UnixStream, process_id: String, sink: Arc<Attachment>) {

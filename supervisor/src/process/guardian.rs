@@ -116,6 +116,21 @@ struct Duties {
     leaders: HashMap<i32, OwnedFd>,
 }
 
+/// Ignore the terminal's signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT), so that a Ctrl-C reaches
+/// the server, which shuts down in order first; the guardian acts when its socket ends.
+pub fn ignore_terminal_signals() {
+    use nix::sys::signal::Signal;
+    for signal in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        // These four can always be ignored.
+        let _ = crate::sys::ignore_signal(signal);
+    }
+}
+
 /// The guardian's whole life (`exec-guardian`'s main): read records from `socket` until end of
 /// file, then kill and clean up.
 pub fn serve(socket: &impl AsFd) {

@@ -6,6 +6,7 @@
 //! process's log ([`output`]) and notifies the attached connection; after `closed` the process
 //! stays readable for a while, then leaves the table.
 
+pub mod approvals;
 pub mod approve;
 pub mod bounds;
 pub mod env_policy;
@@ -17,6 +18,7 @@ pub mod output;
 pub mod pump;
 pub mod retention;
 pub mod spawn;
+pub mod start;
 pub mod watch;
 
 use std::collections::HashMap;

@@ -96,37 +96,61 @@ pub enum CredentialsError {
     },
 }
 
+/// The credentials file (`rendezvous.toml`).
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct File {
+    /// Executors: may register and serve the environment ids listed.
     #[serde(default)]
     executor: Vec<Entry>,
+    /// Harnesses: may look up and connect to the environment ids listed.
     #[serde(default)]
     harness: Vec<Entry>,
+    /// Operators: may release an environment's key binding.
     #[serde(default)]
     admin: Vec<AdminEntry>,
+    /// Environment keys pinned ahead of time (otherwise the first registration binds one).
     #[serde(default)]
     environment: Vec<PinEntry>,
 }
 
+/// An executor or harness credential.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct Entry {
+    /// The bearer token (at least 16 bytes; one role per token).
     token: String,
+    /// The environment ids it covers (`"*"`: any id).
     environments: Vec<String>,
 }
 
+/// An operator credential.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct AdminEntry {
+    /// The bearer token.
     token: String,
 }
 
+/// A pinned environment key.
 #[derive(Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 struct PinEntry {
+    /// The environment id.
     id: String,
+    /// Base64 of the executor's 32-byte Noise public key.
     public_key: String,
+}
+
+/// The JSON Schema of the credentials file (`docs/schema/rendezvous.json`), as a root schema of
+/// `generator`.
+#[cfg(feature = "schema")]
+pub fn file_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    generator.root_schema_for::<File>()
 }
 
 /// Which environment ids a credential covers.

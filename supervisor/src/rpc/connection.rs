@@ -17,6 +17,8 @@ use futures_util::{SinkExt, StreamExt};
 use proto::error::{ErrorKind, RpcError};
 use proto::jsonrpc::{ErrorResponse, Message, Request, RequestId};
 use proto::methods::INITIALIZED;
+use proto::methods::call::Call;
+use proto::methods::fs::FsRequest;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Semaphore, watch};
 use tokio_tungstenite::WebSocketStream;
@@ -388,11 +390,20 @@ async fn handle_payload(
             let Ok(slot) = slots.clone().acquire_owned().await else {
                 return Flow::Continue;
             };
+            // The one place a method name is matched: from here on the request is a typed call.
+            let Request { id, method, params } = request;
+            let call = match Call::parse(&method, params) {
+                Ok(call) => call,
+                Err(error) => {
+                    connection.send(reply_message(id, Err(error))).await;
+                    return Flow::Continue;
+                }
+            };
             // Count the payload and the worst case of the answer in this connection's in-flight
             // bytes before any work (waiting, and so not reading, while they are full), and back
             // the payload with memory now; the answer is backed once its size is known.
             let request_bytes = 2 * payload_bytes;
-            let answer_bytes = answer_reservation(&request);
+            let answer_bytes = answer_reservation(&call);
             let mut charge = match connection
                 .budget
                 .reserve(request_bytes + answer_bytes, request_bytes)
@@ -400,18 +411,16 @@ async fn handle_payload(
             {
                 Ok(charge) => charge,
                 Err(error) => {
-                    connection
-                        .send(reply_message(request.id, Err(error.into())))
-                        .await;
+                    connection.send(reply_message(id, Err(error.into()))).await;
                     return Flow::Continue;
                 }
             };
             let request_charge = charge.split(request_bytes);
             let connection = connection.clone();
             tokio::spawn(async move {
-                let method = crate::observe::metrics::method_label(&request.method);
+                let method = call.method();
                 let began = std::time::Instant::now();
-                super::dispatch::respond(&connection, &session, request, request_charge, charge)
+                super::dispatch::respond(&connection, &session, id, call, request_charge, charge)
                     .await;
                 connection
                     .server
@@ -470,28 +479,18 @@ async fn handle_payload(
 /// and once as text), [`SMALL_RESPONSE_BYTES`] for the rest. `process/read` backs what it needs
 /// once it knows there is output to return; other answers that turn out larger draw on the
 /// budgets when they are sent.
-pub(super) fn answer_reservation(request: &Request) -> usize {
-    let params = request.params.as_ref();
-    match request.method.as_str() {
-        proto::methods::FS_READ_FILE => content_answer_bytes(READ_FILE_MAX_BYTES),
-        proto::methods::FS_READ_BLOCK => content_answer_bytes(
-            params
-                .and_then(|params| params.get("len"))
-                .and_then(serde_json::Value::as_u64)
-                .unwrap_or(0)
-                .min(READ_BLOCK_MAX_BYTES as u64),
-        ),
-        proto::methods::HTTP_REQUEST
-            if !params
-                .and_then(|params| params.get("streamResponse"))
-                .and_then(serde_json::Value::as_bool)
-                .unwrap_or(false) =>
-        {
+pub(super) fn answer_reservation(call: &Call) -> usize {
+    match call {
+        Call::Fs(FsRequest::ReadFile(_)) => content_answer_bytes(READ_FILE_MAX_BYTES),
+        Call::FsReadBlock(params) => {
+            content_answer_bytes(params.len.min(READ_BLOCK_MAX_BYTES as u64))
+        }
+        Call::HttpRequest(params) if !params.stream_response => {
             content_answer_bytes(MAX_HTTP_RESPONSE_BODY_BYTES as u64)
         }
         // At most READ_DIRECTORY_MAX_ANSWER_BYTES as text; built as a value first (several
         // times the text's size), then as text.
-        proto::methods::FS_READ_DIRECTORY => 4 * READ_DIRECTORY_MAX_ANSWER_BYTES,
+        Call::Fs(FsRequest::ReadDirectory(_)) => 4 * READ_DIRECTORY_MAX_ANSWER_BYTES,
         _ => SMALL_RESPONSE_BYTES,
     }
 }

@@ -9,6 +9,7 @@ use super::is_false;
 /// field is optional; unknown fields are refused (a misspelt limit must not silently not
 /// apply).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Limits {
     /// Memory of the whole tree, swap included (cgroup `memory.max` + `memory.swap.max`).
@@ -55,6 +56,7 @@ pub struct Limits {
 
 /// The limits `process/start` can set, by their wire names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum LimitName {
     /// `memoryBytes`.
@@ -188,6 +190,7 @@ impl Limits {
 
 /// What enforces a limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum Enforcement {
     /// A cgroup v2 controller of the process's own cgroup.
@@ -206,6 +209,7 @@ pub enum Enforcement {
 
 /// What a limit bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum LimitScope {
     /// The whole process tree together.
@@ -216,6 +220,7 @@ pub enum LimitScope {
 
 /// How one limit of a start is enforced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AppliedLimit {
     /// The limit in force.
@@ -230,6 +235,7 @@ pub struct AppliedLimit {
 
 /// How each limit in force is enforced (absent: not set).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AppliedLimits {
     /// `memoryBytes`.

@@ -28,6 +28,7 @@ pub use limits::{AppliedLimit, AppliedLimits, Enforcement, LimitName, LimitScope
 /// assert_eq!(params.argv, ["make", "test"]);
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct StartParams {
@@ -38,6 +39,10 @@ pub struct StartParams {
     /// Working directory: a `file:` URI of an existing directory, or an absolute native path
     /// (`/srv/project`), as the reference server accepts. Always sent as a `file:` URI.
     #[serde(deserialize_with = "uri_or_native_path")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::native_path_or_file_uri")
+    )]
     pub cwd: FileUri,
     /// How to build the child's base environment from the server's own (absent: the child gets
     /// exactly `env`, nothing is inherited).
@@ -64,6 +69,10 @@ pub struct StartParams {
     pub rows: Option<u16>,
     /// Run the command under this sandbox (see policies/README.md for the shape).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(schema_with = "crate::schema::sandbox_field")
+    )]
     pub sandbox: Option<Value>,
     /// Report the sandbox's denials as `process/denied` notifications (needs `sandbox`; the
     /// kernel audit log is only readable when the server runs as root, otherwise the records
@@ -205,6 +214,7 @@ fn uri_or_native_path<'de, D: serde::Deserializer<'de>>(
 /// `set`; when `includeOnly` is non-empty keep only names matching it; then lay `env` over the
 /// result. Patterns are globs (`*`, `?`) matched without regard to ASCII case.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EnvPolicy {
     /// Which of the server's variables to start from (default `core`).
@@ -226,6 +236,7 @@ pub struct EnvPolicy {
 
 /// `envPolicy.inherit`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum EnvInherit {
     /// `PATH SHELL TMPDIR TEMP TMP HOME LANG LC_ALL LC_CTYPE LOGNAME USER` (names matched
@@ -240,6 +251,7 @@ pub enum EnvInherit {
 
 /// Result of `process/start`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct StartResult {
     /// The id from the request.
@@ -252,6 +264,7 @@ pub struct StartResult {
 
 /// Why a process ended, where the kernel or the server can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ExitReason {
     /// The memory limit's OOM killer killed a process of the tree (`memory.events` /
@@ -271,6 +284,7 @@ pub enum ExitReason {
 
 /// Params of `process/read`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReadParams {
     /// The process.
@@ -292,6 +306,7 @@ pub struct ReadParams {
 
 /// Which stream a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum OutputStream {
     /// Standard output of a pipe-mode process.
@@ -304,6 +319,7 @@ pub enum OutputStream {
 
 /// One retained output chunk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OutputChunk {
     /// The event sequence number.
@@ -316,6 +332,7 @@ pub struct OutputChunk {
 
 /// Result of `process/read`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReadResult {
     /// Chunks after the cursor, in seq order.
@@ -390,6 +407,7 @@ pub const MAX_DENIAL_BYTES_RETAINED: usize = 256 * 1024;
 /// the process's own denial numbering (`number`, from 1, as `afterDenial` counts), so a client
 /// that resumes reads exactly the records it missed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DeniedNotification {
     /// The process.
@@ -403,6 +421,7 @@ pub struct DeniedNotification {
 
 /// Params of `process/write`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WriteParams {
     /// The process.
@@ -420,6 +439,7 @@ pub struct WriteParams {
 /// Result of `process/write`: a status, never an error for the process's state (the reference
 /// client turns `stdinClosed` into "its stdin is closed" but an error into "the process failed").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WriteResult {
     /// What became of the write.
@@ -428,6 +448,7 @@ pub struct WriteResult {
 
 /// `process/write` statuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum WriteStatus {
     /// Written (also a deduplicated retry of an applied `writeId`).
@@ -443,6 +464,7 @@ pub enum WriteStatus {
 
 /// Signals a client may send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum SignalName {
     /// SIGINT.
@@ -457,6 +479,7 @@ pub enum SignalName {
 
 /// Params of `process/signal`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SignalParams {
     /// The process.
@@ -467,6 +490,7 @@ pub struct SignalParams {
 
 /// Params of `process/resize`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ResizeParams {
     /// The process (must be PTY-backed).
@@ -479,6 +503,7 @@ pub struct ResizeParams {
 
 /// Params of `process/terminate`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TerminateParams {
     /// The process.
@@ -487,6 +512,7 @@ pub struct TerminateParams {
 
 /// Result of `process/terminate` and `process/signal`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RunningResult {
     /// Whether the process was running when the signal was sent.
@@ -495,6 +521,7 @@ pub struct RunningResult {
 
 /// `process/output` notification.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OutputNotification {
     /// The process.
@@ -510,6 +537,7 @@ pub struct OutputNotification {
 /// What a process's whole tree used, measured when its leader exited (`usage` of
 /// `process/exited` and `process/read`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct ResourceUsage {
@@ -549,6 +577,7 @@ impl ResourceUsage {
 
 /// `process/exited` notification.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ExitedNotification {
     /// The process.
@@ -575,6 +604,7 @@ pub type ListParams = crate::methods::Empty;
 /// Result of `process/list`: the calling session's processes (started ones still in its table:
 /// running, exited, or closed and not yet dropped from the table), ordered by start time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct ListResult {
@@ -591,6 +621,7 @@ impl ListResult {
 
 /// Where a listed process is in its lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub enum ProcessState {
     /// Its leader has not exited.
@@ -603,6 +634,7 @@ pub enum ProcessState {
 
 /// One process of `process/list` (and of `GET /status`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct ProcessInfo {
@@ -661,6 +693,7 @@ impl ProcessInfo {
 /// What a running tree uses now, read from its cgroups; a field is absent where the host gives
 /// the tree no cgroup with it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct LiveResources {
@@ -692,6 +725,7 @@ impl LiveResources {
 
 /// `process/closed` notification: exited and both streams at EOF; the last event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ClosedNotification {
     /// The process.
