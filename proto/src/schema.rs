@@ -168,6 +168,9 @@ pub enum MethodKind {
     ClientNotification,
     /// A notification the server sends.
     ServerNotification,
+    /// A request the server sends (to a client that declared it answers it): answered by the
+    /// client with a response whose `result` has the method's result schema.
+    ServerRequest,
 }
 
 /// One method of the protocol: its name, who sends it, and the schemas of its params and (for a
@@ -210,7 +213,7 @@ fn notification<P: JsonSchema>(
 
 /// Every method this server serves or sends, with the types its handlers parse and answer.
 pub fn methods(generator: &mut SchemaGenerator) -> Vec<MethodSchema> {
-    use crate::methods::{self as m, Empty, environment, fs, http, initialize, process};
+    use crate::methods::{self as m, Empty, egress, environment, fs, http, initialize, process};
     use MethodKind::{ClientNotification, ServerNotification};
     vec![
         request::<initialize::InitializeParams, initialize::InitializeResult>(
@@ -267,6 +270,10 @@ pub fn methods(generator: &mut SchemaGenerator) -> Vec<MethodSchema> {
             m::HTTP_REQUEST_BODY_DELTA,
             ServerNotification,
         ),
+        MethodSchema {
+            kind: MethodKind::ServerRequest,
+            ..request::<egress::ApproveParams, egress::ApproveResult>(generator, m::EGRESS_APPROVE)
+        },
     ]
 }
 
@@ -328,14 +335,16 @@ pub fn protocol(generator: &mut SchemaGenerator) -> Schema {
             "additionalProperties": false
         })
     };
+    let answered =
+        |m: &&MethodSchema| matches!(m.kind, MethodKind::Request | MethodKind::ServerRequest);
     let requests: Vec<Value> = methods
         .iter()
-        .filter(|m| m.kind == MethodKind::Request)
+        .filter(answered)
         .map(|m| message(m, true))
         .collect();
     let notifications: Vec<Value> = methods
         .iter()
-        .filter(|m| m.kind != MethodKind::Request)
+        .filter(|m| !answered(m))
         .map(|m| message(m, false))
         .collect();
     let results: Map<String, Value> = methods

@@ -1865,3 +1865,475 @@ fn tunnel_any_lets_an_opaque_protocol_through_that_the_default_refuses() {
         }
     }
 }
+
+/// A recording upstream HTTP proxy on the host's 127.0.0.1: records the head of every request
+/// it receives, answers `CONNECT NAME:PORT` with 200 and relays the tunnel to
+/// `127.0.0.1:PORT` (every name is this host here), answers anything else 405.
+struct UpstreamProxy {
+    port: u16,
+    /// Every request head received, in order.
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+impl UpstreamProxy {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&heads);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let recorded = Arc::clone(&recorded);
+                std::thread::spawn(move || Self::serve(stream, &recorded));
+            }
+        });
+        Self { port, heads }
+    }
+
+    fn serve(mut client: TcpStream, heads: &Mutex<Vec<String>>) {
+        client
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match client.read(&mut byte) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => head.push(byte[0]),
+            }
+        }
+        let head = text(&head);
+        heads.lock().unwrap().push(head.clone());
+        let mut words = head.split_whitespace();
+        let (Some("CONNECT"), Some(target)) = (words.next(), words.next()) else {
+            let _ =
+                client.write_all(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n");
+            return;
+        };
+        let port = target.rsplit_once(':').unwrap().1;
+        let Ok(server) = TcpStream::connect(format!("127.0.0.1:{port}")) else {
+            let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n");
+            return;
+        };
+        client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .unwrap();
+        client.set_read_timeout(None).unwrap();
+        let (mut client_in, mut server_out) =
+            (client.try_clone().unwrap(), server.try_clone().unwrap());
+        let up = std::thread::spawn(move || {
+            let _ = std::io::copy(&mut client_in, &mut server_out);
+            let _ = server_out.shutdown(std::net::Shutdown::Write);
+        });
+        let (mut server_in, mut client_out) = (server, client);
+        let _ = std::io::copy(&mut server_in, &mut client_out);
+        let _ = client_out.shutdown(std::net::Shutdown::Write);
+        let _ = up.join();
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+/// `--upstream-proxy` with `--upstream-proxy-credentials`: the allowed destination is reached
+/// by plain HTTP and through a CONNECT tunnel, both leaving through the upstream as `CONNECT
+/// registry.test:PORT` with the credentials as `Proxy-Authorization: Basic`; the refused
+/// destination (another name, the origin's address literal) is refused by the egress proxy and
+/// the upstream never hears of it. The control: the same upstream asked directly from the host
+/// for the refused name records it (so its absence above is the sandbox's doing), and without
+/// `--upstream-proxy` the upstream sees nothing.
+#[test]
+fn an_upstream_proxy_sees_exactly_the_allowed_connections_with_credentials() {
+    let origin = Origin::start(None);
+    let upstream = UpstreamProxy::start();
+    let upstream_url = format!("http://127.0.0.1:{}", upstream.port);
+    let allowed = format!("http://registry.test:{}/hello", origin.port);
+    let refused = format!("http://other.test:{}/hello", origin.port);
+    let literal = format!("http://127.0.0.1:{}/hello", origin.port);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let credentials = ws.path.join("proxy-credentials");
+        std::fs::write(&credentials, "alice:s3cret\n").unwrap();
+        if let Some(uid) = uid {
+            std::os::unix::fs::chown(&credentials, Some(uid), Some(uid)).unwrap();
+        }
+        std::fs::set_permissions(&credentials, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let seen = upstream.heads().len();
+        let before = origin.connections();
+        let script = format!(
+            "curl -sS -f -m 10 {allowed} && curl -sS -f -m 10 -p {allowed} && \
+             curl -sS -m 10 {refused}; curl -sS -m 10 -p {refused}; curl -sS -m 10 {literal}"
+        );
+        let registry = format!("registry.test:{}", origin.port);
+        let output = ws.run(
+            &[
+                "--allow-domain",
+                &registry,
+                "--upstream-proxy",
+                &upstream_url,
+                "--upstream-proxy-credentials",
+                credentials.to_str().unwrap(),
+            ],
+            &["sh", "-c", &script],
+        );
+        let stdout = text(&output.stdout);
+        assert_eq!(
+            stdout.matches("hello from origin").count(),
+            2,
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(
+            stdout
+                .matches(&format!("refused other.test:{}", origin.port))
+                .count(),
+            1,
+            "{uid:?}: the plain request is refused with a 403 naming it: {}",
+            describe(&output)
+        );
+        assert_eq!(
+            text(&output.stderr).matches("egress proxy refused").count(),
+            3,
+            "{uid:?}: both forms for other.test and the literal are refused: {}",
+            describe(&output)
+        );
+        let heads: Vec<String> = upstream.heads()[seen..].to_vec();
+        assert_eq!(heads.len(), 2, "{uid:?}: {heads:?}");
+        for head in &heads {
+            assert!(
+                head.starts_with(&format!("CONNECT {registry} HTTP/1.1\r\n")),
+                "{uid:?}: {head:?}"
+            );
+            assert!(
+                head.contains("\r\nProxy-Authorization: Basic YWxpY2U6czNjcmV0\r\n"),
+                "{uid:?}: {head:?}"
+            );
+        }
+        assert_eq!(origin.connections() - before, 2, "{uid:?}");
+    }
+    // Control: the upstream records what it is asked, a refused name included.
+    let seen = upstream.heads().len();
+    let direct = Command::new("curl")
+        .args(["-sS", "-m", "10", "-p", "-x", &upstream_url, &refused])
+        .output()
+        .unwrap();
+    assert!(direct.status.success(), "{}", describe(&direct));
+    assert!(
+        upstream.heads()[seen..]
+            .iter()
+            .any(|head| head.starts_with(&format!("CONNECT other.test:{}", origin.port))),
+        "{:?}",
+        upstream.heads()
+    );
+    // Control: without --upstream-proxy the destination is reached directly.
+    let ws = Workspace::new(None);
+    let seen = upstream.heads().len();
+    let output = ws.run(
+        &strs(&allow(&["registry.test"], &origin)),
+        &["curl", "-sS", "-f", "-m", "10", &allowed],
+    );
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(upstream.heads().len(), seen);
+}
+
+/// An upstream URL with credentials in it, another scheme or a path is refused before
+/// anything runs, and `--upstream-proxy` needs an allowlist.
+#[test]
+fn upstream_proxy_urls_are_checked_and_need_an_allowlist() {
+    let ws = Workspace::new(None);
+    for (url, needle) in [
+        (
+            "http://alice:pw@proxy.test:3128",
+            "--upstream-proxy-credentials",
+        ),
+        ("https://proxy.test:3128", "only http://"),
+        ("http://proxy.test:3128/path", "no path"),
+        ("http://proxy.test:0", "port"),
+    ] {
+        let output = ws.run(
+            &["--allow-domain", "registry.test", "--upstream-proxy", url],
+            &["true"],
+        );
+        assert!(!output.status.success(), "{url}: {}", describe(&output));
+        assert!(
+            text(&output.stderr).contains(needle),
+            "{url}: {}",
+            describe(&output)
+        );
+    }
+    let output = ws.run(&["--upstream-proxy", "http://proxy.test:3128"], &["true"]);
+    assert!(!output.status.success(), "{}", describe(&output));
+    assert!(
+        text(&output.stderr).contains("needs a network allowlist"),
+        "{}",
+        describe(&output)
+    );
+    // The control: a well-formed URL with an allowlist runs.
+    let output = ws.run(
+        &[
+            "--allow-domain",
+            "registry.test",
+            "--upstream-proxy",
+            "http://proxy.test:3128",
+        ],
+        &["true"],
+    );
+    assert!(output.status.success(), "{}", describe(&output));
+}
+
+/// What the asking peer (the test, standing where exec-server stands) does with each question
+/// in turn: answer with this decision, or never answer.
+type Plan = Vec<Option<&'static str>>;
+
+/// Runs `script` under `--ask --ask-fd 3` with the test as the peer on descriptor 3, answering
+/// by `plan`: returns the output, the questions received and how long the run took.
+fn run_asking(
+    ws: &Workspace,
+    args: &[&str],
+    script: &str,
+    plan: Plan,
+) -> (Output, Vec<serde_json::Value>, Duration) {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let questions = Arc::new(Mutex::new(Vec::new()));
+    let recorded = Arc::clone(&questions);
+    let peer = std::thread::spawn(move || {
+        let mut reader = BufReader::new(ours.try_clone().unwrap());
+        let mut writer = ours;
+        let mut plan = plan.into_iter();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let question: serde_json::Value = serde_json::from_str(&line).unwrap();
+            recorded.lock().unwrap().push(question.clone());
+            if let Some(Some(decision)) = plan.next() {
+                let answer = serde_json::json!({"id": question["id"], "decision": decision});
+                let _ = writeln!(writer, "{answer}");
+            }
+        }
+    });
+    let mut all = vec!["--ask", "--ask-fd", "3"];
+    all.extend_from_slice(args);
+    let mut command = ws.command(&all, &["sh", "-c", script]);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&theirs);
+    // SAFETY: dup2 only, between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let began = Instant::now();
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(theirs);
+    let output = wait_output(child, DEADLINE * 3);
+    let elapsed = began.elapsed();
+    peer.join().unwrap();
+    let questions = questions.lock().unwrap().clone();
+    (output, questions, elapsed)
+}
+
+/// `--ask` with a peer on `--ask-fd` (what exec-server does for `egress/approve`): a name the
+/// allowlist refuses is held while the peer is asked, with host, port, method, path and the
+/// rule that would allow it. "connection" lets that one connection through (the next one is
+/// asked again and "deny" refuses it); "process" covers the process's later connections (one
+/// question, two successes); a second process asks again; no answer refuses after
+/// --ask-timeout (1 s here), not before; approval does not lift the address checks (the name
+/// resolves to loopback, refused unless the address is named); a deny pattern is final, never
+/// asked. The control: without --ask nothing is asked and the request is refused at once.
+#[test]
+fn asking_approves_per_connection_or_process_and_refuses_on_deny_or_no_answer() {
+    let origin = Origin::start(None);
+    let url = format!("http://other.test:{}/hello", origin.port);
+    let fetch = format!("curl -sS -m 10 {url}");
+    let loopback = format!("127.0.0.1:{}", origin.port);
+    let registry = format!("registry.test:{}", origin.port);
+    let args = [
+        "--allow-domain",
+        registry.as_str(),
+        "--allow-domain",
+        loopback.as_str(),
+        "--ask-timeout",
+        "1",
+    ];
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let hello = |output: &Output| text(&output.stdout).matches("hello from origin").count();
+        let asked_by_client =
+            |output: &Output| text(&output.stdout).matches("refused when asked").count();
+
+        // Once for this connection, then deny.
+        let before = origin.connections();
+        let (output, questions, _) = run_asking(
+            &ws,
+            &args,
+            &format!("{fetch}; {fetch}"),
+            vec![Some("connection"), Some("deny")],
+        );
+        assert_eq!(hello(&output), 1, "{uid:?}: {}", describe(&output));
+        assert_eq!(
+            asked_by_client(&output),
+            1,
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(origin.connections() - before, 1, "{uid:?}");
+        assert_eq!(questions.len(), 2, "{uid:?}: {questions:?}");
+        assert_eq!(questions[0]["host"], "other.test", "{questions:?}");
+        assert_eq!(questions[0]["port"], origin.port, "{questions:?}");
+        assert_eq!(questions[0]["method"], "GET", "{questions:?}");
+        assert_eq!(questions[0]["path"], "/hello", "{questions:?}");
+        assert_eq!(
+            questions[0]["rule"],
+            format!("--allow-domain other.test:{}", origin.port),
+            "{questions:?}"
+        );
+
+        // For the process: asked once, both connections pass.
+        let before = origin.connections();
+        let (output, questions, _) = run_asking(
+            &ws,
+            &args,
+            &format!("{fetch} && {fetch}"),
+            vec![Some("process")],
+        );
+        assert_eq!(hello(&output), 2, "{uid:?}: {}", describe(&output));
+        assert_eq!(questions.len(), 1, "{uid:?}: {questions:?}");
+        assert_eq!(origin.connections() - before, 2, "{uid:?}");
+
+        // A second process is asked again.
+        let (output, questions, _) = run_asking(&ws, &args, &fetch, vec![Some("deny")]);
+        assert_eq!(questions.len(), 1, "{uid:?}: {questions:?}");
+        assert_eq!(hello(&output), 0, "{uid:?}: {}", describe(&output));
+
+        // No answer: refused after the timeout, not before.
+        let before = origin.connections();
+        let (output, questions, elapsed) = run_asking(&ws, &args, &fetch, vec![None]);
+        assert_eq!(questions.len(), 1, "{uid:?}: {questions:?}");
+        assert_eq!(hello(&output), 0, "{uid:?}: {}", describe(&output));
+        assert!(
+            text(&output.stdout).contains("no approval came within 1000 ms"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+        assert!(elapsed >= Duration::from_secs(1), "{uid:?}: {elapsed:?}");
+        assert!(elapsed < Duration::from_secs(8), "{uid:?}: {elapsed:?}");
+        assert_eq!(origin.connections(), before, "{uid:?}");
+
+        // Approved, but the name resolves to loopback, which no pattern names: refused.
+        let (output, questions, _) = run_asking(
+            &ws,
+            &["--allow-domain", registry.as_str()],
+            &fetch,
+            vec![Some("process")],
+        );
+        assert_eq!(questions.len(), 1, "{uid:?}: {questions:?}");
+        assert_eq!(hello(&output), 0, "{uid:?}: {}", describe(&output));
+        assert!(
+            text(&output.stdout).contains("loopback"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+
+        // A deny pattern is final: never asked.
+        let denied = format!("other.test:{}", origin.port);
+        let mut with_deny = args.to_vec();
+        with_deny.extend(["--deny-domain", denied.as_str()]);
+        let (output, questions, _) = run_asking(&ws, &with_deny, &fetch, vec![Some("process")]);
+        assert!(questions.is_empty(), "{uid:?}: {questions:?}");
+        assert_eq!(hello(&output), 0, "{uid:?}: {}", describe(&output));
+
+        // Control: without --ask, refused at once, nothing asked.
+        let output = ws.run(&args[..4], &["sh", "-c", &fetch]);
+        assert_eq!(hello(&output), 0, "{uid:?}: {}", describe(&output));
+        assert!(
+            text(&output.stdout).contains("not in the allowlist"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+    }
+}
+
+/// `--ask` with no controlling terminal (a CI job, a daemon): refused at once, without waiting
+/// for the timeout, and the refusal says it was asked of the terminal.
+#[test]
+fn asking_without_a_terminal_refuses_at_once() {
+    let origin = Origin::start(None);
+    let url = format!("http://other.test:{}/hello", origin.port);
+    let loopback = format!("127.0.0.1:{}", origin.port);
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let mut command = ws.command(
+            &["--allow-domain", &loopback, "--ask", "--ask-timeout", "20"],
+            &["curl", "-sS", "-m", "10", &url],
+        );
+        // SAFETY: setsid only, between fork and exec: no controlling terminal.
+        unsafe {
+            command.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let began = Instant::now();
+        let child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let output = wait_output(child, DEADLINE);
+        assert!(began.elapsed() < Duration::from_secs(10), "{uid:?}");
+        assert!(
+            text(&output.stdout).contains("refused when asked (by the terminal)"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+    }
+}
+
+/// The question socket (`--ask-fd`) is `sandbox-run`'s and the proxy's, never the command's:
+/// the command's descriptors hold no socket. The control: the same listing run directly with
+/// the socket inherited shows it.
+#[test]
+fn the_ask_socket_never_reaches_the_command() {
+    let listing = "ls -l /proc/self/fd/";
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let (output, questions, _) =
+            run_asking(&ws, &["--allow-domain", "registry.test"], listing, vec![]);
+        assert!(output.status.success(), "{uid:?}: {}", describe(&output));
+        assert!(questions.is_empty(), "{uid:?}: {questions:?}");
+        assert!(
+            !text(&output.stdout).contains("socket:"),
+            "{uid:?}: {}",
+            describe(&output)
+        );
+    }
+    let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&theirs);
+    let mut control = Command::new("sh");
+    control.args(["-c", listing]);
+    // SAFETY: dup2 only, between fork and exec.
+    unsafe {
+        control.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let output = control.output().unwrap();
+    assert!(
+        text(&output.stdout).contains("socket:"),
+        "{}",
+        describe(&output)
+    );
+}

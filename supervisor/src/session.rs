@@ -34,6 +34,8 @@ use crate::transport::identity::ClientIdentity;
 #[derive(Default)]
 pub struct Attachment {
     current: Mutex<AttachmentState>,
+    /// `egress/approve` requests in flight and approvals for the session.
+    pub approvals: crate::process::approvals::Approvals,
 }
 
 /// The connection a session attaches to, and the client it belongs to.
@@ -46,6 +48,8 @@ pub struct Attacher {
     pub sender: OutboundSender,
     /// Its budgets (shown by `GET /status` while it holds the session).
     pub budget: ConnectionBudget,
+    /// It declared `egressApprove` at `initialize`.
+    pub approves: bool,
 }
 
 #[derive(Default)]
@@ -53,6 +57,8 @@ struct AttachmentState {
     connection: Option<(u64, OutboundSender)>,
     /// The attached connection's budgets.
     budget: Option<ConnectionBudget>,
+    /// The attached connection answers `egress/approve`.
+    approves: bool,
     /// The client of the connection that attached it last: whose share a detached session counts
     /// against.
     client: Option<ClientIdentity>,
@@ -75,6 +81,15 @@ impl Attachment {
     /// The attached connection's budgets; `None` while detached.
     pub fn connection_budget(&self) -> Option<ConnectionBudget> {
         self.lock().budget.clone()
+    }
+
+    /// The attached connection's outbound queue, when it declared `egressApprove`.
+    pub fn approving_sender(&self) -> Option<OutboundSender> {
+        let state = self.lock();
+        if !state.approves {
+            return None;
+        }
+        state.connection.as_ref().map(|(_, sender)| sender.clone())
     }
 
     /// The attached connection's outbound queue.
@@ -168,6 +183,7 @@ impl SessionRegistry {
         {
             let mut state = attachment.lock();
             state.connection = Some((attacher.connection, attacher.sender));
+            state.approves = attacher.approves;
             state.budget = Some(attacher.budget);
             state.client = Some(attacher.client);
             state.requested_ttl = requested_ttl;
@@ -223,6 +239,7 @@ impl SessionRegistry {
             return Err(SessionError::StillAttached(id.to_owned()));
         }
         state.connection = Some((attacher.connection, attacher.sender));
+        state.approves = attacher.approves;
         state.budget = Some(attacher.budget);
         state.client = Some(attacher.client);
         state.detached_at = None;

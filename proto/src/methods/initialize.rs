@@ -24,6 +24,10 @@ pub struct InitializeParams {
     /// `binaryOutput` says whether the server does (relay streams keep JSON for now).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub binary_output: bool,
+    /// The client answers `egress/approve` requests ([`crate::methods::egress`]). Without it,
+    /// a destination an asking allowlist refuses is refused at once, as without `ask`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub egress_approve: bool,
 }
 
 /// Result of `initialize`.

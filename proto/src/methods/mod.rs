@@ -5,6 +5,7 @@
 //! a `sandbox` object is never tolerant, it is parsed strictly where it is resolved.
 
 pub mod call;
+pub mod egress;
 pub mod environment;
 pub mod fs;
 pub mod http;
@@ -68,6 +69,9 @@ pub const ENVIRONMENT_INFO: &str = "environment/info";
 pub const HTTP_REQUEST: &str = "http/request";
 /// `http/request/bodyDelta` (server notification of a streamed `http/request` body).
 pub const HTTP_REQUEST_BODY_DELTA: &str = "http/request/bodyDelta";
+
+/// `egress/approve` (server request to a client that declared `egressApprove`).
+pub const EGRESS_APPROVE: &str = "egress/approve";
 
 /// An empty result object `{}` (or params without fields).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

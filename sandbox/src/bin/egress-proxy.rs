@@ -24,6 +24,9 @@ struct Cli {
     /// The configuration (JSON).
     #[arg(long, value_name = "N")]
     config_fd: i32,
+    /// The question socket (asking before a refusal is final).
+    #[arg(long, value_name = "N")]
+    ask_fd: Option<i32>,
     /// The pid of the `sandbox-run` that started it.
     #[arg(long, value_name = "PID")]
     parent_pid: u32,
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
         listen: cli.listen_fd,
         events: cli.events_fd,
         config: cli.config_fd,
+        ask: cli.ask_fd,
         parent: cli.parent_pid,
     };
     match sandbox::egress::helper::run(fds) {

@@ -49,6 +49,7 @@ fn run(cli: &Cli, audit: &audit_flags::AuditArgs) -> ExitCode {
     let mut keep = vec![0, 1, 2];
     keep.extend(cli.launch_fd);
     keep.extend(audit.audit_fd);
+    keep.extend(cli.ask_fd);
     if let Err(source) = sandbox::linux::hygiene::close_inherited_fds(&keep) {
         eprintln!("sandbox-run: closing inherited file descriptors failed: {source}");
         return ExitCode::from(sandbox::run::EXIT_SETUP_FAILED);

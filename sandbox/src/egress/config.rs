@@ -37,6 +37,14 @@ pub struct ProxyConfig {
     pub denied_ports: Vec<u16>,
     /// Name to address mapping consulted before the system resolver (hosts-file format).
     pub hosts: Vec<(String, IpAddr)>,
+    /// The `Proxy-Authorization` value sent to the upstream proxy
+    /// ([`EgressRules::upstream`]), read from the credentials file by the outer: it lives in
+    /// this sealed memfd and the proxy's memory, never in an argument or the environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_authorization: Option<String>,
+    /// Ask before refusing a name the allowlist does not allow ([`super::ask`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<super::ask::AskConfig>,
 }
 
 /// One decision of the proxy (a JSON line on its event descriptor).
@@ -58,6 +66,19 @@ pub struct EgressEvent {
     /// Refused: why, in plain words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Allowed though the allowlist refuses it: who approved it, for what scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+}
+
+/// An approval given when the proxy asked ([`super::ask`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    /// Who approved it: `terminal` (`sandbox-run --ask`) or `client` (exec-server's client).
+    pub by: String,
+    /// `connection`, `process` or `session`; `remembered` when an earlier approval for the
+    /// process covered it.
+    pub scope: String,
 }
 
 impl EgressEvent {
@@ -71,6 +92,16 @@ impl EgressEvent {
             port,
             rule: rule.to_owned(),
             reason: None,
+            approval: None,
+        }
+    }
+
+    /// A destination the allowlist refuses, let through by an approval.
+    pub fn approved(protocol: &str, host: &Host, port: u16, approval: Approval) -> Self {
+        let rule = format!("approved by the {} ({})", approval.by, approval.scope);
+        Self {
+            approval: Some(approval),
+            ..Self::allowed(protocol, host, port, &rule)
         }
     }
 
@@ -85,6 +116,7 @@ impl EgressEvent {
             port,
             rule: escape_control(&rule),
             reason: Some(escape_control(&reason)),
+            approval: None,
         }
     }
 

@@ -48,6 +48,8 @@ pub struct HelperFds {
     pub events: i32,
     /// The configuration memfd.
     pub config: i32,
+    /// The question socket (asking before refusing), when the outer asks.
+    pub ask: Option<i32>,
     /// The outer's pid: when the proxy's parent is no longer it, the outer is gone.
     pub parent: u32,
 }
@@ -87,14 +89,29 @@ pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
     let listen = take("listener", fds.listen)?;
     let events = take("event pipe", fds.events)?;
     let config = super::launch::read_config(take("configuration", fds.config)?)?;
+    let ask = fds.ask.map(|fd| take("question socket", fd)).transpose()?;
     let locals = local_addresses();
     let policy = proxy_policy(&config.denied_ports)?;
-    let options = EnforceOptions::for_helper(&[listen.as_raw_fd(), events.as_raw_fd()]);
+    let mut kept = vec![listen.as_raw_fd(), events.as_raw_fd()];
+    kept.extend(ask.as_ref().map(AsRawFd::as_raw_fd));
+    let options = EnforceOptions::for_helper(&kept);
     restrict_current_process(&policy, &options)?;
     let listener = TcpListener::from(listen);
+    // Threads only now, confined.
+    let asker = match (ask, &config.ask) {
+        (Some(socket), Some(ask)) => Some(
+            super::ask::Asker::start(socket, std::time::Duration::from_millis(ask.timeout_ms))
+                .map_err(|source| HelperError::Descriptor {
+                    what: "question socket",
+                    fd: fds.ask.unwrap_or(-1),
+                    source,
+                })?,
+        ),
+        _ => None,
+    };
     serve(
         listener,
-        Proxy::new(config, locals, std::fs::File::from(events)),
+        Proxy::new(config, locals, std::fs::File::from(events)).with_asker(asker),
     )
 }
 

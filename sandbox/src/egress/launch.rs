@@ -103,17 +103,34 @@ impl ProxyProcess {
     ///
     /// # Errors
     /// [`LaunchError`].
-    pub fn spawn(listener: OwnedFd, config: &ProxyConfig) -> Result<Self, LaunchError> {
+    /// `ask`: the proxy's end of the question socket ([`super::ask`]).
+    pub fn spawn(
+        listener: OwnedFd,
+        config: &ProxyConfig,
+        ask: Option<OwnedFd>,
+    ) -> Result<Self, LaunchError> {
         let path = proxy_binary()?;
         let (events_read, events_write) =
             nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(plumbing("event pipe"))?;
         let config_fd = config_memfd(config)?;
-        for fd in [&listener, &events_write, &config_fd] {
+        for fd in [
+            Some(&listener),
+            Some(&events_write),
+            Some(&config_fd),
+            ask.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             // Inherited on purpose by the proxy alone: this process is single-threaded and
             // execs nothing else while these are open.
             fcntl(fd, FcntlArg::F_SETFD(FdFlag::empty())).map_err(plumbing("descriptor flags"))?;
         }
-        let child = Command::new(&path)
+        let mut command = Command::new(&path);
+        if let Some(ask) = &ask {
+            command.arg("--ask-fd").arg(ask.as_raw_fd().to_string());
+        }
+        let child = command
             .arg("--listen-fd")
             .arg(listener.as_raw_fd().to_string())
             .arg("--events-fd")
@@ -130,7 +147,7 @@ impl ProxyProcess {
                 path: path.clone(),
                 source,
             })?;
-        drop((listener, events_write, config_fd));
+        drop((listener, events_write, config_fd, ask));
         fcntl(&events_read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
             .map_err(plumbing("event pipe"))?;
         Ok(Self {

@@ -21,6 +21,10 @@
 //! (kept-alive, pipelined, inside a tunnel) must name it too, and what the tunnel may carry at
 //! all is the pattern's [`TunnelMode`](crate::policy::network::TunnelMode) (TLS only on 443,
 //! TLS or checked HTTP elsewhere, anything with `tunnel=any`).
+//! With an upstream proxy ([`upstream`]), an allowed connection leaves through it with
+//! `CONNECT host:port` instead: the name is checked against the allowlist as above but not
+//! resolved here (the upstream resolves it), so the address checks apply to IP literals only;
+//! the upstream's own address is checked against the supervisor's listeners.
 //! Every decision is an [`EgressEvent`] written to the outer, which turns refusals into denial
 //! records (layer `proxy`, operation `net.connect`).
 //!
@@ -31,6 +35,7 @@
 //! [`server`] (the accept loop and the connection handler), [`launch`] (the outer's side:
 //! exec the proxy, read its events, stop it).
 
+pub mod ask;
 pub mod config;
 pub mod framing;
 pub mod hosts;
@@ -39,6 +44,7 @@ pub mod inspect;
 pub mod sni;
 pub mod socks;
 pub mod tls;
+pub mod upstream;
 
 #[cfg(target_os = "linux")]
 pub mod helper;
@@ -61,6 +67,21 @@ pub const MAX_HEADERS: usize = 64;
 /// Connections one proxy (one sandbox) serves at once; more are closed at once. Each costs two
 /// threads and two 64 KiB buffers.
 pub const MAX_CONCURRENT_CONNECTIONS: usize = 128;
+
+/// One read that fails with `TimedOut` once `deadline` has passed: the read timeout is what
+/// is left of the deadline, so trickling bytes does not extend it.
+pub(crate) fn read_before(
+    stream: &mut std::net::TcpStream,
+    chunk: &mut [u8],
+    deadline: std::time::Instant,
+) -> std::io::Result<usize> {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    stream.set_read_timeout(Some(left))?;
+    std::io::Read::read(stream, chunk)
+}
 
 /// How long a client has in total to send its request head once connected (and, separately,
 /// each message the proxy must see whole once its first byte arrived: a later request head, a

@@ -10,13 +10,13 @@
 //! `tunnel`.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::policy::network::{Decision, Host, TunnelMode, canonical_ip};
+use crate::policy::network::{Decision, Host, Refusal, TunnelMode, canonical_ip, suggested_rule};
 
 use super::config::{EgressEvent, ProxyConfig, escape_control};
 use super::http::{self, Request};
@@ -43,6 +43,8 @@ pub struct Proxy {
     events: Mutex<File>,
     active: AtomicUsize,
     started: Instant,
+    /// Asks before a refusal is final (`--ask`), when configured.
+    asker: Option<super::ask::Asker>,
 }
 
 impl Proxy {
@@ -54,7 +56,14 @@ impl Proxy {
             events: Mutex::new(events),
             active: AtomicUsize::new(0),
             started: Instant::now(),
+            asker: None,
         }
+    }
+
+    /// This proxy asking `asker` before refusing a name the allowlist does not allow.
+    pub fn with_asker(mut self, asker: Option<super::ask::Asker>) -> Self {
+        self.asker = asker;
+        self
     }
 
     /// This host's addresses, read again when the last reading is older than
@@ -162,24 +171,9 @@ fn read_more(
     let room = MAX_HEADER_BYTES
         .saturating_sub(buf.len())
         .clamp(1, chunk.len());
-    let n = read_before(stream, &mut chunk[..room], deadline)?;
+    let n = super::read_before(stream, &mut chunk[..room], deadline)?;
     buf.extend_from_slice(&chunk[..n]);
     Ok(n)
-}
-
-/// One read that fails with `TimedOut` once `deadline` has passed: the read timeout is what
-/// is left of the deadline, so trickling bytes does not extend it.
-pub(crate) fn read_before(
-    stream: &mut TcpStream,
-    chunk: &mut [u8],
-    deadline: Instant,
-) -> std::io::Result<usize> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(std::io::ErrorKind::TimedOut.into());
-    }
-    stream.set_read_timeout(Some(left))?;
-    stream.read(chunk)
 }
 
 fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline: Instant) {
@@ -279,7 +273,11 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
         ));
         return;
     }
-    let upstream = match open(proxy, protocol, &host, port) {
+    let asked = match &request {
+        Request::Forward { method, path, .. } => Some((method.as_str(), path.as_str())),
+        Request::Connect { .. } => None,
+    };
+    let upstream = match open(proxy, protocol, &host, port, asked) {
         Ok(upstream) => upstream,
         Err(OpenError::Refused(event)) => {
             let _ = client.write_all(&http::response(
@@ -377,7 +375,7 @@ fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline
         }
     };
     let rest = buf.split_off(len);
-    let upstream = match open(proxy, "socks5", &host, port) {
+    let upstream = match open(proxy, "socks5", &host, port, None) {
         Ok(upstream) => upstream,
         Err(OpenError::Refused(_)) => {
             let _ = client.write_all(&socks::reply(socks::REPLY_NOT_ALLOWED));
@@ -427,19 +425,223 @@ fn refuse_socks4(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadlin
     let _ = client.write_all(&socks::SOCKS4_REJECTED);
 }
 
-/// Decides, resolves, checks every address and connects.
-fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStream, OpenError> {
+/// Decides (asking, when configured, before a name the allowlist does not allow is refused),
+/// resolves, checks every address and connects. `request`: the method and path of a plain
+/// HTTP request, for the question.
+fn open(
+    proxy: &Proxy,
+    protocol: &str,
+    host: &Host,
+    port: u16,
+    request: Option<(&str, &str)>,
+) -> Result<TcpStream, OpenError> {
     let rules = &proxy.config.rules;
     let decision = rules.decide(host, port);
+    let mut approval = None;
     let rule = match &decision {
         Decision::Allowed(rule) => rule.clone(),
+        Decision::Denied(Refusal::NotAllowed) if proxy.asker.is_some() => {
+            let granted = ask(proxy, protocol, host, port, request)?;
+            let rule = format!("approved by the {} ({})", granted.by, granted.scope);
+            approval = Some(granted);
+            rule
+        }
         Decision::Denied(_) => {
             let event = EgressEvent::from_decision(protocol, host, port, &decision);
             proxy.emit(&event);
             return Err(OpenError::Refused(Box::new(event)));
         }
     };
+    // An approval of an address literal names that address, as an `allow` pattern would; an
+    // approved name's addresses are checked as any name's.
+    let named = approval.is_some() && matches!(host, Host::Ip(_));
+    if let Some(upstream) = &rules.upstream {
+        // The upstream resolves names: only a literal address is checked here.
+        if let Host::Ip(ip) = host {
+            usable_addresses(
+                proxy,
+                protocol,
+                host,
+                port,
+                vec![SocketAddr::new(*ip, port)],
+                named,
+            )?;
+        }
+        let stream = through_upstream(proxy, upstream, host, port)?;
+        proxy.emit(&allowed_event(protocol, host, port, &rule, &approval));
+        return Ok(stream);
+    }
     let addresses = resolve(proxy, host, port).map_err(OpenError::Unreachable)?;
+    let usable = usable_addresses(proxy, protocol, host, port, addresses, named)?;
+    let mut last_error = String::from("no address");
+    for address in usable {
+        match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                proxy.emit(&allowed_event(protocol, host, port, &rule, &approval));
+                return Ok(stream);
+            }
+            Err(err) => last_error = format!("connecting to {address} failed: {err}"),
+        }
+    }
+    Err(OpenError::Unreachable(last_error))
+}
+
+/// The event of an allowed connection: by a pattern, or by an approval.
+fn allowed_event(
+    protocol: &str,
+    host: &Host,
+    port: u16,
+    rule: &str,
+    approval: &Option<super::config::Approval>,
+) -> EgressEvent {
+    match approval {
+        Some(approval) => EgressEvent::approved(protocol, host, port, approval.clone()),
+        None => EgressEvent::allowed(protocol, host, port, rule),
+    }
+}
+
+/// Asks whether `host:port`, which the allowlist does not allow, may be reached: an approval,
+/// or the refusal (emitted) saying the answer was no or did not come in time.
+fn ask(
+    proxy: &Proxy,
+    protocol: &str,
+    host: &Host,
+    port: u16,
+    request: Option<(&str, &str)>,
+) -> Result<super::config::Approval, OpenError> {
+    use super::ask::{Question, Scope, cut_path};
+    use super::config::Approval;
+    let Some(asker) = &proxy.asker else {
+        return Err(refuse_unasked(
+            proxy,
+            protocol,
+            host,
+            port,
+            "not in the allowlist",
+        ));
+    };
+    let name = host.to_string();
+    if asker.remembered(&name, port) {
+        return Ok(Approval {
+            by: "earlier approval".to_owned(),
+            scope: "remembered".to_owned(),
+        });
+    }
+    let question = Question {
+        id: 0,
+        protocol: protocol.to_owned(),
+        host: name,
+        port,
+        method: request.map(|(method, _)| method.to_owned()),
+        path: request.map(|(_, path)| cut_path(path)),
+        rule: format!("--allow-domain {}", suggested_rule(host, port)),
+    };
+    match asker.ask(question) {
+        Some(answer) if answer.decision != Scope::Deny => Ok(Approval {
+            by: answer.by.unwrap_or_else(|| "client".to_owned()),
+            scope: answer.decision.as_str().to_owned(),
+        }),
+        Some(answer) => Err(refuse_unasked(
+            proxy,
+            protocol,
+            host,
+            port,
+            &format!(
+                "not in the allowlist, and refused when asked (by the {})",
+                answer.by.as_deref().unwrap_or("client")
+            ),
+        )),
+        None => {
+            let waited = proxy.config.ask.as_ref().map_or(0, |ask| ask.timeout_ms);
+            Err(refuse_unasked(
+                proxy,
+                protocol,
+                host,
+                port,
+                &format!("not in the allowlist, and no approval came within {waited} ms"),
+            ))
+        }
+    }
+}
+
+/// Emits and returns the refusal of a name the allowlist does not allow, with `reason`.
+fn refuse_unasked(
+    proxy: &Proxy,
+    protocol: &str,
+    host: &Host,
+    port: u16,
+    reason: &str,
+) -> OpenError {
+    let event = EgressEvent::refused(
+        protocol,
+        &host.to_string(),
+        port,
+        format!("--allow-domain {}", suggested_rule(host, port)),
+        reason.to_owned(),
+    );
+    proxy.emit(&event);
+    OpenError::Refused(Box::new(event))
+}
+
+/// A tunnel to `host:port` through the upstream proxy: its addresses (the hosts mapping first,
+/// then the system resolver) but the supervisor's own listeners, connected in turn, asked
+/// `CONNECT host:port`. The upstream is named by the policy, so a private or loopback address
+/// of it is used (that is where corporate proxies live).
+fn through_upstream(
+    proxy: &Proxy,
+    upstream: &crate::policy::network::UpstreamProxy,
+    host: &Host,
+    port: u16,
+) -> Result<TcpStream, OpenError> {
+    let addresses = resolve(proxy, &upstream.host, upstream.port)
+        .map_err(|why| OpenError::Unreachable(format!("the upstream proxy {upstream}: {why}")))?;
+    let locals = proxy.local_addresses();
+    let mut last_error = format!("the upstream proxy {upstream} has no usable address");
+    for address in addresses {
+        if own_listener(proxy, &locals, address.ip(), address.port()) {
+            last_error = format!(
+                "the upstream proxy {upstream} resolves to {address}, the supervisor's own \
+                 listener"
+            );
+            continue;
+        }
+        let mut stream = match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
+            Ok(stream) => stream,
+            Err(err) => {
+                last_error = format!("connecting to the upstream proxy {address} failed: {err}");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let deadline = Instant::now() + CONNECT_TIMEOUT;
+        let authorization = proxy.config.upstream_authorization.as_deref();
+        return match super::upstream::open_tunnel(&mut stream, host, port, authorization, deadline)
+        {
+            Ok(()) => {
+                let _ = stream.set_read_timeout(None);
+                Ok(stream)
+            }
+            Err(why) => Err(OpenError::Unreachable(why)),
+        };
+    }
+    Err(OpenError::Unreachable(last_error))
+}
+
+/// The addresses of `host` that may be connected to: not the supervisor's listeners, none a
+/// deny pattern names, special or local ones only when an `allow` pattern names them. When
+/// none is left, the refusal of the first one is emitted and returned. `named`: the literal
+/// address was approved when asked, which names it (the supervisor's listeners and deny
+/// patterns still win).
+fn usable_addresses(
+    proxy: &Proxy,
+    protocol: &str,
+    host: &Host,
+    port: u16,
+    addresses: Vec<SocketAddr>,
+    named: bool,
+) -> Result<Vec<SocketAddr>, OpenError> {
+    let rules = &proxy.config.rules;
     let locals = proxy.local_addresses();
     let mut usable = Vec::new();
     let mut refusal = None;
@@ -467,7 +669,7 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
                     "none: a deny pattern names the address".to_owned(),
                 )
             });
-        } else if !rules.address_allowed(ip, port, &|ip| locals.contains(&ip)) {
+        } else if !named && !rules.address_allowed(ip, port, &|ip| locals.contains(&ip)) {
             refusal.get_or_insert_with(|| {
                 let named = Host::Ip(ip);
                 (
@@ -489,18 +691,7 @@ fn open(proxy: &Proxy, protocol: &str, host: &Host, port: u16) -> Result<TcpStre
         proxy.emit(&event);
         return Err(OpenError::Refused(Box::new(event)));
     }
-    let mut last_error = String::from("no address");
-    for address in usable {
-        match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
-            Ok(stream) => {
-                let _ = stream.set_nodelay(true);
-                proxy.emit(&EgressEvent::allowed(protocol, host, port, &rule));
-                return Ok(stream);
-            }
-            Err(err) => last_error = format!("connecting to {address} failed: {err}"),
-        }
-    }
-    Err(OpenError::Unreachable(last_error))
+    Ok(usable)
 }
 
 /// The destination's addresses: the hosts mapping first, then the system resolver.

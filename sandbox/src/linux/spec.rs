@@ -45,9 +45,24 @@ pub struct RunOptions {
     /// Where every egress decision (allowed ones too) goes as a JSON line, opened before the
     /// command starts.
     pub egress_log: Option<std::sync::Arc<std::fs::File>>,
+    /// The `Proxy-Authorization` value for the upstream proxy (`Basic ...`, from
+    /// `--upstream-proxy-credentials`), handed to the egress proxy in its sealed configuration.
+    pub upstream_authorization: Option<String>,
+    /// Whom the outer asks when the policy asks before refusing (`network.ask`): `None`, no
+    /// one (refusals are final).
+    pub ask: Option<AskOptions>,
     /// Repeated SIGINT/SIGTERM escalate (see the `outer` module): the first is forwarded, the second
     /// terminates the sandbox (SIGTERM, SIGKILL after [`INTERRUPT_GRACE`]), the third kills it.
     pub escalate_interrupts: bool,
+}
+
+/// Whom the outer asks before an egress refusal is final, and how long the proxy waits.
+#[derive(Clone, Debug)]
+pub struct AskOptions {
+    /// The --ask-fd peer (exec-server); `None`: the controlling terminal.
+    pub peer: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// How long a connection is held for the answer.
+    pub timeout: std::time::Duration,
 }
 
 /// How long, after a second interrupt, the command has to end on SIGTERM before the sandbox is

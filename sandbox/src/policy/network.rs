@@ -95,7 +95,14 @@ impl NetworkPolicy {
             NetworkSetting::Allowlist(spec) => {
                 let allow: Vec<String> =
                     spec.allow.iter().map(AllowEntry::to_pattern_text).collect();
-                Ok(Self::Allowlist(EgressRules::parse(&allow, &spec.deny)?))
+                let mut rules = EgressRules::parse(&allow, &spec.deny)?;
+                rules.ask = spec.ask;
+                match spec.upstream {
+                    Some(url) => Ok(Self::Allowlist(
+                        rules.with_upstream(Some(UpstreamProxy::parse(&url)?)),
+                    )),
+                    None => Ok(Self::Allowlist(rules)),
+                }
             }
         }
     }
@@ -121,6 +128,8 @@ impl From<NetworkPolicy> for NetworkSetting {
                     .map(|p| AllowEntry::Pattern(p.to_string()))
                     .collect(),
                 deny: rules.deny.iter().map(ToString::to_string).collect(),
+                upstream: rules.upstream.as_ref().map(ToString::to_string),
+                ask: rules.ask,
             }),
         }
     }
@@ -162,6 +171,14 @@ pub enum NetworkError {
     UnknownSet {
         /// The item as written (with its `@`).
         name: String,
+    },
+    /// `upstream` is not a usable proxy URL.
+    #[error("upstream proxy {url:?}: {reason} (expected http://HOST:PORT)")]
+    Upstream {
+        /// The URL as written.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// An egress pattern is malformed.
     #[error(
@@ -284,6 +301,13 @@ pub struct AllowlistSpec {
     /// Patterns to refuse even when an `allow` pattern matches.
     #[serde(default)]
     pub deny: Vec<String>,
+    /// An upstream HTTP proxy (`"http://HOST:PORT"`) every allowed connection leaves through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+    /// Ask (the terminal, or exec-server's client) before a destination no `allow` pattern
+    /// matches is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ask: bool,
 }
 
 /// One `allow` item as written: a pattern string, or `{"pattern": "...", "tunnel": "any"}`.
@@ -523,6 +547,88 @@ pub struct EgressRules {
     pub allow: Vec<HostPattern>,
     /// Refused destinations (win over `allow`).
     pub deny: Vec<HostPattern>,
+    /// Where allowed connections leave: through this HTTP proxy (CONNECT), else directly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamProxy>,
+    /// Ask before a destination no `allow` pattern matches is refused (`deny` patterns are
+    /// final): `sandbox-run` asks its terminal, exec-server its client (`egress/approve`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ask: bool,
+}
+
+/// An upstream HTTP proxy (`http://HOST:PORT`): allowed connections leave through it with
+/// `CONNECT host:port`. Credentials never live in the URL (it ends up in policies, command
+/// lines and `--explain`): `sandbox-run --upstream-proxy-credentials FILE` gives them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct UpstreamProxy {
+    /// The proxy's host.
+    pub host: Host,
+    /// Its port.
+    pub port: u16,
+}
+
+impl UpstreamProxy {
+    /// Parses `http://HOST[:PORT]` (port 3128 when absent; a trailing `/` is accepted).
+    ///
+    /// # Errors
+    /// [`NetworkError::Upstream`] naming what is wrong: another scheme, credentials in the
+    /// URL, a path, a bad host or port.
+    pub fn parse(text: &str) -> Result<Self, PolicyError> {
+        let bad = |reason: &str| -> PolicyError {
+            NetworkError::Upstream {
+                url: text.to_owned(),
+                reason: reason.to_owned(),
+            }
+            .into()
+        };
+        let rest = text
+            .strip_prefix("http://")
+            .ok_or_else(|| bad("only http:// upstream proxies are supported"))?;
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.contains('@') {
+            return Err(bad("credentials do not belong in the URL; give them with \
+                 --upstream-proxy-credentials FILE"));
+        }
+        if rest.contains(['/', '?', '#']) {
+            return Err(bad("an upstream proxy URL has no path"));
+        }
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((host, port)) if !port.contains(']') => (
+                host,
+                port.parse::<u16>()
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| bad("the port is not a number from 1 to 65535"))?,
+            ),
+            _ => (rest, DEFAULT_UPSTREAM_PORT),
+        };
+        let host = Host::parse(host).map_err(|err| bad(&err.to_string()))?;
+        Ok(Self { host, port })
+    }
+}
+
+/// The port of an upstream proxy URL without one (the usual HTTP proxy port).
+pub const DEFAULT_UPSTREAM_PORT: u16 = 3128;
+
+impl fmt::Display for UpstreamProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}:{}", self.host, self.port)
+    }
+}
+
+impl TryFrom<String> for UpstreamProxy {
+    type Error = PolicyError;
+
+    fn try_from(text: String) -> Result<Self, PolicyError> {
+        Self::parse(&text)
+    }
+}
+
+impl From<UpstreamProxy> for String {
+    fn from(upstream: UpstreamProxy) -> Self {
+        upstream.to_string()
+    }
 }
 
 impl EgressRules {
@@ -534,6 +640,8 @@ impl EgressRules {
         let rules = Self {
             allow: parse_list(allow)?,
             deny: parse_list(deny)?,
+            upstream: None,
+            ask: false,
         };
         if let Some(pattern) = rules.deny.iter().find(|p| p.tunnel.is_some()) {
             return Err(NetworkError::Pattern {
@@ -567,7 +675,15 @@ impl EgressRules {
         all_allow.extend_from_slice(allow);
         let mut all_deny: Vec<String> = self.deny.iter().map(ToString::to_string).collect();
         all_deny.extend_from_slice(deny);
-        Self::parse(&all_allow, &all_deny)
+        let mut rules = Self::parse(&all_allow, &all_deny)?.with_upstream(self.upstream.clone());
+        rules.ask = self.ask;
+        Ok(rules)
+    }
+
+    /// These rules with allowed connections leaving through `upstream` (or directly).
+    pub fn with_upstream(mut self, upstream: Option<UpstreamProxy>) -> Self {
+        self.upstream = upstream;
+        self
     }
 
     /// What a tunnel to `host:port` may carry: the widest setting of the `allow` patterns that

@@ -104,6 +104,32 @@ pub struct Cli {
     /// local mirrors, air-gapped sites, tests.
     #[arg(long, value_name = "FILE")]
     pub egress_hosts: Option<PathBuf>,
+    /// Send every allowed connection through this HTTP proxy (`http://HOST:PORT`) with
+    /// `CONNECT host:port`; needs an allowlist (--allow-domain or the policy's). The egress
+    /// proxy still checks every name against the allowlist; it does not resolve names then
+    /// (the upstream does), so the address checks apply to IP literals only.
+    #[arg(long, value_name = "URL")]
+    pub upstream_proxy: Option<String>,
+    /// Credentials for --upstream-proxy: FILE holds one line `USER:PASSWORD`, sent as
+    /// `Proxy-Authorization: Basic ...` (never on the command line or in the environment).
+    #[arg(long, value_name = "FILE", requires = "upstream_proxy")]
+    pub upstream_proxy_credentials: Option<PathBuf>,
+    /// Before refusing a destination no --allow-domain pattern matches (a --deny-domain match
+    /// is final), ask on the controlling terminal (/dev/tty): `y` lets this connection
+    /// through, `p` every connection of this command to that host and port, anything else no;
+    /// no terminal, or no answer within --ask-timeout: no. Needs an allowlist. Every answer is
+    /// in the egress log (`approval`: who, which scope) and every refusal on stderr or in the
+    /// audit, as without --ask.
+    #[arg(long)]
+    pub ask: bool,
+    /// Ask the peer on descriptor N instead of the terminal (exec-server's `egress/approve`):
+    /// questions out and answers in, as JSON lines (see sandbox::egress::ask).
+    #[arg(long, value_name = "N")]
+    pub ask_fd: Option<i32>,
+    /// How long a connection is held for an answer, in seconds (default 30: ASK_TIMEOUT; at
+    /// most 600).
+    #[arg(long, value_name = "SECONDS")]
+    pub ask_timeout: Option<f64>,
     /// Write every egress decision, allowed destinations too, as JSON lines to FILE (created
     /// before the command starts): the allowlist a build needs.
     #[arg(long, value_name = "FILE")]

@@ -104,6 +104,36 @@ fn cli_limits(cli: &Cli) -> Result<crate::limits::CommandLimits, RunError> {
     })
 }
 
+/// Whom the outer asks (`--ask-fd`'s peer, else the terminal) and for how long.
+///
+/// # Errors
+/// [`RunError::Setup`] for a bad --ask-timeout or an --ask-fd that is not open.
+#[cfg(target_os = "linux")]
+fn ask_options(cli: &Cli) -> Result<Option<crate::linux::command::AskOptions>, RunError> {
+    use crate::egress::ask::{ASK_TIMEOUT, MAX_ASK_TIMEOUT};
+    let timeout = match cli.ask_timeout {
+        None => ASK_TIMEOUT,
+        Some(seconds) if seconds > 0.0 && seconds <= MAX_ASK_TIMEOUT.as_secs_f64() => {
+            std::time::Duration::from_secs_f64(seconds)
+        }
+        Some(seconds) => {
+            return Err(RunError::Setup(format!(
+                "--ask-timeout {seconds} is out of range (more than 0, at most {} seconds: \
+                 MAX_ASK_TIMEOUT)",
+                MAX_ASK_TIMEOUT.as_secs()
+            )));
+        }
+    };
+    let peer = match cli.ask_fd {
+        Some(fd) => Some(std::sync::Arc::new(
+            crate::sys::take_inherited_fd(fd)
+                .map_err(|err| RunError::Setup(format!("--ask-fd {fd}: {err}")))?,
+        )),
+        None => None,
+    };
+    Ok(Some(crate::linux::command::AskOptions { peer, timeout }))
+}
+
 /// The egress proxy's name mapping read from `--egress-hosts`.
 fn egress_hosts(cli: &Cli) -> Result<Vec<(String, std::net::IpAddr)>, RunError> {
     match &cli.egress_hosts {
@@ -250,6 +280,14 @@ pub fn run_options(
         keep_fds,
         egress_hosts: prepared.egress_hosts.clone(),
         egress_log,
+        upstream_authorization: match &cli.upstream_proxy_credentials {
+            Some(path) => Some(
+                crate::egress::upstream::authorization_from_file(path)
+                    .map_err(|err| RunError::Setup(err.to_string()))?,
+            ),
+            None => None,
+        },
+        ask: ask_options(cli)?,
         // Run by hand: repeated interrupts escalate. Under exec-server (--launch-fd) every signal
         // is forwarded as sent, and the server terminates trees itself.
         escalate_interrupts: cli.launch_fd.is_none(),

@@ -199,6 +199,31 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
             .map_err(setup)?;
         policy = policy.with_network_policy(crate::policy::NetworkPolicy::Allowlist(rules));
     }
+    if cli.ask {
+        let Some(rules) = policy.egress().cloned() else {
+            return Err(RunError::Setup(
+                "--ask needs a network allowlist (--allow-domain, or a policy whose network is \
+                 {\"allow\": [...]})"
+                    .to_owned(),
+            ));
+        };
+        policy = policy.with_network_policy(crate::policy::NetworkPolicy::Allowlist(
+            crate::policy::EgressRules { ask: true, ..rules },
+        ));
+    }
+    if let Some(url) = &cli.upstream_proxy {
+        let upstream = crate::policy::network::UpstreamProxy::parse(url).map_err(setup)?;
+        let Some(rules) = policy.egress().cloned() else {
+            return Err(RunError::Setup(
+                "--upstream-proxy needs a network allowlist (--allow-domain, or a policy whose \
+                 network is {\"allow\": [...]})"
+                    .to_owned(),
+            ));
+        };
+        policy = policy.with_network_policy(crate::policy::NetworkPolicy::Allowlist(
+            rules.with_upstream(Some(upstream)),
+        ));
+    }
     for path in &cli.denies {
         let path = current.join(path);
         if std::fs::symlink_metadata(&path).is_err() {

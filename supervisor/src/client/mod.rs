@@ -268,6 +268,7 @@ impl ExecServerClient {
             resume_session_id: options.resume_session_id,
             detached_session_ttl_seconds: ttl_seconds(options.detached_session_ttl),
             binary_output: options.binary_output,
+            egress_approve: false,
         };
         let answer = tokio::time::timeout(
             options.initialize_timeout,

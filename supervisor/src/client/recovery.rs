@@ -169,6 +169,7 @@ impl Inner {
             resume_session_id: Some(session_id.clone()),
             detached_session_ttl_seconds: super::ttl_seconds(self.settings.detached_session_ttl),
             binary_output: self.settings.binary_output,
+            egress_approve: false,
         };
         let params = to_params(INITIALIZE, &params).map_err(Attempt::Permanent)?;
         let answer = tokio::time::timeout(

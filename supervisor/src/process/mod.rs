@@ -6,6 +6,8 @@
 //! process's log ([`output`]) and notifies the attached connection; after `closed` the process
 //! stays readable for a while, then leaves the table.
 
+pub mod approvals;
+pub mod approve;
 pub mod bounds;
 pub mod env_policy;
 pub mod guardian;

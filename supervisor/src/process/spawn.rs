@@ -55,6 +55,11 @@ pub struct SpawnSpec {
     pub audit_pipe: bool,
     /// A launch request for `sandbox-run`, given to the child as descriptor [`LAUNCH_FD`].
     pub launch: Option<OwnedFd>,
+    /// The child's end of the egress question socket, given to it as descriptor [`ASK_FD`]
+    /// (`sandbox-run --ask-fd`).
+    pub ask: Option<OwnedFd>,
+    /// The server's end of that socket (taken by the caller once the child runs).
+    pub ask_server: Option<std::os::unix::net::UnixStream>,
     /// The cgroups the child is born in or joins before it execs.
     pub cgroups: ChildCgroupFds,
     /// Rlimits the child sets before it execs.
@@ -383,6 +388,11 @@ pub fn spawn(spec: &SpawnSpec, reaper: Option<&Reaper>) -> Result<Spawned, Spawn
             .as_ref()
             .map(|launch| FileAction::Dup(launch.as_raw_fd(), LAUNCH_FD)),
     );
+    extra_actions.extend(
+        spec.ask
+            .as_ref()
+            .map(|ask| FileAction::Dup(ask.as_raw_fd(), ASK_FD)),
+    );
     match spec.pty {
         None => {
             let ([stdin_child, stdout_write, stderr_write], pipes) = stdio_pipes(spec.pipe_stdin)?;
@@ -432,6 +442,9 @@ pub fn spawn(spec: &SpawnSpec, reaper: Option<&Reaper>) -> Result<Spawned, Spawn
 pub const LAUNCH_FD: i32 = 3;
 /// The descriptor number the audit pipe gets in the child.
 pub const AUDIT_FD: i32 = 4;
+/// The descriptor number the egress question socket gets in the child
+/// ([`super::approve`]).
+pub const ASK_FD: i32 = 5;
 
 /// A pipe for denial records: the parent's read end (registered with tokio) and the write end
 /// for the child.

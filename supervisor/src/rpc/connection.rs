@@ -443,6 +443,24 @@ async fn handle_payload(
                 .await;
             Flow::Continue
         }
+        // The answer to a request of the server's (`egress/approve`).
+        Message::Response(response)
+            if connection.session().is_some_and(|session| {
+                session
+                    .attachment
+                    .approvals
+                    .complete(&response.id, Some(response.result.clone()))
+            }) =>
+        {
+            Flow::Continue
+        }
+        Message::Error(error)
+            if connection
+                .session()
+                .is_some_and(|session| session.attachment.approvals.complete(&error.id, None)) =>
+        {
+            Flow::Continue
+        }
         Message::Response(_) | Message::Error(_) => {
             let error = RpcError::from(ConnectionError::UnexpectedResponse);
             connection
@@ -517,9 +535,13 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
     let binary_output =
         params.binary_output && !matches!(connection.client, ClientIdentity::Relay(_));
     connection.outbound.set_binary_output(binary_output);
+    let attacher = crate::session::Attacher {
+        approves: params.egress_approve,
+        ..connection.attacher()
+    };
     let session = match &params.resume_session_id {
-        Some(id) => sessions.resume(id, connection.attacher(), ttl)?,
-        None => sessions.create(connection.attacher(), ttl)?,
+        Some(id) => sessions.resume(id, attacher, ttl)?,
+        None => sessions.create(attacher, ttl)?,
     };
     tracing::info!(
         connection = connection.id,

@@ -59,6 +59,7 @@ impl Connection {
             client: self.client,
             sender: self.outbound.clone(),
             budget: self.budget.clone(),
+            approves: false,
         }
     }
 

@@ -36,7 +36,7 @@ use outer::{Interrupts, Outer, wall_deadline};
 
 pub use crate::exit::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED};
 
-pub use super::spec::{Command, Ended, INTERRUPT_GRACE, RunOptions};
+pub use super::spec::{AskOptions, Command, Ended, INTERRUPT_GRACE, RunOptions};
 
 /// Watches the sandbox from the outer process (the denial audit).
 pub trait Observer {
@@ -517,6 +517,31 @@ fn run_in_namespaces(
     Ok(outer.wait(observer))
 }
 
+/// The question socket pair: the outer's end served by a thread asking `ask`'s responder,
+/// the proxy's end returned.
+fn ask_channel(ask: &AskOptions) -> Result<std::os::fd::OwnedFd, CommandError> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let failed = |source: std::io::Error| CommandError::Plumbing {
+        what: "the egress question socket",
+        source,
+    };
+    let (outer_end, proxy_end) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|err| failed(err.into()))?;
+    let responder = match &ask.peer {
+        Some(peer) => crate::egress::ask::Responder::Peer(peer.try_clone().map_err(failed)?),
+        None => crate::egress::ask::Responder::Terminal {
+            timeout: ask.timeout,
+        },
+    };
+    crate::egress::ask::serve_questions(outer_end, responder).map_err(failed)?;
+    Ok(proxy_end)
+}
+
 /// Receives the listening socket PID 1 made in the sandbox's network namespace and execs the
 /// egress proxy on it. `None` when PID 1 failed before sending it (its status says why). A
 /// proxy that cannot start ends the sandbox: its command would have no network at all, and
@@ -535,8 +560,29 @@ fn start_proxy(
         rules: rules.clone(),
         denied_ports: policy.denied_tcp_ports.clone(),
         hosts: options.egress_hosts.clone(),
+        upstream_authorization: options.upstream_authorization.clone(),
+        ask: None,
     };
-    match crate::egress::launch::ProxyProcess::spawn(listener, &config) {
+    let (config, ask) = match (&options.ask, rules.ask) {
+        (Some(ask), true) => match ask_channel(ask) {
+            Ok(proxy_end) => (
+                crate::egress::ProxyConfig {
+                    ask: Some(crate::egress::ask::AskConfig {
+                        timeout_ms: u64::try_from(ask.timeout.as_millis()).unwrap_or(u64::MAX),
+                    }),
+                    ..config
+                },
+                Some(proxy_end),
+            ),
+            Err(err) => {
+                let _ = nix::sys::signal::kill(root, Signal::SIGKILL);
+                let _ = waitpid(root, None);
+                return Err(err);
+            }
+        },
+        _ => (config, None),
+    };
+    match crate::egress::launch::ProxyProcess::spawn(listener, &config, ask) {
         Ok(proxy) => Ok(Some(proxy)),
         Err(err) => {
             let _ = nix::sys::signal::kill(root, Signal::SIGKILL);

@@ -34,6 +34,7 @@ pub fn adopt(
         spawned,
         through_launcher,
         tree,
+        ask_server,
     } = launched;
     let sandboxed = request.sandboxed;
     // Without a cgroup the guardian kills the leader's group through its pidfd.
@@ -115,6 +116,16 @@ pub fn adopt(
         metrics: context.metrics.clone(),
         session_id: session.id.clone(),
     };
+    if let Some(ask) = ask_server
+        && ask.set_nonblocking(true).is_ok()
+        && let Ok(ask) = tokio::net::UnixStream::from_std(ask)
+    {
+        tokio::spawn(crate::process::approve::serve(
+            ask,
+            process.id.clone(),
+            session.attachment.clone(),
+        ));
+    }
     pump::start(
         process,
         spawned.leader,

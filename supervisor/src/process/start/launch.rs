@@ -21,6 +21,8 @@ pub struct Launched {
     pub through_launcher: bool,
     /// Its process tree's containment.
     pub tree: Arc<Tree>,
+    /// The server's end of its `sandbox-run`'s question socket (an allowlist that asks).
+    pub ask_server: Option<std::os::unix::net::UnixStream>,
 }
 
 /// Start the process `how` says, contained as `limits` say.
@@ -37,14 +39,14 @@ pub async fn launch(
     let reaper = context.reaper.clone();
     let containment = context.containment.clone();
     let tree_plan = limits.clone();
-    let (spawned, through_launcher, tree) = budget
+    let (spawned, through_launcher, tree, ask_server) = budget
         .blocking(move || {
             let mut spec = match how {
                 How::Spawn(spec) => {
                     if spec.launch.is_none() {
                         directory_check(&spec.cwd)?;
                     }
-                    spec
+                    *spec
                 }
                 How::Launcher(start) => {
                     let (child_ends, pipes) = spawn::stdio_pipes(start.pipe_stdin)?;
@@ -58,7 +60,7 @@ pub async fn launch(
                         &tree_plan,
                     )? {
                         return match spawn::launched(started, pipes) {
-                            Ok(spawned) => Ok((spawned, true, tree)),
+                            Ok(spawned) => Ok((spawned, true, tree, None)),
                             Err(error) => {
                                 tree.discard();
                                 Err(error.into())
@@ -77,8 +79,11 @@ pub async fn launch(
                     spec.cgroups = cgroups;
                     spawn::spawn(&spec, reaper.as_deref()).map_err(ProcessError::from)
                 });
+            // The child holds its end now; the server's is served once the process exists.
+            spec.ask = None;
+            let ask_server = spec.ask_server.take();
             match spawned {
-                Ok(spawned) => Ok((spawned, false, tree)),
+                Ok(spawned) => Ok((spawned, false, tree, ask_server)),
                 Err(error) => {
                     let _ = tree.remove();
                     Err(error)
@@ -92,5 +97,6 @@ pub async fn launch(
         spawned,
         through_launcher,
         tree: Arc::new(tree),
+        ask_server,
     })
 }

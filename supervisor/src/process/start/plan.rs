@@ -13,7 +13,7 @@ use crate::budget::ConnectionBudget;
 use crate::containment::ChildCgroupFds;
 use crate::containment::plan::Plan;
 use crate::limits::{DEFAULT_PTY_COLS, DEFAULT_PTY_ROWS};
-use crate::process::spawn::{AUDIT_FD, LAUNCH_FD, SpawnError, SpawnSpec};
+use crate::process::spawn::{ASK_FD, AUDIT_FD, LAUNCH_FD, SpawnError, SpawnSpec};
 use crate::process::{ProcessError, UnsupportedFeature, bounds, env_policy};
 use crate::sandboxing::Sandboxing;
 use crate::session::Session;
@@ -47,9 +47,9 @@ pub struct Adopting {
 /// How a start's process is made.
 pub enum How {
     /// Spawned by the server (unsandboxed, or through a `sandbox-run` of its own).
-    Spawn(SpawnSpec),
-    /// Through the session's launcher.
-    Launcher(LauncherStart),
+    Spawn(Box<SpawnSpec>),
+    /// Through the session's launcher (boxed: the policy it carries is large).
+    Launcher(Box<LauncherStart>),
 }
 
 /// A start for the session's launcher, with what its one-shot fallback needs.
@@ -143,7 +143,7 @@ pub async fn plan(
                 && !limits.rlimits.pools.set_at_setup()
                 && context.launchers.eligible(&policy, pty.is_some(), audit) =>
         {
-            How::Launcher(LauncherStart {
+            How::Launcher(Box::new(LauncherStart {
                 launchers: context.launchers.clone(),
                 sandboxing: context.sandboxing.clone(),
                 session_id: session.id.clone(),
@@ -155,9 +155,9 @@ pub async fn plan(
                     limits: limits.rlimits.clone(),
                 },
                 pipe_stdin: params.pipe_stdin,
-            })
+            }))
         }
-        policy => How::Spawn(match policy {
+        policy => How::Spawn(Box::new(match policy {
             None if audit => {
                 return Err(ProcessError::AuditWithoutSandbox);
             }
@@ -173,6 +173,8 @@ pub async fn plan(
                     pipe_stdin: params.pipe_stdin,
                     audit_pipe: false,
                     launch: None,
+                    ask: None,
+                    ask_server: None,
                     cgroups: ChildCgroupFds::default(),
                     rlimits: limits.rlimits.clone(),
                 }
@@ -193,7 +195,7 @@ pub async fn plan(
                 audit,
                 limits.rlimits.clone(),
             )?,
-        }),
+        })),
     };
     let sandboxed = match &how {
         How::Spawn(spec) => spec.launch.is_some(),
@@ -286,6 +288,7 @@ fn sandboxed_spec(
     audit: bool,
     limits: sandbox::limits::CommandLimits,
 ) -> Result<SpawnSpec, ProcessError> {
+    let asks = policy.egress().is_some_and(|rules| rules.ask);
     let request = sandbox::launch::LaunchRequest {
         policy,
         argv,
@@ -305,6 +308,20 @@ fn sandboxed_spec(
     if audit {
         wrapped.extend(["--audit-fd".to_owned(), AUDIT_FD.to_string()]);
     }
+    // An allowlist that asks: sandbox-run asks the server on a socket of their own
+    // (`egress/approve`, [`crate::process::approve`]).
+    let (ask, ask_server) = if asks {
+        let (server, child) = std::os::unix::net::UnixStream::pair().map_err(|source| {
+            ProcessError::Spawn(SpawnError::Setup {
+                what: "egress question socket",
+                source,
+            })
+        })?;
+        wrapped.extend(["--ask-fd".to_owned(), ASK_FD.to_string()]);
+        (Some(std::os::fd::OwnedFd::from(child)), Some(server))
+    } else {
+        (None, None)
+    };
     Ok(SpawnSpec {
         argv: wrapped,
         arg0: Some("sandbox-run".to_owned()),
@@ -314,6 +331,8 @@ fn sandboxed_spec(
         pipe_stdin,
         audit_pipe: audit,
         launch: Some(launch),
+        ask,
+        ask_server,
         cgroups: ChildCgroupFds::default(),
         // The command's rlimits are set by sandbox-run right before it execs the command, not
         // on sandbox-run itself (its terminal relay must not run out of CPU time).
