@@ -33,6 +33,7 @@ mod server;
 mod wire;
 
 pub mod matrix;
+pub mod nats;
 pub mod relay;
 pub mod scratch;
 pub mod siege;

@@ -1,0 +1,100 @@
+//! A `nats-server -js` for the rendezvous cluster's tests and the bench's cluster rows (the
+//! distribution's binary: a missing one fails, never skips).
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+
+use crate::DEADLINE;
+
+/// A `nats-server -js` of one test: loopback, a free port, a temporary store; killed on drop.
+pub struct Nats {
+    child: Option<Child>,
+    port: u16,
+    store: tempfile::TempDir,
+}
+
+impl Nats {
+    pub fn start() -> Nats {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let store = tempfile::tempdir().unwrap();
+        let mut nats = Nats {
+            child: None,
+            port,
+            store,
+        };
+        nats.spawn();
+        nats
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Start the server on its port and store; return once it says it is ready (JetStream
+    /// included).
+    pub fn spawn(&mut self) {
+        let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
+            .into_iter()
+            .find(|path| std::path::Path::new(path).exists())
+            .expect(
+                "nats-server is missing: apt-get install nats-server (the cluster tests never skip)",
+            );
+        let mut child = Command::new(binary)
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(self.store.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stderr).lines();
+            let mut log = String::new();
+            for line in lines.by_ref() {
+                let Ok(line) = line else { break };
+                log.push_str(&line);
+                log.push('\n');
+                if line.contains("Server is ready") {
+                    let _ = ready_tx.send(Ok(()));
+                    // Keep draining so the server never blocks on a full pipe.
+                    for _ in lines.by_ref() {}
+                    return;
+                }
+            }
+            let _ = ready_tx.send(Err(log));
+        });
+        match ready.recv_timeout(DEADLINE) {
+            Ok(Ok(())) => {}
+            Ok(Err(log)) => panic!("nats-server did not start:\n{log}"),
+            Err(_) => panic!("nats-server not ready within {DEADLINE:?}"),
+        }
+        self.child = Some(child);
+    }
+
+    /// Kill the server (SIGKILL): every node loses its link.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
