@@ -5,108 +5,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
 use supervisor::relay::registry::{RegisterRequest, RegistryClient, RegistryError};
 use tests::DEADLINE;
+use tests::nats::Nats;
 use tests::relay::{
     EXECUTOR_TOKEN, Faults, Process, Proxy, RemoteClient, TOKEN, start_executor_with,
     start_rendezvous_with, wait_registered,
 };
-
-/// A `nats-server -js` of one test: loopback, a free port, a temporary store; killed on drop.
-struct Nats {
-    child: Option<Child>,
-    port: u16,
-    store: tempfile::TempDir,
-}
-
-impl Nats {
-    fn start() -> Nats {
-        let port = free_address().port();
-        let store = tempfile::tempdir().unwrap();
-        let mut nats = Nats {
-            child: None,
-            port,
-            store,
-        };
-        nats.spawn();
-        nats
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    /// Start the server on its port and store; return once it says it is ready (JetStream
-    /// included).
-    fn spawn(&mut self) {
-        let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
-            .into_iter()
-            .find(|path| std::path::Path::new(path).exists())
-            .expect(
-                "nats-server is missing: apt-get install nats-server (the cluster tests never skip)",
-            );
-        let mut child = Command::new(binary)
-            .args([
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-sd",
-            ])
-            .arg(self.store.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (ready_tx, ready) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stderr).lines();
-            let mut log = String::new();
-            for line in lines.by_ref() {
-                let Ok(line) = line else { break };
-                log.push_str(&line);
-                log.push('\n');
-                if line.contains("Server is ready") {
-                    let _ = ready_tx.send(Ok(()));
-                    // Keep draining so the server never blocks on a full pipe.
-                    for _ in lines.by_ref() {}
-                    return;
-                }
-            }
-            let _ = ready_tx.send(Err(log));
-        });
-        match ready.recv_timeout(DEADLINE) {
-            Ok(Ok(())) => {}
-            Ok(Err(log)) => panic!("nats-server did not start:\n{log}"),
-            Err(_) => panic!("nats-server not ready within {DEADLINE:?}"),
-        }
-        self.child = Some(child);
-    }
-
-    /// Kill the server (SIGKILL): every node loses its link.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// A free loopback address (bound, then released for the process about to take it).
 fn free_address() -> SocketAddr {
@@ -519,4 +430,61 @@ async fn one_credential_holds_at_most_its_share_of_sockets_across_the_cluster() 
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Concurrent admissions of one credential do not starve each other: 100 harness sockets opened
+/// at once, half through node A and half through node B, are all let in (each node changes a
+/// credential's count one admission at a time, so only the other node's writes make it retry;
+/// before, 50 at once on one node raced their own compare-and-set and were refused with 503
+/// "cluster registry unavailable"). The count stays exact: with a share of 100, the 101st is
+/// refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_one_credentials_sockets_through_two_nodes_is_admitted_and_counted_exactly() {
+    const BURST: usize = 100;
+    let nats = Nats::start();
+    let share = [
+        "--cluster",
+        &nats.url(),
+        "--max-sockets-per-credential",
+        "100",
+    ];
+    let a = start_rendezvous_with(
+        "127.0.0.1:0",
+        None,
+        &[&share[..], &["--node-name", "a"]].concat(),
+    );
+    let b = start_rendezvous_with(
+        "127.0.0.1:0",
+        None,
+        &[&share[..], &["--node-name", "b"]].concat(),
+    );
+    registry(&a.first_line)
+        .register("env-burst", &registration(7), EXECUTOR_TOKEN)
+        .await
+        .unwrap();
+    let harness = "/v1/environments/env-burst/harness";
+    let opened = futures_util::future::join_all((0..BURST).map(|i| {
+        let node = if i % 2 == 0 {
+            &a.first_line
+        } else {
+            &b.first_line
+        };
+        hold_socket(node, harness, TOKEN)
+    }))
+    .await;
+    let statuses: Vec<u16> = opened.iter().map(|(status, _)| *status).collect();
+    assert!(
+        statuses.iter().all(|status| *status == 101),
+        "refused in a burst of {BURST}: {statuses:?}\nnode a:\n{}\nnode b:\n{}",
+        a.stderr(),
+        b.stderr()
+    );
+    let (status, socket) = hold_socket(&b.first_line, harness, TOKEN).await;
+    assert_eq!(
+        status,
+        503,
+        "socket {} of a share of {BURST} was let in",
+        BURST + 1
+    );
+    assert!(socket.is_none());
 }

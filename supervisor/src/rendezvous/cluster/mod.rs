@@ -126,6 +126,10 @@ pub struct Cluster {
     sockets: kv::Store,
     /// This node's open sockets per credential key (what it vouches for in `sockets`).
     local_sockets: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    /// One lock per credential key: this node's changes of one count go one at a time, so its
+    /// own concurrent admissions never race each other's compare-and-set (only other nodes'
+    /// writes can, a few at most).
+    count_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     publisher: Publisher,
     linked: watch::Receiver<bool>,
 }
@@ -234,6 +238,7 @@ impl Cluster {
             leases,
             sockets,
             local_sockets: std::sync::Mutex::default(),
+            count_locks: std::sync::Mutex::default(),
             publisher,
             linked,
         }))

@@ -4,7 +4,8 @@
 //! [`SOCKETS_BUCKET`] holds one entry per credential (key: a keyed hash of its token): each
 //! node's open sockets of that credential and when the node last vouched for the count. Every
 //! change is a compare-and-set of the whole entry, so two nodes admitting the last socket at
-//! once cannot both succeed. A node rewrites its own counts every
+//! once cannot both succeed; a node makes its own changes of one entry one at a time (a lock per
+//! credential), so only other nodes' writes make it retry. A node rewrites its own counts every
 //! [`LEASE_RENEW_INTERVAL`](super::LEASE_RENEW_INTERVAL) from what it really holds; a count not
 //! vouched for within [`LEASE_TTL`](super::LEASE_TTL) (a dead node's) is not counted.
 
@@ -74,6 +75,17 @@ impl Drop for ClusterSocketSlot {
     }
 }
 
+/// The pause before compare-and-set attempt `attempt` (from 1): growing with the attempt, with
+/// jitter from the clock so nodes that collided do not collide again.
+fn cas_backoff(attempt: usize) -> Duration {
+    let ceiling = 2 * u32::try_from(attempt).unwrap_or(u32::MAX);
+    let jitter = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        % (ceiling * 1000);
+    Duration::from_micros(u64::from(jitter))
+}
+
 impl Cluster {
     fn credential_key(&self, token: &[u8]) -> String {
         super::keyed_token(&self.key, b"credential", token)
@@ -109,7 +121,13 @@ impl Cluster {
     ) -> Result<bool, ClusterRegistryError> {
         let unavailable =
             |e: &dyn std::fmt::Display| ClusterRegistryError::Unavailable(e.to_string());
-        for _ in 0..CAS_ATTEMPTS {
+        let lock = self.count_lock(key);
+        let _one_at_a_time = lock.lock().await;
+        for attempt in 0..CAS_ATTEMPTS {
+            if attempt > 0 {
+                // Another node wrote meanwhile: back off a little, differently on each node.
+                tokio::time::sleep(cas_backoff(attempt)).await;
+            }
             let entry = self
                 .sockets
                 .entry(key.to_owned())
@@ -131,14 +149,6 @@ impl Cluster {
             mine.open = mine.open.saturating_add_signed(delta);
             mine.renewed = now;
             let open = mine.open;
-            {
-                let mut local = self.local_sockets();
-                if open == 0 {
-                    local.remove(key);
-                } else {
-                    local.insert(key.to_owned(), open);
-                }
-            }
             let value = Bytes::from(serde_json::to_vec(&counts).map_err(|e| unavailable(&e))?);
             let written = match &entry {
                 Some(entry) => self
@@ -165,7 +175,15 @@ impl Cluster {
                     }),
             };
             match written {
-                Ok(()) => return Ok(true),
+                Ok(()) => {
+                    let mut local = self.local_sockets();
+                    if open == 0 {
+                        local.remove(key);
+                    } else {
+                        local.insert(key.to_owned(), open);
+                    }
+                    return Ok(true);
+                }
                 Err((true, _)) => continue,
                 Err((false, reason)) => return Err(ClusterRegistryError::Unavailable(reason)),
             }
@@ -173,6 +191,11 @@ impl Cluster {
         Err(ClusterRegistryError::Unavailable(format!(
             "socket count changed under {CAS_ATTEMPTS} compare-and-set attempts in a row"
         )))
+    }
+
+    fn count_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.count_locks.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(locks.entry(key.to_owned()).or_default())
     }
 
     fn local_sockets(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
