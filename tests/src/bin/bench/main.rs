@@ -10,9 +10,10 @@
 //!
 //! This file holds the command line and the harness every group shares (the server process, a
 //! websocket client, `run_to_close`); each benchmark group has its module (`spawn`, `output`,
-//! `sandbox`, `remote`, `egress`) and `table` holds the rows, their statistics and the rendering.
+//! `sandbox`, `remote` with `cluster`, `egress`) and `table` holds the rows, their statistics and the rendering.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod cluster;
 mod egress;
 mod output;
 mod remote;
@@ -30,6 +31,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use crate::cluster::cluster_mode;
 use crate::egress::egress_proxy;
 use crate::output::output_throughput;
 use crate::remote::{relay_request_latency, remote_mode, remote_setup};
@@ -250,7 +252,7 @@ enum Group {
     Output,
     /// Sandboxed fs and spawn, and sandbox-run startup.
     Sandbox,
-    /// Remote mode through a local rendezvous.
+    /// Remote mode through a local rendezvous, and through a cluster of two nodes on NATS.
     Remote,
     /// Only the round-trip rows of remote mode (for profiling the request path).
     RemoteLatency,
@@ -289,6 +291,7 @@ async fn main() -> std::process::ExitCode {
     }
     if wanted(Group::Remote) {
         remote_mode(&mut rows, quick).await;
+        cluster_mode(&mut rows, quick).await;
     }
     if only == Some(Group::RemoteLatency) {
         let setup = remote_setup().await;

@@ -23,7 +23,7 @@ const REGISTRATION_DEADLINE: std::time::Duration = std::time::Duration::from_sec
 
 /// Start `binary` (next to this executable) with the bench credentials; its first stdout line
 /// is its URL.
-fn start_with_registry_token(binary: &str, args: &[&str]) -> Server {
+pub(crate) fn start_with_registry_token(binary: &str, args: &[&str]) -> Server {
     Server::spawn(
         Command::new(bin_dir().join(binary))
             .args(args)
@@ -36,21 +36,13 @@ fn start_with_registry_token(binary: &str, args: &[&str]) -> Server {
 pub(crate) struct RemoteSetup {
     _rendezvous: Server,
     executor: Server,
-    registry: String,
+    pub(crate) registry: String,
     _dir: tempfile::TempDir,
 }
 
 pub(crate) async fn remote_setup() -> RemoteSetup {
     let dir = tempfile::tempdir().unwrap();
-    let credentials = dir.path().join("credentials.toml");
-    std::fs::write(
-        &credentials,
-        format!(
-            "[[executor]]\ntoken = \"{BENCH_EXECUTOR_TOKEN}\"\nenvironments = [\"{BENCH_ENVIRONMENT}\"]\n\n[[harness]]\ntoken = \"{BENCH_REGISTRY_TOKEN}\"\nenvironments = [\"{BENCH_ENVIRONMENT}\"]\n"
-        ),
-    )
-    .unwrap();
-    let identity = dir.path().join("identity");
+    let credentials = write_credentials(dir.path());
     let rendezvous = start_with_registry_token(
         "exec-rendezvous",
         &[
@@ -61,21 +53,52 @@ pub(crate) async fn remote_setup() -> RemoteSetup {
         ],
     );
     let registry = rendezvous.url.clone();
+    let executor = start_registered_executor(&registry, &registry, dir.path()).await;
+    RemoteSetup {
+        _rendezvous: rendezvous,
+        executor,
+        registry,
+        _dir: dir,
+    }
+}
+
+/// The rendezvous credentials file of the bench (one executor and one harness credential for
+/// [`BENCH_ENVIRONMENT`]), written in `dir`.
+pub(crate) fn write_credentials(dir: &std::path::Path) -> std::path::PathBuf {
+    let credentials = dir.join("credentials.toml");
+    std::fs::write(
+        &credentials,
+        format!(
+            "[[executor]]\ntoken = \"{BENCH_EXECUTOR_TOKEN}\"\nenvironments = [\"{BENCH_ENVIRONMENT}\"]\n\n[[harness]]\ntoken = \"{BENCH_REGISTRY_TOKEN}\"\nenvironments = [\"{BENCH_ENVIRONMENT}\"]\n"
+        ),
+    )
+    .unwrap();
+    credentials
+}
+
+/// An executor that registers through `register_at` (its identity kept in `dir`), returned
+/// once a harness can connect to it through `connect_at`.
+pub(crate) async fn start_registered_executor(
+    register_at: &str,
+    connect_at: &str,
+    dir: &std::path::Path,
+) -> Server {
+    let identity = dir.join("identity");
     let executor = start_with_registry_token(
         "exec-server",
         &[
             "--listen",
             "ws://127.0.0.1:0",
             "--remote",
-            &registry,
+            register_at,
             "--environment-id",
             BENCH_ENVIRONMENT,
             "--identity-file",
             identity.to_str().unwrap(),
         ],
     );
-    let tls = supervisor::relay::tls::client_config_for(&registry, None).unwrap();
-    let client = supervisor::relay::registry::RegistryClient::new(&registry, &tls).unwrap();
+    let tls = supervisor::relay::tls::client_config_for(connect_at, None).unwrap();
+    let client = supervisor::relay::registry::RegistryClient::new(connect_at, &tls).unwrap();
     let deadline = Instant::now() + REGISTRATION_DEADLINE;
     while client
         .connect(BENCH_ENVIRONMENT, BENCH_REGISTRY_TOKEN)
@@ -88,28 +111,29 @@ pub(crate) async fn remote_setup() -> RemoteSetup {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    RemoteSetup {
-        _rendezvous: rendezvous,
-        executor,
-        registry,
-        _dir: dir,
-    }
+    executor
+}
+
+/// A harness's library client connected to [`BENCH_ENVIRONMENT`] through the rendezvous (or
+/// cluster node) at `registry`.
+pub(crate) async fn relay_client(registry: &str, name: &str) -> supervisor::ExecServerClient {
+    supervisor::ExecServerClient::connect_remote(
+        supervisor::RemoteExecServerConnectArgs::new(
+            registry,
+            BENCH_ENVIRONMENT,
+            BENCH_REGISTRY_TOKEN,
+        )
+        .with_client_name(name),
+    )
+    .await
+    .unwrap()
 }
 
 /// (relay client, local websocket client) of the same executor.
 async fn relay_and_local_clients(
     setup: &RemoteSetup,
 ) -> (supervisor::ExecServerClient, supervisor::ExecServerClient) {
-    let relay = supervisor::ExecServerClient::connect_remote(
-        supervisor::RemoteExecServerConnectArgs::new(
-            &setup.registry,
-            BENCH_ENVIRONMENT,
-            BENCH_REGISTRY_TOKEN,
-        )
-        .with_client_name("bench-relay"),
-    )
-    .await
-    .unwrap();
+    let relay = relay_client(&setup.registry, "bench-relay").await;
     let local = supervisor::ExecServerClient::connect(
         supervisor::ExecServerClientConnectOptions::new(&setup.executor.url)
             .with_client_name("bench-local"),
@@ -120,7 +144,7 @@ async fn relay_and_local_clients(
 }
 
 /// Run `argv` through the library client; the output bytes received by `closed`.
-async fn library_output_bytes(
+pub(crate) async fn library_output_bytes(
     client: &supervisor::ExecServerClient,
     process_id: &str,
     argv: &[&str],

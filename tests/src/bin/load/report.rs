@@ -102,7 +102,13 @@ flat.\n\
 - **Hostile clients**: a neighbour session sends a request every 10 ms throughout; its p99 must \
 stay under 50 ms (or twice its own p99 measured for 1 s before the attack, plus 25 ms, on a \
 loaded host). Silent sockets are closed oldest first once the pending pool (256) is full; a \
-writeId over `MAX_WRITE_ID_BYTES` is refused before any work.\n";
+writeId over `MAX_WRITE_ID_BYTES` is refused before any work.\n\
+- **Rendezvous cluster**: three `exec-rendezvous --cluster` nodes on one `nats-server -js`; \
+the executors are the real executor endpoint of in-process servers (200 environments each, \
+under `MAX_RELAY_STREAMS`), every environment with its own key, registered through node i mod 3; \
+each harness stream connects through the next node, so every frame crosses NATS, and makes a \
+round trip every 500 ms. RSS and descriptors are per node; \"flat\" means the peak over the \
+streaming phase stays within 1.25x (+16 MiB) and 1.05x of its first sample.\n";
 
 pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
