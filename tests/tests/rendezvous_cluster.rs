@@ -95,7 +95,7 @@ async fn wait_readyz(url: &str, expected: u16) {
 }
 
 /// An executor registered through node A serves a harness connected to node B over lossy
-/// links; node A is SIGKILLed halfway through 1,000 requests; the executor registers again
+/// links; node A is SIGKILLed halfway through 10,000 requests; the executor registers again
 /// through node B or C (its `--remote` lists all three) and the harness, still on node B,
 /// receives every reply exactly once.
 #[tokio::test(flavor = "multi_thread")]
@@ -139,7 +139,7 @@ async fn an_executor_moves_when_its_node_is_killed_and_the_harness_gets_every_re
         node_a.stderr()
     );
 
-    const TOTAL: u64 = 1_000;
+    const TOTAL: u64 = 10_000;
     const WINDOW: u64 = 64;
     let mut outstanding = std::collections::VecDeque::new();
     let mut sent = 0u64;
