@@ -12,10 +12,17 @@ pub struct Nats {
     child: Option<Child>,
     port: u16,
     store: tempfile::TempDir,
+    /// Arguments besides the port and store (e.g. `--tls --tlscert C --tlskey K`).
+    extra: Vec<String>,
 }
 
 impl Nats {
     pub fn start() -> Nats {
+        Nats::start_with(&[])
+    }
+
+    /// [`Nats::start`] with more `nats-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Nats {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("a free loopback port")
@@ -25,6 +32,7 @@ impl Nats {
             child: None,
             port,
             store,
+            extra: extra.iter().map(|arg| (*arg).to_owned()).collect(),
         };
         nats.spawn();
         nats
@@ -32,6 +40,11 @@ impl Nats {
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Its `tls://` URL (for a server started with `--tls`).
+    pub fn tls_url(&self) -> String {
+        format!("tls://127.0.0.1:{}", self.port)
     }
 
     /// Start the server on its port and store; return once it says it is ready (JetStream
@@ -53,6 +66,7 @@ impl Nats {
                 "-sd",
             ])
             .arg(self.store.path())
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -13,7 +13,9 @@ use clap::Parser;
 /// rereads the file.
 ///
 /// Exit status: 0 after a clean shutdown (SIGINT, SIGTERM); 2 when the command line or a file it
-/// names is wrong (listen address, credentials file, certificate); 1 when the OS refused the bind.
+/// names is wrong (listen address, credentials file, certificate, --nats-creds); 1 when the OS
+/// refused the bind or NATS (--cluster) could not be reached or did not prove itself (its
+/// certificate).
 #[derive(Debug, Parser)]
 #[command(name = "exec-rendezvous", version, about, long_about)]
 pub struct Cli {
