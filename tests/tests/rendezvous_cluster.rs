@@ -589,3 +589,70 @@ async fn nodes_reach_nats_over_tls_with_the_operators_ca_and_refuse_without_it()
         "{stderr}"
     );
 }
+
+/// `--max-environments` holds cluster-wide: half the ids registered through node A and half
+/// through node B fill it, and one more new id is refused through either node (naming the
+/// option), while an id already bound still registers again. A count per node would let each
+/// node take the bound (twice it in all), and the bindings bucket has no expiry, so an executor
+/// credential granted `"*"` could grow it without end. The same option bounds a single node.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_environment_bound_holds_across_the_cluster() {
+    const BOUND: usize = 40;
+    let nats = Nats::start();
+    let bound = BOUND.to_string();
+    let node = |name: &str| {
+        start_rendezvous_with(
+            "127.0.0.1:0",
+            None,
+            &[
+                "--cluster",
+                &nats.url(),
+                "--node-name",
+                name,
+                "--max-environments",
+                &bound,
+            ],
+        )
+    };
+    let (a, b) = (node("a"), node("b"));
+    let (through_a, through_b) = (registry(&a.first_line), registry(&b.first_line));
+    for i in 0..BOUND {
+        let node = if i % 2 == 0 { &through_a } else { &through_b };
+        node.register(&format!("env-many-{i}"), &registration(10), EXECUTOR_TOKEN)
+            .await
+            .unwrap_or_else(|e| panic!("registration {i} of {BOUND}: {e}"));
+    }
+    for node in [&through_a, &through_b] {
+        let refused = node
+            .register("env-one-too-many", &registration(10), EXECUTOR_TOKEN)
+            .await
+            .unwrap_err();
+        assert_eq!(status(&refused), 400, "{refused}");
+        assert!(
+            refused.to_string().contains("--max-environments"),
+            "{refused}"
+        );
+    }
+    through_b
+        .register("env-many-0", &registration(10), EXECUTOR_TOKEN)
+        .await
+        .expect("an id already bound registers again at the bound");
+
+    let single = start_rendezvous_with("127.0.0.1:0", None, &["--max-environments", "2"]);
+    let single = registry(&single.first_line);
+    for i in 0..2 {
+        single
+            .register(
+                &format!("env-single-{i}"),
+                &registration(10),
+                EXECUTOR_TOKEN,
+            )
+            .await
+            .unwrap();
+    }
+    let refused = single
+        .register("env-single-2", &registration(10), EXECUTOR_TOKEN)
+        .await
+        .unwrap_err();
+    assert_eq!(status(&refused), 400, "{refused}");
+}

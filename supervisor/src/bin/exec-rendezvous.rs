@@ -69,6 +69,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         public_url: cli.public_url,
         max_sockets_per_credential: cli.max_sockets_per_credential,
         max_streams_per_credential: cli.max_streams_per_credential,
+        max_environments: cli.max_environments,
         cluster: cli.node_name.map(|node_name| ClusterOptions {
             urls: cli.cluster,
             node_name,

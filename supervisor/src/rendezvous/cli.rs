@@ -60,6 +60,16 @@ pub struct Cli {
         value_parser = at_least_one
     )]
     pub max_streams_per_credential: usize,
+    /// Environments bound at once (on this node, or across the cluster with --cluster): a
+    /// registration of one more new id is refused until an operator releases one, so an
+    /// executor credential granted "*" cannot grow the registry without end.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = crate::rendezvous::MAX_ENVIRONMENTS,
+        value_parser = at_least_one
+    )]
+    pub max_environments: usize,
     /// Make this node one of a cluster sharing its registry and routing through NATS
     /// (nats-server with JetStream): one or more nats://HOST:PORT or tls://HOST:PORT, comma
     /// separated. Without it the rendezvous is one process with its state in memory. See

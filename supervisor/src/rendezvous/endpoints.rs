@@ -247,7 +247,10 @@ async fn register_in_cluster(
         name: registration.name,
         public_key: registration.public_key,
     };
-    match cluster.register(id, &binding, pinned).await {
+    match cluster
+        .register(id, &binding, pinned, state.router.max_environments())
+        .await
+    {
         Ok(outcome) => {
             if outcome == Registered::Displaced {
                 tracing::warn!(

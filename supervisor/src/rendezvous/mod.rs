@@ -29,6 +29,7 @@ pub(crate) mod queue;
 pub(crate) mod registration;
 pub(crate) mod router;
 
+pub use registration::MAX_ENVIRONMENTS;
 pub use router::{MAX_STREAMS_PER_CREDENTIAL, PROOF_TIMEOUT};
 
 use std::net::SocketAddr;
@@ -79,6 +80,9 @@ pub struct RendezvousOptions {
     /// (default [`MAX_STREAMS_PER_CREDENTIAL`]); frames opening more are dropped. At
     /// least 1.
     pub max_streams_per_credential: usize,
+    /// Environments bound at once, on this node or across the cluster (default
+    /// [`MAX_ENVIRONMENTS`]); a registration of one more new id is refused. At least 1.
+    pub max_environments: usize,
     /// Join a cluster of nodes on NATS (`None`: one node, state in memory).
     pub cluster: Option<ClusterOptions>,
 }
@@ -225,7 +229,11 @@ impl Rendezvous {
                 credentials_file: options.credentials_file,
                 credentials: RwLock::new(Arc::new(credentials)),
                 public_url: public_url.trim_end_matches('/').to_owned(),
-                router: Router::with_cluster(options.max_streams_per_credential, cluster.clone()),
+                router: Router::with_cluster(
+                    options.max_streams_per_credential,
+                    options.max_environments,
+                    cluster.clone(),
+                ),
                 sockets: Arc::new(tokio::sync::Semaphore::new(MAX_RENDEZVOUS_CONNECTIONS)),
                 per_credential: std::sync::Mutex::default(),
                 max_per_credential: options.max_sockets_per_credential.max(1),

@@ -3,7 +3,8 @@
 
 use crate::relay::registry::{RegisterRequest, decode_public_key};
 
-/// Environments registered at once.
+/// Default bound of environments bound at once (`exec-rendezvous --max-environments`), on one
+/// node or across a cluster.
 pub const MAX_ENVIRONMENTS: usize = 1024;
 /// Longest display name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
@@ -29,9 +30,14 @@ pub enum RegisterError {
         /// The environment.
         id: String,
     },
-    /// The table is full.
-    #[error("registry full: MAX_ENVIRONMENTS ({MAX_ENVIRONMENTS})")]
-    Full,
+    /// As many environments as the bound are bound already.
+    #[error(
+        "registry full: {limit} environments are bound (--max-environments, default MAX_ENVIRONMENTS {MAX_ENVIRONMENTS}); an operator releases one with DELETE /v1/environments/ID"
+    )]
+    Full {
+        /// The bound in force.
+        limit: usize,
+    },
     /// Cluster mode: the cluster registry did not answer.
     #[error("the cluster registry is unavailable: {0}")]
     Unavailable(String),

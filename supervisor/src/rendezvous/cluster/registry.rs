@@ -59,7 +59,8 @@ pub enum Registered {
 
 impl Cluster {
     /// Register `id` with `binding` (already validated): create the binding, or confirm it,
-    /// by compare-and-set. A registration with the `pinned` key displaces a binding to another
+    /// by compare-and-set; a new id only while fewer than `max_environments` are bound
+    /// cluster-wide. A registration with the `pinned` key displaces a binding to another
     /// key (and tells the node holding the old executor socket to close it).
     ///
     /// # Errors
@@ -70,6 +71,7 @@ impl Cluster {
         id: &str,
         binding: &Binding,
         pinned: Option<&str>,
+        max_environments: usize,
     ) -> Result<Registered, ClusterRegistryError> {
         let token = self.token(id);
         let value = Bytes::from(serde_json::to_vec(binding).map_err(unavailable)?);
@@ -81,6 +83,12 @@ impl Cluster {
                 .map_err(unavailable)?;
             let current = current.filter(|entry| entry.operation == kv::Operation::Put);
             let Some(entry) = current else {
+                if self.bound_environments().await? >= max_environments {
+                    return Err(RegisterError::Full {
+                        limit: max_environments,
+                    }
+                    .into());
+                }
                 match self.bindings.create(&token, value.clone()).await {
                     Ok(_) => return Ok(Registered::Bound),
                     Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => continue,
@@ -112,6 +120,18 @@ impl Cluster {
         Err(ClusterRegistryError::Unavailable(format!(
             "the binding changed under {CAS_ATTEMPTS} compare-and-set attempts in a row"
         )))
+    }
+
+    /// Environments bound cluster-wide (live keys of the bindings bucket): a new id is refused
+    /// at the bound (`--max-environments`), as on one node, so an executor credential granted `"*"` cannot
+    /// fill JetStream with ids. Registrations of new ids racing through different nodes may pass
+    /// the bound by at most their number (each counts before it creates).
+    async fn bound_environments(&self) -> Result<usize, ClusterRegistryError> {
+        use futures_util::TryStreamExt;
+        let keys = self.bindings.keys().await.map_err(unavailable)?;
+        keys.try_fold(0usize, |count, _| async move { Ok(count + 1) })
+            .await
+            .map_err(unavailable)
     }
 
     /// The binding of `id`, if any.

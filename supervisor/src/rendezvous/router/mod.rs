@@ -50,7 +50,7 @@ use super::cluster::seat::{ExecutorSeat, HarnessSeat, Received};
 use super::cluster::{Cluster, Control};
 use super::credentials::{CredentialSecret, Credentials, Role};
 pub(crate) use super::queue::{NewStreamLimiter, Queue};
-pub use super::registration::{MAX_ENVIRONMENTS, RegisterError, validate_registration};
+pub use super::registration::{RegisterError, validate_registration};
 
 mod executor;
 mod harness;
@@ -124,6 +124,8 @@ pub struct Router {
     sockets: Mutex<HashMap<u64, OpenSocket>>,
     next_socket: AtomicU64,
     max_streams_per_credential: usize,
+    /// Environments bound at once (`--max-environments`).
+    max_environments: usize,
     /// Cluster mode: the link to the other nodes.
     cluster: Option<Arc<Cluster>>,
 }
@@ -142,8 +144,13 @@ impl Drop for SocketGuard<'_> {
 
 impl Router {
     /// A table whose harness credentials own at most `max_streams_per_credential` streams of
-    /// an environment each; `cluster` for a node of a cluster (`None`: a single node).
-    pub fn with_cluster(max_streams_per_credential: usize, cluster: Option<Arc<Cluster>>) -> Self {
+    /// an environment each, binding at most `max_environments` environments; `cluster` for a
+    /// node of a cluster (`None`: a single node).
+    pub fn with_cluster(
+        max_streams_per_credential: usize,
+        max_environments: usize,
+        cluster: Option<Arc<Cluster>>,
+    ) -> Self {
         // Socket ids travel between nodes in cluster mode (a frame's `source`, stream
         // ownership): the high half is random per node, so two nodes never hand out the same.
         let first_socket = match cluster {
@@ -156,6 +163,7 @@ impl Router {
             sockets: Mutex::default(),
             next_socket: AtomicU64::new(first_socket),
             max_streams_per_credential: max_streams_per_credential.max(1),
+            max_environments: max_environments.max(1),
             cluster,
         }
     }
@@ -224,6 +232,11 @@ impl Router {
         (id, close, SocketGuard { router: self, id })
     }
 
+    /// The bound of environments bound at once (`--max-environments`).
+    pub fn max_environments(&self) -> usize {
+        self.max_environments
+    }
+
     /// Register (or re-register) an environment: the first registration binds the id to its
     /// key (unless `pinned` names one); later ones must present the same key. A registration
     /// with the pinned key displaces a binding to any other key.
@@ -256,8 +269,10 @@ impl Router {
                 }
             }
             None => {
-                if table.len() >= MAX_ENVIRONMENTS {
-                    return Err(RegisterError::Full);
+                if table.len() >= self.max_environments {
+                    return Err(RegisterError::Full {
+                        limit: self.max_environments,
+                    });
                 }
                 table.insert(
                     id.to_owned(),
