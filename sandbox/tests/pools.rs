@@ -551,7 +551,7 @@ fn a_sandbox_takes_only_its_share_of_the_hosts_tasks() {
     let share = sandbox::limits::host_processes_share();
     // RLIMIT_NPROC, counted in the sandbox's own user namespace, is what sandbox-run alone has;
     // the kernel does not apply it to uid 0 (exec-server's pids cgroup bounds root's sandboxes:
-    // tests/tests/self_protection.rs). So as uid 65534 only.
+    // tests/tests/self_protection/pools.rs). So as uid 65534 only.
     let uid = Some(common::NOBODY);
     let fx = Fixture::new(uid);
     let script = hog_script(&fx);

@@ -3,8 +3,8 @@
 //! clear error, no crash, nothing half-written, and the server recovers when the fault goes.
 //!
 //! The filesystem faults mount small tmpfs instances and so need root; they fail with a message
-//! saying so otherwise. (tests/tests/sandboxed.rs already kills a pooled helper blocked before
-//! it read its request; here one dies in the middle of writing.)
+//! saying so otherwise. (tests/tests/sandboxed/helpers.rs already kills a pooled helper blocked
+//! before it read its request; here one dies in the middle of writing.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;

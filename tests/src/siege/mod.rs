@@ -1,5 +1,5 @@
 //! A hostile client's case run against a real server beside a neighbour, for the hostile suite
-//! (`tests/tests/hostile.rs`) and the `load` binary's hostile clients.
+//! (`tests/tests/hostile/`) and the `load` binary's hostile clients.
 //!
 //! - [`Neighbour`]: an ordinary session with its own connection and a live `cat`, keeping a
 //!   request loop going (`fs/getMetadata`, a small `fs/readFile`, `process/write` and

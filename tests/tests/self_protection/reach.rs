@@ -1,0 +1,231 @@
+//! The server cannot be reached from a sandbox: over TCP (and no fast open or other protocol
+//! with the network on), over a unix socket, nor through its token.
+
+use super::*;
+
+#[tokio::test]
+async fn a_sandboxed_command_cannot_reach_its_server_over_tcp_or_read_its_token() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        for token in [false, true] {
+            let mut args = vec!["--listen", "ws://127.0.0.1:0"];
+            let token_path = setup.token_file.to_str().unwrap().to_owned();
+            if token {
+                args.extend(["--auth-token-file", &token_path]);
+            }
+            let server = setup.start(uid, &args);
+            let address = server.url().strip_prefix("ws://").unwrap().to_owned();
+            let mut client = if token {
+                let mut client = tests::Client::connect_with_headers(
+                    server.url(),
+                    &[("Authorization", "Bearer s3cret-token")],
+                )
+                .await
+                .unwrap();
+                client.initialize().await;
+                client
+            } else {
+                server.client().await
+            };
+            let logged = settled_connection_lines(&server);
+            for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
+                let context = format!("{shape}, token {token}, server as {uid:?}");
+                let connect = probe_through(
+                    &mut client,
+                    &setup,
+                    &format!("tcp-{n}"),
+                    Some(sandbox),
+                    &["tcp-connect", &address],
+                )
+                .await;
+                assert_refused(&connect, &format!("tcp connect: {context}"));
+                if token {
+                    let read = probe_through(
+                        &mut client,
+                        &setup,
+                        &format!("token-{n}"),
+                        Some(sandbox),
+                        &["read", &token_path],
+                    )
+                    .await;
+                    assert_refused(&read, &format!("token read: {context}"));
+                }
+            }
+            // Let the server log anything it accepted, then check it accepted nothing.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert_eq!(
+                connection_lines(&server.stderr()),
+                logged,
+                "the server logged a connection from a sandbox (token {token}, as {uid:?}):\n{}",
+                server.stderr()
+            );
+            // Control: unsandboxed, the same probe reaches the server (and is logged) and reads
+            // the token.
+            let control = probe_through(
+                &mut client,
+                &setup,
+                "control",
+                None,
+                &["tcp-connect", &address],
+            )
+            .await;
+            assert_eq!(control["ok"], true, "control connect: {control}");
+            assert!(
+                wait_for_connection_line(&server, logged),
+                "control: the server's log shows accepted connections"
+            );
+            if token {
+                let control = probe_through(
+                    &mut client,
+                    &setup,
+                    "control-token",
+                    None,
+                    &["read", &token_path],
+                )
+                .await;
+                assert_eq!(control["ok"], true, "control read: {control}");
+            }
+        }
+    }
+}
+
+/// The ways to open a transport connection that Landlock's TCP port rule does not see (issue 30):
+/// TCP Fast Open through each send call and through `TCP_FASTOPEN_CONNECT` then `write`, and
+/// stream protocols other than TCP. Each is `(name, probe op and arguments before the address)`.
+const UNSEEN_CONNECTS: [(&str, &[&str]); 6] = [
+    ("TFO sendto", &["tfo-sendto"]),
+    ("TFO sendmsg", &["tfo-sendmsg"]),
+    ("TFO sendmmsg", &["tfo-sendmmsg"]),
+    ("TCP_FASTOPEN_CONNECT + write", &["tfo-connect-option"]),
+    ("MPTCP", &["protocol-connect", "262"]),
+    ("SCTP", &["protocol-connect", "132"]),
+];
+
+/// With the network on, neither TCP Fast Open (MSG_FASTOPEN on sendto/sendmsg/sendmmsg, or
+/// TCP_FASTOPEN_CONNECT and a write) nor another stream protocol (MPTCP, SCTP) reaches the
+/// server's port, launched through the launcher or one-shot, as root and as uid 65534: each is
+/// refused by the seccomp layer (EPERM, not Landlock's EACCES), and the server logs no
+/// connection. Unsandboxed, the same probes get the server's websocket upgrade (101), which it
+/// logs.
+#[tokio::test]
+async fn with_the_network_on_no_fast_open_or_other_protocol_reaches_the_server() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        for launch in [None, Some("--one-shot-sandbox")] {
+            let mut args = vec!["--listen", "ws://127.0.0.1:0"];
+            args.extend(launch);
+            let server = setup.start(uid, &args);
+            let address = server.url().strip_prefix("ws://").unwrap().to_owned();
+            let mut client = server.client().await;
+            let logged = settled_connection_lines(&server);
+            let sandbox = json!({
+                "profile": "workspace-write",
+                "cwd": file_uri(&setup.workspace),
+                "networkAccess": true,
+            });
+            for (n, (name, op)) in UNSEEN_CONNECTS.iter().enumerate() {
+                let mut op = op.to_vec();
+                op.push(&address);
+                let result = probe_through(
+                    &mut client,
+                    &setup,
+                    &format!("unseen-{n}"),
+                    Some(&sandbox),
+                    &op,
+                )
+                .await;
+                assert_eq!(
+                    result["errno"],
+                    libc::EPERM,
+                    "{name} (launch {launch:?}, as {uid:?}) was not refused by seccomp: {result}"
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert_eq!(
+                connection_lines(&server.stderr()),
+                logged,
+                "the server logged a connection from a sandbox (launch {launch:?}, as {uid:?}):\n{}",
+                server.stderr()
+            );
+            // Control: unsandboxed, each reaches the server and has its websocket upgraded.
+            for (n, (name, op)) in UNSEEN_CONNECTS.iter().enumerate() {
+                let mut op = op.to_vec();
+                op.push(&address);
+                let control =
+                    probe_through(&mut client, &setup, &format!("control-{n}"), None, &op).await;
+                if *name == "SCTP" && control["ok"] == false {
+                    // This kernel has no SCTP (no module to load), so the attack cannot be shown
+                    // working: the unsandboxed call fails in the kernel itself
+                    // (EPROTONOSUPPORT), not with the filter's EPERM, which is what shows the
+                    // sandboxed EPERM above came from the filter. Where SCTP exists, the control
+                    // connects as the others do.
+                    assert!(
+                        control["errno"].is_i64() && control["errno"] != libc::EPERM,
+                        "control {name} as {uid:?}: {control}"
+                    );
+                    continue;
+                }
+                assert_eq!(control["ok"], true, "control {name} as {uid:?}: {control}");
+                assert!(
+                    control["detail"]
+                        .as_str()
+                        .is_some_and(|line| line.starts_with("HTTP/1.1 101")),
+                    "control {name} as {uid:?} was not upgraded: {control}"
+                );
+            }
+            assert!(
+                wait_for_connection_line(&server, logged),
+                "control: the server's log shows accepted connections"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_sandboxed_command_cannot_reach_its_server_over_a_unix_socket() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        // The socket in a directory the sandbox can otherwise read (and, for the second, write).
+        for dir in [setup.bin.clone(), setup.workspace.clone()] {
+            let socket = dir.join("exec.sock");
+            let listen = format!("unix:{}", socket.display());
+            if uid.is_some() {
+                std::os::unix::fs::chown(&dir, uid, uid).unwrap();
+            }
+            let server = setup.start(uid, &["--listen", &listen]);
+            let mut client = server.client().await;
+            let socket_path = socket.to_str().unwrap().to_owned();
+            let logged = settled_connection_lines(&server);
+            for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
+                let result = probe_through(
+                    &mut client,
+                    &setup,
+                    &format!("unix-{n}"),
+                    Some(sandbox),
+                    &["unix-connect", &socket_path],
+                )
+                .await;
+                assert_refused(&result, &format!("{shape}, socket in {dir:?}, as {uid:?}"));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert_eq!(
+                connection_lines(&server.stderr()),
+                logged,
+                "the server logged a connection from a sandbox (socket in {dir:?}, as {uid:?})"
+            );
+            let control = probe_through(
+                &mut client,
+                &setup,
+                "control",
+                None,
+                &["unix-connect", &socket_path],
+            )
+            .await;
+            assert_eq!(control["ok"], true, "control: {control}");
+            assert!(
+                wait_for_connection_line(&server, logged),
+                "control is logged"
+            );
+        }
+    }
+}
