@@ -13,7 +13,7 @@
 //! | `remote` | remote mode's relay glue (`relay`); with `client`, `ExecServerClient::connect_remote` and `wss://` URLs; with `server`, the executor (`exec-server --remote`) | `proto`'s relay (prost, snow), reqwest, rustls |
 //! | `server` | the exec server (`exec-server`, `exec-guardian`, the `exec` subcommand); includes `client` and `remote`, which that binary also serves | `sandbox`, `fs-helper` (Landlock, seccomp), clap |
 //! | `rendezvous` | the reference registry + rendezvous (`exec-rendezvous`); includes `server` | axum, hyper |
-//! | `schema` (off by default) | `rendezvous_credentials_schema` and the `schema` features of `proto` and `sandbox`: what `tests/tests/schemas.rs` writes `docs/schema/` from; includes `rendezvous` | schemars |
+//! | `schema` (off by default) | `rendezvous_credentials_schema` and the `schema` features of `proto` and `sandbox`: what `tests/tests/schemas/` writes `docs/schema/` from; includes `rendezvous` | schemars |
 //!
 //! An embedder that only drives servers builds `--no-default-features --features client` (add
 //! `remote` to reach executors through a rendezvous): no sandbox, helpers or HTTP server.

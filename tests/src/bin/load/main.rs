@@ -8,7 +8,7 @@
 //! process; thousands of start/stop cycles with the server's descriptors and RSS sampled before
 //! and after; a process writing gigabytes that nobody reads (attached client that does not read,
 //! and a detached session); hostile clients (silent sockets, 30 MiB writeIds) beside a neighbour
-//! session, as in `tests/tests/hostile.rs` but against the release build; a thousand executors
+//! session, as in `tests/tests/hostile/` but against the release build; a thousand executors
 //! and harness streams across a three-node rendezvous cluster on NATS. Every figure that has
 //! a bound is checked; the run exits 1 if one does not hold. `--quick` shrinks every count for a
 //! smoke run (well under a minute); `--only SCENARIO` runs one.
