@@ -614,14 +614,10 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
         nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     ) {
-        // SAFETY: dup2 onto 0 and 1 of this single-threaded child.
-        unsafe {
-            libc::dup2(null.as_raw_fd(), 0);
-            libc::dup2(null.as_raw_fd(), 1);
-        }
+        let _ = crate::sys::replace_stdio(null.as_fd(), crate::sys::Stdio::In);
+        let _ = crate::sys::replace_stdio(null.as_fd(), crate::sys::Stdio::Out);
     }
-    let mut keep = vec![0, 1, 2, channel.as_raw_fd(), status.as_raw_fd()];
-    keep.extend(ahead.iter().map(AsRawFd::as_raw_fd));
+    let keep = [0, 1, 2, channel.as_raw_fd(), status.as_raw_fd()];
     // The launcher holds the namespace from now on, so that PID 1's exit does not tear it
     // down: unmounting waits for an expedited RCU grace period (about 0.1 ms), which would
     // come before the command's stdio closes for the server. Sent even without it: the
@@ -637,18 +633,17 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
             .collect::<Vec<_>>(),
     );
     drop(namespace);
+    // The command's cgroups, joined now: a migration can wait for an RCU grace period
+    // (milliseconds on an idle host), which the start then does not pay. The command is born
+    // inside them. Joined before the launcher's descriptors are closed, so that closing them
+    // closes this process's copies of the cgroups too (`ahead` is never dropped here: this
+    // function does not return).
+    let joined = join_cgroups(ahead.iter().map(AsFd::as_fd));
     let warm_up = if super::hygiene::close_inherited_fds(&keep).is_err() {
         Err("closing the launcher's descriptors failed".to_owned())
     } else {
-        // The command's cgroups, joined now: a migration can wait for an RCU grace period
-        // (milliseconds on an idle host), which the start then does not pay. The command is
-        // born inside them.
-        join_cgroups(ahead.iter().map(AsFd::as_fd)).and_then(|()| warm_up(setup))
+        joined.and_then(|()| warm_up(setup))
     };
-    for cgroup in ahead {
-        // SAFETY: this process's copies of the launcher's descriptors, not used again.
-        unsafe { libc::close(cgroup.as_raw_fd()) };
-    }
     let Ok(Some((body, fds))) = receive(channel.as_fd()) else {
         // The launcher is gone (or retired this PID 1 unused).
         crate::sys::exit_now(0)
@@ -659,9 +654,8 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
     let mut fds = fds.into_iter();
     let memfd = fds.next();
     let stdio: Vec<OwnedFd> = fds.by_ref().take(3).collect();
-    for (target, fd) in stdio.iter().enumerate() {
-        // SAFETY: dup2 onto 0-2 of this single-threaded process: the command's stdio.
-        if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
+    for (target, fd) in crate::sys::Stdio::ALL.into_iter().zip(&stdio) {
+        if crate::sys::replace_stdio(fd.as_fd(), target).is_err() {
             setup_failed(status, "placing the command's stdio failed");
         }
     }
@@ -776,9 +770,8 @@ fn release_stdio() {
         nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     ) {
-        for target in 0..3 {
-            // SAFETY: dup2 onto 0-2 of this single-threaded process, which uses them no more.
-            unsafe { libc::dup2(null.as_raw_fd(), target) };
+        for target in crate::sys::Stdio::ALL {
+            let _ = crate::sys::replace_stdio(null.as_fd(), target);
         }
     }
 }
