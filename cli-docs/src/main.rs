@@ -10,6 +10,7 @@
 //! Only the commands people type get pages: `exec-server` (and its `exec` client),
 //! `sandbox-run` and `exec-rendezvous`. The internal helpers (`fs-helper`, `exec-guardian`) are run by `exec-server`
 //! and say so in their `--help`.
+#![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

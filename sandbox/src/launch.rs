@@ -7,7 +7,7 @@
 //! The request is JSON in a sealed memfd (so the server never blocks writing it), read once.
 
 use std::io::Read;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -71,20 +71,13 @@ impl LaunchRequest {
     ///
     /// # Errors
     /// [`LaunchError`] when the descriptor cannot be read or the JSON is malformed.
+    #[cfg(target_os = "linux")]
     pub fn read_from_fd(fd: RawFd) -> Result<Self, LaunchError> {
-        // The descriptor must be open and ours: check before taking ownership.
-        nix::fcntl::fcntl(
-            // SAFETY: only probed with F_GETFD, harmless on any number.
-            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-            nix::fcntl::FcntlArg::F_GETFD,
-        )
-        .map_err(|source| LaunchError::Read {
-            fd,
-            source: source.into(),
-        })?;
-        // SAFETY: `fd` was handed to us for this purpose alone (exec-server's file action); the
-        // check above proved it open, and nothing else in this process uses it.
-        read_json(unsafe { OwnedFd::from_raw_fd(fd) })
+        // `fd` was handed to us for this purpose alone (exec-server's file action); the wrapper
+        // checks that it is open before taking ownership.
+        let owned =
+            crate::sys::take_inherited_fd(fd).map_err(|source| LaunchError::Read { fd, source })?;
+        read_json(owned)
     }
 
     /// The request in a sealed memfd, positioned at its start, ready to be inherited.

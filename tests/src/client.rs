@@ -124,12 +124,10 @@ impl Client {
             .trim_end_matches('/')
             .to_owned();
         let stream = std::thread::spawn(move || {
-            // SAFETY: setfsuid changes only this thread's file-system uid, restored below; no
-            // memory is involved.
-            let previous = unsafe { libc::setfsuid(uid) };
+            // This thread's file-system uid only, restored below.
+            let previous = crate::sys::set_fsuid(uid);
             let stream = std::net::TcpStream::connect(&addr);
-            // SAFETY: as above.
-            unsafe { libc::setfsuid(previous as libc::uid_t) };
+            crate::sys::set_fsuid(previous);
             stream
         })
         .join()

@@ -16,6 +16,7 @@
 //! client), `wire` (encoding helpers, error assertions), `procfs` (`/proc` probes), `raw_ws` (raw
 //! frames), `proxy` ([`CutProxy`]), `library` (library-client helpers), `json_schema` (validation
 //! against `docs/schema/`) and `fixtures`.
+#![deny(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -30,6 +31,9 @@ mod procfs;
 mod proxy;
 mod raw_ws;
 mod server;
+// The only unsafe code of the crate: raw calls, each behind a safe wrapper.
+#[allow(unsafe_code)]
+mod sys;
 mod wire;
 
 pub mod matrix;

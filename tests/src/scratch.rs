@@ -213,8 +213,8 @@ impl CopiedBinaries {
         }
         let mut dirs = DIRS.lock().unwrap_or_else(|p| p.into_inner());
         if dirs.is_empty() {
-            // SAFETY: registers a plain extern "C" function with no captured state.
-            unsafe { libc::atexit(cleanup) };
+            // Without the hook the copies stay behind: nothing else depends on it.
+            let _ = sys::at_exit(cleanup);
         }
         dirs.push(dir);
     }
@@ -231,5 +231,24 @@ pub fn assert_outside_writable_roots(path: &Path) {
             canonical.display(),
             root.display()
         );
+    }
+}
+
+// This file is also compiled into other crates' tests (`#[path]`), so its one raw call has a
+// `sys` module of its own rather than the test library's.
+#[allow(unsafe_code)]
+mod sys {
+    use std::io;
+
+    /// Registers `cleanup` to run at process exit (`atexit(3)`).
+    ///
+    /// # Errors
+    /// When the C library refuses (out of memory).
+    pub fn at_exit(cleanup: extern "C" fn()) -> io::Result<()> {
+        // SAFETY: registers a plain extern "C" function with no captured state.
+        if unsafe { libc::atexit(cleanup) } != 0 {
+            return Err(io::Error::other("atexit failed"));
+        }
+        Ok(())
     }
 }

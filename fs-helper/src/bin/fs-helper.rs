@@ -1,5 +1,6 @@
 //! `fs-helper`: run filesystem operations under a sandbox policy. See the crate README and
 //! `fs_helper::helper` for the contract.
+#![deny(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -2,6 +2,7 @@
 //! `sandbox-run` (never by hand): it serves the listening socket `sandbox-run`'s PID 1 made
 //! inside the sandbox's network namespace and connects out from the host's. All logic lives in
 //! `sandbox::egress`.
+#![deny(unsafe_code)]
 
 use std::process::ExitCode;
 

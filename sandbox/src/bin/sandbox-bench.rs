@@ -3,6 +3,7 @@
 //!
 //! Usage: `sandbox-bench [RUNS]` (default 200). Run it from a release build:
 //! `cargo build --release -p sandbox && target/release/sandbox-bench`.
+#![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};

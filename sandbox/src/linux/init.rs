@@ -181,12 +181,12 @@ fn prepare(
     let overlays = applied.overlays;
     let slave = match terminal {
         Some(socket) => {
-            let like = relayed
-                .iter()
-                .position(|relayed| *relayed)
-                .map_or(0, |fd| fd as i32);
-            // SAFETY: `like` is one of the standard descriptors, open for the life of PID 1.
-            let like = unsafe { std::os::fd::BorrowedFd::borrow_raw(like) };
+            let like = crate::sys::Stdio::ALL
+                .into_iter()
+                .zip(relayed)
+                .find_map(|(fd, relayed)| relayed.then_some(fd))
+                .unwrap_or(crate::sys::Stdio::In)
+                .fd();
             let terminal_error = |source: std::io::Error| SandboxError::Terminal { source };
             let (master, slave) = pty::open_inner(like).map_err(terminal_error)?;
             pty::send_fd(&socket, master.as_fd()).map_err(terminal_error)?;
@@ -522,11 +522,9 @@ pub(super) fn start_command(exec: &Exec, slave: Option<&OwnedFd>, relayed: [bool
     let _ = nix::unistd::setsid();
     if let Some(slave) = slave {
         let _ = crate::sys::set_controlling_terminal(slave.as_fd());
-        for (fd, relayed) in relayed.iter().enumerate() {
-            if *relayed {
-                // SAFETY: dup2 onto 0-2 of this single-threaded child replaces its own stdio
-                // (its descriptor table is its own by now).
-                unsafe { libc::dup2(slave.as_raw_fd(), fd as i32) };
+        for (fd, relayed) in crate::sys::Stdio::ALL.into_iter().zip(relayed) {
+            if relayed {
+                let _ = crate::sys::replace_stdio(slave.as_fd(), fd);
             }
         }
         // This process's copy (the parent closes its own).

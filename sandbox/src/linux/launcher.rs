@@ -62,6 +62,8 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+pub use super::launcher_error::{FailureKind, LaunchFailure};
+
 use super::init::{self, Exec};
 use super::mounts::{self, MountOp};
 use super::spec::{Command, Ended};
@@ -126,6 +128,8 @@ pub enum Reply {
     Failed {
         /// Why.
         error: String,
+        /// The stage that failed.
+        kind: FailureKind,
     },
 }
 
@@ -304,16 +308,16 @@ pub fn layout_fingerprint(policy: &ResolvedPolicy, cwd: &Path) -> Vec<u8> {
 
 impl Setup {
     /// Namespaces and the shared layout, in this process, irreversibly.
-    fn build(request: &LaunchRequest) -> Result<Self, String> {
+    fn build(request: &LaunchRequest) -> Result<Self, LaunchFailure> {
         let policy = &request.policy;
         if policy.is_unrestricted() {
-            return Err("an unrestricted policy needs no launcher".to_owned());
+            return Err(LaunchFailure::Unrestricted);
         }
         if policy.egress().is_some() {
-            return Err("a network allowlist is started one sandbox-run at a time".to_owned());
+            return Err(LaunchFailure::EgressAllowlist);
         }
-        nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
-        let entered = namespaces::unshare_for_current_process(policy).map_err(|e| e.to_string())?;
+        nix::sys::prctl::set_no_new_privs().map_err(LaunchFailure::NoNewPrivs)?;
+        let entered = namespaces::unshare_for_current_process(policy)?;
         // Only now: a process that is not dumpable cannot write its own /proc/self/uid_map
         // (what an unprivileged launcher does to map itself into its user namespace).
         let _ = crate::sys::set_dumpable(false);
@@ -336,7 +340,7 @@ impl Setup {
             .collect();
         let mut warnings = Vec::new();
         if entered.mount {
-            let applied = mounts::apply(&shared_plan).map_err(|e| e.to_string())?;
+            let applied = mounts::apply(&shared_plan)?;
             warnings = applied.warnings;
         }
         Ok(Self {
@@ -370,8 +374,8 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
     })?;
     let setup = match Setup::build(&request) {
         Ok(setup) => setup,
-        Err(error) => {
-            reply(socket, &Reply::Failed { error }, &[]).map_err(socket_error)?;
+        Err(failure) => {
+            reply(socket, &failed(&failure), &[]).map_err(socket_error)?;
             return Ok(());
         }
     };
@@ -457,7 +461,7 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
                 },
                 &[started.pidfd.as_fd(), started.status.as_fd()],
             ),
-            Err(error) => reply(socket, &Reply::Failed { error }, &[]),
+            Err(failure) => reply(socket, &failed(&failure), &[]),
         }
         .map_err(socket_error)?;
         // The next command's PID 1 sets up while nobody waits for it, but not while this
@@ -468,8 +472,16 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
     }
 }
 
+/// The reply for `failure`: its sentence and its stage.
+fn failed(failure: &LaunchFailure) -> Reply {
+    Reply::Failed {
+        error: failure.to_string(),
+        kind: failure.kind(),
+    }
+}
+
 /// How many of a start message's `count` descriptors are for the next PID 1 (`start:N`).
-fn start_message(body: &[u8], count: usize) -> Result<usize, String> {
+fn start_message(body: &[u8], count: usize) -> Result<usize, LaunchFailure> {
     let next = match body.strip_prefix(START.as_bytes()) {
         Some(b"") => Some(0),
         Some(rest) => rest
@@ -480,11 +492,10 @@ fn start_message(body: &[u8], count: usize) -> Result<usize, String> {
     };
     match next {
         Some(next) if next <= MAX_CGROUPS && next + 4 <= count => Ok(next),
-        Some(next) => Err(format!(
-            "a start carries the memfd, stdin, stdout, stderr, then cgroups; {next} of its {count} \
-             descriptors cannot be for the next command"
-        )),
-        None => Err(format!("unknown launcher message {}", body.escape_ascii())),
+        Some(next) => Err(LaunchFailure::DescriptorsForNext { next, count }),
+        None => Err(LaunchFailure::UnknownMessage {
+            body: body.escape_ascii().to_string(),
+        }),
     }
 }
 
@@ -534,7 +545,7 @@ struct Warm {
 impl Warm {
     /// Clones the next PID 1, which joins the cgroups `ahead` (their `cgroup.procs`) and
     /// confines itself without waiting for a command.
-    fn prepare(setup: &Setup, ahead: &[OwnedFd]) -> Result<Self, String> {
+    fn prepare(setup: &Setup, ahead: &[OwnedFd]) -> Result<Self, LaunchFailure> {
         use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
         let (channel, theirs) = socketpair(
             AddressFamily::Unix,
@@ -542,20 +553,24 @@ impl Warm {
             None,
             SockFlag::SOCK_CLOEXEC,
         )
-        .map_err(|e| format!("PID 1's channel: {e}"))?;
+        .map_err(LaunchFailure::pid1("PID 1's channel"))?;
         let (status_read, status_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| format!("PID 1's status pipe: {e}"))?;
+            .map_err(LaunchFailure::pid1("PID 1's status pipe"))?;
         let flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
-        match crate::sys::clone_into_namespaces(flags)
-            .map_err(|e| format!("creating the command's PID, mount and IPC namespaces: {e}"))?
-        {
+        match crate::sys::clone_into_namespaces(flags).map_err(|source| LaunchFailure::Pid1 {
+            what: "creating the command's PID, mount and IPC namespaces",
+            source,
+        })? {
             None => {
                 drop(channel);
                 command_init(setup, &theirs, &status_write, ahead)
             }
             Some(pid) => {
                 drop((theirs, status_write));
-                let pidfd = crate::sys::pidfd_open(pid).map_err(|e| format!("pidfd_open: {e}"))?;
+                let pidfd = crate::sys::pidfd_open(pid).map_err(|source| LaunchFailure::Pid1 {
+                    what: "pidfd_open",
+                    source,
+                })?;
                 Ok(Self {
                     pid,
                     pidfd,
@@ -575,16 +590,17 @@ fn start(
     warm: &mut Option<Warm>,
     ahead: &[OwnedFd],
     fds: Vec<OwnedFd>,
-) -> Result<Warm, String> {
+) -> Result<Warm, LaunchFailure> {
     if fds.len() < 4 || fds.len() > MAX_MESSAGE_FDS {
-        return Err(format!(
-            "a start carries 4 to {MAX_MESSAGE_FDS} descriptors (memfd, stdin, stdout, stderr, \
-             cgroups), got {}",
-            fds.len()
-        ));
+        return Err(LaunchFailure::StartDescriptors {
+            max: MAX_MESSAGE_FDS,
+            count: fds.len(),
+        });
     }
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
-    for attempt in 0..2 {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
         let mut ready = match warm.take() {
             Some(ready) => ready,
             None => Warm::prepare(setup, ahead)?,
@@ -592,13 +608,11 @@ fn start(
         ready.mount_namespace = take_mount_namespace(ready.channel.as_fd());
         match send(ready.channel.as_fd(), b"start", &borrowed) {
             Ok(()) => return Ok(ready),
-            Err(err) if attempt == 1 => {
-                return Err(format!("handing the command to its PID 1: {err}"));
-            }
+            // The ready PID 1 may have died meanwhile: one fresh one is tried.
+            Err(source) if attempt == 2 => return Err(LaunchFailure::Handover { source }),
             Err(_) => {}
         }
     }
-    Err("handing the command to its PID 1 failed".to_owned())
 }
 
 /// PID 1 of one command. Never returns.
@@ -614,14 +628,10 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
         nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     ) {
-        // SAFETY: dup2 onto 0 and 1 of this single-threaded child.
-        unsafe {
-            libc::dup2(null.as_raw_fd(), 0);
-            libc::dup2(null.as_raw_fd(), 1);
-        }
+        let _ = crate::sys::replace_stdio(null.as_fd(), crate::sys::Stdio::In);
+        let _ = crate::sys::replace_stdio(null.as_fd(), crate::sys::Stdio::Out);
     }
-    let mut keep = vec![0, 1, 2, channel.as_raw_fd(), status.as_raw_fd()];
-    keep.extend(ahead.iter().map(AsRawFd::as_raw_fd));
+    let keep = [0, 1, 2, channel.as_raw_fd(), status.as_raw_fd()];
     // The launcher holds the namespace from now on, so that PID 1's exit does not tear it
     // down: unmounting waits for an expedited RCU grace period (about 0.1 ms), which would
     // come before the command's stdio closes for the server. Sent even without it: the
@@ -637,18 +647,17 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
             .collect::<Vec<_>>(),
     );
     drop(namespace);
+    // The command's cgroups, joined now: a migration can wait for an RCU grace period
+    // (milliseconds on an idle host), which the start then does not pay. The command is born
+    // inside them. Joined before the launcher's descriptors are closed, so that closing them
+    // closes this process's copies of the cgroups too (`ahead` is never dropped here: this
+    // function does not return).
+    let joined = join_cgroups(ahead.iter().map(AsFd::as_fd));
     let warm_up = if super::hygiene::close_inherited_fds(&keep).is_err() {
         Err("closing the launcher's descriptors failed".to_owned())
     } else {
-        // The command's cgroups, joined now: a migration can wait for an RCU grace period
-        // (milliseconds on an idle host), which the start then does not pay. The command is
-        // born inside them.
-        join_cgroups(ahead.iter().map(AsFd::as_fd)).and_then(|()| warm_up(setup))
+        joined.and_then(|()| warm_up(setup))
     };
-    for cgroup in ahead {
-        // SAFETY: this process's copies of the launcher's descriptors, not used again.
-        unsafe { libc::close(cgroup.as_raw_fd()) };
-    }
     let Ok(Some((body, fds))) = receive(channel.as_fd()) else {
         // The launcher is gone (or retired this PID 1 unused).
         crate::sys::exit_now(0)
@@ -659,9 +668,8 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
     let mut fds = fds.into_iter();
     let memfd = fds.next();
     let stdio: Vec<OwnedFd> = fds.by_ref().take(3).collect();
-    for (target, fd) in stdio.iter().enumerate() {
-        // SAFETY: dup2 onto 0-2 of this single-threaded process: the command's stdio.
-        if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
+    for (target, fd) in crate::sys::Stdio::ALL.into_iter().zip(&stdio) {
+        if crate::sys::replace_stdio(fd.as_fd(), target).is_err() {
             setup_failed(status, "placing the command's stdio failed");
         }
     }
@@ -776,9 +784,8 @@ fn release_stdio() {
         nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     ) {
-        for target in 0..3 {
-            // SAFETY: dup2 onto 0-2 of this single-threaded process, which uses them no more.
-            unsafe { libc::dup2(null.as_raw_fd(), target) };
+        for target in crate::sys::Stdio::ALL {
+            let _ = crate::sys::replace_stdio(null.as_fd(), target);
         }
     }
 }

@@ -16,16 +16,10 @@ use nix::sys::termios::{SetArg, Termios, cfmakeraw, tcgetattr, tcsetattr};
 const RELAY_CHUNK_BYTES: usize = 16 * 1024;
 /// Input bytes buffered for the command before the outer stops reading its terminal.
 const RELAY_INPUT_BUFFER_BYTES: usize = 64 * 1024;
-/// `TIOCSPTLCK`: lock or unlock a pseudo-terminal's slave.
-const TIOCSPTLCK: libc::c_ulong = 0x4004_5431;
 
 /// Which of stdin, stdout and stderr are terminals (and get the sandbox's own terminal).
 pub fn terminal_fds() -> [bool; 3] {
-    [0, 1, 2].map(|fd| {
-        // SAFETY: 0-2 are only probed with isatty, which is harmless on any number.
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        nix::unistd::isatty(fd).unwrap_or(false)
-    })
+    crate::sys::Stdio::ALL.map(|fd| nix::unistd::isatty(fd.fd()).unwrap_or(false))
 }
 
 /// A fresh pseudo-terminal pair in the sandbox's `/dev/ptmx`, with the settings and size of
@@ -39,11 +33,7 @@ pub fn open_inner(like: BorrowedFd<'_>) -> io::Result<(OwnedFd, OwnedFd)> {
         nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_NOCTTY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )?;
-    let unlock: libc::c_int = 0;
-    // SAFETY: TIOCSPTLCK reads one int from the pointer, which points at a live local.
-    if unsafe { libc::ioctl(master.as_raw_fd(), TIOCSPTLCK, &unlock) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    crate::sys::unlock_pty(master.as_fd())?;
     let slave = crate::sys::open_pty_peer(master.as_fd())?;
     if let Ok(settings) = tcgetattr(like) {
         tcsetattr(&slave, SetArg::TCSANOW, &settings)?;
@@ -55,18 +45,8 @@ pub fn open_inner(like: BorrowedFd<'_>) -> io::Result<(OwnedFd, OwnedFd)> {
 /// Copies the window size of `from` to `to` (best effort: a terminal without a size keeps the
 /// default).
 pub fn copy_window_size(from: BorrowedFd<'_>, to: BorrowedFd<'_>) {
-    let mut size = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ writes one `winsize` to the pointer and TIOCSWINSZ reads one from it;
-    // both point at the live local above.
-    unsafe {
-        if libc::ioctl(from.as_raw_fd(), libc::TIOCGWINSZ, &mut size) == 0 {
-            libc::ioctl(to.as_raw_fd(), libc::TIOCSWINSZ, &size);
-        }
+    if let Ok(size) = crate::sys::window_size(from) {
+        let _ = crate::sys::set_window_size(to, &size);
     }
 }
 
@@ -148,13 +128,12 @@ impl Relay {
             &master,
             nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
         )?;
-        // SAFETY: descriptors 0-2 stay open for the life of the process.
-        let stdio = |fd: RawFd| unsafe { BorrowedFd::borrow_raw(fd) };
-        let input = relayed[0].then(|| stdio(0));
+        use crate::sys::Stdio;
+        let input = relayed[0].then(|| Stdio::In.fd());
         let output = if relayed[1] || !relayed[2] {
-            stdio(1)
+            Stdio::Out.fd()
         } else {
-            stdio(2)
+            Stdio::Err.fd()
         };
         let raw = input.and_then(|fd| {
             let saved = tcgetattr(fd).ok()?;

@@ -563,17 +563,17 @@ impl Notifier {
         if !blocking {
             return Some(result_of(sys::connect_raw(socket.as_fd(), address)));
         }
-        // SAFETY: the holder is single-threaded; the child only connects, answers and leaves
-        // through _exit.
-        match unsafe { nix::unistd::fork() } {
-            Ok(nix::unistd::ForkResult::Child) => {
+        // The holder is single-threaded; the child only connects, answers and leaves through
+        // _exit.
+        match sys::fork_single_threaded() {
+            Ok(None) => {
                 let _ = sys::set_parent_death_signal(libc::SIGKILL);
                 let answer = result_of(sys::connect_raw(socket.as_fd(), address));
                 let _ = sys::answer_notification(self.fd(), id, answer);
                 sys::exit_now(0)
             }
-            Ok(nix::unistd::ForkResult::Parent { .. }) => None,
-            Err(errno) => Some(Err(errno as i32)),
+            Ok(Some(_)) => None,
+            Err(err) => Some(Err(err.raw_os_error().unwrap_or(libc::EAGAIN))),
         }
     }
 }

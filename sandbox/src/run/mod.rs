@@ -44,8 +44,15 @@ pub struct Prepared {
 /// [`RunError::Setup`] naming the problem.
 pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
     if let Some(fd) = cli.launch_fd {
+        #[cfg(target_os = "linux")]
         let request = crate::launch::LaunchRequest::read_from_fd(fd)
             .map_err(|err| RunError::Setup(err.to_string()))?;
+        // exec-server, which passes the descriptor, runs on Linux only.
+        #[cfg(not(target_os = "linux"))]
+        let request: crate::launch::LaunchRequest = {
+            let _ = fd;
+            return Err(RunError::Setup("--launch-fd is Linux only".to_owned()));
+        };
         return Ok(Prepared {
             policy: request.policy,
             argv: request.argv.into_iter().map(OsString::from).collect(),

@@ -210,10 +210,14 @@ pub fn can_unshare_user_namespace() -> bool {
     }
 }
 
+mod fd;
 mod mount;
 mod notify;
 mod process;
 
+pub use fd::{
+    Stdio, fork_single_threaded, replace_stdio, set_window_size, splice, unlock_pty, window_size,
+};
 pub use mount::{
     FsContext, MOUNT_ATTR_NOEXEC, attach_mount, clone_mount_tree, fsmount, mount_setattr_fd,
     open_no_symlinks,

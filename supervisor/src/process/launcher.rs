@@ -89,10 +89,12 @@ pub enum LauncherError {
     #[error("cannot make the command's cgroups: {0}")]
     Cgroups(ContainmentError),
     /// The launcher refused the start.
-    #[error("the sandbox launcher could not start the command: {error}")]
+    #[error("the sandbox launcher could not start the command ({kind:?}): {error}")]
     Refused {
         /// Its reason.
         error: String,
+        /// The stage that failed.
+        kind: launcher::FailureKind,
     },
 }
 
@@ -385,11 +387,14 @@ impl Launchers {
                     tree,
                 )))
             }
-            Ok((Reply::Failed { error }, _)) => {
+            Ok((Reply::Failed { error, kind }, _)) => {
                 // Which PID 1 sits in which cgroups is unknown now: a fresh launcher next time.
                 tree.discard();
                 self.discard(&key);
-                Err(failure(LauncherError::Refused { error }, String::new()))
+                Err(failure(
+                    LauncherError::Refused { error, kind },
+                    String::new(),
+                ))
             }
             Ok((other, _)) => {
                 tree.discard();
@@ -452,8 +457,8 @@ impl Launchers {
         }
         let launcher = match self.spawn(key, policy, containment, ahead_plan) {
             Ok(launcher) => launcher,
-            Err(Setup::Unsupported(reason)) => {
-                tracing::info!(%reason, "sandbox launcher unavailable for this policy; starting one-shot");
+            Err(Setup::Unsupported { reason, kind }) => {
+                tracing::info!(%reason, ?kind, "sandbox launcher unavailable for this policy; starting one-shot");
                 self.unsupported
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -545,7 +550,10 @@ impl Launchers {
         *launcher.ahead.lock().unwrap_or_else(|p| p.into_inner()) = ahead.map(|(tree, _)| tree);
         match answer {
             Ok((Reply::Ready, _)) => Ok(launcher),
-            Ok((Reply::Failed { error }, _)) => Err(Setup::Unsupported(error)),
+            Ok((Reply::Failed { error, kind }, _)) => Err(Setup::Unsupported {
+                reason: error,
+                kind,
+            }),
             Ok((other, _)) => Err(failed(
                 LauncherError::Unexpected {
                     answer: format!("{other:?}"),
@@ -576,7 +584,12 @@ fn ahead_tree(containment: &Containment, plan: &Plan) -> Option<(Tree, Vec<Owned
 
 enum Setup {
     /// The launcher said why it cannot serve this policy here.
-    Unsupported(String),
+    Unsupported {
+        /// Its sentence.
+        reason: String,
+        /// The stage that failed.
+        kind: launcher::FailureKind,
+    },
     /// It failed otherwise.
     Failed(LauncherFailure),
 }

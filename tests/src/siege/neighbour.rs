@@ -100,23 +100,13 @@ pub const ISOLATED_NICE: i32 = -10;
 
 /// Start the server at [`ISOLATED_NICE`] (as root; otherwise it keeps its priority).
 pub fn isolate_from_host_load(command: &mut std::process::Command) {
-    use std::os::unix::process::CommandExt as _;
-    // SAFETY: the closure runs in the child between fork and exec and only makes one
-    // async-signal-safe system call; failure (not root) is ignored.
-    unsafe {
-        command.pre_exec(|| {
-            raise_priority();
-            Ok(())
-        });
-    }
+    crate::sys::set_nice_in_child(command, ISOLATED_NICE);
 }
 
 /// Set the calling thread's nice value to [`ISOLATED_NICE`] when permitted.
 fn raise_priority() {
-    // SAFETY: setpriority on the calling thread (who 0 means the caller) touches no memory.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, ISOLATED_NICE);
-    }
+    // Failure (not root) is ignored: the thread keeps its priority.
+    let _ = crate::sys::set_nice(ISOLATED_NICE);
 }
 
 impl Neighbour {

@@ -221,47 +221,20 @@ fn splice_once(
     pipe_in: &OwnedFd,
     len: usize,
 ) -> std::io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: plain descriptors owned for the whole call; no offsets.
-    let got = unsafe {
-        libc::splice(
-            from.as_raw_fd(),
-            std::ptr::null_mut(),
-            pipe_in.as_raw_fd(),
-            std::ptr::null_mut(),
-            len,
-            libc::SPLICE_F_MOVE,
-        )
-    };
-    if got < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let got = got as usize;
+    use std::os::fd::AsFd;
+    let got = crate::sys::splice(from.as_fd(), pipe_in.as_fd(), len)?;
     let mut pending = got;
     while pending > 0 {
-        // SAFETY: as above.
-        let sent = unsafe {
-            libc::splice(
-                pipe_out.as_raw_fd(),
-                std::ptr::null_mut(),
-                to.as_raw_fd(),
-                std::ptr::null_mut(),
-                pending,
-                libc::SPLICE_F_MOVE,
-            )
-        };
-        if sent < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == ErrorKind::Interrupted {
-                continue;
-            }
+        let sent = match crate::sys::splice(pipe_out.as_fd(), to.as_fd(), pending) {
+            Ok(sent) => sent,
+            Err(err) if err.kind() == ErrorKind::Interrupted => continue,
             // Not a timeout the caller may retry: the pipe still holds bytes.
-            return Err(std::io::Error::new(ErrorKind::BrokenPipe, err));
-        }
+            Err(err) => return Err(std::io::Error::new(ErrorKind::BrokenPipe, err)),
+        };
         if sent == 0 {
             return Err(ErrorKind::WriteZero.into());
         }
-        pending -= sent as usize;
+        pending -= sent;
     }
     Ok(got)
 }
@@ -320,53 +293,27 @@ fn splice_loop(
     last: &AtomicU64,
     started: Instant,
 ) -> bool {
-    use std::os::fd::AsRawFd;
-    // No SPLICE_F_MORE on the sending side: it would hold a short reply back (MSG_MORE).
-    let flags = libc::SPLICE_F_MOVE;
+    use std::os::fd::AsFd;
+    // No SPLICE_F_MORE on the sending side (`sys::splice` passes SPLICE_F_MOVE only): it would
+    // hold a short reply back (MSG_MORE).
     loop {
-        // SAFETY: plain descriptors owned for the whole call; no offsets.
-        let got = unsafe {
-            libc::splice(
-                from.as_raw_fd(),
-                std::ptr::null_mut(),
-                pipe_in.as_raw_fd(),
-                std::ptr::null_mut(),
-                SPLICE_PIPE_BYTES,
-                flags,
-            )
+        let got = match crate::sys::splice(from.as_fd(), pipe_in.as_fd(), SPLICE_PIPE_BYTES) {
+            Ok(0) => return true,
+            Ok(got) => got,
+            Err(err) if keep_going(&err, last, started) => continue,
+            Err(_) => return false,
         };
-        if got == 0 {
-            return true;
-        }
-        if got < 0 {
-            if keep_going(&std::io::Error::last_os_error(), last, started) {
-                continue;
-            }
-            return false;
-        }
-        let mut pending = got as usize;
+        let mut pending = got;
         while pending > 0 {
-            // SAFETY: as above.
-            let sent = unsafe {
-                libc::splice(
-                    pipe_out.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    to.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    pending,
-                    flags,
-                )
+            let sent = match crate::sys::splice(pipe_out.as_fd(), to.as_fd(), pending) {
+                Ok(sent) => sent,
+                Err(err) if err.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return false,
             };
-            if sent < 0 {
-                if std::io::Error::last_os_error().kind() == ErrorKind::Interrupted {
-                    continue;
-                }
-                return false;
-            }
             if sent == 0 {
                 return false;
             }
-            pending -= sent as usize;
+            pending -= sent;
         }
         touch(last, started);
     }

@@ -216,42 +216,46 @@ fn run_without_namespaces(
     };
     let refusals = refusal_channel(policy, true)?;
     let signals = block_forwarded_signals()?;
-    // SAFETY: sandbox-run is single-threaded; the child confines itself and execs or leaves
-    // through _exit.
-    let child = match unsafe { nix::unistd::fork() }.map_err(plumbing("fork"))? {
-        nix::unistd::ForkResult::Child if holds => {
-            crate::sys::reset_signals_for_exec();
-            let mut enforce = enforce.clone();
-            let channel = refusals.map(|(read, write)| {
-                drop(read);
-                enforce
-                    .keep_fds
-                    .push(std::os::fd::AsRawFd::as_raw_fd(&write));
-                write
-            });
-            match hold_here(policy, command, options, &enforce, channel) {
-                Ok(ended) => exit_as(ended),
-                Err(err) => {
+    // sandbox-run is single-threaded; the child confines itself and execs or leaves through
+    // _exit.
+    let child =
+        match crate::sys::fork_single_threaded().map_err(|source| CommandError::Plumbing {
+            what: "fork",
+            source,
+        })? {
+            None if holds => {
+                crate::sys::reset_signals_for_exec();
+                let mut enforce = enforce.clone();
+                let channel = refusals.map(|(read, write)| {
+                    drop(read);
+                    enforce
+                        .keep_fds
+                        .push(std::os::fd::AsRawFd::as_raw_fd(&write));
+                    write
+                });
+                match hold_here(policy, command, options, &enforce, channel) {
+                    Ok(ended) => exit_as(ended),
+                    Err(err) => {
+                        eprintln!("sandbox-run: {err}");
+                        crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
+                    }
+                }
+            }
+            None => {
+                crate::sys::reset_signals_for_exec();
+                if let Err(err) = confine_here(policy, command, options, &enforce) {
                     eprintln!("sandbox-run: {err}");
                     crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
                 }
+                let err = exec_in_place(command);
+                eprintln!(
+                    "sandbox-run: {}",
+                    err.err().map(|e| e.to_string()).unwrap_or_default()
+                );
+                crate::sys::exit_now(i32::from(EXIT_CANNOT_EXECUTE))
             }
-        }
-        nix::unistd::ForkResult::Child => {
-            crate::sys::reset_signals_for_exec();
-            if let Err(err) = confine_here(policy, command, options, &enforce) {
-                eprintln!("sandbox-run: {err}");
-                crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
-            }
-            let err = exec_in_place(command);
-            eprintln!(
-                "sandbox-run: {}",
-                err.err().map(|e| e.to_string()).unwrap_or_default()
-            );
-            crate::sys::exit_now(i32::from(EXIT_CANNOT_EXECUTE))
-        }
-        nix::unistd::ForkResult::Parent { child } => child,
-    };
+            Some(child) => child,
+        };
     observer.started(child);
     let mut outer = Outer {
         signals,

@@ -113,23 +113,20 @@ fn egress_client(sandboxed: bool, mode: &str, count: usize, port: u16, setting: 
 /// its bytes cross the same two loopback TCP hops.
 fn splice_relay(sink: u16) -> u16 {
     fn pump(from: std::net::TcpStream, to: std::net::TcpStream) {
-        use std::os::fd::AsRawFd;
+        use std::os::fd::{AsFd, BorrowedFd};
         let (pipe_out, pipe_in) = nix::unistd::pipe().unwrap();
         let _ = nix::fcntl::fcntl(&pipe_in, nix::fcntl::FcntlArg::F_SETPIPE_SZ(256 * 1024));
-        let splice = |from: i32, to: i32, len: usize| {
-            // SAFETY: descriptors owned by this function; no offsets.
-            let n = unsafe {
-                libc::splice(from, std::ptr::null_mut(), to, std::ptr::null_mut(), len, 0)
-            };
-            usize::try_from(n).unwrap_or(0)
+        // An error ends the relay as end of file does.
+        let splice = |from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize| {
+            crate::sys::splice(from, to, len).unwrap_or(0)
         };
         loop {
-            let mut pending = splice(from.as_raw_fd(), pipe_in.as_raw_fd(), 256 * 1024);
+            let mut pending = splice(from.as_fd(), pipe_in.as_fd(), 256 * 1024);
             if pending == 0 {
                 break;
             }
             while pending > 0 {
-                let sent = splice(pipe_out.as_raw_fd(), to.as_raw_fd(), pending);
+                let sent = splice(pipe_out.as_fd(), to.as_fd(), pending);
                 if sent == 0 {
                     return;
                 }

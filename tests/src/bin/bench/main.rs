@@ -11,6 +11,7 @@
 //! This file holds the command line and the harness every group shares (the server process, a
 //! websocket client, `run_to_close`); each benchmark group has its module (`spawn`, `output`,
 //! `sandbox`, `remote` with `cluster`, `egress`) and `table` holds the rows, their statistics and the rendering.
+#![deny(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cluster;
@@ -19,6 +20,9 @@ mod output;
 mod remote;
 mod sandbox;
 mod spawn;
+// The only unsafe code of the binary: raw calls, each behind a safe wrapper.
+#[allow(unsafe_code)]
+mod sys;
 mod table;
 
 use std::io::Read;

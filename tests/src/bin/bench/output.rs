@@ -15,9 +15,7 @@ fn cpu_seconds(pid: u32) -> f64 {
     let fields: Vec<&str> = after_comm.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of stat(5); after the comm, 12 and 13 (from 1).
     let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf reads a constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks / hz
+    ticks / crate::sys::clock_ticks_per_second()
 }
 
 /// One form's samples: MiB/s per run and server CPU seconds per GiB per run.

@@ -18,6 +18,7 @@
 //! chatty sessions and start/stop cycles; `flood`: unread output; `hostile`: hostile clients;
 //! `cluster`: the rendezvous cluster)
 //! and `report` holds the rows, their checks and the rendered table.
+#![deny(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cluster;
