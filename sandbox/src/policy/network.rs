@@ -225,7 +225,7 @@ pub enum PatternError {
     Host(#[from] HostNameError),
     /// A setting after the pattern other than `tunnel=`, `methods=` or `paths=`.
     #[error(
-        "{setting:?} is not a pattern setting (expected tunnel=tls-only or tunnel=any, methods=GET,HEAD or methods=read-only, paths=/PREFIX,...)"
+        "{setting:?} is not a pattern setting (expected tunnel=tls-only or tunnel=any, methods=GET,HEAD or methods=read-only, paths=/PREFIX,..., inspect=true)"
     )]
     Setting {
         /// The setting as written.
@@ -241,6 +241,9 @@ pub enum PatternError {
     /// checked.
     #[error("methods= and paths= need checked HTTP; tunnel=any carries bytes nobody checks")]
     RequestsWithAnyTunnel,
+    /// `inspect=true` without `methods=`/`paths=`: nothing to check in what it would decrypt.
+    #[error("inspect=true needs methods= or paths= (there is nothing else to check inside)")]
+    InspectWithoutRequests,
     /// A method that is not an HTTP token of capitals.
     #[error("{method:?} is not an HTTP method (capital letters, as GET; or methods=read-only)")]
     Method {
@@ -337,6 +340,9 @@ pub struct AllowTable {
     /// The request path prefixes it allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paths: Option<Vec<String>>,
+    /// Terminate TLS to what it allows so that `methods`/`paths` are checked inside.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inspect: bool,
 }
 
 /// `methods` as written in the table form.
@@ -372,6 +378,9 @@ impl AllowEntry {
                 if let Some(paths) = &table.paths {
                     text.push_str(&format!(" {PATHS_KEY}={}", paths.join(",")));
                 }
+                if table.inspect {
+                    text.push_str(&format!(" {INSPECT_KEY}=true"));
+                }
                 text
             }
         }
@@ -384,6 +393,8 @@ const TUNNEL_KEY: &str = "tunnel";
 const METHODS_KEY: &str = "methods";
 /// The key of a pattern's path prefixes (`pypi.org paths=/simple/`).
 const PATHS_KEY: &str = "paths";
+/// The key of a pattern's TLS inspection (`pypi.org methods=read-only inspect=true`).
+const INSPECT_KEY: &str = "inspect";
 /// `methods=read-only`.
 pub const READ_ONLY_METHODS: [&str; 3] = ["GET", "HEAD", "OPTIONS"];
 
@@ -394,6 +405,9 @@ pub struct RequestRule {
     pub methods: Option<Vec<String>>,
     /// Allowed path prefixes (sorted), or any when empty.
     pub paths: Vec<String>,
+    /// `inspect=true`: TLS to what the pattern allows is terminated by the proxy (a
+    /// per-sandbox CA) so that the requests inside are checked too.
+    pub inspect: bool,
 }
 
 impl RequestRule {
@@ -460,6 +474,15 @@ impl RequestScope {
     /// Whether requests are limited (so a tunnel that hides them is refused).
     pub fn is_limited(&self) -> bool {
         matches!(self, Self::Limited(_))
+    }
+
+    /// Whether requests are limited and a limiting pattern asks for `inspect=true`: the proxy
+    /// terminates TLS to the destination and checks the requests inside.
+    pub fn inspects(&self) -> bool {
+        match self {
+            Self::Any => false,
+            Self::Limited(rules) => rules.iter().any(|rule| rule.inspect),
+        }
     }
 
     /// The limits in pattern words, for refusals (`methods=GET,HEAD paths=/simple/`; one
@@ -724,6 +747,11 @@ impl EgressRules {
         }
     }
 
+    /// Whether some `allow` pattern asks for `inspect=true` (the proxy then makes its CA).
+    pub fn inspects_any(&self) -> bool {
+        self.allow.iter().any(|p| p.requests.inspect)
+    }
+
     /// Whether `host:port` may be reached by name (before its addresses are checked).
     pub fn decide(&self, host: &Host, port: u16) -> Decision {
         if let Some(rule) = self.deny.iter().find(|p| p.matches(host, port, true)) {
@@ -941,6 +969,15 @@ impl HostPattern {
                     }
                     requests.methods = Some(parse_methods(value).map_err(bad)?);
                 }
+                INSPECT_KEY => {
+                    if requests.inspect {
+                        return Err(bad(PatternError::Repeated { key: INSPECT_KEY }).into());
+                    }
+                    if value != "true" {
+                        return Err(unknown().into());
+                    }
+                    requests.inspect = true;
+                }
                 PATHS_KEY => {
                     if seen_paths {
                         return Err(bad(PatternError::Repeated { key: PATHS_KEY }).into());
@@ -950,6 +987,9 @@ impl HostPattern {
                 }
                 _ => return Err(unknown().into()),
             }
+        }
+        if requests.inspect && !requests.is_limited() {
+            return Err(bad(PatternError::InspectWithoutRequests).into());
         }
         if requests.is_limited() && tunnel == Some(TunnelSetting::Any) {
             return Err(bad(PatternError::RequestsWithAnyTunnel).into());
@@ -1048,6 +1088,9 @@ impl fmt::Display for HostPattern {
         }
         if !self.requests.paths.is_empty() {
             write!(f, " {PATHS_KEY}={}", self.requests.paths.join(","))?;
+        }
+        if self.requests.inspect {
+            write!(f, " {INSPECT_KEY}=true")?;
         }
         Ok(())
     }

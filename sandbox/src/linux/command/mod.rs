@@ -562,6 +562,7 @@ fn start_proxy(
         hosts: options.egress_hosts.clone(),
         upstream_authorization: options.upstream_authorization.clone(),
         ask: None,
+        upstream_roots: None,
     };
     let (config, ask) = match (&options.ask, rules.ask) {
         (Some(ask), true) => match ask_channel(ask) {
