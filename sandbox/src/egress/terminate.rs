@@ -284,6 +284,11 @@ fn endpoint(mut connection: Connection, mut tcp: TcpStream, mut plain: UnixStrea
     let mut buf = vec![0u8; RELAY_BUFFER_BYTES];
     let (mut tcp_done, mut plain_done) = (false, false);
     let idle_ms = i32::try_from(IDLE_TIMEOUT.as_millis()).unwrap_or(i32::MAX);
+    // Plaintext that arrived with the end of the handshake (a request sent with the client's
+    // Finished) is already inside the connection: pass it on before waiting.
+    if !drain(&mut connection, &mut plain, &mut buf, &mut tcp_done) {
+        return finish(&tcp, &plain);
+    }
     loop {
         while connection.wants_write() {
             if connection.write_tls(&mut tcp).is_err() {
@@ -330,26 +335,8 @@ fn endpoint(mut connection: Connection, mut tcp: TcpStream, mut plain: UnixStrea
                 while connection.wants_write() && connection.write_tls(&mut tcp).is_ok() {}
                 break;
             }
-            loop {
-                match connection.reader().read(&mut buf) {
-                    Ok(0) => {
-                        // close_notify: the peer sends nothing more.
-                        tcp_done = true;
-                        let _ = plain.shutdown(Shutdown::Write);
-                        break;
-                    }
-                    Ok(n) => {
-                        if plain.write_all(&buf[..n]).is_err() {
-                            return finish(&tcp, &plain);
-                        }
-                    }
-                    Err(err) if err.kind() == ErrorKind::WouldBlock => break,
-                    Err(_) => {
-                        tcp_done = true;
-                        let _ = plain.shutdown(Shutdown::Write);
-                        break;
-                    }
-                }
+            if !drain(&mut connection, &mut plain, &mut buf, &mut tcp_done) {
+                return finish(&tcp, &plain);
             }
         }
         if fds[1].revents != 0 {
@@ -373,6 +360,37 @@ fn endpoint(mut connection: Connection, mut tcp: TcpStream, mut plain: UnixStrea
         }
     }
     finish(&tcp, &plain);
+}
+
+/// Moves the plaintext `connection` holds to `plain`; at the peer's end (close_notify, or a
+/// close without it) marks `done` and half-closes `plain`. `false` when `plain` is gone.
+fn drain(
+    connection: &mut Connection,
+    plain: &mut UnixStream,
+    buf: &mut [u8],
+    done: &mut bool,
+) -> bool {
+    loop {
+        match connection.reader().read(buf) {
+            Ok(0) => {
+                // close_notify: the peer sends nothing more.
+                *done = true;
+                let _ = plain.shutdown(Shutdown::Write);
+                return true;
+            }
+            Ok(n) => {
+                if plain.write_all(&buf[..n]).is_err() {
+                    return false;
+                }
+            }
+            Err(err) if err.kind() == ErrorKind::WouldBlock => return true,
+            Err(_) => {
+                *done = true;
+                let _ = plain.shutdown(Shutdown::Write);
+                return true;
+            }
+        }
+    }
 }
 
 /// Encrypts `bytes` and writes them to `tcp`, as much at a time as the connection buffers.
