@@ -18,7 +18,9 @@
 //!   and on the wire also `{pattern = "...", methods = ["GET"], paths = ["/simple/"]}`): the
 //!   requests it allows ([`RequestScope`]). A destination every matching pattern limits is
 //!   reached by plain HTTP only (each request of a connection checked); a TLS tunnel to it
-//!   hides its requests and is refused. A path prefix applies to the request target without its
+//!   hides its requests and is refused, unless a limiting pattern adds ` inspect=true` (table
+//!   form `inspect = true`): the proxy then terminates the TLS with a per-sandbox CA and checks
+//!   the requests inside (`crate::egress::terminate`). A path prefix applies to the request target without its
 //!   query; a target with a dot segment (`..;` too), an encoded dot, slash, backslash or
 //!   percent, a backslash or `//` is refused where a prefix applies (a server could read it
 //!   as another path).
@@ -1302,6 +1304,46 @@ mod tests {
     }
 
     #[test]
+    fn inspect_parses_in_both_forms_and_inspects_only_limited_destinations() {
+        let rules = EgressRules::parse(
+            &[
+                "a.test methods=read-only inspect=true".to_owned(),
+                "b.test methods=GET".to_owned(),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert!(rules.inspects_any());
+        let a = Host::parse("a.test").unwrap();
+        assert!(rules.request_scope(&a, 443).inspects());
+        assert!(
+            !rules
+                .request_scope(&Host::parse("b.test").unwrap(), 443)
+                .inspects()
+        );
+        assert_eq!(
+            rules.allow[0].to_string(),
+            "a.test methods=GET,HEAD,OPTIONS inspect=true"
+        );
+        // An unlimited pattern for the same host lifts the limits, and with them inspection.
+        let wider = rules.extended(&["a.test".to_owned()], &[]).unwrap();
+        assert!(!wider.request_scope(&a, 443).inspects());
+        let table: AllowEntry = serde_json::from_str(
+            r#"{"pattern": "a.test", "methods": "read-only", "inspect": true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            table.to_pattern_text(),
+            "a.test methods=read-only inspect=true"
+        );
+        assert!(
+            !EgressRules::parse(&["a.test methods=GET".to_owned()], &[])
+                .unwrap()
+                .inspects_any()
+        );
+    }
+
+    #[test]
     fn request_rules_that_cannot_hold_are_refused_when_parsed() {
         let owned = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         for (allow, deny, says) in [
@@ -1321,6 +1363,17 @@ mod tests {
                 "tunnel=any carries",
             ),
             (&["a.test verbs=GET"], &[], "is not a pattern setting"),
+            (&["a.test inspect=true"], &[], "inspect=true needs methods="),
+            (
+                &["a.test methods=GET inspect=yes"],
+                &[],
+                "is not a pattern setting",
+            ),
+            (
+                &["a.test methods=GET inspect=true inspect=true"],
+                &[],
+                "given twice",
+            ),
             (&[], &["a.test methods=GET"], "apply to allow patterns only"),
         ] {
             let error = EgressRules::parse(&owned(allow), &owned(deny))
