@@ -2337,3 +2337,162 @@ fn the_ask_socket_never_reaches_the_command() {
         describe(&output)
     );
 }
+
+/// A TLS origin whose certificate comes from a test CA, recording each request line and
+/// answering 200 to each (one request per connection).
+struct RecordingTlsOrigin {
+    port: u16,
+    ca_pem: String,
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl RecordingTlsOrigin {
+    fn start(name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+            .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec![name.to_owned()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+        .unwrap();
+        let config = Arc::new(config);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (config, recorded) = (Arc::clone(&config), Arc::clone(&recorded));
+                std::thread::spawn(move || {
+                    stream
+                        .set_read_timeout(Some(Duration::from_secs(20)))
+                        .unwrap();
+                    let connection = rustls::ServerConnection::new(config).unwrap();
+                    let mut tls = rustls::StreamOwned::new(connection, stream);
+                    let mut head = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let line = text(&head).lines().next().unwrap_or_default().to_owned();
+                    recorded.lock().unwrap().push(line);
+                    let body = b"inspected hello\n";
+                    let _ = write!(
+                        tls,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = tls.write_all(body);
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                });
+            }
+        });
+        Self {
+            port,
+            ca_pem: ca.pem(),
+            seen,
+        }
+    }
+}
+
+#[test]
+fn inspect_terminates_tls_so_read_only_refuses_a_post_over_https() {
+    // The confined proxy terminates TLS (inspect=true) and checks each request: GET passes,
+    // POST is refused before it reaches the origin, with its refusal on stderr. The proxy
+    // verifies the origin against the bundle SSL_CERT_FILE names in sandbox-run's
+    // environment (the test CA); curl inside is given no CA for the proxy's (-k): installing
+    // the per-sandbox CA inside the sandbox is not done yet. Control: without inspect=true
+    // and limits, the same POST passes the tunnel and reaches the origin.
+    let origin = RecordingTlsOrigin::start("secure.test");
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        std::fs::write(ws.path.join("hosts"), "127.0.0.1 secure.test\n").unwrap();
+        let roots = ws.path.join("roots.pem");
+        std::fs::write(&roots, &origin.ca_pem).unwrap();
+        std::fs::set_permissions(&roots, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let url = format!("https://secure.test:{}/simple/", origin.port);
+        let address = format!("127.0.0.1:{}", origin.port);
+        let script = format!(
+            "curl -sS -k -m 10 -o /dev/null -w 'get %{{http_code}}\\n' {url}; \
+             curl -sS -k -m 10 -o /dev/null -w 'post %{{http_code}}\\n' -d x {url}; true"
+        );
+        for inspect in [true, false] {
+            let before = origin.seen.lock().unwrap().len();
+            let pattern = if inspect {
+                format!("secure.test:{} methods=read-only inspect=true", origin.port)
+            } else {
+                format!("secure.test:{}", origin.port)
+            };
+            let args = ["--allow-domain", &pattern, "--allow-domain", &address];
+            let mut command = ws.command(&args, &["sh", "-c", &script]);
+            command.env("SSL_CERT_FILE", &roots);
+            let child = command
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let output = wait_output(child, DEADLINE * 3);
+            let out = text(&output.stdout);
+            let seen = origin.seen.lock().unwrap()[before..].to_vec();
+            let context = format!("{uid:?} inspect={inspect}: {seen:?} {}", describe(&output));
+            assert!(out.contains("get 200"), "{context}");
+            if inspect {
+                assert!(!out.contains("post 200"), "{context}");
+                assert_eq!(seen, ["GET /simple/ HTTP/1.1"], "{context}");
+                assert!(
+                    text(&output.stderr).contains("POST /simple/ to secure.test"),
+                    "{context}"
+                );
+            } else {
+                assert!(out.contains("post 200"), "{context}");
+                assert_eq!(
+                    seen,
+                    ["GET /simple/ HTTP/1.1", "POST /simple/ HTTP/1.1"],
+                    "{context}"
+                );
+            }
+        }
+        // The origin's CA is not in the host's trust store: without SSL_CERT_FILE the proxy
+        // refuses it, and says why.
+        let before = origin.seen.lock().unwrap().len();
+        let pattern = format!("secure.test:{} methods=read-only inspect=true", origin.port);
+        let output = ws.run(
+            &["--allow-domain", &pattern, "--allow-domain", &address],
+            &[
+                "curl",
+                "-sS",
+                "-k",
+                "-m",
+                "10",
+                "-w",
+                "code %{http_code}",
+                &url,
+            ],
+        );
+        let context = format!("{uid:?} untrusted: {}", describe(&output));
+        assert!(text(&output.stdout).ends_with("code 502"), "{context}");
+        assert!(
+            text(&output.stdout).contains("not trusted by this host"),
+            "{context}"
+        );
+        assert_eq!(origin.seen.lock().unwrap().len(), before, "{context}");
+    }
+}

@@ -45,6 +45,11 @@ pub struct ProxyConfig {
     /// Ask before refusing a name the allowlist does not allow ([`super::ask`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ask: Option<super::ask::AskConfig>,
+    /// The roots (PEM) an inspected destination's certificate is verified against, instead of
+    /// the host's trust store. For tests: a local server with a certificate from a test CA is
+    /// trusted by the proxy alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_roots: Option<Vec<String>>,
 }
 
 /// One decision of the proxy (a JSON line on its event descriptor).

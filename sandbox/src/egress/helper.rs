@@ -34,6 +34,9 @@ pub enum HelperError {
     /// The proxy's own policy could not be built.
     #[error("building the proxy's own policy failed: {0}")]
     Policy(#[from] crate::policy::PolicyError),
+    /// The inspection CA or the upstream roots could not be made.
+    #[error("setting up TLS inspection failed: {0}")]
+    Inspection(String),
     /// Confinement failed.
     #[error(transparent)]
     Sandbox(#[from] crate::linux::SandboxError),
@@ -91,6 +94,16 @@ pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
     let config = super::launch::read_config(take("configuration", fds.config)?)?;
     let ask = fds.ask.map(|fd| take("question socket", fd)).transpose()?;
     let locals = local_addresses();
+    // The inspection CA (its key in this process's memory only) and the upstream roots, read
+    // before confinement; only when a pattern asks for inspection.
+    let terminator = if config.rules.inspects_any() {
+        Some(
+            super::terminate::Terminator::new(config.upstream_roots.as_deref())
+                .map_err(HelperError::Inspection)?,
+        )
+    } else {
+        None
+    };
     let policy = proxy_policy(&config.denied_ports)?;
     let mut kept = vec![listen.as_raw_fd(), events.as_raw_fd()];
     kept.extend(ask.as_ref().map(AsRawFd::as_raw_fd));
@@ -111,7 +124,9 @@ pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
     };
     serve(
         listener,
-        Proxy::new(config, locals, std::fs::File::from(events)).with_asker(asker),
+        Proxy::new(config, locals, std::fs::File::from(events))
+            .with_asker(asker)
+            .with_terminator(terminator),
     )
 }
 

@@ -201,7 +201,11 @@ impl Inspector {
                 self.port,
                 self.scope.describe()
             ),
-            "send plain HTTP to this destination, or allow it without methods=/paths=              (inspecting TLS is not supported yet)",
+            format!(
+                "--allow-domain '{} inspect=true' with its methods=/paths= (the proxy \
+                 terminates TLS and checks each request), or send plain HTTP",
+                crate::policy::network::suggested_rule(&self.host, self.port)
+            ),
         )
     }
 

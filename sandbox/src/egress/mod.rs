@@ -32,7 +32,8 @@
 //! [`http`] and [`socks`] (request parsing, sans-I/O), [`sni`] (ClientHello parsing),
 //! [`framing`] (HTTP/1.x body framing), [`tls`] (TLS record following), [`inspect`] (what
 //! passes: the three together, per tunnel mode),
-//! [`server`] (the accept loop and the connection handler), [`launch`] (the outer's side:
+//! [`server`] (the accept loop and the connection handler), [`terminate`] (TLS termination
+//! for `inspect=true`), [`launch`] (the outer's side:
 //! exec the proxy, read its events, stop it).
 
 pub mod ask;
@@ -52,6 +53,8 @@ pub mod helper;
 pub mod launch;
 #[cfg(target_os = "linux")]
 pub mod server;
+#[cfg(target_os = "linux")]
+pub mod terminate;
 
 use std::time::Duration;
 

@@ -32,7 +32,7 @@ use tunnel::{Destination, tunnel};
 const LOCAL_ADDRESSES_TTL: Duration = Duration::from_secs(1);
 
 /// Stack of a connection thread: buffers live on the heap.
-const THREAD_STACK_BYTES: usize = 256 * 1024;
+pub(crate) const THREAD_STACK_BYTES: usize = 256 * 1024;
 
 /// What every connection thread shares.
 pub struct Proxy {
@@ -45,6 +45,8 @@ pub struct Proxy {
     started: Instant,
     /// Asks before a refusal is final (`--ask`), when configured.
     asker: Option<super::ask::Asker>,
+    /// Terminates TLS to destinations whose pattern says `inspect=true`, when one does.
+    terminator: Option<super::terminate::Terminator>,
 }
 
 impl Proxy {
@@ -57,7 +59,15 @@ impl Proxy {
             active: AtomicUsize::new(0),
             started: Instant::now(),
             asker: None,
+            terminator: None,
         }
+    }
+
+    /// This proxy terminating TLS with `terminator` where a pattern says `inspect=true`
+    /// (without one, such destinations are refused as limited destinations behind TLS are).
+    pub fn with_terminator(mut self, terminator: Option<super::terminate::Terminator>) -> Self {
+        self.terminator = terminator;
+        self
     }
 
     /// This proxy asking `asker` before refusing a name the allowlist does not allow.
@@ -223,7 +233,11 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
             "{method} {path} to {host}:{port} is outside what its pattern allows ({})",
             scope.describe()
         )),
-        Request::Connect { .. } if scope.is_limited() && mode == TunnelMode::TlsOnly => {
+        Request::Connect { .. }
+            if scope.is_limited()
+                && mode == TunnelMode::TlsOnly
+                && !(scope.inspects() && proxy.terminator.is_some()) =>
+        {
             Some(format!(
                 "requests to {host}:{port} are limited ({}), and its tunnel carries TLS only, \
                  which would hide them",
@@ -240,7 +254,7 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
             port,
             format!(
                 "--allow-domain '{}' with that method and path (methods=, paths=); TLS to a \
-                 limited destination needs inspection, not supported yet",
+                 limited destination needs inspect=true on its pattern",
                 crate::policy::network::suggested_rule(&host, port)
             ),
             reason,
@@ -302,6 +316,25 @@ fn handle_http(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline:
                 return;
             }
             buf.drain(..head_len);
+            if scope.inspects()
+                && let Some(terminator) = &proxy.terminator
+            {
+                let destination = Destination {
+                    protocol,
+                    host: &host,
+                    port,
+                };
+                inspected(
+                    proxy,
+                    terminator,
+                    &destination,
+                    client,
+                    upstream,
+                    &buf,
+                    scope,
+                );
+                return;
+            }
             Inspector::tunnel(host.clone(), port, mode).limited_to(scope)
         }
         Request::Forward {
@@ -396,8 +429,66 @@ fn handle_socks(proxy: &Proxy, mut client: TcpStream, mut buf: Vec<u8>, deadline
         port,
     };
     let scope = proxy.config.rules.request_scope(&host, port);
+    if scope.inspects()
+        && let Some(terminator) = &proxy.terminator
+    {
+        inspected(
+            proxy,
+            terminator,
+            &destination,
+            client,
+            upstream,
+            &rest,
+            scope,
+        );
+        return;
+    }
     let inspector = Inspector::tunnel(host.clone(), port, mode).limited_to(scope);
     tunnel(proxy, &destination, client, upstream, rest, inspector);
+}
+
+/// A tunnel whose TLS the proxy terminates (`inspect=true`): the destination's certificate
+/// verified against the host's roots (else the refusal is emitted and the client is told why),
+/// then the plaintext relayed through the inspector of a checked tunnel limited to `scope`:
+/// every request inside is checked as on plain HTTP.
+fn inspected(
+    proxy: &Proxy,
+    terminator: &super::terminate::Terminator,
+    destination: &Destination<'_>,
+    client: TcpStream,
+    upstream: TcpStream,
+    first: &[u8],
+    scope: crate::policy::network::RequestScope,
+) {
+    use super::terminate::TerminateError;
+    let host = destination.host;
+    let refused = |reason: &str| {
+        proxy.emit(&EgressEvent::refused(
+            destination.protocol,
+            &host.to_string(),
+            destination.port,
+            "none: the destination must present a certificate this host trusts".to_owned(),
+            reason.to_owned(),
+        ));
+    };
+    match terminator.terminate(client, first, upstream, host, refused) {
+        Ok((client, upstream)) => {
+            let inspector = Inspector::tunnel(host.clone(), destination.port, TunnelMode::Checked)
+                .limited_to(scope);
+            tunnel(proxy, destination, client, upstream, Vec::new(), inspector);
+        }
+        // Emitted by `refused`.
+        Err(TerminateError::Upstream(_)) => {}
+        Err(TerminateError::Client(reason)) => proxy.emit(&EgressEvent::refused(
+            destination.protocol,
+            &host.to_string(),
+            destination.port,
+            "none: the client must trust the sandbox's inspection CA (SSL_CERT_FILE) and \
+             not pin the destination's key"
+                .to_owned(),
+            format!("TLS with the client failed under inspection: {reason}"),
+        )),
+    }
 }
 
 /// SOCKS4 and SOCKS4a are not served: read the request far enough to name its destination,

@@ -18,7 +18,9 @@
 //!   and on the wire also `{pattern = "...", methods = ["GET"], paths = ["/simple/"]}`): the
 //!   requests it allows ([`RequestScope`]). A destination every matching pattern limits is
 //!   reached by plain HTTP only (each request of a connection checked); a TLS tunnel to it
-//!   hides its requests and is refused. A path prefix applies to the request target without its
+//!   hides its requests and is refused, unless a limiting pattern adds ` inspect=true` (table
+//!   form `inspect = true`): the proxy then terminates the TLS with a per-sandbox CA and checks
+//!   the requests inside (`crate::egress::terminate`). A path prefix applies to the request target without its
 //!   query; a target with a dot segment (`..;` too), an encoded dot, slash, backslash or
 //!   percent, a backslash or `//` is refused where a prefix applies (a server could read it
 //!   as another path).
@@ -225,7 +227,7 @@ pub enum PatternError {
     Host(#[from] HostNameError),
     /// A setting after the pattern other than `tunnel=`, `methods=` or `paths=`.
     #[error(
-        "{setting:?} is not a pattern setting (expected tunnel=tls-only or tunnel=any, methods=GET,HEAD or methods=read-only, paths=/PREFIX,...)"
+        "{setting:?} is not a pattern setting (expected tunnel=tls-only or tunnel=any, methods=GET,HEAD or methods=read-only, paths=/PREFIX,..., inspect=true)"
     )]
     Setting {
         /// The setting as written.
@@ -241,6 +243,9 @@ pub enum PatternError {
     /// checked.
     #[error("methods= and paths= need checked HTTP; tunnel=any carries bytes nobody checks")]
     RequestsWithAnyTunnel,
+    /// `inspect=true` without `methods=`/`paths=`: nothing to check in what it would decrypt.
+    #[error("inspect=true needs methods= or paths= (there is nothing else to check inside)")]
+    InspectWithoutRequests,
     /// A method that is not an HTTP token of capitals.
     #[error("{method:?} is not an HTTP method (capital letters, as GET; or methods=read-only)")]
     Method {
@@ -337,6 +342,9 @@ pub struct AllowTable {
     /// The request path prefixes it allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paths: Option<Vec<String>>,
+    /// Terminate TLS to what it allows so that `methods`/`paths` are checked inside.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inspect: bool,
 }
 
 /// `methods` as written in the table form.
@@ -372,6 +380,9 @@ impl AllowEntry {
                 if let Some(paths) = &table.paths {
                     text.push_str(&format!(" {PATHS_KEY}={}", paths.join(",")));
                 }
+                if table.inspect {
+                    text.push_str(&format!(" {INSPECT_KEY}=true"));
+                }
                 text
             }
         }
@@ -384,6 +395,8 @@ const TUNNEL_KEY: &str = "tunnel";
 const METHODS_KEY: &str = "methods";
 /// The key of a pattern's path prefixes (`pypi.org paths=/simple/`).
 const PATHS_KEY: &str = "paths";
+/// The key of a pattern's TLS inspection (`pypi.org methods=read-only inspect=true`).
+const INSPECT_KEY: &str = "inspect";
 /// `methods=read-only`.
 pub const READ_ONLY_METHODS: [&str; 3] = ["GET", "HEAD", "OPTIONS"];
 
@@ -394,6 +407,9 @@ pub struct RequestRule {
     pub methods: Option<Vec<String>>,
     /// Allowed path prefixes (sorted), or any when empty.
     pub paths: Vec<String>,
+    /// `inspect=true`: TLS to what the pattern allows is terminated by the proxy (a
+    /// per-sandbox CA) so that the requests inside are checked too.
+    pub inspect: bool,
 }
 
 impl RequestRule {
@@ -460,6 +476,15 @@ impl RequestScope {
     /// Whether requests are limited (so a tunnel that hides them is refused).
     pub fn is_limited(&self) -> bool {
         matches!(self, Self::Limited(_))
+    }
+
+    /// Whether requests are limited and a limiting pattern asks for `inspect=true`: the proxy
+    /// terminates TLS to the destination and checks the requests inside.
+    pub fn inspects(&self) -> bool {
+        match self {
+            Self::Any => false,
+            Self::Limited(rules) => rules.iter().any(|rule| rule.inspect),
+        }
     }
 
     /// The limits in pattern words, for refusals (`methods=GET,HEAD paths=/simple/`; one
@@ -724,6 +749,11 @@ impl EgressRules {
         }
     }
 
+    /// Whether some `allow` pattern asks for `inspect=true` (the proxy then makes its CA).
+    pub fn inspects_any(&self) -> bool {
+        self.allow.iter().any(|p| p.requests.inspect)
+    }
+
     /// Whether `host:port` may be reached by name (before its addresses are checked).
     pub fn decide(&self, host: &Host, port: u16) -> Decision {
         if let Some(rule) = self.deny.iter().find(|p| p.matches(host, port, true)) {
@@ -941,6 +971,15 @@ impl HostPattern {
                     }
                     requests.methods = Some(parse_methods(value).map_err(bad)?);
                 }
+                INSPECT_KEY => {
+                    if requests.inspect {
+                        return Err(bad(PatternError::Repeated { key: INSPECT_KEY }).into());
+                    }
+                    if value != "true" {
+                        return Err(unknown().into());
+                    }
+                    requests.inspect = true;
+                }
                 PATHS_KEY => {
                     if seen_paths {
                         return Err(bad(PatternError::Repeated { key: PATHS_KEY }).into());
@@ -950,6 +989,9 @@ impl HostPattern {
                 }
                 _ => return Err(unknown().into()),
             }
+        }
+        if requests.inspect && !requests.is_limited() {
+            return Err(bad(PatternError::InspectWithoutRequests).into());
         }
         if requests.is_limited() && tunnel == Some(TunnelSetting::Any) {
             return Err(bad(PatternError::RequestsWithAnyTunnel).into());
@@ -1048,6 +1090,9 @@ impl fmt::Display for HostPattern {
         }
         if !self.requests.paths.is_empty() {
             write!(f, " {PATHS_KEY}={}", self.requests.paths.join(","))?;
+        }
+        if self.requests.inspect {
+            write!(f, " {INSPECT_KEY}=true")?;
         }
         Ok(())
     }
@@ -1259,6 +1304,46 @@ mod tests {
     }
 
     #[test]
+    fn inspect_parses_in_both_forms_and_inspects_only_limited_destinations() {
+        let rules = EgressRules::parse(
+            &[
+                "a.test methods=read-only inspect=true".to_owned(),
+                "b.test methods=GET".to_owned(),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert!(rules.inspects_any());
+        let a = Host::parse("a.test").unwrap();
+        assert!(rules.request_scope(&a, 443).inspects());
+        assert!(
+            !rules
+                .request_scope(&Host::parse("b.test").unwrap(), 443)
+                .inspects()
+        );
+        assert_eq!(
+            rules.allow[0].to_string(),
+            "a.test methods=GET,HEAD,OPTIONS inspect=true"
+        );
+        // An unlimited pattern for the same host lifts the limits, and with them inspection.
+        let wider = rules.extended(&["a.test".to_owned()], &[]).unwrap();
+        assert!(!wider.request_scope(&a, 443).inspects());
+        let table: AllowEntry = serde_json::from_str(
+            r#"{"pattern": "a.test", "methods": "read-only", "inspect": true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            table.to_pattern_text(),
+            "a.test methods=read-only inspect=true"
+        );
+        assert!(
+            !EgressRules::parse(&["a.test methods=GET".to_owned()], &[])
+                .unwrap()
+                .inspects_any()
+        );
+    }
+
+    #[test]
     fn request_rules_that_cannot_hold_are_refused_when_parsed() {
         let owned = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         for (allow, deny, says) in [
@@ -1278,6 +1363,17 @@ mod tests {
                 "tunnel=any carries",
             ),
             (&["a.test verbs=GET"], &[], "is not a pattern setting"),
+            (&["a.test inspect=true"], &[], "inspect=true needs methods="),
+            (
+                &["a.test methods=GET inspect=yes"],
+                &[],
+                "is not a pattern setting",
+            ),
+            (
+                &["a.test methods=GET inspect=true inspect=true"],
+                &[],
+                "given twice",
+            ),
             (&[], &["a.test methods=GET"], "apply to allow patterns only"),
         ] {
             let error = EgressRules::parse(&owned(allow), &owned(deny))

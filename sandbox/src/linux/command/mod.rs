@@ -546,6 +546,17 @@ fn ask_channel(ask: &AskOptions) -> Result<std::os::fd::OwnedFd, CommandError> {
     Ok(proxy_end)
 }
 
+/// The roots an inspected destination is verified against, when this process's environment
+/// names a bundle (`SSL_CERT_FILE`, as the host's TLS libraries read it); `None`: the proxy
+/// reads the host's trust store itself. Only when a pattern asks for `inspect=true`.
+fn inspection_roots(rules: &crate::policy::EgressRules) -> Option<Vec<String>> {
+    if !rules.inspects_any() {
+        return None;
+    }
+    let path = std::env::var_os("SSL_CERT_FILE")?;
+    std::fs::read_to_string(path).ok().map(|pem| vec![pem])
+}
+
 /// Receives the listening socket PID 1 made in the sandbox's network namespace and execs the
 /// egress proxy on it. `None` when PID 1 failed before sending it (its status says why). A
 /// proxy that cannot start ends the sandbox: its command would have no network at all, and
@@ -566,6 +577,7 @@ fn start_proxy(
         hosts: options.egress_hosts.clone(),
         upstream_authorization: options.upstream_authorization.clone(),
         ask: None,
+        upstream_roots: inspection_roots(rules),
     };
     let (config, ask) = match (&options.ask, rules.ask) {
         (Some(ask), true) => match ask_channel(ask) {

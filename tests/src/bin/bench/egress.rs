@@ -28,7 +28,24 @@ def connect():
         head += s.recv(1)
     assert head.startswith(b'HTTP/1.1 200'), head
     return s
-if mode in ('bulk', 'post'):
+if mode == 'tlspost':
+    import ssl
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    s = context.wrap_socket(connect())
+    s.sendall(b'POST /upload HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Length: %d\r\n\r\n' % (port, count << 20))
+    block = memoryview(bytearray(1 << 20))
+    started = time.perf_counter()
+    for _ in range(count):
+        s.sendall(block)
+    answer = b''
+    while not answer.endswith(b'k'):
+        chunk = s.recv(4096)
+        assert chunk, answer
+        answer += chunk
+    print(count / (time.perf_counter() - started))
+elif mode in ('bulk', 'post'):
     s = connect()
     if mode == 'bulk':
         s.sendall(b'B')
@@ -78,12 +95,96 @@ fn egress_sink() -> u16 {
     port
 }
 
+/// A TLS sink on 127.0.0.1 (a certificate for the address from a fresh test CA): reads one
+/// HTTP request with a `Content-Length` body, answers 200 with the body `k`. Returns its port
+/// and the CA's PEM.
+fn tls_sink() -> (u16, String) {
+    use std::io::Write;
+    use std::sync::Arc;
+    let mut params = rcgen::CertificateParams::default();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca =
+        rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![leaf.der().clone()],
+        rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+    )
+    .unwrap();
+    let config = Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let config = Arc::clone(&config);
+            std::thread::spawn(move || {
+                let connection = rustls::ServerConnection::new(config).unwrap();
+                let mut tls = rustls::StreamOwned::new(connection, stream);
+                let mut buf = vec![0u8; 1 << 20];
+                let mut head = Vec::new();
+                let end = loop {
+                    if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break end + 4;
+                    }
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                };
+                let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
+                let length: usize = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap_or(0));
+                let mut left = length.saturating_sub(head.len() - end);
+                while left > 0 {
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => left = left.saturating_sub(n),
+                    }
+                }
+                let _ = tls.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nk");
+                let _ = tls.flush();
+            });
+        }
+    });
+    (port, ca.pem())
+}
+
 /// Runs [`EGRESS_CLIENT`] directly or inside `sandbox-run --allow-domain 127.0.0.1:PORT`
 /// (with the pattern's `setting`, e.g. ` tunnel=any`); returns the numbers it printed.
 fn egress_client(sandboxed: bool, mode: &str, count: usize, port: u16, setting: &str) -> Vec<f64> {
+    egress_client_trusting(sandboxed, mode, count, port, setting, None)
+}
+
+/// [`egress_client`], `sandbox-run` given `SSL_CERT_FILE=roots` (the inspection's upstream
+/// roots) when `roots` is set.
+fn egress_client_trusting(
+    sandboxed: bool,
+    mode: &str,
+    count: usize,
+    port: u16,
+    setting: &str,
+    roots: Option<&std::path::Path>,
+) -> Vec<f64> {
     let args = [mode.to_owned(), count.to_string(), port.to_string()];
     let mut command = if sandboxed {
         let mut command = Command::new(bin_dir().join("sandbox-run"));
+        command.env_clear();
+        if let Some(roots) = roots {
+            command.env("SSL_CERT_FILE", roots);
+        }
         command
             .args(["--policy", "read-only", "--allow-domain"])
             .arg(format!("127.0.0.1:{port}{setting}"))
@@ -91,12 +192,11 @@ fn egress_client(sandboxed: bool, mode: &str, count: usize, port: u16, setting: 
         command
     } else {
         let mut command = Command::new("/usr/bin/python3");
-        command.args(["-c", EGRESS_CLIENT]);
+        command.env_clear().args(["-c", EGRESS_CLIENT]);
         command
     };
     let output = command
         .args(args)
-        .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .stderr(Stdio::inherit())
         .output()
@@ -204,6 +304,35 @@ pub(crate) fn egress_proxy(rows: &mut Vec<Row>, mib: usize, runs: usize, connect
         (bare_posted, " bare relay"),
         85.0,
     ));
+    let (tls_port, ca) = tls_sink();
+    let roots =
+        std::env::temp_dir().join(format!("execward-bench-roots-{}.pem", std::process::id()));
+    std::fs::write(&roots, ca).unwrap();
+    let (mut inspected, mut tunnelled) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        inspected.extend(egress_client_trusting(
+            true,
+            "tlspost",
+            mib,
+            tls_port,
+            " methods=POST inspect=true",
+            Some(&roots),
+        ));
+        tunnelled.extend(egress_client(true, "tlspost", mib, tls_port, ""));
+    }
+    let _ = std::fs::remove_file(&roots);
+    let mut row = throughput_row(
+        format!(
+            "{mib} MiB as one HTTPS POST body through the egress proxy with inspect=true (TLS \
+             terminated and re-encrypted, the request checked) vs the plain CONNECT tunnel"
+        ),
+        (inspected, " inspected"),
+        (tunnelled, " tunnel"),
+        0.0,
+    );
+    row.target = "cost reported".into();
+    row.holds = None;
+    rows.push(row);
     let (ours, ours_text) = summary_ms(egress_client(true, "connect", connects, port, ANY));
     let (base, base_text) = summary_ms(egress_client(false, "connect", connects, port, ""));
     rows.push(Row {
