@@ -72,6 +72,9 @@ pub(crate) async fn remote_setup() -> RemoteSetup {
             BENCH_ENVIRONMENT,
             "--identity-file",
             identity.to_str().unwrap(),
+            // Both ciphers, so that each has its row whatever this CPU prefers.
+            "--relay-ciphers",
+            "any",
         ],
     );
     let tls = supervisor::relay::tls::client_config_for(&registry, None).unwrap();
@@ -96,9 +99,11 @@ pub(crate) async fn remote_setup() -> RemoteSetup {
     }
 }
 
-/// (relay client, local websocket client) of the same executor.
+/// (relay client, local websocket client) of the same executor; the relay streams in `cipher`
+/// (`Auto`: this machine's preference).
 async fn relay_and_local_clients(
     setup: &RemoteSetup,
+    cipher: proto::relay::CipherChoice,
 ) -> (supervisor::ExecServerClient, supervisor::ExecServerClient) {
     let relay = supervisor::ExecServerClient::connect_remote(
         supervisor::RemoteExecServerConnectArgs::new(
@@ -106,7 +111,8 @@ async fn relay_and_local_clients(
             BENCH_ENVIRONMENT,
             BENCH_REGISTRY_TOKEN,
         )
-        .with_client_name("bench-relay"),
+        .with_client_name("bench-relay")
+        .with_cipher(cipher),
     )
     .await
     .unwrap();
@@ -140,8 +146,17 @@ async fn library_output_bytes(
     panic!("the events of {process_id} ended without closed");
 }
 
-async fn relay_output_throughput(rows: &mut Vec<Row>, setup: &RemoteSetup, mib: u64, runs: usize) {
-    let (relay, local) = relay_and_local_clients(setup).await;
+/// Output through the relay (binary output frames, which the library client asks for) against
+/// the local websocket (binary frames too) of the same executor, with the relay in `cipher`.
+async fn relay_output_throughput(
+    rows: &mut Vec<Row>,
+    setup: &RemoteSetup,
+    mib: u64,
+    runs: usize,
+    cipher: proto::relay::Cipher,
+) {
+    let choice = proto::relay::CipherChoice::Only(cipher);
+    let (relay, local) = relay_and_local_clients(setup, choice).await;
     let count = format!("{}", mib * 1024 * 1024);
     let argv = ["head", "-c", count.as_str(), "/dev/zero"];
     let mut ours = Vec::new();
@@ -162,7 +177,7 @@ async fn relay_output_throughput(rows: &mut Vec<Row>, setup: &RemoteSetup, mib: 
     }
     rows.push(throughput_row(
         format!(
-            "remote mode: output throughput, head -c {mib}M /dev/zero, library client ({runs} runs)"
+            "remote mode: output throughput, head -c {mib}M /dev/zero, library client, binary frames, {cipher} ({runs} runs)"
         ),
         (ours, " relay"),
         (baseline, " local websocket"),
@@ -173,7 +188,7 @@ async fn relay_output_throughput(rows: &mut Vec<Row>, setup: &RemoteSetup, mib: 
 }
 
 pub(crate) async fn relay_request_latency(rows: &mut Vec<Row>, setup: &RemoteSetup, runs: usize) {
-    let (relay, local) = relay_and_local_clients(setup).await;
+    let (relay, local) = relay_and_local_clients(setup, proto::relay::CipherChoice::Auto).await;
     let path = supervisor::FileUri::from_path(std::path::Path::new("/tmp")).unwrap();
     let mut ours = Vec::new();
     let mut baseline = Vec::new();
@@ -209,12 +224,15 @@ pub(crate) async fn relay_request_latency(rows: &mut Vec<Row>, setup: &RemoteSet
 
 pub(crate) async fn remote_mode(rows: &mut Vec<Row>, quick: bool) {
     let setup = remote_setup().await;
-    relay_output_throughput(
-        rows,
-        &setup,
-        if quick { 256 } else { 1024 },
-        if quick { 2 } else { 3 },
-    )
-    .await;
+    for cipher in proto::relay::Cipher::ALL {
+        relay_output_throughput(
+            rows,
+            &setup,
+            if quick { 256 } else { 1024 },
+            if quick { 2 } else { 3 },
+            cipher,
+        )
+        .await;
+    }
     relay_request_latency(rows, &setup, if quick { 200 } else { 1000 }).await;
 }
