@@ -132,6 +132,17 @@ pub struct Cli {
     #[arg(long, value_name = "NAME", requires = "remote")]
     pub name: Option<String>,
 
+    /// Remote mode: the Noise ciphers harnesses may use: auto (ChaCha20-Poly1305, and
+    /// AES-256-GCM when this CPU has AES instructions), any, chachapoly or aesgcm. See
+    /// docs/remote.md.
+    #[arg(
+        long,
+        value_name = "POLICY",
+        requires = "remote",
+        default_value = "auto"
+    )]
+    pub relay_ciphers: proto::relay::CipherPolicy,
+
     /// Log format on stderr: text (coloured only on a terminal) or json (one object per line).
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

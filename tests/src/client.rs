@@ -527,7 +527,7 @@ impl Client {
 
 /// A binary `process/output` frame as the JSON notification it stands for, marked
 /// `"frame": "binary"` (panics on a malformed frame: the server must never send one).
-fn output_frame_as_notification(bytes: &[u8]) -> Value {
+pub(crate) fn output_frame_as_notification(bytes: &[u8]) -> Value {
     let frame = OutputFrame::decode(bytes)
         .unwrap_or_else(|error| panic!("server sent a malformed output frame: {error}"));
     json!({

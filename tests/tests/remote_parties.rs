@@ -127,7 +127,9 @@ async fn watch_executor_socket(
                 let reply = match proof::answer(keypair, environment, &frame).unwrap() {
                     Ok(reply) => reply,
                     // Not the key: answer something anyway.
-                    Err(_) => Frame::new(frame.stream_id.clone(), Body::Handshake(vec![7; 48])),
+                    Err(_) => {
+                        Frame::new(frame.stream_id.clone(), Body::Handshake(vec![7; 48].into()))
+                    }
                 };
                 if socket
                     .send(WsMessage::binary(reply.into_encoded()))
@@ -146,8 +148,9 @@ async fn watch_executor_socket(
 /// Send one harness handshake for `environment` (towards `key`) on a harness socket.
 async fn harness_handshake(registry: &str, environment: &str, key: &[u8], stream: &str) {
     let mut socket = open_socket(registry, environment, "harness", TOKEN).await;
-    let (_, message) = Initiator::start(environment, stream, key).unwrap();
-    let frame = Frame::new(stream, Body::Handshake(message));
+    let (_, message) =
+        Initiator::start(environment, stream, key, proto::relay::Cipher::ChaChaPoly).unwrap();
+    let frame = Frame::new(stream, Body::Handshake(message.into()));
     socket
         .send(WsMessage::binary(frame.into_encoded()))
         .await

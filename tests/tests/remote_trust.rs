@@ -542,7 +542,7 @@ async fn flood(
                     } else {
                         let mut garbage = proto::relay::Frame::new(
                             format!("garbage-{socket_index}-{n}"),
-                            proto::relay::Body::Handshake(vec![(n % 251) as u8; 96]),
+                            proto::relay::Body::Handshake(vec![(n % 251) as u8; 96].into()),
                         );
                         garbage.source = 12345;
                         garbage.encode()

@@ -21,7 +21,7 @@ pub struct InitializeParams {
     pub detached_session_ttl_seconds: Option<u64>,
     /// Send `process/output` to this connection as binary frames
     /// ([`crate::methods::process::binary`]) instead of JSON with base64. The answer's
-    /// `binaryOutput` says whether the server does (relay streams keep JSON for now).
+    /// `binaryOutput` says whether the server does (every transport, relay streams included).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub binary_output: bool,
     /// The client answers `egress/approve` requests ([`crate::methods::egress`]). Without it,

@@ -52,7 +52,34 @@ pub enum Body {
     /// Keep-alive.
     Heartbeat,
     /// A Noise handshake message.
-    Handshake(Vec<u8>),
+    Handshake(Handshake),
+}
+
+/// A handshake message and the cipher it was made in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handshake {
+    /// The Noise handshake message.
+    pub payload: Vec<u8>,
+    /// `RelayHandshake.cipher` as received ([`crate::relay::noise::Cipher::from_wire`]); 0 is
+    /// ChaCha20-Poly1305.
+    pub cipher: u32,
+}
+
+impl Handshake {
+    /// A handshake message made in `cipher`.
+    pub fn new(payload: Vec<u8>, cipher: crate::relay::noise::Cipher) -> Self {
+        Self {
+            payload,
+            cipher: cipher.wire(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Handshake {
+    /// A handshake message in the default cipher (ChaCha20-Poly1305).
+    fn from(payload: Vec<u8>) -> Self {
+        Self { payload, cipher: 0 }
+    }
 }
 
 /// A data segment.
@@ -267,7 +294,10 @@ impl Frame {
                         len: handshake.payload.len(),
                     });
                 }
-                Body::Handshake(handshake.payload)
+                Body::Handshake(Handshake {
+                    payload: handshake.payload,
+                    cipher: handshake.cipher,
+                })
             }
         };
         Ok(Self {
@@ -301,7 +331,9 @@ impl Frame {
                 reason: truncate_reason(&reason),
             }),
             Body::Heartbeat => B::Heartbeat(pb::RelayHeartbeat {}),
-            Body::Handshake(payload) => B::Handshake(pb::RelayHandshake { payload }),
+            Body::Handshake(Handshake { payload, cipher }) => {
+                B::Handshake(pb::RelayHandshake { payload, cipher })
+            }
         };
         pb::RelayMessageFrame {
             version: RELAY_PROTOCOL_VERSION,
@@ -442,7 +474,7 @@ mod tests {
                 reason: "bye".into(),
             },
             Body::Heartbeat,
-            Body::Handshake(vec![1, 2, 3]),
+            Body::Handshake(vec![1, 2, 3].into()),
         ];
         for body in bodies {
             let mut frame = Frame::new("0b6f6d5e-4a4e-4d4c-9a1e-7f1f3f5e2a10", body);

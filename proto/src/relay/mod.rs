@@ -30,6 +30,7 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/execward.relay.v1.rs"));
 }
 
-pub use frame::{Body, Data, Frame, FrameError};
+pub use frame::{Body, Data, Frame, FrameError, Handshake};
+pub use noise::{Cipher, CipherChoice, CipherPolicy};
 pub use reliability::{ReceiveBudget, ReliableStream, SegmentCipher, StreamError, StreamEvent};
 pub use secure::SecureStream;

@@ -1,4 +1,11 @@
-//! Noise per stream: `Noise_IK_25519_ChaChaPoly_BLAKE2s` through snow's pure-Rust resolver.
+//! Noise per stream: `Noise_IK_25519_ChaChaPoly_BLAKE2s` (the default, and the reference's), or
+//! `Noise_IK_25519_AESGCM_SHA256` where both ends have AES instructions ([`Cipher`]), through
+//! snow's pure-Rust resolver.
+//!
+//! - The harness picks the cipher and names it in its handshake frame (`RelayHandshake.cipher`);
+//!   the protocol name is the first thing both sides hash, so a relay that changes the field makes
+//!   the handshake fail instead of downgrading it. The environment answers a cipher it does not
+//!   accept with a reset starting [`CIPHER_REFUSED`].
 //!
 //! - The environment (responder) has a static keypair; its public half is registered with the
 //!   registry, which hands it to harnesses.
@@ -14,8 +21,168 @@ use snow::{Builder, HandshakeState, StatelessTransportState};
 use super::limits::{MAX_HANDSHAKE_BYTES, MAX_SEGMENT_PAYLOAD_BYTES, NOISE_TAG_BYTES};
 use super::reliability::{CipherError, SegmentCipher};
 
-/// The Noise protocol name.
+/// The Noise protocol name of the default cipher ([`Cipher::ChaChaPoly`]).
 pub const NOISE_PARAMS: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";
+/// The Noise protocol name of [`Cipher::AesGcm`].
+pub const NOISE_PARAMS_AESGCM: &str = "Noise_IK_25519_AESGCM_SHA256";
+/// Start of the reset reason an environment gives for a handshake in a cipher it does not
+/// accept: a harness that chose the cipher itself ([`CipherChoice::Auto`]) retries with
+/// [`Cipher::ChaChaPoly`].
+pub const CIPHER_REFUSED: &str = "cipher not accepted by this environment";
+
+/// The AEAD cipher of a stream's Noise channel (`RelayHandshake.cipher` on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Cipher {
+    /// ChaCha20-Poly1305 with BLAKE2s (wire value 0, the field's default): fast everywhere.
+    ChaChaPoly,
+    /// AES-256-GCM with SHA-256 (wire value 1): faster where the CPU has AES and carry-less
+    /// multiply instructions, much slower where it has not.
+    AesGcm,
+}
+
+impl Cipher {
+    /// Every cipher, default first.
+    pub const ALL: [Cipher; 2] = [Cipher::ChaChaPoly, Cipher::AesGcm];
+
+    /// The Noise protocol name.
+    pub fn noise_params(self) -> &'static str {
+        match self {
+            Cipher::ChaChaPoly => NOISE_PARAMS,
+            Cipher::AesGcm => NOISE_PARAMS_AESGCM,
+        }
+    }
+
+    /// The value of `RelayHandshake.cipher`.
+    pub fn wire(self) -> u32 {
+        match self {
+            Cipher::ChaChaPoly => 0,
+            Cipher::AesGcm => 1,
+        }
+    }
+
+    /// The cipher a `RelayHandshake.cipher` value names, if any.
+    pub fn from_wire(value: u32) -> Option<Cipher> {
+        match value {
+            0 => Some(Cipher::ChaChaPoly),
+            1 => Some(Cipher::AesGcm),
+            _ => None,
+        }
+    }
+
+    /// The short name (`chachapoly`, `aesgcm`), as configuration spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cipher::ChaChaPoly => "chachapoly",
+            Cipher::AesGcm => "aesgcm",
+        }
+    }
+
+    /// Whether this CPU runs the cipher in hardware (AES-GCM: AES and carry-less multiply
+    /// instructions, which the `aes` and `polyval` crates detect and use at run time).
+    pub fn hardware_accelerated(self) -> bool {
+        match self {
+            Cipher::ChaChaPoly => true,
+            Cipher::AesGcm => aes_instructions(),
+        }
+    }
+
+    /// The cipher this machine prefers: AES-GCM with AES instructions, else ChaCha20-Poly1305.
+    pub fn preferred() -> Cipher {
+        if aes_instructions() {
+            Cipher::AesGcm
+        } else {
+            Cipher::ChaChaPoly
+        }
+    }
+}
+
+impl std::fmt::Display for Cipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Cipher {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        Cipher::ALL
+            .into_iter()
+            .find(|c| c.name() == text)
+            .ok_or_else(|| format!("unknown relay cipher {text:?} (chachapoly or aesgcm)"))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn aes_instructions() -> bool {
+    std::arch::is_x86_feature_detected!("aes") && std::arch::is_x86_feature_detected!("pclmulqdq")
+}
+
+#[cfg(target_arch = "aarch64")]
+fn aes_instructions() -> bool {
+    std::arch::is_aarch64_feature_detected!("aes")
+        && std::arch::is_aarch64_feature_detected!("pmull")
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn aes_instructions() -> bool {
+    false
+}
+
+/// Which cipher a harness opens its streams with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CipherChoice {
+    /// [`Cipher::preferred`], falling back to [`Cipher::ChaChaPoly`] when the environment
+    /// refuses it ([`CIPHER_REFUSED`]).
+    #[default]
+    Auto,
+    /// Only this cipher: a refusal fails the connection.
+    Only(Cipher),
+}
+
+/// Which ciphers an environment accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CipherPolicy {
+    /// ChaCha20-Poly1305 always; AES-GCM when this CPU has AES instructions (a harness that
+    /// prefers it then falls back).
+    #[default]
+    Auto,
+    /// Only this cipher.
+    Only(Cipher),
+    /// Both, whatever the CPU.
+    Any,
+}
+
+impl CipherPolicy {
+    /// Whether a handshake in `cipher` is accepted.
+    pub fn accepts(self, cipher: Cipher) -> bool {
+        match self {
+            CipherPolicy::Auto => cipher.hardware_accelerated(),
+            CipherPolicy::Only(only) => only == cipher,
+            CipherPolicy::Any => true,
+        }
+    }
+
+    /// The ciphers accepted, for messages.
+    pub fn accepted(self) -> Vec<Cipher> {
+        Cipher::ALL
+            .into_iter()
+            .filter(|c| self.accepts(*c))
+            .collect()
+    }
+}
+
+impl std::str::FromStr for CipherPolicy {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(CipherPolicy::Auto),
+            "any" => Ok(CipherPolicy::Any),
+            other => other.parse().map(CipherPolicy::Only).map_err(|_| {
+                format!("unknown relay cipher policy {other:?} (auto, any, chachapoly or aesgcm)")
+            }),
+        }
+    }
+}
 /// Length of an X25519 public key.
 pub const PUBLIC_KEY_BYTES: usize = 32;
 
@@ -23,11 +190,15 @@ pub const PUBLIC_KEY_BYTES: usize = 32;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoiseError {
     /// snow refused to build a state (bad key length, ...).
-    #[error("cannot set up Noise ({NOISE_PARAMS}): {0}")]
+    #[error("cannot set up Noise: {0}")]
     Setup(String),
     /// A handshake message was malformed or failed authentication.
     #[error("Noise handshake failed: {0}")]
     Handshake(String),
+    /// The handshake names a cipher this end does not accept (the text starts with
+    /// [`CIPHER_REFUSED`]).
+    #[error("{0}")]
+    CipherRefused(String),
     /// The peer's public key has the wrong length.
     #[error("public key must be {PUBLIC_KEY_BYTES} bytes (got {0})")]
     PublicKeyLength(usize),
@@ -37,8 +208,8 @@ fn setup(error: snow::Error) -> NoiseError {
     NoiseError::Setup(error.to_string())
 }
 
-fn builder() -> Result<Builder<'static>, NoiseError> {
-    let params = NOISE_PARAMS.parse().map_err(setup)?;
+fn builder(cipher: Cipher) -> Result<Builder<'static>, NoiseError> {
+    let params = cipher.noise_params().parse().map_err(setup)?;
     Ok(Builder::new(params))
 }
 
@@ -67,7 +238,9 @@ impl StaticKeypair {
     /// # Errors
     /// [`NoiseError::Setup`] when the system random source fails.
     pub fn generate() -> Result<Self, NoiseError> {
-        let keypair = builder()?.generate_keypair().map_err(setup)?;
+        let keypair = builder(Cipher::ChaChaPoly)?
+            .generate_keypair()
+            .map_err(setup)?;
         Ok(Self {
             private: keypair.private,
             public: keypair.public,
@@ -95,8 +268,9 @@ impl StaticKeypair {
             return Err(NoiseError::PublicKeyLength(private.len()));
         }
         let keypair = Self { private, public };
-        let (_, message) = Initiator::start("self-check", "self-check", &keypair.public)?;
-        respond(&keypair, "self-check", "self-check", &message).map_err(|_| {
+        let cipher = Cipher::ChaChaPoly;
+        let (_, message) = Initiator::start("self-check", "self-check", &keypair.public, cipher)?;
+        respond(&keypair, "self-check", "self-check", &message, cipher).map_err(|_| {
             NoiseError::Handshake("the stored public key does not belong to the private key".into())
         })?;
         Ok(keypair)
@@ -124,7 +298,8 @@ impl std::fmt::Debug for Initiator {
 }
 
 impl Initiator {
-    /// Start a handshake towards `environment_public`; returns the state and message 1.
+    /// Start a handshake in `cipher` towards `environment_public`; returns the state and
+    /// message 1.
     ///
     /// # Errors
     /// [`NoiseError`] for a bad public key or a random-source failure.
@@ -132,6 +307,7 @@ impl Initiator {
         environment_id: &str,
         stream_id: &str,
         environment_public: &[u8],
+        cipher: Cipher,
     ) -> Result<(Self, Vec<u8>), NoiseError> {
         if environment_public.len() != PUBLIC_KEY_BYTES {
             return Err(NoiseError::PublicKeyLength(environment_public.len()));
@@ -140,7 +316,7 @@ impl Initiator {
         // the registry's bearer token, not by key, so a fresh one per stream is enough.
         let own = StaticKeypair::generate()?;
         let prologue = prologue(environment_id, stream_id);
-        let mut state = builder()?
+        let mut state = builder(cipher)?
             .local_private_key(&own.private)
             .and_then(|b| b.remote_public_key(environment_public))
             .and_then(|b| b.prologue(&prologue))
@@ -171,19 +347,21 @@ impl Initiator {
     }
 }
 
-/// Answer message 1 as the environment: returns the transport keys and message 2.
+/// Answer message 1 (made in `cipher`) as the environment: returns the transport keys and
+/// message 2.
 ///
 /// # Errors
 /// [`NoiseError::Handshake`] when message 1 does not authenticate (wrong key, wrong prologue,
-/// corrupt bytes).
+/// another cipher than the one named, corrupt bytes).
 pub fn respond(
     keypair: &StaticKeypair,
     environment_id: &str,
     stream_id: &str,
     message: &[u8],
+    cipher: Cipher,
 ) -> Result<(NoiseCipher, Vec<u8>), NoiseError> {
     let prologue = prologue(environment_id, stream_id);
-    let mut state = builder()?
+    let mut state = builder(cipher)?
         .local_private_key(&keypair.private)
         .and_then(|b| b.prologue(&prologue))
         .and_then(|b| b.build_responder())
@@ -291,10 +469,53 @@ mod tests {
     use super::*;
 
     fn pair(env: &str, stream: &str) -> (NoiseCipher, NoiseCipher) {
+        pair_in(env, stream, Cipher::ChaChaPoly)
+    }
+
+    fn pair_in(env: &str, stream: &str, cipher: Cipher) -> (NoiseCipher, NoiseCipher) {
         let keys = StaticKeypair::generate().unwrap();
-        let (initiator, m1) = Initiator::start(env, stream, keys.public()).unwrap();
-        let (responder, m2) = respond(&keys, env, stream, &m1).unwrap();
+        let (initiator, m1) = Initiator::start(env, stream, keys.public(), cipher).unwrap();
+        let (responder, m2) = respond(&keys, env, stream, &m1, cipher).unwrap();
         (initiator.finish(&m2).unwrap(), responder)
+    }
+
+    #[test]
+    fn both_ciphers_carry_segments_and_a_handshake_in_the_other_cipher_fails() {
+        for cipher in Cipher::ALL {
+            let (mut harness, mut environment) = pair_in("env", "s1", cipher);
+            let sealed = harness.seal(3, b"segment").unwrap();
+            assert_eq!(
+                environment.open(3, &sealed).unwrap(),
+                b"segment",
+                "{cipher}"
+            );
+            let back = environment.seal(0, b"reply").unwrap();
+            assert_eq!(harness.open(0, &back).unwrap(), b"reply", "{cipher}");
+            assert_eq!(Cipher::from_wire(cipher.wire()), Some(cipher));
+            assert_eq!(cipher.name().parse::<Cipher>(), Ok(cipher));
+        }
+        // The ciphertexts differ: the cipher is really switched, not only named.
+        let keys = StaticKeypair::generate().unwrap();
+        let (_, chacha) = Initiator::start("env", "s1", keys.public(), Cipher::ChaChaPoly).unwrap();
+        let (_, aes) = Initiator::start("env", "s1", keys.public(), Cipher::AesGcm).unwrap();
+        // Message 1 read as the other cipher (a relay that rewrote the field) fails.
+        assert!(respond(&keys, "env", "s1", &chacha, Cipher::AesGcm).is_err());
+        assert!(respond(&keys, "env", "s1", &aes, Cipher::ChaChaPoly).is_err());
+        assert!(respond(&keys, "env", "s1", &aes, Cipher::AesGcm).is_ok());
+        assert_eq!(Cipher::from_wire(2), None);
+    }
+
+    #[test]
+    fn a_cipher_policy_accepts_what_it_names() {
+        assert!(CipherPolicy::Any.accepts(Cipher::AesGcm));
+        assert!(CipherPolicy::Auto.accepts(Cipher::ChaChaPoly));
+        assert_eq!(
+            CipherPolicy::Auto.accepts(Cipher::AesGcm),
+            Cipher::AesGcm.hardware_accelerated()
+        );
+        let only = "chachapoly".parse::<CipherPolicy>().unwrap();
+        assert_eq!(only.accepted(), vec![Cipher::ChaChaPoly]);
+        assert!("rot13".parse::<CipherPolicy>().is_err());
     }
 
     #[test]
@@ -344,11 +565,12 @@ mod tests {
     #[test]
     fn a_handshake_for_another_stream_or_key_fails() {
         let keys = StaticKeypair::generate().unwrap();
-        let (_, m1) = Initiator::start("env", "s1", keys.public()).unwrap();
-        assert!(respond(&keys, "env", "s2", &m1).is_err());
-        assert!(respond(&keys, "other-env", "s1", &m1).is_err());
+        let cipher = Cipher::ChaChaPoly;
+        let (_, m1) = Initiator::start("env", "s1", keys.public(), cipher).unwrap();
+        assert!(respond(&keys, "env", "s2", &m1, cipher).is_err());
+        assert!(respond(&keys, "other-env", "s1", &m1, cipher).is_err());
         let stranger = StaticKeypair::generate().unwrap();
-        assert!(respond(&stranger, "env", "s1", &m1).is_err());
+        assert!(respond(&stranger, "env", "s1", &m1, cipher).is_err());
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //!   stream ([`answer`]); a proof stream id is never a relay stream.
 
 use super::frame::{Body, Frame};
-use super::noise::{Initiator, NoiseError, StaticKeypair, respond};
+use super::noise::{Cipher, Initiator, NoiseError, StaticKeypair, respond};
 
 /// Stream ids starting with this are the rendezvous's key-possession challenges, never relay
 /// streams.
@@ -67,8 +67,10 @@ impl Challenge {
         public_key: &[u8],
     ) -> Result<(Self, Frame), NoiseError> {
         let stream_id = format!("{PROOF_STREAM_PREFIX}{socket}");
-        let (initiator, message) = Initiator::start(environment_id, &stream_id, public_key)?;
-        let frame = Frame::new(stream_id.clone(), Body::Handshake(message));
+        // The proof carries no data: the default cipher, whatever the streams use.
+        let (initiator, message) =
+            Initiator::start(environment_id, &stream_id, public_key, Cipher::ChaChaPoly)?;
+        let frame = Frame::new(stream_id.clone(), Body::Handshake(message.into()));
         Ok((
             Self {
                 stream_id,
@@ -100,7 +102,7 @@ impl Challenge {
             });
         }
         self.initiator
-            .finish(message)
+            .finish(&message.payload)
             .map(|_| ())
             .map_err(ProofError::NotProven)
     }
@@ -128,8 +130,14 @@ pub fn answer(
         return None;
     };
     Some(
-        respond(keypair, environment_id, &frame.stream_id, message)
-            .map(|(_, reply)| Frame::new(frame.stream_id.clone(), Body::Handshake(reply))),
+        respond(
+            keypair,
+            environment_id,
+            &frame.stream_id,
+            &message.payload,
+            Cipher::ChaChaPoly,
+        )
+        .map(|(_, reply)| Frame::new(frame.stream_id.clone(), Body::Handshake(reply.into()))),
     )
 }
 
@@ -151,7 +159,7 @@ mod tests {
         let (challenge, frame) = Challenge::new("laptop", 8, holder.public()).unwrap();
         assert!(answer(&stranger, "laptop", &frame).unwrap().is_err());
         // A made-up message 2 does not verify.
-        let forged = Frame::new(challenge.stream_id(), Body::Handshake(vec![0u8; 48]));
+        let forged = Frame::new(challenge.stream_id(), Body::Handshake(vec![0u8; 48].into()));
         assert!(matches!(
             challenge.verify(&forged),
             Err(ProofError::NotProven(_))
@@ -170,7 +178,7 @@ mod tests {
         let (_, other) = Challenge::new("ci-runner-1", 3, holder.public()).unwrap();
         assert!(answer(&holder, "laptop", &other).unwrap().is_err());
         // Not a challenge at all: no answer.
-        let relay = Frame::new("stream-1", Body::Handshake(vec![1; 96]));
+        let relay = Frame::new("stream-1", Body::Handshake(vec![1; 96].into()));
         assert!(answer(&holder, "laptop", &relay).is_none());
         // The right answer on the wrong stream id is refused.
         let (third, frame) = Challenge::new("laptop", 4, holder.public()).unwrap();

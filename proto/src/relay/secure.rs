@@ -11,17 +11,20 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::frame::{Body, Frame};
+use super::frame::{Body, Frame, Handshake};
 use super::limits::{
     HANDSHAKE_TIMEOUT, INITIAL_RTO, MAX_MESSAGE_BYTES, MAX_RTO, MAX_SEND_QUEUE_BYTES,
 };
-use super::noise::{Initiator, NoiseCipher, NoiseError, StaticKeypair, respond};
+use super::noise::{
+    CIPHER_REFUSED, Cipher, CipherPolicy, Initiator, NoiseCipher, NoiseError, StaticKeypair,
+    respond,
+};
 use super::reliability::{ReliableStream, StreamError, StreamEvent};
 
 enum State {
     Handshaking {
         initiator: Option<Box<Initiator>>,
-        message: Vec<u8>,
+        message: Handshake,
         next_send: Instant,
         attempts: u32,
         deadline: Instant,
@@ -31,7 +34,7 @@ enum State {
     Established {
         stream: Box<ReliableStream<NoiseCipher>>,
         /// Responder only: message 1 and our message 2, until the initiator is confirmed.
-        reply: Option<(Vec<u8>, Vec<u8>)>,
+        reply: Option<(Handshake, Handshake)>,
         resend_reply: bool,
     },
     Closed {
@@ -61,7 +64,8 @@ impl std::fmt::Debug for SecureStream {
 }
 
 impl SecureStream {
-    /// The harness side: start a handshake towards the environment's public key.
+    /// The harness side: start a handshake towards the environment's public key, in the
+    /// default cipher ([`Cipher::ChaChaPoly`]).
     ///
     /// # Errors
     /// [`NoiseError`] for a bad public key or a random-source failure.
@@ -71,7 +75,29 @@ impl SecureStream {
         environment_public: &[u8],
         now: Instant,
     ) -> Result<Self, NoiseError> {
-        let (initiator, message) = Initiator::start(environment_id, stream_id, environment_public)?;
+        Self::initiate_with(
+            environment_id,
+            stream_id,
+            environment_public,
+            Cipher::ChaChaPoly,
+            now,
+        )
+    }
+
+    /// [`Self::initiate`] in `cipher`.
+    ///
+    /// # Errors
+    /// [`NoiseError`] for a bad public key or a random-source failure.
+    pub fn initiate_with(
+        environment_id: &str,
+        stream_id: &str,
+        environment_public: &[u8],
+        cipher: Cipher,
+        now: Instant,
+    ) -> Result<Self, NoiseError> {
+        let (initiator, message) =
+            Initiator::start(environment_id, stream_id, environment_public, cipher)?;
+        let message = Handshake::new(message, cipher);
         Ok(Self {
             stream_id: stream_id.to_owned(),
             state: State::Handshaking {
@@ -88,7 +114,8 @@ impl SecureStream {
     }
 
     /// The environment side: answer the first frame of a new stream, which must carry
-    /// handshake message 1. Message 2 goes out on the next [`Self::poll_transmit`].
+    /// handshake message 1, in any cipher. Message 2 goes out on the next
+    /// [`Self::poll_transmit`].
     ///
     /// # Errors
     /// [`NoiseError::Handshake`] when the frame is not a valid message 1 for this environment
@@ -99,12 +126,59 @@ impl SecureStream {
         frame: &Frame,
         now: Instant,
     ) -> Result<Self, NoiseError> {
+        Self::accept_with(keypair, environment_id, frame, CipherPolicy::Any, now)
+    }
+
+    /// [`Self::accept`] for the ciphers `policy` accepts.
+    ///
+    /// # Errors
+    /// As [`Self::accept`]; [`NoiseError::CipherRefused`] for a cipher the policy does not
+    /// accept or does not know (its message starts with [`CIPHER_REFUSED`]).
+    pub fn accept_with(
+        keypair: &StaticKeypair,
+        environment_id: &str,
+        frame: &Frame,
+        policy: CipherPolicy,
+        now: Instant,
+    ) -> Result<Self, NoiseError> {
         let Body::Handshake(message) = &frame.body else {
             return Err(NoiseError::Handshake(
                 "the first frame of a stream must be a handshake".into(),
             ));
         };
-        let (cipher, reply) = respond(keypair, environment_id, &frame.stream_id, message)?;
+        let accepted = || {
+            policy
+                .accepted()
+                .iter()
+                .map(|c| c.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let cipher = match Cipher::from_wire(message.cipher) {
+            Some(cipher) if policy.accepts(cipher) => cipher,
+            Some(cipher) => {
+                return Err(NoiseError::CipherRefused(format!(
+                    "{CIPHER_REFUSED}: {cipher} (accepted: {})",
+                    accepted()
+                )));
+            }
+            None => {
+                return Err(NoiseError::CipherRefused(format!(
+                    "{CIPHER_REFUSED}: unknown cipher {} (accepted: {})",
+                    message.cipher,
+                    accepted()
+                )));
+            }
+        };
+        let (keys, reply) = respond(
+            keypair,
+            environment_id,
+            &frame.stream_id,
+            &message.payload,
+            cipher,
+        )?;
+        let reply = Handshake::new(reply, cipher);
+        let cipher = keys;
         let stream = ReliableStream::new(frame.stream_id.clone(), cipher, now);
         let mut events = VecDeque::new();
         events.push_back(StreamEvent::Established);
@@ -265,7 +339,7 @@ impl SecureStream {
                     let Some(pending) = initiator.take() else {
                         return;
                     };
-                    match pending.finish(&message) {
+                    match pending.finish(&message.payload) {
                         Ok(cipher) => {
                             let mut stream =
                                 ReliableStream::new(self.stream_id.clone(), cipher, now);

@@ -96,6 +96,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             config.identity_file = cli.identity_file;
             config.ca_file = cli.ca_file;
+            config.ciphers = cli.relay_ciphers;
             runtime.block_on(supervisor::relay::run_main_remote(options, config))?;
         }
         _ => runtime.block_on(run_main_with_options(options))?,

@@ -232,6 +232,13 @@ impl RemoteExecServerConnectArgs {
         self
     }
 
+    /// Open the relay streams with this cipher choice (default: [`proto::relay::CipherChoice::Auto`]).
+    #[must_use]
+    pub fn with_cipher(mut self, cipher: proto::relay::CipherChoice) -> Self {
+        self.relay = self.relay.with_cipher(cipher);
+        self
+    }
+
     /// Ask the executor to keep the session this long once the stream is gone (at most its own
     /// TTL); `Duration::ZERO`: the session's processes end with the stream.
     #[must_use]

@@ -19,7 +19,8 @@ use tokio::sync::OnceCell;
 
 use futures_util::StreamExt;
 use proto::relay::limits::HANDSHAKE_TIMEOUT;
-use proto::relay::{Frame, SecureStream};
+use proto::relay::noise::CIPHER_REFUSED;
+use proto::relay::{Cipher, CipherChoice, Frame, SecureStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
@@ -65,6 +66,9 @@ pub struct RemoteConnectArgs {
     /// How long to wait for an environment the registry does not know yet
     /// ([`REGISTRATION_WAIT`] by default).
     pub registration_wait: Duration,
+    /// The Noise cipher of the streams ([`CipherChoice::Auto`] by default: AES-256-GCM where
+    /// this CPU has AES instructions and the environment accepts it, else ChaCha20-Poly1305).
+    pub cipher: CipherChoice,
     clients: Arc<OnceCell<Clients>>,
 }
 
@@ -87,6 +91,7 @@ impl std::fmt::Debug for RemoteConnectArgs {
                 &self.executor_key.as_deref().map(encode_key),
             )
             .field("registration_wait", &self.registration_wait)
+            .field("cipher", &self.cipher)
             .finish()
     }
 }
@@ -110,6 +115,7 @@ impl RemoteConnectArgs {
             ca_file: None,
             executor_key: None,
             registration_wait: REGISTRATION_WAIT,
+            cipher: CipherChoice::Auto,
             clients: Arc::default(),
         }
     }
@@ -133,6 +139,13 @@ impl RemoteConnectArgs {
     #[must_use]
     pub fn with_registration_wait(mut self, wait: Duration) -> Self {
         self.registration_wait = wait;
+        self
+    }
+
+    /// Open streams with this cipher choice.
+    #[must_use]
+    pub fn with_cipher(mut self, cipher: CipherChoice) -> Self {
+        self.cipher = cipher;
         self
     }
 
@@ -248,6 +261,7 @@ pub enum HarnessError {
 /// One JSON-RPC session with a remote environment; see the module docs.
 pub struct RelayHarnessConnection {
     stream_id: String,
+    cipher: Cipher,
     to_stream: mpsc::Sender<AppOut>,
     from_stream: mpsc::Receiver<Vec<u8>>,
     socket_task: JoinHandle<()>,
@@ -264,15 +278,30 @@ impl Drop for RelayHarnessConnection {
 impl RelayHarnessConnection {
     /// Look the environment up, open the socket and the stream, finish the handshake. A
     /// handshake refused because the executor has [`super::MAX_PENDING_HANDSHAKES`] pending
-    /// ([`HANDSHAKES_BUSY`]) is tried again, backing off, for up to [`BUSY_RETRY_WINDOW`].
+    /// ([`HANDSHAKES_BUSY`]) is tried again, backing off, for up to [`BUSY_RETRY_WINDOW`]. A
+    /// cipher this end chose itself ([`CipherChoice::Auto`]) and the environment refused
+    /// ([`CIPHER_REFUSED`]) is replaced by ChaCha20-Poly1305 at once; a cipher the caller named
+    /// fails the connection with the environment's reason.
     ///
     /// # Errors
     /// [`HarnessError`] naming the step that failed.
     pub async fn connect(args: &RemoteConnectArgs) -> Result<Self, HarnessError> {
         let started = Instant::now();
         let mut delay = BUSY_RETRY_FIRST_DELAY;
+        let mut cipher = match args.cipher {
+            CipherChoice::Auto => Cipher::preferred(),
+            CipherChoice::Only(cipher) => cipher,
+        };
         loop {
-            match Self::connect_once(args).await {
+            match Self::connect_once(args, cipher).await {
+                Err(HarnessError::Handshake { reason, .. })
+                    if reason.contains(CIPHER_REFUSED)
+                        && args.cipher == CipherChoice::Auto
+                        && cipher != Cipher::ChaChaPoly =>
+                {
+                    tracing::debug!(%cipher, %reason, "relay cipher refused; using chachapoly");
+                    cipher = Cipher::ChaChaPoly;
+                }
                 Err(HarnessError::Handshake { reason, .. })
                     if reason.starts_with(HANDSHAKES_BUSY)
                         && started.elapsed() + delay < BUSY_RETRY_WINDOW =>
@@ -288,15 +317,16 @@ impl RelayHarnessConnection {
         }
     }
 
-    async fn connect_once(args: &RemoteConnectArgs) -> Result<Self, HarnessError> {
+    async fn connect_once(args: &RemoteConnectArgs, cipher: Cipher) -> Result<Self, HarnessError> {
         let clients = args.clients().await?;
         let info = args.lookup(&clients.registry).await?;
         let public_key = info.public_key_bytes()?;
         let stream_id = uuid::Uuid::new_v4().to_string();
-        let stream = SecureStream::initiate(
+        let stream = SecureStream::initiate_with(
             &args.environment_id,
             &stream_id,
             &public_key,
+            cipher,
             Instant::now(),
         )?;
         let socket = connect_socket(&info.rendezvous_url, &args.bearer_token, &clients.tls)
@@ -340,6 +370,7 @@ impl RelayHarnessConnection {
         ));
         let connection = Self {
             stream_id: stream_id.clone(),
+            cipher,
             to_stream,
             from_stream,
             socket_task,
@@ -360,6 +391,11 @@ impl RelayHarnessConnection {
     /// The stream id (a UUIDv4).
     pub fn stream_id(&self) -> &str {
         &self.stream_id
+    }
+
+    /// The Noise cipher the stream runs on.
+    pub fn cipher(&self) -> Cipher {
+        self.cipher
     }
 
     /// Send one JSON-RPC message.

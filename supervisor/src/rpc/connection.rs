@@ -530,10 +530,10 @@ fn initialize(connection: &Connection, request: &Request) -> Result<serde_json::
     let ttl = params
         .detached_session_ttl_seconds
         .map(std::time::Duration::from_secs);
-    // Relay streams carry JSON only (their frames are text inside the Noise channel). Set
-    // before the session attaches, so its output never comes in both forms.
-    let binary_output =
-        params.binary_output && !matches!(connection.client, ClientIdentity::Relay(_));
+    // Granted on every transport: a relay stream carries the binary frame as its message
+    // inside the Noise channel (its first byte, 0x01, tells it from JSON). Set before the
+    // session attaches, so its output never comes in both forms.
+    let binary_output = params.binary_output;
     connection.outbound.set_binary_output(binary_output);
     let attacher = crate::session::Attacher {
         approves: params.egress_approve,

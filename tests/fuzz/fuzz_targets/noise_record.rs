@@ -62,7 +62,7 @@ fn check_emitted(stream: &mut SecureStream, now: Instant) {
         emitted += 1;
         assert!(emitted < 2048, "poll_transmit did not settle");
         if let Body::Handshake(message) = &frame.body {
-            assert!(message.len() <= MAX_HANDSHAKE_BYTES);
+            assert!(message.payload.len() <= MAX_HANDSHAKE_BYTES);
         }
         let encoded = frame.encode();
         assert!(encoded.len() <= MAX_RELAY_FRAME_BYTES);

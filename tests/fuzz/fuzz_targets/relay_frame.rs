@@ -30,7 +30,7 @@ fn check_limits(frame: &Frame) {
             assert!(data.seq < u64::MAX);
             assert!(data.payload.len() <= MAX_SEGMENT_PAYLOAD_BYTES);
         }
-        Body::Handshake(payload) => assert!(payload.len() <= MAX_HANDSHAKE_BYTES),
+        Body::Handshake(handshake) => assert!(handshake.payload.len() <= MAX_HANDSHAKE_BYTES),
         Body::Reset { reason } => assert!(reason.len() <= MAX_RESET_REASON_BYTES),
         Body::Ack | Body::Heartbeat | Body::Resume { .. } => {}
     }

@@ -16,8 +16,20 @@ pub struct RemoteClient {
     next_id: u64,
     /// Responses that arrived while waiting for another.
     pending: HashMap<u64, Value>,
-    /// Notifications, in arrival order.
+    /// Notifications, in arrival order. A binary `process/output` frame is filed as the JSON
+    /// notification it stands for, marked `"frame": "binary"`.
     pub notifications: Vec<Value>,
+    /// The `initialize` result.
+    pub initialized: Value,
+}
+
+/// A relay message as JSON: a binary output frame (first byte 0x01) as its notification,
+/// marked `"frame": "binary"`; anything else must be a JSON-RPC message.
+fn decode_message(bytes: &[u8]) -> Value {
+    if bytes.first() == Some(&proto::methods::process::binary::OUTPUT_FRAME_KIND) {
+        return crate::client::output_frame_as_notification(bytes);
+    }
+    serde_json::from_slice(bytes).expect("JSON-RPC message")
 }
 
 impl RemoteClient {
@@ -28,22 +40,32 @@ impl RemoteClient {
 
     /// Connect with these arguments and initialize.
     pub async fn connect_with(args: &RemoteConnectArgs) -> RemoteClient {
+        Self::connect_initializing(args, json!({"clientName": "relay-test"})).await
+    }
+
+    /// Connect with these arguments and initialize with these `initialize` params (e.g.
+    /// `binaryOutput`, `resumeSessionId`); the `initialize` result is in
+    /// [`RemoteClient::initialized`].
+    pub async fn connect_initializing(args: &RemoteConnectArgs, params: Value) -> RemoteClient {
+        let mut client = Self::open(args).await;
+        client.initialized = client.call("initialize", params).await.expect("initialize");
+        client.notify("initialized", json!({})).await;
+        client
+    }
+
+    /// Open a stream without initializing.
+    pub async fn open(args: &RemoteConnectArgs) -> RemoteClient {
         let connection = tokio::time::timeout(DEADLINE, RelayHarnessConnection::connect(args))
             .await
             .expect("relay connect deadline")
             .expect("relay connect");
-        let mut client = RemoteClient {
+        RemoteClient {
             connection,
             next_id: 1,
             pending: HashMap::new(),
             notifications: Vec::new(),
-        };
-        client
-            .call("initialize", json!({"clientName": "relay-test"}))
-            .await
-            .expect("initialize");
-        client.notify("initialized", json!({})).await;
-        client
+            initialized: Value::Null,
+        }
     }
 
     /// Send a notification.
@@ -76,7 +98,7 @@ impl RemoteClient {
                 }
                 message = self.connection.recv() => {
                     let bytes = message.expect("relay stream ended while sending");
-                    self.file(serde_json::from_slice(&bytes).expect("JSON-RPC message"));
+                    self.file(decode_message(&bytes));
                 }
                 () = tokio::time::sleep_until(until) => panic!("send did not complete within 60 s"),
             }
@@ -109,7 +131,7 @@ impl RemoteClient {
             .await
             .expect("relay message deadline")
             .expect("relay stream ended");
-        serde_json::from_slice(&bytes).expect("JSON-RPC message")
+        decode_message(&bytes)
     }
 
     fn file(&mut self, message: Value) {

@@ -26,6 +26,9 @@ pub struct RemoteEnvironmentConfig {
     pub identity_file: Option<PathBuf>,
     /// Extra trusted CA certificates (PEM) besides the system's.
     pub ca_file: Option<PathBuf>,
+    /// The Noise ciphers harnesses may open streams with (default: ChaCha20-Poly1305, and
+    /// AES-256-GCM when this CPU has AES instructions).
+    pub ciphers: proto::relay::CipherPolicy,
 }
 
 impl std::fmt::Debug for RemoteEnvironmentConfig {
@@ -37,6 +40,7 @@ impl std::fmt::Debug for RemoteEnvironmentConfig {
             .field("bearer_token", &"<redacted>")
             .field("identity_file", &self.identity_file)
             .field("ca_file", &self.ca_file)
+            .field("ciphers", &self.ciphers)
             .finish()
     }
 }
@@ -90,6 +94,7 @@ impl RemoteEnvironmentConfig {
             bearer_token: bearer_token.into(),
             identity_file: None,
             ca_file: None,
+            ciphers: proto::relay::CipherPolicy::default(),
         }
     }
 

@@ -466,10 +466,11 @@ impl Executor {
             self.reply_reset(&frame.stream_id, refused.to_string());
             return;
         }
-        match SecureStream::accept(
+        match SecureStream::accept_with(
             &self.keypair,
             &self.config.environment_id,
             &frame,
+            self.config.ciphers,
             Instant::now(),
         ) {
             Ok(mut stream) => {
@@ -522,10 +523,10 @@ impl Executor {
         let outgoing = futures_util::sink::unfold(app_tx, |tx, frame: OutboundFrame| async move {
             let out = match frame {
                 OutboundFrame::Text(text) => AppOut::Message(text.into_bytes()),
-                // Never granted on a relay stream (see `initialize`).
-                OutboundFrame::Binary(_) => {
-                    AppOut::Close("internal error: a binary frame on a relay stream".into())
-                }
+                // A binary `process/output` frame (granted at `initialize`): the same bytes as
+                // the relay message, no JSON and no base64; its first byte (0x01) is one no JSON
+                // text begins with, so the harness tells the two apart.
+                OutboundFrame::Binary(bytes) => AppOut::Message(bytes),
                 OutboundFrame::Close(_, reason) => AppOut::Close(reason),
             };
             tx.send(out).await.map(|()| tx)

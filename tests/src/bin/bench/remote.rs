@@ -95,6 +95,9 @@ pub(crate) async fn start_registered_executor(
             BENCH_ENVIRONMENT,
             "--identity-file",
             identity.to_str().unwrap(),
+            // Both ciphers, so that each has its row whatever this CPU prefers.
+            "--relay-ciphers",
+            "any",
         ],
     );
     let tls = supervisor::relay::tls::client_config_for(connect_at, None).unwrap();
@@ -117,23 +120,35 @@ pub(crate) async fn start_registered_executor(
 /// A harness's library client connected to [`BENCH_ENVIRONMENT`] through the rendezvous (or
 /// cluster node) at `registry`.
 pub(crate) async fn relay_client(registry: &str, name: &str) -> supervisor::ExecServerClient {
+    relay_client_with(registry, name, proto::relay::CipherChoice::Auto).await
+}
+
+/// [`relay_client`] whose streams use `cipher`.
+async fn relay_client_with(
+    registry: &str,
+    name: &str,
+    cipher: proto::relay::CipherChoice,
+) -> supervisor::ExecServerClient {
     supervisor::ExecServerClient::connect_remote(
         supervisor::RemoteExecServerConnectArgs::new(
             registry,
             BENCH_ENVIRONMENT,
             BENCH_REGISTRY_TOKEN,
         )
-        .with_client_name(name),
+        .with_client_name(name)
+        .with_cipher(cipher),
     )
     .await
     .unwrap()
 }
 
-/// (relay client, local websocket client) of the same executor.
+/// (relay client, local websocket client) of the same executor; the relay streams in `cipher`
+/// (`Auto`: this machine's preference).
 async fn relay_and_local_clients(
     setup: &RemoteSetup,
+    cipher: proto::relay::CipherChoice,
 ) -> (supervisor::ExecServerClient, supervisor::ExecServerClient) {
-    let relay = relay_client(&setup.registry, "bench-relay").await;
+    let relay = relay_client_with(&setup.registry, "bench-relay", cipher).await;
     let local = supervisor::ExecServerClient::connect(
         supervisor::ExecServerClientConnectOptions::new(&setup.executor.url)
             .with_client_name("bench-local"),
@@ -164,8 +179,17 @@ pub(crate) async fn library_output_bytes(
     panic!("the events of {process_id} ended without closed");
 }
 
-async fn relay_output_throughput(rows: &mut Vec<Row>, setup: &RemoteSetup, mib: u64, runs: usize) {
-    let (relay, local) = relay_and_local_clients(setup).await;
+/// Output through the relay (binary output frames, which the library client asks for) against
+/// the local websocket (binary frames too) of the same executor, with the relay in `cipher`.
+async fn relay_output_throughput(
+    rows: &mut Vec<Row>,
+    setup: &RemoteSetup,
+    mib: u64,
+    runs: usize,
+    cipher: proto::relay::Cipher,
+) {
+    let choice = proto::relay::CipherChoice::Only(cipher);
+    let (relay, local) = relay_and_local_clients(setup, choice).await;
     let count = format!("{}", mib * 1024 * 1024);
     let argv = ["head", "-c", count.as_str(), "/dev/zero"];
     let mut ours = Vec::new();
@@ -186,7 +210,7 @@ async fn relay_output_throughput(rows: &mut Vec<Row>, setup: &RemoteSetup, mib: 
     }
     rows.push(throughput_row(
         format!(
-            "remote mode: output throughput, head -c {mib}M /dev/zero, library client ({runs} runs)"
+            "remote mode: output throughput, head -c {mib}M /dev/zero, library client, binary frames, {cipher} ({runs} runs)"
         ),
         (ours, " relay"),
         (baseline, " local websocket"),
@@ -197,7 +221,7 @@ async fn relay_output_throughput(rows: &mut Vec<Row>, setup: &RemoteSetup, mib: 
 }
 
 pub(crate) async fn relay_request_latency(rows: &mut Vec<Row>, setup: &RemoteSetup, runs: usize) {
-    let (relay, local) = relay_and_local_clients(setup).await;
+    let (relay, local) = relay_and_local_clients(setup, proto::relay::CipherChoice::Auto).await;
     let path = supervisor::FileUri::from_path(std::path::Path::new("/tmp")).unwrap();
     let mut ours = Vec::new();
     let mut baseline = Vec::new();
@@ -233,12 +257,15 @@ pub(crate) async fn relay_request_latency(rows: &mut Vec<Row>, setup: &RemoteSet
 
 pub(crate) async fn remote_mode(rows: &mut Vec<Row>, quick: bool) {
     let setup = remote_setup().await;
-    relay_output_throughput(
-        rows,
-        &setup,
-        if quick { 256 } else { 1024 },
-        if quick { 2 } else { 3 },
-    )
-    .await;
+    for cipher in proto::relay::Cipher::ALL {
+        relay_output_throughput(
+            rows,
+            &setup,
+            if quick { 256 } else { 1024 },
+            if quick { 2 } else { 3 },
+            cipher,
+        )
+        .await;
+    }
     relay_request_latency(rows, &setup, if quick { 200 } else { 1000 }).await;
 }
