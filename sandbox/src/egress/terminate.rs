@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -298,30 +298,18 @@ fn endpoint(mut connection: Connection, mut tcp: TcpStream, mut plain: UnixStrea
         if tcp_done && plain_done {
             break;
         }
-        let mut fds = [
-            libc::pollfd {
-                fd: if tcp_done { -1 } else { tcp.as_raw_fd() },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if plain_done { -1 } else { plain.as_raw_fd() },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfd for the duration of the call.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, idle_ms) };
-        if ready < 0 {
-            if std::io::Error::last_os_error().kind() == ErrorKind::Interrupted {
-                continue;
-            }
-            break;
-        }
-        if ready == 0 {
-            break;
-        }
-        if fds[0].revents != 0 {
+        // Wait for either side (a side that is done is left out of the poll).
+        let (tcp_ready, plain_ready) = match readable(
+            (!tcp_done).then(|| tcp.as_fd()),
+            (!plain_done).then(|| plain.as_fd()),
+            idle_ms,
+        ) {
+            Ok(Some(ready)) => ready,
+            Ok(None) => break,
+            Err(err) if err.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        if tcp_ready {
             match connection.read_tls(&mut tcp) {
                 Ok(0) => {
                     tcp_done = true;
@@ -339,7 +327,7 @@ fn endpoint(mut connection: Connection, mut tcp: TcpStream, mut plain: UnixStrea
                 return finish(&tcp, &plain);
             }
         }
-        if fds[1].revents != 0 {
+        if plain_ready {
             match plain.read(&mut buf) {
                 Ok(0) | Err(_) => {
                     plain_done = true;
@@ -412,4 +400,27 @@ fn send(connection: &mut Connection, tcp: &mut TcpStream, bytes: &[u8]) -> std::
 fn finish(tcp: &TcpStream, plain: &UnixStream) {
     let _ = tcp.shutdown(Shutdown::Both);
     let _ = plain.shutdown(Shutdown::Both);
+}
+
+/// Which of `a` and `b` (each left out when `None`) has something to read, waiting at most
+/// `timeout_ms`; `None` when neither became ready in time.
+fn readable(
+    a: Option<BorrowedFd<'_>>,
+    b: Option<BorrowedFd<'_>>,
+    timeout_ms: i32,
+) -> std::io::Result<Option<(bool, bool)>> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds: Vec<PollFd<'_>> = [a, b]
+        .into_iter()
+        .flatten()
+        .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+        .collect();
+    let timeout = PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX);
+    if poll(&mut fds, timeout).map_err(std::io::Error::from)? == 0 {
+        return Ok(None);
+    }
+    let mut ready = fds.iter().map(|fd| fd.any().unwrap_or(false));
+    let a_ready = a.is_some() && ready.next().unwrap_or(false);
+    let b_ready = b.is_some() && ready.next().unwrap_or(false);
+    Ok(Some((a_ready, b_ready)))
 }
