@@ -60,14 +60,14 @@ pub enum Body {
 pub struct Handshake {
     /// The Noise handshake message.
     pub payload: Vec<u8>,
-    /// `RelayHandshake.cipher` as received ([`crate::relay::noise::Cipher::from_wire`]); 0 is
+    /// `RelayHandshake.cipher` as received ([`crate::relay::cipher::Cipher::from_wire`]); 0 is
     /// ChaCha20-Poly1305.
     pub cipher: u32,
 }
 
 impl Handshake {
     /// A handshake message made in `cipher`.
-    pub fn new(payload: Vec<u8>, cipher: crate::relay::noise::Cipher) -> Self {
+    pub fn new(payload: Vec<u8>, cipher: crate::relay::cipher::Cipher) -> Self {
         Self {
             payload,
             cipher: cipher.wire(),

@@ -14,6 +14,7 @@
 //! Nothing here reads a clock or a socket: frames and `Instant`s go in, frames and events come
 //! out, so every behaviour is tested deterministically. The tokio glue is in the supervisor.
 
+pub mod cipher;
 pub mod frame;
 pub mod limits;
 pub mod noise;

@@ -109,3 +109,6 @@ pub const MAX_HELD_BYTES: usize = 32 * 1024;
 
 /// Name of the proxy binary, found next to `sandbox-run`.
 pub const PROXY_BINARY: &str = "egress-proxy";
+
+/// Stack of a connection thread: buffers live on the heap.
+pub(crate) const THREAD_STACK_BYTES: usize = 256 * 1024;

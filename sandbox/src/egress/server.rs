@@ -31,8 +31,7 @@ use tunnel::{Destination, tunnel};
 /// How long a reading of this host's interface addresses is used before it is read again.
 const LOCAL_ADDRESSES_TTL: Duration = Duration::from_secs(1);
 
-/// Stack of a connection thread: buffers live on the heap.
-pub(crate) const THREAD_STACK_BYTES: usize = 256 * 1024;
+pub(crate) use super::THREAD_STACK_BYTES;
 
 /// What every connection thread shares.
 pub struct Proxy {

@@ -219,7 +219,7 @@ impl Terminator {
         ] {
             std::thread::Builder::new()
                 .name("egress-tls".to_owned())
-                .stack_size(super::server::THREAD_STACK_BYTES)
+                .stack_size(super::THREAD_STACK_BYTES)
                 .spawn(move || endpoint(connection, tcp, inner))
                 .map_err(|err| TerminateError::Client(err.to_string()))?;
         }
