@@ -34,6 +34,19 @@ fn start_node(nats: &Nats, name: &str, listen: &str, public_url: Option<&str>) -
     )
 }
 
+/// Nodes `a` and `b` on free loopback ports, each started with `args` (which name the cluster:
+/// `--cluster URL` and any shared option) and its `--node-name`.
+fn two_nodes(args: &[&str]) -> (Process, Process) {
+    let node = |name: &str| {
+        start_rendezvous_with(
+            "127.0.0.1:0",
+            None,
+            &[args, &["--node-name", name]].concat(),
+        )
+    };
+    (node("a"), node("b"))
+}
+
 fn registry(url: &str) -> RegistryClient {
     tests::relay::registry_client(url, None)
 }
@@ -390,16 +403,7 @@ async fn one_credential_holds_at_most_its_share_of_sockets_across_the_cluster() 
         "--max-sockets-per-credential",
         "2",
     ];
-    let a = start_rendezvous_with(
-        "127.0.0.1:0",
-        None,
-        &[&share[..], &["--node-name", "a"]].concat(),
-    );
-    let b = start_rendezvous_with(
-        "127.0.0.1:0",
-        None,
-        &[&share[..], &["--node-name", "b"]].concat(),
-    );
+    let (a, b) = two_nodes(&share);
     registry(&a.first_line)
         .register("env-share", &registration(6), EXECUTOR_TOKEN)
         .await
@@ -448,16 +452,7 @@ async fn a_burst_of_one_credentials_sockets_through_two_nodes_is_admitted_and_co
         "--max-sockets-per-credential",
         "100",
     ];
-    let a = start_rendezvous_with(
-        "127.0.0.1:0",
-        None,
-        &[&share[..], &["--node-name", "a"]].concat(),
-    );
-    let b = start_rendezvous_with(
-        "127.0.0.1:0",
-        None,
-        &[&share[..], &["--node-name", "b"]].concat(),
-    );
+    let (a, b) = two_nodes(&share);
     registry(&a.first_line)
         .register("env-burst", &registration(7), EXECUTOR_TOKEN)
         .await
@@ -538,16 +533,7 @@ async fn nodes_reach_nats_over_tls_with_the_operators_ca_and_refuse_without_it()
     let ca_file = ca.ca_file.to_str().unwrap();
     let tls_url = nats.tls_url();
     let cluster = ["--cluster", &tls_url, "--nats-ca-file", ca_file];
-    let a = start_rendezvous_with(
-        "127.0.0.1:0",
-        None,
-        &[&cluster[..], &["--node-name", "a"]].concat(),
-    );
-    let b = start_rendezvous_with(
-        "127.0.0.1:0",
-        None,
-        &[&cluster[..], &["--node-name", "b"]].concat(),
-    );
+    let (a, b) = two_nodes(&cluster);
     registry(&a.first_line)
         .register("env-tls", &registration(8), EXECUTOR_TOKEN)
         .await
@@ -600,21 +586,7 @@ async fn the_environment_bound_holds_across_the_cluster() {
     const BOUND: usize = 40;
     let nats = Nats::start();
     let bound = BOUND.to_string();
-    let node = |name: &str| {
-        start_rendezvous_with(
-            "127.0.0.1:0",
-            None,
-            &[
-                "--cluster",
-                &nats.url(),
-                "--node-name",
-                name,
-                "--max-environments",
-                &bound,
-            ],
-        )
-    };
-    let (a, b) = (node("a"), node("b"));
+    let (a, b) = two_nodes(&["--cluster", &nats.url(), "--max-environments", &bound]);
     let (through_a, through_b) = (registry(&a.first_line), registry(&b.first_line));
     for i in 0..BOUND {
         let node = if i % 2 == 0 { &through_a } else { &through_b };

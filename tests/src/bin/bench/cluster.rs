@@ -10,7 +10,7 @@ use tests::nats::Nats;
 
 use crate::Server;
 use crate::remote::{
-    RemoteSetup, library_output_bytes, relay_client, remote_setup, start_registered_executor,
+    RemoteSetup, alternating_output, relay_client, remote_setup, start_registered_executor,
     start_with_registry_token, write_credentials,
 };
 use crate::table::{Row, summary_with_p99, throughput_row};
@@ -67,23 +67,8 @@ async fn cluster_output_throughput(
 ) {
     let one_node = relay_client(&single.registry, "bench-one-node").await;
     let two_nodes = relay_client(&cluster.harness_url, "bench-cluster").await;
-    let count = format!("{}", mib * 1024 * 1024);
-    let argv = ["head", "-c", count.as_str(), "/dev/zero"];
-    let mut ours = Vec::new();
-    let mut baseline = Vec::new();
-    for run in 0..runs {
-        for cluster_turn in [run % 2 == 0, run % 2 == 1] {
-            let (client, samples, name) = if cluster_turn {
-                (&two_nodes, &mut ours, "cluster")
-            } else {
-                (&one_node, &mut baseline, "one-node")
-            };
-            let started = Instant::now();
-            let bytes = library_output_bytes(client, &format!("{name}-head-{run}"), &argv).await;
-            assert_eq!(bytes, mib * 1024 * 1024, "every byte must arrive ({name})");
-            samples.push(mib as f64 / started.elapsed().as_secs_f64());
-        }
-    }
+    let (ours, baseline) =
+        alternating_output((&two_nodes, "cluster"), (&one_node, "one-node"), mib, runs).await;
     rows.push(throughput_row(
         format!(
             "remote cluster: output throughput, head -c {mib}M /dev/zero, executor on node A, harness on node B ({runs} runs)"

@@ -159,7 +159,7 @@ async fn relay_and_local_clients(
 }
 
 /// Run `argv` through the library client; the output bytes received by `closed`.
-pub(crate) async fn library_output_bytes(
+async fn library_output_bytes(
     client: &supervisor::ExecServerClient,
     process_id: &str,
     argv: &[&str],
@@ -179,6 +179,35 @@ pub(crate) async fn library_output_bytes(
     panic!("the events of {process_id} ended without closed");
 }
 
+/// MiB/s of `head -c MIB /dev/zero` through `ours` and through `baseline` (each named for its
+/// process ids and messages), `runs` times each, alternating which goes first so neither always
+/// runs on a warmer machine; every byte must arrive.
+pub(crate) async fn alternating_output(
+    ours: (&supervisor::ExecServerClient, &str),
+    baseline: (&supervisor::ExecServerClient, &str),
+    mib: u64,
+    runs: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let count = format!("{}", mib * 1024 * 1024);
+    let argv = ["head", "-c", count.as_str(), "/dev/zero"];
+    let mut ours_samples = Vec::new();
+    let mut baseline_samples = Vec::new();
+    for run in 0..runs {
+        for ours_turn in [run % 2 == 0, run % 2 == 1] {
+            let ((client, name), samples) = if ours_turn {
+                (ours, &mut ours_samples)
+            } else {
+                (baseline, &mut baseline_samples)
+            };
+            let started = Instant::now();
+            let bytes = library_output_bytes(client, &format!("{name}-head-{run}"), &argv).await;
+            assert_eq!(bytes, mib * 1024 * 1024, "every byte must arrive ({name})");
+            samples.push(mib as f64 / started.elapsed().as_secs_f64());
+        }
+    }
+    (ours_samples, baseline_samples)
+}
+
 /// Output through the relay (binary output frames, which the library client asks for) against
 /// the local websocket (binary frames too) of the same executor, with the relay in `cipher`.
 async fn relay_output_throughput(
@@ -190,24 +219,8 @@ async fn relay_output_throughput(
 ) {
     let choice = proto::relay::CipherChoice::Only(cipher);
     let (relay, local) = relay_and_local_clients(setup, choice).await;
-    let count = format!("{}", mib * 1024 * 1024);
-    let argv = ["head", "-c", count.as_str(), "/dev/zero"];
-    let mut ours = Vec::new();
-    let mut baseline = Vec::new();
-    for run in 0..runs {
-        // Alternate which goes first so neither always runs on a warmer machine.
-        for relay_turn in [run % 2 == 0, run % 2 == 1] {
-            let (client, samples, name) = if relay_turn {
-                (&relay, &mut ours, "relay")
-            } else {
-                (&local, &mut baseline, "local")
-            };
-            let started = Instant::now();
-            let bytes = library_output_bytes(client, &format!("{name}-head-{run}"), &argv).await;
-            assert_eq!(bytes, mib * 1024 * 1024, "every byte must arrive ({name})");
-            samples.push(mib as f64 / started.elapsed().as_secs_f64());
-        }
-    }
+    let (ours, baseline) =
+        alternating_output((&relay, "relay"), (&local, "local"), mib, runs).await;
     rows.push(throughput_row(
         format!(
             "remote mode: output throughput, head -c {mib}M /dev/zero, library client, binary frames, {cipher} ({runs} runs)"
