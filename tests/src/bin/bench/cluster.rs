@@ -4,14 +4,12 @@
 //! sides run the same executor binary and library client; the figures differ only in the hop
 //! through the second node and NATS.
 
-use std::time::Instant;
-
 use tests::nats::Nats;
 
 use crate::Server;
 use crate::remote::{
-    RemoteSetup, alternating_output, relay_client, remote_setup, start_registered_executor,
-    start_with_registry_token, write_credentials,
+    RemoteSetup, alternating_output, paired_round_trips, relay_client, remote_setup,
+    start_registered_executor, start_with_registry_token, write_credentials,
 };
 use crate::table::{Row, summary_with_p99, throughput_row};
 
@@ -90,25 +88,7 @@ async fn cluster_round_trip(
 ) {
     let one_node = relay_client(&single.registry, "bench-one-node").await;
     let two_nodes = relay_client(&cluster.harness_url, "bench-cluster").await;
-    let path = supervisor::FileUri::from_path(std::path::Path::new("/tmp")).unwrap();
-    let mut ours = Vec::new();
-    let mut baseline = Vec::new();
-    for run in 0..runs + 10 {
-        for (client, samples) in [(&two_nodes, &mut ours), (&one_node, &mut baseline)] {
-            let started = Instant::now();
-            let metadata = client
-                .fs_get_metadata(proto::methods::fs::PathParams {
-                    path: path.clone(),
-                    sandbox: None,
-                })
-                .await
-                .unwrap();
-            assert!(metadata.is_directory);
-            if run >= 10 {
-                samples.push(started.elapsed().as_secs_f64() * 1e3);
-            }
-        }
-    }
+    let (ours, baseline) = paired_round_trips(&two_nodes, &one_node, runs).await;
     let (ours_median, ours_text) = summary_with_p99(ours);
     let (baseline_median, baseline_text) = summary_with_p99(baseline);
     let added = ours_median - baseline_median;

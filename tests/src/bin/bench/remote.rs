@@ -233,13 +233,18 @@ async fn relay_output_throughput(
     local.close();
 }
 
-pub(crate) async fn relay_request_latency(rows: &mut Vec<Row>, setup: &RemoteSetup, runs: usize) {
-    let (relay, local) = relay_and_local_clients(setup, proto::relay::CipherChoice::Auto).await;
+/// Milliseconds of `runs` `fs/getMetadata` round trips through `ours` and through `baseline`,
+/// taken in pairs (after 10 unmeasured pairs of warm-up).
+pub(crate) async fn paired_round_trips(
+    ours: &supervisor::ExecServerClient,
+    baseline: &supervisor::ExecServerClient,
+    runs: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let path = supervisor::FileUri::from_path(std::path::Path::new("/tmp")).unwrap();
-    let mut ours = Vec::new();
-    let mut baseline = Vec::new();
+    let mut ours_samples = Vec::new();
+    let mut baseline_samples = Vec::new();
     for run in 0..runs + 10 {
-        for (client, samples) in [(&relay, &mut ours), (&local, &mut baseline)] {
+        for (client, samples) in [(ours, &mut ours_samples), (baseline, &mut baseline_samples)] {
             let started = Instant::now();
             let metadata = client
                 .fs_get_metadata(proto::methods::fs::PathParams {
@@ -254,6 +259,12 @@ pub(crate) async fn relay_request_latency(rows: &mut Vec<Row>, setup: &RemoteSet
             }
         }
     }
+    (ours_samples, baseline_samples)
+}
+
+pub(crate) async fn relay_request_latency(rows: &mut Vec<Row>, setup: &RemoteSetup, runs: usize) {
+    let (relay, local) = relay_and_local_clients(setup, proto::relay::CipherChoice::Auto).await;
+    let (ours, baseline) = paired_round_trips(&relay, &local, runs).await;
     let (ours_median, ours_text) = summary_with_p99(ours);
     let (baseline_median, baseline_text) = summary_with_p99(baseline);
     rows.push(Row {
