@@ -116,16 +116,18 @@ else
   fail "block \"$first\": no ws:// URL on stdout within 60 s (got \"${url:-}\")"
 fi
 
-# The Python session (CI installs websockets, as the README says to).
+# The Python session, through the client library the README installs first.
+python3 -c 'import execward' 2>/dev/null || python3 -m pip install --quiet "$repo/clients/python"
 replayed+=("python: the session you can reproduce")
 awk '/^```python/ { inside = 1; next } inside && /^```/ { exit } inside { print }' "$readme" |
   sed -e "s#target/release/#$target_dir/debug/#g" >"$scratch/session.py"
 echo "readme replay: running the Python session"
 if (cd "$repo" && timeout 60 python3 "$scratch/session.py") >"$scratch/out" 2>&1; then
-  expect '"method": "process/closed"' "the Python session"
-  expect '"status": "accepted"' "the Python session"
+  expect "write: accepted" "the Python session"
+  expect "echo:hello" "the Python session"
+  expect "reason='terminated'" "the Python session"
 else
-  fail "the Python session failed (websockets installed? python3 -m pip install websockets):
+  fail "the Python session failed (is the client installed? python3 -m pip install ./clients/python):
 $(cat "$scratch/out")"
 fi
 
