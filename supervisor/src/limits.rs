@@ -253,6 +253,11 @@ pub const MAX_WALL_SECONDS: u64 = 365 * 24 * 60 * 60;
 pub const CGROUP_EMPTY_DEADLINE: Duration = Duration::from_secs(5);
 /// How often a killed tree's cgroup is checked for being empty.
 pub const CGROUP_EMPTY_POLL: Duration = Duration::from_millis(5);
+/// Most passes over a new tree's processes that move them into the server's shared CPU group
+/// after the start (`containment::Tree::join_cpu_group`); each pass moves what the tree forked
+/// before its parents moved, so a tree that is still forking new processes after this many is
+/// left partly outside (it is still bounded by its own limits).
+pub const CPU_GROUP_JOIN_PASSES: usize = 16;
 /// Extra time a sandboxed command's own wall-clock kill (by `sandbox-run`, which drains the
 /// sandbox's terminal first) gets before the server kills the tree itself.
 pub const WALL_BACKSTOP_GRACE: Duration = Duration::from_secs(2);

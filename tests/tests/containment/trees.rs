@@ -225,3 +225,76 @@ async fn without_cgroups_orphans_come_back_to_the_server_and_die_at_its_shutdown
     assert!(server.wait_exit(DEADLINE).success());
     wait_process_dead(daemon, DEADLINE, "the orphan after the server's shutdown");
 }
+
+/// The v1 `cpu` cgroup of `pid` (`None` where the cpu controller is not a v1 hierarchy, or the
+/// process is gone).
+fn v1_cpu_cgroup(pid: i32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        controllers
+            .split(',')
+            .any(|controller| controller == "cpu")
+            .then(|| path.to_owned())
+    })
+}
+
+/// Every process of a tree weighs in the server's one CPU group (v1 `cpu` hosts), children the
+/// command forked at once included: a plain start joins the group just after its start (off
+/// the reply's path, see `containment::Tree::join_cpu_group`), so what the command forked
+/// before it moved must be moved too. Plain, PTY and sandboxed (the launcher's PID 1 joins it
+/// ahead) starts.
+#[tokio::test]
+async fn every_process_of_a_tree_ends_in_the_servers_cpu_group_children_forked_at_once_included() {
+    let server = ExecServer::start(&[]);
+    let Some(own) = v1_cpu_cgroup(server.pid()) else {
+        tests::skip_unless_ci("the cpu controller is not a cgroup v1 hierarchy here");
+        return;
+    };
+    let mut client = server.client().await;
+    let mark = mark();
+    for mode in Mode::ALL {
+        let id = format!("cpu-{}", mode.id());
+        // Three children forked at once, likely before the command was moved; they sleep, so
+        // they are alive while checked.
+        let script = format!("sleep {mark} & sleep {mark} & sleep {mark} & wait");
+        let mut params = json!({
+            "processId": id, "argv": ["/bin/sh", "-c", script],
+            "cwd": "/tmp", "env": {"PATH": "/usr/bin:/bin"},
+        });
+        for (key, value) in mode.extra().as_object().unwrap() {
+            params[key] = value.clone();
+        }
+        client.call("process/start", params).await;
+        let started = Instant::now();
+        loop {
+            let sleepers: Vec<i32> = descendants(server.pid())
+                .into_iter()
+                .filter(|pid| tests::cmdline(*pid).contains(&format!("sleep {mark}")))
+                .collect();
+            let groups: Vec<Option<String>> =
+                sleepers.iter().map(|pid| v1_cpu_cgroup(*pid)).collect();
+            let all_in_one_group = sleepers.len() >= 3
+                && groups.iter().all(|group| {
+                    group.as_ref().is_some_and(|group| {
+                        group != &own
+                            && group.starts_with(&format!("{own}/execward-").replace("//", "/"))
+                    })
+                });
+            if all_in_one_group {
+                break;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "{mode:?}: the tree's processes {sleepers:?} are in cpu cgroups {groups:?}, not \
+                 the server's group below {own}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await; // polling interval
+        }
+        client
+            .call("process/terminate", json!({"processId": id}))
+            .await;
+        client.collect(&id).await;
+    }
+}

@@ -93,10 +93,16 @@ pub async fn launch(
         .await
         .map_err(ProcessError::from)
         .and_then(|spawned| spawned)?;
+    let tree = Arc::new(tree);
+    if !through_launcher && tree.joins_cpu_group_after_start() {
+        // Off the start's path: the reply does not wait for the move (see `child_cgroups`).
+        let joining = tree.clone();
+        crate::containment::cleanup::joining_cpu_group(move || joining.join_cpu_group());
+    }
     Ok(Launched {
         spawned,
         through_launcher,
-        tree: Arc::new(tree),
+        tree,
         ask_server,
     })
 }
