@@ -18,7 +18,7 @@ use proto::methods::fs::*;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{FsError, FsErrorKind, WriteOptions};
+use crate::{FsError, FsErrorKind, FsOperation, WriteOptions};
 
 /// A request to the helper binary: `{"operation", "params", "sandbox"}`, the typed request
 /// ([`FsRequest`]'s own JSON) plus the sandbox it must run under.
@@ -293,12 +293,11 @@ pub fn fs_error(error: &FsError, sandboxed: bool) -> RpcError {
         FsError::CopyIntoItself { .. } => (codes::INVALID_REQUEST, ErrorKind::InvalidRequest),
         _ => (code, kind),
     };
-    let message = if kind == ErrorKind::SandboxDenied {
-        format!("sandbox denied: {error}")
-    } else {
-        error.to_string()
-    };
-    let mut rpc = RpcError::new(code, kind, message).with_operation(error.operation().as_str());
+    let mut rpc =
+        RpcError::new(code, kind, error.to_string()).with_operation(error.operation().as_str());
+    if let Some(message) = reference_message(error, kind) {
+        rpc = rpc.with_reference_message(message);
+    }
     if let (Some(limit), Some(data)) = (error.limit(), rpc.data.as_mut()) {
         data.limit = Some(limit);
     }
@@ -306,6 +305,46 @@ pub fn fs_error(error: &FsError, sandboxed: bool) -> RpcError {
         rpc = rpc.with_path(uri.to_uri_string());
     }
     rpc
+}
+
+/// The reference server's text for the errors whose text its clients and tests compare (our own
+/// message then goes to `data.detail`); `None` keeps our message. A sandbox denial reads "is not
+/// permitted", which the reference's tests accept for a refused (-32600) request.
+fn reference_message(error: &FsError, kind: ErrorKind) -> Option<String> {
+    let op = error.operation();
+    if kind == ErrorKind::SandboxDenied {
+        return Some(match error.path() {
+            Some(path) => format!(
+                "{op}: {verb} {path} is not permitted by the sandbox",
+                verb = op.verb(),
+                path = path.display()
+            ),
+            None => format!("{op} is not permitted by the sandbox"),
+        });
+    }
+    match error {
+        FsError::IsDirectoryNeedsRecursive {
+            op: FsOperation::Copy,
+            ..
+        } => Some("fs/copy requires recursive: true when sourcePath is a directory".into()),
+        FsError::CopyIntoItself { .. } => {
+            Some("fs/copy cannot copy a directory to itself or one of its descendants".into())
+        }
+        FsError::NotRegularFile {
+            op: FsOperation::Copy,
+            ..
+        }
+        | FsError::UnsupportedFileType {
+            op: FsOperation::Copy,
+            ..
+        } => Some("fs/copy only supports regular files, directories, and symlinks".into()),
+        FsError::NotRegularFile {
+            op: FsOperation::Open | FsOperation::ReadFile,
+            path,
+            ..
+        } => Some(format!("path `{}` is not a file", path.display())),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -335,8 +374,10 @@ mod tests {
         };
         let rpc = fs_error(&error, true);
         assert_eq!(rpc.code, codes::INVALID_REQUEST);
+        assert!(rpc.message.contains("is not permitted"), "{rpc:?}");
         let data = rpc.data.unwrap();
         assert_eq!(data.kind, ErrorKind::SandboxDenied);
+        assert_eq!(data.detail.as_deref(), Some(error.to_string().as_str()));
         assert_eq!(data.operation.as_deref(), Some("fs/writeFile"));
         assert!(data.path.unwrap().ends_with("/x"));
         assert_eq!(

@@ -96,6 +96,11 @@ pub struct ErrorData {
     /// True when the same request may succeed if retried later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retryable: Option<bool>,
+    /// This server's own, more specific wording, when `message` carries the reference
+    /// server's text (its clients and tests compare that text; docs/protocol.md). Boxed to
+    /// keep `RpcError` small: it is the error of every request's `Result`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Box<str>>,
 }
 
 impl ErrorData {
@@ -107,6 +112,7 @@ impl ErrorData {
             path: None,
             limit: None,
             retryable: None,
+            detail: None,
         }
     }
 }
@@ -188,6 +194,16 @@ impl RpcError {
         self.data
             .get_or_insert_with(|| ErrorData::kind(ErrorKind::Internal))
             .path = Some(path.into());
+        self
+    }
+
+    /// Answer with `message` (the reference server's text, which its clients compare) and keep
+    /// this server's own message in `data.detail`.
+    pub fn with_reference_message(mut self, message: impl Into<String>) -> Self {
+        let detail = std::mem::replace(&mut self.message, message.into());
+        self.data
+            .get_or_insert_with(|| ErrorData::kind(ErrorKind::Internal))
+            .detail = Some(detail.into_boxed_str());
         self
     }
 

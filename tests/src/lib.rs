@@ -63,7 +63,7 @@ pub use raw_ws::{
 pub use server::{
     ExecServer, INSTALLED_BINARIES, RefusedStart, exec_server_binary, install_binaries,
 };
-pub use wire::{assert_rpc_error, b64, error_kind, file_uri, unb64};
+pub use wire::{assert_rpc_error, b64, error_kind, error_text, file_uri, unb64};
 
 /// The default deadline for any single wait (a response, a notification, the URL line).
 pub const DEADLINE: Duration = Duration::from_secs(10);

@@ -46,6 +46,15 @@ pub fn assert_rpc_error(result: Result<Value, RpcError>, code: i64, kind: &str) 
     error
 }
 
+/// The message and, when the message is the reference server's text, this server's own wording
+/// from `data.detail` after it: what a test that looks for the cause (an OS error) reads.
+pub fn error_text(error: &RpcError) -> String {
+    match error.data.as_ref().and_then(|d| d.detail.as_deref()) {
+        Some(detail) => format!("{} ({detail})", error.message),
+        None => error.message.clone(),
+    }
+}
+
 /// The `data.kind` of an error as a string (empty when absent).
 pub fn error_kind(error: &RpcError) -> String {
     error

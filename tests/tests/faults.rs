@@ -495,7 +495,7 @@ async fn read_only_filesystem_refuses_every_write_by_name_and_still_reads() {
                 "{how} {method}: {error:?}"
             );
             assert!(
-                error.message.contains("Read-only file system"),
+                tests::error_text(&error).contains("Read-only file system"),
                 "{how} {method}: the message must name the cause: {error:?}"
             );
         }

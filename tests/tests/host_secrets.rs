@@ -433,7 +433,7 @@ async fn credential_stores_are_unreadable_under_the_built_in_profiles_and_readab
                     let data = serde_json::to_value(&error.data).unwrap();
                     assert_eq!(data["kind"], "sandboxDenied", "{context}: {error:?}");
                     assert!(
-                        error.message.contains("Permission denied"),
+                        tests::error_text(&error).contains("Permission denied"),
                         "{context}: {error:?}"
                     );
                 }

@@ -191,8 +191,12 @@ impl From<FsRequestError> for RpcError {
             FsRequestError::DuplicateHandle(_) => {
                 RpcError::invalid_request(ErrorKind::AlreadyExists, message)
             }
+            // The reference's text (its tests compare it); ours names the constant, in
+            // `data.detail`.
             FsRequestError::TooManyHandles(limit) => {
-                RpcError::limit_exceeded(message, limit as u64)
+                RpcError::limit_exceeded(message, limit as u64).with_reference_message(format!(
+                    "at most {limit} file reads may be open per connection"
+                ))
             }
             FsRequestError::Budget(budget) => budget.into(),
         }

@@ -29,6 +29,7 @@ mod environment_and_fs;
 mod http;
 mod library;
 mod process;
+mod wording;
 
 // ---------------------------------------------------------------------------------------------
 // A local HTTP server for http/request
