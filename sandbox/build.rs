@@ -1,6 +1,6 @@
 //! Compiles `policies/seccomp/*.json` into BPF for the target architecture at build time, so
 //! `sandbox-run` installs ready bytecode instead of parsing JSON and running seccompiler on every
-//! start. Writes `$OUT_DIR/seccomp_programs.rs`, included by `src/linux/seccomp.rs`.
+//! start. Writes `$OUT_DIR/seccomp_programs.rs`, included by `src/linux/seccomp/mod.rs`.
 //!
 //! Rule selection (architecture, network variant) is `src/linux/seccomp_policy.rs`, included
 //! here too, so build and run time select the same rules. The files are still embedded and

@@ -2,7 +2,7 @@
 //! denials goes through the real pipeline (record parsing, correlation, aggregation, the
 //! streamed JSON lines) while a counting allocator measures the heap. No kernel audit is
 //! involved (records are built in the shape Linux 6.18 sends), so this runs anywhere;
-//! `tests/audit.rs` floods a real `sandbox-run --audit` as root.
+//! `tests/audit/robustness.rs` floods a real `sandbox-run --audit` as root.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -54,7 +54,7 @@ pub const MAX_PENDING_EVENTS: usize = 32;
 pub const MAX_RECORDS_PER_EVENT: usize = 16;
 /// Documented bound of `sandbox-run --audit`'s peak resident memory, whatever the number of
 /// denials (binary, the 8 MiB socket buffer is kernel memory and not counted, the aggregate,
-/// the pending events). `sandbox/tests/audit.rs` checks it under a flood of 1,000,000 denials.
+/// the pending events). `sandbox/tests/audit/robustness.rs` checks it under a flood of 1,000,000 denials.
 pub const AUDIT_PEAK_RSS_BYTES: usize = 64 * 1024 * 1024;
 
 /// Marker appended to a capped field: `…[+N bytes]` (N: how many bytes of the original were cut).

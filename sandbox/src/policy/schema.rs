@@ -1,5 +1,5 @@
 //! Hand-written JSON Schemas (feature `schema`) where serde's behaviour is hand-written too: the
-//! wire `sandbox` object ([`SandboxSpec`], read key by key in `wire.rs`) and the
+//! wire `sandbox` object ([`SandboxSpec`], read key by key in `wire/mod.rs`) and the
 //! `#[serde(other)]` special path. (serde's `alias` spellings are added in `schema_aliases`.)
 //! `tests/tests/schemas.rs` checks the schemas accept every shape and spelling the deserializer
 //! accepts and refuse mutated copies.

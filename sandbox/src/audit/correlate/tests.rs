@@ -1,5 +1,5 @@
 //! Correlation on records shaped like the ones Linux 6.18 sent for a real run (see
-//! `sandbox/tests/audit.rs` for the end-to-end version).
+//! `sandbox/tests/audit/` for the end-to-end version).
 
 use super::*;
 use crate::policy::{Access, FilesystemPolicy, PathRule};

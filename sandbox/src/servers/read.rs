@@ -1,0 +1,149 @@
+//! Reading every entry where a sandbox's policy is resolved: once (a standalone run) or
+//! cached and re-read whenever a directory changed (a long-lived server).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use super::dirs::{euid, private_dir, registry_dirs};
+use super::entries::{entry_alive, own_pid_namespace, read_entry};
+use super::{MAX_REGISTRY_ENTRIES, RACY_WINDOW, Registered, RegistryError, acceptable};
+
+/// Reads every entry of `dirs` (directories that are not the uid's are skipped: none of its
+/// servers could have written there).
+pub(super) fn read_dirs(dirs: &[PathBuf], uid: u32) -> Result<Registered, RegistryError> {
+    let mut registered = Registered::default();
+    let own_ns = own_pid_namespace();
+    for dir in dirs {
+        registered.dirs.push(dir.clone());
+        if private_dir(dir, uid).is_err() {
+            continue;
+        }
+        let list_error = |reason: String| RegistryError::List {
+            path: dir.clone(),
+            reason,
+        };
+        let listing = std::fs::read_dir(dir).map_err(|e| list_error(e.to_string()))?;
+        let mut count = 0;
+        for item in listing {
+            let item = item.map_err(|e| list_error(e.to_string()))?;
+            count += 1;
+            if count > MAX_REGISTRY_ENTRIES {
+                return Err(list_error(format!(
+                    "more than {MAX_REGISTRY_ENTRIES} entries (MAX_REGISTRY_ENTRIES)"
+                )));
+            }
+            let Some(entry) = read_entry(&item.path(), uid)? else {
+                continue;
+            };
+            // A server killed before it could remove its entry (SIGKILL) protects nothing any
+            // more: its entry would only make sandboxes fail closed without namespaces.
+            if !entry_alive(&entry, own_ns) {
+                continue;
+            }
+            registered
+                .hidden
+                .extend(entry.hidden.into_iter().filter(|p| acceptable(p)));
+            registered
+                .read_only
+                .extend(entry.read_only.into_iter().filter(|p| acceptable(p)));
+        }
+    }
+    registered.hidden.sort();
+    registered.hidden.dedup();
+    registered.read_only.sort();
+    registered.read_only.dedup();
+    Ok(registered)
+}
+
+/// Reads the registry of the calling process's uid once (a standalone `sandbox-run` or
+/// `fs-helper`).
+///
+/// # Errors
+/// [`RegistryError`] when an entry is unreadable or malformed, or there are too many.
+pub fn read_registered() -> Result<Registered, RegistryError> {
+    let uid = euid();
+    read_dirs(&registry_dirs(uid), uid)
+}
+
+/// What identifies a directory's state: device, inode, size, change and modification times.
+type Stamp = Option<(u64, u64, u64, i64, i64, i64, i64)>;
+
+fn stamp(dir: &Path) -> (Stamp, bool) {
+    match dir.symlink_metadata() {
+        Ok(meta) => {
+            let ctime = SystemTime::UNIX_EPOCH.checked_add(Duration::new(
+                u64::try_from(meta.ctime()).unwrap_or(0),
+                u32::try_from(meta.ctime_nsec()).unwrap_or(0),
+            ));
+            let changed = meta.modified().ok().into_iter().chain(ctime);
+            let racy = changed
+                .into_iter()
+                .any(|t| t.elapsed().map_or(true, |age| age < RACY_WINDOW));
+            (
+                Some((
+                    meta.dev(),
+                    meta.ino(),
+                    meta.size(),
+                    meta.mtime(),
+                    meta.mtime_nsec(),
+                    meta.ctime(),
+                    meta.ctime_nsec(),
+                )),
+                racy,
+            )
+        }
+        Err(_) => (None, false),
+    }
+}
+
+/// The registry as a long-lived server reads it for every sandbox it resolves: re-read whenever
+/// a directory changed (or changed too recently to tell), else the copy read last.
+#[derive(Debug)]
+pub struct RegistryReader {
+    uid: u32,
+    dirs: Vec<PathBuf>,
+    cache: Mutex<Option<(Vec<Stamp>, Registered)>>,
+}
+
+impl Default for RegistryReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RegistryReader {
+    /// The reader of the calling process's uid.
+    pub fn new() -> Self {
+        let uid = euid();
+        Self {
+            uid,
+            dirs: registry_dirs(uid),
+            cache: Mutex::new(None),
+        }
+    }
+
+    /// What every registered server asks of a sandbox, now.
+    ///
+    /// # Errors
+    /// As [`read_registered`].
+    pub fn current(&self) -> Result<Registered, RegistryError> {
+        let stamps: Vec<(Stamp, bool)> = self.dirs.iter().map(|dir| stamp(dir)).collect();
+        let racy = stamps.iter().any(|(_, racy)| *racy);
+        let stamps: Vec<Stamp> = stamps.into_iter().map(|(s, _)| s).collect();
+        let mut cache = self
+            .cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !racy
+            && let Some((cached, registered)) = cache.as_ref()
+            && *cached == stamps
+        {
+            return Ok(registered.clone());
+        }
+        let registered = read_dirs(&self.dirs, self.uid)?;
+        *cache = Some((stamps, registered.clone()));
+        Ok(registered)
+    }
+}

@@ -1,0 +1,106 @@
+#![allow(clippy::unwrap_used)]
+use super::dirs::euid;
+use super::entries::process_identity;
+use super::read::read_dirs;
+use super::register::prune_dead;
+use super::*;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+
+#[test]
+fn entries_are_read_and_hostile_paths_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = dir.path().join("servers");
+    std::fs::DirBuilder::new().mode(0o700).create(&reg).unwrap();
+    let entry = Entry {
+        pid: 1,
+        hidden: vec![
+            PathBuf::from("/srv/a/token"),
+            PathBuf::from("/"),
+            PathBuf::from("relative"),
+            PathBuf::from("/srv/../etc"),
+        ],
+        read_only: vec![PathBuf::from("/srv/a/bin")],
+        ..Entry::default()
+    };
+    std::fs::write(reg.join("1-1.json"), serde_json::to_vec(&entry).unwrap()).unwrap();
+    std::fs::write(reg.join(".2-2.tmp"), "half").unwrap();
+    let read = read_dirs(std::slice::from_ref(&reg), euid()).unwrap();
+    assert_eq!(read.hidden, vec![PathBuf::from("/srv/a/token")]);
+    assert_eq!(read.dirs, vec![reg.clone()]);
+    assert_eq!(read.read_only, vec![PathBuf::from("/srv/a/bin")]);
+    std::fs::write(reg.join("3-3.json"), "{not json").unwrap();
+    assert!(read_dirs(std::slice::from_ref(&reg), euid()).is_err());
+}
+
+#[test]
+fn a_dead_servers_entry_is_not_applied_and_a_live_ones_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = dir.path().join("servers");
+    std::fs::DirBuilder::new().mode(0o700).create(&reg).unwrap();
+    let (start_time, pid_namespace) = process_identity(std::process::id()).unwrap();
+    let live = Entry {
+        pid: std::process::id(),
+        start_time,
+        pid_namespace,
+        hidden: vec![PathBuf::from("/srv/live/token")],
+        ..Entry::default()
+    };
+    let dead = Entry {
+        start_time: start_time + 1,
+        hidden: vec![PathBuf::from("/srv/dead/token")],
+        ..live.clone()
+    };
+    for (name, entry) in [("live", &live), ("dead", &dead)] {
+        let path = reg.join(format!("{name}.json"));
+        std::fs::write(path, serde_json::to_vec(entry).unwrap()).unwrap();
+    }
+    let read = read_dirs(std::slice::from_ref(&reg), euid()).unwrap();
+    assert_eq!(read.hidden, vec![PathBuf::from("/srv/live/token")]);
+}
+
+#[test]
+fn entries_of_dead_servers_are_pruned_and_live_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = dir.path().join("servers");
+    std::fs::DirBuilder::new().mode(0o700).create(&reg).unwrap();
+    let (start_time, pid_namespace) = process_identity(std::process::id()).unwrap();
+    let live = Entry {
+        pid: std::process::id(),
+        start_time,
+        pid_namespace,
+        ..Entry::default()
+    };
+    // A pid reused by another process (different start time) and a pid of another PID
+    // namespace (not ours to judge).
+    let reused = Entry {
+        start_time: start_time + 1,
+        ..live.clone()
+    };
+    let foreign = Entry {
+        pid: 1,
+        pid_namespace: pid_namespace + 1,
+        ..live.clone()
+    };
+    for (name, entry) in [("live", &live), ("reused", &reused), ("foreign", &foreign)] {
+        let path = reg.join(format!("{name}.json"));
+        std::fs::write(path, serde_json::to_vec(entry).unwrap()).unwrap();
+    }
+    prune_dead(&reg);
+    let mut left: Vec<String> = std::fs::read_dir(&reg)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["foreign.json", "live.json"]);
+}
+
+#[test]
+fn a_directory_open_to_others_is_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = dir.path().join("servers");
+    std::fs::create_dir(&reg).unwrap();
+    std::fs::set_permissions(&reg, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(reg.join("1-1.json"), "{not json").unwrap();
+    let read = read_dirs(std::slice::from_ref(&reg), euid()).unwrap();
+    assert_eq!(read.hidden, Vec::<PathBuf>::new());
+}
