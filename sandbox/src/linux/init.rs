@@ -99,7 +99,7 @@ pub fn run_init(
             serde_json::to_string(&prepared.report).unwrap_or_default()
         );
     }
-    let exec = Exec::new(command, prepared.egress_port);
+    let exec = Exec::new(command, prepared.egress_port, prepared.ca_bundle.as_deref());
     // The child shares PID 1's memory and descriptors until it has installed its filters; it
     // then only sets up its session and terminal and execs (or leaves through _exit).
     let gate = prepared
@@ -133,6 +133,8 @@ struct Prepared {
     signals: SignalFd,
     slave: Option<OwnedFd>,
     egress_port: Option<u16>,
+    /// The trust bundle holding the inspection CA (`inspect=true`).
+    ca_bundle: Option<PathBuf>,
 }
 
 /// With a network allowlist: brings `lo` up in the sandbox's (empty) network namespace, listens
@@ -165,10 +167,15 @@ fn prepare(
     report.namespaces.ipc = true;
     report.namespaces.mount = true;
     report.namespaces.network = policy.needs_network_namespace();
-    let egress_port = match egress {
-        Some(socket) if policy.egress().is_some() => Some(listen_for_egress(&socket)?),
+    let egress_port = match &egress {
+        Some(socket) if policy.egress().is_some() => Some(listen_for_egress(socket)?),
         _ => None,
     };
+    let inspects = policy
+        .egress()
+        .is_some_and(crate::policy::EgressRules::inspects_any);
+    // The host's bundle as the host has it, before the layout hides anything.
+    let host_bundle = inspects.then(crate::egress::trust::host_bundle).flatten();
     // Leave the outer terminal's session: the command gets a terminal of its own, and the
     // server's signals to the outer's process group reach only the outer, which forwards them.
     let _ = nix::unistd::setsid();
@@ -193,6 +200,17 @@ fn prepare(
             Some(slave)
         }
         None => None,
+    };
+    // After the terminal (the outer receives that first), before confinement.
+    let ca_bundle = match egress {
+        Some(socket) if inspects => install_inspection_ca(
+            &socket,
+            policy,
+            &layout,
+            host_bundle.as_deref(),
+            &mut report.warnings,
+        )?,
+        _ => None,
     };
     super::enter_directory(&command.cwd)?;
     let _ = crate::sys::set_dumpable(false);
@@ -227,7 +245,43 @@ fn prepare(
         signals,
         slave,
         egress_port,
+        ca_bundle,
     })
+}
+
+/// Waits for the inspection CA the outer relays from the proxy and writes the trust bundle
+/// (the host's, then the CA) into the sandbox's private `/tmp` (an overlay's private layer),
+/// else its private `$TMPDIR`. Without either (a layout that keeps the host's `/tmp`) no
+/// bundle is written, with a warning: writing there would reach the host.
+fn install_inspection_ca(
+    socket: &UnixStream,
+    policy: &ResolvedPolicy,
+    layout: &mounts::Layout,
+    host_bundle: Option<&str>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<PathBuf>, SandboxError> {
+    let egress_error = |source: std::io::Error| SandboxError::Egress { source };
+    let ca = crate::egress::trust::InspectionCa::receive(socket)
+        .map_err(|err| egress_error(std::io::Error::other(err)))?;
+    let tmp = Path::new(SLASH_TMP);
+    let private = |dir: &Path| {
+        layout.overlay_dirs.iter().any(|d| d == dir)
+            || (layout.private_dirs.iter().any(|d| d == dir) && policy.can_read(dir))
+    };
+    let dir = std::iter::once(tmp)
+        .chain(policy.tmpdir.as_deref())
+        .find(|dir| private(dir));
+    let Some(dir) = dir else {
+        warnings.push(
+            "inspect=true: the sandbox has no private /tmp or $TMPDIR for the inspection CA's \
+             bundle; clients inside will not trust the inspected destinations"
+                .to_owned(),
+        );
+        return Ok(None);
+    };
+    crate::egress::trust::install(dir, &ca.bundle(host_bundle))
+        .map(Some)
+        .map_err(egress_error)
 }
 
 /// The layout of a command's sandbox: a fresh `/proc` (its own PID namespace) and a minimal
@@ -443,12 +497,23 @@ pub(super) struct Exec {
 
 impl Exec {
     /// With `egress_port`, the proxy variables are set to the egress proxy (and override the
-    /// command's own: nothing else is reachable).
-    pub(super) fn new(command: &Command, egress_port: Option<u16>) -> Self {
+    /// command's own: nothing else is reachable); with `ca_bundle`, the trust variables
+    /// ([`crate::egress::trust::TRUST_VARIABLES`]) point at it (and override the command's
+    /// own: the bundle holds the host's roots too).
+    pub(super) fn new(
+        command: &Command,
+        egress_port: Option<u16>,
+        ca_bundle: Option<&Path>,
+    ) -> Self {
         let cstring = |bytes: &[u8]| CString::new(bytes).unwrap_or_default();
         let program = command.argv.first().cloned().unwrap_or_default();
         let argv = command.argv.iter().map(|a| cstring(a.as_bytes())).collect();
-        let proxy_env = egress_port.map(proxy_environment).unwrap_or_default();
+        let mut proxy_env = egress_port.map(proxy_environment).unwrap_or_default();
+        proxy_env.extend(ca_bundle.into_iter().flat_map(|bundle| {
+            crate::egress::trust::TRUST_VARIABLES
+                .iter()
+                .map(|name| (OsString::from(name), bundle.as_os_str().to_owned()))
+        }));
         let envp = command
             .env
             .iter()
