@@ -2570,3 +2570,163 @@ fn python_for(uid: Option<u32>) -> PathBuf {
         .filter(|path| usable(path))
         .unwrap_or_else(|| PathBuf::from("/usr/bin/python3"))
 }
+
+#[test]
+fn the_inspection_cas_key_is_nowhere_the_command_can_read() {
+    // With inspect=true, from inside (root and 65534): the trust bundle holds CERTIFICATE
+    // blocks only, ending with the per-sandbox CA, and the command can neither append to it
+    // nor remove it; no file it can read that the sandbox's setup wrote (newer than the
+    // start, under /tmp, /run, $TMPDIR, $HOME) holds a private key, while a decoy key the test
+    // planted in $HOME is found by the same search (the search works); no process in the
+    // sandbox is the proxy, and the proxy's /proc/PID/{environ,mem,fd} (its host pid, sent
+    // in by the test) are not the proxy's there. Control: from the host, as the same uid, the
+    // proxy is a process whose cmdline is readable.
+    let probe = format!(
+        "{IS_PROXY}{}",
+        r#"
+b="$SSL_CERT_FILE"
+for v in REQUESTS_CA_BUNDLE NODE_EXTRA_CA_CERTS CURL_CA_BUNDLE GIT_SSL_CAINFO; do
+  eval "[ \"\$$v\" = \"$b\" ]" && echo "var $v same"
+done
+echo "begins $(grep -c -- '-----BEGIN ' "$b") certs $(grep -c -- '-----BEGIN CERTIFICATE-----' "$b")"
+echo "marked $(grep -c 'execward per-sandbox inspection CA' "$b")"
+sum=$(cksum < "$b")
+if (echo x >> "$b") 2>/dev/null; then echo "append ok"; else echo "append refused"; fi
+if rm -f "$b" 2>/dev/null && [ ! -e "$b" ]; then echo "rm ok"; else echo "rm refused"; fi
+[ "$(cksum < "$b")" = "$sum" ] && echo "bundle unchanged"
+for f in $(find /tmp /run "$TMPDIR" "$HOME" -xdev -type f -newer "$HOME/marker" 2>/dev/null); do
+  grep -q 'PRIVATE KEY' "$f" 2>/dev/null && echo "key $f"
+done
+n=0
+for p in /proc/[0-9]*; do
+  is_proxy "${p#/proc/}" && n=$((n+1))
+done
+echo "proxies $n"
+echo ready
+read pid
+for what in environ mem cmdline; do
+  if is_proxy "$pid" && head -c 1 "/proc/$pid/$what" >/dev/null 2>&1; then
+    echo "proxy $what readable"
+  fi
+done
+ls "/proc/$pid/fd" >/dev/null 2>&1 && is_proxy "$pid" && echo "proxy fd listed"
+echo done
+"#
+    );
+    for uid in identities() {
+        let ws = Workspace::new(uid);
+        let marker = ws.path.join("marker");
+        std::fs::write(&marker, "").unwrap();
+        let past = std::time::SystemTime::now() - Duration::from_secs(2);
+        std::fs::File::options()
+            .write(true)
+            .open(&marker)
+            .unwrap()
+            .set_modified(past)
+            .unwrap();
+        let decoy = ws.path.join("decoy.pem");
+        std::fs::write(
+            &decoy,
+            "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        for path in [&marker, &decoy] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let pattern = "secure.test:443 methods=read-only inspect=true";
+        let mut child = ws
+            .command(&["--allow-domain", pattern], &["sh", "-c", &probe])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut lines = Vec::new();
+        let pid = child.id();
+        let until = |lines: &mut Vec<String>, last: &str| {
+            while lines.last().map(String::as_str) != Some(last) {
+                match rx.recv_timeout(DEADLINE) {
+                    Ok(line) => lines.push(line),
+                    Err(_) => {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid as i32),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                        panic!("{uid:?}: no {last:?} from the probe: {lines:?}");
+                    }
+                }
+            }
+        };
+        until(&mut lines, "ready");
+        // Control: from the host, the proxy (sandbox-run's child) is there and readable.
+        let proxy = proxy_of(pid).unwrap_or_else(|| panic!("{uid:?}: no proxy"));
+        let mut host_probe = Command::new("sh");
+        host_probe.args([
+            "-c",
+            &format!("{IS_PROXY} is_proxy {proxy} && head -c 1 /proc/{proxy}/cmdline && echo seen"),
+        ]);
+        if let Some(uid) = uid {
+            host_probe.uid(uid).gid(uid);
+        }
+        let seen = host_probe.output().unwrap();
+        assert!(text(&seen.stdout).ends_with("seen\n"), "{uid:?}: {seen:?}");
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{proxy}").unwrap();
+        drop(stdin);
+        until(&mut lines, "done");
+        let output = wait_output(child, DEADLINE);
+        let context = format!("{uid:?}: {lines:#?} {}", describe(&output));
+        assert!(output.status.success(), "{context}");
+        for var in [
+            "REQUESTS_CA_BUNDLE",
+            "NODE_EXTRA_CA_CERTS",
+            "CURL_CA_BUNDLE",
+            "GIT_SSL_CAINFO",
+        ] {
+            assert!(lines.contains(&format!("var {var} same")), "{context}");
+        }
+        let counts = lines.iter().find(|l| l.starts_with("begins ")).unwrap();
+        let (begins, certs) = counts
+            .strip_prefix("begins ")
+            .and_then(|rest| rest.split_once(" certs "))
+            .unwrap();
+        assert_eq!(begins, certs, "{context}");
+        assert!(begins.parse::<u32>().unwrap() >= 1, "{context}");
+        assert!(lines.contains(&"marked 1".to_owned()), "{context}");
+        assert!(lines.contains(&"append refused".to_owned()), "{context}");
+        assert!(lines.contains(&"rm refused".to_owned()), "{context}");
+        assert!(lines.contains(&"bundle unchanged".to_owned()), "{context}");
+        // Keys the search found: the decoy, and only files the host's own /tmp has (the
+        // overlay shows the host's /tmp underneath; nothing the sandbox wrote is there).
+        let keys: Vec<&str> = lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("key "))
+            .collect();
+        assert!(keys.contains(&decoy.to_str().unwrap()), "{context}");
+        for key in &keys {
+            assert!(
+                *key == decoy.to_str().unwrap() || Path::new(key).exists(),
+                "{key} holds a private key: {context}"
+            );
+        }
+        assert!(lines.contains(&"proxies 0".to_owned()), "{context}");
+        assert!(!lines.iter().any(|l| l.starts_with("proxy ")), "{context}");
+    }
+}
+
+/// `is_proxy PID`: whether that process's program is `egress-proxy` (sh).
+const IS_PROXY: &str = r#"
+is_proxy() {
+  [ "$(tr '\0' '\n' < "/proc/$1/cmdline" 2>/dev/null | head -n 1 | sed 's,.*/,,')" = egress-proxy ]
+}
+"#;
