@@ -182,6 +182,17 @@ echo "readme replay: skipped the fs-helper transcript (\$ prompts; fs-helper/tes
 skipped+=("sandbox-run --policy workspace-write --cwd ~/proj \\")
 echo "readme replay: skipped the egress allowlist examples (they reach pypi.org and crates.io;" \
   "the replay has no network, and sandbox/tests cover the proxy against a local server)"
+# The request-level rule and the ask flow: the block starts its own mirror on loopback.
+first="# A local mirror stands in for a registry: its /simple/ index may be read, nothing else."
+replayed+=("$first")
+run_block "$first" && {
+  expect -x '<a href="demo/">demo</a>' "$first"
+  expect "POST: 403" "$first"
+  expect "POST /simple/ to 127.0.0.1:8765 is outside what its pattern allows" "$first"
+  expect "Allow? [y = this connection" "$first"
+  expect '"approval":{"by":"terminal","scope":"connection"}' "$first"
+  expect_status 0 "$first"
+}
 skipped+=("exec-server ps --connect ws://127.0.0.1:8700              # every session's processes and every budget")
 echo "readme replay: skipped the exec-server ps sketch (a server on :8700; tests/tests/observe.rs::ps_prints_every_sessions_processes_and_the_budgets runs ps)"
 skipped+=("exec-rendezvous --listen https://0.0.0.0:7443 --tls-cert rendezvous.pem --tls-key rendezvous-key.pem \\")

@@ -799,3 +799,102 @@ async fn network_upstream_on_the_wire_sees_exactly_the_allowed_connections() {
     assert_eq!(&answer, b"HTTP/1.1 200");
     assert!(upstream.heads()[seen..][0].starts_with("CONNECT other.test:"));
 }
+
+/// `inspect = true` on the wire (root and 65534, launcher and one-shot servers): curl inside,
+/// given no flag, trusts the per-sandbox CA, so it reads the proxy's answer over the
+/// terminated TLS: a destination the host does not trust (a listener that closes at once)
+/// gets a 502 saying why, and the origin never sees a request. For 65534 (`auditDenials`
+/// needs no root) the refusal is a `process/denied` saying what would allow it. Control: the
+/// same curl told to trust only the host's bundle (`--cacert`), not the sandbox's, fails
+/// verification (exit 60) and reads no answer at all.
+///
+/// Not shown here: a GET passing and a POST refused over HTTPS under the server. The proxy
+/// verifies the destination against the host's trust store, and `sandbox-run` under the
+/// server starts with an empty environment, so a test origin's CA cannot be supplied (the
+/// `SSL_CERT_FILE` hook is `sandbox-run`'s own); `sandbox/tests/egress.rs` shows both.
+#[tokio::test]
+async fn inspect_on_the_wire_installs_the_ca_so_curl_reads_the_proxys_answer() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let requests = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let received = Arc::clone(&requests);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            // Closes at once: the proxy's TLS to it fails.
+            let Ok(mut stream) = stream else { continue };
+            let mut chunk = [0u8; 4096];
+            stream.set_nonblocking(true).unwrap();
+            if let Ok(n) = stream.read(&mut chunk) {
+                received.lock().unwrap().extend_from_slice(&chunk[..n]);
+            }
+        }
+    });
+    let url = format!("https://127.0.0.1:{port}/simple/");
+    let pattern = json!([{
+        "pattern": format!("127.0.0.1:{port}"),
+        "methods": "read-only",
+        "inspect": true,
+    }]);
+    let script = format!(
+        "curl -sS -m 10 -w '\\ncode %{{http_code}}\\n' {url}; echo \"exit $?\"; \
+         curl -sS -m 10 --cacert /etc/ssl/certs/ca-certificates.crt {url}; echo \"control $?\""
+    );
+    for uid in identities() {
+        for args in [&[][..], &["--one-shot-sandbox"][..]] {
+            let setup = Setup::new(uid);
+            let server = setup.start_with(uid, args);
+            let mut client = server.client().await;
+            let audit = uid.is_some();
+            client
+                .start(
+                    "inspect",
+                    &["/bin/sh", "-c", &script],
+                    json!({
+                        "sandbox": {
+                            "profile": "workspace-write",
+                            "cwd": file_uri(&setup.workspace),
+                            "network": {"allow": pattern},
+                        },
+                        "cwd": file_uri(&setup.workspace),
+                        "auditDenials": audit,
+                    }),
+                )
+                .await
+                .unwrap();
+            if audit {
+                let denied = client
+                    .wait_for_notification(
+                        "a process/denied notification for the untrusted destination",
+                        Duration::from_secs(20),
+                        |n| {
+                            n["method"] == "process/denied"
+                                && n["params"]["denial"]["layer"] == "proxy"
+                        },
+                    )
+                    .await;
+                let denial = &denied["params"]["denial"];
+                assert_eq!(denial["address"], format!("127.0.0.1:{port}"), "{denial}");
+                assert_eq!(
+                    denial["allow_rule"],
+                    "none: the destination must present a certificate this host trusts",
+                    "{uid:?} {args:?}: {denial}"
+                );
+            }
+            let out = client.collect("inspect").await;
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let context = format!(
+                "{uid:?} {args:?}: {stdout} / {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(out.exit_code, Some(0), "{context}");
+            assert!(stdout.contains("not trusted by this host"), "{context}");
+            assert!(stdout.contains("\ncode 502\nexit 0\n"), "{context}");
+            assert!(stdout.contains("control 60"), "{context}");
+            let seen = String::from_utf8_lossy(&requests.lock().unwrap()).into_owned();
+            assert!(
+                !seen.contains("HTTP/1.1"),
+                "{context}: the origin saw {seen:?}"
+            );
+        }
+    }
+}

@@ -28,6 +28,9 @@ struct Cli {
     /// The question socket (asking before a refusal is final).
     #[arg(long, value_name = "N")]
     ask_fd: Option<i32>,
+    /// Where the inspection CA's certificate goes (`inspect=true`).
+    #[arg(long, value_name = "N")]
+    ca_fd: Option<i32>,
     /// The pid of the `sandbox-run` that started it.
     #[arg(long, value_name = "PID")]
     parent_pid: u32,
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         events: cli.events_fd,
         config: cli.config_fd,
         ask: cli.ask_fd,
+        ca: cli.ca_fd,
         parent: cli.parent_pid,
     };
     match sandbox::egress::helper::run(fds) {

@@ -53,6 +53,9 @@ pub struct HelperFds {
     pub config: i32,
     /// The question socket (asking before refusing), when the outer asks.
     pub ask: Option<i32>,
+    /// Where the inspection CA's certificate goes ([`super::trust`]), when a pattern asks
+    /// for `inspect=true`.
+    pub ca: Option<i32>,
     /// The outer's pid: when the proxy's parent is no longer it, the outer is gone.
     pub parent: u32,
 }
@@ -93,6 +96,7 @@ pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
     let events = take("event pipe", fds.events)?;
     let config = super::launch::read_config(take("configuration", fds.config)?)?;
     let ask = fds.ask.map(|fd| take("question socket", fd)).transpose()?;
+    let ca_channel = fds.ca.map(|fd| take("CA channel", fd)).transpose()?;
     let locals = local_addresses();
     // The inspection CA (its key in this process's memory only) and the upstream roots, read
     // before confinement; only when a pattern asks for inspection.
@@ -104,6 +108,15 @@ pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
     } else {
         None
     };
+    // The certificate (never the key) to the outer, which relays it to PID 1; the channel
+    // closes here, before confinement.
+    if let (Some(channel), Some(terminator)) = (ca_channel, &terminator) {
+        super::trust::InspectionCa {
+            certificate_pem: terminator.ca_pem(),
+        }
+        .send(std::fs::File::from(channel))
+        .map_err(|err| HelperError::Inspection(err.to_string()))?;
+    }
     let policy = proxy_policy(&config.denied_ports)?;
     let mut kept = vec![listen.as_raw_fd(), events.as_raw_fd()];
     kept.extend(ask.as_ref().map(AsRawFd::as_raw_fd));

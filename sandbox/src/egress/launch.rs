@@ -39,6 +39,9 @@ pub enum LaunchError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The inspection CA did not arrive (the proxy failed before sending it).
+    #[error("the egress proxy sent no inspection CA: {0}")]
+    Ca(#[from] super::trust::TrustError),
     /// `exec` failed.
     #[error("starting the egress proxy {path} failed: {source}")]
     Spawn {
@@ -63,6 +66,8 @@ pub struct ProxyProcess {
     pending: Vec<u8>,
     /// The event pipe reached end of file (the proxy exited).
     closed: bool,
+    /// The inspection CA's certificate, when a pattern inspects.
+    ca: Option<super::trust::InspectionCa>,
 }
 
 /// Where an installation keeps the proxy, relative to the directory of `sandbox-run`
@@ -104,6 +109,8 @@ impl ProxyProcess {
     /// # Errors
     /// [`LaunchError`].
     /// `ask`: the proxy's end of the question socket ([`super::ask`]).
+    /// When a pattern asks for `inspect=true`, waits for the proxy's CA certificate
+    /// ([`Self::inspection_ca`]).
     pub fn spawn(
         listener: OwnedFd,
         config: &ProxyConfig,
@@ -113,11 +120,18 @@ impl ProxyProcess {
         let (events_read, events_write) =
             nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(plumbing("event pipe"))?;
         let config_fd = config_memfd(config)?;
+        let ca = if config.rules.inspects_any() {
+            Some(nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(plumbing("CA pipe"))?)
+        } else {
+            None
+        };
+        let (ca_read, ca_write) = ca.unzip();
         for fd in [
             Some(&listener),
             Some(&events_write),
             Some(&config_fd),
             ask.as_ref(),
+            ca_write.as_ref(),
         ]
         .into_iter()
         .flatten()
@@ -129,6 +143,9 @@ impl ProxyProcess {
         let mut command = Command::new(&path);
         if let Some(ask) = &ask {
             command.arg("--ask-fd").arg(ask.as_raw_fd().to_string());
+        }
+        if let Some(ca) = &ca_write {
+            command.arg("--ca-fd").arg(ca.as_raw_fd().to_string());
         }
         let child = command
             .arg("--listen-fd")
@@ -147,15 +164,32 @@ impl ProxyProcess {
                 path: path.clone(),
                 source,
             })?;
-        drop((listener, events_write, config_fd, ask));
-        fcntl(&events_read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
-            .map_err(plumbing("event pipe"))?;
-        Ok(Self {
+        drop((listener, events_write, config_fd, ask, ca_write));
+        let mut proxy = Self {
             child,
             events: events_read,
             pending: Vec::new(),
             closed: false,
-        })
+            ca: None,
+        };
+        fcntl(&proxy.events, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+            .map_err(plumbing("event pipe"))?;
+        if let Some(ca_read) = ca_read {
+            // The proxy writes it before it confines itself, or exits (end of file).
+            match super::trust::InspectionCa::receive(std::fs::File::from(ca_read)) {
+                Ok(ca) => proxy.ca = Some(ca),
+                Err(err) => {
+                    let _ = proxy.stop();
+                    return Err(err.into());
+                }
+            }
+        }
+        Ok(proxy)
+    }
+
+    /// The inspection CA's certificate (`inspect=true`), to install inside the sandbox.
+    pub fn inspection_ca(&self) -> Option<&super::trust::InspectionCa> {
+        self.ca.as_ref()
     }
 
     /// The event descriptor, to poll; `None` once the proxy has exited.

@@ -33,7 +33,7 @@
 //! [`framing`] (HTTP/1.x body framing), [`tls`] (TLS record following), [`inspect`] (what
 //! passes: the three together, per tunnel mode),
 //! [`server`] (the accept loop and the connection handler), [`terminate`] (TLS termination
-//! for `inspect=true`), [`launch`] (the outer's side:
+//! for `inspect=true`), [`trust`] (its CA installed inside the sandbox), [`launch`] (the outer's side:
 //! exec the proxy, read its events, stop it).
 
 pub mod ask;
@@ -45,6 +45,7 @@ pub mod inspect;
 pub mod sni;
 pub mod socks;
 pub mod tls;
+pub mod trust;
 pub mod upstream;
 
 #[cfg(target_os = "linux")]

@@ -726,6 +726,7 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
             limits: command.limits.clone(),
         },
         None,
+        None,
     );
     // Sharing PID 1's memory and descriptors until it has installed its seccomp filters, then
     // its memory until its execve: PID 1 is single-threaded, and the child only resets its own

@@ -336,7 +336,7 @@ fn hold_here(
         .map_err(plumbing("blocking signals"))?;
     let signals =
         SignalFd::with_flags(&forwarded, SfdFlags::SFD_CLOEXEC).map_err(plumbing("signalfd"))?;
-    let exec = init::Exec::new(command, None);
+    let exec = init::Exec::new(command, None, None);
     let (child, notifier) = super::unix_sockets::start_command(main, gate, &mut || {
         crate::sys::reset_signals_for_exec();
         let _ = crate::sys::set_parent_death_signal(libc::SIGKILL);
@@ -557,6 +557,19 @@ fn inspection_roots(rules: &crate::policy::EgressRules) -> Option<Vec<String>> {
     std::fs::read_to_string(path).ok().map(|pem| vec![pem])
 }
 
+/// Relays the proxy's inspection CA certificate (`inspect=true`) to PID 1, which waits for it
+/// before it starts the command ([`crate::egress::trust`]), and closes the channel.
+fn relay_inspection_ca(
+    socket: &UnixStream,
+    proxy: &crate::egress::launch::ProxyProcess,
+) -> Result<(), crate::egress::trust::TrustError> {
+    if let Some(ca) = proxy.inspection_ca() {
+        ca.send(socket)?;
+    }
+    socket.shutdown(std::net::Shutdown::Write)?;
+    Ok(())
+}
+
 /// Receives the listening socket PID 1 made in the sandbox's network namespace and execs the
 /// egress proxy on it. `None` when PID 1 failed before sending it (its status says why). A
 /// proxy that cannot start ends the sandbox: its command would have no network at all, and
@@ -598,7 +611,17 @@ fn start_proxy(
         },
         _ => (config, None),
     };
-    match crate::egress::launch::ProxyProcess::spawn(listener, &config, ask) {
+    let relayed =
+        crate::egress::launch::ProxyProcess::spawn(listener, &config, ask).and_then(|proxy| {
+            match relay_inspection_ca(socket, &proxy) {
+                Ok(()) => Ok(proxy),
+                Err(err) => {
+                    let _ = proxy.stop();
+                    Err(err.into())
+                }
+            }
+        });
+    match relayed {
         Ok(proxy) => Ok(Some(proxy)),
         Err(err) => {
             let _ = nix::sys::signal::kill(root, Signal::SIGKILL);

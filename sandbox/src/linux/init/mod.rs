@@ -9,11 +9,10 @@
 //! then kills everything left in the PID namespace, `setsid` daemons and double forks included.
 //!
 //! If the outer dies first (killed with the server), PID 1 gets `SIGKILL` (`PR_SET_PDEATHSIG`)
-//! and the namespace goes with it.
+//! and the namespace goes with it. The command's own side (its `execve` arguments and what the
+//! forked child does before `execve`) is [`exec`].
 
-use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
@@ -24,12 +23,13 @@ use nix::unistd::Pid;
 
 use super::spec::{Command, RunOptions};
 use super::{EnforcementReport, SandboxError, landlock, mounts, pty};
-use crate::exit::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED};
+use crate::exit::EXIT_SETUP_FAILED;
 use crate::policy::ResolvedPolicy;
 
-/// Where `execvp` looks when the command's environment has no `PATH`.
-const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 pub use super::spec::{STATUS_EXITED, STATUS_SIGNALED};
+pub(super) use exec::{Exec, exec_prepared, start_command};
+
+mod exec;
 
 /// PID 1's ends of the channels to the outer.
 pub struct InitChannels {
@@ -99,7 +99,7 @@ pub fn run_init(
             serde_json::to_string(&prepared.report).unwrap_or_default()
         );
     }
-    let exec = Exec::new(command, prepared.egress_port);
+    let exec = Exec::new(command, prepared.egress_port, prepared.ca_bundle.as_deref());
     // The child shares PID 1's memory and descriptors until it has installed its filters; it
     // then only sets up its session and terminal and execs (or leaves through _exit).
     let gate = prepared
@@ -133,6 +133,8 @@ struct Prepared {
     signals: SignalFd,
     slave: Option<OwnedFd>,
     egress_port: Option<u16>,
+    /// The trust bundle holding the inspection CA (`inspect=true`).
+    ca_bundle: Option<PathBuf>,
 }
 
 /// With a network allowlist: brings `lo` up in the sandbox's (empty) network namespace, listens
@@ -165,10 +167,15 @@ fn prepare(
     report.namespaces.ipc = true;
     report.namespaces.mount = true;
     report.namespaces.network = policy.needs_network_namespace();
-    let egress_port = match egress {
-        Some(socket) if policy.egress().is_some() => Some(listen_for_egress(&socket)?),
+    let egress_port = match &egress {
+        Some(socket) if policy.egress().is_some() => Some(listen_for_egress(socket)?),
         _ => None,
     };
+    let inspects = policy
+        .egress()
+        .is_some_and(crate::policy::EgressRules::inspects_any);
+    // The host's bundle as the host has it, before the layout hides anything.
+    let host_bundle = inspects.then(crate::egress::trust::host_bundle).flatten();
     // Leave the outer terminal's session: the command gets a terminal of its own, and the
     // server's signals to the outer's process group reach only the outer, which forwards them.
     let _ = nix::unistd::setsid();
@@ -193,6 +200,17 @@ fn prepare(
             Some(slave)
         }
         None => None,
+    };
+    // After the terminal (the outer receives that first), before confinement.
+    let ca_bundle = match egress {
+        Some(socket) if inspects => install_inspection_ca(
+            &socket,
+            policy,
+            &layout,
+            host_bundle.as_deref(),
+            &mut report.warnings,
+        )?,
+        _ => None,
     };
     super::enter_directory(&command.cwd)?;
     let _ = crate::sys::set_dumpable(false);
@@ -227,7 +245,43 @@ fn prepare(
         signals,
         slave,
         egress_port,
+        ca_bundle,
     })
+}
+
+/// Waits for the inspection CA the outer relays from the proxy and writes the trust bundle
+/// (the host's, then the CA) into the sandbox's private `/tmp` (an overlay's private layer),
+/// else its private `$TMPDIR`. Without either (a layout that keeps the host's `/tmp`) no
+/// bundle is written, with a warning: writing there would reach the host.
+fn install_inspection_ca(
+    socket: &UnixStream,
+    policy: &ResolvedPolicy,
+    layout: &mounts::Layout,
+    host_bundle: Option<&str>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<PathBuf>, SandboxError> {
+    let egress_error = |source: std::io::Error| SandboxError::Egress { source };
+    let ca = crate::egress::trust::InspectionCa::receive(socket)
+        .map_err(|err| egress_error(std::io::Error::other(err)))?;
+    let tmp = Path::new(SLASH_TMP);
+    let private = |dir: &Path| {
+        layout.overlay_dirs.iter().any(|d| d == dir)
+            || (layout.private_dirs.iter().any(|d| d == dir) && policy.can_read(dir))
+    };
+    let dir = std::iter::once(tmp)
+        .chain(policy.tmpdir.as_deref())
+        .find(|dir| private(dir));
+    let Some(dir) = dir else {
+        warnings.push(
+            "inspect=true: the sandbox has no private /tmp or $TMPDIR for the inspection CA's \
+             bundle; clients inside will not trust the inspected destinations"
+                .to_owned(),
+        );
+        return Ok(None);
+    };
+    crate::egress::trust::install(dir, &ca.bundle(host_bundle))
+        .map(Some)
+        .map_err(egress_error)
 }
 
 /// The layout of a command's sandbox: a fresh `/proc` (its own PID namespace) and a minimal
@@ -430,142 +484,6 @@ fn end_unsupervised(command: Pid) -> (u8, i32) {
             Err(_) => return (STATUS_SIGNALED, libc::SIGKILL),
         }
     }
-}
-
-/// The command's `execve` arguments, prepared before the fork.
-pub(super) struct Exec {
-    program: OsString,
-    candidates: Vec<CString>,
-    argv: Vec<CString>,
-    envp: Vec<CString>,
-    limits: crate::limits::CommandLimits,
-}
-
-impl Exec {
-    /// With `egress_port`, the proxy variables are set to the egress proxy (and override the
-    /// command's own: nothing else is reachable).
-    pub(super) fn new(command: &Command, egress_port: Option<u16>) -> Self {
-        let cstring = |bytes: &[u8]| CString::new(bytes).unwrap_or_default();
-        let program = command.argv.first().cloned().unwrap_or_default();
-        let argv = command.argv.iter().map(|a| cstring(a.as_bytes())).collect();
-        let proxy_env = egress_port.map(proxy_environment).unwrap_or_default();
-        let envp = command
-            .env
-            .iter()
-            .filter(|(key, _)| !proxy_env.iter().any(|(name, _)| name == key))
-            .chain(proxy_env.iter())
-            .map(|(key, value)| {
-                let mut entry = key.as_bytes().to_vec();
-                entry.push(b'=');
-                entry.extend_from_slice(value.as_bytes());
-                cstring(&entry)
-            })
-            .collect();
-        let path = command
-            .env
-            .iter()
-            .find(|(key, _)| key == "PATH")
-            .map_or(OsStr::new(DEFAULT_PATH), |(_, value)| value.as_os_str());
-        let candidates = search_path(&program, path)
-            .iter()
-            .map(|p| cstring(p.as_os_str().as_bytes()))
-            .collect();
-        Self {
-            program,
-            candidates,
-            argv,
-            envp,
-            limits: command.limits.clone(),
-        }
-    }
-}
-
-/// The proxy variables of a command whose network is an allowlist: HTTP and HTTPS through the
-/// proxy's HTTP side, everything else through its SOCKS5 side (`socks5h`: names are resolved by
-/// the proxy, as they must be: the sandbox has no DNS), and no exceptions.
-pub fn proxy_environment(port: u16) -> Vec<(OsString, OsString)> {
-    let http = format!("http://127.0.0.1:{port}");
-    let socks = format!("socks5h://127.0.0.1:{port}");
-    [
-        ("HTTP_PROXY", http.as_str()),
-        ("HTTPS_PROXY", http.as_str()),
-        ("ALL_PROXY", socks.as_str()),
-        ("NO_PROXY", ""),
-        ("http_proxy", http.as_str()),
-        ("https_proxy", http.as_str()),
-        ("all_proxy", socks.as_str()),
-        ("no_proxy", ""),
-    ]
-    .into_iter()
-    .map(|(key, value)| (OsString::from(key), OsString::from(value)))
-    .collect()
-}
-
-/// Where `execvp` would look for `program` along `path`.
-fn search_path(program: &OsStr, path: &OsStr) -> Vec<PathBuf> {
-    if program.as_bytes().contains(&b'/') {
-        return vec![PathBuf::from(program)];
-    }
-    path.as_bytes()
-        .split(|b| *b == b':')
-        .map(|dir| {
-            let dir = if dir.is_empty() { b"." as &[u8] } else { dir };
-            Path::new(OsStr::from_bytes(dir)).join(program)
-        })
-        .collect()
-}
-
-/// The command's process: its own session, the sandbox's terminal as its controlling
-/// terminal, default signals, its rlimits, then `execve`. Never returns.
-pub(super) fn start_command(exec: &Exec, slave: Option<&OwnedFd>, relayed: [bool; 3]) -> ! {
-    crate::sys::reset_signals_for_exec();
-    let _ = nix::unistd::setsid();
-    if let Some(slave) = slave {
-        let _ = crate::sys::set_controlling_terminal(slave.as_fd());
-        for (fd, relayed) in crate::sys::Stdio::ALL.into_iter().zip(relayed) {
-            if relayed {
-                let _ = crate::sys::replace_stdio(slave.as_fd(), fd);
-            }
-        }
-        // This process's copy (the parent closes its own).
-        let _ = nix::unistd::close(slave.as_raw_fd());
-    }
-    exec_prepared(exec)
-}
-
-/// The command's rlimits, then `execve` along its `PATH`. Never returns.
-pub(super) fn exec_prepared(exec: &Exec) -> ! {
-    // Last, so nothing of the setup above counts against them (and PID 1 never has them).
-    if let Err(err) = crate::limits::apply_pool_rlimits_to_current_process(&exec.limits)
-        .and_then(|()| exec.limits.apply_rlimits_to_current_process())
-    {
-        eprintln!("sandbox-run: {err}");
-        crate::sys::exit_now(i32::from(EXIT_SETUP_FAILED));
-    }
-    // As execvp: keep looking after "not there" and "not permitted", report a permission
-    // problem if one was met, stop at any other error.
-    let mut error = std::io::Error::from_raw_os_error(libc::ENOENT);
-    for candidate in &exec.candidates {
-        let failed = crate::sys::execve(candidate, &exec.argv, &exec.envp);
-        match failed.raw_os_error() {
-            Some(libc::ENOENT | libc::ENOTDIR) => {}
-            Some(libc::EACCES) => error = failed,
-            _ => {
-                error = failed;
-                break;
-            }
-        }
-    }
-    eprintln!(
-        "sandbox-run: cannot execute {}: {error}",
-        exec.program.to_string_lossy()
-    );
-    let status = if error.raw_os_error() == Some(libc::ENOENT) {
-        EXIT_NOT_FOUND
-    } else {
-        EXIT_CANNOT_EXECUTE
-    };
-    crate::sys::exit_now(i32::from(status))
 }
 
 #[cfg(test)]
