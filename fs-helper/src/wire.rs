@@ -121,8 +121,10 @@ pub fn execute(request: FsRequest, sandboxed: bool) -> Result<Outcome, RpcError>
     let fs = |error: FsError| fs_error(&error, sandboxed);
     let value = match request {
         FsRequest::ReadFile(p) => {
-            let data =
-                crate::read_file(p.path.as_path(), crate::READ_FILE_MAX_BYTES).map_err(fs)?;
+            let limit = p.max_bytes.map_or(crate::READ_FILE_MAX_BYTES, |asked| {
+                asked.min(crate::READ_FILE_MAX_BYTES)
+            });
+            let data = crate::read_file(p.path.as_path(), limit).map_err(fs)?;
             to_value(ReadFileResult {
                 data_base64: base64::engine::general_purpose::STANDARD.encode(data),
             })
@@ -343,6 +345,11 @@ fn reference_message(error: &FsError, kind: ErrorKind) -> Option<String> {
             path,
             ..
         } => Some(format!("path `{}` is not a file", path.display())),
+        FsError::TooLarge {
+            op: FsOperation::ReadFile,
+            limit,
+            ..
+        } => Some(format!("file is too large to read: limit is {limit} bytes")),
         _ => None,
     }
 }

@@ -266,6 +266,7 @@ async fn server_errors_keep_their_code_and_kind() {
         .fs_read_file(ReadFileParams {
             path: uri(std::path::Path::new("/nonexistent/file")),
             sandbox: None,
+            max_bytes: None,
         })
         .await
         .err()
@@ -294,6 +295,7 @@ async fn every_fs_method_round_trips() {
         .fs_read_file(ReadFileParams {
             path: uri(&file),
             sandbox: None,
+            max_bytes: None,
         })
         .await
         .unwrap();

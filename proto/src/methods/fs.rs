@@ -125,6 +125,10 @@ fn default_true() -> bool {
 pub struct ReadFileParams {
     /// A regular file.
     pub path: FileUri,
+    /// Refuse a file larger than this many bytes (-32600 `limitExceeded`, "file is too large to
+    /// read: limit is N bytes"); never above `READ_FILE_MAX_BYTES`, which applies without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
     /// Optional sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(

@@ -344,3 +344,41 @@ async fn a_missing_parent_is_not_found() {
     );
     assert!(!path.exists());
 }
+
+/// `bounded_read::sandbox_helper_enforces_fs_read_file_max_bytes`: `maxBytes` bounds one
+/// `fs/readFile` (-32600 "file is too large to read: limit is N bytes", `limitExceeded` with
+/// `data.limit`), through the sandboxed helper and without a sandbox; a file within it is read
+/// whole, and a limit above `READ_FILE_MAX_BYTES` is accepted (that cap still applies).
+#[tokio::test]
+async fn read_file_max_bytes_refuses_a_larger_file_with_the_reference_text() {
+    let server = server();
+    let mut client = server.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("bounded.txt");
+    std::fs::write(&source, b"four").unwrap();
+    for sandbox in [read_only_sandbox(dir.path()), Value::Null] {
+        let error = refused(
+            &mut client,
+            "fs/readFile",
+            json!({"path": file_uri(&source), "sandbox": sandbox, "maxBytes": 3}),
+        )
+        .await;
+        assert_reference(
+            &error,
+            -32600,
+            "file is too large to read: limit is 3 bytes",
+            "limitExceeded",
+            "bounded.txt",
+        );
+        assert_eq!(error.data.as_ref().unwrap().limit, Some(3), "{error:?}");
+        for max_bytes in [4, u64::MAX] {
+            let read = client
+                .call(
+                    "fs/readFile",
+                    json!({"path": file_uri(&source), "sandbox": sandbox, "maxBytes": max_bytes}),
+                )
+                .await;
+            assert_eq!(unb64(read["dataBase64"].as_str().unwrap()), b"four");
+        }
+    }
+}

@@ -62,6 +62,7 @@ async fn library_client_runs_a_pty_process_and_fs_calls_through_the_rendezvous()
     let read = within(client.fs_read_file(ReadFileParams {
         path: file_uri(&file),
         sandbox: None,
+        max_bytes: None,
     }))
     .await
     .unwrap();
@@ -76,6 +77,7 @@ async fn library_client_runs_a_pty_process_and_fs_calls_through_the_rendezvous()
     let missing = within(client.fs_read_file(ReadFileParams {
         path: file_uri(&dir.path().join("missing")),
         sandbox: None,
+        max_bytes: None,
     }))
     .await
     .err()
