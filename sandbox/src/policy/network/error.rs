@@ -22,7 +22,7 @@ pub enum NetworkError {
         /// The value given.
         value: serde_json::Value,
     },
-    /// More patterns than [`MAX_EGRESS_PATTERNS`] once named sets are expanded.
+    /// More patterns than [`MAX_EGRESS_PATTERNS`](super::MAX_EGRESS_PATTERNS) once named sets are expanded.
     #[error(
         "the allowlist expands to more than {limit} patterns (MAX_EGRESS_PATTERNS); use *.suffix patterns"
     )]

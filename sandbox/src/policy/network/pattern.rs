@@ -96,7 +96,7 @@ pub struct HostPattern {
     pub host: HostMatch,
     /// The port, or `None`: ports 80 and 443 for `allow`, every port for `deny`.
     pub port: Option<u16>,
-    /// What tunnels to what it allows may carry; `None`: the port's default ([`TunnelMode`]).
+    /// What tunnels to what it allows may carry; `None`: the port's default ([`TunnelMode`](super::request::TunnelMode)).
     pub tunnel: Option<TunnelSetting>,
     /// The requests it allows (unlimited by default).
     pub requests: RequestRule,
