@@ -94,6 +94,11 @@ pub enum Message {
     Error(ErrorResponse),
 }
 
+/// How the answer to a frame that is not a JSON-RPC message begins: the reference server's
+/// words, which its own suite compares (`starts_with`).
+pub const ENVELOPE_ERROR_PREFIX: &str =
+    "failed to parse websocket JSON-RPC message from exec-server websocket";
+
 /// Why bytes are not a JSON-RPC message. Carries the id when one could be read, so the error
 /// response can name the request; otherwise the response uses id -1.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -113,11 +118,16 @@ impl EnvelopeError {
         }
     }
 
-    /// The error response to send back (-32600 `invalidRequest`).
+    /// The error response to send back (-32600 `invalidRequest`). Its message starts with the
+    /// reference server's words ([`ENVELOPE_ERROR_PREFIX`], which its suite reads) and goes on
+    /// with what was wrong and what is expected.
     pub fn to_response(&self) -> ErrorResponse {
         ErrorResponse {
             id: self.id.clone().unwrap_or(RequestId::UNKNOWN),
-            error: RpcError::invalid_request(ErrorKind::InvalidRequest, self.message.clone()),
+            error: RpcError::invalid_request(
+                ErrorKind::InvalidRequest,
+                format!("{ENVELOPE_ERROR_PREFIX}: {}", self.message),
+            ),
         }
     }
 }

@@ -382,3 +382,54 @@ async fn read_file_max_bytes_refuses_a_larger_file_with_the_reference_text() {
         }
     }
 }
+
+/// `websocket::exec_server_reports_malformed_websocket_json_and_keeps_running` and
+/// `exec_server_accepts_binary_websocket_json`: a frame that is not JSON is answered with id -1,
+/// -32600 and a message that starts with the reference's words (ours follow them), before
+/// `initialize` as after it; the connection keeps serving, and a request in a binary frame is
+/// served like a text one.
+#[tokio::test]
+async fn a_malformed_frame_is_answered_in_the_reference_words_and_binary_json_is_served() {
+    let server = server();
+    let mut client = server.connect().await;
+    client.send_text("not-json").await;
+    let answer = client
+        .next_message(DEADLINE)
+        .await
+        .expect("an answer to not-json");
+    assert_eq!(
+        (answer["id"].clone(), answer["error"]["code"].clone()),
+        (json!(-1), json!(-32600)),
+        "{answer}"
+    );
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message
+            .starts_with("failed to parse websocket JSON-RPC message from exec-server websocket")
+            && message.contains("not valid JSON"),
+        "{answer}"
+    );
+    assert_eq!(
+        answer["error"]["data"]["kind"], "invalidRequest",
+        "{answer}"
+    );
+    client
+        .send_binary(
+            serde_json::to_vec(
+                &json!({"id": 1, "method": "initialize", "params": {"clientName": "binary"}}),
+            )
+            .unwrap(),
+        )
+        .await;
+    let answer = client
+        .next_message(DEADLINE)
+        .await
+        .expect("an answer to initialize");
+    assert_eq!(answer["id"], 1, "{answer}");
+    assert!(
+        answer["result"]["sessionId"]
+            .as_str()
+            .is_some_and(|id| id.len() == 36),
+        "{answer}"
+    );
+}
