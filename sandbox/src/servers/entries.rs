@@ -41,11 +41,18 @@ pub(super) fn read_entry(path: &Path, uid: u32) -> Result<Option<Entry>, Registr
         path: path.to_owned(),
         reason,
     };
-    let file = std::fs::OpenOptions::new()
+    let file = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| error(e.to_string()))?;
+    {
+        Ok(file) => file,
+        // Removed between the listing and this open: its server unregistered as it exited, and
+        // an exited server has nothing left to hide. (Seen in CI: a neighbour's sandbox failed
+        // to build while another server of the uid shut down.)
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(error(e.to_string())),
+    };
     let meta = file.metadata().map_err(|e| error(e.to_string()))?;
     if !meta.is_file() || meta.uid() != uid {
         // Not one of the uid's servers wrote it (the directory is the uid's alone).

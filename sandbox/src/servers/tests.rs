@@ -104,3 +104,16 @@ fn a_directory_open_to_others_is_not_read() {
     let read = read_dirs(std::slice::from_ref(&reg), euid()).unwrap();
     assert_eq!(read.hidden, Vec::<PathBuf>::new());
 }
+
+#[test]
+fn an_entry_removed_after_the_listing_is_skipped_but_an_unreadable_one_fails() {
+    use super::entries::read_entry;
+    let dir = tempfile::tempdir().unwrap();
+    // Listed, then removed by its exiting server before the open: nothing to apply.
+    let gone = dir.path().join("4-4.json");
+    assert!(matches!(read_entry(&gone, euid()), Ok(None)));
+    // Still there but not openable as an entry (a symlink, O_NOFOLLOW): fails closed.
+    let link = dir.path().join("5-5.json");
+    std::os::unix::fs::symlink("/etc/hostname", &link).unwrap();
+    assert!(read_entry(&link, euid()).is_err());
+}
