@@ -2397,6 +2397,25 @@ impl RecordingTlsOrigin {
                         }
                     }
                     let line = text(&head).lines().next().unwrap_or_default().to_owned();
+                    // Read the request's body too before answering and closing: a socket closed
+                    // with unread bytes sends a reset, which can cut the answer short in transit
+                    // (seen under load: a POST whose body came after its head lost its response).
+                    let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    let length = text(&head[..end])
+                        .lines()
+                        .find_map(|line| {
+                            let (name, value) = line.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    let mut unread = length.saturating_sub(head.len() - end);
+                    while unread > 0 {
+                        match tls.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => unread = unread.saturating_sub(n),
+                        }
+                    }
                     recorded.lock().unwrap().push(line);
                     let body = b"inspected hello\n";
                     let _ = write!(
