@@ -1,5 +1,5 @@
 //! Golden tests: every change to what a profile allows shows up in review as a diff of the
-//! checked-in files under `tests/golden/`. Regenerate with `UPDATE_GOLDEN=1 cargo test -p sandbox --test golden`.
+//! checked-in files under `tests/golden/`. Regenerate with `UPDATE_GOLDEN=1 cargo test -p execward-sandbox --test golden`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support functions outside #[test]
 
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! `schema` feature), and what they accept.
 //!
 //! - The checked-in files are what the types generate. Regenerate with
-//!   `UPDATE_GOLDEN=1 cargo test -p tests --test schemas` (as the sandbox's golden files).
+//!   `UPDATE_GOLDEN=1 cargo test -p execward-tests --test schemas` (as the sandbox's golden files).
 //! - `protocol.json`: every message of the golden transcript (`golden/example_session.jsonl`)
 //!   validates, and each response's `result` validates against its request's result schema;
 //!   a mutated copy of each message (a field of the wrong type, a member the envelope does not
@@ -80,7 +80,7 @@ fn checked_in_schemas_are_what_the_types_generate() {
             std::fs::write(dir.join(name), render(schema)).unwrap();
         }
     }
-    let regenerate = "regenerate with UPDATE_GOLDEN=1 cargo test -p tests --test schemas";
+    let regenerate = "regenerate with UPDATE_GOLDEN=1 cargo test -p execward-tests --test schemas";
     for (name, schema) in &schemas {
         let path = dir.join(name);
         let checked_in = std::fs::read_to_string(&path)

@@ -1,7 +1,7 @@
 //! `bench`: every benchmark of the project, each beside its baseline measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p tests --bin bench -- [--quick]
+//! cargo run --release -p execward-tests --bin bench -- [--quick]
 //!     [--only spawn|output|sandbox|remote|remote-latency|egress] [--write docs/benchmarks.md] [--check]
 //! ```
 //! Figures are medians with p10-p90 spreads; ratios compare ours to the baseline, and each row
@@ -310,7 +310,7 @@ async fn main() -> std::process::ExitCode {
         );
     }
     let command = format!(
-        "cargo run --release -p tests --bin bench --{}",
+        "cargo run --release -p execward-tests --bin bench --{}",
         args.iter().map(|a| format!(" {a}")).collect::<String>()
     );
     let mut report = render(&rows, &command);
