@@ -38,7 +38,6 @@ mod init;
 pub use init::{TmpView, command_layout};
 pub mod landlock;
 pub mod launcher;
-mod launcher_error;
 pub mod mounts;
 pub mod namespaces;
 mod pty;

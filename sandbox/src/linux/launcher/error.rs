@@ -3,11 +3,15 @@
 //! sentence.
 
 use std::io;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::mounts::MountError;
-use super::namespaces::NamespaceError;
+use crate::launch::LaunchError;
+use crate::linux::SandboxError;
+use crate::linux::mounts::MountError;
+use crate::linux::namespaces::NamespaceError;
+use crate::linux::seccomp::SeccompError;
 
 /// The stage a launcher failed in (`kind` of `Reply::Failed`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +116,81 @@ impl LaunchFailure {
             source: source.into(),
         }
     }
+}
+
+/// Why a command's PID 1 could not prepare or start its command. PID 1 reports it on the
+/// command's stderr and exits 125, as a one-shot `sandbox-run` does (see [`super::pid1`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Pid1SetupError {
+    /// Writing `0` to a cgroup's `cgroup.procs` failed.
+    #[error("joining the command's cgroup failed: {0}")]
+    JoinCgroup(#[source] nix::Error),
+    /// Closing what PID 1 inherited from the launcher (or, later, its channel) failed.
+    #[error("closing the {what} failed: {source}")]
+    CloseInherited {
+        /// "launcher's descriptors" or "channel".
+        what: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The per-command mounts (`/proc`, `/dev`, private directories) failed.
+    #[error("{0}")]
+    Mounts(#[from] MountError),
+    /// Entering the working directory, dropping capabilities, Landlock, or starting the
+    /// command under its filters failed.
+    #[error("{0}")]
+    Sandbox(#[from] SandboxError),
+    /// The seccomp program could not be built.
+    #[error("{0}")]
+    Seccomp(#[from] SeccompError),
+    /// Blocking the forwarded signals or making their signalfd failed.
+    #[error("signalfd: {0}")]
+    Signals(#[source] nix::Error),
+    /// Placing a received stdio descriptor on 0, 1 or 2 failed.
+    #[error("placing the command's stdio failed: {0}")]
+    Stdio(#[source] io::Error),
+    /// The start's memfd could not be read as a [`super::StartCommand`].
+    #[error("{0}")]
+    Command(#[from] LaunchError),
+    /// The command could not be started under its filters.
+    #[error("cannot start the command: {0}")]
+    Start(#[source] SandboxError),
+    /// The start carried no memfd.
+    #[error("no command")]
+    NoCommand,
+    /// The command is for another working directory, or has no program.
+    #[error("a launcher for {} got a command for {} (argv {argv:?})", launcher.display(), cwd.display())]
+    WrongCommand {
+        /// The launcher's working directory.
+        launcher: PathBuf,
+        /// The command's.
+        cwd: PathBuf,
+        /// Its argv.
+        argv: Vec<String>,
+    },
+}
+
+/// Why the launcher stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    /// The socket failed.
+    #[error("the launcher socket failed: {source}")]
+    Socket {
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The first message was not a setup with its request.
+    #[error("the launcher's first message must be `setup` with a launch request: {reason}")]
+    Setup {
+        /// What was wrong.
+        reason: String,
+    },
+    /// Blocking or reading `SIGCHLD` failed.
+    #[error("watching the launcher's children failed: {source}")]
+    Signals {
+        /// The OS error.
+        source: nix::Error,
+    },
 }
 
 #[cfg(test)]
