@@ -13,9 +13,11 @@ use crate::policy::ResolvedPolicy;
 
 mod cli;
 pub mod env;
-mod resolve;
+pub(crate) mod option_error;
+pub(crate) mod resolve;
 pub use cli::{Cli, command};
-pub use resolve::{list_profiles, resolve_cli_policy, user_profile_dir};
+pub use option_error::OptionError;
+pub use resolve::{ResolveError, list_profiles, resolve_cli_policy, user_profile_dir};
 
 pub use crate::exit::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED, RunError};
 
@@ -41,17 +43,20 @@ pub struct Prepared {
 /// Resolves what the command line (or exec-server's launch request) asks for.
 ///
 /// # Errors
-/// [`RunError::Setup`] naming the problem.
+/// [`RunError`] naming the problem: an option ([`OptionError`]) or the policy
+/// ([`ResolveError`]).
 pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
     if let Some(fd) = cli.launch_fd {
         #[cfg(target_os = "linux")]
-        let request = crate::launch::LaunchRequest::read_from_fd(fd)
-            .map_err(|err| RunError::Setup(err.to_string()))?;
+        let request = crate::launch::LaunchRequest::read_from_fd(fd).map_err(OptionError::from)?;
         // exec-server, which passes the descriptor, runs on Linux only.
         #[cfg(not(target_os = "linux"))]
         let request: crate::launch::LaunchRequest = {
             let _ = fd;
-            return Err(RunError::Setup("--launch-fd is Linux only".to_owned()));
+            return Err(OptionError::LinuxOnly {
+                flag: "--launch-fd",
+            }
+            .into());
         };
         return Ok(Prepared {
             policy: request.policy,
@@ -82,17 +87,12 @@ pub fn prepare(cli: &Cli) -> Result<Prepared, RunError> {
 /// The limits `--memory`, `--pids`, `--cpu-time` and `--wall-time` ask for.
 ///
 /// # Errors
-/// [`RunError::Setup`] for `--pids` as root without `--best-effort` (RLIMIT_NPROC does not bind
+/// [`OptionError::PidsAsRoot`] for `--pids` as root without `--best-effort` (RLIMIT_NPROC does not bind
 /// uid 0, so the limit would silently not apply).
 fn cli_limits(cli: &Cli) -> Result<crate::limits::CommandLimits, RunError> {
     #[cfg(target_os = "linux")]
     if cli.pids.is_some() && !cli.best_effort && nix::unistd::geteuid().is_root() {
-        return Err(RunError::Setup(
-            "--pids cannot be enforced: it is RLIMIT_NPROC, which the kernel does not apply to \
-             uid 0; run sandbox-run as another user or under exec-server (whose pids cgroup \
-             bounds the tree), or pass --best-effort to run without it"
-                .to_owned(),
-        ));
+        return Err(OptionError::PidsAsRoot.into());
     }
     Ok(crate::limits::CommandLimits {
         cpu_seconds: cli.cpu_time,
@@ -114,7 +114,7 @@ fn cli_limits(cli: &Cli) -> Result<crate::limits::CommandLimits, RunError> {
 /// Whom the outer asks (`--ask-fd`'s peer, else the terminal) and for how long.
 ///
 /// # Errors
-/// [`RunError::Setup`] for a bad --ask-timeout or an --ask-fd that is not open.
+/// [`OptionError`] for a bad --ask-timeout or an --ask-fd that is not open.
 #[cfg(target_os = "linux")]
 fn ask_options(cli: &Cli) -> Result<Option<crate::linux::command::AskOptions>, RunError> {
     use crate::egress::ask::{ASK_TIMEOUT, MAX_ASK_TIMEOUT};
@@ -124,17 +124,17 @@ fn ask_options(cli: &Cli) -> Result<Option<crate::linux::command::AskOptions>, R
             std::time::Duration::from_secs_f64(seconds)
         }
         Some(seconds) => {
-            return Err(RunError::Setup(format!(
-                "--ask-timeout {seconds} is out of range (more than 0, at most {} seconds: \
-                 MAX_ASK_TIMEOUT)",
-                MAX_ASK_TIMEOUT.as_secs()
-            )));
+            return Err(OptionError::AskTimeout {
+                seconds,
+                max_seconds: MAX_ASK_TIMEOUT.as_secs(),
+            }
+            .into());
         }
     };
     let peer = match cli.ask_fd {
         Some(fd) => Some(std::sync::Arc::new(
             crate::sys::take_inherited_fd(fd)
-                .map_err(|err| RunError::Setup(format!("--ask-fd {fd}: {err}")))?,
+                .map_err(|source| OptionError::AskFd { fd, source })?,
         )),
         None => None,
     };
@@ -144,7 +144,7 @@ fn ask_options(cli: &Cli) -> Result<Option<crate::linux::command::AskOptions>, R
 /// The egress proxy's name mapping read from `--egress-hosts`.
 fn egress_hosts(cli: &Cli) -> Result<Vec<(String, std::net::IpAddr)>, RunError> {
     match &cli.egress_hosts {
-        Some(path) => crate::egress::hosts::load(path).map_err(|e| RunError::Setup(e.to_string())),
+        Some(path) => Ok(crate::egress::hosts::load(path).map_err(OptionError::from)?),
         None => Ok(Vec::new()),
     }
 }
@@ -255,7 +255,7 @@ pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
 /// starts, by descriptor, as the audit report: [`crate::audit::output`]).
 ///
 /// # Errors
-/// [`RunError::Setup`] when the egress log cannot be created.
+/// [`RunError`] when the egress log cannot be created or the credentials read.
 #[cfg(target_os = "linux")]
 pub fn run_options(
     cli: &Cli,
@@ -269,9 +269,7 @@ pub fn run_options(
         Some(path) => match crate::audit::output::ReportFile::open(path, &prepared.policy)? {
             crate::audit::output::ReportFile::File(file) => Some(std::sync::Arc::new(file)),
             crate::audit::output::ReportFile::Stdout => {
-                return Err(RunError::Setup(
-                    "--egress-log needs a file path ('-' is not supported)".to_owned(),
-                ));
+                return Err(OptionError::EgressLogStdout.into());
             }
         },
     };
@@ -290,7 +288,7 @@ pub fn run_options(
         upstream_authorization: match &cli.upstream_proxy_credentials {
             Some(path) => Some(
                 crate::egress::upstream::authorization_from_file(path)
-                    .map_err(|err| RunError::Setup(err.to_string()))?,
+                    .map_err(OptionError::from)?,
             ),
             None => None,
         },
@@ -320,13 +318,13 @@ pub fn command_of(prepared: &Prepared) -> crate::linux::command::Command {
 pub fn run(cli: &Cli) -> Result<crate::linux::command::Ended, RunError> {
     let prepared = prepare(cli)?;
     if cli.explain {
-        let text = serde_json::to_string_pretty(&explain(cli, &prepared))
-            .map_err(|err| RunError::Setup(err.to_string()))?;
+        let text =
+            serde_json::to_string_pretty(&explain(cli, &prepared)).map_err(OptionError::from)?;
         println!("{text}");
         return Ok(crate::linux::command::Ended::Exited(0));
     }
     if prepared.argv.is_empty() {
-        return Err(RunError::Setup("no program given".to_owned()));
+        return Err(OptionError::NoProgram.into());
     }
     let options = run_options(cli, &prepared, false, Vec::new())?;
     crate::linux::command::run(&prepared.policy, &command_of(&prepared), &options, None)
@@ -336,12 +334,7 @@ pub fn run(cli: &Cli) -> Result<crate::linux::command::Ended, RunError> {
 /// Maps the runner's error to `sandbox-run`'s.
 #[cfg(target_os = "linux")]
 pub fn from_command_error(err: crate::linux::command::CommandError) -> RunError {
-    match err {
-        crate::linux::command::CommandError::Exec { program, source } => {
-            RunError::Exec { program, source }
-        }
-        other => RunError::Setup(other.to_string()),
-    }
+    RunError::from(err)
 }
 
 /// Runs the command under Seatbelt. Returns only on failure.
@@ -352,11 +345,7 @@ pub fn from_command_error(err: crate::linux::command::CommandError) -> RunError 
 pub fn run(cli: &Cli) -> Result<std::convert::Infallible, RunError> {
     let prepared = prepare(cli)?;
     if prepared.policy.egress().is_some() && !cli.explain {
-        return Err(RunError::Setup(
-            "network allowlists need the egress proxy, which sandbox-run runs on Linux only; \
-             use the network on or off here"
-                .to_owned(),
-        ));
+        return Err(OptionError::AllowlistNeedsLinux.into());
     }
     if cli.explain {
         let profile = crate::macos::seatbelt_profile(&prepared.policy);

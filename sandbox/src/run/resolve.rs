@@ -3,35 +3,125 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Cli, RunError};
+use super::cli::Cli;
 use crate::policy::{
-    Allowance, AllowanceBases, ProfileFile, ResolveContext, ResolvedPolicy, SandboxSpec,
+    Allowance, AllowanceBases, PolicyError, ProfileFile, ResolveContext, ResolvedPolicy,
+    SandboxSpec,
 };
 
+/// Why the command line's policy could not be resolved (`sandbox-run` exits 125).
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// `--cwd`, `--writable-root` or the policy's cwd names something that is no directory.
+    #[error("{flag} {} is not a directory", path.display())]
+    NotADirectory {
+        /// Which option or field named it.
+        flag: &'static str,
+        /// The path, absolute.
+        path: PathBuf,
+    },
+    /// A directory that does not exist, without `--create-missing`.
+    #[error(
+        "{flag} {} does not exist ({source}); create it first or pass --create-missing",
+        path.display()
+    )]
+    MissingDirectory {
+        /// Which option or field named it.
+        flag: &'static str,
+        /// The path, absolute.
+        path: PathBuf,
+        /// The OS error of `stat`.
+        source: std::io::Error,
+    },
+    /// `--create-missing` could not create a directory.
+    #[error("{flag} {}: cannot create it: {source}", path.display())]
+    CreateDirectory {
+        /// Which option or field named it.
+        flag: &'static str,
+        /// The path, absolute.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The current directory cannot be read.
+    #[error("cannot read the current directory: {0}")]
+    CurrentDirectory(#[source] std::io::Error),
+    /// The policy (JSON, profile file, named profile, a flag's addition) is invalid.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// An `--allow` allowance is unknown or does not apply.
+    #[error(transparent)]
+    Allowance(#[from] crate::policy::AllowanceError),
+    /// An option that needs a network allowlist on a policy without one.
+    #[error(
+        "{flag} needs a network allowlist (--allow-domain, or a policy whose network is \
+         {{\"allow\": [...]}})"
+    )]
+    NeedsAllowlist {
+        /// `--ask` or `--upstream-proxy`.
+        flag: &'static str,
+    },
+    /// The running servers' registry could not be read (their secrets must be hidden).
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Registry(#[from] crate::servers::RegistryError),
+    /// A path the policy names has a symlink the command could have planted.
+    #[error("{what}: {source}")]
+    PlantedSymlink {
+        /// "profile file", "--cwd", "--writable-root" or "--deny".
+        what: &'static str,
+        /// The policy's refusal.
+        source: PolicyError,
+    },
+    /// The working directory cannot be canonicalized.
+    #[error("--cwd {}: {source}", path.display())]
+    Canonicalize {
+        /// The working directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A profile file inside a writable root of the policy it defines.
+    #[error(
+        "profile file {} lies inside a writable root of the policy it defines, so the \
+         sandboxed command could rewrite it for the next run; keep it outside the writable \
+         roots (e.g. ~/.config/execward/)",
+        path.display()
+    )]
+    WritableProfile {
+        /// The profile file (as named, or canonical).
+        path: PathBuf,
+    },
+}
+
+fn planted(what: &'static str) -> impl Fn(PolicyError) -> ResolveError {
+    move |source| ResolveError::PlantedSymlink { what, source }
+}
+
 /// An existing directory for `--cwd`/`--writable-root`, created when asked; absolute.
-fn existing_dir(flag: &str, path: &Path, create: bool) -> Result<PathBuf, RunError> {
+fn existing_dir(flag: &'static str, path: &Path, create: bool) -> Result<PathBuf, ResolveError> {
     let absolute = match std::env::current_dir() {
         Ok(dir) if path.is_relative() => dir.join(path),
         _ => path.to_owned(),
     };
     match std::fs::metadata(&absolute) {
         Ok(meta) if meta.is_dir() => Ok(absolute),
-        Ok(_) => Err(RunError::Setup(format!(
-            "{flag} {} is not a directory",
-            absolute.display()
-        ))),
+        Ok(_) => Err(ResolveError::NotADirectory {
+            flag,
+            path: absolute,
+        }),
         Err(_) if create => std::fs::create_dir_all(&absolute)
             .map(|()| absolute.clone())
-            .map_err(|err| {
-                RunError::Setup(format!(
-                    "{flag} {}: cannot create it: {err}",
-                    absolute.display()
-                ))
+            .map_err(|source| ResolveError::CreateDirectory {
+                flag,
+                path: absolute.clone(),
+                source,
             }),
-        Err(err) => Err(RunError::Setup(format!(
-            "{flag} {} does not exist ({err}); create it first or pass --create-missing",
-            absolute.display()
-        ))),
+        Err(source) => Err(ResolveError::MissingDirectory {
+            flag,
+            path: absolute,
+            source,
+        }),
     }
 }
 
@@ -117,12 +207,10 @@ pub fn list_profiles() -> String {
 /// Resolves the policy the command line asks for and the command's working directory.
 ///
 /// # Errors
-/// [`RunError::Setup`] with the policy error's message, a missing directory, or a profile file
-/// the policy would let the command rewrite.
-pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunError> {
-    let setup = |err: crate::policy::PolicyError| RunError::Setup(err.to_string());
-    let current = std::env::current_dir()
-        .map_err(|err| RunError::Setup(format!("cannot read the current directory: {err}")))?;
+/// [`ResolveError`]: the policy's error, a missing directory, or a profile file the policy
+/// would let the command rewrite.
+pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), ResolveError> {
+    let current = std::env::current_dir().map_err(ResolveError::CurrentDirectory)?;
     let cli_cwd = cli
         .cwd
         .as_deref()
@@ -139,7 +227,7 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
         .as_deref()
         .or_else(|| Some(cli.policy.as_str()).filter(|p| p.trim_start().starts_with('{')));
     let (mut policy, cwd, profile_file) = if let Some(json) = json {
-        let mut spec = SandboxSpec::from_json(json).map_err(setup)?;
+        let mut spec = SandboxSpec::from_json(json)?;
         spec.readable_credential_stores
             .extend(cli.allow_credential_stores.iter().cloned());
         if cli_cwd.is_some() {
@@ -150,28 +238,28 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
             None => current.clone(),
         };
         spec.cwd = Some(cwd.clone());
-        (spec.resolve_with(&ctx).map_err(setup)?, cwd, None)
+        (spec.resolve_with(&ctx)?, cwd, None)
     } else {
         let cwd = cli_cwd.unwrap_or(current.clone());
         if cli.policy.ends_with(".toml") || cli.policy.contains('/') {
             let path = current.join(&cli.policy);
-            let mut profile = ProfileFile::load(&path).map_err(setup)?;
+            let mut profile = ProfileFile::load(&path)?;
             for name in &cli.allow_credential_stores {
-                crate::policy::credentials::canonical_store(name).map_err(setup)?;
+                crate::policy::credentials::canonical_store(name)?;
             }
             profile
                 .readable_credential_stores
                 .extend(cli.allow_credential_stores.iter().cloned());
-            let policy = profile.resolve(Some(&cwd), &[], &ctx).map_err(setup)?;
+            let policy = profile.resolve(Some(&cwd), &[], &ctx)?;
             (policy, cwd, Some(path))
         } else if let Some(path) = user_profile(&cli.policy) {
-            let profile = ProfileFile::load(&path).map_err(setup)?;
-            let policy = profile.resolve(Some(&cwd), &[], &ctx).map_err(setup)?;
+            let profile = ProfileFile::load(&path)?;
+            let policy = profile.resolve(Some(&cwd), &[], &ctx)?;
             (policy, cwd, Some(path))
         } else {
             let mut spec = SandboxSpec::named(&cli.policy, Some(cwd.clone()));
             spec.readable_credential_stores = cli.allow_credential_stores.clone();
-            let policy = spec.resolve_with(&ctx).map_err(setup)?;
+            let policy = spec.resolve_with(&ctx)?;
             (policy, cwd, None)
         }
     };
@@ -179,46 +267,34 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
         policy = policy.with_writable_root(root);
     }
     for socket in &cli.allow_unix_sockets {
-        policy = policy
-            .with_allowed_unix_socket(&current.join(socket))
-            .map_err(setup)?;
+        policy = policy.with_allowed_unix_socket(&current.join(socket))?;
     }
     let bases = AllowanceBases::from_env();
     for name in &cli.allowances {
-        policy = Allowance::builtin(name)
-            .and_then(|allowance| allowance.apply(policy, &bases))
-            .map_err(|err| RunError::Setup(err.to_string()))?;
+        policy = Allowance::builtin(name).and_then(|allowance| allowance.apply(policy, &bases))?;
     }
     if cli.allow_network {
         policy = policy.with_network(true);
     }
     if !cli.allow_domains.is_empty() || !cli.deny_domains.is_empty() {
         let base = policy.egress().cloned().unwrap_or_default();
-        let rules = base
-            .extended(&cli.allow_domains, &cli.deny_domains)
-            .map_err(setup)?;
+        let rules = base.extended(&cli.allow_domains, &cli.deny_domains)?;
         policy = policy.with_network_policy(crate::policy::NetworkPolicy::Allowlist(rules));
     }
     if cli.ask {
         let Some(rules) = policy.egress().cloned() else {
-            return Err(RunError::Setup(
-                "--ask needs a network allowlist (--allow-domain, or a policy whose network is \
-                 {\"allow\": [...]})"
-                    .to_owned(),
-            ));
+            return Err(ResolveError::NeedsAllowlist { flag: "--ask" });
         };
         policy = policy.with_network_policy(crate::policy::NetworkPolicy::Allowlist(
             crate::policy::EgressRules { ask: true, ..rules },
         ));
     }
     if let Some(url) = &cli.upstream_proxy {
-        let upstream = crate::policy::network::UpstreamProxy::parse(url).map_err(setup)?;
+        let upstream = crate::policy::network::UpstreamProxy::parse(url)?;
         let Some(rules) = policy.egress().cloned() else {
-            return Err(RunError::Setup(
-                "--upstream-proxy needs a network allowlist (--allow-domain, or a policy whose \
-                 network is {\"allow\": [...]})"
-                    .to_owned(),
-            ));
+            return Err(ResolveError::NeedsAllowlist {
+                flag: "--upstream-proxy",
+            });
         };
         policy = policy.with_network_policy(crate::policy::NetworkPolicy::Allowlist(
             rules.with_upstream(Some(upstream)),
@@ -241,46 +317,43 @@ pub fn resolve_cli_policy(cli: &Cli) -> Result<(ResolvedPolicy, PathBuf), RunErr
     // Every running server's secrets, read here, before anything is confined.
     #[cfg(target_os = "linux")]
     {
-        policy = crate::servers::read_registered()
-            .map_err(|err| RunError::Setup(err.to_string()))?
-            .apply(policy);
+        policy = crate::servers::read_registered()?.apply(policy);
     }
     if let Some(path) = profile_file {
         refuse_writable_profile(&policy, &path)?;
         policy
             .refuse_planted_symlink(&path)
-            .map_err(|err| RunError::Setup(format!("profile file: {err}")))?;
+            .map_err(planted("profile file"))?;
     }
     policy
         .refuse_planted_symlink(&cwd)
-        .map_err(|err| RunError::Setup(format!("--cwd: {err}")))?;
+        .map_err(planted("--cwd"))?;
     for root in &roots {
         policy
             .refuse_planted_symlink(root)
-            .map_err(|err| RunError::Setup(format!("--writable-root: {err}")))?;
+            .map_err(planted("--writable-root"))?;
     }
     for path in &cli.denies {
         policy
             .refuse_planted_symlink(&current.join(path))
-            .map_err(|err| RunError::Setup(format!("--deny: {err}")))?;
+            .map_err(planted("--deny"))?;
     }
-    let cwd = std::fs::canonicalize(&cwd)
-        .map_err(|err| RunError::Setup(format!("--cwd {}: {err}", cwd.display())))?;
+    let cwd = std::fs::canonicalize(&cwd).map_err(|source| ResolveError::Canonicalize {
+        path: cwd.clone(),
+        source,
+    })?;
     Ok((policy.with_working_directory(&cwd), cwd))
 }
 
 /// A profile file the sandboxed command could rewrite would confine the next run by the
 /// command's rules, not the user's.
-fn refuse_writable_profile(policy: &ResolvedPolicy, path: &Path) -> Result<(), RunError> {
+fn refuse_writable_profile(policy: &ResolvedPolicy, path: &Path) -> Result<(), ResolveError> {
     let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
     for candidate in [path, canonical.as_path()] {
         if policy.restricts_filesystem() && policy.can_write(candidate) {
-            return Err(RunError::Setup(format!(
-                "profile file {} lies inside a writable root of the policy it defines, so the \
-                 sandboxed command could rewrite it for the next run; keep it outside the \
-                 writable roots (e.g. ~/.config/execward/)",
-                candidate.display()
-            )));
+            return Err(ResolveError::WritableProfile {
+                path: candidate.to_owned(),
+            });
         }
     }
     Ok(())

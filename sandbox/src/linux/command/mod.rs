@@ -35,7 +35,7 @@ mod direct;
 mod outer;
 use outer::{Interrupts, Outer, wall_deadline};
 
-pub use crate::exit::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED};
+pub use crate::exit::code::{EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED};
 
 pub use super::spec::{AskOptions, Command, Ended, INTERRUPT_GRACE, RunOptions};
 

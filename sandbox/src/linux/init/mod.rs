@@ -23,7 +23,7 @@ use nix::unistd::Pid;
 
 use super::spec::{Command, RunOptions};
 use super::{EnforcementReport, SandboxError, landlock, mounts, pty};
-use crate::exit::EXIT_SETUP_FAILED;
+use crate::exit::code::EXIT_SETUP_FAILED;
 use crate::policy::ResolvedPolicy;
 
 pub use super::spec::{STATUS_EXITED, STATUS_SIGNALED};

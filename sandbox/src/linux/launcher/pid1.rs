@@ -12,7 +12,7 @@ use nix::unistd::Pid;
 
 use super::wire::{MAX_MESSAGE_FDS, MOUNT_NAMESPACE, StartCommand, encode_status, receive, send};
 use super::{LaunchFailure, Pid1SetupError, Setup, take_mount_namespace};
-use crate::exit::EXIT_SETUP_FAILED;
+use crate::exit::code::EXIT_SETUP_FAILED;
 use crate::launch::read_json;
 use crate::linux::init::{self, Exec};
 use crate::linux::mounts;

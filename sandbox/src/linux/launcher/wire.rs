@@ -182,4 +182,56 @@ mod tests {
         bad[0] = 7;
         assert_eq!(decode_status(&bad), None);
     }
+
+    #[test]
+    fn a_failed_reply_carries_each_kind_across_the_channel() {
+        let kinds = [
+            FailureKind::Unsupported,
+            FailureKind::Confinement,
+            FailureKind::Protocol,
+            FailureKind::Pid1,
+            FailureKind::Handover,
+        ];
+        // A kind added later must be added above (and to docs/protocol.md).
+        for kind in kinds {
+            match kind {
+                FailureKind::Unsupported
+                | FailureKind::Confinement
+                | FailureKind::Protocol
+                | FailureKind::Pid1
+                | FailureKind::Handover => {}
+            }
+        }
+        let names: Vec<String> = kinds
+            .iter()
+            .map(|kind| {
+                serde_json::to_value(kind)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(
+            names,
+            ["unsupported", "confinement", "protocol", "pid1", "handover"]
+        );
+        for kind in kinds {
+            let reply = Reply::Failed {
+                error: "no_new_privs: EPERM".to_owned(),
+                kind,
+            };
+            let text = serde_json::to_string(&reply).unwrap();
+            assert!(text.len() <= MAX_MESSAGE_BYTES, "{text}");
+            let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(value["reply"], "failed", "{text}");
+            assert_eq!(value["kind"], serde_json::to_value(kind).unwrap(), "{text}");
+            assert_eq!(serde_json::from_str::<Reply>(&text).unwrap(), reply);
+        }
+        // An unknown kind is refused, not read as another.
+        assert!(
+            serde_json::from_str::<Reply>(r#"{"reply":"failed","error":"x","kind":"mounts"}"#)
+                .is_err()
+        );
+    }
 }

@@ -180,5 +180,5 @@ pub(crate) fn start_command(
 
 fn setup_failed(what: &str, err: &std::io::Error) -> ! {
     eprintln!("sandbox-run: {what} failed: {err}");
-    sys::exit_now(i32::from(crate::exit::EXIT_SETUP_FAILED))
+    sys::exit_now(i32::from(crate::exit::code::EXIT_SETUP_FAILED))
 }
