@@ -93,7 +93,7 @@ pub enum LauncherError {
     #[error("cannot make the command's cgroups: {0}")]
     Cgroups(ContainmentError),
     /// The launcher refused the start.
-    #[error("the sandbox launcher could not start the command ({kind:?}): {error}")]
+    #[error("the sandbox launcher could not start the command (stage {kind}): {error}")]
     Refused {
         /// Its reason.
         error: String,

@@ -12,9 +12,11 @@ use crate::fs::FsRequestError;
 use crate::fs::helpers::HelperFailure;
 use crate::http::HttpError;
 use crate::process::ProcessError;
+use crate::process::launcher::LauncherError;
 use crate::process::spawn::SpawnError;
 use crate::rpc::shared::ConnectionError;
 use crate::session::SessionError;
+use sandbox::linux::launcher::FailureKind;
 
 impl From<ProcessError> for RpcError {
     fn from(error: ProcessError) -> Self {
@@ -73,7 +75,7 @@ impl From<ProcessError> for RpcError {
             }
             ProcessError::Spawn(SpawnError::Setup { .. } | SpawnError::JoinCgroup { .. })
             | ProcessError::Containment(_) => (codes::INTERNAL_ERROR, ErrorKind::Io),
-            ProcessError::Launcher(_) => (codes::INTERNAL_ERROR, ErrorKind::HelperFailed),
+            ProcessError::Launcher(failure) => launcher_kind(&failure.error),
             ProcessError::Spawn(SpawnError::Rlimit { .. })
             | ProcessError::Limits(PlanError::Unenforceable { .. }) => {
                 (codes::INVALID_REQUEST, ErrorKind::Unsupported)
@@ -92,6 +94,23 @@ impl From<ProcessError> for RpcError {
             return error.with_operation(EXEC_OPERATION);
         }
         error
+    }
+}
+
+/// The code and `data.kind` of a launcher's failure, by the stage its `Reply::Failed` named: a
+/// policy it does not serve is `unsupported`, a message it did not understand is the server's
+/// bug (`internal`), its own confinement, making the command's PID 1 and the hand-over are a
+/// sandbox helper that failed to set up (`helperFailed`). The stage's name is in the message.
+fn launcher_kind(error: &LauncherError) -> (i64, ErrorKind) {
+    match error {
+        LauncherError::Refused { kind, .. } => match kind {
+            FailureKind::Unsupported => (codes::INVALID_REQUEST, ErrorKind::Unsupported),
+            FailureKind::Protocol => (codes::INTERNAL_ERROR, ErrorKind::Internal),
+            FailureKind::Confinement | FailureKind::Pid1 | FailureKind::Handover => {
+                (codes::INTERNAL_ERROR, ErrorKind::HelperFailed)
+            }
+        },
+        _ => (codes::INTERNAL_ERROR, ErrorKind::HelperFailed),
     }
 }
 
@@ -367,5 +386,57 @@ mod tests {
         let rpc = RpcError::from(HttpError::InvalidBase64(invalid_base64()));
         assert_eq!(rpc.code, codes::INVALID_PARAMS);
         assert_eq!(rpc.kind(), Some(ErrorKind::InvalidBase64));
+    }
+
+    #[test]
+    fn a_launcher_failure_carries_its_stage_into_the_kind_and_message() {
+        let refused = |kind| {
+            RpcError::from(ProcessError::Launcher(
+                crate::process::launcher::LauncherFailure {
+                    error: LauncherError::Refused {
+                        error: "cloning PID 1: EAGAIN".to_owned(),
+                        kind,
+                    },
+                    stderr: String::new(),
+                },
+            ))
+        };
+        let cases = [
+            (
+                FailureKind::Unsupported,
+                codes::INVALID_REQUEST,
+                ErrorKind::Unsupported,
+            ),
+            (
+                FailureKind::Protocol,
+                codes::INTERNAL_ERROR,
+                ErrorKind::Internal,
+            ),
+            (
+                FailureKind::Confinement,
+                codes::INTERNAL_ERROR,
+                ErrorKind::HelperFailed,
+            ),
+            (
+                FailureKind::Pid1,
+                codes::INTERNAL_ERROR,
+                ErrorKind::HelperFailed,
+            ),
+            (
+                FailureKind::Handover,
+                codes::INTERNAL_ERROR,
+                ErrorKind::HelperFailed,
+            ),
+        ];
+        for (stage, code, kind) in cases {
+            let rpc = refused(stage);
+            assert_eq!(rpc.code, code, "{rpc:?}");
+            assert_eq!(rpc.data.as_ref().map(|d| d.kind), Some(kind), "{rpc:?}");
+            assert!(
+                rpc.message
+                    .contains(&format!("(stage {}): cloning PID 1: EAGAIN", stage.name())),
+                "{rpc:?}"
+            );
+        }
     }
 }

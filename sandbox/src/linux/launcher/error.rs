@@ -91,6 +91,26 @@ pub enum LaunchFailure {
     },
 }
 
+impl FailureKind {
+    /// Its wire name (as serialized): `unsupported`, `confinement`, `protocol`, `pid1`,
+    /// `handover`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Unsupported => "unsupported",
+            FailureKind::Confinement => "confinement",
+            FailureKind::Protocol => "protocol",
+            FailureKind::Pid1 => "pid1",
+            FailureKind::Handover => "handover",
+        }
+    }
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl LaunchFailure {
     /// The stage that failed.
     pub fn kind(&self) -> FailureKind {

@@ -226,6 +226,7 @@ mod tests {
             let value: serde_json::Value = serde_json::from_str(&text).unwrap();
             assert_eq!(value["reply"], "failed", "{text}");
             assert_eq!(value["kind"], serde_json::to_value(kind).unwrap(), "{text}");
+            assert_eq!(value["kind"], kind.name(), "{text}");
             assert_eq!(serde_json::from_str::<Reply>(&text).unwrap(), reply);
         }
         // An unknown kind is refused, not read as another.
