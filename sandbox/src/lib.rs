@@ -13,6 +13,7 @@
 #![deny(unsafe_code)]
 
 pub mod audit;
+pub mod denial;
 pub mod egress;
 pub mod exit;
 pub mod launch;
