@@ -53,9 +53,6 @@ pub mod pipeline;
 #[cfg(target_os = "linux")]
 pub mod supervise;
 #[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
-pub(crate) mod sys;
-#[cfg(target_os = "linux")]
 pub mod syscalls;
 
 pub use crate::denial::{Coverage, Denial, Layer};
