@@ -9,10 +9,11 @@
 //! - [`limits`]: the rlimits and wall-clock time of a sandboxed command.
 //! - [`egress`]: the egress proxy of a sandbox whose network is an allowlist.
 //!
-//! All unsafe code is in `sys` (and `audit::sys`): raw calls, each behind a safe wrapper.
+//! All unsafe code is in `sys`: raw calls, each behind a safe wrapper.
 #![deny(unsafe_code)]
 
 pub mod audit;
+pub mod denial;
 pub mod egress;
 pub mod exit;
 pub mod launch;
@@ -21,7 +22,7 @@ pub mod policy;
 
 #[cfg(target_os = "linux")]
 pub mod linux;
-// The only unsafe code of the crate (with `audit::sys`): raw calls, each behind a safe wrapper.
+// The only unsafe code of the crate: raw calls, each behind a safe wrapper.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 mod sys;

@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::audit::denial::Layer;
+use crate::denial::Layer;
 use crate::linux::seccomp;
 use crate::linux::seccomp_policy::Filter;
 use crate::policy::{

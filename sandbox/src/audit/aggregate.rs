@@ -15,11 +15,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::audit::denial::{Denial, Layer};
 use crate::audit::limits::{
     EXAMPLES_PER_GROUP, MAX_ALLOW_RULE_BYTES, MAX_FOLDED_GROUPS, MAX_GROUPS, MAX_PATH_FIELD_BYTES,
     MAX_TEXT_FIELD_BYTES, cap_cow, cap_field, cap_opt,
 };
+use crate::denial::{Denial, Layer};
 
 /// The prefix of folded groups (any path beyond [`MAX_GROUPS`] groups).
 pub const FOLDED_PREFIX: &str = "*";

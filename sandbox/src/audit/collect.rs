@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use crate::audit::denial::Coverage;
 use crate::audit::enable::{self, EnableError, EnableGuard};
 use crate::audit::netlink::{
     Control, MulticastReader, NetlinkError, RECV_BUFFER_BYTES, Status, session_exit_rule,
 };
 use crate::audit::records::{AUDIT_TRUSTED_APP, Record};
+use crate::denial::Coverage;
 
 /// Failed syscalls of the session that get a `SYSCALL` record: `EROFS` (the read-only mount
 /// layer, which Landlock never sees), `EACCES` (pid, exe and syscall of Landlock denials; the

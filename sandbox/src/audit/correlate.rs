@@ -34,13 +34,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::audit::advice::masked;
-use crate::audit::denial::{Denial, Layer};
 use crate::audit::limits::{MAX_PENDING_EVENTS, MAX_RECORDS_PER_EVENT};
 use crate::audit::records::{
     AUDIT_CWD, AUDIT_EOE, AUDIT_LANDLOCK_ACCESS, AUDIT_LANDLOCK_DOMAIN, AUDIT_PATH, AUDIT_SECCOMP,
     AUDIT_SYSCALL, Record, rfc3339,
 };
 use crate::audit::syscalls;
+use crate::denial::{Denial, Layer};
 use crate::linux::seccomp;
 use crate::policy::ResolvedPolicy;
 

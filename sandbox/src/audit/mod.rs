@@ -29,7 +29,6 @@
 //! lifecycle), [`supervise`] (`sandbox-run --audit`: collect, report), [`limits`] (the bounds).
 
 pub mod aggregate;
-pub mod denial;
 pub mod limits;
 pub mod records;
 pub mod report;
@@ -54,11 +53,8 @@ pub mod pipeline;
 #[cfg(target_os = "linux")]
 pub mod supervise;
 #[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
-pub(crate) mod sys;
-#[cfg(target_os = "linux")]
 pub mod syscalls;
 
-pub use denial::{Coverage, Denial, Layer};
+pub use crate::denial::{Coverage, Denial, Layer};
 pub use limits::RECORD_LINE_MAX_BYTES;
 pub use report::{Format, RunAudit};

@@ -19,8 +19,8 @@ use std::path::{Component, Path};
 
 use serde_json::{Value, json};
 
-use crate::audit::denial::Layer;
 use crate::audit::report::RunAudit;
+use crate::denial::Layer;
 
 /// The schema URI written into `$schema`.
 pub const SARIF_SCHEMA_URI: &str = "https://json.schemastore.org/sarif-2.1.0.json";

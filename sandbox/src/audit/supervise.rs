@@ -20,11 +20,11 @@ use nix::unistd::Pid;
 use crate::audit::cli::{AuditArgs, EXIT_AUDIT_BLIND, EXIT_DENIED};
 use crate::audit::collect::{Collector, session_of, start_audit_session};
 use crate::audit::correlate::{Evasion, Target};
-use crate::audit::denial::{Coverage, Denial};
 use crate::audit::output::ReportFile;
 use crate::audit::pipeline::{Findings, Pipeline, Stream};
 use crate::audit::report::{self, Format, RunAudit};
 use crate::audit::sarif::sarif;
+use crate::denial::{Coverage, Denial};
 use crate::linux::command::{self, Ended, Observer};
 use crate::policy::ResolvedPolicy;
 use crate::run::{EXIT_SETUP_FAILED, Prepared, RunError};
@@ -333,7 +333,7 @@ fn open_inherited_fd(fd: i32) -> Option<File> {
 mod tests {
     use super::*;
     use crate::audit::aggregate::Aggregate;
-    use crate::audit::denial::{Denial, Layer};
+    use crate::denial::{Denial, Layer};
 
     #[test]
     fn the_audit_root_is_the_flag_else_the_working_directory_resolved() {

@@ -165,12 +165,12 @@ impl EgressEvent {
     }
 
     /// The denial record of a refusal (layer `proxy`, operation `net.connect`).
-    pub fn to_denial(&self) -> crate::audit::Denial {
-        crate::audit::Denial {
+    pub fn to_denial(&self) -> crate::denial::Denial {
+        crate::denial::Denial {
             time: self.time.clone(),
             pid: None,
             exe: None,
-            layer: crate::audit::Layer::Proxy,
+            layer: crate::denial::Layer::Proxy,
             operation: "net.connect".to_owned(),
             path: None,
             address: Some(self.address()),

@@ -20,8 +20,8 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use serde::{Deserialize, Serialize};
 
-use crate::audit::limits::{MAX_PATH_FIELD_BYTES, MAX_TEXT_FIELD_BYTES, cap_field};
-use crate::audit::{Denial, Layer};
+use crate::denial::{Denial, Layer};
+use crate::denial::{MAX_PATH_FIELD_BYTES, MAX_TEXT_FIELD_BYTES, cap_field};
 use crate::egress::config::{escape_control, now_rfc3339};
 
 /// Longest line on the refusal channel, newline included: below `PIPE_BUF` (4096), so each

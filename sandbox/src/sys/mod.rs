@@ -214,6 +214,7 @@ mod fd;
 mod mount;
 mod notify;
 mod process;
+mod seccomp;
 
 pub use fd::{
     Stdio, fork_single_threaded, replace_stdio, set_window_size, splice, unlock_pty, window_size,
@@ -234,3 +235,4 @@ pub use process::{
     reset_signals_for_exec, set_controlling_terminal, set_dumpable, set_parent_death_signal,
     spawn_sharing_memory_and_descriptors, take_inherited_fd,
 };
+pub use seccomp::install_seccomp_filter_logged_on_current_thread;

@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 
 use super::RunAudit;
-use crate::audit::denial::Layer;
 use crate::audit::limits::{EXAMPLES_PER_GROUP, printable};
+use crate::denial::Layer;
 
 /// Most groups the Markdown summary lists as rows (GitHub caps a step summary at 1 MiB; 512
 /// groups of 1 KiB paths would not fit).

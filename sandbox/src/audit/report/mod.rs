@@ -19,8 +19,8 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::audit::aggregate::Aggregate;
-use crate::audit::denial::{Coverage, Denial, Layer};
 use crate::audit::limits::{EXAMPLES_PER_GROUP, printable};
+use crate::denial::{Coverage, Denial, Layer};
 
 pub use github::github;
 pub use markdown::{MARKDOWN_MAX_GROUPS, markdown, markdown_cell};

@@ -50,7 +50,7 @@ pub trait Observer {
     fn started(&mut self, root: Pid);
     /// A denial the outer saw directly (the egress proxy's and the unix-socket gate's
     /// refusals).
-    fn denial(&mut self, denial: crate::audit::Denial) {
+    fn denial(&mut self, denial: crate::denial::Denial) {
         let _ = denial;
     }
     /// Something the outer could not observe completely (the report says so).

@@ -298,7 +298,7 @@ pub fn install_on_current_thread(variant: Variant) -> Result<Vec<String>, Seccom
     let (names, program) = program_for(variant)?;
     // The denial audit wants SECCOMP records for the errno actions (FLAG_LOG).
     let installed = if variant.audit {
-        crate::audit::sys::install_seccomp_filter_logged_on_current_thread(&program)
+        crate::sys::install_seccomp_filter_logged_on_current_thread(&program)
             .map_err(|err| err.to_string())
     } else {
         seccompiler::apply_filter(&program).map_err(|err| err.to_string())

@@ -1,4 +1,5 @@
-//! The audit collector's raw system calls, each behind a typed safe wrapper.
+//! `seccomp(2)` with `SECCOMP_FILTER_FLAG_LOG`, which `seccompiler` does not offer: the filter of
+//! a command under the denial audit, whose `errno` actions must produce `SECCOMP` audit records.
 
 use std::io;
 
