@@ -139,7 +139,7 @@ impl LaunchFailure {
 }
 
 /// Why a command's PID 1 could not prepare or start its command. PID 1 reports it on the
-/// command's stderr and exits 125, as a one-shot `sandbox-run` does (see [`super::pid1`]).
+/// command's stderr and exits 125, as a one-shot `sandbox-run` does (see `launcher::pid1`).
 #[derive(Debug, thiserror::Error)]
 pub enum Pid1SetupError {
     /// Writing `0` to a cgroup's `cgroup.procs` failed.

@@ -23,7 +23,7 @@ pub const MAX_CGROUPS: usize = 8;
 /// command joins as it starts and the cgroups the next command's PID 1 joins ahead.
 pub const MAX_MESSAGE_FDS: usize = 4 + 2 * MAX_CGROUPS;
 /// The body of a start message; `start:N` when its last N descriptors are the `cgroup.procs`
-/// of the cgroups the *next* command's PID 1 joins while it prepares (see [`serve`]).
+/// of the cgroups the *next* command's PID 1 joins while it prepares (see [`super::serve`]).
 pub const START: &str = "start";
 /// How long after a start the launcher waits before it prepares the next command's PID 1,
 /// unless a PID 1 exits first (a short command has ended). Preparing it at once (about a
