@@ -196,7 +196,7 @@ pub fn run_audited(
     };
     let command = crate::run::command_of(prepared);
     let ended = command::run(&prepared.policy, &command, &options, Some(&mut observer))
-        .map_err(crate::run::from_command_error)?;
+        .map_err(RunError::from)?;
     let mut pipeline = observer.pipeline.take();
     let mut coverage = match observer.collector.take() {
         Some(mut collector) => {

@@ -328,13 +328,7 @@ pub fn run(cli: &Cli) -> Result<crate::linux::command::Ended, RunError> {
     }
     let options = run_options(cli, &prepared, false, Vec::new())?;
     crate::linux::command::run(&prepared.policy, &command_of(&prepared), &options, None)
-        .map_err(from_command_error)
-}
-
-/// Maps the runner's error to `sandbox-run`'s.
-#[cfg(target_os = "linux")]
-pub fn from_command_error(err: crate::linux::command::CommandError) -> RunError {
-    RunError::from(err)
+        .map_err(RunError::from)
 }
 
 /// Runs the command under Seatbelt. Returns only on failure.
