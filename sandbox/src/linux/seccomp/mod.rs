@@ -28,8 +28,11 @@
 //!   call that allocates from a pool the host shares says in its comment which bound holds it.
 //!
 //! `build.rs` compiles the JSON to BPF for the target architecture at build time ([`compiled`]);
-//! [`install_on_current_thread`] chains the parts into one program ([`chain`]) and makes one `seccomp(2)` call, so
-//! nothing is parsed or compiled on the way to `execve`. The JSON is still parsed by
+//! [`install_on_current_thread`] chains the parts into one program ([`chain`]), puts a binary
+//! search over the syscall number in front of it ([`with_dispatch`]: every call whose action
+//! does not depend on its arguments is decided in a few instructions, which is also what the
+//! kernel walks for every syscall number when the filter is installed), and makes one
+//! `seccomp(2)` call, so nothing is parsed or compiled on the way to `execve`. The JSON is still parsed by
 //! [`filters_for`] for `--explain` and the golden rule lists, and a test checks that a fresh
 //! compile of it equals the embedded bytecode.
 
@@ -54,7 +57,7 @@ pub mod compiled {
 
 #[cfg(target_arch = "x86_64")]
 pub use bpf::x32_guard;
-pub use bpf::{chain, disassemble};
+pub use bpf::{chain, disassemble, with_dispatch};
 
 /// `policies/seccomp/restrictions.json`.
 pub const RESTRICTIONS_JSON: &str = include_str!("../../../../policies/seccomp/restrictions.json");
@@ -270,7 +273,8 @@ pub fn compiled_parts(
 }
 
 /// The program [`install_on_current_thread`] applies: `x32_guard` (x86_64) and the compiled parts of `variant`,
-/// chained into one, with the names of its parts.
+/// chained into one behind a search over the syscall number ([`with_dispatch`]), with the
+/// names of its parts.
 ///
 /// # Errors
 /// [`SeccompError::Install`] when there is no compiled program for this architecture or the
@@ -282,7 +286,12 @@ pub fn program_for(variant: Variant) -> Result<(Vec<String>, BpfProgram), Seccom
     #[cfg(target_arch = "x86_64")]
     parts.push(("x32_guard", &guard));
     parts.extend(compiled_parts(variant)?);
-    let program = chain(&parts)?;
+    let mut program = chain(&parts)?;
+    // A search over the syscall number in front, so that neither the kernel (which walks the
+    // program for every number when it is installed) nor a call walks the whole chain.
+    if let Some(arch) = seccomp_policy::audit_arch(std::env::consts::ARCH) {
+        program = with_dispatch(program, arch)?;
+    }
     Ok((
         parts.iter().map(|(name, _)| (*name).to_owned()).collect(),
         program,
