@@ -252,7 +252,9 @@ pub fn serve(socket: BorrowedFd<'_>) -> Result<(), LauncherError> {
         while let Ok(Some(_)) = exits.read_signal() {
             exited = true;
         }
-        reap_children(&mut held);
+        // Torn down (each close waits for an RCU grace period, milliseconds) only at the end of
+        // this turn: after the next PID 1 is cloned and after a waiting start is answered.
+        let _released = reap_children(&mut held);
         // A PID 1 exited (its command ended), or the delay is over: the next one sets up now.
         if prepare_by.is_some_and(|by| exited || std::time::Instant::now() >= by) {
             prepare_by = None;
@@ -349,17 +351,21 @@ fn take_mount_namespace(channel: BorrowedFd<'_>) -> Option<OwnedFd> {
 }
 
 /// Reaps every PID 1 that has exited (their status went to the server through their pipes),
-/// and lets go of its mount namespace (`held`), which is torn down now, after the server has
-/// seen the command end.
-fn reap_children(held: &mut Vec<(Pid, OwnedFd)>) {
+/// and returns its mount namespace (taken from `held`), which is torn down when the caller
+/// drops it, after the server has seen the command end.
+fn reap_children(held: &mut Vec<(Pid, OwnedFd)>) -> Vec<OwnedFd> {
+    let mut released = Vec::new();
     while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
         if status == WaitStatus::StillAlive {
             break;
         }
-        if let Some(pid) = status.pid() {
-            held.retain(|(running, _)| *running != pid);
+        if let Some(pid) = status.pid()
+            && let Some(at) = held.iter().position(|(running, _)| *running == pid)
+        {
+            released.push(held.swap_remove(at).1);
         }
     }
+    released
 }
 
 #[cfg(test)]
