@@ -562,3 +562,54 @@ async fn a_waiting_pid_1_that_died_is_replaced_and_the_command_runs() {
         "the same launcher served it"
     );
 }
+
+/// A launcher's PID 1 installs the sandbox's seccomp program while it prepares, before its
+/// command arrives, and the command inherits it: the command runs under exactly that program
+/// and its own filter (two), from its first instruction (`Seccomp_filters` before any code of
+/// its own could add one; one when PID 1 does not install it, checked); and its own filter's
+/// listener still reaches PID 1 (a connect to a named socket outside the policy is refused, not
+/// left hanging).
+#[tokio::test]
+async fn a_launched_command_inherits_the_main_filter_its_pid_1_installed_ahead_and_adds_its_own() {
+    let _serial = SERIAL.lock().await;
+    let dirs = tests::SandboxDirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let outside = tempfile::Builder::new()
+        .prefix("execward-launcher-sock")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let socket_path = outside.path().join("host.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket_path).unwrap();
+    let script = format!(
+        "grep Seccomp_filters /proc/self/status; unshare -U true 2>/dev/null; echo unshare=$?; \
+         python3 -c 'import socket,sys\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect(sys.argv[1]); print(\"connect=ok\")\nexcept OSError as e:\n print(\"connect=\", e.errno)' {}",
+        socket_path.display()
+    );
+    for round in 0..2 {
+        let out = tokio::time::timeout(
+            Duration::from_secs(20),
+            client.run(&format!("probe-{round}"), &sh(&script), policy(&dirs)),
+        )
+        .await
+        .expect("a connect held by a listener nobody serves would hang here");
+        let text = out.stdout_text();
+        assert!(
+            text.contains("Seccomp_filters:\t2"),
+            "round {round}: {text}"
+        );
+        assert!(
+            text.contains("unshare=1"),
+            "unshare must be refused: {text}"
+        );
+        assert!(
+            text.contains("connect=") && !text.contains("connect=ok"),
+            "a socket outside the policy must not be reachable: {text}"
+        );
+    }
+    assert_eq!(
+        helpers_of(&server, "--launcher").len(),
+        1,
+        "both through the launcher"
+    );
+}

@@ -226,13 +226,13 @@ pub use mount::{
 pub use notify::{
     Notification, SECCOMP_FILTER_FLAG_LOG, SECCOMP_FILTER_FLAG_NEW_LISTENER,
     answer as answer_notification, connect_raw, install_filter_on_current_thread, pidfd_getfd,
-    pidfd_open_with_flags, read_memory, receive as receive_notification, socket_domain,
-    still_valid as notification_valid, unshare_descriptor_table,
+    pidfd_open_with_flags, read_memory, receive as receive_notification, receive_descriptor,
+    send_descriptor, socket_domain, still_valid as notification_valid, unshare_descriptor_table,
 };
 pub use process::{
     bring_loopback_up, clone_into_namespaces, die_of_signal, drop_all_capabilities, execve,
     exit_now, open_pty_peer, own_mount_namespace, owned_fd, pidfd_open, require_no_capabilities,
     reset_signals_for_exec, set_controlling_terminal, set_dumpable, set_parent_death_signal,
-    spawn_sharing_memory_and_descriptors, take_inherited_fd,
+    spawn_sharing_memory, spawn_sharing_memory_and_descriptors, take_inherited_fd,
 };
 pub use seccomp::install_seccomp_filter_logged_on_current_thread;

@@ -257,6 +257,97 @@ pub fn socket_domain(socket: BorrowedFd<'_>) -> io::Result<i32> {
     Ok(domain)
 }
 
+/// A control-message buffer for one descriptor, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct OneDescriptor([u8; 32]);
+
+/// Sends descriptor `fd` on `socket` (`SCM_RIGHTS`, with a one-byte body). Allocates nothing:
+/// safe to call in a child that shares its parent's memory.
+///
+/// # Errors
+/// The OS error of `sendmsg(2)`.
+pub fn send_descriptor(socket: BorrowedFd<'_>, fd: RawFd) -> io::Result<()> {
+    let mut body = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: body.as_mut_ptr().cast(),
+        iov_len: body.len(),
+    };
+    let mut control = OneDescriptor([0; 32]);
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as libc::c_uint) };
+    // SAFETY: an all-zero msghdr is valid; the fields set point at live locals.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &raw mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control.0.as_mut_ptr().cast();
+    message.msg_controllen = space as usize;
+    // SAFETY: `control` holds CMSG_SPACE(sizeof(int)) <= 32 bytes, so the first header and its
+    // data lie inside it; the kernel reads the message and the descriptor number only.
+    let rc = unsafe {
+        let header = libc::CMSG_FIRSTHDR(&raw const message);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as libc::c_uint) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
+        libc::sendmsg(socket.as_raw_fd(), &raw const message, libc::MSG_NOSIGNAL)
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one descriptor sent with [`send_descriptor`] on `socket` without waiting (close-on-
+/// exec); `None` when none is queued (the sender never sent one).
+///
+/// # Errors
+/// The OS error of `recvmsg(2)` (other than "nothing queued").
+pub fn receive_descriptor(socket: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    let mut body = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: body.as_mut_ptr().cast(),
+        iov_len: body.len(),
+    };
+    let mut control = OneDescriptor([0; 32]);
+    // SAFETY: an all-zero msghdr is valid; the fields set point at live locals.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &raw mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control.0.as_mut_ptr().cast();
+    message.msg_controllen = control.0.len();
+    // SAFETY: the buffers outlive the call; the kernel writes at most their lengths.
+    let rc = unsafe {
+        libc::recvmsg(
+            socket.as_raw_fd(),
+            &raw mut message,
+            libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+        )
+    };
+    if rc < 0 {
+        let error = io::Error::last_os_error();
+        return match error.kind() {
+            io::ErrorKind::WouldBlock => Ok(None),
+            _ => Err(error),
+        };
+    }
+    // SAFETY: the kernel filled `message`; CMSG_FIRSTHDR is null or points inside `control`,
+    // and a SCM_RIGHTS header of at least one int's length carries a descriptor it installed
+    // for us, which nothing else owns.
+    unsafe {
+        let header = libc::CMSG_FIRSTHDR(&raw const message);
+        if header.is_null()
+            || (*header).cmsg_level != libc::SOL_SOCKET
+            || (*header).cmsg_type != libc::SCM_RIGHTS
+            || ((*header).cmsg_len as usize)
+                < libc::CMSG_LEN(std::mem::size_of::<RawFd>() as libc::c_uint) as usize
+        {
+            return Ok(None);
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>());
+        Ok(Some(OwnedFd::from_raw_fd(fd)))
+    }
+}
+
 /// `unshare(CLONE_FILES)`: the caller stops sharing its descriptor table (a child made with
 /// `CLONE_FILES` gets a private copy).
 ///

@@ -83,7 +83,6 @@ const SHARED_CHILD_STACK_BYTES: usize = 256 * 1024;
 ///
 /// # Errors
 /// The OS error of `clone(2)`.
-#[cfg(test)]
 pub fn spawn_sharing_memory(child: &mut dyn FnMut()) -> io::Result<Pid> {
     spawn_sharing(child, 0)
 }

@@ -174,7 +174,6 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
     let WarmedUp {
         signals,
         warnings,
-        seccomp,
         gate,
     } = match warm_up {
         Ok(ready) => ready,
@@ -228,10 +227,11 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
         None,
         None,
     );
-    // Sharing PID 1's memory and descriptors until it has installed its seccomp filters, then
-    // its memory until its execve: PID 1 is single-threaded, and the child only resets its own
-    // signals, session and rlimits before it execs (its signalfd and the status pipe are
-    // close-on-exec) or leaves through _exit. PID 1 installs its own filter after.
+    // Sharing PID 1's memory until its execve: PID 1 is single-threaded, and the child only
+    // installs its own filter (handing its listener to PID 1), resets its own signals, session
+    // and rlimits before it execs (its signalfd and the status pipe are close-on-exec) or leaves
+    // through _exit. It inherits the sandbox's main filter, which PID 1 installed while it
+    // prepared.
     // The gate's refusals go to the command's stderr (PID 1's own is released below), on a
     // copy PID 1 closes as soon as the command has ended.
     let gate = gate.map(|gate| match nix::unistd::dup(std::io::stderr()) {
@@ -244,9 +244,10 @@ fn command_init(setup: &Setup, channel: &OwnedFd, status: &OwnedFd, ahead: &[Own
         }
         Err(_) => gate,
     });
-    let started = crate::linux::unix_sockets::start_command(seccomp, gate, &mut || {
-        init::start_command(&exec, None, [false; 3]);
-    });
+    let started =
+        crate::linux::unix_sockets::start_command_under_installed_filter(gate, &mut || {
+            init::start_command(&exec, None, [false; 3]);
+        });
     let (child, notifier) = match started {
         Ok(started) => started,
         Err(err) => setup_failed(status, &Pid1SetupError::Start(err)),
@@ -323,8 +324,6 @@ fn join_cgroups<'a>(cgroups: impl Iterator<Item = BorrowedFd<'a>>) -> Result<(),
 struct WarmedUp {
     signals: SignalFd,
     warnings: Vec<String>,
-    /// Its seccomp program, installed once the command has installed its own.
-    seccomp: crate::linux::seccomp::Prepared,
     /// What it lets the command connect to (when it holds the command's listener).
     gate: Option<crate::linux::unix_sockets::Gate>,
 }
@@ -366,10 +365,15 @@ fn warm_up(setup: &Setup) -> Result<WarmedUp, Pid1SetupError> {
     let signals = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&forwarded), None)
         .and_then(|()| SignalFd::with_flags(&forwarded, SfdFlags::SFD_CLOEXEC))
         .map_err(Pid1SetupError::Signals)?;
+    // Last: PID 1 and the command it starts (which inherits it) run under it from here on.
+    // Installing a program of this size takes the kernel a third of a millisecond, which no
+    // start waits for when it is done here.
+    seccomp.install_on_current_thread().map_err(|source| {
+        Pid1SetupError::Sandbox(crate::linux::SandboxError::HolderSeccomp { source })
+    })?;
     Ok(WarmedUp {
         signals,
         warnings: report.warnings,
-        seccomp,
         gate,
     })
 }

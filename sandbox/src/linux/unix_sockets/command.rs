@@ -178,6 +178,76 @@ pub(crate) fn start_command(
     Ok((child, listener.zip(gate).map(|(l, g)| Notifier::new(l, g))))
 }
 
+/// Starts the command (`start`, which must exec or exit) under the seccomp program the caller
+/// already installed on itself (the command inherits it) plus the command's own filter, whose
+/// listener the child sends back to the caller, which holds it when `gate` is given. Where
+/// [`start_command`] has the command install the sandbox's main filter on its way to `execve`
+/// and the caller install it after, here the caller installed it while it prepared (a launcher's
+/// PID 1, before its command arrived): one `seccomp(2)` of about a third of a millisecond less
+/// on every start. The caller's filter must admit `seccomp(2)` (not the denial audit's, which
+/// refuses nested filters), and the caller must be single-threaded.
+///
+/// The order of the filters differs from [`start_command`]'s (the command's own filter is the
+/// newer one, so it is consulted first): where both refuse a call with different errnos, the
+/// own filter's wins (`pidfd_getfd`: `EPERM`, where the main filter admits it anyway).
+///
+/// # Errors
+/// [`SandboxError`] when the channel for the listener or the command's process cannot be made,
+/// or the listener does not arrive (the command is killed then).
+pub(crate) fn start_command_under_installed_filter(
+    gate: Option<Gate>,
+    start: &mut dyn FnMut(),
+) -> Result<(Pid, Option<Notifier>), crate::linux::SandboxError> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let notify = gate.is_some();
+    let own = command_filter(notify);
+    let flags = if notify {
+        sys::SECCOMP_FILTER_FLAG_NEW_LISTENER
+    } else {
+        0
+    };
+    let spawn_error = |source| crate::linux::SandboxError::Spawn { source };
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::Datagram,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|errno| spawn_error(errno.into()))?;
+    let child = sys::spawn_sharing_memory(&mut || {
+        match sys::install_filter_on_current_thread(&own, flags) {
+            Ok(Some(listener)) => {
+                // This process's copy of `theirs`, open until it execs.
+                let socket = std::os::fd::AsFd::as_fd(&theirs);
+                if let Err(err) = sys::send_descriptor(socket, listener.as_raw_fd()) {
+                    setup_failed("handing the seccomp listener over", &err);
+                }
+                drop(listener);
+            }
+            Ok(None) => {}
+            Err(err) => setup_failed("installing the command's own seccomp filter", &err),
+        }
+        start();
+    })
+    .map_err(spawn_error)?;
+    // The child has exec'd or exited: the listener, if it made one, is queued.
+    drop(theirs);
+    let listener = if notify {
+        match sys::receive_descriptor(std::os::fd::AsFd::as_fd(&ours)) {
+            Ok(Some(listener)) => Some(listener),
+            Ok(None) | Err(_) => {
+                // It failed before (and said why on its stderr), or the listener was lost:
+                // without it the gate would hold the command's connects for ever.
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    Ok((child, listener.zip(gate).map(|(l, g)| Notifier::new(l, g))))
+}
+
 fn setup_failed(what: &str, err: &std::io::Error) -> ! {
     eprintln!("sandbox-run: {what} failed: {err}");
     sys::exit_now(i32::from(crate::exit::code::EXIT_SETUP_FAILED))

@@ -49,8 +49,8 @@ use serde::Serialize;
 use crate::policy::ResolvedPolicy;
 use crate::sys;
 
-pub(crate) use command::start_command;
 pub use command::{CommandFilters, command_filter, render_command_filter, spawn_command};
+pub(crate) use command::{start_command, start_command_under_installed_filter};
 pub use gate::Gate;
 pub use notifier::Notifier;
 
