@@ -260,7 +260,8 @@ enum Leaf {
 /// Puts a binary search over the syscall number in front of `chained`, deciding every number
 /// whose action does not depend on the arguments in a handful of instructions, and jumping
 /// into `chained` for the others (and for every other architecture). It decides exactly as
-/// `chained` does (the search's answers are `chained`'s own, found by [`leaves`]).
+/// `chained` does (the search's answers are `chained`'s own, found by following `chained` for
+/// all the numbers at once).
 ///
 /// Why: a chain of parts walks every check before the one that matches, and the kernel walks
 /// it for every syscall number when the filter is installed (to find the calls it may allow
