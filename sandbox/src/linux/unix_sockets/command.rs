@@ -188,12 +188,15 @@ pub(crate) fn start_command(
 /// refuses nested filters), and the caller must be single-threaded.
 ///
 /// The order of the filters differs from [`start_command`]'s (the command's own filter is the
-/// newer one, so it is consulted first): where both refuse a call with different errnos, the
-/// own filter's wins (`pidfd_getfd`: `EPERM`, where the main filter admits it anyway).
+/// newer one, so it is consulted first). That would only matter for a call both refuse with
+/// different errnos, and there is none: of the calls the own filter refuses, the main filter
+/// admits `pidfd_getfd` and `AF_UNIX` datagram sockets.
+///
+/// When the listener does not arrive (the child failed before it could send it, and said why
+/// on its stderr), the command is killed and no notifier is returned: its exit status tells.
 ///
 /// # Errors
-/// [`SandboxError`] when the channel for the listener or the command's process cannot be made,
-/// or the listener does not arrive (the command is killed then).
+/// [`SandboxError`] when the channel for the listener or the command's process cannot be made.
 pub(crate) fn start_command_under_installed_filter(
     gate: Option<Gate>,
     start: &mut dyn FnMut(),
