@@ -33,7 +33,7 @@ impl Queue {
         match self {
             Self::Local(queue) => queue.try_send(frame).map_err(|_| ()),
             Self::Remote { subject, publisher } => {
-                if publisher.try_publish(subject, None, frame) {
+                if publisher.try_publish_to_harness(subject, &frame) {
                     Ok(())
                 } else {
                     Err(())

@@ -21,6 +21,7 @@ use tests::relay::{
 
 mod binding;
 mod failover;
+mod pieces;
 mod sockets;
 mod tls;
 

@@ -2,15 +2,18 @@
 //!
 //! On an environment's executor subject (`execward.x.TOKEN`), one tag byte then:
 //! - [`TAG_FRAME`]: harness socket id (u64 BE), party id (u64 BE), the relay frame as the
-//!   harness sent it. The message's NATS reply subject is the harness socket's own subject,
-//!   where frames for it go back.
+//!   harness sent it (at most [`MAX_PIECE_BYTES`](super::pieces::MAX_PIECE_BYTES)). The message's NATS reply subject is the
+//!   harness socket's own subject, where frames for it go back.
+//! - [`TAG_FRAME_PIECE`]: harness socket id, party id, a piece header and one piece of a longer
+//!   frame (module `pieces`), with the same reply subject.
 //! - [`TAG_SOCKET_CLOSED`]: harness socket id: forget the streams it owned.
 //! - [`TAG_TAKEOVER`]: a node id (16 bytes): that node now holds the executor socket; any other
 //!   holder closes its own.
 //! - [`TAG_RELEASE`]: the binding was released or displaced: the holder closes the executor
 //!   socket and resets the streams.
 //!
-//! On a harness socket's subject: the relay frame, as is.
+//! On a harness socket's subject: [`HARNESS_WHOLE`] and a relay frame of at most
+//! [`MAX_PIECE_BYTES`](super::pieces::MAX_PIECE_BYTES), or [`HARNESS_PIECE`], a piece header and one piece of a longer frame.
 //!
 //! Publishing never waits: frames go into one bounded queue per node ([`PUBLISH_QUEUE_FRAMES`])
 //! drained by one task; a full queue drops the frame (the endpoints retransmit), as a full socket
@@ -19,6 +22,8 @@
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Bytes;
 
+use super::pieces::{FrameIds, Piece, cut};
+
 /// Frames waiting to be handed to NATS on one node; more are dropped.
 pub const PUBLISH_QUEUE_FRAMES: usize = 16 * 1024;
 
@@ -26,6 +31,12 @@ const TAG_FRAME: u8 = 1;
 const TAG_SOCKET_CLOSED: u8 = 2;
 const TAG_TAKEOVER: u8 = 3;
 const TAG_RELEASE: u8 = 4;
+const TAG_FRAME_PIECE: u8 = 5;
+
+/// First byte of a whole frame on a harness socket's subject.
+const HARNESS_WHOLE: u8 = 0;
+/// First byte of a piece of a frame on a harness socket's subject.
+const HARNESS_PIECE: u8 = 1;
 
 /// A message on an executor subject.
 #[derive(Debug, PartialEq, Eq)]
@@ -51,6 +62,32 @@ pub enum Control {
     },
     /// The binding was released or displaced.
     Release,
+}
+
+/// A piece of a longer harness frame, on an executor subject.
+#[derive(Debug, PartialEq, Eq)]
+pub struct FramePiece {
+    /// The harness socket.
+    pub socket: u64,
+    /// Its credential's party.
+    pub party: u64,
+    /// The piece.
+    pub piece: Piece,
+}
+
+impl FramePiece {
+    /// Parse a [`TAG_FRAME_PIECE`] message; `None` for any other or a malformed one.
+    pub fn decode(bytes: &Bytes) -> Option<Self> {
+        let rest = bytes.strip_prefix(&[TAG_FRAME_PIECE])?;
+        let u64_at = |at: usize| -> Option<u64> {
+            Some(u64::from_be_bytes(rest.get(at..at + 8)?.try_into().ok()?))
+        };
+        Some(Self {
+            socket: u64_at(0)?,
+            party: u64_at(8)?,
+            piece: Piece::decode(bytes, 17)?,
+        })
+    }
 }
 
 impl Control {
@@ -105,15 +142,47 @@ impl Control {
     }
 }
 
+/// The messages carrying a harness frame from `socket` (of credential `party`) to the
+/// executor's node: one [`TAG_FRAME`], or [`TAG_FRAME_PIECE`]s.
+fn frame_messages(socket: u64, party: u64, frame: &[u8], ids: &FrameIds) -> Vec<Bytes> {
+    let head = |tag: u8| [&[tag][..], &socket.to_be_bytes(), &party.to_be_bytes()].concat();
+    cut(frame, &head(TAG_FRAME), &head(TAG_FRAME_PIECE), ids)
+}
+
+/// A message on a harness socket's subject.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ToHarness {
+    /// A whole relay frame.
+    Whole(Bytes),
+    /// A piece of one.
+    Piece(Piece),
+}
+
+impl ToHarness {
+    /// Parse a message; `None` for anything malformed (dropped).
+    pub fn decode(bytes: &Bytes) -> Option<Self> {
+        match *bytes.first()? {
+            HARNESS_WHOLE if bytes.len() > 1 => Some(Self::Whole(bytes.slice(1..))),
+            HARNESS_PIECE => Piece::decode(bytes, 1).map(Self::Piece),
+            _ => None,
+        }
+    }
+}
+
 struct Outgoing {
     subject: async_nats::Subject,
     reply: Option<async_nats::Subject>,
-    payload: Bytes,
+    /// Published in this order, one after the other (the pieces of one frame).
+    payloads: Vec<Bytes>,
 }
 
-/// A node's publishing queue (cheap to clone).
+/// A node's publishing queue (cheap to clone). Each entry is one control message or one whole
+/// frame (all its pieces), so a full queue drops whole frames, never part of one.
 #[derive(Clone)]
-pub struct Publisher(mpsc::Sender<Outgoing>);
+pub struct Publisher {
+    queue: mpsc::Sender<Outgoing>,
+    ids: FrameIds,
+}
 
 impl Publisher {
     /// Start the task that hands queued messages to NATS.
@@ -121,20 +190,26 @@ impl Publisher {
         let (queue, mut outgoing) = mpsc::channel::<Outgoing>(PUBLISH_QUEUE_FRAMES);
         tokio::spawn(async move {
             while let Some(message) = outgoing.recv().await {
-                let sent = match message.reply {
-                    Some(reply) => {
-                        client
-                            .publish_with_reply(message.subject, reply, message.payload)
-                            .await
+                for payload in message.payloads {
+                    let sent = match &message.reply {
+                        Some(reply) => {
+                            client
+                                .publish_with_reply(message.subject.clone(), reply.clone(), payload)
+                                .await
+                        }
+                        None => client.publish(message.subject.clone(), payload).await,
+                    };
+                    if let Err(error) = sent {
+                        tracing::debug!(%error, "NATS publish failed: frame dropped");
+                        break;
                     }
-                    None => client.publish(message.subject, message.payload).await,
-                };
-                if let Err(error) = sent {
-                    tracing::debug!(%error, "NATS publish failed: frame dropped");
                 }
             }
         });
-        Self(queue)
+        Self {
+            queue,
+            ids: FrameIds::new(),
+        }
     }
 
     /// Queue `payload` for `subject` (with a reply subject); `false` when the queue is full and
@@ -145,11 +220,43 @@ impl Publisher {
         reply: Option<&async_nats::Subject>,
         payload: Bytes,
     ) -> bool {
-        self.0
+        self.queue
             .try_send(Outgoing {
                 subject: subject.clone(),
                 reply: reply.cloned(),
-                payload,
+                payloads: vec![payload],
+            })
+            .is_ok()
+    }
+
+    /// Queue a relay frame for the harness socket whose subject is `subject`; `false` when it
+    /// was dropped.
+    pub fn try_publish_to_harness(&self, subject: &async_nats::Subject, frame: &[u8]) -> bool {
+        let payloads = cut(frame, &[HARNESS_WHOLE], &[HARNESS_PIECE], &self.ids);
+        self.queue
+            .try_send(Outgoing {
+                subject: subject.clone(),
+                reply: None,
+                payloads,
+            })
+            .is_ok()
+    }
+
+    /// Queue a frame of harness socket `socket` for the executor's node at `executor`, with the
+    /// socket's own subject to answer on; `false` when it was dropped.
+    pub fn try_publish_to_executor(
+        &self,
+        executor: &async_nats::Subject,
+        reply: &async_nats::Subject,
+        socket: u64,
+        party: u64,
+        frame: &[u8],
+    ) -> bool {
+        self.queue
+            .try_send(Outgoing {
+                subject: executor.clone(),
+                reply: Some(reply.clone()),
+                payloads: frame_messages(socket, party, frame, &self.ids),
             })
             .is_ok()
     }
@@ -181,9 +288,67 @@ mod tests {
             &[TAG_SOCKET_CLOSED, 1],
             &[TAG_TAKEOVER, 1, 2],
             &[TAG_RELEASE, 0],
+            &[TAG_FRAME_PIECE; 29],
             &[99],
         ] {
             assert_eq!(Control::decode(&Bytes::copy_from_slice(junk)), None);
+            assert_eq!(FramePiece::decode(&Bytes::copy_from_slice(junk)), None);
         }
+    }
+}
+
+#[cfg(test)]
+mod framing_tests {
+    use super::super::pieces::{MAX_PIECE_BYTES, Reassembly};
+    use super::*;
+
+    #[test]
+    fn frames_of_every_length_cross_both_subjects_whole() {
+        let ids = FrameIds::new();
+        for len in [
+            1,
+            MAX_PIECE_BYTES,
+            MAX_PIECE_BYTES + 1,
+            4 * MAX_PIECE_BYTES + 3,
+        ] {
+            let frame: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+            let mut to_harness = Reassembly::default();
+            let mut delivered = Vec::new();
+            for message in cut(&frame, &[HARNESS_WHOLE], &[HARNESS_PIECE], &ids) {
+                match ToHarness::decode(&message).unwrap() {
+                    ToHarness::Whole(whole) => delivered.push(whole),
+                    ToHarness::Piece(piece) => delivered.extend(to_harness.push(&piece)),
+                }
+            }
+            assert_eq!(delivered, [Bytes::from(frame.clone())], "{len}");
+
+            let mut to_executor = Reassembly::default();
+            let mut delivered = Vec::new();
+            for message in frame_messages(9, 10, &frame, &ids) {
+                if let Some(FramePiece {
+                    socket: 9,
+                    party: 10,
+                    piece,
+                }) = FramePiece::decode(&message)
+                {
+                    delivered.extend(to_executor.push(&piece));
+                    continue;
+                }
+                match Control::decode(&message).unwrap() {
+                    Control::Frame {
+                        socket: 9,
+                        party: 10,
+                        frame,
+                    } => delivered.push(frame),
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert_eq!(delivered, [Bytes::from(frame)], "{len}");
+        }
+        assert_eq!(
+            ToHarness::decode(&Bytes::from_static(&[HARNESS_WHOLE])),
+            None
+        );
+        assert_eq!(ToHarness::decode(&Bytes::from_static(&[7, 1, 2])), None);
     }
 }

@@ -24,6 +24,7 @@
 //! until the link is back.
 
 pub(crate) mod bus;
+pub(crate) mod pieces;
 pub(crate) mod registry;
 pub(crate) mod seat;
 pub(crate) mod sockets;

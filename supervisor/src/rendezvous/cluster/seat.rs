@@ -9,6 +9,8 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Bytes;
 
+use super::bus::{FramePiece, ToHarness};
+use super::pieces::{Reassembly, ReassemblyBySource};
 use super::{Cluster, Control, LEASE_RENEW_INTERVAL};
 use crate::rendezvous::credentials::CredentialSecret;
 use crate::rendezvous::queue::{NewStreamLimiter, Queue};
@@ -46,6 +48,7 @@ pub struct ExecutorSeat {
     subscriber: async_nats::Subscriber,
     nonce: [u8; 16],
     remote: HashMap<u64, RemoteHarness>,
+    in_pieces: ReassemblyBySource,
     renew: tokio::time::Interval,
 }
 
@@ -74,6 +77,7 @@ impl ExecutorSeat {
             subscriber,
             nonce,
             remote: HashMap::new(),
+            in_pieces: ReassemblyBySource::default(),
             renew,
         })
     }
@@ -90,9 +94,19 @@ impl ExecutorSeat {
             tokio::select! {
                 message = self.subscriber.next() => {
                     let message = message?;
-                    if let Some(control) = Control::decode(&message.payload) {
-                        return Some(Received { control, reply: message.reply });
-                    }
+                    let control = if let Some(FramePiece { socket, party, piece }) =
+                        FramePiece::decode(&message.payload)
+                    {
+                        let Some(frame) = self.in_pieces.push(socket, &piece) else {
+                            continue;
+                        };
+                        Control::Frame { socket, party, frame }
+                    } else if let Some(control) = Control::decode(&message.payload) {
+                        control
+                    } else {
+                        continue;
+                    };
+                    return Some(Received { control, reply: message.reply });
                 }
                 _ = self.renew.tick() => {
                     let cluster = self.cluster.clone();
@@ -132,6 +146,7 @@ impl ExecutorSeat {
     /// Harness socket `socket` closed.
     pub fn forget(&mut self, socket: u64) {
         self.remote.remove(&socket);
+        self.in_pieces.forget(socket);
     }
 }
 
@@ -171,8 +186,17 @@ impl HarnessSeat {
             .map_err(|e| SeatError(e.to_string()))?;
         let queue = queue.clone();
         let forward = tokio::spawn(async move {
+            let mut in_pieces = Reassembly::default();
             while let Some(message) = subscriber.next().await {
-                if queue.try_send(message.payload).is_err() && queue.is_closed() {
+                let frame = match ToHarness::decode(&message.payload) {
+                    Some(ToHarness::Whole(frame)) => frame,
+                    Some(ToHarness::Piece(piece)) => match in_pieces.push(&piece) {
+                        Some(frame) => frame,
+                        None => continue,
+                    },
+                    None => continue,
+                };
+                if queue.try_send(frame).is_err() && queue.is_closed() {
                     break;
                 }
             }
@@ -192,16 +216,13 @@ impl HarnessSeat {
     }
 
     /// Send a harness frame to the node holding the executor socket.
-    pub fn forward(&self, socket: u64, frame: Bytes) {
-        let message = Control::Frame {
-            socket,
-            party: self.party,
-            frame,
-        };
-        if !self.cluster.publisher().try_publish(
+    pub fn forward(&self, socket: u64, frame: &[u8]) {
+        if !self.cluster.publisher().try_publish_to_executor(
             &self.executor,
-            Some(&self.subject),
-            message.encode(),
+            &self.subject,
+            socket,
+            self.party,
+            frame,
         ) {
             tracing::debug!("NATS publish queue full: frame dropped");
         }

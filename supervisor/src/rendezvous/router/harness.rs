@@ -101,7 +101,7 @@ impl Router {
         }
         match seat {
             // Cluster mode: to whichever node holds the executor socket; it keeps the table.
-            Some(seat) => seat.forward(harness.socket, frame),
+            Some(seat) => seat.forward(harness.socket, &frame),
             None => self.route_to_executor(environment, harness, limiter, route, frame),
         }
     }
