@@ -14,6 +14,8 @@ pub struct Nats {
     store: tempfile::TempDir,
     /// Arguments besides the port and store (e.g. `--tls --tlscert C --tlskey K`).
     extra: Vec<String>,
+    /// Environment variables besides the inherited ones (e.g. the Go runtime's `GOGC`).
+    env: Vec<(String, String)>,
 }
 
 impl Nats {
@@ -23,6 +25,11 @@ impl Nats {
 
     /// [`Nats::start`] with more `nats-server` arguments.
     pub fn start_with(extra: &[&str]) -> Nats {
+        Nats::start_with_env(extra, &[])
+    }
+
+    /// [`Nats::start_with`] with more environment variables.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Nats {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("a free loopback port")
@@ -33,6 +40,10 @@ impl Nats {
             port,
             store,
             extra: extra.iter().map(|arg| (*arg).to_owned()).collect(),
+            env: env
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect(),
         };
         nats.spawn();
         nats
@@ -67,6 +78,7 @@ impl Nats {
             ])
             .arg(self.store.path())
             .args(&self.extra)
+            .envs(self.env.iter().map(|(name, value)| (name, value)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p execward-tests --bin bench -- [--quick]
-//!     [--only spawn|output|sandbox|remote|remote-latency|egress] [--write docs/benchmarks.md] [--check]
+//!     [--only spawn|output|sandbox|remote|remote-latency|cluster|egress] [--write docs/benchmarks.md] [--check]
 //! ```
 //! Figures are medians with p10-p90 spreads; ratios compare ours to the baseline, and each row
 //! with a target says whether it holds (`--check`: exit 1 when one does not). The binaries
@@ -260,6 +260,8 @@ enum Group {
     Remote,
     /// Only the round-trip rows of remote mode (for profiling the request path).
     RemoteLatency,
+    /// Only the cluster rows of remote mode (for profiling the path through NATS).
+    Cluster,
     /// The egress proxy of an allowlisted sandbox network.
     Egress,
 }
@@ -295,6 +297,9 @@ async fn main() -> std::process::ExitCode {
     }
     if wanted(Group::Remote) {
         remote_mode(&mut rows, quick).await;
+        cluster_mode(&mut rows, quick).await;
+    }
+    if only == Some(Group::Cluster) {
         cluster_mode(&mut rows, quick).await;
     }
     if only == Some(Group::RemoteLatency) {
