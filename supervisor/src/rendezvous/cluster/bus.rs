@@ -15,9 +15,9 @@
 //! On a harness socket's subject: [`HARNESS_WHOLE`] and a relay frame of at most
 //! [`MAX_PIECE_BYTES`](super::pieces::MAX_PIECE_BYTES), or [`HARNESS_PIECE`], a piece header and one piece of a longer frame.
 //!
-//! Publishing never waits: frames go into one bounded queue per node ([`PUBLISH_QUEUE_FRAMES`])
-//! drained by one task; a full queue drops the frame (the endpoints retransmit), as a full socket
-//! queue does on a single node.
+//! Publishing never waits: frames go into one bounded queue per node ([`PUBLISH_QUEUE_FRAMES`]
+//! entries holding at most [`PUBLISH_QUEUE_BYTES`]) drained by one task; a full queue drops the
+//! frame (the endpoints retransmit), as a full socket queue does on a single node.
 
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Bytes;
@@ -26,6 +26,10 @@ use super::pieces::{FrameIds, Piece, cut};
 
 /// Frames waiting to be handed to NATS on one node; more are dropped.
 pub const PUBLISH_QUEUE_FRAMES: usize = 16 * 1024;
+/// Bytes of messages waiting to be handed to NATS on one node; a frame that would pass it is
+/// dropped. Without it the queue could hold [`PUBLISH_QUEUE_FRAMES`] full frames, about 1 GiB,
+/// while NATS is slow (a burst from an executor towards harness sockets of other nodes).
+pub const PUBLISH_QUEUE_BYTES: usize = 64 * 1024 * 1024;
 
 const TAG_FRAME: u8 = 1;
 const TAG_SOCKET_CLOSED: u8 = 2;
@@ -169,6 +173,32 @@ impl ToHarness {
     }
 }
 
+/// The bytes queued for NATS on one node, against [`PUBLISH_QUEUE_BYTES`] (cheap to clone).
+#[derive(Clone, Debug, Default)]
+struct QueuedBytes(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl QueuedBytes {
+    /// Count `bytes` more unless that passes `limit`; `false` (nothing counted) when it would.
+    fn try_add(&self, bytes: usize, limit: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                queued.checked_add(bytes).filter(|total| *total <= limit)
+            })
+            .is_ok()
+    }
+
+    /// `bytes` left the queue.
+    fn remove(&self, bytes: usize) {
+        self.0.fetch_sub(bytes, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    #[cfg(test)]
+    fn get(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 struct Outgoing {
     subject: async_nats::Subject,
     reply: Option<async_nats::Subject>,
@@ -176,11 +206,19 @@ struct Outgoing {
     payloads: Vec<Bytes>,
 }
 
+impl Outgoing {
+    /// What it holds, against [`PUBLISH_QUEUE_BYTES`].
+    fn bytes(&self) -> usize {
+        self.payloads.iter().map(Bytes::len).sum()
+    }
+}
+
 /// A node's publishing queue (cheap to clone). Each entry is one control message or one whole
 /// frame (all its pieces), so a full queue drops whole frames, never part of one.
 #[derive(Clone)]
 pub struct Publisher {
     queue: mpsc::Sender<Outgoing>,
+    queued: QueuedBytes,
     ids: FrameIds,
 }
 
@@ -188,8 +226,11 @@ impl Publisher {
     /// Start the task that hands queued messages to NATS.
     pub fn start(client: async_nats::Client) -> Self {
         let (queue, mut outgoing) = mpsc::channel::<Outgoing>(PUBLISH_QUEUE_FRAMES);
+        let queued = QueuedBytes::default();
+        let drained = queued.clone();
         tokio::spawn(async move {
             while let Some(message) = outgoing.recv().await {
+                drained.remove(message.bytes());
                 for payload in message.payloads {
                     let sent = match &message.reply {
                         Some(reply) => {
@@ -208,8 +249,22 @@ impl Publisher {
         });
         Self {
             queue,
+            queued,
             ids: FrameIds::new(),
         }
+    }
+
+    /// Queue `message` unless the queue is full (entries or bytes); `false` when dropped.
+    fn try_queue(&self, message: Outgoing) -> bool {
+        let bytes = message.bytes();
+        if !self.queued.try_add(bytes, PUBLISH_QUEUE_BYTES) {
+            return false;
+        }
+        if self.queue.try_send(message).is_err() {
+            self.queued.remove(bytes);
+            return false;
+        }
+        true
     }
 
     /// Queue `payload` for `subject` (with a reply subject); `false` when the queue is full and
@@ -220,26 +275,21 @@ impl Publisher {
         reply: Option<&async_nats::Subject>,
         payload: Bytes,
     ) -> bool {
-        self.queue
-            .try_send(Outgoing {
-                subject: subject.clone(),
-                reply: reply.cloned(),
-                payloads: vec![payload],
-            })
-            .is_ok()
+        self.try_queue(Outgoing {
+            subject: subject.clone(),
+            reply: reply.cloned(),
+            payloads: vec![payload],
+        })
     }
 
     /// Queue a relay frame for the harness socket whose subject is `subject`; `false` when it
     /// was dropped.
     pub fn try_publish_to_harness(&self, subject: &async_nats::Subject, frame: &[u8]) -> bool {
-        let payloads = cut(frame, &[HARNESS_WHOLE], &[HARNESS_PIECE], &self.ids);
-        self.queue
-            .try_send(Outgoing {
-                subject: subject.clone(),
-                reply: None,
-                payloads,
-            })
-            .is_ok()
+        self.try_queue(Outgoing {
+            subject: subject.clone(),
+            reply: None,
+            payloads: cut(frame, &[HARNESS_WHOLE], &[HARNESS_PIECE], &self.ids),
+        })
     }
 
     /// Queue a frame of harness socket `socket` for the executor's node at `executor`, with the
@@ -252,13 +302,11 @@ impl Publisher {
         party: u64,
         frame: &[u8],
     ) -> bool {
-        self.queue
-            .try_send(Outgoing {
-                subject: executor.clone(),
-                reply: Some(reply.clone()),
-                payloads: frame_messages(socket, party, frame, &self.ids),
-            })
-            .is_ok()
+        self.try_queue(Outgoing {
+            subject: executor.clone(),
+            reply: Some(reply.clone()),
+            payloads: frame_messages(socket, party, frame, &self.ids),
+        })
     }
 }
 
@@ -294,6 +342,39 @@ mod tests {
             assert_eq!(Control::decode(&Bytes::copy_from_slice(junk)), None);
             assert_eq!(FramePiece::decode(&Bytes::copy_from_slice(junk)), None);
         }
+    }
+}
+
+#[cfg(test)]
+mod queue_tests {
+    use proto::relay::limits::MAX_RELAY_FRAME_BYTES;
+
+    use super::*;
+
+    #[test]
+    fn the_publish_queue_counts_bytes_up_to_its_bound_and_frees_them_as_they_leave() {
+        let queued = QueuedBytes::default();
+        let frame = 70_000;
+        let fits = PUBLISH_QUEUE_BYTES / frame;
+        for _ in 0..fits {
+            assert!(queued.try_add(frame, PUBLISH_QUEUE_BYTES));
+        }
+        assert!(
+            !queued.try_add(frame, PUBLISH_QUEUE_BYTES),
+            "past the bound"
+        );
+        assert_eq!(queued.get(), fits * frame, "a refused frame is not counted");
+        assert!(queued.try_add(PUBLISH_QUEUE_BYTES - fits * frame, PUBLISH_QUEUE_BYTES));
+        queued.remove(frame);
+        assert!(
+            queued.try_add(frame, PUBLISH_QUEUE_BYTES),
+            "a frame that left made room"
+        );
+        assert!(
+            !queued.try_add(usize::MAX, PUBLISH_QUEUE_BYTES),
+            "no overflow"
+        );
+        const { assert!(PUBLISH_QUEUE_BYTES < PUBLISH_QUEUE_FRAMES * MAX_RELAY_FRAME_BYTES / 8) };
     }
 }
 
