@@ -48,7 +48,7 @@ fn bench_refuses_bad_arguments_as_usage_errors() {
     for (args, needle) in [
         (
             &["--only", "bogus"][..],
-            "possible values: spawn, output, sandbox, remote, remote-latency, egress",
+            "possible values: spawn, output, sandbox, remote, remote-latency, cluster, egress",
         ),
         (&["--write"][..], "a value is required for '--write <FILE>'"),
         (&["--frobnicate"][..], "unexpected argument '--frobnicate'"),
