@@ -127,25 +127,20 @@ pub async fn handle(
     };
     let opens = reservation.is_some();
     let budget = context.budget;
-    let sandbox = request.sandbox().cloned();
     // A large read waits for its turn before it takes a blocking slot or a helper.
-    let (policy, _bulk) = match &request {
+    let _bulk = match &request {
         FsRequest::ReadFile(params) => {
-            let (size, policy) =
-                back_read_file_answer(budget, context.sandboxing, params, sandbox, answer).await?;
-            let bulk = if size >= BULK_READ_BYTES {
+            let size = back_read_file_answer(budget, params, answer).await?;
+            if size >= BULK_READ_BYTES {
                 Some(budget.bulk_read().await?)
             } else {
                 None
-            };
-            (policy?, bulk)
+            }
         }
-        _ => (
-            restricting_policy(budget, context.sandboxing, sandbox).await?,
-            None,
-        ),
+        _ => None,
     };
-    let outcome = match policy {
+    let sandbox = request.sandbox().cloned();
+    let outcome = match restricting_policy(budget, context.sandboxing, sandbox).await? {
         None => {
             // On the blocking pool even when it moves megabytes: it frees them too, and a
             // low-priority thread must not hold the address space's lock (see cpu_pool).
@@ -185,35 +180,20 @@ pub fn close(handles: &HandleTable, params: CloseParams) -> Result<Value, RpcErr
 
 /// Back the answer of an `fs/readFile` with memory for the file's current size (capped at
 /// `READ_FILE_MAX_BYTES`) before it is read, and return that size (for this budget and the
-/// bulk-read turn; it is never sent to the client) with the request's restricting policy. A
-/// file that cannot be examined is budgeted as empty (its read will fail, or be backed when its
-/// answer is sent).
-///
-/// Under a sandbox the size is taken in the same job that resolves the policy (one trip to a
-/// pool instead of two: the pooled sandboxed read is measured against the unsandboxed one). An
-/// error of the budget comes before one of the sandbox, as when they were two steps.
+/// bulk-read turn; it is never sent to the client). A file that cannot be examined is budgeted
+/// as empty (its read will fail, or be backed when its answer is sent).
 async fn back_read_file_answer(
     budget: &ConnectionBudget,
-    sandboxing: &Arc<Sandboxing>,
     params: &ReadFileParams,
-    sandbox: Option<Value>,
     answer: &mut MemoryCharge,
-) -> Result<(u64, Result<Option<ResolvedPolicy>, RpcError>), RpcError> {
+) -> Result<u64, RpcError> {
     let path = params.path.clone();
-    let size_of = move || std::fs::metadata(path.as_path()).map_or(0, |meta| meta.len());
-    let (size, policy) = if sandbox.as_ref().is_none_or(Value::is_null) {
-        (budget.blocking(size_of).await?, Ok(None))
-    } else {
-        let sandboxing = sandboxing.clone();
-        let (size, resolved) = budget
-            .cpu(move || (size_of(), sandboxing.resolve(sandbox.as_ref())))
-            .await?;
-        let policy = resolved.map_err(|e| FsRequestError::Sandbox(e).into());
-        (size, policy)
-    };
-    let size = size.min(fs_helper::READ_FILE_MAX_BYTES);
+    let size = budget
+        .blocking(move || std::fs::metadata(path.as_path()).map_or(0, |meta| meta.len()))
+        .await?
+        .min(fs_helper::READ_FILE_MAX_BYTES);
     answer.back(budget, content_answer_bytes(size))?;
-    Ok((size, policy))
+    Ok(size)
 }
 
 /// `fs/readBlock`: read from a handle of the connection, on the blocking pool within `budget`.
