@@ -28,8 +28,9 @@ pub const MAX_PIECE_BYTES: usize = 16 * 1024;
 pub const PIECE_HEADER_BYTES: usize = 12;
 /// Frames of different sources (harness sockets) one [`ReassemblyBySource`] puts back together
 /// at once. A node sends a frame's pieces back to back, so about as many are in progress as
-/// nodes publish to one executor; a first piece beyond the bound is dropped with its frame. So
-/// at most this many times `MAX_RELAY_FRAME_BYTES` is held.
+/// nodes publish to one executor; a first piece beyond the bound drops the oldest frame in
+/// progress (one whose remaining pieces were lost stays until then). So at most this many times
+/// `MAX_RELAY_FRAME_BYTES` is held, and lost pieces never fill the table for good.
 pub const MAX_FRAMES_IN_PIECES: usize = 64;
 /// The most pieces a frame is cut into (a count above it is malformed).
 pub const MAX_PIECES: usize = MAX_RELAY_FRAME_BYTES.div_ceil(MAX_PIECE_BYTES);
@@ -160,18 +161,35 @@ impl Reassembly {
 /// [`MAX_FRAMES_IN_PIECES`] at once.
 #[derive(Debug, Default)]
 pub struct ReassemblyBySource {
-    frames: HashMap<u64, Reassembly>,
+    /// Each source's frame in progress, with the order it started in.
+    frames: HashMap<u64, (u64, Reassembly)>,
+    started: u64,
 }
 
 impl ReassemblyBySource {
-    /// Take the next piece of `source`'s frame; the frame once whole.
+    /// Take the next piece of `source`'s frame; the frame once whole. A first piece when
+    /// [`MAX_FRAMES_IN_PIECES`] frames are in progress drops the one that started first.
     pub fn push(&mut self, source: u64, piece: &Piece) -> Option<Bytes> {
-        if !self.frames.contains_key(&source)
-            && (piece.index != 0 || self.frames.len() >= MAX_FRAMES_IN_PIECES)
-        {
-            return None;
+        if !self.frames.contains_key(&source) {
+            if piece.index != 0 {
+                return None;
+            }
+            if self.frames.len() >= MAX_FRAMES_IN_PIECES
+                && let Some(oldest) = self
+                    .frames
+                    .iter()
+                    .min_by_key(|(_, (started, _))| *started)
+                    .map(|(oldest, _)| *oldest)
+            {
+                self.frames.remove(&oldest);
+            }
         }
-        let reassembly = self.frames.entry(source).or_default();
+        self.started += 1;
+        let started = self.started;
+        let (_, reassembly) = self
+            .frames
+            .entry(source)
+            .or_insert_with(|| (started, Reassembly::default()));
         let frame = reassembly.push(piece);
         if !reassembly.is_pending() {
             self.frames.remove(&source);
@@ -296,36 +314,47 @@ mod tests {
     }
 
     #[test]
-    fn at_most_the_bound_of_frames_is_held_in_pieces_and_a_finished_one_frees_its_place() {
+    fn at_most_the_bound_of_frames_is_held_in_pieces_and_the_oldest_gives_way() {
         let ids = FrameIds::new();
         let frame = vec![3; 2 * MAX_PIECE_BYTES];
         let mut by_source = ReassemblyBySource::default();
         let mut pending = Vec::new();
-        for source in 0..=MAX_FRAMES_IN_PIECES as u64 {
+        for source in 0..MAX_FRAMES_IN_PIECES as u64 {
             let pieces = pieces_of(&cut(&frame, b"w", b"p", &ids));
             assert_eq!(by_source.push(source, &pieces[0]), None);
             pending.push(pieces);
         }
         assert_eq!(by_source.pending(), MAX_FRAMES_IN_PIECES);
-        // The source beyond the bound was not kept: its last piece completes nothing.
+        // A piece that starts nothing is not kept.
         let over = MAX_FRAMES_IN_PIECES as u64;
-        assert_eq!(
-            by_source.push(over, &pending[MAX_FRAMES_IN_PIECES][1]),
-            None
-        );
-        // A piece that starts nothing is not kept either.
-        assert_eq!(by_source.push(over + 1, &pending[0][1]), None);
+        assert_eq!(by_source.push(over, &pending[1][1]), None);
         assert_eq!(by_source.pending(), MAX_FRAMES_IN_PIECES);
-        // Finishing one frees its place; forgetting a source frees another.
+        // One more frame: the oldest in progress (source 0, say its last piece was lost) gives
+        // way, so frames whose pieces were lost never fill the table for good.
+        let newest = pieces_of(&cut(&frame, b"w", b"p", &ids));
+        assert_eq!(by_source.push(over, &newest[0]), None);
+        assert_eq!(by_source.pending(), MAX_FRAMES_IN_PIECES);
         assert_eq!(
-            by_source.push(0, &pending[0][1]).as_deref(),
+            by_source.push(0, &pending[0][1]),
+            None,
+            "source 0 was dropped"
+        );
+        assert_eq!(
+            by_source.push(over, &newest[1]).as_deref(),
             Some(&frame[..])
         );
-        by_source.forget(1);
-        assert_eq!(by_source.pending(), MAX_FRAMES_IN_PIECES - 2);
-        let again = pieces_of(&cut(&frame, b"w", b"p", &ids));
-        assert_eq!(by_source.push(over, &again[0]), None);
-        assert_eq!(by_source.push(over, &again[1]).as_deref(), Some(&frame[..]));
+        // Finishing one or forgetting a source frees a place.
+        assert_eq!(
+            by_source.push(1, &pending[1][1]).as_deref(),
+            Some(&frame[..])
+        );
+        by_source.forget(2);
+        assert_eq!(by_source.pending(), MAX_FRAMES_IN_PIECES - 3);
+        for (source, pieces) in pending.iter().enumerate().skip(3) {
+            let got = by_source.push(source as u64, &pieces[1]);
+            assert_eq!(got.as_deref(), Some(&frame[..]), "{source}");
+        }
+        assert_eq!(by_source.pending(), 0);
     }
 
     #[test]
