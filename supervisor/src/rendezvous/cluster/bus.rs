@@ -83,12 +83,9 @@ impl FramePiece {
     /// Parse a [`TAG_FRAME_PIECE`] message; `None` for any other or a malformed one.
     pub fn decode(bytes: &Bytes) -> Option<Self> {
         let rest = bytes.strip_prefix(&[TAG_FRAME_PIECE])?;
-        let u64_at = |at: usize| -> Option<u64> {
-            Some(u64::from_be_bytes(rest.get(at..at + 8)?.try_into().ok()?))
-        };
         Some(Self {
-            socket: u64_at(0)?,
-            party: u64_at(8)?,
+            socket: u64_at(rest, 0)?,
+            party: u64_at(rest, 8)?,
             piece: Piece::decode(bytes, 17)?,
         })
     }
@@ -126,17 +123,16 @@ impl Control {
     /// Parse a message; `None` for anything malformed (dropped).
     pub fn decode(bytes: &Bytes) -> Option<Self> {
         let (&tag, rest) = bytes.split_first()?;
-        let u64_at = |at: usize| -> Option<u64> {
-            Some(u64::from_be_bytes(rest.get(at..at + 8)?.try_into().ok()?))
-        };
         match tag {
             TAG_FRAME => Some(Self::Frame {
-                socket: u64_at(0)?,
-                party: u64_at(8)?,
+                socket: u64_at(rest, 0)?,
+                party: u64_at(rest, 8)?,
                 frame: bytes.slice(17..),
             })
             .filter(|_| bytes.len() > 17),
-            TAG_SOCKET_CLOSED if rest.len() == 8 => Some(Self::SocketClosed { socket: u64_at(0)? }),
+            TAG_SOCKET_CLOSED if rest.len() == 8 => Some(Self::SocketClosed {
+                socket: u64_at(rest, 0)?,
+            }),
             TAG_TAKEOVER => Some(Self::Takeover {
                 node: rest.try_into().ok()?,
             }),
@@ -144,6 +140,11 @@ impl Control {
             _ => None,
         }
     }
+}
+
+/// The big-endian u64 at `at` in `bytes`, if there is one.
+fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_be_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
 }
 
 /// The messages carrying a harness frame from `socket` (of credential `party`) to the
