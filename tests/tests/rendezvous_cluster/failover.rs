@@ -14,19 +14,8 @@ async fn an_executor_moves_when_its_node_is_killed_and_the_harness_gets_every_re
         duplicate_percent: 5,
         max_delay_ms: 2,
     };
-    let mut nodes = Vec::new();
-    let mut proxies = Vec::new();
-    for name in ["a", "b", "c"] {
-        let address = free_address();
-        let proxy = Proxy::start(address, faults, false).await;
-        nodes.push(Some(start_node(
-            &nats,
-            name,
-            &address.to_string(),
-            Some(&proxy.url),
-        )));
-        proxies.push(proxy);
-    }
+    let (nodes, proxies) = nodes_behind_faulty_proxies(&nats, &["a", "b", "c"], faults).await;
+    let mut nodes: Vec<Option<Process>> = nodes.into_iter().map(Some).collect();
     let urls: Vec<String> = nodes
         .iter()
         .flatten()

@@ -40,6 +40,29 @@ fn start_node(nats: &Nats, name: &str, listen: &str, public_url: Option<&str>) -
     )
 }
 
+/// Nodes of the cluster on `nats`, one per name, each behind a proxy with `faults` that it
+/// hands out as its public URL (so every endpoint link drops, duplicates and delays frames).
+async fn nodes_behind_faulty_proxies(
+    nats: &Nats,
+    names: &[&str],
+    faults: Faults,
+) -> (Vec<Process>, Vec<Proxy>) {
+    let mut nodes = Vec::new();
+    let mut proxies = Vec::new();
+    for name in names {
+        let address = free_address();
+        let proxy = Proxy::start(address, faults, false).await;
+        nodes.push(start_node(
+            nats,
+            name,
+            &address.to_string(),
+            Some(&proxy.url),
+        ));
+        proxies.push(proxy);
+    }
+    (nodes, proxies)
+}
+
 /// Nodes `a` and `b` on free loopback ports, each started with `args` (which name the cluster:
 /// `--cluster URL` and any shared option) and its `--node-name`.
 fn two_nodes(args: &[&str]) -> (Process, Process) {

@@ -17,19 +17,7 @@ async fn a_large_write_and_read_cross_two_nodes_in_pieces_and_arrive_exactly() {
         duplicate_percent: 5,
         max_delay_ms: 1,
     };
-    let mut nodes = Vec::new();
-    let mut proxies = Vec::new();
-    for name in ["a", "b"] {
-        let address = free_address();
-        let proxy = Proxy::start(address, faults, false).await;
-        nodes.push(start_node(
-            &nats,
-            name,
-            &address.to_string(),
-            Some(&proxy.url),
-        ));
-        proxies.push(proxy);
-    }
+    let (nodes, _proxies) = nodes_behind_faulty_proxies(&nats, &["a", "b"], faults).await;
     let dir = tempfile::tempdir().unwrap();
     let identity = dir.path().join("identity");
     let executor = start_executor_with(&nodes[0].first_line, "env-pieces", &identity, &[]);
