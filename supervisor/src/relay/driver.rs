@@ -218,6 +218,18 @@ pub async fn connect_socket(
     Ok(socket)
 }
 
+/// A socket's queue of frames to send, which [`send_batch`] takes more from without waiting.
+pub trait Outbox<F> {
+    /// The next queued frame, if one is queued now.
+    fn try_next(&mut self) -> Option<F>;
+}
+
+impl<F> Outbox<F> for mpsc::Receiver<F> {
+    fn try_next(&mut self) -> Option<F> {
+        self.try_recv().ok()
+    }
+}
+
 /// Send every queued frame on `sink`, batching what is already queued into one flush.
 ///
 /// # Errors
@@ -225,7 +237,7 @@ pub async fn connect_socket(
 pub async fn send_batch<S, F>(
     sink: &mut S,
     first: F,
-    outbox: &mut mpsc::Receiver<F>,
+    outbox: &mut impl Outbox<F>,
 ) -> Result<(), tokio_tungstenite::tungstenite::Error>
 where
     S: futures_util::Sink<WsMessage, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
@@ -233,9 +245,9 @@ where
 {
     sink.feed(WsMessage::binary(first)).await?;
     for _ in 0..256 {
-        match outbox.try_recv() {
-            Ok(frame) => sink.feed(WsMessage::binary(frame)).await?,
-            Err(_) => break,
+        match outbox.try_next() {
+            Some(frame) => sink.feed(WsMessage::binary(frame)).await?,
+            None => break,
         }
     }
     sink.flush().await

@@ -26,6 +26,7 @@ pub mod cluster;
 pub(crate) mod credentials;
 mod endpoints;
 pub(crate) mod queue;
+pub(crate) mod queued;
 pub(crate) mod registration;
 pub(crate) mod router;
 

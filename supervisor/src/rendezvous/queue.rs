@@ -3,10 +3,10 @@
 
 use std::time::Instant;
 
-use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Bytes;
 
 use super::cluster::bus::Publisher;
+use super::queued::FrameSender;
 
 /// Handshake frames (or new streams) a harness socket may send at once (token bucket size).
 pub const NEW_STREAMS_PER_SOCKET_BURST: f64 = 16.0;
@@ -19,7 +19,7 @@ pub const NEW_STREAMS_PER_SOCKET_PER_SECOND: f64 = 8.0;
 #[derive(Clone)]
 pub(crate) enum Queue {
     /// A socket of this node.
-    Local(mpsc::Sender<Bytes>),
+    Local(FrameSender),
     /// A harness socket of another node (cluster mode): its subject.
     Remote {
         subject: async_nats::Subject,
@@ -31,7 +31,7 @@ impl Queue {
     /// Queue a frame without waiting; `Err` when it was dropped (full queue, closed socket).
     pub(crate) fn try_send(&self, frame: Bytes) -> Result<(), ()> {
         match self {
-            Self::Local(queue) => queue.try_send(frame).map_err(|_| ()),
+            Self::Local(queue) => queue.try_send(frame),
             Self::Remote { subject, publisher } => {
                 if publisher.try_publish_to_harness(subject, &frame) {
                     Ok(())

@@ -24,6 +24,7 @@ use tests::relay::{
 };
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
+mod bounded;
 mod capacity;
 mod credentials;
 mod takeover;

@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Bytes;
 
 use super::pieces::{FrameIds, Piece, cut};
+use crate::rendezvous::queued::QueuedBytes;
 
 /// Frames waiting to be handed to NATS on one node; more are dropped.
 pub const PUBLISH_QUEUE_FRAMES: usize = 16 * 1024;
@@ -171,32 +172,6 @@ impl ToHarness {
             HARNESS_PIECE => Piece::decode(bytes, 1).map(Self::Piece),
             _ => None,
         }
-    }
-}
-
-/// The bytes queued for NATS on one node, against [`PUBLISH_QUEUE_BYTES`] (cheap to clone).
-#[derive(Clone, Debug, Default)]
-struct QueuedBytes(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl QueuedBytes {
-    /// Count `bytes` more unless that passes `limit`; `false` (nothing counted) when it would.
-    fn try_add(&self, bytes: usize, limit: usize) -> bool {
-        use std::sync::atomic::Ordering;
-        self.0
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
-                queued.checked_add(bytes).filter(|total| *total <= limit)
-            })
-            .is_ok()
-    }
-
-    /// `bytes` left the queue.
-    fn remove(&self, bytes: usize) {
-        self.0.fetch_sub(bytes, std::sync::atomic::Ordering::AcqRel);
-    }
-
-    #[cfg(test)]
-    fn get(&self) -> usize {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 

@@ -6,14 +6,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Bytes;
 
 use super::bus::{FramePiece, ToHarness};
 use super::pieces::{Reassembly, ReassemblyBySource};
 use super::{Cluster, Control, LEASE_RENEW_INTERVAL};
 use crate::rendezvous::credentials::CredentialSecret;
 use crate::rendezvous::queue::{NewStreamLimiter, Queue};
+use crate::rendezvous::queued::FrameSender;
 
 /// Harness sockets of other nodes one executor seat keeps state for (a limiter and a reply
 /// subject each); frames from more are dropped until some close. Matches the single node's
@@ -176,7 +175,7 @@ impl HarnessSeat {
         cluster: &Arc<Cluster>,
         environment: &str,
         secret: &CredentialSecret,
-        queue: &mpsc::Sender<Bytes>,
+        queue: &FrameSender,
     ) -> Result<Self, SeatError> {
         let subject = async_nats::Subject::from(cluster.harness_subject());
         let mut subscriber = cluster

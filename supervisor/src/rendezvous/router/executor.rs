@@ -25,7 +25,7 @@ impl Router {
             let _ = sink.close().await;
             return;
         }
-        let (queue, mut outbox) = mpsc::channel(SOCKET_QUEUE_FRAMES);
+        let (queue, mut outbox) = self.executor_queue();
         {
             let mut table = self.table();
             let Some(env) = table.get_mut(environment) else {

@@ -14,7 +14,8 @@ impl Router {
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (queue, mut outbox) = mpsc::channel(SOCKET_QUEUE_FRAMES);
+        let credential = secret.party();
+        let (queue, mut outbox) = self.harness_queue(credential);
         // Cluster mode: frames for this socket arrive on a subject of its own.
         let seat = match &self.cluster {
             Some(cluster) => match HarnessSeat::take(cluster, environment, &secret, &queue).await {
@@ -75,6 +76,8 @@ impl Router {
             seat.closed(socket_id);
         }
         let _ = sink.close().await;
+        drop((queue, outbox));
+        self.harness_queue_closed(credential);
     }
 
     fn route_from_harness(

@@ -34,7 +34,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use futures_util::{SinkExt, StreamExt};
@@ -42,7 +42,7 @@ use proto::relay::frame::{append_source, route, route_stream_id};
 use proto::relay::proof::{Challenge, accepted_frame, is_proof_stream};
 use proto::relay::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::{Bytes, Message as WsMessage};
 
@@ -54,7 +54,10 @@ pub use super::registration::{RegisterError, validate_registration};
 
 mod executor;
 mod harness;
-use crate::relay::driver::send_batch;
+use super::queued::{
+    CREDENTIAL_QUEUE_BYTES, FrameReceiver, FrameSender, NODE_QUEUE_BYTES, QueuedBytes, socket_queue,
+};
+use crate::relay::driver::{Outbox, send_batch};
 use crate::relay::registry::{RegisterRequest, decode_public_key};
 
 /// Streams routed per environment; frames opening more are dropped.
@@ -66,8 +69,6 @@ pub const MAX_STREAMS_PER_SOCKET: usize = 64;
 /// one harness credential own together. Half of the executor's `MAX_RELAY_STREAMS` (256), so one
 /// credential, whatever number of sockets it opens, leaves the other half to everyone else.
 pub const MAX_STREAMS_PER_CREDENTIAL: usize = 128;
-/// Frames queued for one socket; more are dropped (the endpoints retransmit).
-pub const SOCKET_QUEUE_FRAMES: usize = 4096;
 pub use proto::relay::limits::PROOF_TIMEOUT;
 /// How often the key challenge is sent again while unanswered (a lossy link may drop it or
 /// its answer).
@@ -128,6 +129,11 @@ pub struct Router {
     max_environments: usize,
     /// Cluster mode: the link to the other nodes.
     cluster: Option<Arc<Cluster>>,
+    /// Bytes queued for all of this node's sockets ([`NODE_QUEUE_BYTES`]).
+    queued: QueuedBytes,
+    /// Bytes queued for each credential's harness sockets, by party
+    /// ([`CREDENTIAL_QUEUE_BYTES`]).
+    queued_by_credential: Mutex<HashMap<u64, QueuedBytes>>,
 }
 
 /// Unregisters a socket from [`Router`]'s table when its task ends.
@@ -165,6 +171,45 @@ impl Router {
             max_streams_per_credential: max_streams_per_credential.max(1),
             max_environments: max_environments.max(1),
             cluster,
+            queued: QueuedBytes::default(),
+            queued_by_credential: Mutex::default(),
+        }
+    }
+
+    /// A new executor socket's queue: its own bounds and the node's.
+    fn executor_queue(&self) -> (FrameSender, FrameReceiver) {
+        socket_queue(&[(&self.queued, NODE_QUEUE_BYTES)])
+    }
+
+    /// A new harness socket's queue: its own bounds, its credential's (`party`) and the node's.
+    /// Call [`Self::harness_queue_closed`] when the socket ends.
+    fn harness_queue(&self, party: u64) -> (FrameSender, FrameReceiver) {
+        let credential = self
+            .queued_by_credential
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(party)
+            .or_default()
+            .clone();
+        socket_queue(&[
+            (&credential, CREDENTIAL_QUEUE_BYTES),
+            (&self.queued, NODE_QUEUE_BYTES),
+        ])
+    }
+
+    /// A harness socket of `party` ended: its credential's count is forgotten once no queue
+    /// counts with it (an entry left while a queue's last clone is still being dropped holds
+    /// nothing and is reused; there is at most one per credential).
+    fn harness_queue_closed(&self, party: u64) {
+        let mut by_credential = self
+            .queued_by_credential
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if by_credential
+            .get(&party)
+            .is_some_and(QueuedBytes::is_unshared)
+        {
+            by_credential.remove(&party);
         }
     }
 
@@ -464,11 +509,11 @@ impl Router {
 }
 
 /// Send what is queued for a socket that is being closed (bounded: the queue's capacity).
-async fn flush_queued<Si>(sink: &mut Si, outbox: &mut mpsc::Receiver<Bytes>)
+async fn flush_queued<Si>(sink: &mut Si, outbox: &mut FrameReceiver)
 where
     Si: futures_util::Sink<WsMessage> + Unpin,
 {
-    while let Ok(frame) = outbox.try_recv() {
+    while let Some(frame) = outbox.try_next() {
         if sink.feed(WsMessage::binary(frame)).await.is_err() {
             return;
         }
