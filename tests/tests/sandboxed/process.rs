@@ -294,3 +294,46 @@ __attribute__((constructor)) static void evil(void) {{
         "the preload wrote outside the workspace"
     );
 }
+
+/// Peak resident memory (`VmHWM`) of `pid` in KiB.
+fn peak_rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+/// A command leaves a `.git` of a gigabyte in its writable workspace (a `gitdir:` line, then a
+/// sparse hole). The server's next resolution of that workspace reads at most a pointer's
+/// length of it: its peak RSS grows by far less than the file, and the next start runs. Before,
+/// every start in that workspace read the whole file into memory (about 5 s and 1 GiB each).
+#[tokio::test]
+async fn a_huge_git_file_left_by_a_command_is_not_read_whole_by_the_next_start() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    let extra = json!({"sandbox": dirs.write_policy(), "cwd": file_uri(dirs.workspace.path())});
+    // In a directory of the workspace (its top has a `.git` directory of its own).
+    let plant = "mkdir vendored && printf 'gitdir: elsewhere\\n' > vendored/.git && \
+                 truncate -s 1G vendored/.git && echo planted";
+    let out = client.run("plant", &sh(plant), extra.clone()).await;
+    assert!(
+        out.stdout_text().contains("planted"),
+        "the command could not write .git: {}",
+        out.stderr_text()
+    );
+    assert_eq!(
+        std::fs::metadata(dirs.ws("vendored/.git")).unwrap().len(),
+        1 << 30
+    );
+    let before = peak_rss_kib(server.pid());
+    let out = client.run("next", &sh("echo ran"), extra).await;
+    assert!(out.stdout_text().contains("ran"), "{}", out.stderr_text());
+    let grown = peak_rss_kib(server.pid()).saturating_sub(before);
+    assert!(
+        grown < 128 * 1024,
+        "the server's peak RSS grew by {grown} KiB resolving a workspace with a 1 GiB .git"
+    );
+}

@@ -177,10 +177,37 @@ fn find_protected(root: &Path, names: &[String]) -> Vec<PathBuf> {
     found
 }
 
+/// The longest `.git` pointer file read: `gitdir: `, a path of up to `PATH_MAX` bytes and a
+/// newline. A longer file is no pointer.
+pub const GITDIR_POINTER_MAX_BYTES: usize = 4096 + 16;
+
 /// The directory a `gitdir: PATH` pointer file names (worktrees, submodules); a relative
 /// `PATH` is relative to the pointer's directory.
+///
+/// Whatever a command left at `.git` in a writable root, reading it costs the resolving server
+/// one small read: opened without following a symlink and without waiting (a FIFO swapped in
+/// since the scan saw a regular file would otherwise block the read for good), read only if it
+/// is still a regular file, and at most [`GITDIR_POINTER_MAX_BYTES`] of it (a `.git` of
+/// gigabytes, sparse or not, is no pointer; reading it whole stalled the server for seconds
+/// per start and held its size in memory).
 fn gitdir_target(pointer: &Path) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(pointer).ok()?;
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(pointer)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(GITDIR_POINTER_MAX_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .ok()?;
+    if text.len() > GITDIR_POINTER_MAX_BYTES {
+        return None;
+    }
     let target = text.lines().next()?.strip_prefix("gitdir:")?.trim();
     let path = pointer.parent()?.join(target);
     Some(std::fs::canonicalize(&path).unwrap_or_else(|_| lexical(&path)))
@@ -189,6 +216,53 @@ fn gitdir_target(pointer: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_git_pointer_is_read_only_when_it_is_a_small_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(root.join("repo")).unwrap();
+        let pointer = root.join("pointer");
+        std::fs::write(&pointer, "gitdir: repo\n").unwrap();
+        assert_eq!(gitdir_target(&pointer), Some(root.join("repo")));
+
+        // The same line followed by a gigabyte (sparse): no pointer, and not read whole.
+        let long = root.join("long");
+        std::fs::write(&long, "gitdir: repo\n").unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&long)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        assert_eq!(gitdir_target(&long), None);
+        let exact = root.join("exact");
+        let line = format!("gitdir: {}\n", "r".repeat(GITDIR_POINTER_MAX_BYTES - 9));
+        assert_eq!(line.len(), GITDIR_POINTER_MAX_BYTES);
+        std::fs::write(&exact, &line).unwrap();
+        assert!(
+            gitdir_target(&exact).is_some(),
+            "a pointer of the longest length is read"
+        );
+
+        // A symlink to a pointer is not followed (the scan protects a symlink's target itself).
+        std::os::unix::fs::symlink(&pointer, root.join("link")).unwrap();
+        assert_eq!(gitdir_target(&root.join("link")), None);
+    }
+
+    #[test]
+    fn a_fifo_at_git_is_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join(".git");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send(gitdir_target(&fifo)).unwrap());
+        // A deadline, not a timing: a blocking open waits until a writer comes, which is never.
+        let target = finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("reading a FIFO at .git blocked");
+        assert_eq!(target, None);
+    }
 
     /// The definition [`nearest_ancestors`] computes in one pass: the deepest strictly shallower
     /// rule whose path is an ancestor.
