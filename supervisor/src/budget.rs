@@ -406,8 +406,9 @@ impl ConnectionBudget {
             .map_err(|_| BudgetError::Closed)
     }
 
-    /// Run CPU-bound `work` (parsing, encoding, policy resolution) on the low-priority
-    /// [`CpuPool`] within this connection's slots. Never for work that starts a process.
+    /// Run CPU-bound `work` (parsing, encoding) on the low-priority [`CpuPool`] within this
+    /// connection's slots. Never for work that starts a process or touches the filesystem
+    /// ([`Self::blocking`]).
     ///
     /// # Errors
     /// [`BudgetError::Closed`] at shutdown, [`BudgetError::CpuJobFailed`] when `work` panicked.

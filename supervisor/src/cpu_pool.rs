@@ -1,5 +1,8 @@
 //! A few low-priority threads for the CPU-bound part of requests: parsing and serializing large
-//! messages, decoding large base64 payloads, resolving sandbox policies (glob walks).
+//! messages, decoding large base64 payloads. Nothing that touches the filesystem: a path on a
+//! slow or hung filesystem would hold one of these few threads, and every connection's large
+//! messages with it (sandbox resolution and fs calls run on the blocking pool, within the
+//! connection's slots).
 //!
 //! The async workers must stay responsive whatever one client asks for. Moving work off them is
 //! half of it; the other half is that the work, once moved, must not take the CPU from them:

@@ -91,8 +91,11 @@ async fn restricting_policy(
         return Ok(None);
     }
     let sandboxing = sandboxing.clone();
+    // The blocking pool, not the CPU pool: resolution walks paths the client names (and
+    // what commands left in writable roots), which may be slow or hung filesystems; on the
+    // CPU pool's few threads that would stall every connection's large messages.
     budget
-        .cpu(move || sandboxing.resolve(sandbox.as_ref()))
+        .blocking(move || sandboxing.resolve(sandbox.as_ref()))
         .await?
         .map_err(|e| FsRequestError::Sandbox(e).into())
 }

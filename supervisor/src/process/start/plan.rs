@@ -230,8 +230,10 @@ async fn resolve_sandbox(
     }
     let sandboxing = context.sandboxing.clone();
     let cwd = cwd.to_owned();
+    // The blocking pool, not the CPU pool: resolution walks paths the client names (see
+    // `fs::restricting_policy`).
     budget
-        .cpu(move || {
+        .blocking(move || {
             directory_check(&cwd)?;
             let Some(policy) = sandboxing.resolve(sandbox.as_ref())? else {
                 return Ok(None);
