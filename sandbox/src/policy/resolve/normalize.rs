@@ -11,6 +11,13 @@ pub(crate) fn normalize_existing(path: &Path) -> PathBuf {
         // /proc/self and /dev/fd links resolve to the resolving process, not the sandboxed one.
         return lexical(path);
     }
+    // A path `stat` cannot reach, `realpath` cannot resolve either (both need every component,
+    // and the same search permissions, and both fail on a dangling link or a loop): one `statx`
+    // instead of a `readlink` per component, for the many rules naming paths that do not exist
+    // (most of the credential stores, resolved for every sandboxed request).
+    if std::fs::metadata(path).is_err() {
+        return lexical(path);
+    }
     std::fs::canonicalize(path).unwrap_or_else(|_| lexical(path))
 }
 
