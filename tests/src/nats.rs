@@ -49,6 +49,11 @@ impl Nats {
         nats
     }
 
+    /// The running server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("nats-server is running").id()
+    }
+
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }

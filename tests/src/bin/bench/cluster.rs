@@ -8,7 +8,7 @@ use tests::nats::Nats;
 
 use crate::Server;
 use crate::remote::{
-    RemoteSetup, alternating_output, paired_round_trips, relay_client, remote_setup,
+    RemoteSetup, alternating_output_cpu, paired_round_trips, relay_client, remote_setup,
     start_registered_executor, start_with_registry_token, write_credentials,
 };
 use crate::table::{Row, summary_with_p99, throughput_row};
@@ -49,9 +49,9 @@ impl Broker {
 
 /// NATS, two nodes and an executor registered through node A; `harness_url` is node B.
 struct ClusterSetup {
-    _executor: Server,
-    _nodes: [Server; 2],
-    _nats: Nats,
+    executor: Server,
+    nodes: [Server; 2],
+    nats: Nats,
     harness_url: String,
     _dir: tempfile::TempDir,
 }
@@ -82,9 +82,9 @@ async fn cluster_setup(broker: Broker) -> ClusterSetup {
     let executor = start_registered_executor(&nodes[0].url, &nodes[1].url, dir.path()).await;
     ClusterSetup {
         harness_url: nodes[1].url.clone(),
-        _executor: executor,
-        _nodes: nodes,
-        _nats: nats,
+        executor,
+        nodes,
+        nats,
         _dir: dir,
     }
 }
@@ -100,17 +100,39 @@ async fn cluster_output_throughput(
 ) {
     let one_node = relay_client(&single.registry, "bench-one-node").await;
     let two_nodes = relay_client(&cluster.harness_url, "bench-cluster").await;
-    let (ours, baseline) =
-        alternating_output((&two_nodes, "cluster"), (&one_node, "one-node"), mib, runs).await;
+    let cluster_pids = [
+        cluster.executor.pid(),
+        cluster.nodes[0].pid(),
+        cluster.nodes[1].pid(),
+        cluster.nats.pid(),
+    ];
+    let [ours, baseline] = alternating_output_cpu(
+        [
+            (&two_nodes, "cluster", &cluster_pids),
+            (&one_node, "one-node", &single.pids()),
+        ],
+        mib,
+        runs,
+    )
+    .await;
     let mut row = throughput_row(
         format!(
             "remote cluster: output throughput, head -c {mib}M /dev/zero, executor on node A, harness on node B, {} ({runs} runs)",
             broker.label()
         ),
-        (ours, " two nodes + NATS"),
-        (baseline, " one node"),
+        (ours.rates, " two nodes + NATS"),
+        (baseline.rates, " one node"),
         70.0,
     );
+    // Every process of both sides shares the machine's cores, and the runs are CPU-bound:
+    // the throughput ratio cannot pass the ratio of the CPU each side spends per byte.
+    let ceiling = 100.0 * baseline.cpu_per_gib / ours.cpu_per_gib;
+    row.ours
+        .push_str(&format!(", {:.2} CPU-s/GiB", ours.cpu_per_gib));
+    row.baseline
+        .push_str(&format!(", {:.2} CPU-s/GiB", baseline.cpu_per_gib));
+    row.ratio
+        .push_str(&format!(" (CPU-bound ceiling {ceiling:.0}%)"));
     if broker == Broker::Defaults {
         row.target = "reported (the target row tunes the co-located broker)".to_owned();
         row.holds = None;

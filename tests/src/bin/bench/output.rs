@@ -6,17 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crate::table::{Row, throughput_row};
-use crate::{Client, Server, run_to_close};
-
-/// CPU seconds (user + system) process `pid` has used so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after_comm = stat.rsplit_once(") ").unwrap().1;
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat(5); after the comm, 12 and 13 (from 1).
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    ticks / crate::sys::clock_ticks_per_second()
-}
+use crate::{Client, Server, cpu_seconds, run_to_close};
 
 /// One form's samples: MiB/s per run and server CPU seconds per GiB per run.
 #[derive(Default)]

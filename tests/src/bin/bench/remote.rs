@@ -8,6 +8,7 @@
 use std::process::Command;
 use std::time::Instant;
 
+use crate::cpu_seconds;
 use crate::table::{Row, summary_with_p99, throughput_row};
 use crate::{Server, bin_dir};
 
@@ -34,10 +35,17 @@ pub(crate) fn start_with_registry_token(binary: &str, args: &[&str]) -> Server {
 
 /// A rendezvous and one executor registered with it; `executor.url` is its local websocket.
 pub(crate) struct RemoteSetup {
-    _rendezvous: Server,
+    rendezvous: Server,
     executor: Server,
     pub(crate) registry: String,
     _dir: tempfile::TempDir,
+}
+
+impl RemoteSetup {
+    /// The processes moving its bytes: the executor and the rendezvous.
+    pub(crate) fn pids(&self) -> [u32; 2] {
+        [self.executor.pid(), self.rendezvous.pid()]
+    }
 }
 
 pub(crate) async fn remote_setup() -> RemoteSetup {
@@ -55,7 +63,7 @@ pub(crate) async fn remote_setup() -> RemoteSetup {
     let registry = rendezvous.url.clone();
     let executor = start_registered_executor(&registry, &registry, dir.path()).await;
     RemoteSetup {
-        _rendezvous: rendezvous,
+        rendezvous,
         executor,
         registry,
         _dir: dir,
@@ -188,24 +196,55 @@ pub(crate) async fn alternating_output(
     mib: u64,
     runs: usize,
 ) -> (Vec<f64>, Vec<f64>) {
+    let [ours, baseline] = alternating_output_cpu(
+        [(ours.0, ours.1, &[]), (baseline.0, baseline.1, &[])],
+        mib,
+        runs,
+    )
+    .await;
+    (ours.rates, baseline.rates)
+}
+
+/// One side of [`alternating_output_cpu`]: its rates, and the CPU seconds per GiB its processes
+/// and this one (the harness) used during its runs.
+pub(crate) struct OutputSide {
+    pub(crate) rates: Vec<f64>,
+    pub(crate) cpu_per_gib: f64,
+}
+
+/// [`alternating_output`] for two sides, each a client, its name and the process ids doing its
+/// work besides this process; also what CPU each side cost.
+pub(crate) async fn alternating_output_cpu(
+    sides: [(&supervisor::ExecServerClient, &str, &[u32]); 2],
+    mib: u64,
+    runs: usize,
+) -> [OutputSide; 2] {
     let count = format!("{}", mib * 1024 * 1024);
     let argv = ["head", "-c", count.as_str(), "/dev/zero"];
-    let mut ours_samples = Vec::new();
-    let mut baseline_samples = Vec::new();
+    let cpu_of = |pids: &[u32]| {
+        pids.iter()
+            .chain([&std::process::id()])
+            .map(|pid| cpu_seconds(*pid))
+            .sum::<f64>()
+    };
+    let mut measured = [(Vec::new(), 0.0), (Vec::new(), 0.0)];
     for run in 0..runs {
-        for ours_turn in [run % 2 == 0, run % 2 == 1] {
-            let ((client, name), samples) = if ours_turn {
-                (ours, &mut ours_samples)
-            } else {
-                (baseline, &mut baseline_samples)
-            };
-            let started = Instant::now();
+        let order = if run % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            let (client, name, pids) = sides[side];
+            let (rates, cpu) = &mut measured[side];
+            let (started, cpu_before) = (Instant::now(), cpu_of(pids));
             let bytes = library_output_bytes(client, &format!("{name}-head-{run}"), &argv).await;
             assert_eq!(bytes, mib * 1024 * 1024, "every byte must arrive ({name})");
-            samples.push(mib as f64 / started.elapsed().as_secs_f64());
+            rates.push(mib as f64 / started.elapsed().as_secs_f64());
+            *cpu += cpu_of(pids) - cpu_before;
         }
     }
-    (ours_samples, baseline_samples)
+    let gib = (mib * runs as u64) as f64 / 1024.0;
+    measured.map(|(rates, cpu)| OutputSide {
+        rates,
+        cpu_per_gib: cpu / gib,
+    })
 }
 
 /// Output through the relay (binary output frames, which the library client asks for) against
