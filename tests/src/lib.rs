@@ -53,8 +53,8 @@ pub use library::{
     library_client, next_event, start_params, wait_for_event_output, wait_for_state,
 };
 pub use procfs::{
-    children_of, cmdline, descendants, fd_count, fd_targets, process_is_dead, rss_kib, sleeping,
-    stat_field, wait_process_dead,
+    children_of, cmdline, descendants, fd_count, fd_targets, peak_rss_kib, process_is_dead,
+    rss_kib, sleeping, stat_field, wait_process_dead,
 };
 pub use proxy::CutProxy;
 pub use raw_ws::{

@@ -53,13 +53,23 @@ pub fn wait_process_dead(pid: i32, deadline: Duration, what: &str) {
 
 /// `VmRSS` of `pid` in KiB, from `/proc/<pid>/status`.
 pub fn rss_kib(pid: i32) -> u64 {
+    status_kib(pid, "VmRSS")
+}
+
+/// `VmHWM` (peak resident memory) of `pid` in KiB, from `/proc/<pid>/status`.
+pub fn peak_rss_kib(pid: i32) -> u64 {
+    status_kib(pid, "VmHWM")
+}
+
+/// The `field` (a `... kB` line) of `/proc/<pid>/status`.
+fn status_kib(pid: i32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 /// Number of open descriptors of `pid` (entries of `/proc/<pid>/fd`).

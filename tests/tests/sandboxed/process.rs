@@ -295,16 +295,6 @@ __attribute__((constructor)) static void evil(void) {{
     );
 }
 
-/// Peak resident memory (`VmHWM`) of `pid` in KiB.
-fn peak_rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status")
-}
-
 /// A command leaves a `.git` of a gigabyte in its writable workspace (a `gitdir:` line, then a
 /// sparse hole). The server's next resolution of that workspace reads at most a pointer's
 /// length of it: its peak RSS grows by far less than the file, and the next start runs. Before,
@@ -328,10 +318,10 @@ async fn a_huge_git_file_left_by_a_command_is_not_read_whole_by_the_next_start()
         std::fs::metadata(dirs.ws("vendored/.git")).unwrap().len(),
         1 << 30
     );
-    let before = peak_rss_kib(server.pid());
+    let before = tests::peak_rss_kib(server.pid());
     let out = client.run("next", &sh("echo ran"), extra).await;
     assert!(out.stdout_text().contains("ran"), "{}", out.stderr_text());
-    let grown = peak_rss_kib(server.pid()).saturating_sub(before);
+    let grown = tests::peak_rss_kib(server.pid()).saturating_sub(before);
     assert!(
         grown < 128 * 1024,
         "the server's peak RSS grew by {grown} KiB resolving a workspace with a 1 GiB .git"
