@@ -150,6 +150,14 @@ pub struct HelperPool {
     budgets: Arc<Budgets>,
 }
 
+/// What [`HelperPool::call_sandboxed`] did.
+pub enum Sandboxed {
+    /// The sandbox restricts nothing: the request, to run unsandboxed.
+    Unrestricted(FsRequest),
+    /// A helper under the resolved policy answered.
+    Served(HelperReply),
+}
+
 /// How a call gets its helper.
 enum Start {
     /// An idle helper of the same key.
@@ -200,6 +208,63 @@ impl HelperPool {
         expired
     }
 
+    /// Resolve `sandbox` and run `request` under it, on the blocking pool within `budget`'s
+    /// share: with an idle helper of the same policy, resolution and the exchange are one
+    /// blocking job (one hop off the async runtime, not two); otherwise as [`Self::call`].
+    /// [`Sandboxed::Unrestricted`] (the request back) when the sandbox restricts nothing.
+    ///
+    /// # Errors
+    /// -32602 when the sandbox object does not parse or resolve (never run unsandboxed
+    /// instead), else as [`Self::call`].
+    pub async fn call_sandboxed(
+        self: &Arc<Self>,
+        budget: &ConnectionBudget,
+        session: &str,
+        sandbox: Value,
+        request: FsRequest,
+    ) -> Result<Sandboxed, RpcError> {
+        /// What the first blocking job got to.
+        enum First {
+            Done(Sandboxed),
+            NeedsHelper(Box<(PoolKey, FsRequest)>),
+        }
+        let pool = self.clone();
+        let session = session.to_owned();
+        // The blocking pool, not the CPU pool: resolution walks paths the client names (and
+        // what commands left in writable roots), which may be slow or hung filesystems; on
+        // the CPU pool's few threads that would stall every connection's large messages.
+        let first = budget
+            .blocking(move || {
+                let policy = pool
+                    .sandboxing
+                    .resolve(Some(&sandbox))
+                    .map_err(|e| RpcError::from(super::FsRequestError::Sandbox(e)))?;
+                let Some(policy) = policy else {
+                    return Ok(First::Done(Sandboxed::Unrestricted(request)));
+                };
+                let key = (session, policy);
+                let idle = if pool.one_shot {
+                    None
+                } else {
+                    pool.checkout(&key)
+                };
+                match idle {
+                    Some(helper) => pool
+                        .serve(Start::Reused(helper), key, request)
+                        .map(|reply| First::Done(Sandboxed::Served(reply))),
+                    None => Ok(First::NeedsHelper(Box::new((key, request)))),
+                }
+            })
+            .await??;
+        match first {
+            First::Done(done) => Ok(done),
+            First::NeedsHelper(needs) => {
+                let (key, request) = *needs;
+                self.call(budget, key, request).await.map(Sandboxed::Served)
+            }
+        }
+    }
+
     /// Run one request under `key`'s policy, on the blocking pool
     /// within `budget`'s share (where it is also serialized).
     ///
@@ -226,38 +291,47 @@ impl HelperPool {
         };
         let pool = self.clone();
         budget
-            .blocking(move || {
-                // The server resolved the policy the helper serves: no sandbox of its own.
-                let request = HelperRequest {
-                    request,
-                    sandbox: None,
-                };
-                let request = serde_json::to_vec(&request)
-                    .map_err(|e| helper_failed(HelperError::EncodeRequest(e), ""))?;
-                let mut helper = match start {
-                    Start::Reused(helper) => helper,
-                    Start::New(live, descriptors) => pool.spawn(&key.1, live, descriptors)?,
-                };
-                match exchange(&mut helper, &request) {
-                    Ok(reply) => {
-                        if pool.one_shot {
-                            helper.retire();
-                        } else {
-                            pool.checkin(key, helper);
-                        }
-                        Ok(reply)
-                    }
-                    Err(error) => {
-                        // Give a crashed helper a moment to finish writing its stderr.
-                        let _ = helper.child.try_wait();
-                        std::thread::sleep(Duration::from_millis(10));
-                        let stderr = helper.stderr_text();
-                        helper.kill();
-                        Err(helper_failed(error, &stderr))
-                    }
-                }
-            })
+            .blocking(move || pool.serve(start, key, request))
             .await?
+    }
+
+    /// Serialize `request`, get the helper `start` says (starting a new one), exchange, and
+    /// put the helper back (or retire it); blocks.
+    fn serve(
+        self: &Arc<Self>,
+        start: Start,
+        key: PoolKey,
+        request: FsRequest,
+    ) -> Result<HelperReply, RpcError> {
+        // The server resolved the policy the helper serves: no sandbox of its own.
+        let request = HelperRequest {
+            request,
+            sandbox: None,
+        };
+        let request = serde_json::to_vec(&request)
+            .map_err(|e| helper_failed(HelperError::EncodeRequest(e), ""))?;
+        let mut helper = match start {
+            Start::Reused(helper) => helper,
+            Start::New(live, descriptors) => self.spawn(&key.1, live, descriptors)?,
+        };
+        match exchange(&mut helper, &request) {
+            Ok(reply) => {
+                if self.one_shot {
+                    helper.retire();
+                } else {
+                    self.checkin(key, helper);
+                }
+                Ok(reply)
+            }
+            Err(error) => {
+                // Give a crashed helper a moment to finish writing its stderr.
+                let _ = helper.child.try_wait();
+                std::thread::sleep(Duration::from_millis(10));
+                let stderr = helper.stderr_text();
+                helper.kill();
+                Err(helper_failed(error, &stderr))
+            }
+        }
     }
 
     /// A place for one more helper: a free one, else the least recently used idle helper's

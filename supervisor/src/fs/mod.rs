@@ -20,7 +20,6 @@ use std::sync::Arc;
 use proto::error::RpcError;
 use proto::methods::fs::{CloseParams, ReadBlockParams, ReadBlockResult, ReadFileParams};
 use proto::methods::{Empty, to_value};
-use sandbox::ResolvedPolicy;
 use serde_json::Value;
 
 pub use handles::HandleTable;
@@ -28,9 +27,8 @@ pub use proto::methods::fs::FsRequest;
 
 use crate::budget::{ConnectionBudget, MemoryCharge, content_answer_bytes};
 use crate::limits::BULK_READ_BYTES;
-use crate::sandboxing::Sandboxing;
 use fs_helper::wire::{Outcome, execute};
-use helpers::HelperPool;
+use helpers::{HelperPool, Sandboxed};
 
 /// Why a handle operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,29 +75,6 @@ pub enum FsRequestError {
     Budget(#[from] crate::budget::BudgetError),
 }
 
-/// Resolve the request's `sandbox` member on the bounded blocking pool (globs walk the
-/// filesystem). `None` when nothing is restricted.
-///
-/// # Errors
-/// -32602 when the sandbox object does not parse or resolve (never run unsandboxed instead).
-async fn restricting_policy(
-    budget: &ConnectionBudget,
-    sandboxing: &Arc<Sandboxing>,
-    sandbox: Option<Value>,
-) -> Result<Option<ResolvedPolicy>, RpcError> {
-    if sandbox.as_ref().is_none_or(Value::is_null) {
-        return Ok(None);
-    }
-    let sandboxing = sandboxing.clone();
-    // The blocking pool, not the CPU pool: resolution walks paths the client names (and
-    // what commands left in writable roots), which may be slow or hung filesystems; on the
-    // CPU pool's few threads that would stall every connection's large messages.
-    budget
-        .blocking(move || sandboxing.resolve(sandbox.as_ref()))
-        .await?
-        .map_err(|e| FsRequestError::Sandbox(e).into())
-}
-
 /// What the `fs/*` methods use of their connection and of the server (`rpc::dispatch` builds
 /// it).
 pub struct FsContext<'a> {
@@ -107,8 +82,6 @@ pub struct FsContext<'a> {
     pub handles: &'a HandleTable,
     /// The connection's memory and blocking-work share.
     pub budget: &'a ConnectionBudget,
-    /// Policy resolution for the request's `sandbox`.
-    pub sandboxing: &'a Arc<Sandboxing>,
     /// The pooled fs-helpers that run requests under a restricting policy.
     pub helpers: &'a Arc<HelperPool>,
     /// The session of the request (helpers are pooled per session).
@@ -142,18 +115,23 @@ pub async fn handle(
         }
         _ => None,
     };
-    let sandbox = request.sandbox().cloned();
-    let outcome = match restricting_policy(budget, context.sandboxing, sandbox).await? {
-        None => {
+    let sandboxed = match request.sandbox().filter(|sandbox| !sandbox.is_null()) {
+        Some(sandbox) => {
+            let sandbox = sandbox.clone();
+            context
+                .helpers
+                .call_sandboxed(budget, context.session_id, sandbox, request)
+                .await?
+        }
+        None => Sandboxed::Unrestricted(request),
+    };
+    let outcome = match sandboxed {
+        Sandboxed::Unrestricted(request) => {
             // On the blocking pool even when it moves megabytes: it frees them too, and a
             // low-priority thread must not hold the address space's lock (see cpu_pool).
             budget.blocking(move || execute(request, false)).await??
         }
-        Some(policy) => {
-            let pool = context.helpers;
-            let reply = pool
-                .call(budget, (context.session_id.to_owned(), policy), request)
-                .await?;
+        Sandboxed::Served(reply) => {
             let value = reply.result?;
             match (opens, reply.file) {
                 (false, _) => Outcome::Value(value),

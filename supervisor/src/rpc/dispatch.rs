@@ -135,7 +135,6 @@ async fn dispatch(
             let context = fs::FsContext {
                 handles: &connection.handles,
                 budget: &connection.budget,
-                sandboxing: &connection.server.sandboxing,
                 helpers: &connection.server.helpers,
                 session_id: &session.id,
             };

@@ -231,7 +231,7 @@ async fn resolve_sandbox(
     let sandboxing = context.sandboxing.clone();
     let cwd = cwd.to_owned();
     // The blocking pool, not the CPU pool: resolution walks paths the client names (see
-    // `fs::restricting_policy`).
+    // `HelperPool::call_sandboxed`).
     budget
         .blocking(move || {
             directory_check(&cwd)?;
