@@ -11,6 +11,13 @@ pub(crate) struct Row {
     pub(crate) holds: Option<bool>,
 }
 
+/// The median of `samples` (any order).
+pub(crate) fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    percentile(&sorted, 0.5)
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
