@@ -65,12 +65,32 @@ impl QueuedBytes {
     }
 }
 
-/// The byte bounds a socket's queue counts against: its own, and the shared ones given to
-/// [`socket_queue`] (its credential's, its node's).
+/// The byte bounds a queue counts against, each with its limit: a socket's own and the shared
+/// ones given to [`socket_queue`] (its credential's, its node's), or the cluster's publish
+/// queue's one (cheap to clone).
 #[derive(Clone)]
-struct Budgets(Arc<[(QueuedBytes, usize)]>);
+pub struct Budgets(Arc<[(QueuedBytes, usize)]>);
 
 impl Budgets {
+    /// One bound of `limit` bytes, counted from zero.
+    pub fn new(limit: usize) -> Self {
+        Self(Arc::new([(QueuedBytes::default(), limit)]))
+    }
+
+    /// Queue `item`, of `bytes`, on `queue` without waiting, unless that passes a bound or the
+    /// queue is full or closed (`false`: dropped, and counted nowhere). Whoever takes it off
+    /// the queue calls [`Self::remove`].
+    pub fn try_send<T>(&self, queue: &mpsc::Sender<T>, item: T, bytes: usize) -> bool {
+        if !self.try_add(bytes) {
+            return false;
+        }
+        if queue.try_send(item).is_err() {
+            self.remove(bytes);
+            return false;
+        }
+        true
+    }
+
     /// Count `bytes` in every bound, or in none (`false`) when one would be passed.
     fn try_add(&self, bytes: usize) -> bool {
         for (at, (queued, limit)) in self.0.iter().enumerate() {
@@ -84,7 +104,8 @@ impl Budgets {
         true
     }
 
-    fn remove(&self, bytes: usize) {
+    /// `bytes` left the queue.
+    pub fn remove(&self, bytes: usize) {
         for (queued, _) in self.0.iter() {
             queued.remove(bytes);
         }
@@ -145,12 +166,11 @@ impl FrameSender {
     /// gone).
     pub fn try_send(&self, frame: Bytes) -> Result<(), ()> {
         let len = frame.len();
-        if !self.budgets.try_add(len) {
-            return Err(());
+        if self.budgets.try_send(&self.frames, frame, len) {
+            Ok(())
+        } else {
+            Err(())
         }
-        self.frames.try_send(frame).map_err(|_| {
-            self.budgets.remove(len);
-        })
     }
 
     /// Whether the socket's writer is gone.

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Bytes;
 
 use super::pieces::{FrameIds, Piece, cut};
-use crate::rendezvous::queued::QueuedBytes;
+use crate::rendezvous::queued::Budgets;
 
 /// Frames waiting to be handed to NATS on one node; more are dropped.
 pub const PUBLISH_QUEUE_FRAMES: usize = 16 * 1024;
@@ -194,7 +194,8 @@ impl Outgoing {
 #[derive(Clone)]
 pub struct Publisher {
     queue: mpsc::Sender<Outgoing>,
-    queued: QueuedBytes,
+    /// [`PUBLISH_QUEUE_BYTES`].
+    queued: Budgets,
     ids: FrameIds,
 }
 
@@ -202,7 +203,7 @@ impl Publisher {
     /// Start the task that hands queued messages to NATS.
     pub fn start(client: async_nats::Client) -> Self {
         let (queue, mut outgoing) = mpsc::channel::<Outgoing>(PUBLISH_QUEUE_FRAMES);
-        let queued = QueuedBytes::default();
+        let queued = Budgets::new(PUBLISH_QUEUE_BYTES);
         let drained = queued.clone();
         tokio::spawn(async move {
             while let Some(message) = outgoing.recv().await {
@@ -233,14 +234,7 @@ impl Publisher {
     /// Queue `message` unless the queue is full (entries or bytes); `false` when dropped.
     fn try_queue(&self, message: Outgoing) -> bool {
         let bytes = message.bytes();
-        if !self.queued.try_add(bytes, PUBLISH_QUEUE_BYTES) {
-            return false;
-        }
-        if self.queue.try_send(message).is_err() {
-            self.queued.remove(bytes);
-            return false;
-        }
-        true
+        self.queued.try_send(&self.queue, message, bytes)
     }
 
     /// Queue `payload` for `subject` (with a reply subject); `false` when the queue is full and
@@ -326,6 +320,7 @@ mod queue_tests {
     use proto::relay::limits::MAX_RELAY_FRAME_BYTES;
 
     use super::*;
+    use crate::rendezvous::queued::QueuedBytes;
 
     #[test]
     fn the_publish_queue_counts_bytes_up_to_its_bound_and_frees_them_as_they_leave() {
