@@ -243,12 +243,7 @@ impl HelperPool {
                     return Ok(First::Done(Sandboxed::Unrestricted(request)));
                 };
                 let key = (session, policy);
-                let idle = if pool.one_shot {
-                    None
-                } else {
-                    pool.checkout(&key)
-                };
-                match idle {
+                match pool.idle_helper(&key) {
                     Some(helper) => pool
                         .serve(Start::Reused(helper), key, request)
                         .map(|reply| First::Done(Sandboxed::Served(reply))),
@@ -277,12 +272,7 @@ impl HelperPool {
         key: PoolKey,
         request: FsRequest,
     ) -> Result<HelperReply, RpcError> {
-        let reused = if self.one_shot {
-            None
-        } else {
-            self.checkout(&key)
-        };
-        let start = match reused {
+        let start = match self.idle_helper(&key) {
             Some(helper) => Start::Reused(helper),
             None => {
                 let live = self.live_slot().await?;
@@ -400,7 +390,11 @@ impl HelperPool {
         MAX_LIVE_HELPERS - self.live.available_permits()
     }
 
-    fn checkout(&self, key: &PoolKey) -> Option<Helper> {
+    /// An idle helper of `key`'s policy to reuse; never one with `--one-shot-helpers`.
+    fn idle_helper(&self, key: &PoolKey) -> Option<Helper> {
+        if self.one_shot {
+            return None;
+        }
         self.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
