@@ -26,29 +26,7 @@ struct CgroupMount {
 
 /// Undo mountinfo's octal escapes (`\040` for a space).
 fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|digits| bytes[i] == b'\\' && digits.iter().all(|d| (b'0'..=b'7').contains(d)))
-            .map(|d| {
-                u32::from(d[0] - b'0') * 64 + u32::from(d[1] - b'0') * 8 + u32::from(d[2] - b'0')
-            })
-            .and_then(|value| u8::try_from(value).ok());
-        match octal {
-            Some(value) => {
-                out.push(value);
-                i += 4;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    String::from_utf8_lossy(&sandbox::linux::mounts::mountinfo::unescape(field)).into_owned()
 }
 
 fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {

@@ -10,17 +10,23 @@ struct Tmpfs {
 
 impl Tmpfs {
     fn mount(size: &str) -> Tmpfs {
+        Tmpfs::mount_in(Path::new("/tmp"), size)
+    }
+
+    /// Mounted `noatime`: a neighbour reading it (another test's sandbox scanning /tmp) takes
+    /// no write reference for an access time, which would make a read-only remount `EBUSY`.
+    fn mount_in(parent: &Path, size: &str) -> Tmpfs {
         require_root("mounting a tmpfs");
         let dir = tempfile::Builder::new()
             .prefix("ew-tmpfs-")
-            .tempdir_in("/tmp")
+            .tempdir_in(parent)
             .unwrap();
         let options = format!("size={size},mode=0755");
         nix::mount::mount(
             Some("tmpfs"),
             dir.path(),
             Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
+            nix::mount::MsFlags::MS_NOATIME,
             Some(options.as_str()),
         )
         .unwrap_or_else(|e| panic!("mount -t tmpfs -o {options} on {:?}: {e}", dir.path()));
@@ -31,16 +37,29 @@ impl Tmpfs {
         self.dir.path()
     }
 
+    /// Remounts read-only. `EBUSY` (a write reference held for a moment by someone passing
+    /// through) is retried for up to [`DEADLINE`].
     fn remount_read_only(&self) {
         use nix::mount::MsFlags;
-        nix::mount::mount(
-            None::<&str>,
-            self.path(),
-            None::<&str>,
-            MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-            None::<&str>,
-        )
-        .unwrap_or_else(|e| panic!("mount -o remount,ro {:?}: {e}", self.path()));
+        let started = Instant::now();
+        loop {
+            let result = nix::mount::mount(
+                None::<&str>,
+                self.path(),
+                None::<&str>,
+                MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOATIME,
+                None::<&str>,
+            );
+            match result {
+                Err(nix::errno::Errno::EBUSY) if started.elapsed() < DEADLINE => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                result => {
+                    result.unwrap_or_else(|e| panic!("mount -o remount,ro {:?}: {e}", self.path()));
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -198,4 +217,77 @@ async fn read_only_filesystem_refuses_every_write_by_name_and_still_reads() {
     }
     assert_eq!(names(disk.path()), vec!["kept.txt", "sub"]);
     assert_eq!(std::fs::read(&file).unwrap(), b"kept");
+}
+
+/// A writable root holding a writable mount and one the host made read-only (as another test's
+/// read-only tmpfs under /tmp is for every workspace there): the command writes into the
+/// writable one, never into the read-only one, through the pooled fs helper and a process,
+/// with both launch modes, whether the root is /tmp (the profile's) or the workspace itself.
+#[tokio::test]
+async fn a_read_only_mount_inside_a_writable_root_leaves_the_mounts_beside_it_writable() {
+    for parent in ["/tmp", "/var/tmp"] {
+        let workspace = tempfile::Builder::new()
+            .prefix("ew-faults-")
+            .tempdir_in(parent)
+            .unwrap();
+        let writable = Tmpfs::mount_in(workspace.path(), "1m");
+        let read_only = Tmpfs::mount_in(workspace.path(), "1m");
+        read_only.remount_read_only();
+        let sandbox = write_policy(workspace.path());
+        for (mode, flags) in tests::matrix::launch_modes() {
+            let what = format!("{parent}, {mode}");
+            let server = ExecServer::start(flags);
+            let mut client = server.client().await;
+            let name = format!("helper-{mode}");
+            write_file(
+                &mut client,
+                &writable.path().join(&name),
+                b"w",
+                false,
+                sandbox.clone(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: writing the writable mount: {e:?}"));
+            assert_eq!(std::fs::read(writable.path().join(&name)).unwrap(), b"w");
+            let refused = write_file(
+                &mut client,
+                &read_only.path().join(&name),
+                b"w",
+                false,
+                sandbox.clone(),
+            )
+            .await
+            .expect_err("the read-only mount took a write");
+            assert!(
+                tests::error_text(&refused).contains("Read-only file system"),
+                "{what}: {refused:?}"
+            );
+            // /tmp, holding these mounts, cannot be overlaid: the command's /tmp is private
+            // then, and what it writes there must not reach the host's.
+            let name = format!("process-{mode}");
+            let escape = Path::new("/tmp").join(format!(
+                "{}-{name}",
+                workspace.path().file_name().unwrap().to_string_lossy()
+            ));
+            let script = format!(
+                "echo w > {w}/{name}; echo rc_w=$?; echo r > {r}/{name} 2>/dev/null; echo rc_r=$?; \
+                 echo e > {e}",
+                w = writable.path().display(),
+                r = read_only.path().display(),
+                e = escape.display(),
+            );
+            let extra = json!({"sandbox": sandbox, "cwd": file_uri(workspace.path())});
+            let out = client.run("w", &sh(&script), extra).await;
+            let text = out.stdout_text();
+            assert!(text.contains("rc_w=0\n"), "{what}: {out:?}");
+            assert!(!text.contains("rc_r=0\n"), "{what}: {out:?}");
+            assert_eq!(std::fs::read(writable.path().join(&name)).unwrap(), b"w\n");
+            assert!(!read_only.path().join(&name).exists(), "{what}");
+            assert!(
+                !escape.exists(),
+                "{what}: the command's /tmp write reached the host"
+            );
+        }
+        drop((writable, read_only));
+    }
 }

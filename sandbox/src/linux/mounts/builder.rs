@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
-use super::{DEV_NODES, MountError, MountOp, depth};
+use super::{DEV_NODES, MountError, MountOp, depth, mountinfo};
 use crate::limits::PoolLimits;
 use crate::sys::{
     self, FsContext, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
@@ -334,19 +334,10 @@ fn build(
             // No device nodes or set-user-ID programs from a writable root; this only adds
             // restrictions, so it must succeed.
             sys::mount_setattr_fd(tree.as_fd(), true, MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID, 0)?;
-            let writable = sys::mount_setattr_fd(tree.as_fd(), true, 0, MOUNT_ATTR_RDONLY)
-                .or_else(|_| sys::mount_setattr_fd(tree.as_fd(), false, 0, MOUNT_ATTR_RDONLY));
-            if let Err(err) = writable {
-                if err.raw_os_error() != Some(libc::EPERM) {
-                    return Err(err);
-                }
-                // A mount the host made read-only stays read-only: narrower, not wider.
-                applied.warnings.push(format!(
-                    "{} stays read-only: the host mounted it read-only",
-                    path.display()
-                ));
-            }
             sys::attach_mount(tree.as_fd(), target.as_fd())?;
+            // Attached first: the kernel changes a mount inside a tree one by one only once
+            // the tree is in our namespace.
+            make_writable(tree.as_fd(), path, &mut applied.warnings)?;
             Ok(Some((tree, false)))
         }
         MountOp::ReadOnlyBind(path) => {
@@ -364,8 +355,10 @@ fn build(
             // Pins only sit inside writable roots: a writable bind of the directory onto itself.
             let tree = sys::clone_mount_tree(source(path)?.fd.as_fd())?;
             sys::mount_setattr_fd(tree.as_fd(), true, MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID, 0)?;
-            let _ = sys::mount_setattr_fd(tree.as_fd(), false, 0, MOUNT_ATTR_RDONLY);
             sys::attach_mount(tree.as_fd(), target.as_fd())?;
+            // Attached first: the kernel changes a mount inside a tree one by one only once
+            // the tree is in our namespace.
+            make_writable(tree.as_fd(), path, &mut applied.warnings)?;
             Ok(Some((tree, false)))
         }
         MountOp::MaskDir(_) => {
@@ -393,14 +386,68 @@ fn build(
             sys::attach_mount(tmp.as_fd(), target.as_fd())?;
             Ok(Some((tmp, true)))
         }
-        MountOp::OverlayDir(path) => {
-            let (overlay, upper) = build_overlay(target, source(path)?)?;
-            applied.overlays.push((path.clone(), upper));
-            Ok(Some((overlay, true)))
-        }
+        MountOp::OverlayDir(path) => match build_overlay(target, source(path)?) {
+            Ok((overlay, upper)) => {
+                applied.overlays.push((path.clone(), upper));
+                Ok(Some((overlay, true)))
+            }
+            // The kernel layers no directory with mounts of the host beneath it (they are
+            // locked in our user namespace and an overlay would uncover what they cover). The
+            // command gets a private directory there instead: narrower (host files there are
+            // out of sight, what the policy names is carried in), never wider.
+            Err(err)
+                if err.raw_os_error() == Some(libc::EINVAL)
+                    && !mountinfo::mount_points_below(path)?.is_empty() =>
+            {
+                applied.warnings.push(format!(
+                    "{} is private to the command, not the host's with a private layer: the \
+                     host has filesystems mounted inside it, which an overlay cannot layer",
+                    path.display()
+                ));
+                let tmp = fresh_tmpfs("1777", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+                sys::attach_mount(tmp.as_fd(), target.as_fd())?;
+                Ok(Some((tmp, true)))
+            }
+            Err(err) => Err(err),
+        },
         MountOp::PrivateDev => build_dev(target, devices, pools).map(|dev| Some((dev, false))),
         MountOp::Proc => build_proc(target, applied, pools).map(|proc| Some((proc, false))),
     }
+}
+
+/// Clears the read-only attribute the root step set on every mount of `tree` (the clone of the
+/// writable root or pin at `path`). All at once when it can; when one mount refuses (one the
+/// host made read-only: it is locked so in our user namespace), each mount on its own, so that
+/// one read-only mount leaves the mounts beside and above it writable. What stays read-only is
+/// reported in `warnings` (narrower, never wider).
+fn make_writable(tree: BorrowedFd<'_>, path: &Path, warnings: &mut Vec<String>) -> io::Result<()> {
+    let refused = |err: &io::Error| err.raw_os_error() == Some(libc::EPERM);
+    match sys::mount_setattr_fd(tree, true, 0, MOUNT_ATTR_RDONLY) {
+        Err(err) if refused(&err) => {}
+        result => return result,
+    }
+    let below = mountinfo::mount_points_below(path)?;
+    for relative in std::iter::once(PathBuf::new()).chain(below) {
+        let result = if relative.as_os_str().is_empty() {
+            sys::mount_setattr_fd(tree, false, 0, MOUNT_ATTR_RDONLY)
+        } else {
+            sys::open_no_symlinks(Some(tree), &relative)
+                .and_then(|mount| sys::mount_setattr_fd(mount.as_fd(), false, 0, MOUNT_ATTR_RDONLY))
+        };
+        let shown = path.join(&relative);
+        match result {
+            Ok(()) => {}
+            Err(err) if refused(&err) => warnings.push(format!(
+                "{} stays read-only: the host mounted it read-only",
+                shown.display()
+            )),
+            // Not in this tree (mounted since the source was opened, or hidden beneath
+            // another mount): nothing of it is reachable here.
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(err) => warnings.push(format!("{} stays read-only: {err}", shown.display())),
+        }
+    }
+    Ok(())
 }
 
 /// An overlay on `target` (the host directory `lower`, opened before anything changed): a

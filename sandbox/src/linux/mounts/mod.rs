@@ -13,7 +13,8 @@
 //!    made with `open_tree(OPEN_TREE_CLONE)`, get their attributes while detached and are attached
 //!    with `move_mount` onto the target descriptor, so nothing is looked up by path twice.
 //!
-//! Steps: writable roots re-bound writable (`nosuid`, `nodev`), narrower paths inside them
+//! Steps: writable roots re-bound writable (`nosuid`, `nodev`; each mount inside as writable
+//! as the host has it), narrower paths inside them
 //! re-bound read-only (`.git`, `.agents`, `.codex`, the server's binaries), denied paths masked,
 //! ancestors of denied paths inside writable roots pinned (bound onto themselves, so they cannot
 //! be renamed from inside: a deny entry cannot be moved from under the next command), private
@@ -22,7 +23,8 @@
 //! writes it (the host's `/tmp` the read-only lower layer, a fresh tmpfs the private upper
 //! layer: host files there stay readable, what the command writes stays its own, and a host
 //! socket seen through the lower layer is another inode than the one its server bound, so
-//! `connect` finds no listener; named sockets are bound in from the host), a minimal `/dev`
+//! `connect` finds no listener; named sockets are bound in from the host; a `/tmp` with host
+//! mounts inside, which the kernel will not layer, becomes a private directory), a minimal `/dev`
 //! with its own
 //! devpts instance (no host terminal, disk or console is reachable), and a fresh `/proc` for the
 //! PID namespace with `/proc/sys` and friends read-only.
@@ -38,6 +40,7 @@ use serde::Serialize;
 use crate::policy::{Access, ResolvedPolicy};
 
 mod builder;
+pub mod mountinfo;
 pub use builder::{Applied, apply, apply_bounded};
 
 /// Device nodes the private `/dev` holds, bound from the host's.
