@@ -216,8 +216,8 @@ pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
                 Vec::new()
             },
         },
-        // What the command sees at /tmp, from the same decision the layout is built from.
-        "tmp": crate::linux::TmpView::of(policy, userns).describe(),
+        // What the command sees at /tmp, from the same decisions the layout is built from.
+        "tmp": crate::linux::TmpView::of(policy, userns).on_this_host().describe(),
         "seccomp": { "filters": seccomp_filters },
         // What the command's processes get (with no --pids, the sandbox's share of the host's
         // tasks; RLIMIT_NPROC, which the kernel does not apply to uid 0) and its open files

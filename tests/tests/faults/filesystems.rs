@@ -234,6 +234,11 @@ async fn a_read_only_mount_inside_a_writable_root_leaves_the_mounts_beside_it_wr
         let read_only = Tmpfs::mount_in(workspace.path(), "1m");
         read_only.remount_read_only();
         let sandbox = write_policy(workspace.path());
+        // `--explain` says what the command will see at /tmp, here with mounts inside it (in
+        // the /var/tmp round only another test's mounts would be there).
+        if parent == "/tmp" {
+            assert_explained_tmp(workspace.path());
+        }
         for (mode, flags) in tests::matrix::launch_modes() {
             let what = format!("{parent}, {mode}");
             let server = ExecServer::start(flags);
@@ -290,4 +295,22 @@ async fn a_read_only_mount_inside_a_writable_root_leaves_the_mounts_beside_it_wr
         }
         drop((writable, read_only));
     }
+}
+
+/// `sandbox-run --explain`, with the workspace-write policy for `workspace`, says the command's
+/// /tmp is private and writable (the host has mounts inside it).
+fn assert_explained_tmp(workspace: &Path) {
+    let explain =
+        std::process::Command::new(tests::exec_server_binary().with_file_name("sandbox-run"))
+            .args(["--policy", "workspace-write", "--cwd"])
+            .arg(workspace)
+            .args(["--explain", "--", "true"])
+            .output()
+            .unwrap();
+    let explain: Value = serde_json::from_slice(&explain.stdout).unwrap();
+    assert_eq!(
+        explain["layers"]["tmp"],
+        "private, writable (the host has filesystems mounted inside /tmp, which an overlay \
+         cannot layer)"
+    );
 }

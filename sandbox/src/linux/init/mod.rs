@@ -292,7 +292,8 @@ pub fn command_layout(policy: &ResolvedPolicy, cwd: &Path) -> mounts::Layout {
     let mut private_dirs = Vec::new();
     let mut overlay_dirs = Vec::new();
     match TmpView::of(policy, true) {
-        TmpView::Overlay => overlay_dirs.push(PathBuf::from(SLASH_TMP)),
+        // The builder makes an overlay private where the host's mounts inside forbid it.
+        TmpView::Overlay | TmpView::PrivateWritable => overlay_dirs.push(PathBuf::from(SLASH_TMP)),
         TmpView::Private => private_dirs.push(PathBuf::from(SLASH_TMP)),
         TmpView::HostReadOnly | TmpView::Host | TmpView::Hidden => {}
     }
@@ -340,6 +341,10 @@ pub enum TmpView {
     Host,
     /// No mount namespace and the policy cannot read `/tmp`.
     Hidden,
+    /// The policy writes `/tmp` but the host has filesystems mounted inside it, which the
+    /// kernel will not overlay from a user namespace: a private, writable tmpfs (host files
+    /// there out of sight; the working directory and named paths carried in).
+    PrivateWritable,
 }
 
 impl TmpView {
@@ -360,6 +365,20 @@ impl TmpView {
         }
     }
 
+    /// The view as the mount builder will make it on this host: an [`TmpView::Overlay`] of a
+    /// `/tmp` with host mounts inside becomes [`TmpView::PrivateWritable`] (an unreadable
+    /// mountinfo, which no Linux with `/proc` has, leaves the view as it is).
+    pub fn on_this_host(self) -> Self {
+        let mounts_inside = || {
+            mounts::mountinfo::mount_points_below(Path::new(SLASH_TMP))
+                .is_ok_and(|below| !below.is_empty())
+        };
+        match self {
+            TmpView::Overlay if mounts_inside() => TmpView::PrivateWritable,
+            view => view,
+        }
+    }
+
     /// One line for `--explain`.
     pub fn describe(self) -> &'static str {
         match self {
@@ -368,6 +387,10 @@ impl TmpView {
             TmpView::Private => "private, empty",
             TmpView::Host => "host /tmp, writes reach the host",
             TmpView::Hidden => "host /tmp, unreadable",
+            TmpView::PrivateWritable => {
+                "private, writable (the host has filesystems mounted inside /tmp, which an \
+                 overlay cannot layer)"
+            }
         }
     }
 }
