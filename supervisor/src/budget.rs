@@ -460,6 +460,15 @@ pub struct MemoryCharge {
 }
 
 impl MemoryCharge {
+    /// A charge of nothing (to be backed or merged into later).
+    pub fn none() -> Self {
+        Self {
+            inflight: None,
+            allowance: None,
+            server: None,
+        }
+    }
+
     /// The bytes backed by memory.
     pub fn bytes(&self) -> usize {
         permits(&self.allowance) + permits(&self.server)

@@ -37,7 +37,9 @@ use serde_json::Value;
 use std::os::unix::process::CommandExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::budget::{Budgets, ConnectionBudget, DescriptorCharge};
+use super::AnswerBacking;
+use crate::budget::{Budgets, ConnectionBudget, DescriptorCharge, MemoryCharge};
+use crate::limits::BULK_READ_BYTES;
 use crate::sandboxing::Sandboxing;
 
 /// Idle helpers kept per (session, policy).
@@ -158,6 +160,10 @@ pub enum Sandboxed {
     Served(HelperReply),
 }
 
+/// A read whose answer [`HelperPool::call_sandboxed`] backed and found a bulk read: the
+/// request, to call again (without backing) once it has its turn.
+pub struct AwaitsBulkTurn(pub FsRequest);
+
 /// How a call gets its helper.
 enum Start {
     /// An idle helper of the same key.
@@ -209,9 +215,12 @@ impl HelperPool {
     }
 
     /// Resolve `sandbox` and run `request` under it, on the blocking pool within `budget`'s
-    /// share: with an idle helper of the same policy, resolution and the exchange are one
-    /// blocking job (one hop off the async runtime, not two); otherwise as [`Self::call`].
-    /// [`Sandboxed::Unrestricted`] (the request back) when the sandbox restricts nothing.
+    /// share: with an idle helper of the same policy, the read's answer `backing`, resolution
+    /// and the exchange are one blocking job (one hop off the async runtime, not three);
+    /// otherwise as [`Self::call`]. [`Sandboxed::Unrestricted`] (the request back) when the
+    /// sandbox restricts nothing; [`AwaitsBulkTurn`] when `backing` found a bulk read (call
+    /// again without it once the read has its turn). Returns with it what backs
+    /// the answer (nothing without `backing`), to merge into the answer's charge.
     ///
     /// # Errors
     /// -32602 when the sandbox object does not parse or resolve (never run unsandboxed
@@ -222,10 +231,11 @@ impl HelperPool {
         session: &str,
         sandbox: Value,
         request: FsRequest,
-    ) -> Result<Sandboxed, RpcError> {
+        backing: Option<AnswerBacking>,
+    ) -> Result<(Result<Sandboxed, AwaitsBulkTurn>, MemoryCharge), RpcError> {
         /// What the first blocking job got to.
         enum First {
-            Done(Sandboxed),
+            Done(Result<Sandboxed, AwaitsBulkTurn>),
             NeedsHelper(Box<(PoolKey, FsRequest)>),
         }
         let pool = self.clone();
@@ -233,31 +243,41 @@ impl HelperPool {
         // The blocking pool, not the CPU pool: resolution walks paths the client names (and
         // what commands left in writable roots), which may be slow or hung filesystems; on
         // the CPU pool's few threads that would stall every connection's large messages.
-        let first = budget
+        let (first, backed) = budget
             .blocking(move || {
+                let mut backed = MemoryCharge::none();
+                if let Some(backing) = backing {
+                    let (size, charge) = backing.back()?;
+                    backed = charge;
+                    if size >= BULK_READ_BYTES {
+                        return Ok((First::Done(Err(AwaitsBulkTurn(request))), backed));
+                    }
+                }
                 let policy = pool
                     .sandboxing
                     .resolve(Some(&sandbox))
                     .map_err(|e| RpcError::from(super::FsRequestError::Sandbox(e)))?;
                 let Some(policy) = policy else {
-                    return Ok(First::Done(Sandboxed::Unrestricted(request)));
+                    return Ok((First::Done(Ok(Sandboxed::Unrestricted(request))), backed));
                 };
                 let key = (session, policy);
-                match pool.idle_helper(&key) {
+                let first = match pool.idle_helper(&key) {
                     Some(helper) => pool
                         .serve(Start::Reused(helper), key, request)
-                        .map(|reply| First::Done(Sandboxed::Served(reply))),
-                    None => Ok(First::NeedsHelper(Box::new((key, request)))),
-                }
+                        .map(|reply| First::Done(Ok(Sandboxed::Served(reply))))?,
+                    None => First::NeedsHelper(Box::new((key, request))),
+                };
+                Ok::<_, RpcError>((first, backed))
             })
             .await??;
-        match first {
-            First::Done(done) => Ok(done),
+        let done = match first {
+            First::Done(done) => done,
             First::NeedsHelper(needs) => {
                 let (key, request) = *needs;
-                self.call(budget, key, request).await.map(Sandboxed::Served)
+                Ok(Sandboxed::Served(self.call(budget, key, request).await?))
             }
-        }
+        };
+        Ok((done, backed))
     }
 
     /// Run one request under `key`'s policy, on the blocking pool

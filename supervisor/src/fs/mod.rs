@@ -28,7 +28,7 @@ pub use proto::methods::fs::FsRequest;
 use crate::budget::{ConnectionBudget, MemoryCharge, content_answer_bytes};
 use crate::limits::BULK_READ_BYTES;
 use fs_helper::wire::{Outcome, execute};
-use helpers::{HelperPool, Sandboxed};
+use helpers::{AwaitsBulkTurn, HelperPool, Sandboxed};
 
 /// Why a handle operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +94,7 @@ pub struct FsContext<'a> {
 /// The method's JSON-RPC error.
 pub async fn handle(
     context: &FsContext<'_>,
-    request: FsRequest,
+    mut request: FsRequest,
     answer: &mut MemoryCharge,
 ) -> Result<Value, RpcError> {
     let reservation = match &request {
@@ -103,26 +103,48 @@ pub async fn handle(
     };
     let opens = reservation.is_some();
     let budget = context.budget;
-    // A large read waits for its turn before it takes a blocking slot or a helper.
-    let _bulk = match &request {
-        FsRequest::ReadFile(params) => {
-            let size = back_read_file_answer(budget, params, answer).await?;
-            if size >= BULK_READ_BYTES {
-                Some(budget.bulk_read().await?)
-            } else {
-                None
-            }
-        }
+    let sandbox = request
+        .sandbox()
+        .filter(|sandbox| !sandbox.is_null())
+        .cloned();
+    // A read's answer is backed with memory for the file's size before it is read; a large
+    // read also waits for its turn before it takes a helper. Under a sandbox the size is taken
+    // in the same blocking job as the resolution and the helper's exchange (one trip to the
+    // blocking pool for a small read, not two).
+    let mut backing = match &request {
+        FsRequest::ReadFile(params) => Some(AnswerBacking::new(budget, params, answer)),
         _ => None,
     };
-    let sandboxed = match request.sandbox().filter(|sandbox| !sandbox.is_null()) {
-        Some(sandbox) => {
-            let sandbox = sandbox.clone();
-            context
-                .helpers
-                .call_sandboxed(budget, context.session_id, sandbox, request)
-                .await?
+    let mut _bulk = None;
+    if let Some(unsandboxed) = backing.take_if(|_| sandbox.is_none()) {
+        let (size, charge) = budget.blocking(move || unsandboxed.back()).await??;
+        answer.merge(charge);
+        if size >= BULK_READ_BYTES {
+            _bulk = Some(budget.bulk_read().await?);
         }
+    }
+    let sandboxed = match sandbox {
+        Some(sandbox) => loop {
+            let (call, backed) = context
+                .helpers
+                .call_sandboxed(
+                    budget,
+                    context.session_id,
+                    sandbox.clone(),
+                    request,
+                    backing.take(),
+                )
+                .await?;
+            answer.merge(backed);
+            match call {
+                Ok(done) => break done,
+                // Once more with its turn (and without backing: it is backed).
+                Err(AwaitsBulkTurn(awaiting)) => {
+                    _bulk = Some(budget.bulk_read().await?);
+                    request = awaiting;
+                }
+            }
+        },
         None => Sandboxed::Unrestricted(request),
     };
     let outcome = match sandboxed {
@@ -159,22 +181,41 @@ pub fn close(handles: &HandleTable, params: CloseParams) -> Result<Value, RpcErr
     to_value(Empty {})
 }
 
-/// Back the answer of an `fs/readFile` with memory for the file's current size (capped at
-/// `READ_FILE_MAX_BYTES`) before it is read, and return that size (for this budget and the
-/// bulk-read turn; it is never sent to the client). A file that cannot be examined is budgeted
-/// as empty (its read will fail, or be backed when its answer is sent).
-async fn back_read_file_answer(
-    budget: &ConnectionBudget,
-    params: &ReadFileParams,
-    answer: &mut MemoryCharge,
-) -> Result<u64, RpcError> {
-    let path = params.path.clone();
-    let size = budget
-        .blocking(move || std::fs::metadata(path.as_path()).map_or(0, |meta| meta.len()))
-        .await?
-        .min(fs_helper::READ_FILE_MAX_BYTES);
-    answer.back(budget, content_answer_bytes(size))?;
-    Ok(size)
+/// Backing the answer of an `fs/readFile` with memory for the file's current size (capped at
+/// `READ_FILE_MAX_BYTES`) before it is read. A file that cannot be examined is backed as empty
+/// (its read will fail, or be backed when its answer is sent).
+pub struct AnswerBacking {
+    budget: ConnectionBudget,
+    path: std::path::PathBuf,
+    /// What the answer's charge already backs.
+    backed: usize,
+}
+
+impl AnswerBacking {
+    /// For the read `params`, whose answer is charged to `answer`.
+    pub fn new(budget: &ConnectionBudget, params: &ReadFileParams, answer: &MemoryCharge) -> Self {
+        Self {
+            budget: budget.clone(),
+            path: params.path.as_path().to_owned(),
+            backed: answer.bytes(),
+        }
+    }
+
+    /// Examine the file (a filesystem call: on the blocking pool) and back its answer: the
+    /// size (for the bulk-read turn; it is never sent to the client) and the charge to merge
+    /// into the answer's.
+    ///
+    /// # Errors
+    /// -32600 `limitExceeded` when the server's memory budget cannot take it now.
+    pub fn back(self) -> Result<(u64, MemoryCharge), RpcError> {
+        let size = std::fs::metadata(&self.path)
+            .map_or(0, |meta| meta.len())
+            .min(fs_helper::READ_FILE_MAX_BYTES);
+        let mut charge = MemoryCharge::none();
+        let more = content_answer_bytes(size).saturating_sub(self.backed);
+        charge.back(&self.budget, more)?;
+        Ok((size, charge))
+    }
 }
 
 /// `fs/readBlock`: read from a handle of the connection, on the blocking pool within `budget`.

@@ -39,6 +39,17 @@ async fn pipelined_large_reads_of_a_client_that_stops_reading_hold_one_connectio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_connections_of_large_reads_meet_the_server_memory_budget() {
+    large_reads_meet_the_server_memory_budget(Value::Null).await;
+}
+
+/// Sandboxed, a read's answer is backed in the same blocking job that resolves the policy and
+/// exchanges with the helper: it must meet the same budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_connections_of_large_sandboxed_reads_meet_the_server_memory_budget() {
+    large_reads_meet_the_server_memory_budget(json!({"profile": "read-only"})).await;
+}
+
+async fn large_reads_meet_the_server_memory_budget(sandbox: Value) {
     const CONNECTIONS: u64 = 8;
     let dir = tempfile::tempdir().unwrap();
     let file = file_uri(big_file(dir.path()));
@@ -54,7 +65,8 @@ async fn many_connections_of_large_reads_meet_the_server_memory_budget() {
         let (reader, mut writer) = raw_session(&server).await;
         let frames: Vec<u8> = (1..=5)
             .flat_map(|id| {
-                let request = json!({"id": id, "method": "fs/readFile", "params": {"path": file}});
+                let params = json!({"path": file, "sandbox": sandbox});
+                let request = json!({"id": id, "method": "fs/readFile", "params": params});
                 ws_frame(true, opcode::TEXT, request.to_string().as_bytes())
             })
             .collect();
@@ -65,7 +77,8 @@ async fn many_connections_of_large_reads_meet_the_server_memory_budget() {
     // A client asking for a large read now gets the file or a retryable refusal that names
     // the budget, never a hang or a dead server.
     let (mut reader, mut writer) = raw_session(&server).await;
-    let request = json!({"id": 1, "method": "fs/readFile", "params": {"path": file}});
+    let params = json!({"path": file, "sandbox": sandbox});
+    let request = json!({"id": 1, "method": "fs/readFile", "params": params});
     writer
         .write_all(&ws_frame(
             true,
