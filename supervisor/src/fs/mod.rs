@@ -107,52 +107,43 @@ pub async fn handle(
         .sandbox()
         .filter(|sandbox| !sandbox.is_null())
         .cloned();
-    // A read's answer is backed with memory for the file's size before it is read; a large
-    // read also waits for its turn before it takes a helper. Under a sandbox the size is taken
-    // in the same blocking job as the resolution and the helper's exchange (one trip to the
-    // blocking pool for a small read, not two).
+    // A read's answer is backed with memory for the file's size before it is read, in the
+    // blocking job that goes on to do the work (one trip to the blocking pool for a small
+    // read, not two); a bulk read then waits for its turn and is done in a second job.
     let mut backing = match &request {
         FsRequest::ReadFile(params) => Some(AnswerBacking::new(budget, params, answer)),
         _ => None,
     };
     let mut _bulk = None;
-    if let Some(unsandboxed) = backing.take_if(|_| sandbox.is_none()) {
-        let (size, charge) = budget.blocking(move || unsandboxed.back()).await??;
-        answer.merge(charge);
-        if size >= BULK_READ_BYTES {
-            _bulk = Some(budget.bulk_read().await?);
-        }
-    }
-    let sandboxed = match sandbox {
-        Some(sandbox) => loop {
-            let (call, backed) = context
-                .helpers
-                .call_sandboxed(
-                    budget,
-                    context.session_id,
-                    sandbox.clone(),
-                    request,
-                    backing.take(),
-                )
-                .await?;
-            answer.merge(backed);
-            match call {
-                Ok(done) => break done,
-                // Once more with its turn (and without backing: it is backed).
-                Err(AwaitsBulkTurn(awaiting)) => {
-                    _bulk = Some(budget.bulk_read().await?);
-                    request = awaiting;
-                }
+    let Some(sandbox) = sandbox else {
+        return finish(
+            unsandboxed(budget, request, backing, answer).await?,
+            reservation,
+        );
+    };
+    let sandboxed = loop {
+        let (call, backed) = context
+            .helpers
+            .call_sandboxed(
+                budget,
+                context.session_id,
+                sandbox.clone(),
+                request,
+                backing.take(),
+            )
+            .await?;
+        answer.merge(backed);
+        match call {
+            Ok(done) => break done,
+            // Once more with its turn (and without backing: it is backed).
+            Err(AwaitsBulkTurn(awaiting)) => {
+                _bulk = Some(budget.bulk_read().await?);
+                request = awaiting;
             }
-        },
-        None => Sandboxed::Unrestricted(request),
+        }
     };
     let outcome = match sandboxed {
-        Sandboxed::Unrestricted(request) => {
-            // On the blocking pool even when it moves megabytes: it frees them too, and a
-            // low-priority thread must not hold the address space's lock (see cpu_pool).
-            budget.blocking(move || execute(request, false)).await??
-        }
+        Sandboxed::Unrestricted(request) => unsandboxed(budget, request, None, answer).await?,
         Sandboxed::Served(reply) => {
             let value = reply.result?;
             match (opens, reply.file) {
@@ -162,6 +153,48 @@ pub async fn handle(
             }
         }
     };
+    finish(outcome, reservation)
+}
+
+/// Run `request` in the server itself, on the blocking pool: with `backing`, its answer backed
+/// first in the same job, a bulk read in a second job once it has its turn. On the blocking
+/// pool even when it moves megabytes: it frees them too, and a low-priority thread must not
+/// hold the address space's lock (see cpu_pool).
+async fn unsandboxed(
+    budget: &ConnectionBudget,
+    request: FsRequest,
+    backing: Option<AnswerBacking>,
+    answer: &mut MemoryCharge,
+) -> Result<Outcome, RpcError> {
+    let Some(backing) = backing else {
+        return budget.blocking(move || execute(request, false)).await?;
+    };
+    let (charge, read) = budget
+        .blocking(move || {
+            let (size, charge) = backing.back()?;
+            let read = if size >= BULK_READ_BYTES {
+                Err(request)
+            } else {
+                Ok(execute(request, false))
+            };
+            Ok::<_, RpcError>((charge, read))
+        })
+        .await??;
+    answer.merge(charge);
+    match read {
+        Ok(outcome) => outcome,
+        Err(request) => {
+            let _turn = budget.bulk_read().await?;
+            budget.blocking(move || execute(request, false)).await?
+        }
+    }
+}
+
+/// The answer of a request, with the handle it opened (if any) filled into its reservation.
+fn finish(
+    outcome: Outcome,
+    reservation: Option<handles::HandleReservation<'_>>,
+) -> Result<Value, RpcError> {
     match (outcome, reservation) {
         (Outcome::Opened(file, value), Some(reservation)) => {
             reservation.fill(file);
