@@ -34,6 +34,8 @@ def test_start_output_both_frame_forms(server_url: str, binary: bool) -> None:
     async def body() -> None:
         client = await execward.connect(server_url, binary_output=binary)
         assert client.binary_output is binary
+        with pytest.raises(TypeError, match="cwd"):
+            await client.start(["true"])  # type: ignore[call-arg]
         process = await client.start(
             ["sh", "-c", "printf out; printf err >&2; exit 3"], cwd="/tmp", env=ENV
         )

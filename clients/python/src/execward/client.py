@@ -337,7 +337,7 @@ class Client:
         self,
         argv: Sequence[str],
         *,
-        cwd: str | None = None,
+        cwd: str,
         env: Mapping[str, str] | None = None,
         env_policy: Mapping[str, Any] | None = None,
         tty: bool = False,
@@ -347,17 +347,20 @@ class Client:
         audit_denials: bool = False,
         process_id: str | None = None,
     ) -> Process:
-        """``process/start``; the returned :class:`Process` streams its output."""
+        """``process/start``; the returned :class:`Process` streams its output.
+
+        ``cwd`` is required, as the server requires it: the directory the command runs in on
+        the server's machine (a local directory means nothing to a remote server).
+        """
         process_id = process_id or uuid.uuid4().hex
         params: dict[str, Any] = {
             "processId": process_id,
             "argv": list(argv),
+            "cwd": cwd,
             "env": dict(env or {}),
             "tty": tty,
             "pipeStdin": pipe_stdin,
         }
-        if cwd is not None:
-            params["cwd"] = cwd
         if env_policy is not None:
             params["envPolicy"] = dict(env_policy)
         if sandbox is not None:
