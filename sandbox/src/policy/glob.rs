@@ -33,16 +33,7 @@ pub fn is_glob(text: &str) -> bool {
     text.contains(['*', '?', '['])
 }
 
-/// Expands an absolute pattern into the existing paths it matches, sorted.
-///
-/// # Errors
-/// [`PolicyError::Glob`] when `max_depth` exceeds [`MAX_GLOB_SCAN_MAX_DEPTH`], or the pattern
-/// matches more than [`MAX_GLOB_MATCHES`] paths, or the walk would read more than
-/// [`MAX_GLOB_SCANNED_ENTRIES`] directory entries.
-///
-/// `for_deny`: the pattern denies what it matches, so it fails closed: a directory the walk
-/// cannot read is an error (a file there could match and would stay readable), never a skipped
-/// subtree. An allowing pattern just matches less.
+/// [`expand_within`] with a budget of its own (one pattern's expansion, in tests).
 #[cfg(test)]
 pub fn expand(
     pattern: &Path,
@@ -80,11 +71,18 @@ impl GlobBudget {
     }
 }
 
-/// [`expand`] drawing on a policy's `budget`.
+/// Expands an absolute pattern into the existing paths it matches, sorted, drawing on a
+/// policy's `budget`.
 ///
 /// # Errors
-/// As [`expand`]; also when the policy's budget runs out (in entries, or past
-/// [`MAX_GLOB_PATTERNS`] patterns).
+/// [`PolicyError::Glob`] when `max_depth` exceeds [`MAX_GLOB_SCAN_MAX_DEPTH`], or the pattern
+/// matches more than [`MAX_GLOB_MATCHES`] paths, or the walk would read more than
+/// [`MAX_GLOB_SCANNED_ENTRIES`] directory entries, or the policy's budget runs out (in entries,
+/// or past [`MAX_GLOB_PATTERNS`] patterns).
+///
+/// `for_deny`: the pattern denies what it matches, so it fails closed: a directory the walk
+/// cannot read is an error (a file there could match and would stay readable), never a skipped
+/// subtree. An allowing pattern just matches less.
 pub fn expand_within(
     pattern: &Path,
     max_depth: usize,

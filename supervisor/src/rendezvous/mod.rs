@@ -356,7 +356,7 @@ impl CredentialsReloader {
     }
 }
 
-/// A connection's way out of the admission pool: the [`authenticate`] middleware marks it once
+/// A connection's way out of the admission pool: the `authenticate` middleware marks it once
 /// a request presented a valid token.
 #[derive(Clone)]
 struct Admitted(Arc<tokio::sync::watch::Sender<bool>>);

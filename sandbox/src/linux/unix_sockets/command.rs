@@ -158,10 +158,10 @@ pub fn spawn_command(
 
 /// Starts the command (`start`, which must exec or exit) under the sandbox's seccomp program
 /// `main` plus its own filter, then installs `main` on the caller, which holds the
-/// listener when `gate` is given (see [`needs_notifier`]). Landlock must be in place.
+/// listener when `gate` is given (see [`super::needs_notifier`]). Landlock must be in place.
 ///
 /// # Errors
-/// [`SandboxError`] when the command's process cannot be made,
+/// [`crate::linux::SandboxError`] when the command's process cannot be made,
 /// or the caller's own filter cannot be installed (the command is killed then).
 pub(crate) fn start_command(
     main: crate::linux::seccomp::Prepared,
@@ -196,7 +196,7 @@ pub(crate) fn start_command(
 /// on its stderr), the command is killed and no notifier is returned: its exit status tells.
 ///
 /// # Errors
-/// [`SandboxError`] when the channel for the listener or the command's process cannot be made.
+/// [`crate::linux::SandboxError`] when the channel for the listener or the command's process cannot be made.
 pub(crate) fn start_command_under_installed_filter(
     gate: Option<Gate>,
     start: &mut dyn FnMut(),

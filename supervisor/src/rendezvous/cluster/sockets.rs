@@ -6,8 +6,8 @@
 //! change is a compare-and-set of the whole entry, so two nodes admitting the last socket at
 //! once cannot both succeed; a node makes its own changes of one entry one at a time (a lock per
 //! credential), so only other nodes' writes make it retry. A node rewrites its own counts every
-//! [`LEASE_RENEW_INTERVAL`](super::LEASE_RENEW_INTERVAL) from what it really holds; a count not
-//! vouched for within [`LEASE_TTL`](super::LEASE_TTL) (a dead node's) is not counted.
+//! [`LEASE_RENEW_INTERVAL`] from what it really holds; a count not
+//! vouched for within [`LEASE_TTL`] (a dead node's) is not counted.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
