@@ -29,7 +29,7 @@
 //! devpts instance (no host terminal, disk or console is reachable), and a fresh `/proc` for the
 //! PID namespace with `/proc/sys` and friends read-only.
 //!
-//! The plan lives here; `builder` builds it.
+//! The plan lives here; `builder` builds it (`layers` makes its writable and fresh layers).
 
 use std::io;
 use std::os::unix::fs::FileTypeExt;
@@ -40,6 +40,7 @@ use serde::Serialize;
 use crate::policy::{Access, ResolvedPolicy};
 
 mod builder;
+mod layers;
 pub mod mountinfo;
 pub use builder::{Applied, apply, apply_bounded};
 
