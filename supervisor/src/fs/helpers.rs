@@ -39,7 +39,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::AnswerBacking;
 use crate::budget::{Budgets, ConnectionBudget, DescriptorCharge, MemoryCharge};
-use crate::limits::BULK_READ_BYTES;
 use crate::sandboxing::Sandboxing;
 
 /// Idle helpers kept per (session, policy).
@@ -247,9 +246,9 @@ impl HelperPool {
             .blocking(move || {
                 let mut backed = MemoryCharge::none();
                 if let Some(backing) = backing {
-                    let (size, charge) = backing.back()?;
+                    let (charge, bulk) = backing.back()?;
                     backed = charge;
-                    if size >= BULK_READ_BYTES {
+                    if bulk {
                         return Ok((First::Done(Err(AwaitsBulkTurn(request))), backed));
                     }
                 }

@@ -171,8 +171,8 @@ async fn unsandboxed(
     };
     let (charge, read) = budget
         .blocking(move || {
-            let (size, charge) = backing.back()?;
-            let read = if size >= BULK_READ_BYTES {
+            let (charge, bulk) = backing.back()?;
+            let read = if bulk {
                 Err(request)
             } else {
                 Ok(execute(request, false))
@@ -235,19 +235,20 @@ impl AnswerBacking {
     }
 
     /// Examine the file (a filesystem call: on the blocking pool) and back its answer: the
-    /// size (for the bulk-read turn; it is never sent to the client) and the charge to merge
-    /// into the answer's.
+    /// charge to merge into the answer's, and whether the read is a bulk one (at least
+    /// `BULK_READ_BYTES`: it waits for its turn before it is read; the size is never sent to
+    /// the client).
     ///
     /// # Errors
     /// -32600 `limitExceeded` when the server's memory budget cannot take it now.
-    pub fn back(self) -> Result<(u64, MemoryCharge), RpcError> {
+    pub fn back(self) -> Result<(MemoryCharge, bool), RpcError> {
         let size = std::fs::metadata(&self.path)
             .map_or(0, |meta| meta.len())
             .min(fs_helper::READ_FILE_MAX_BYTES);
         let mut charge = MemoryCharge::none();
         let more = content_answer_bytes(size).saturating_sub(self.backed);
         charge.back(&self.budget, more)?;
-        Ok((size, charge))
+        Ok((charge, size >= BULK_READ_BYTES))
     }
 }
 
