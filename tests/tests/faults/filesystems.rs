@@ -310,7 +310,6 @@ fn assert_explained_tmp(workspace: &Path) {
     let explain: Value = serde_json::from_slice(&explain.stdout).unwrap();
     assert_eq!(
         explain["layers"]["tmp"],
-        "private, writable (the host has filesystems mounted inside /tmp, which an overlay \
-         cannot layer)"
+        sandbox::linux::TmpView::PrivateWritable.describe()
     );
 }
