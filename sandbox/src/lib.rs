@@ -19,6 +19,8 @@ pub mod exit;
 pub mod launch;
 pub mod limits;
 pub mod policy;
+#[cfg(target_os = "linux")]
+pub mod report_file;
 
 #[cfg(target_os = "linux")]
 pub mod linux;

@@ -44,7 +44,7 @@ fn allowed_numbers(network_allowed: bool) -> String {
         .unwrap()
         .iter()
         .map(|name| {
-            sandbox::audit::syscalls::number(name)
+            sandbox::syscall_table::number(name)
                 .unwrap_or_else(|| panic!("{name} has no number"))
                 .to_string()
         })

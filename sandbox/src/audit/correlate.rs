@@ -39,10 +39,10 @@ use crate::audit::records::{
     AUDIT_CWD, AUDIT_EOE, AUDIT_LANDLOCK_ACCESS, AUDIT_LANDLOCK_DOMAIN, AUDIT_PATH, AUDIT_SECCOMP,
     AUDIT_SYSCALL, Record, rfc3339,
 };
-use crate::audit::syscalls;
 use crate::denial::{Denial, Layer};
 use crate::linux::seccomp;
 use crate::policy::ResolvedPolicy;
+use crate::syscall_table as syscalls;
 
 /// `EPERM`.
 const EPERM: i64 = 1;

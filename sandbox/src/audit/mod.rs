@@ -47,13 +47,9 @@ pub mod enable;
 #[cfg(target_os = "linux")]
 pub mod netlink;
 #[cfg(target_os = "linux")]
-pub mod output;
-#[cfg(target_os = "linux")]
 pub mod pipeline;
 #[cfg(target_os = "linux")]
 pub mod supervise;
-#[cfg(target_os = "linux")]
-pub mod syscalls;
 
 pub use crate::denial::{Coverage, Denial, Layer};
 pub use limits::RECORD_LINE_MAX_BYTES;

@@ -20,14 +20,35 @@ use nix::unistd::Pid;
 use crate::audit::cli::{AuditArgs, EXIT_AUDIT_BLIND, EXIT_DENIED};
 use crate::audit::collect::{Collector, session_of, start_audit_session};
 use crate::audit::correlate::{Evasion, Target};
-use crate::audit::output::ReportFile;
 use crate::audit::pipeline::{Findings, Pipeline, Stream};
 use crate::audit::report::{self, Format, RunAudit};
 use crate::audit::sarif::sarif;
 use crate::denial::{Coverage, Denial};
-use crate::linux::command::{self, Ended, Observer};
+use crate::exit::code::EXIT_SETUP_FAILED;
+use crate::linux::command::{self, Command, CommandError, Ended, Observer};
 use crate::policy::ResolvedPolicy;
-use crate::run::{EXIT_SETUP_FAILED, Prepared, RunError};
+use crate::report_file::{ReportFile, ReportFileError};
+
+/// Why an audited run stopped before its command ran. Audit problems themselves are not
+/// errors: they become coverage gaps of the report.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    /// The report file could not be opened.
+    #[error(transparent)]
+    Report(#[from] ReportFileError),
+    /// The sandbox could not be set up or the command not started.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+}
+
+impl From<AuditError> for crate::exit::RunError {
+    fn from(err: AuditError) -> Self {
+        match err {
+            AuditError::Report(err) => Self::Report(err),
+            AuditError::Command(err) => Self::from(err),
+        }
+    }
+}
 
 /// Landlock ABI that has `LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON`.
 const LANDLOCK_AUDIT_ABI: i32 = 7;
@@ -134,25 +155,24 @@ fn in_another_pid_namespace(pid: u32) -> bool {
     matches!((ours, theirs), (Ok(ours), Ok(theirs)) if ours != theirs)
 }
 
-/// Runs the prepared command under the denial audit; returns the exit status to use.
+/// Runs `command` in its sandbox under the denial audit; returns the exit status to use.
 /// `cli_denied` are the `--deny` paths of the command line (the advice for a path they hide is
 /// to drop the flag, not "the supervisor's own file").
 ///
 /// # Errors
-/// [`RunError::Setup`] when the report cannot be opened or the sandbox not set up. Audit
-/// problems are not errors: they become coverage gaps.
+/// [`AuditError`] when the report cannot be opened or the sandbox not set up. Audit problems
+/// are not errors: they become coverage gaps.
 pub fn run_audited(
-    prepared: &Prepared,
+    policy: &ResolvedPolicy,
+    command: &Command,
     options: &command::RunOptions,
-    print_report: bool,
     args: &AuditArgs,
     cli_denied: &[PathBuf],
-) -> Result<u8, RunError> {
-    let _ = print_report;
+) -> Result<u8, AuditError> {
     // The report's file is opened now, by descriptor, before the command can plant anything
-    // at its path (crate::audit::output).
+    // at its path (crate::report_file).
     let output = match &args.audit {
-        Some(path) => Some(ReportFile::open(path, &prepared.policy)?),
+        Some(path) => Some(ReportFile::open(path, "audit report", policy)?),
         None => None,
     };
     // JSON lines to a file are streamed as they arrive; stdout is the command's too, so the
@@ -187,16 +207,14 @@ pub fn run_audited(
     let mut observer = AuditObserver {
         collector,
         session,
-        policy: prepared.policy.clone(),
+        policy: policy.clone(),
         cli_denied: absolute_paths(cli_denied),
         pipeline: None,
         streams,
         gaps: Vec::new(),
         live_lines: args.audit.is_some(),
     };
-    let command = crate::run::command_of(prepared);
-    let ended = command::run(&prepared.policy, &command, &options, Some(&mut observer))
-        .map_err(RunError::from)?;
+    let ended = command::run(policy, command, &options, Some(&mut observer))?;
     let mut pipeline = observer.pipeline.take();
     let mut coverage = match observer.collector.take() {
         Some(mut collector) => {
@@ -239,12 +257,12 @@ pub fn run_audited(
         coverage.gaps.extend(evasion.gaps());
     }
     let audit = RunAudit {
-        command: prepared
+        command: command
             .argv
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
-        root: audit_root(args, &prepared.cwd),
+        root: audit_root(args, &command.cwd),
         exit_status: ended.code(),
         aggregate,
         coverage,

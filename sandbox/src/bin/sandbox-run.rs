@@ -77,15 +77,15 @@ fn run(cli: &Cli, audit: &audit_flags::AuditArgs) -> ExitCode {
             Err(err) => return fail(err),
         };
         let audited = sandbox::audit::supervise::run_audited(
-            &prepared,
+            &prepared.policy,
+            &sandbox::run::command_of(&prepared),
             &options,
-            cli.report,
             audit,
             &cli.denies,
         );
         return match audited {
             Ok(code) => ExitCode::from(code),
-            Err(err) => fail(err),
+            Err(err) => fail(err.into()),
         };
     }
     match sandbox::run::run(cli) {

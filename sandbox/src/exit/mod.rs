@@ -25,11 +25,10 @@ pub enum RunError {
     /// A command-line option `sandbox-run` cannot honour (exit 125).
     #[error(transparent)]
     Option(#[from] OptionError),
-    /// The audit report (or `--egress-log`) file could not be opened (exit 125). Still free
-    /// text: `audit/` is moving to a crate of its own, whose report file gets its own error
-    /// type there.
-    #[error("{0}")]
-    Setup(String),
+    /// The audit report (or `--egress-log`) file could not be opened (exit 125).
+    #[cfg(target_os = "linux")]
+    #[error(transparent)]
+    Report(#[from] crate::report_file::ReportFileError),
     /// `execve` failed (exit 126 or 127).
     #[error("cannot execute {program}: {source}")]
     Exec {
@@ -56,9 +55,9 @@ impl RunError {
     /// The exit status for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            RunError::Resolve(_) | RunError::Option(_) | RunError::Setup(_) => EXIT_SETUP_FAILED,
+            RunError::Resolve(_) | RunError::Option(_) => EXIT_SETUP_FAILED,
             #[cfg(target_os = "linux")]
-            RunError::Command(_) => EXIT_SETUP_FAILED,
+            RunError::Command(_) | RunError::Report(_) => EXIT_SETUP_FAILED,
             RunError::Exec { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 EXIT_NOT_FOUND
             }

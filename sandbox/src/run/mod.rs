@@ -252,7 +252,7 @@ pub fn explain(cli: &Cli, prepared: &Prepared) -> Explain {
 }
 
 /// The options `sandbox-run`'s flags select; opens the `--egress-log` file (before the command
-/// starts, by descriptor, as the audit report: [`crate::audit::output`]).
+/// starts, by descriptor, as the audit report: [`crate::report_file`]).
 ///
 /// # Errors
 /// [`RunError`] when the egress log cannot be created or the credentials read.
@@ -264,11 +264,12 @@ pub fn run_options(
     keep_fds: Vec<i32>,
 ) -> Result<crate::linux::command::RunOptions, RunError> {
     use crate::linux::NamespaceMode;
+    use crate::report_file::ReportFile;
     let egress_log = match &cli.egress_log {
         None => None,
-        Some(path) => match crate::audit::output::ReportFile::open(path, &prepared.policy)? {
-            crate::audit::output::ReportFile::File(file) => Some(std::sync::Arc::new(file)),
-            crate::audit::output::ReportFile::Stdout => {
+        Some(path) => match ReportFile::open(path, "egress log", &prepared.policy)? {
+            ReportFile::File(file) => Some(std::sync::Arc::new(file)),
+            ReportFile::Stdout => {
                 return Err(OptionError::EgressLogStdout.into());
             }
         },

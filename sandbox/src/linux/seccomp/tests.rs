@@ -70,7 +70,7 @@ fn the_compact_allow_list_admits_exactly_the_listed_numbers() {
         let allowed: Vec<i64> = allowed_syscalls(variant)
             .unwrap()
             .iter()
-            .map(|name| crate::audit::syscalls::number(name).unwrap())
+            .map(|name| crate::syscall_table::number(name).unwrap())
             .collect();
         let (_, allow) = compiled_parts(variant)
             .unwrap()
@@ -379,5 +379,24 @@ fn the_search_decides_argument_free_calls_in_a_few_instructions() {
             slowest <= 20,
             "an argument-free call took {slowest} instructions ({variant:?})"
         );
+    }
+}
+
+#[test]
+fn every_syscall_of_the_seccomp_policies_has_a_name() {
+    for (network_allowed, audit) in [(false, true), (true, true)] {
+        let variant = Variant {
+            network_allowed,
+            audit,
+        };
+        for (_, filter) in filters_for(variant).unwrap() {
+            for rule in filter.filter {
+                assert!(
+                    crate::syscall_table::number(&rule.syscall).is_some(),
+                    "{} missing",
+                    rule.syscall
+                );
+            }
+        }
     }
 }

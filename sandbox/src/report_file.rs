@@ -1,5 +1,6 @@
-//! The report file of `sandbox-run --audit FILE`, opened before the command starts and written
-//! through that descriptor at the end.
+//! A file `sandbox-run` writes about a command (the denial audit's report, `--audit FILE`; the
+//! egress proxy's log, `--egress-log FILE`), opened before the command starts and written
+//! through that descriptor.
 //!
 //! `sandbox-run` often runs as root and writes the report after the command ran; writing by
 //! path then would follow whatever the command planted there (a symlink at `denials.sarif` in
@@ -20,7 +21,6 @@ use std::path::{Component, Path, PathBuf};
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
-use crate::exit::RunError;
 use crate::policy::ResolvedPolicy;
 
 /// Where the report goes.
@@ -32,22 +32,70 @@ pub enum ReportFile {
     File(File),
 }
 
-fn setup(path: &Path, what: impl std::fmt::Display) -> RunError {
-    RunError::Setup(format!("audit report {}: {what}", path.display()))
+/// Why a report file could not be opened: which file (`what`, e.g. "audit report"), where,
+/// and the [`Refusal`].
+#[derive(Debug, thiserror::Error)]
+#[error("{what} {}: {refusal}", path.display())]
+pub struct ReportFileError {
+    /// What the file is for, as the user knows it ("audit report", "egress log").
+    pub what: &'static str,
+    /// The path as given.
+    pub path: PathBuf,
+    /// What was wrong.
+    pub refusal: Refusal,
+}
+
+/// What was wrong with a report file's path.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The path does not end in a file name (`/`, `..`).
+    #[error("must name a file")]
+    NotAFileName,
+    /// The directory could not be opened.
+    #[error("cannot open its directory: {0}")]
+    Directory(nix::errno::Errno),
+    /// The opened directory's path could not be read back.
+    #[error("cannot resolve its directory: {0}")]
+    ResolveDirectory(std::io::Error),
+    /// A directory is at the name.
+    #[error("is a directory")]
+    IsDirectory,
+    /// A symlink is at the name, outside the writable roots (only the command could have put
+    /// one inside them, and there it is replaced).
+    #[error("is a symlink; refusing to write through it (remove it or choose another path)")]
+    Symlink,
+    /// What the command left at the name could not be removed.
+    #[error("cannot replace it: {0}")]
+    Replace(nix::errno::Errno),
+    /// Something appeared at the name between the check and the create.
+    #[error("appeared while it was being created; refusing to write through it")]
+    Appeared,
+    /// The create failed.
+    #[error("cannot create it: {0}")]
+    Create(nix::errno::Errno),
 }
 
 impl ReportFile {
-    /// Opens (creates) the report file for `path` under `policy`.
+    /// Opens (creates) the file `path` for `what` ("audit report", "egress log") under `policy`.
     ///
     /// # Errors
-    /// [`RunError::Setup`] naming the path: no file name, the parent cannot be opened, or a
-    /// symlink sits at the name outside the writable roots.
-    pub fn open(path: &Path, policy: &ResolvedPolicy) -> Result<Self, RunError> {
+    /// [`ReportFileError`] naming the file and the path: no file name, the parent cannot be
+    /// opened, or a symlink sits at the name outside the writable roots.
+    pub fn open(
+        path: &Path,
+        what: &'static str,
+        policy: &ResolvedPolicy,
+    ) -> Result<Self, ReportFileError> {
+        let setup = |refusal| ReportFileError {
+            what,
+            path: path.to_owned(),
+            refusal,
+        };
         if path.as_os_str() == "-" {
             return Ok(Self::Stdout);
         }
         let Some(Component::Normal(name)) = path.components().next_back() else {
-            return Err(setup(path, "must name a file"));
+            return Err(setup(Refusal::NotAFileName));
         };
         let parent = match path.parent() {
             Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
@@ -58,12 +106,12 @@ impl ReportFile {
             OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|err| setup(path, format!("cannot open its directory: {err}")))?;
+        .map_err(|err| setup(Refusal::Directory(err)))?;
         let resolved_parent = std::fs::read_link(format!("/proc/self/fd/{}", {
             use std::os::fd::AsRawFd;
             dir.as_raw_fd()
         }))
-        .map_err(|err| setup(path, format!("cannot resolve its directory: {err}")))?;
+        .map_err(|err| setup(Refusal::ResolveDirectory(err)))?;
         let inside_writable_root =
             policy.restricts_filesystem() && policy.can_write(&resolved_parent.join(name));
         let existing =
@@ -72,20 +120,16 @@ impl ReportFile {
         let base = OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let flags = match kind {
             None => base | OFlag::O_CREAT | OFlag::O_EXCL,
-            Some(libc::S_IFDIR) => return Err(setup(path, "is a directory")),
+            Some(libc::S_IFDIR) => return Err(setup(Refusal::IsDirectory)),
             Some(libc::S_IFLNK) if !inside_writable_root => {
-                return Err(setup(
-                    path,
-                    "is a symlink; refusing to write the report through it (remove it or \
-                     choose another path)",
-                ));
+                return Err(setup(Refusal::Symlink));
             }
             // Only the command (or an earlier one) could have put a file or link here: start
             // fresh. Never anything else: a device (/dev/null) or a FIFO is written as it is.
             Some(libc::S_IFLNK | libc::S_IFREG) if inside_writable_root => {
                 match nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
                     Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
-                    Err(err) => return Err(setup(path, format!("cannot replace it: {err}"))),
+                    Err(err) => return Err(setup(Refusal::Replace(err))),
                 }
                 base | OFlag::O_CREAT | OFlag::O_EXCL
             }
@@ -94,16 +138,9 @@ impl ReportFile {
         };
         let file = nix::fcntl::openat(dir.as_fd(), name, flags, Mode::from_bits_truncate(0o644))
             .map_err(|err| match err {
-                nix::errno::Errno::ELOOP => setup(
-                    path,
-                    "is a symlink; refusing to write the report through it (remove it or \
-                     choose another path)",
-                ),
-                nix::errno::Errno::EEXIST => setup(
-                    path,
-                    "appeared while it was being created; refusing to write through it",
-                ),
-                err => setup(path, format!("cannot create it: {err}")),
+                nix::errno::Errno::ELOOP => setup(Refusal::Symlink),
+                nix::errno::Errno::EEXIST => setup(Refusal::Appeared),
+                err => setup(Refusal::Create(err)),
             })?;
         Ok(Self::File(File::from(file)))
     }
