@@ -23,7 +23,7 @@ use clap_complete::Shell;
 fn commands() -> Vec<(&'static str, clap::Command)> {
     vec![
         ("exec-server", supervisor::cli::Cli::command()),
-        ("sandbox-run", sandbox::run::command()),
+        ("sandbox-run", sandbox_run::command()),
         (
             "exec-rendezvous",
             supervisor::rendezvous::cli::Cli::command(),

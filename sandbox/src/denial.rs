@@ -74,7 +74,7 @@ pub struct Denial {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errno: Option<String>,
     /// The policy rule that would allow it, or why none would. Filled in by
-    /// [`crate::audit::aggregate::Aggregate`] for the denials it keeps (it costs a policy lookup).
+    /// `audit::aggregate::Aggregate` (the `audit` crate) for the denials it keeps (it costs a policy lookup).
     pub allow_rule: String,
 }
 

@@ -5,14 +5,12 @@
 //! - [`linux`]: layered enforcement applied by a freshly exec'd process to itself
 //!   ([`linux::restrict_current_process`]).
 //! - [`macos`]: Seatbelt profile text (plain Rust, tested on every platform).
-//! - [`run`]: the `sandbox-run` command line.
 //! - [`limits`]: the rlimits and wall-clock time of a sandboxed command.
 //! - [`egress`]: the egress proxy of a sandbox whose network is an allowlist.
 //!
 //! All unsafe code is in `sys`: raw calls, each behind a safe wrapper.
 #![deny(unsafe_code)]
 
-pub mod audit;
 pub mod denial;
 pub mod egress;
 pub mod exit;
@@ -30,7 +28,6 @@ pub mod linux;
 mod sys;
 
 pub mod macos;
-pub mod run;
 // The per-user registry of running servers' secrets, masked in every sandbox (its own module
 // doc says so; an outer doc here would make rustdoc resolve that doc's links from this scope).
 #[cfg(target_os = "linux")]

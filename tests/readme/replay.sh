@@ -181,7 +181,7 @@ skipped+=("\$ echo '{\"operation\":\"fs/writeFile\",\"params\":{\"path\":\"file:
 echo "readme replay: skipped the fs-helper transcript (\$ prompts; fs-helper/tests/cli.rs checks it)"
 skipped+=("sandbox-run --policy workspace-write --cwd ~/proj \\")
 echo "readme replay: skipped the egress allowlist examples (they reach pypi.org and crates.io;" \
-  "the replay has no network, and sandbox/tests cover the proxy against a local server)"
+  "the replay has no network, and sandbox/run/tests cover the proxy against a local server)"
 # The request-level rule and the ask flow: the block starts its own mirror on loopback.
 first="# A local mirror stands in for a registry: its /simple/ index may be read, nothing else."
 replayed+=("$first")

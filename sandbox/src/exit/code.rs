@@ -1,5 +1,5 @@
 //! `sandbox-run`'s exit statuses for a run that ended before its program did. A leaf: it imports
-//! nothing, so the process chain in `linux` takes them from here while [`super::RunError`]
+//! nothing, so the process chain in `linux` takes them from here while `sandbox_run::RunError`
 //! aggregates that chain's errors.
 
 /// Exit status for a setup failure.

@@ -9,6 +9,16 @@ use crate::sys;
 /// Variables a helper keeps; everything else (notably `HOME` and any token) is dropped.
 pub const HELPER_ENV_ALLOWLIST: &[&str] = &["PATH", "TMPDIR", "TMP", "TEMP"];
 
+/// Takes ownership of descriptor `fd`, handed to this process at `exec` on purpose (an
+/// `--ask-fd` peer; the egress proxy's listener, event pipe and configuration), after checking
+/// that it is open; sets close-on-exec on it.
+///
+/// # Errors
+/// `EBADF` when it is not open.
+pub fn take_inherited_fd(fd: RawFd) -> std::io::Result<std::os::fd::OwnedFd> {
+    sys::take_inherited_fd(fd)
+}
+
 /// Closes every descriptor not in `keep`.
 ///
 /// # Errors

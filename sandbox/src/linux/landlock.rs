@@ -181,6 +181,11 @@ pub struct NetOptions {
     pub egress_port: Option<u16>,
 }
 
+/// The running kernel's Landlock ABI version (0 when Landlock is missing or disabled).
+pub fn running_abi() -> i32 {
+    sys::landlock_abi()
+}
+
 /// Installs the ruleset on the calling process: filesystem rules plus `ttys`, TCP (every port
 /// denied with the network off; only connecting to the egress proxy with an allowlist; the
 /// policy's denied ports with it on) and scopes.

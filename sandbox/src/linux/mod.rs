@@ -87,7 +87,7 @@ pub struct EnforceOptions {
     pub namespaces: NamespaceMode,
     /// Log denials to the kernel audit after `execve` (Landlock `LOG_NEW_EXEC_ON` when the ABI
     /// has it, seccomp `FLAG_LOG`) and refuse nested Landlock/seccomp; set by the denial audit
-    /// ([`crate::audit`]).
+    /// (the `audit` crate).
     pub audit_log: bool,
     /// The egress proxy's port on the sandbox's loopback: with a network allowlist, the only
     /// TCP port Landlock lets the command connect to.

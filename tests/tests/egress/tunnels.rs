@@ -142,7 +142,7 @@ async fn a_mid_tunnel_refusal_is_process_denied_and_tunnel_any_travels_on_the_wi
 /// Not shown here: a GET passing and a POST refused over HTTPS under the server. The proxy
 /// verifies the destination against the host's trust store, and `sandbox-run` under the
 /// server starts with an empty environment, so a test origin's CA cannot be supplied (the
-/// `SSL_CERT_FILE` hook is `sandbox-run`'s own); `sandbox/tests/egress/inspect.rs`
+/// `SSL_CERT_FILE` hook is `sandbox-run`'s own); `sandbox/run/tests/egress/inspect.rs`
 /// shows both.
 #[tokio::test]
 async fn inspect_on_the_wire_installs_the_ca_so_curl_reads_the_proxys_answer() {

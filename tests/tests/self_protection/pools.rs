@@ -74,7 +74,7 @@ fn processes_share() -> u64 {
 /// Issue 31, through the server on both launch paths, as root and as uid 65534: while one
 /// session's sandboxed command holds all it can of a kernel pool the host shares, a sandboxed
 /// command of another session and a host process of the server's uid still get one. (The
-/// unsandboxed controls, which starve the host, are in `sandbox/tests/pools.rs`.)
+/// unsandboxed controls, which starve the host, are in `sandbox/run/tests/pools.rs`.)
 #[tokio::test]
 async fn a_sandbox_holding_its_share_of_a_pool_leaves_one_for_the_host_and_another_session() {
     for uid in identities() {
