@@ -63,7 +63,7 @@ fi
 
 cd "$(dirname "$0")"
 cargo build --locked --profile "$profile" \
-  -p execward-supervisor -p execward-sandbox -p execward-sandbox-run -p execward-fs-helper -p execward-cli-docs \
+  -p execward-supervisor -p execward-sandbox-run -p execward-egress -p execward-fs-helper -p execward-cli-docs \
   --bin exec-server --bin exec-guardian --bin exec-rendezvous \
   --bin sandbox-run --bin egress-proxy --bin fs-helper --bin execward-cli-docs
 target_dir="$(cargo metadata --format-version 1 --no-deps --locked |

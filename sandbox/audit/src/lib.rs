@@ -27,6 +27,7 @@
 //! [`aggregate`] (groups, counts, examples), [`pipeline`] (records → aggregate + streamed
 //! lines), [`report`]/[`sarif`] (renderings), [`collect`] + [`enable`] (the privileged collector
 //! lifecycle), [`supervise`] (`sandbox-run --audit`: collect, report), [`limits`] (the bounds).
+#![deny(unsafe_code)]
 
 pub mod aggregate;
 pub mod limits;

@@ -3,6 +3,7 @@
 //! Exit status: the program's own (or `sandbox-run` dies of the signal that killed it); 125
 //! when the sandbox could not be set up (reason on stderr); 126/127 when the program could not
 //! be executed / was not found.
+#![deny(unsafe_code)]
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -294,7 +295,7 @@ pub fn run_options(
         egress_log,
         upstream_authorization: match &cli.upstream_proxy_credentials {
             Some(path) => Some(
-                sandbox::egress::upstream::authorization_from_file(path)
+                sandbox::egress::credentials::authorization_from_file(path)
                     .map_err(OptionError::from)?,
             ),
             None => None,

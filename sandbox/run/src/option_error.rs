@@ -50,7 +50,7 @@ pub enum OptionError {
     EgressLogStdout,
     /// `--upstream-proxy-credentials` could not be read.
     #[error(transparent)]
-    UpstreamCredentials(#[from] sandbox::egress::upstream::UpstreamError),
+    UpstreamCredentials(#[from] sandbox::egress::credentials::UpstreamError),
     /// `--explain`'s report could not be rendered.
     #[error("{0}")]
     Explain(#[from] serde_json::Error),

@@ -66,27 +66,6 @@ pub fn fork_single_threaded() -> io::Result<Option<Pid>> {
     }
 }
 
-/// Moves up to `len` bytes from `from` to `to` with `splice(2)` (`SPLICE_F_MOVE`, no offsets):
-/// one of them must be a pipe. `Ok(0)` at end of file.
-///
-/// # Errors
-/// The OS error of `splice(2)` (`EAGAIN` on a non-blocking end, `EINTR`, ...).
-pub fn splice(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
-    // SAFETY: both descriptors are borrowed for the call; null offsets make the kernel use (and
-    // touch) no memory of ours.
-    let moved = unsafe {
-        libc::splice(
-            from.as_raw_fd(),
-            std::ptr::null_mut(),
-            to.as_raw_fd(),
-            std::ptr::null_mut(),
-            len,
-            libc::SPLICE_F_MOVE,
-        )
-    };
-    usize::try_from(moved).map_err(|_| io::Error::last_os_error())
-}
-
 /// Unlocks the slave of the pseudo-terminal `master` (`TIOCSPTLCK` with 0).
 ///
 /// # Errors

@@ -217,7 +217,7 @@ mod process;
 mod seccomp;
 
 pub use fd::{
-    Stdio, fork_single_threaded, replace_stdio, set_window_size, splice, unlock_pty, window_size,
+    Stdio, fork_single_threaded, replace_stdio, set_window_size, unlock_pty, window_size,
 };
 pub use mount::{
     FsContext, MOUNT_ATTR_NOEXEC, attach_mount, clone_mount_tree, fsmount, mount_setattr_fd,

@@ -280,7 +280,7 @@ impl reqwest::dns::Resolve for RefuseAllLookups {
 }
 
 /// With an allowlist, every `Host` header of a hop must name the hop's URL host (the check the
-/// egress proxy makes, [`sandbox::egress::http::host_header_names`]): otherwise a request to an
+/// egress proxy makes, [`egress::http::host_header_names`]): otherwise a request to an
 /// allowed front would be routed to any host behind it.
 fn check_host_header(outgoing: &Outgoing) -> Result<(), HttpError> {
     use sandbox::policy::network::Host;
@@ -294,7 +294,7 @@ fn check_host_header(outgoing: &Outgoing) -> Result<(), HttpError> {
     };
     for value in outgoing.headers.get_all(reqwest::header::HOST) {
         let text = String::from_utf8_lossy(value.as_bytes());
-        if !sandbox::egress::http::host_header_names(&text, &parsed, port) {
+        if !egress::http::host_header_names(&text, &parsed, port) {
             return Err(HttpError::HostHeaderMismatch {
                 url: url.to_string(),
                 host: parsed.to_string(),

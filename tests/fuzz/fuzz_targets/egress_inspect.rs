@@ -17,10 +17,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sandbox::egress::MAX_HELD_BYTES;
-use sandbox::egress::framing::Body;
-use sandbox::egress::inspect::{Inspector, Step};
-use sandbox::egress::tls::CLIENT_HELLO_PREFIX;
+use egress::MAX_HELD_BYTES;
+use egress::framing::Body;
+use egress::inspect::{Inspector, Step};
+use egress::tls::CLIENT_HELLO_PREFIX;
 use sandbox::policy::network::{Host, TunnelMode};
 
 fn inspector(selector: u8) -> (Inspector, bool) {

@@ -2,7 +2,7 @@
 //! (workspace-write, namespaces on and off) and through bwrap when installed.
 //!
 //! Usage: `sandbox-bench [RUNS]` (default 200). Run it from a release build:
-//! `cargo build --release -p execward-sandbox -p execward-sandbox-run -p execward-tests --bins && target/release/sandbox-bench`.
+//! `cargo build --release -p execward-sandbox-run -p execward-egress -p execward-tests --bins && target/release/sandbox-bench`.
 #![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -37,7 +37,7 @@ fn main() -> ExitCode {
 /// Benchmark (a development tool, not installed): median wall time of spawning /bin/true
 /// directly, through sandbox-run (workspace-write, namespaces on and off) and through bwrap
 /// when installed. Run it from a release build, next to sandbox-run:
-/// `cargo build --release -p execward-sandbox -p execward-sandbox-run -p execward-tests --bins && target/release/sandbox-bench`.
+/// `cargo build --release -p execward-sandbox-run -p execward-egress -p execward-tests --bins && target/release/sandbox-bench`.
 #[derive(Debug, clap::Parser)]
 #[command(name = "sandbox-bench", version, about, long_about)]
 struct Cli {

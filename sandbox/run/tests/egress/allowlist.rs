@@ -231,7 +231,7 @@ fn an_allowlist_without_the_namespace_layer_is_refused() {
 /// A non-loopback address of this host (for the raw-connect case), or 127.0.0.1 when it has
 /// none.
 fn host_address() -> String {
-    sandbox::egress::server::local_addresses()
+    egress::server::local_addresses()
         .into_iter()
         .find(|ip| ip.is_ipv4())
         .map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string())

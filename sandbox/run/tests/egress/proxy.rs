@@ -6,7 +6,7 @@ use super::*;
 #[test]
 fn a_request_head_trickled_past_the_handshake_deadline_is_not_served() {
     let origin = Origin::start(None);
-    let timeout = sandbox::egress::HANDSHAKE_TIMEOUT.as_secs();
+    let timeout = egress::HANDSHAKE_TIMEOUT.as_secs();
     let code = format!(
         "import socket, os, time\n\
          port = int(os.environ['HTTP_PROXY'].rstrip('/').rsplit(':', 1)[1])\n\
@@ -49,7 +49,7 @@ fn a_request_head_trickled_past_the_handshake_deadline_is_not_served() {
 #[test]
 fn connections_beyond_the_bound_are_closed_and_the_rest_stay_up() {
     let origin = Origin::start(None);
-    let bound = sandbox::egress::MAX_CONCURRENT_CONNECTIONS;
+    let bound = egress::MAX_CONCURRENT_CONNECTIONS;
     let extra = 12;
     for uid in identities() {
         let ws = Workspace::new(uid);

@@ -20,7 +20,7 @@
 //!   reached by plain HTTP only (each request of a connection checked); a TLS tunnel to it
 //!   hides its requests and is refused, unless a limiting pattern adds ` inspect=true` (table
 //!   form `inspect = true`): the proxy then terminates the TLS with a per-sandbox CA and checks
-//!   the requests inside (`crate::egress::terminate`). A path prefix applies to the request target without its
+//!   the requests inside (the `egress` crate's `terminate`). A path prefix applies to the request target without its
 //!   query; a target with a dot segment (`..;` too), an encoded dot, slash, backslash or
 //!   percent, a backslash or `//` is refused where a prefix applies (a server could read it
 //!   as another path).

@@ -1,5 +1,5 @@
 use super::*;
-use crate::egress::tls::tests::client_hello;
+use crate::tls::tests::client_hello;
 use pretty_assertions::assert_eq;
 
 fn host(name: &str) -> Host {
@@ -47,7 +47,7 @@ fn every_split(
 }
 
 fn read_only_scope() -> RequestScope {
-    crate::EgressRules::parse(&["a.test methods=read-only paths=/ok/".to_owned()], &[])
+    sandbox::EgressRules::parse(&["a.test methods=read-only paths=/ok/".to_owned()], &[])
         .unwrap()
         .request_scope(&host("a.test"), 80)
 }

@@ -9,7 +9,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::policy::network::Host;
+use sandbox::policy::network::Host;
 
 /// Protocol version byte.
 pub const VERSION: u8 = 5;

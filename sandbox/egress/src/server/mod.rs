@@ -18,11 +18,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::policy::network::canonical_ip;
+use sandbox::policy::network::canonical_ip;
 
-use super::config::{EgressEvent, ProxyConfig};
 use super::socks;
 use super::{HANDSHAKE_TIMEOUT, MAX_CONCURRENT_CONNECTIONS, MAX_HEADER_BYTES};
+use sandbox::egress::config::{EgressEvent, ProxyConfig};
 
 mod handle;
 mod open;
@@ -45,7 +45,7 @@ pub struct Proxy {
     active: AtomicUsize,
     started: Instant,
     /// Asks before a refusal is final (`--ask`), when configured.
-    asker: Option<super::ask::Asker>,
+    asker: Option<sandbox::egress::ask::Asker>,
     /// Terminates TLS to destinations whose pattern says `inspect=true`, when one does.
     terminator: Option<super::terminate::Terminator>,
 }
@@ -72,7 +72,7 @@ impl Proxy {
     }
 
     /// This proxy asking `asker` before refusing a name the allowlist does not allow.
-    pub fn with_asker(mut self, asker: Option<super::ask::Asker>) -> Self {
+    pub fn with_asker(mut self, asker: Option<sandbox::egress::ask::Asker>) -> Self {
         self.asker = asker;
         self
     }

@@ -1,7 +1,7 @@
 //! `egress-proxy`: the egress proxy of one sandbox whose network is an allowlist. Started by
 //! `sandbox-run` (never by hand): it serves the listening socket `sandbox-run`'s PID 1 made
 //! inside the sandbox's network namespace and connects out from the host's. All logic lives in
-//! `sandbox::egress`.
+//! this crate's library.
 #![deny(unsafe_code)]
 
 use std::process::ExitCode;
@@ -39,7 +39,7 @@ struct Cli {
 #[cfg(target_os = "linux")]
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let fds = sandbox::egress::helper::HelperFds {
+    let fds = egress::helper::HelperFds {
         listen: cli.listen_fd,
         events: cli.events_fd,
         config: cli.config_fd,
@@ -47,7 +47,7 @@ fn main() -> ExitCode {
         ca: cli.ca_fd,
         parent: cli.parent_pid,
     };
-    match sandbox::egress::helper::run(fds) {
+    match egress::helper::run(fds) {
         Ok(never) => match never {},
         Err(err) => {
             eprintln!("egress-proxy: {err}");

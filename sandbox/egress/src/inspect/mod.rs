@@ -18,7 +18,7 @@
 //! but each later request must be absolute-form naming the same destination, and its head is
 //! rewritten as the first one was ([`http::parse`](super::http::parse)).
 
-use crate::policy::network::{Host, RequestScope, TunnelMode};
+use sandbox::policy::network::{Host, RequestScope, TunnelMode};
 
 use super::framing::{Body, BodyReader};
 use super::tls::{self, TlsStep, TlsStream};
@@ -204,7 +204,7 @@ impl Inspector {
             format!(
                 "--allow-domain '{} inspect=true' with its methods=/paths= (the proxy \
                  terminates TLS and checks each request), or send plain HTTP",
-                crate::policy::network::suggested_rule(&self.host, self.port)
+                sandbox::policy::network::suggested_rule(&self.host, self.port)
             ),
         )
     }
@@ -220,7 +220,7 @@ impl Inspector {
             ),
             format!(
                 "--allow-domain '{}' with that method and path (methods=, paths=)",
-                crate::policy::network::suggested_rule(&self.host, self.port)
+                sandbox::policy::network::suggested_rule(&self.host, self.port)
             ),
         )
     }
@@ -228,7 +228,7 @@ impl Inspector {
     fn any_rule(&self) -> String {
         format!(
             "--allow-domain '{} tunnel=any' (or tunnel = \"any\" on its pattern)",
-            crate::policy::network::suggested_rule(&self.host, self.port)
+            sandbox::policy::network::suggested_rule(&self.host, self.port)
         )
     }
 

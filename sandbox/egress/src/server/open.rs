@@ -5,11 +5,11 @@
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Instant;
 
-use crate::policy::network::{Decision, Host, Refusal, canonical_ip, suggested_rule};
+use sandbox::policy::network::{Decision, Host, Refusal, canonical_ip, suggested_rule};
 
 use super::super::CONNECT_TIMEOUT;
-use super::super::config::EgressEvent;
 use super::Proxy;
+use sandbox::egress::config::EgressEvent;
 
 /// Why a destination could not be opened.
 pub(super) enum OpenError {
@@ -87,7 +87,7 @@ fn allowed_event(
     host: &Host,
     port: u16,
     rule: &str,
-    approval: &Option<super::super::config::Approval>,
+    approval: &Option<sandbox::egress::config::Approval>,
 ) -> EgressEvent {
     match approval {
         Some(approval) => EgressEvent::approved(protocol, host, port, approval.clone()),
@@ -103,9 +103,9 @@ fn ask(
     host: &Host,
     port: u16,
     request: Option<(&str, &str)>,
-) -> Result<super::super::config::Approval, OpenError> {
-    use super::super::ask::{Question, Scope, cut_path};
-    use super::super::config::Approval;
+) -> Result<sandbox::egress::config::Approval, OpenError> {
+    use sandbox::egress::ask::{Question, Scope, cut_path};
+    use sandbox::egress::config::Approval;
     let Some(asker) = &proxy.asker else {
         return Err(refuse_unasked(
             proxy,
@@ -184,7 +184,7 @@ fn refuse_unasked(
 /// of it is used (that is where corporate proxies live).
 fn through_upstream(
     proxy: &Proxy,
-    upstream: &crate::policy::network::UpstreamProxy,
+    upstream: &sandbox::policy::network::UpstreamProxy,
     host: &Host,
     port: u16,
 ) -> Result<TcpStream, OpenError> {

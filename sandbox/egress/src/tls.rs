@@ -13,7 +13,7 @@
 //! ClientHello of a HelloRetryRequest): that one is checked too. Every other record's payload
 //! passes by count.
 
-use crate::policy::network::Host;
+use sandbox::policy::network::Host;
 
 use super::sni;
 

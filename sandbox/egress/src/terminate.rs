@@ -26,7 +26,7 @@ use rcgen::{
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, Connection, RootCertStore, ServerConfig};
 
-use crate::policy::network::Host;
+use sandbox::policy::network::Host;
 
 use super::{HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, RELAY_BUFFER_BYTES};
 

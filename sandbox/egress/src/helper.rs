@@ -10,8 +10,8 @@
 use std::net::TcpListener;
 use std::os::fd::AsRawFd;
 
-use crate::linux::{EnforceOptions, restrict_current_process};
-use crate::policy::{ResolveContext, ResolvedPolicy, SandboxSpec};
+use sandbox::linux::{EnforceOptions, restrict_current_process};
+use sandbox::policy::{ResolveContext, ResolvedPolicy, SandboxSpec};
 
 use super::server::{Proxy, local_addresses, serve};
 
@@ -30,16 +30,16 @@ pub enum HelperError {
     },
     /// The configuration could not be read.
     #[error(transparent)]
-    Config(#[from] super::launch::ConfigReadError),
+    Config(#[from] sandbox::egress::launch::ConfigReadError),
     /// The proxy's own policy could not be built.
     #[error("building the proxy's own policy failed: {0}")]
-    Policy(#[from] crate::policy::PolicyError),
+    Policy(#[from] sandbox::policy::PolicyError),
     /// The inspection CA or the upstream roots could not be made.
     #[error("setting up TLS inspection failed: {0}")]
     Inspection(String),
     /// Confinement failed.
     #[error(transparent)]
-    Sandbox(#[from] crate::linux::SandboxError),
+    Sandbox(#[from] sandbox::linux::SandboxError),
 }
 
 /// The descriptors `egress-proxy` gets.
@@ -53,7 +53,7 @@ pub struct HelperFds {
     pub config: i32,
     /// The question socket (asking before refusing), when the outer asks.
     pub ask: Option<i32>,
-    /// Where the inspection CA's certificate goes ([`super::trust`]), when a pattern asks
+    /// Where the inspection CA's certificate goes ([`sandbox::egress::trust`]), when a pattern asks
     /// for `inspect=true`.
     pub ca: Option<i32>,
     /// The outer's pid: when the proxy's parent is no longer it, the outer is gone.
@@ -80,21 +80,19 @@ pub fn proxy_policy(denied_ports: &[u16]) -> Result<ResolvedPolicy, HelperError>
 /// # Errors
 /// [`HelperError`].
 pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
-    let _ = crate::sys::set_parent_death_signal(libc::SIGKILL);
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
     if std::os::unix::process::parent_id() != fds.parent {
         // The outer died before the death signal was armed.
-        crate::sys::exit_now(1);
+        std::process::exit(1);
     }
-    let take = |what: &'static str, fd: i32| {
-        crate::sys::take_inherited_fd(fd).map_err(|source| HelperError::Descriptor {
-            what,
-            fd,
-            source,
-        })
-    };
+    let take =
+        |what: &'static str, fd: i32| {
+            sandbox::linux::hygiene::take_inherited_fd(fd)
+                .map_err(|source| HelperError::Descriptor { what, fd, source })
+        };
     let listen = take("listener", fds.listen)?;
     let events = take("event pipe", fds.events)?;
-    let config = super::launch::read_config(take("configuration", fds.config)?)?;
+    let config = sandbox::egress::launch::read_config(take("configuration", fds.config)?)?;
     let ask = fds.ask.map(|fd| take("question socket", fd)).transpose()?;
     let ca_channel = fds.ca.map(|fd| take("CA channel", fd)).transpose()?;
     let locals = local_addresses();
@@ -111,7 +109,7 @@ pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
     // The certificate (never the key) to the outer, which relays it to PID 1; the channel
     // closes here, before confinement.
     if let (Some(channel), Some(terminator)) = (ca_channel, &terminator) {
-        super::trust::InspectionCa {
+        sandbox::egress::trust::InspectionCa {
             certificate_pem: terminator.ca_pem(),
         }
         .send(std::fs::File::from(channel))
@@ -126,12 +124,15 @@ pub fn run(fds: HelperFds) -> Result<std::convert::Infallible, HelperError> {
     // Threads only now, confined.
     let asker = match (ask, &config.ask) {
         (Some(socket), Some(ask)) => Some(
-            super::ask::Asker::start(socket, std::time::Duration::from_millis(ask.timeout_ms))
-                .map_err(|source| HelperError::Descriptor {
-                    what: "question socket",
-                    fd: fds.ask.unwrap_or(-1),
-                    source,
-                })?,
+            sandbox::egress::ask::Asker::start(
+                socket,
+                std::time::Duration::from_millis(ask.timeout_ms),
+            )
+            .map_err(|source| HelperError::Descriptor {
+                what: "question socket",
+                fd: fds.ask.unwrap_or(-1),
+                source,
+            })?,
         ),
         _ => None,
     };

@@ -6,16 +6,16 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::Instant;
 
-use crate::policy::network::TunnelMode;
+use sandbox::policy::network::TunnelMode;
 
 use super::super::MAX_HEADER_BYTES;
-use super::super::config::{EgressEvent, escape_control};
 use super::super::http::{self, Request};
 use super::super::inspect::Inspector;
 use super::super::socks;
 use super::open::{OpenError, open};
 use super::tunnel::{Destination, tunnel};
 use super::{Proxy, read_more};
+use sandbox::egress::config::{EgressEvent, escape_control};
 
 pub(super) fn handle_http(
     proxy: &Proxy,
@@ -91,7 +91,7 @@ pub(super) fn handle_http(
             format!(
                 "--allow-domain '{}' with that method and path (methods=, paths=); TLS to a \
                  limited destination needs inspect=true on its pattern",
-                crate::policy::network::suggested_rule(&host, port)
+                sandbox::policy::network::suggested_rule(&host, port)
             ),
             reason,
         );
@@ -299,7 +299,7 @@ fn inspected(
     client: TcpStream,
     upstream: TcpStream,
     first: &[u8],
-    scope: crate::policy::network::RequestScope,
+    scope: sandbox::policy::network::RequestScope,
 ) {
     use super::super::terminate::TerminateError;
     let host = destination.host;

@@ -10,7 +10,7 @@
 //! head are the caller's to follow, so that every later request on the connection is parsed
 //! and checked the same way.
 
-use crate::policy::network::Host;
+use sandbox::policy::network::Host;
 
 use super::framing::{self, Body};
 use super::{MAX_HEADER_BYTES, MAX_HEADERS};

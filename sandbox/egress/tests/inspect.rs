@@ -11,12 +11,12 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use egress::server::{Proxy, serve};
+use egress::terminate::Terminator;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use sandbox::egress::ProxyConfig;
 use sandbox::egress::config::EgressEvent;
-use sandbox::egress::server::{Proxy, serve};
-use sandbox::egress::terminate::Terminator;
 use sandbox::policy::EgressRules;
 
 const ORIGIN: &str = "origin.test";
