@@ -16,11 +16,11 @@
 //! - `opaque` bytes never exceed what the input still holds of a body or record once fed.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
 use egress::MAX_HELD_BYTES;
 use egress::framing::Body;
 use egress::inspect::{Inspector, Step};
 use egress::tls::CLIENT_HELLO_PREFIX;
+use libfuzzer_sys::fuzz_target;
 use sandbox::policy::network::{Host, TunnelMode};
 
 fn inspector(selector: u8) -> (Inspector, bool) {

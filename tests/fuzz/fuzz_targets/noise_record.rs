@@ -20,7 +20,7 @@ use libfuzzer_sys::arbitrary::{self, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use proto::relay::limits::{MAX_HANDSHAKE_BYTES, MAX_RELAY_FRAME_BYTES, NOISE_TAG_BYTES};
 use proto::relay::noise::{self, Initiator, NoiseCipher, StaticKeypair};
-use proto::relay::{Body, Frame, SecureStream, SegmentCipher, StreamEvent};
+use proto::relay::{Body, Cipher, Frame, SecureStream, SegmentCipher, StreamEvent};
 
 const ENVIRONMENT: &str = "env-fuzz";
 const STREAM: &str = "stream-1";
@@ -30,16 +30,25 @@ fn keys() -> &'static StaticKeypair {
     KEYS.get_or_init(|| StaticKeypair::generate().expect("keypair"))
 }
 
-/// One established pair of transport keys, made once (a handshake per input is slow).
-fn ciphers() -> &'static Mutex<(NoiseCipher, NoiseCipher)> {
-    static PAIR: OnceLock<Mutex<(NoiseCipher, NoiseCipher)>> = OnceLock::new();
-    PAIR.get_or_init(|| {
+/// One established pair of transport keys per cipher, made once (a handshake per input is
+/// slow).
+fn ciphers(cipher: Cipher) -> &'static Mutex<(NoiseCipher, NoiseCipher)> {
+    static PAIRS: [OnceLock<Mutex<(NoiseCipher, NoiseCipher)>>; 2] =
+        [OnceLock::new(), OnceLock::new()];
+    let at = Cipher::ALL.iter().position(|c| *c == cipher).unwrap_or(0);
+    PAIRS[at].get_or_init(|| {
         let (initiator, m1) =
-            Initiator::start(ENVIRONMENT, STREAM, keys().public()).expect("message 1");
-        let (responder, m2) = noise::respond(keys(), ENVIRONMENT, STREAM, &m1).expect("message 2");
+            Initiator::start(ENVIRONMENT, STREAM, keys().public(), cipher).expect("message 1");
+        let (responder, m2) =
+            noise::respond(keys(), ENVIRONMENT, STREAM, &m1, cipher).expect("message 2");
         let harness = initiator.finish(&m2).expect("transport keys");
         Mutex::new((harness, responder))
     })
+}
+
+/// The cipher an input exercises (both are negotiable).
+fn cipher(u: &mut Unstructured) -> arbitrary::Result<Cipher> {
+    Ok(Cipher::ALL[usize::from(u.arbitrary::<bool>()?)])
 }
 
 /// Frames decoded from length-prefixed chunks of the input (invalid ones are skipped).
@@ -93,14 +102,16 @@ fn run(u: &mut Unstructured) -> arbitrary::Result<()> {
     match case {
         // Message 1 as the environment reads it.
         0 => {
+            let cipher = cipher(u)?;
             let message = u.bytes(u.len())?;
-            assert!(noise::respond(keys(), ENVIRONMENT, STREAM, message).is_err());
+            assert!(noise::respond(keys(), ENVIRONMENT, STREAM, message, cipher).is_err());
         }
         // Message 2 as the harness reads it.
         1 => {
+            let cipher = cipher(u)?;
             let message = u.bytes(u.len())?;
             let (initiator, m1) =
-                Initiator::start(ENVIRONMENT, STREAM, keys().public()).expect("message 1");
+                Initiator::start(ENVIRONMENT, STREAM, keys().public(), cipher).expect("message 1");
             assert!(m1.len() <= MAX_HANDSHAKE_BYTES);
             assert!(initiator.finish(message).is_err());
         }
@@ -108,8 +119,9 @@ fn run(u: &mut Unstructured) -> arbitrary::Result<()> {
         2 => {
             let seq: u64 = u.arbitrary()?;
             let other: u64 = u.arbitrary()?;
+            let cipher = cipher(u)?;
             let bytes = u.bytes(u.len())?;
-            let mut pair = ciphers().lock().unwrap_or_else(|e| e.into_inner());
+            let mut pair = ciphers(cipher).lock().unwrap_or_else(|e| e.into_inner());
             let (harness, environment) = &mut *pair;
             assert!(
                 environment.open(seq, bytes).is_err(),
