@@ -30,8 +30,15 @@ pub(crate) enum Queue {
 impl Queue {
     /// Queue a frame without waiting; `Err` when it was dropped (full queue, closed socket).
     pub(crate) fn try_send(&self, frame: Bytes) -> Result<(), ()> {
+        self.try_send_from(0, frame)
+    }
+
+    /// Queue a frame from `source` (towards an executor: the harness's credential, whose share
+    /// of the executor socket's queue it counts against) without waiting; `Err` when it was
+    /// dropped.
+    pub(crate) fn try_send_from(&self, source: u64, frame: Bytes) -> Result<(), ()> {
         match self {
-            Self::Local(queue) => queue.try_send(frame),
+            Self::Local(queue) => queue.try_send_from(source, frame),
             Self::Remote { subject, publisher } => {
                 if publisher.try_publish_to_harness(subject, &frame) {
                     Ok(())

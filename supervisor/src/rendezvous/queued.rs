@@ -13,11 +13,18 @@
 //! also count against its credential's [`CREDENTIAL_QUEUE_BYTES`], and every socket's against
 //! the node's [`NODE_QUEUE_BYTES`]: what one node holds in queued frames is bounded whatever
 //! the number of sockets, credentials or streams.
+//!
+//! An executor socket's queue has many sources: every harness credential of its environment.
+//! One bound for all would let one credential fill it (a flood, or just a faster link than the
+//! executor's) and have every other credential's frames dropped. So that queue keeps a lane per
+//! credential, holds each to its [`source_share`] and serves the lanes in turn
+//! ([`executor_socket_queue`]).
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_tungstenite::tungstenite::Bytes;
 
 use crate::relay::driver::Outbox;
@@ -92,7 +99,7 @@ impl Budgets {
     }
 
     /// Count `bytes` in every bound, or in none (`false`) when one would be passed.
-    fn try_add(&self, bytes: usize) -> bool {
+    pub fn try_add(&self, bytes: usize) -> bool {
         for (at, (queued, limit)) in self.0.iter().enumerate() {
             if !queued.try_add(bytes, *limit) {
                 for (queued, _) in &self.0[..at] {
@@ -112,34 +119,137 @@ impl Budgets {
     }
 }
 
-/// The sending half of a socket's queue (cheap to clone).
-#[derive(Clone)]
-pub struct FrameSender {
-    frames: mpsc::Sender<Bytes>,
+/// Bytes of an executor socket's queue no one source can take: room for a harness that starts
+/// sending while others keep their shares full.
+pub const EXECUTOR_QUEUE_RESERVE_BYTES: usize = SOCKET_QUEUE_BYTES / 4;
+
+/// The most of an executor socket's queue ([`executor_socket_queue`]) one source (a harness
+/// credential) may hold while `other_sources` others have frames queued: the queue less
+/// [`EXECUTOR_QUEUE_RESERVE_BYTES`], split evenly. Alone, a source holds 12 MiB (more than a
+/// stream's whole window, `MAX_UNACKED_BYTES`, so one stream at full speed never loses a frame
+/// here); whatever the sources do, a newcomer finds the reserve free. Frames are served in turn
+/// by source ([`FrameReceiver`]), so a source that keeps its share full delays another's frame
+/// by one frame of its own, never by the whole queue.
+pub fn source_share(other_sources: usize) -> usize {
+    (SOCKET_QUEUE_BYTES - EXECUTOR_QUEUE_RESERVE_BYTES) / other_sources.saturating_add(1)
+}
+
+/// One source's frames in a socket's queue.
+#[derive(Default)]
+struct Lane {
+    frames: VecDeque<Bytes>,
+    bytes: usize,
+}
+
+/// A socket's queued frames, by source, and the order in which the sources are served.
+#[derive(Default)]
+struct Lanes {
+    lanes: HashMap<u64, Lane>,
+    /// Sources with frames queued, next to be served first.
+    turn: VecDeque<u64>,
+    frames: usize,
+    /// The receiver is gone: nothing is queued any more.
+    closed: bool,
+}
+
+/// What both halves of a socket's queue share.
+struct Shared {
+    lanes: Mutex<Lanes>,
+    /// A frame was queued, or the last sender went.
+    ready: Notify,
+    senders: AtomicUsize,
     budgets: Budgets,
+    /// Each source is held to its [`source_share`] (an executor socket's queue).
+    shares: bool,
+}
+
+impl Shared {
+    fn lanes(&self) -> std::sync::MutexGuard<'_, Lanes> {
+        self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next frame in turn (its bytes leave the bounds), if one is queued.
+    fn pop(&self) -> Option<Bytes> {
+        let mut lanes = self.lanes();
+        let source = lanes.turn.pop_front()?;
+        let lane = lanes.lanes.get_mut(&source)?;
+        let frame = lane.frames.pop_front()?;
+        lane.bytes -= frame.len();
+        if lane.frames.is_empty() {
+            lanes.lanes.remove(&source);
+        } else {
+            lanes.turn.push_back(source);
+        }
+        lanes.frames -= 1;
+        drop(lanes);
+        self.budgets.remove(frame.len());
+        Some(frame)
+    }
+}
+
+/// The sending half of a socket's queue (cheap to clone; the queue ends when every clone and
+/// the receiver's reads are done, as a channel's would).
+pub struct FrameSender {
+    shared: Arc<Shared>,
+}
+
+impl Clone for FrameSender {
+    fn clone(&self) -> Self {
+        self.shared.senders.fetch_add(1, Ordering::AcqRel);
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for FrameSender {
+    fn drop(&mut self) {
+        if self.shared.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shared.ready.notify_one();
+        }
+    }
 }
 
 /// The receiving half of a socket's queue: its socket's writer.
 pub struct FrameReceiver {
-    frames: mpsc::Receiver<Bytes>,
-    budgets: Budgets,
+    shared: Arc<Shared>,
 }
 
 impl Drop for FrameReceiver {
     /// Frames still queued when the socket ends leave the shared bounds with it.
     fn drop(&mut self) {
-        self.frames.close();
-        while let Ok(frame) = self.frames.try_recv() {
-            self.budgets.remove(frame.len());
-        }
+        let held = {
+            let mut lanes = self.shared.lanes();
+            lanes.closed = true;
+            lanes.turn.clear();
+            lanes.frames = 0;
+            std::mem::take(&mut lanes.lanes)
+                .into_values()
+                .map(|lane| lane.bytes)
+                .sum::<usize>()
+        };
+        // Every bound counts each frame once, so the total leaves at once.
+        self.shared.budgets.remove(held);
     }
 }
 
 /// A socket's queue: at most [`SOCKET_QUEUE_FRAMES`] frames holding at most
 /// [`SOCKET_QUEUE_BYTES`], and counting against each of `shared` (a bound shared with other
-/// sockets' queues, and its limit).
+/// sockets' queues, and its limit). For a harness socket: one source (its executor), served in
+/// order.
 pub fn socket_queue(shared: &[(&QueuedBytes, usize)]) -> (FrameSender, FrameReceiver) {
-    let (sender, receiver) = mpsc::channel(SOCKET_QUEUE_FRAMES);
+    queue(shared, false)
+}
+
+/// An executor socket's queue: as [`socket_queue`], and each source (the harness credential
+/// given to [`FrameSender::try_send_from`]) holds at most its [`source_share`] and is served in
+/// turn with the others. One harness flooding its executor neither fills the queue against the
+/// others nor delays their frames behind its own.
+pub fn executor_socket_queue(shared: &[(&QueuedBytes, usize)]) -> (FrameSender, FrameReceiver) {
+    queue(shared, true)
+}
+
+fn queue(shared: &[(&QueuedBytes, usize)], shares: bool) -> (FrameSender, FrameReceiver) {
     let budgets = Budgets(
         std::iter::once((QueuedBytes::default(), SOCKET_QUEUE_BYTES))
             .chain(
@@ -149,50 +259,83 @@ pub fn socket_queue(shared: &[(&QueuedBytes, usize)]) -> (FrameSender, FrameRece
             )
             .collect(),
     );
+    let shared = Arc::new(Shared {
+        lanes: Mutex::default(),
+        ready: Notify::new(),
+        senders: AtomicUsize::new(1),
+        budgets,
+        shares,
+    });
     (
         FrameSender {
-            frames: sender,
-            budgets: budgets.clone(),
+            shared: shared.clone(),
         },
-        FrameReceiver {
-            frames: receiver,
-            budgets,
-        },
+        FrameReceiver { shared },
     )
 }
 
 impl FrameSender {
     /// Queue `frame` without waiting; `Err` when it was dropped (a bound reached, the socket
-    /// gone).
+    /// gone). For a socket with one source (a harness socket: everything comes from its
+    /// executor).
     pub fn try_send(&self, frame: Bytes) -> Result<(), ()> {
+        self.try_send_from(0, frame)
+    }
+
+    /// Queue `frame` from `source` (for an executor socket: the harness's credential) without
+    /// waiting; `Err` when it was dropped: the socket's or a shared bound reached, `source`'s
+    /// share of the queue ([`source_share`]) reached, or the socket gone.
+    pub fn try_send_from(&self, source: u64, frame: Bytes) -> Result<(), ()> {
         let len = frame.len();
-        if self.budgets.try_send(&self.frames, frame, len) {
-            Ok(())
-        } else {
-            Err(())
+        let mut lanes = self.shared.lanes();
+        if lanes.closed || lanes.frames >= SOCKET_QUEUE_FRAMES {
+            return Err(());
         }
+        let held = lanes.lanes.get(&source).map_or(0, |lane| lane.bytes);
+        let others = lanes.lanes.len() - usize::from(held > 0);
+        let over_share = self.shared.shares && held.saturating_add(len) > source_share(others);
+        if over_share || !self.shared.budgets.try_add(len) {
+            return Err(());
+        }
+        // A source has a lane exactly while it has frames queued, and is then in the turn.
+        if held == 0 {
+            lanes.turn.push_back(source);
+        }
+        let lane = lanes.lanes.entry(source).or_default();
+        lane.frames.push_back(frame);
+        lane.bytes += len;
+        lanes.frames += 1;
+        drop(lanes);
+        self.shared.ready.notify_one();
+        Ok(())
     }
 
     /// Whether the socket's writer is gone.
     pub fn is_closed(&self) -> bool {
-        self.frames.is_closed()
+        self.shared.lanes().closed
     }
 }
 
 impl FrameReceiver {
-    /// The next frame; `None` once every sender is gone.
+    /// The next frame in turn; `None` once every sender is gone and nothing is queued.
     pub async fn recv(&mut self) -> Option<Bytes> {
-        let frame = self.frames.recv().await?;
-        self.budgets.remove(frame.len());
-        Some(frame)
+        loop {
+            if let Some(frame) = self.shared.pop() {
+                return Some(frame);
+            }
+            if self.shared.senders.load(Ordering::Acquire) == 0 {
+                // A frame queued just before the last sender went is still delivered.
+                return self.shared.pop();
+            }
+            // A notification sent since the check above is kept as a permit: none is lost.
+            self.shared.ready.notified().await;
+        }
     }
 }
 
 impl Outbox<Bytes> for FrameReceiver {
     fn try_next(&mut self) -> Option<Bytes> {
-        let frame = self.frames.try_recv().ok()?;
-        self.budgets.remove(frame.len());
-        Some(frame)
+        self.shared.pop()
     }
 }
 
@@ -246,7 +389,7 @@ mod tests {
         }
         assert_eq!(read, fits + 1);
         assert_eq!(
-            sender.budgets.0[0].0.get(),
+            sender.shared.budgets.0[0].0.get(),
             0,
             "an emptied queue holds nothing"
         );
@@ -279,7 +422,7 @@ mod tests {
         );
         assert_eq!(credential.get(), limit);
         assert_eq!(
-            second.budgets.0[0].0.get(),
+            second.shared.budgets.0[0].0.get(),
             limit - SOCKET_QUEUE_BYTES,
             "a refused frame is counted nowhere"
         );
@@ -304,7 +447,79 @@ mod tests {
         drop(receiver);
         assert!(sender.is_closed());
         assert!(sender.try_send(Bytes::from_static(b"frame")).is_err());
-        assert_eq!(sender.budgets.0[0].0.get(), 0);
+        assert_eq!(sender.shared.budgets.0[0].0.get(), 0);
         assert_eq!(node.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_flooding_source_holds_at_most_its_share_and_another_is_served_in_turn() {
+        let (sender, mut receiver) = executor_socket_queue(&[]);
+        let big = Bytes::from(vec![1u8; 64 * 1024]);
+        let mut flooded = 0;
+        while sender.try_send_from(1, big.clone()).is_ok() {
+            flooded += 1;
+        }
+        assert_eq!(
+            flooded * big.len(),
+            source_share(0),
+            "alone, a source fills the queue but its reserve"
+        );
+        const { assert!(SOCKET_QUEUE_BYTES - EXECUTOR_QUEUE_RESERVE_BYTES > MAX_UNACKED_BYTES) };
+        for n in 0..3u8 {
+            sender
+                .try_send_from(2, Bytes::from(vec![n; 10]))
+                .expect("another source still finds room");
+        }
+        assert!(
+            sender.try_send_from(1, big.clone()).is_err(),
+            "with another source queued, the flooder's share is smaller still"
+        );
+        // In turn: one of the flooder's, one of the other's, and so on.
+        let order: Vec<usize> = [(); 6]
+            .iter()
+            .map(|()| receiver.try_next().unwrap().len())
+            .collect();
+        assert_eq!(order, [big.len(), 10, big.len(), 10, big.len(), 10]);
+        while receiver.try_next().is_some() {}
+        assert_eq!(sender.shared.budgets.0[0].0.get(), 0, "all bytes left");
+        // A third source next to two that took all they could: the two are held to their
+        // smaller shares now, so what the writer takes off the queue is the third's to use.
+        while sender.try_send_from(1, big.clone()).is_ok() {}
+        while sender.try_send_from(2, big.clone()).is_ok() {}
+        assert!(sender.try_send_from(3, big.clone()).is_err(), "full");
+        receiver.try_next().unwrap();
+        receiver.try_next().unwrap();
+        assert!(
+            sender.try_send_from(1, big.clone()).is_err(),
+            "over its share next to another"
+        );
+        assert!(sender.try_send_from(3, big.clone()).is_ok());
+        drop(sender);
+        let mut left = 0;
+        while receiver.recv().await.is_some() {
+            left += 1;
+        }
+        assert!(
+            left > 2,
+            "queued frames are delivered after the senders went"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_receiver_wakes_for_a_frame_and_ends_when_the_last_sender_goes() {
+        let (sender, mut receiver) = socket_queue(&[]);
+        let second = sender.clone();
+        let waiter = tokio::spawn(async move {
+            let first = receiver.recv().await;
+            let end = receiver.recv().await;
+            (first, end)
+        });
+        tokio::task::yield_now().await;
+        sender.try_send(Bytes::from_static(b"one")).unwrap();
+        drop(sender);
+        drop(second);
+        let (first, end) = waiter.await.unwrap();
+        assert_eq!(first.as_deref(), Some(&b"one"[..]));
+        assert_eq!(end, None);
     }
 }

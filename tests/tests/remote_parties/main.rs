@@ -27,6 +27,7 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 mod bounded;
 mod capacity;
 mod credentials;
+mod fairness;
 mod takeover;
 
 /// A second harness credential, granted every environment (revoked, or hogging, in the tests).

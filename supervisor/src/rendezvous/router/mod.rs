@@ -21,7 +21,10 @@
 //! - Frames from a harness go to the environment's current executor socket, tagged with the
 //!   harness socket's id as `source` ([`append_source`]); frames from the executor go to the
 //!   socket owning their stream. No route, or a full queue: dropped. A harness frame on a proof
-//!   stream id is never routed.
+//!   stream id is never routed. The executor socket's queue is shared fairly between harness
+//!   credentials ([`executor_socket_queue`]): each holds at most its share and they are served
+//!   in turn, so a credential that floods its executor (or outruns a slow executor link) costs
+//!   the others neither dropped frames nor a wait behind its own.
 //! - Quotas are per party: one harness credential owns at most
 //!   `max_streams_per_credential` streams of an environment whatever number of sockets it
 //!   opens. One harness socket cannot crowd others out either: it sends at most
@@ -55,7 +58,8 @@ pub use super::registration::{RegisterError, validate_registration};
 mod executor;
 mod harness;
 use super::queued::{
-    CREDENTIAL_QUEUE_BYTES, FrameReceiver, FrameSender, NODE_QUEUE_BYTES, QueuedBytes, socket_queue,
+    CREDENTIAL_QUEUE_BYTES, FrameReceiver, FrameSender, NODE_QUEUE_BYTES, QueuedBytes,
+    executor_socket_queue, socket_queue,
 };
 use crate::relay::driver::{Outbox, send_batch};
 use crate::relay::registry::{RegisterRequest, decode_public_key};
@@ -99,7 +103,10 @@ impl Environment {
             let _ = route.queue.try_send(reset);
             if let Some((_, executor)) = &executor {
                 let frame = Frame::new(stream_id, reset_body(reason)).encode();
-                let _ = executor.try_send(Bytes::from(append_source(&frame, route.socket)));
+                let _ = executor.try_send_from(
+                    route.party,
+                    Bytes::from(append_source(&frame, route.socket)),
+                );
             }
         }
     }
@@ -176,9 +183,10 @@ impl Router {
         }
     }
 
-    /// A new executor socket's queue: its own bounds and the node's.
+    /// A new executor socket's queue: its own bounds and the node's, a share per harness
+    /// credential.
     fn executor_queue(&self) -> (FrameSender, FrameReceiver) {
-        socket_queue(&[(&self.queued, NODE_QUEUE_BYTES)])
+        executor_socket_queue(&[(&self.queued, NODE_QUEUE_BYTES)])
     }
 
     /// A new harness socket's queue: its own bounds, its credential's (`party`) and the node's.
@@ -426,8 +434,10 @@ impl Router {
                             };
                             let frame = Frame::new(stream_id, reset_body(reason)).encode();
                             if let Some((_, executor)) = &env.executor {
-                                let _ = executor
-                                    .try_send(Bytes::from(append_source(&frame, *socket_id)));
+                                let _ = executor.try_send_from(
+                                    route.party,
+                                    Bytes::from(append_source(&frame, *socket_id)),
+                                );
                             }
                             let _ = route.queue.try_send(Bytes::from(frame));
                         }
@@ -500,7 +510,10 @@ impl Router {
         }
         if let Some((_, executor)) = &env.executor
             && executor
-                .try_send(Bytes::from(append_source(&frame, harness.socket)))
+                .try_send_from(
+                    harness.party,
+                    Bytes::from(append_source(&frame, harness.socket)),
+                )
                 .is_err()
         {
             tracing::debug!(environment, "executor socket queue full: frame dropped");
