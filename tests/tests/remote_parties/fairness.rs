@@ -51,19 +51,9 @@ async fn a_flooding_harness_credential_does_not_crowd_another_out_of_its_executo
     let rendezvous = start_rendezvous("127.0.0.1:0", None);
     let registry = rendezvous.first_line.clone();
     reload(&rendezvous, &(credentials_toml() + &second_harness())).await;
-    let dir = tempfile::tempdir().unwrap();
-    let identity = dir.path().join("identity.toml");
-    let executor = start_executor_with(&registry, "fair", &identity, &[]);
-    wait_registered(&registry, "fair", &executor).await;
-    let key = identity_keypair(&identity);
-    drop(executor);
-
-    // The executor's socket, proven with its key.
-    let mut executor = open_socket(&registry, "fair", "executor", EXECUTOR_TOKEN).await;
+    let (mut executor, key) = proven_executor_socket(&registry, "fair").await;
     let mut seen = Seen::default();
     let window = Duration::from_millis(500);
-    watch_executor_socket(&mut executor, "fair", &key, window, &mut seen).await;
-    assert!(seen.accepted, "the key holder was not accepted");
 
     // Each credential opens a stream: its handshake reaches the executor and routes the stream.
     let mut sockets = Vec::new();

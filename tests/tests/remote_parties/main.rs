@@ -151,6 +151,23 @@ async fn watch_executor_socket(
     }
 }
 
+/// `environment` registered by a real executor (its key kept), then that executor gone and a
+/// socket in its place, proven with the key: the test drives the executor's side by hand.
+async fn proven_executor_socket(registry: &str, environment: &str) -> (RelaySocket, StaticKeypair) {
+    let dir = tempfile::tempdir().unwrap();
+    let identity = dir.path().join("identity.toml");
+    let executor = start_executor_with(registry, environment, &identity, &[]);
+    wait_registered(registry, environment, &executor).await;
+    let key = identity_keypair(&identity);
+    drop(executor);
+    let mut socket = open_socket(registry, environment, "executor", EXECUTOR_TOKEN).await;
+    let mut seen = Seen::default();
+    let window = Duration::from_millis(500);
+    watch_executor_socket(&mut socket, environment, &key, window, &mut seen).await;
+    assert!(seen.accepted, "the key holder was not accepted");
+    (socket, key)
+}
+
 /// Send one harness handshake for `environment` (towards `key`) on a harness socket.
 async fn harness_handshake(registry: &str, environment: &str, key: &[u8], stream: &str) {
     let mut socket = open_socket(registry, environment, "harness", TOKEN).await;
