@@ -119,19 +119,37 @@ impl Budgets {
     }
 }
 
-/// Bytes of an executor socket's queue no one source can take: room for a harness that starts
-/// sending while others keep their shares full.
+/// Bytes of an executor socket's queue one source alone cannot take: room for a harness that
+/// starts sending while another keeps its share full.
 pub const EXECUTOR_QUEUE_RESERVE_BYTES: usize = SOCKET_QUEUE_BYTES / 4;
+/// Frames of an executor socket's queue one source alone cannot take (the same room, for a
+/// source flooding with small frames, whose bytes stay far below any byte bound).
+pub const EXECUTOR_QUEUE_RESERVE_FRAMES: usize = SOCKET_QUEUE_FRAMES / 4;
+
+/// The most of an executor socket's queue one source may hold, in bytes and in frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// Bytes.
+    pub bytes: usize,
+    /// Frames.
+    pub frames: usize,
+}
 
 /// The most of an executor socket's queue ([`executor_socket_queue`]) one source (a harness
-/// credential) may hold while `other_sources` others have frames queued: the queue less
-/// [`EXECUTOR_QUEUE_RESERVE_BYTES`], split evenly. Alone, a source holds 12 MiB (more than a
-/// stream's whole window, `MAX_UNACKED_BYTES`, so one stream at full speed never loses a frame
-/// here); whatever the sources do, a newcomer finds the reserve free. Frames are served in turn
-/// by source ([`FrameReceiver`]), so a source that keeps its share full delays another's frame
-/// by one frame of its own, never by the whole queue.
-pub fn source_share(other_sources: usize) -> usize {
-    (SOCKET_QUEUE_BYTES - EXECUTOR_QUEUE_RESERVE_BYTES) / other_sources.saturating_add(1)
+/// credential) may hold while `other_sources` others have frames queued: the queue less its
+/// reserve ([`EXECUTOR_QUEUE_RESERVE_BYTES`], [`EXECUTOR_QUEUE_RESERVE_FRAMES`]), split
+/// evenly. Alone, a source holds 12 MiB and 3,072 frames (more than a stream's whole window,
+/// `MAX_UNACKED_BYTES` in `MAX_UNACKED_SEGMENTS`, so one stream at full speed never loses a
+/// frame here), and a newcomer finds the reserve. A source over its share once others join
+/// queues nothing until the writer's turns have taken it back below, and those turns serve
+/// every source alike ([`FrameReceiver`]): a source that keeps its share full delays another's
+/// frame by one frame of its own, never by the whole queue.
+pub fn source_share(other_sources: usize) -> Share {
+    let split = other_sources.saturating_add(1);
+    Share {
+        bytes: (SOCKET_QUEUE_BYTES - EXECUTOR_QUEUE_RESERVE_BYTES) / split,
+        frames: (SOCKET_QUEUE_FRAMES - EXECUTOR_QUEUE_RESERVE_FRAMES) / split,
+    }
 }
 
 /// One source's frames in a socket's queue.
@@ -291,14 +309,19 @@ impl FrameSender {
         if lanes.closed || lanes.frames >= SOCKET_QUEUE_FRAMES {
             return Err(());
         }
-        let held = lanes.lanes.get(&source).map_or(0, |lane| lane.bytes);
-        let others = lanes.lanes.len() - usize::from(held > 0);
-        let over_share = self.shared.shares && held.saturating_add(len) > source_share(others);
+        // A source has a lane exactly while it has frames queued, and is then in the turn.
+        let (held_bytes, held_frames, queued) = lanes
+            .lanes
+            .get(&source)
+            .map_or((0, 0, false), |lane| (lane.bytes, lane.frames.len(), true));
+        let over_share = self.shared.shares && {
+            let share = source_share(lanes.lanes.len() - usize::from(queued));
+            held_bytes.saturating_add(len) > share.bytes || held_frames >= share.frames
+        };
         if over_share || !self.shared.budgets.try_add(len) {
             return Err(());
         }
-        // A source has a lane exactly while it has frames queued, and is then in the turn.
-        if held == 0 {
+        if !queued {
             lanes.turn.push_back(source);
         }
         let lane = lanes.lanes.entry(source).or_default();
@@ -461,10 +484,16 @@ mod tests {
         }
         assert_eq!(
             flooded * big.len(),
-            source_share(0),
+            source_share(0).bytes,
             "alone, a source fills the queue but its reserve"
         );
         const { assert!(SOCKET_QUEUE_BYTES - EXECUTOR_QUEUE_RESERVE_BYTES > MAX_UNACKED_BYTES) };
+        const {
+            assert!(
+                SOCKET_QUEUE_FRAMES - EXECUTOR_QUEUE_RESERVE_FRAMES
+                    > proto::relay::limits::MAX_UNACKED_SEGMENTS
+            )
+        };
         for n in 0..3u8 {
             sender
                 .try_send_from(2, Bytes::from(vec![n; 10]))
@@ -521,5 +550,44 @@ mod tests {
         let (first, end) = waiter.await.unwrap();
         assert_eq!(first.as_deref(), Some(&b"one"[..]));
         assert_eq!(end, None);
+    }
+
+    #[test]
+    fn a_source_flooding_small_frames_is_held_to_its_share_of_the_frame_slots() {
+        let (sender, mut receiver) = executor_socket_queue(&[]);
+        let tiny = Bytes::from_static(b"x");
+        let mut flooded = 0;
+        while sender.try_send_from(1, tiny.clone()).is_ok() {
+            flooded += 1;
+        }
+        assert_eq!(
+            flooded,
+            source_share(0).frames,
+            "the frame share, not the frame bound"
+        );
+        assert!(flooded < SOCKET_QUEUE_FRAMES);
+        sender
+            .try_send_from(2, tiny.clone())
+            .expect("another source still finds a slot");
+        assert_eq!(receiver.try_next().as_deref(), Some(&b"x"[..]));
+        assert!(
+            sender.try_send_from(1, tiny).is_err(),
+            "over its share next to another"
+        );
+    }
+
+    #[test]
+    fn empty_frames_keep_one_turn_per_source() {
+        let (sender, mut receiver) = executor_socket_queue(&[]);
+        sender.try_send_from(1, Bytes::new()).unwrap();
+        sender.try_send_from(1, Bytes::new()).unwrap();
+        sender.try_send_from(2, Bytes::from_static(b"b")).unwrap();
+        let order: Vec<usize> =
+            std::iter::from_fn(|| receiver.try_next().map(|f| f.len())).collect();
+        assert_eq!(
+            order,
+            [0, 1, 0],
+            "source 1 was queued in the turn once, not per frame"
+        );
     }
 }

@@ -4,10 +4,11 @@
 
 use super::*;
 
-/// Data frames of this many payload bytes: a full relay segment.
-const FRAME_PAYLOAD: usize = proto::relay::limits::MAX_SEGMENT_PAYLOAD_BYTES;
-/// The flooding credential's frames: 100 MiB, far past the executor socket's 16 MiB queue.
-const FLOOD_FRAMES: u64 = 1600;
+/// A flood of full relay segments: 100 MiB, far past the executor socket's 16 MiB queue.
+const BIG_FLOOD: (u64, usize) = (1600, proto::relay::limits::MAX_SEGMENT_PAYLOAD_BYTES);
+/// A flood of small frames: 20,000 of 1 KiB, past the queue's 4,096 frame slots (and what the
+/// kernel's socket buffers hold) while its bytes stay far below the byte bounds.
+const SMALL_FLOOD: (u64, usize) = (20_000, 1024);
 /// The other credential's frames, small ones (requests): 20 KB in all.
 const OTHER_FRAMES: u64 = 20;
 
@@ -41,26 +42,24 @@ async fn read_by_rendezvous(socket: &mut RelaySocket) {
     .expect("the rendezvous never read the frames");
 }
 
-/// The environment's executor socket stops reading (a slow link fills its queue the same way);
-/// credential A sends 100 MiB of data frames on its stream, then credential B sends 20 small
-/// ones on its own. When the executor reads again, every one of B's frames is there (none was
-/// dropped because A filled the queue), and they are not behind the whole of A's queued frames.
-/// With one queue for every harness, A's flood took all 16 MiB and B's frames were dropped.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_flooding_harness_credential_does_not_crowd_another_out_of_its_executors_queue() {
-    let rendezvous = start_rendezvous("127.0.0.1:0", None);
-    let registry = rendezvous.first_line.clone();
-    reload(&rendezvous, &(credentials_toml() + &second_harness())).await;
-    let (mut executor, key) = proven_executor_socket(&registry, "fair").await;
+/// What the executor read after credential A's flood of `frames` data frames of `payload`
+/// bytes and then credential B's 20 small frames, its socket not read meanwhile: the flood's
+/// frames read, B's, and how many of the flood's came after B's last.
+async fn flood_then_other(
+    registry: &str,
+    environment: &str,
+    (frames, payload): (u64, usize),
+) -> (usize, usize, usize) {
+    let (mut executor, key) = proven_executor_socket(registry, environment).await;
     let mut seen = Seen::default();
     let window = Duration::from_millis(500);
 
     // Each credential opens a stream: its handshake reaches the executor and routes the stream.
     let mut sockets = Vec::new();
     for (token, stream) in [(TOKEN, "flood"), (OTHER_HARNESS_TOKEN, "other")] {
-        let mut socket = open_socket(&registry, "fair", "harness", token).await;
+        let mut socket = open_socket(registry, environment, "harness", token).await;
         let (_, message) = Initiator::start(
-            "fair",
+            environment,
             stream,
             key.public(),
             proto::relay::Cipher::ChaChaPoly,
@@ -73,17 +72,15 @@ async fn a_flooding_harness_credential_does_not_crowd_another_out_of_its_executo
             .unwrap();
         sockets.push(socket);
     }
-    watch_executor_socket(&mut executor, "fair", &key, window, &mut seen).await;
+    watch_executor_socket(&mut executor, environment, &key, window, &mut seen).await;
     assert_eq!(seen.harness_frames, 2, "both handshakes reach the executor");
     let (mut flooder, mut other) = (sockets.remove(0), sockets.remove(0));
 
     // From here the executor's socket is not read until both credentials have sent.
-    for seq in 0..FLOOD_FRAMES {
-        flooder
-            .send(data("flood", seq, FRAME_PAYLOAD))
-            .await
-            .unwrap();
+    for seq in 0..frames {
+        flooder.feed(data("flood", seq, payload)).await.unwrap();
     }
+    flooder.flush().await.unwrap();
     read_by_rendezvous(&mut flooder).await;
     for seq in 0..OTHER_FRAMES {
         other.send(data("other", seq, 1000)).await.unwrap();
@@ -101,21 +98,44 @@ async fn a_flooding_harness_credential_does_not_crowd_another_out_of_its_executo
     }
     let others = order.iter().filter(|other| **other).count();
     let floods = order.len() - others;
-    let last_other = order.iter().rposition(|other| *other);
+    let after = order
+        .iter()
+        .rposition(|other| *other)
+        .map_or(0, |last| order.len() - 1 - last);
     eprintln!(
-        "the executor read {floods} of the flood's {FLOOD_FRAMES} frames and {others} of the \
-         other credential's {OTHER_FRAMES}; the last of those at {last_other:?}"
+        "{environment}: the executor read {floods} of the flood's {frames} frames and {others} \
+         of the other credential's {OTHER_FRAMES}, {after} of the flood's after the last of those"
     );
-    assert!(floods > 64, "the flood's stream was not routed");
-    assert_eq!(
-        others, OTHER_FRAMES as usize,
-        "frames of another credential were dropped because one credential filled the \
-         executor's queue"
-    );
-    let after = floods - last_other.unwrap_or(0).saturating_sub(others - 1);
-    assert!(
-        after > 32,
-        "the other credential's frames came after (almost) all of the flood's queued frames \
-         ({after} flood frames after them): not served in turn"
-    );
+    (floods, others, after)
+}
+
+/// The environment's executor socket stops reading (a slow link fills its queue the same way);
+/// credential A floods its stream, then credential B sends 20 small frames on its own. When the
+/// executor reads again, every one of B's frames is there (none was dropped because A filled
+/// the queue), and they are not behind the whole of A's queued frames. Twice: a flood of full
+/// segments (the byte bound) and one of small frames (the frame slots). With one queue for every
+/// harness, B got 4 of its 20 frames through the first, and with a byte share alone none
+/// through the second.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flooding_harness_credential_does_not_crowd_another_out_of_its_executors_queue() {
+    let rendezvous = start_rendezvous("127.0.0.1:0", None);
+    let registry = rendezvous.first_line.clone();
+    reload(&rendezvous, &(credentials_toml() + &second_harness())).await;
+    for (environment, flood) in [("fair-big", BIG_FLOOD), ("fair-small", SMALL_FLOOD)] {
+        let (floods, others, after) = flood_then_other(&registry, environment, flood).await;
+        assert!(
+            floods > 64,
+            "{environment}: the flood's stream was not routed"
+        );
+        assert_eq!(
+            others, OTHER_FRAMES as usize,
+            "{environment}: frames of another credential were dropped because one credential \
+             filled the executor's queue"
+        );
+        assert!(
+            after > 32,
+            "{environment}: the other credential's frames came after (almost) all of the \
+             flood's queued frames ({after} flood frames after them): not served in turn"
+        );
+    }
 }
