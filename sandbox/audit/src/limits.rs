@@ -51,7 +51,8 @@ pub const MAX_PENDING_EVENTS: usize = 32;
 pub const MAX_RECORDS_PER_EVENT: usize = 16;
 /// Documented bound of `sandbox-run --audit`'s peak resident memory, whatever the number of
 /// denials (binary, the 8 MiB socket buffer is kernel memory and not counted, the aggregate,
-/// the pending events). `sandbox/run/tests/audit/robustness.rs` checks it under a flood of 1,000,000 denials.
+/// the pending events). `sandbox/run/tests/audit/robustness.rs` checks it under a flood of
+/// 1,000,000 denials.
 pub const AUDIT_PEAK_RSS_BYTES: usize = 64 * 1024 * 1024;
 
 /// `text` for a terminal: control characters shown as `\xNN` (so a path cannot move the cursor,

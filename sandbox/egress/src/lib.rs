@@ -13,20 +13,19 @@
 //! ```
 //!
 //! Checks, in order, for every connection: the name against the allowlist
-//! ([`sandbox::policy::network`], deny wins); the name resolved here (the hosts-file mapping first, then the system
-//! resolver) and every address checked: loopback, private, link-local and other special
-//! addresses only when an `allow` pattern names the address itself, the supervisor's own
-//! listeners never; then every byte the client sends is followed ([`inspect`]): each plaintext
-//! TLS ClientHello must name the host it asked for (no domain fronting), each HTTP request
-//! (kept-alive, pipelined, inside a tunnel) must name it too, and what the tunnel may carry at
-//! all is the pattern's [`TunnelMode`](sandbox::policy::network::TunnelMode) (TLS only on 443,
-//! TLS or checked HTTP elsewhere, anything with `tunnel=any`).
-//! With an upstream proxy ([`upstream`]), an allowed connection leaves through it with
-//! `CONNECT host:port` instead: the name is checked against the allowlist as above but not
-//! resolved here (the upstream resolves it), so the address checks apply to IP literals only;
-//! the upstream's own address is checked against the supervisor's listeners.
-//! Every decision is an [`EgressEvent`](sandbox::egress::EgressEvent) written to the outer, which turns refusals into denial
-//! records (layer `proxy`, operation `net.connect`).
+//! ([`sandbox::policy::network`], deny wins); the name resolved here (the hosts-file mapping first,
+//! then the system resolver) and every address checked: loopback, private, link-local and other
+//! special addresses only when an `allow` pattern names the address itself, the supervisor's own
+//! listeners never; then every byte the client sends is followed ([`inspect`]): each plaintext TLS
+//! ClientHello must name the host it asked for (no domain fronting), each HTTP request (kept-alive,
+//! pipelined, inside a tunnel) must name it too, and what the tunnel may carry at all is the
+//! pattern's [`TunnelMode`](sandbox::policy::network::TunnelMode) (TLS only on 443, TLS or checked
+//! HTTP elsewhere, anything with `tunnel=any`). With an upstream proxy ([`upstream`]), an allowed
+//! connection leaves through it with `CONNECT host:port` instead: the name is checked against the
+//! allowlist as above but not resolved here (the upstream resolves it), so the address checks apply
+//! to IP literals only; the upstream's own address is checked against the supervisor's listeners.
+//! Every decision is an [`EgressEvent`](sandbox::egress::EgressEvent) written to the outer, which
+//! turns refusals into denial records (layer `proxy`, operation `net.connect`).
 //!
 //! Module map: [`http`] and [`socks`] (request parsing, sans-I/O), [`sni`] (ClientHello
 //! parsing), [`framing`] (HTTP/1.x body framing), [`tls`] (TLS record following), [`inspect`]

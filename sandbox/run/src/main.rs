@@ -1,6 +1,7 @@
 //! `sandbox-run`: run a command in a sandbox of its own. All logic lives in this crate's
-//! library, `sandbox::linux::command` (and the `audit` crate for the denial audit flags); this parses the
-//! command line and turns the outcome into an exit status (or the command's fatal signal).
+//! library, `sandbox::linux::command` (and the `audit` crate for the denial audit flags); this
+//! parses the command line and turns the outcome into an exit status (or the command's fatal
+//! signal).
 #![deny(unsafe_code)]
 
 use std::process::ExitCode;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use sandbox::egress::config::EgressEvent;
 use sandbox::policy::network::Host;
 
 use super::super::inspect::{Inspector, Refusal, Step};
@@ -18,7 +19,6 @@ use super::super::{
     HANDSHAKE_TIMEOUT, IDLE_CHECK_INTERVAL, IDLE_TIMEOUT, MAX_HELD_BYTES, RELAY_BUFFER_BYTES,
 };
 use super::{Proxy, THREAD_STACK_BYTES};
-use sandbox::egress::config::EgressEvent;
 
 /// The pipe a direction's bytes are spliced through. Measured on 2 cores with 2 GiB bulk
 /// transfers: 256 KiB beat both 64 KiB and 1 MiB (less data in flight keeps it in cache).
@@ -294,7 +294,7 @@ fn splice_loop(
     started: Instant,
 ) -> bool {
     use std::os::fd::AsFd;
-    // No SPLICE_F_MORE on the sending side (`sys::splice` passes SPLICE_F_MOVE only): it would
+    // No SPLICE_F_MORE on the sending side (`splice` below passes SPLICE_F_MOVE only): it would
     // hold a short reply back (MSG_MORE).
     loop {
         let got = match splice(from.as_fd(), pipe_in.as_fd(), SPLICE_PIPE_BYTES) {
