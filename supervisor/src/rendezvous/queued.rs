@@ -99,7 +99,7 @@ impl Budgets {
     }
 
     /// Count `bytes` in every bound, or in none (`false`) when one would be passed.
-    pub fn try_add(&self, bytes: usize) -> bool {
+    fn try_add(&self, bytes: usize) -> bool {
         for (at, (queued, limit)) in self.0.iter().enumerate() {
             if !queued.try_add(bytes, *limit) {
                 for (queued, _) in &self.0[..at] {
