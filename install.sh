@@ -62,8 +62,11 @@ if $uninstall; then
 fi
 
 cd "$(dirname "$0")"
-cargo build --locked --profile "$profile" \
-  -p execward-supervisor -p execward-sandbox-run -p execward-egress -p execward-fs-helper -p execward-cli-docs \
+# --workspace with named binaries: only these are built, and every dependency's features resolve
+# as in `cargo build --workspace` and `cargo test --workspace`, so an install after either
+# reuses what it built (a `-p` selection resolves proto's and rustix's features differently and
+# rebuilds everything above them).
+cargo build --locked --profile "$profile" --workspace \
   --bin exec-server --bin exec-guardian --bin exec-rendezvous \
   --bin sandbox-run --bin egress-proxy --bin fs-helper --bin execward-cli-docs
 target_dir="$(cargo metadata --format-version 1 --no-deps --locked |
