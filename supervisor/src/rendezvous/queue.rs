@@ -20,9 +20,11 @@ pub const NEW_STREAMS_PER_SOCKET_PER_SECOND: f64 = 8.0;
 pub(crate) enum Queue {
     /// A socket of this node.
     Local(FrameSender),
-    /// A harness socket of another node (cluster mode): its subject.
+    /// A harness socket of another node (cluster mode): its subject, and its credential's
+    /// party (the lane of the node's publish queue its frames take).
     Remote {
         subject: async_nats::Subject,
+        party: u64,
         publisher: Publisher,
     },
 }
@@ -35,12 +37,17 @@ impl Queue {
 
     /// Queue a frame from `source` (towards an executor: the harness's credential, whose share
     /// of the executor socket's queue it counts against) without waiting; `Err` when it was
-    /// dropped.
+    /// dropped. Towards a harness of another node, the frame counts against that harness's
+    /// credential's share of the publish queue, whatever `source` says.
     pub(crate) fn try_send_from(&self, source: u64, frame: Bytes) -> Result<(), ()> {
         match self {
             Self::Local(queue) => queue.try_send_from(source, frame),
-            Self::Remote { subject, publisher } => {
-                if publisher.try_publish_to_harness(subject, &frame) {
+            Self::Remote {
+                subject,
+                party,
+                publisher,
+            } => {
+                if publisher.try_publish_to_harness(subject, *party, &frame) {
                     Ok(())
                 } else {
                     Err(())

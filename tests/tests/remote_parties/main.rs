@@ -18,6 +18,7 @@ use serde_json::json;
 use supervisor::relay::RemoteConnectArgs;
 use supervisor::relay::driver::{RelaySocket, connect_socket};
 use tests::DEADLINE;
+use tests::nats::Nats;
 use tests::relay::{
     EXECUTOR_TOKEN, Process, RemoteClient, TOKEN, client_tls, credentials_toml, registry_client,
     start_executor, start_executor_with, start_rendezvous, start_rendezvous_with, wait_registered,

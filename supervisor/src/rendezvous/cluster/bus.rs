@@ -17,13 +17,19 @@
 //!
 //! Publishing never waits: frames go into one bounded queue per node ([`PUBLISH_QUEUE_FRAMES`]
 //! entries holding at most [`PUBLISH_QUEUE_BYTES`]) drained by one task; a full queue drops the
-//! frame (the endpoints retransmit), as a full socket queue does on a single node.
+//! frame (the endpoints retransmit), as a full socket queue does on a single node. The queue
+//! has a lane per harness credential (its party), as an executor socket's queue has: frames from
+//! a harness socket to its executor's node, and frames from an executor of this node to a
+//! harness socket of another, go in the lane of that harness's credential, each held to its
+//! share of the queue and served in turn with the others. A credential whose traffic outruns
+//! NATS (a flood, or a stalled link) fills its own share, never the whole queue against every
+//! other harness of the node. The node's own messages (takeovers, releases) have a lane of
+//! their own, [`NODE_LANE`].
 
-use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Bytes;
 
 use super::pieces::{FrameIds, Piece, cut};
-use crate::rendezvous::queued::Budgets;
+use crate::rendezvous::queued::{FrameSender, Share, Weighed, fair_queue};
 
 /// Frames waiting to be handed to NATS on one node; more are dropped.
 pub const PUBLISH_QUEUE_FRAMES: usize = 16 * 1024;
@@ -31,6 +37,9 @@ pub const PUBLISH_QUEUE_FRAMES: usize = 16 * 1024;
 /// dropped. Without it the queue could hold [`PUBLISH_QUEUE_FRAMES`] full frames, about 1 GiB,
 /// while NATS is slow (a burst from an executor towards harness sockets of other nodes).
 pub const PUBLISH_QUEUE_BYTES: usize = 64 * 1024 * 1024;
+/// The publish queue's lane for the node's own messages (a takeover, a release). Parties are
+/// keyed hashes of credentials (`Cluster::party`), never chosen by a client.
+pub const NODE_LANE: u64 = 0;
 
 const TAG_FRAME: u8 = 1;
 const TAG_SOCKET_CLOSED: u8 = 2;
@@ -182,7 +191,7 @@ struct Outgoing {
     payloads: Vec<Bytes>,
 }
 
-impl Outgoing {
+impl Weighed for Outgoing {
     /// What it holds, against [`PUBLISH_QUEUE_BYTES`].
     fn bytes(&self) -> usize {
         self.payloads.iter().map(Bytes::len).sum()
@@ -193,21 +202,19 @@ impl Outgoing {
 /// frame (all its pieces), so a full queue drops whole frames, never part of one.
 #[derive(Clone)]
 pub struct Publisher {
-    queue: mpsc::Sender<Outgoing>,
-    /// [`PUBLISH_QUEUE_BYTES`].
-    queued: Budgets,
+    queue: FrameSender<Outgoing>,
     ids: FrameIds,
 }
 
 impl Publisher {
     /// Start the task that hands queued messages to NATS.
     pub fn start(client: async_nats::Client) -> Self {
-        let (queue, mut outgoing) = mpsc::channel::<Outgoing>(PUBLISH_QUEUE_FRAMES);
-        let queued = Budgets::new(PUBLISH_QUEUE_BYTES);
-        let drained = queued.clone();
+        let (queue, mut outgoing) = fair_queue::<Outgoing>(Share {
+            bytes: PUBLISH_QUEUE_BYTES,
+            frames: PUBLISH_QUEUE_FRAMES,
+        });
         tokio::spawn(async move {
             while let Some(message) = outgoing.recv().await {
-                drained.remove(message.bytes());
                 for payload in message.payloads {
                     let sent = match &message.reply {
                         Some(reply) => {
@@ -226,40 +233,45 @@ impl Publisher {
         });
         Self {
             queue,
-            queued,
             ids: FrameIds::new(),
         }
     }
 
-    /// Queue `message` unless the queue is full (entries or bytes); `false` when dropped.
-    fn try_queue(&self, message: Outgoing) -> bool {
-        let bytes = message.bytes();
-        self.queued.try_send(&self.queue, message, bytes)
+    /// Queue `message` in `lane` unless the queue or the lane's share of it is full (entries
+    /// or bytes); `false` when dropped.
+    fn try_queue(&self, lane: u64, message: Outgoing) -> bool {
+        self.queue.try_send_from(lane, message).is_ok()
     }
 
-    /// Queue `payload` for `subject` (with a reply subject); `false` when the queue is full and
-    /// it was dropped.
-    pub fn try_publish(
+    /// Queue control message `payload` for `subject` in `lane` ([`NODE_LANE`], or the party
+    /// of the harness it concerns); `false` when the queue is full and it was dropped.
+    pub fn try_publish(&self, lane: u64, subject: &async_nats::Subject, payload: Bytes) -> bool {
+        self.try_queue(
+            lane,
+            Outgoing {
+                subject: subject.clone(),
+                reply: None,
+                payloads: vec![payload],
+            },
+        )
+    }
+
+    /// Queue a relay frame for the harness socket whose subject is `subject`, of credential
+    /// `party`; `false` when it was dropped.
+    pub fn try_publish_to_harness(
         &self,
         subject: &async_nats::Subject,
-        reply: Option<&async_nats::Subject>,
-        payload: Bytes,
+        party: u64,
+        frame: &[u8],
     ) -> bool {
-        self.try_queue(Outgoing {
-            subject: subject.clone(),
-            reply: reply.cloned(),
-            payloads: vec![payload],
-        })
-    }
-
-    /// Queue a relay frame for the harness socket whose subject is `subject`; `false` when it
-    /// was dropped.
-    pub fn try_publish_to_harness(&self, subject: &async_nats::Subject, frame: &[u8]) -> bool {
-        self.try_queue(Outgoing {
-            subject: subject.clone(),
-            reply: None,
-            payloads: cut(frame, &[HARNESS_WHOLE], &[HARNESS_PIECE], &self.ids),
-        })
+        self.try_queue(
+            party,
+            Outgoing {
+                subject: subject.clone(),
+                reply: None,
+                payloads: cut(frame, &[HARNESS_WHOLE], &[HARNESS_PIECE], &self.ids),
+            },
+        )
     }
 
     /// Queue a frame of harness socket `socket` for the executor's node at `executor`, with the
@@ -272,11 +284,14 @@ impl Publisher {
         party: u64,
         frame: &[u8],
     ) -> bool {
-        self.try_queue(Outgoing {
-            subject: executor.clone(),
-            reply: Some(reply.clone()),
-            payloads: frame_messages(socket, party, frame, &self.ids),
-        })
+        self.try_queue(
+            party,
+            Outgoing {
+                subject: executor.clone(),
+                reply: Some(reply.clone()),
+                payloads: frame_messages(socket, party, frame, &self.ids),
+            },
+        )
     }
 }
 
@@ -320,31 +335,60 @@ mod queue_tests {
     use proto::relay::limits::MAX_RELAY_FRAME_BYTES;
 
     use super::*;
-    use crate::rendezvous::queued::QueuedBytes;
+
+    fn message(bytes: usize) -> Outgoing {
+        Outgoing {
+            subject: async_nats::Subject::from("execward.h.0"),
+            reply: None,
+            payloads: vec![Bytes::from(vec![0u8; bytes])],
+        }
+    }
 
     #[test]
-    fn the_publish_queue_counts_bytes_up_to_its_bound_and_frees_them_as_they_leave() {
-        let queued = QueuedBytes::default();
-        let frame = 70_000;
-        let fits = PUBLISH_QUEUE_BYTES / frame;
-        for _ in 0..fits {
-            assert!(queued.try_add(frame, PUBLISH_QUEUE_BYTES));
+    fn the_publish_queue_holds_each_credential_to_its_share_of_bytes_and_frames() {
+        let bound = Share {
+            bytes: PUBLISH_QUEUE_BYTES,
+            frames: PUBLISH_QUEUE_FRAMES,
+        };
+        let (queue, mut outgoing) = fair_queue::<Outgoing>(bound);
+        let frame = 64 * 1024;
+        let mut flooded = 0;
+        while queue.try_send_from(7, message(frame)).is_ok() {
+            flooded += 1;
         }
-        assert!(
-            !queued.try_add(frame, PUBLISH_QUEUE_BYTES),
-            "past the bound"
+        assert_eq!(
+            flooded * frame,
+            PUBLISH_QUEUE_BYTES * 3 / 4,
+            "alone, a credential holds three quarters of the bytes"
         );
-        assert_eq!(queued.get(), fits * frame, "a refused frame is not counted");
-        assert!(queued.try_add(PUBLISH_QUEUE_BYTES - fits * frame, PUBLISH_QUEUE_BYTES));
-        queued.remove(frame);
-        assert!(
-            queued.try_add(frame, PUBLISH_QUEUE_BYTES),
-            "a frame that left made room"
+        for _ in 0..100 {
+            queue
+                .try_send_from(8, message(1024))
+                .expect("another credential finds room");
+        }
+        queue
+            .try_send_from(NODE_LANE, message(16))
+            .expect("the node's own messages find room");
+        assert!(queue.try_send_from(7, message(frame)).is_err());
+        // In turn: the flood's, the other's, the node's, the flood's, the other's, ...
+        let sizes: Vec<usize> = (0..5)
+            .map(|_| outgoing.try_recv().unwrap().bytes())
+            .collect();
+        assert_eq!(sizes, [frame, 1024, 16, frame, 1024]);
+
+        let (queue, _outgoing) = fair_queue::<Outgoing>(bound);
+        let mut small = 0;
+        while queue.try_send_from(7, message(1)).is_ok() {
+            small += 1;
+        }
+        assert_eq!(
+            small,
+            PUBLISH_QUEUE_FRAMES * 3 / 4,
+            "small frames: three quarters of the slots"
         );
-        assert!(
-            !queued.try_add(usize::MAX, PUBLISH_QUEUE_BYTES),
-            "no overflow"
-        );
+        queue
+            .try_send_from(8, message(1))
+            .expect("another credential still finds a slot");
         const { assert!(PUBLISH_QUEUE_BYTES < PUBLISH_QUEUE_FRAMES * MAX_RELAY_FRAME_BYTES / 8) };
     }
 }

@@ -10,6 +10,7 @@ use async_nats::jetstream::kv;
 use serde::{Deserialize, Serialize};
 use tokio_tungstenite::tungstenite::Bytes;
 
+use super::bus::NODE_LANE;
 use super::{Cluster, Control};
 use crate::rendezvous::registration::RegisterError;
 
@@ -173,7 +174,7 @@ impl Cluster {
         let subject = async_nats::Subject::from(self.executor_subject(id));
         let _ = self
             .publisher()
-            .try_publish(&subject, None, Control::Release.encode());
+            .try_publish(NODE_LANE, &subject, Control::Release.encode());
     }
 
     /// Write (or renew) the lease saying this node holds `id`'s executor socket.

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use futures_util::StreamExt;
 
-use super::bus::{FramePiece, ToHarness};
+use super::bus::{FramePiece, NODE_LANE, ToHarness};
 use super::pieces::{Reassembly, ReassemblyBySource};
 use super::{Cluster, Control, LEASE_RENEW_INTERVAL};
 use crate::rendezvous::credentials::CredentialSecret;
@@ -65,9 +65,11 @@ impl ExecutorSeat {
             .await
             .map_err(|e| SeatError(e.to_string()))?;
         let nonce = *uuid::Uuid::new_v4().as_bytes();
-        cluster
-            .publisher()
-            .try_publish(&subject, None, Control::Takeover { node: nonce }.encode());
+        cluster.publisher().try_publish(
+            NODE_LANE,
+            &subject,
+            Control::Takeover { node: nonce }.encode(),
+        );
         let mut renew = tokio::time::interval(LEASE_RENEW_INTERVAL);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Ok(Self {
@@ -116,11 +118,12 @@ impl ExecutorSeat {
         }
     }
 
-    /// The state of harness socket `socket` (created on its first frame, which must carry its
-    /// reply subject); `None` when it cannot be kept.
+    /// The state of harness socket `socket` of credential `party` (created on its first frame,
+    /// which must carry its reply subject); `None` when it cannot be kept.
     pub fn remote(
         &mut self,
         socket: u64,
+        party: u64,
         reply: Option<async_nats::Subject>,
     ) -> Option<&mut RemoteHarness> {
         if !self.remote.contains_key(&socket) {
@@ -133,6 +136,7 @@ impl ExecutorSeat {
                 RemoteHarness {
                     queue: Queue::Remote {
                         subject,
+                        party,
                         publisher: self.cluster.publisher().clone(),
                     },
                     limiter: NewStreamLimiter::new(Instant::now()),
@@ -230,8 +234,8 @@ impl HarnessSeat {
     /// The socket closed: the executor's node forgets its streams.
     pub fn closed(self, socket: u64) {
         let _ = self.cluster.publisher().try_publish(
+            self.party,
             &self.executor,
-            None,
             Control::SocketClosed { socket }.encode(),
         );
     }

@@ -1,4 +1,6 @@
-//! The fair socket queue: a lane per source, served in turn (see the parent module).
+//! The fair queue: a lane per source, served in turn (see the parent module). A socket's queue
+//! holds relay frames; the cluster's publish queue holds NATS messages (each weighed by its
+//! bytes).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,14 +12,8 @@ use tokio_tungstenite::tungstenite::Bytes;
 use super::{Budgets, QueuedBytes, SOCKET_QUEUE_BYTES, SOCKET_QUEUE_FRAMES};
 use crate::relay::driver::Outbox;
 
-/// Bytes of an executor socket's queue one source alone cannot take: room for a harness that
-/// starts sending while another keeps its share full.
-pub const EXECUTOR_QUEUE_RESERVE_BYTES: usize = SOCKET_QUEUE_BYTES / 4;
-/// Frames of an executor socket's queue one source alone cannot take (the same room, for a
-/// source flooding with small frames, whose bytes stay far below any byte bound).
-pub const EXECUTOR_QUEUE_RESERVE_FRAMES: usize = SOCKET_QUEUE_FRAMES / 4;
-
-/// The most of an executor socket's queue one source may hold, in bytes and in frames.
+/// An amount of a queue, in bytes and in frames: a queue's own bound, or the most of it one
+/// source may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Share {
     /// Bytes.
@@ -26,34 +22,61 @@ pub struct Share {
     pub frames: usize,
 }
 
-/// The most of an executor socket's queue ([`executor_socket_queue`]) one source (a harness
-/// credential) may hold while `other_sources` others have frames queued: the queue less its
-/// reserve ([`EXECUTOR_QUEUE_RESERVE_BYTES`], [`EXECUTOR_QUEUE_RESERVE_FRAMES`]), split
-/// evenly. Alone, a source holds 12 MiB and 3,072 frames (more than a stream's whole window,
-/// `MAX_UNACKED_BYTES` in `MAX_UNACKED_SEGMENTS`, so one stream at full speed never loses a
-/// frame here), and a newcomer finds the reserve. A source over its share once others join
-/// queues nothing until the writer's turns have taken it back below, and those turns serve
-/// every source alike ([`FrameReceiver`]): a source that keeps its share full delays another's
-/// frame by one frame of its own, never by the whole queue.
-pub fn source_share(other_sources: usize) -> Share {
-    let split = other_sources.saturating_add(1);
-    Share {
-        bytes: (SOCKET_QUEUE_BYTES - EXECUTOR_QUEUE_RESERVE_BYTES) / split,
-        frames: (SOCKET_QUEUE_FRAMES - EXECUTOR_QUEUE_RESERVE_FRAMES) / split,
+/// A socket's own bound.
+pub const SOCKET_QUEUE: Share = Share {
+    bytes: SOCKET_QUEUE_BYTES,
+    frames: SOCKET_QUEUE_FRAMES,
+};
+
+impl Share {
+    /// The most of a fair queue bounded by `self` one source may hold while `other_sources`
+    /// others have frames queued: the queue less a quarter kept back, split evenly. A newcomer
+    /// finds the quarter kept back (for a source flooding with small frames, whose bytes stay
+    /// far below any byte bound, the frames kept back). Alone, a source holds 12 MiB and 3,072
+    /// frames of a socket's queue: more than a stream's whole window, `MAX_UNACKED_BYTES` in
+    /// `MAX_UNACKED_SEGMENTS`, so one stream at full speed never loses a frame there. A source over its share once others join queues nothing
+    /// until the receiver's turns have taken it back below, and those turns serve every source
+    /// alike ([`FrameReceiver`]): a source that keeps its share full delays another's frame by
+    /// one frame of its own, never by the whole queue.
+    pub fn of_source(self, other_sources: usize) -> Self {
+        let split = other_sources.saturating_add(1);
+        Self {
+            bytes: (self.bytes - self.bytes / 4) / split,
+            frames: (self.frames - self.frames / 4) / split,
+        }
     }
 }
 
-/// One source's frames in a socket's queue.
-#[derive(Default)]
-struct Lane {
-    frames: VecDeque<Bytes>,
+/// What a queue's byte bounds count of an item.
+pub trait Weighed {
+    /// Its bytes.
+    fn bytes(&self) -> usize;
+}
+
+impl Weighed for Bytes {
+    fn bytes(&self) -> usize {
+        self.len()
+    }
+}
+
+/// One source's frames in a queue.
+struct Lane<T> {
+    frames: VecDeque<T>,
     bytes: usize,
 }
 
-/// A socket's queued frames, by source, and the order in which the sources are served.
-#[derive(Default)]
-struct Lanes {
-    lanes: HashMap<u64, Lane>,
+impl<T> Default for Lane<T> {
+    fn default() -> Self {
+        Self {
+            frames: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+}
+
+/// A queue's frames, by source, and the order in which the sources are served.
+struct Lanes<T> {
+    lanes: HashMap<u64, Lane<T>>,
     /// Sources with frames queued, next to be served first.
     turn: VecDeque<u64>,
     frames: usize,
@@ -61,29 +84,44 @@ struct Lanes {
     closed: bool,
 }
 
-/// What both halves of a socket's queue share.
-struct Shared {
-    lanes: Mutex<Lanes>,
+impl<T> Default for Lanes<T> {
+    fn default() -> Self {
+        Self {
+            lanes: HashMap::new(),
+            turn: VecDeque::new(),
+            frames: 0,
+            closed: false,
+        }
+    }
+}
+
+/// What both halves of a queue share.
+struct Shared<T> {
+    lanes: Mutex<Lanes<T>>,
     /// A frame was queued, or the last sender went.
     ready: Notify,
     senders: AtomicUsize,
+    /// The queue's own byte bound first, then the bounds it shares with other queues.
     budgets: Budgets,
-    /// Each source is held to its [`source_share`] (an executor socket's queue).
+    /// The queue's own bound in frames (and in bytes, as `budgets`' first).
+    bound: Share,
+    /// Each source is held to its [`Share::of_source`] of `bound`.
     shares: bool,
 }
 
-impl Shared {
-    fn lanes(&self) -> std::sync::MutexGuard<'_, Lanes> {
+impl<T: Weighed> Shared<T> {
+    fn lanes(&self) -> std::sync::MutexGuard<'_, Lanes<T>> {
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The next frame in turn (its bytes leave the bounds), if one is queued.
-    fn pop(&self) -> Option<Bytes> {
+    fn pop(&self) -> Option<T> {
         let mut lanes = self.lanes();
         let source = lanes.turn.pop_front()?;
         let lane = lanes.lanes.get_mut(&source)?;
         let frame = lane.frames.pop_front()?;
-        lane.bytes -= frame.len();
+        let bytes = frame.bytes();
+        lane.bytes -= bytes;
         if lane.frames.is_empty() {
             lanes.lanes.remove(&source);
         } else {
@@ -91,18 +129,18 @@ impl Shared {
         }
         lanes.frames -= 1;
         drop(lanes);
-        self.budgets.remove(frame.len());
+        self.budgets.remove(bytes);
         Some(frame)
     }
 }
 
-/// The sending half of a socket's queue (cheap to clone; the queue ends when every clone and
-/// the receiver's reads are done, as a channel's would).
-pub struct FrameSender {
-    shared: Arc<Shared>,
+/// The sending half of a queue (cheap to clone; the queue ends when every clone and the
+/// receiver's reads are done, as a channel's would).
+pub struct FrameSender<T = Bytes> {
+    shared: Arc<Shared<T>>,
 }
 
-impl Clone for FrameSender {
+impl<T> Clone for FrameSender<T> {
     fn clone(&self) -> Self {
         self.shared.senders.fetch_add(1, Ordering::AcqRel);
         Self {
@@ -111,7 +149,7 @@ impl Clone for FrameSender {
     }
 }
 
-impl Drop for FrameSender {
+impl<T> Drop for FrameSender<T> {
     fn drop(&mut self) {
         if self.shared.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.shared.ready.notify_one();
@@ -119,16 +157,20 @@ impl Drop for FrameSender {
     }
 }
 
-/// The receiving half of a socket's queue: its socket's writer.
-pub struct FrameReceiver {
-    shared: Arc<Shared>,
+/// The receiving half of a queue: its socket's writer, or the task handing messages to NATS.
+pub struct FrameReceiver<T = Bytes> {
+    shared: Arc<Shared<T>>,
 }
 
-impl Drop for FrameReceiver {
-    /// Frames still queued when the socket ends leave the shared bounds with it.
+impl<T> Drop for FrameReceiver<T> {
+    /// Frames still queued when the receiver ends leave the shared bounds with it.
     fn drop(&mut self) {
         let held = {
-            let mut lanes = self.shared.lanes();
+            let mut lanes = self
+                .shared
+                .lanes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             lanes.closed = true;
             lanes.turn.clear();
             lanes.frames = 0;
@@ -147,20 +189,30 @@ impl Drop for FrameReceiver {
 /// sockets' queues, and its limit). For a harness socket: one source (its executor), served in
 /// order.
 pub fn socket_queue(shared: &[(&QueuedBytes, usize)]) -> (FrameSender, FrameReceiver) {
-    queue(shared, false)
+    queue(SOCKET_QUEUE, shared, false)
 }
 
 /// An executor socket's queue: as [`socket_queue`], and each source (the harness credential
-/// given to [`FrameSender::try_send_from`]) holds at most its [`source_share`] and is served in
+/// given to [`FrameSender::try_send_from`]) holds at most its [`Share::of_source`] and is served in
 /// turn with the others. One harness flooding its executor neither fills the queue against the
 /// others nor delays their frames behind its own.
 pub fn executor_socket_queue(shared: &[(&QueuedBytes, usize)]) -> (FrameSender, FrameReceiver) {
-    queue(shared, true)
+    queue(SOCKET_QUEUE, shared, true)
 }
 
-fn queue(shared: &[(&QueuedBytes, usize)], shares: bool) -> (FrameSender, FrameReceiver) {
+/// A queue of at most `bound` (frames, and bytes as [`Weighed`] counts them) whose sources
+/// each hold at most their [`Share::of_source`] of it and are served in turn.
+pub fn fair_queue<T: Weighed>(bound: Share) -> (FrameSender<T>, FrameReceiver<T>) {
+    queue(bound, &[], true)
+}
+
+fn queue<T: Weighed>(
+    bound: Share,
+    shared: &[(&QueuedBytes, usize)],
+    shares: bool,
+) -> (FrameSender<T>, FrameReceiver<T>) {
     let budgets = Budgets(
-        std::iter::once((QueuedBytes::default(), SOCKET_QUEUE_BYTES))
+        std::iter::once((QueuedBytes::default(), bound.bytes))
             .chain(
                 shared
                     .iter()
@@ -173,6 +225,7 @@ fn queue(shared: &[(&QueuedBytes, usize)], shares: bool) -> (FrameSender, FrameR
         ready: Notify::new(),
         senders: AtomicUsize::new(1),
         budgets,
+        bound,
         shares,
     });
     (
@@ -183,21 +236,22 @@ fn queue(shared: &[(&QueuedBytes, usize)], shares: bool) -> (FrameSender, FrameR
     )
 }
 
-impl FrameSender {
+impl<T: Weighed> FrameSender<T> {
     /// Queue `frame` without waiting; `Err` when it was dropped (a bound reached, the socket
-    /// gone). For a socket with one source (a harness socket: everything comes from its
+    /// gone). For a queue with one source (a harness socket: everything comes from its
     /// executor).
-    pub fn try_send(&self, frame: Bytes) -> Result<(), ()> {
+    pub fn try_send(&self, frame: T) -> Result<(), ()> {
         self.try_send_from(0, frame)
     }
 
     /// Queue `frame` from `source` (for an executor socket: the harness's credential) without
-    /// waiting; `Err` when it was dropped: the socket's or a shared bound reached, `source`'s
-    /// share of the queue ([`source_share`]) reached, or the socket gone.
-    pub fn try_send_from(&self, source: u64, frame: Bytes) -> Result<(), ()> {
-        let len = frame.len();
+    /// waiting; `Err` when it was dropped: the queue's or a shared bound reached, `source`'s
+    /// share of the queue ([`Share::of_source`]) reached, or the receiver gone.
+    pub fn try_send_from(&self, source: u64, frame: T) -> Result<(), ()> {
+        let len = frame.bytes();
+        let bound = self.shared.bound;
         let mut lanes = self.shared.lanes();
-        if lanes.closed || lanes.frames >= SOCKET_QUEUE_FRAMES {
+        if lanes.closed || lanes.frames >= bound.frames {
             return Err(());
         }
         // A source has a lane exactly while it has frames queued, and is then in the turn.
@@ -206,7 +260,7 @@ impl FrameSender {
             .get(&source)
             .map_or((0, 0, false), |lane| (lane.bytes, lane.frames.len(), true));
         let over_share = self.shared.shares && {
-            let share = source_share(lanes.lanes.len() - usize::from(queued));
+            let share = bound.of_source(lanes.lanes.len() - usize::from(queued));
             held_bytes.saturating_add(len) > share.bytes || held_frames >= share.frames
         };
         if over_share || !self.shared.budgets.try_add(len) {
@@ -224,15 +278,20 @@ impl FrameSender {
         Ok(())
     }
 
-    /// Whether the socket's writer is gone.
+    /// Whether the queue's receiver is gone.
     pub fn is_closed(&self) -> bool {
         self.shared.lanes().closed
     }
 }
 
-impl FrameReceiver {
+impl<T: Weighed> FrameReceiver<T> {
+    /// The next frame in turn, if one is queued now.
+    pub fn try_recv(&mut self) -> Option<T> {
+        self.shared.pop()
+    }
+
     /// The next frame in turn; `None` once every sender is gone and nothing is queued.
-    pub async fn recv(&mut self) -> Option<Bytes> {
+    pub async fn recv(&mut self) -> Option<T> {
         loop {
             if let Some(frame) = self.shared.pop() {
                 return Some(frame);
@@ -249,7 +308,7 @@ impl FrameReceiver {
 
 impl Outbox<Bytes> for FrameReceiver {
     fn try_next(&mut self) -> Option<Bytes> {
-        self.shared.pop()
+        self.try_recv()
     }
 }
 
@@ -259,6 +318,11 @@ mod tests {
 
     use super::*;
     use crate::rendezvous::queued::{NODE_QUEUE_BYTES, QueuedBytes};
+
+    /// What one source may hold of an executor socket's queue beside `other_sources` others.
+    fn source_share(other_sources: usize) -> Share {
+        SOCKET_QUEUE.of_source(other_sources)
+    }
 
     #[tokio::test]
     async fn a_socket_queue_refuses_frames_past_its_bytes_and_takes_them_again_once_read() {
@@ -366,10 +430,10 @@ mod tests {
             source_share(0).bytes,
             "alone, a source fills the queue but its reserve"
         );
-        const { assert!(SOCKET_QUEUE_BYTES - EXECUTOR_QUEUE_RESERVE_BYTES > MAX_UNACKED_BYTES) };
+        const { assert!(SOCKET_QUEUE_BYTES - SOCKET_QUEUE_BYTES / 4 > MAX_UNACKED_BYTES) };
         const {
             assert!(
-                SOCKET_QUEUE_FRAMES - EXECUTOR_QUEUE_RESERVE_FRAMES
+                SOCKET_QUEUE_FRAMES - SOCKET_QUEUE_FRAMES / 4
                     > proto::relay::limits::MAX_UNACKED_SEGMENTS
             )
         };

@@ -17,17 +17,19 @@
 //! An executor socket's queue has many sources: every harness credential of its environment.
 //! One bound for all would let one credential fill it (a flood, or just a faster link than the
 //! executor's) and have every other credential's frames dropped. So that queue keeps a lane per
-//! credential, holds each to its [`lanes::source_share`] and serves the lanes in turn
-//! ([`executor_socket_queue`]).
+//! credential, holds each to its [`Share::of_source`] and serves the lanes in turn
+//! ([`executor_socket_queue`]). A cluster node's publish queue has the same many sources (every
+//! harness credential with a socket or an executor on the node) and the same lanes
+//! ([`fair_queue`]).
 
 mod lanes;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tokio::sync::mpsc;
-
-pub use lanes::{FrameReceiver, FrameSender, executor_socket_queue, socket_queue};
+pub use lanes::{
+    FrameReceiver, FrameSender, Share, Weighed, executor_socket_queue, fair_queue, socket_queue,
+};
 
 /// Frames queued for one socket; more are dropped (the endpoints retransmit).
 pub const SOCKET_QUEUE_FRAMES: usize = 4096;
@@ -73,31 +75,11 @@ impl QueuedBytes {
 }
 
 /// The byte bounds a queue counts against, each with its limit: a socket's own and the shared
-/// ones given to [`socket_queue`] (its credential's, its node's), or the cluster's publish
-/// queue's one (cheap to clone).
+/// ones given to [`socket_queue`] (its credential's, its node's) (cheap to clone).
 #[derive(Clone)]
 pub struct Budgets(Arc<[(QueuedBytes, usize)]>);
 
 impl Budgets {
-    /// One bound of `limit` bytes, counted from zero.
-    pub fn new(limit: usize) -> Self {
-        Self(Arc::new([(QueuedBytes::default(), limit)]))
-    }
-
-    /// Queue `item`, of `bytes`, on `queue` without waiting, unless that passes a bound or the
-    /// queue is full or closed (`false`: dropped, and counted nowhere). Whoever takes it off
-    /// the queue calls [`Self::remove`].
-    pub fn try_send<T>(&self, queue: &mpsc::Sender<T>, item: T, bytes: usize) -> bool {
-        if !self.try_add(bytes) {
-            return false;
-        }
-        if queue.try_send(item).is_err() {
-            self.remove(bytes);
-            return false;
-        }
-        true
-    }
-
     /// Count `bytes` in every bound, or in none (`false`) when one would be passed.
     fn try_add(&self, bytes: usize) -> bool {
         for (at, (queued, limit)) in self.0.iter().enumerate() {

@@ -107,7 +107,7 @@ impl Router {
                 party,
                 frame,
             } => {
-                let Some(remote) = seat.remote(socket, control.reply) else {
+                let Some(remote) = seat.remote(socket, party, control.reply) else {
                     return true;
                 };
                 let Ok(route) = route(&frame) else {
