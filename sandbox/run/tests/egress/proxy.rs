@@ -5,45 +5,51 @@ use super::*;
 
 #[test]
 fn a_request_head_trickled_past_the_handshake_deadline_is_not_served() {
-    let origin = Origin::start(None);
     let timeout = egress::HANDSHAKE_TIMEOUT.as_secs();
-    let code = format!(
-        "import socket, os, time\n\
-         port = int(os.environ['HTTP_PROXY'].rstrip('/').rsplit(':', 1)[1])\n\
-         def trickle(seconds):\n\
-         \x20   s = socket.create_connection(('127.0.0.1', port), timeout=60)\n\
-         \x20   s.sendall(b'GET http://registry.test:{p}/hello HTTP/1.1\\r\\nHost: registry.test:{p}\\r\\n')\n\
-         \x20   try:\n\
-         \x20       for i in range(seconds):\n\
-         \x20           time.sleep(1)\n\
-         \x20           s.sendall(b'X-Trickle: 1\\r\\n')\n\
-         \x20       s.sendall(b'\\r\\n')\n\
-         \x20       print(seconds, s.recv(1024).split(b'\\r\\n')[0].decode() or 'closed')\n\
-         \x20   except OSError as e:\n\
-         \x20       print(seconds, 'closed', e.errno)\n\
-         trickle(3)\n\
-         trickle({late})\n",
-        p = origin.port,
-        late = timeout + 3,
-    );
-    for uid in identities() {
-        let ws = Workspace::new(uid);
-        let before = origin.connections();
-        let output = python(&ws, &allow(&["registry.test"], &origin), &code);
-        let out = text(&output.stdout);
-        // The control: a head trickled well inside the deadline is served.
-        assert!(
-            out.contains("3 HTTP/1.1 200"),
-            "{uid:?}: {}",
-            describe(&output)
-        );
-        assert!(
-            out.contains(&format!("{} closed", timeout + 3)),
-            "{uid:?}: {}",
-            describe(&output)
-        );
-        assert_eq!(origin.connections() - before, 1, "{uid:?}");
-    }
+    // The control (a head trickled well inside the deadline) and the late head at once, each
+    // identity with an origin of its own, all at once: the test takes the deadline once.
+    let code = |port: u16| {
+        format!(
+            "import socket, os, time, threading\n\
+             port = int(os.environ['HTTP_PROXY'].rstrip('/').rsplit(':', 1)[1])\n\
+             def trickle(seconds):\n\
+             \x20   s = socket.create_connection(('127.0.0.1', port), timeout=60)\n\
+             \x20   s.sendall(b'GET http://registry.test:{port}/hello HTTP/1.1\\r\\nHost: registry.test:{port}\\r\\n')\n\
+             \x20   try:\n\
+             \x20       for i in range(seconds):\n\
+             \x20           time.sleep(1)\n\
+             \x20           s.sendall(b'X-Trickle: 1\\r\\n')\n\
+             \x20       s.sendall(b'\\r\\n')\n\
+             \x20       print(seconds, s.recv(1024).split(b'\\r\\n')[0].decode() or 'closed', flush=True)\n\
+             \x20   except OSError as e:\n\
+             \x20       print(seconds, 'closed', e.errno, flush=True)\n\
+             both = [threading.Thread(target=trickle, args=(n,)) for n in (3, {late})]\n\
+             [t.start() for t in both]\n\
+             [t.join() for t in both]\n",
+            late = timeout + 3,
+        )
+    };
+    std::thread::scope(|scope| {
+        for uid in identities() {
+            scope.spawn(move || {
+                let origin = Origin::start(None);
+                let ws = Workspace::new(uid);
+                let output = python(&ws, &allow(&["registry.test"], &origin), &code(origin.port));
+                let out = text(&output.stdout);
+                assert!(
+                    out.contains("3 HTTP/1.1 200"),
+                    "{uid:?}: the control was not served: {}",
+                    describe(&output)
+                );
+                assert!(
+                    out.contains(&format!("{} closed", timeout + 3)),
+                    "{uid:?}: the late head was served: {}",
+                    describe(&output)
+                );
+                assert_eq!(origin.connections(), 1, "{uid:?}");
+            });
+        }
+    });
 }
 
 #[test]
