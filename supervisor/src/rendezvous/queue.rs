@@ -6,7 +6,7 @@ use std::time::Instant;
 use tokio_tungstenite::tungstenite::Bytes;
 
 use super::cluster::bus::Publisher;
-use super::queued::FrameSender;
+use super::queued::{FrameSender, QueuedBytes};
 
 /// Handshake frames (or new streams) a harness socket may send at once (token bucket size).
 pub const NEW_STREAMS_PER_SOCKET_BURST: f64 = 16.0;
@@ -33,6 +33,22 @@ impl Queue {
     /// Queue a frame without waiting; `Err` when it was dropped (full queue, closed socket).
     pub(crate) fn try_send(&self, frame: Bytes) -> Result<(), ()> {
         self.try_send_from(0, frame)
+    }
+
+    /// Queue a frame from harness credential `source` to an executor's socket, charged to the
+    /// credential's `account` too (bounded by `limit`) while it waits there; `Err` when it was
+    /// dropped. An executor's socket is always on this node: any other queue refuses.
+    pub(crate) fn try_send_charged(
+        &self,
+        source: u64,
+        frame: Bytes,
+        account: &QueuedBytes,
+        limit: usize,
+    ) -> Result<(), ()> {
+        match self {
+            Self::Local(queue) => queue.try_send_charged(source, frame, account, limit),
+            Self::Remote { .. } => Err(()),
+        }
     }
 
     /// Queue a frame from `source` (towards an executor: the harness's credential, whose share

@@ -117,3 +117,92 @@ async fn a_harness_that_stops_reading_costs_the_rendezvous_at_most_its_queue_bou
          bound and the socket buffers were held for it"
     );
 }
+
+/// Environments whose executors one harness credential floods at once.
+const FLOODED_EXECUTORS: usize = 16;
+/// Data frames of [`FRAME_PAYLOAD`] sent on each: 16 MiB, past a credential's 12 MiB share of
+/// one executor's queue.
+const FRAMES_PER_EXECUTOR: usize = 256;
+
+/// One harness credential floods the executors of 16 environments, none of which reads its
+/// socket (slow links). Each executor's queue holds up to its 12 MiB share for that credential
+/// alone: 192 MiB of the rendezvous's memory for one credential, past its 64 MiB
+/// `CREDENTIAL_QUEUE_BYTES`, which bounded only what was queued towards its own sockets. What a
+/// credential sends to executors counts against that bound too: the rendezvous grows by less
+/// than 120 MiB (192 MiB before).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_harness_credential_flooding_many_executors_holds_at_most_its_credential_bound() {
+    let rendezvous = start_rendezvous("127.0.0.1:0", None);
+    let registry = rendezvous.first_line.clone();
+    let mut executors = Vec::new();
+    let mut harnesses = Vec::new();
+    for n in 0..FLOODED_EXECUTORS {
+        let environment = format!("credential-bound-{n}");
+        let (mut executor, key) = proven_executor_socket(&registry, &environment).await;
+        let mut harness = open_socket(&registry, &environment, "harness", TOKEN).await;
+        let (_, message) = Initiator::start(
+            &environment,
+            "flood",
+            key.public(),
+            proto::relay::Cipher::ChaChaPoly,
+        )
+        .unwrap();
+        harness
+            .send(WsMessage::binary(
+                Frame::new("flood", Body::Handshake(message.into())).into_encoded(),
+            ))
+            .await
+            .unwrap();
+        let mut seen = Seen::default();
+        let window = Duration::from_millis(500);
+        watch_executor_socket(&mut executor, &environment, &key, window, &mut seen).await;
+        assert_eq!(
+            seen.harness_frames, 1,
+            "{environment}: the handshake never arrived"
+        );
+        executors.push(executor);
+        harnesses.push(harness);
+    }
+
+    let before = rss_mib(&rendezvous);
+    for harness in &mut harnesses {
+        for seq in 0..FRAMES_PER_EXECUTOR {
+            let frame = Frame::new(
+                "flood",
+                Body::Data(proto::relay::frame::Data {
+                    seq: seq as u64,
+                    segment_index: 0,
+                    segment_count: 1,
+                    payload: vec![(seq % 251) as u8; FRAME_PAYLOAD],
+                }),
+            );
+            harness
+                .feed(WsMessage::binary(frame.into_encoded()))
+                .await
+                .unwrap();
+        }
+        harness.flush().await.unwrap();
+    }
+    // The rendezvous has read every frame once a ping sent after them is answered.
+    for harness in &mut harnesses {
+        harness.send(WsMessage::Ping(vec![1].into())).await.unwrap();
+        let answered = tokio::time::timeout(DEADLINE, async {
+            while let Some(Ok(message)) = harness.next().await {
+                if matches!(message, WsMessage::Pong(_)) {
+                    return;
+                }
+            }
+            panic!("a harness socket ended");
+        });
+        answered.await.expect("the rendezvous never read the flood");
+    }
+    let grown = rss_mib(&rendezvous).saturating_sub(before);
+    let sent_mib = FLOODED_EXECUTORS * FRAMES_PER_EXECUTOR * FRAME_PAYLOAD / (1024 * 1024);
+    eprintln!("the rendezvous grew by {grown} MiB while one credential sent {sent_mib} MiB");
+    assert!(
+        grown < 120,
+        "the rendezvous grew by {grown} MiB for one credential's {sent_mib} MiB towards \
+         executors that do not read: more than its 64 MiB bound and the slack the other RSS tests allow"
+    );
+    drop(executors);
+}

@@ -12,7 +12,7 @@ use super::pieces::{Reassembly, ReassemblyBySource};
 use super::{Cluster, Control, LEASE_RENEW_INTERVAL};
 use crate::rendezvous::credentials::CredentialSecret;
 use crate::rendezvous::queue::{NewStreamLimiter, Queue};
-use crate::rendezvous::queued::FrameSender;
+use crate::rendezvous::queued::{FrameSender, QueuedBytes};
 
 /// Harness sockets of other nodes one executor seat keeps state for (a limiter and a reply
 /// subject each); frames from more are dropped until some close. Matches the single node's
@@ -36,6 +36,11 @@ pub struct Received {
 pub struct RemoteHarness {
     /// Frames back to it.
     pub queue: Queue,
+    /// Its credential's party.
+    pub party: u64,
+    /// Its credential's account on this node, which its frames waiting in the executor's queue
+    /// are charged to.
+    pub account: QueuedBytes,
     /// Its new-stream limiter (the stream table's half of it).
     pub limiter: NewStreamLimiter,
 }
@@ -119,11 +124,13 @@ impl ExecutorSeat {
     }
 
     /// The state of harness socket `socket` of credential `party` (created on its first frame,
-    /// which must carry its reply subject); `None` when it cannot be kept.
+    /// which must carry its reply subject, with the credential's `account`); `None` when it
+    /// cannot be kept.
     pub fn remote(
         &mut self,
         socket: u64,
         party: u64,
+        account: impl FnOnce() -> QueuedBytes,
         reply: Option<async_nats::Subject>,
     ) -> Option<&mut RemoteHarness> {
         if !self.remote.contains_key(&socket) {
@@ -139,6 +146,8 @@ impl ExecutorSeat {
                         party,
                         publisher: self.cluster.publisher().clone(),
                     },
+                    party,
+                    account: account(),
                     limiter: NewStreamLimiter::new(Instant::now()),
                 },
             );
@@ -146,10 +155,10 @@ impl ExecutorSeat {
         self.remote.get_mut(&socket)
     }
 
-    /// Harness socket `socket` closed.
-    pub fn forget(&mut self, socket: u64) {
-        self.remote.remove(&socket);
+    /// Harness socket `socket` closed: what was kept for it, if anything.
+    pub fn forget(&mut self, socket: u64) -> Option<RemoteHarness> {
         self.in_pieces.forget(socket);
+        self.remote.remove(&socket)
     }
 }
 
@@ -211,11 +220,6 @@ impl HarnessSeat {
             party: cluster.party(secret.token()),
             forward,
         })
-    }
-
-    /// The socket's party, the same on every node.
-    pub fn party(&self) -> u64 {
-        self.party
     }
 
     /// Send a harness frame to the node holding the executor socket.

@@ -59,9 +59,10 @@ impl Weighed for Bytes {
     }
 }
 
-/// One source's frames in a queue.
+/// One source's frames in a queue, each with the account it is also charged to and the bytes
+/// charged, if any ([`FrameSender::try_send_charged`]).
 struct Lane<T> {
-    frames: VecDeque<T>,
+    frames: VecDeque<(T, Option<(QueuedBytes, usize)>)>,
     bytes: usize,
 }
 
@@ -119,7 +120,7 @@ impl<T: Weighed> Shared<T> {
         let mut lanes = self.lanes();
         let source = lanes.turn.pop_front()?;
         let lane = lanes.lanes.get_mut(&source)?;
-        let frame = lane.frames.pop_front()?;
+        let (frame, charged) = lane.frames.pop_front()?;
         let bytes = frame.bytes();
         lane.bytes -= bytes;
         if lane.frames.is_empty() {
@@ -130,6 +131,9 @@ impl<T: Weighed> Shared<T> {
         lanes.frames -= 1;
         drop(lanes);
         self.budgets.remove(bytes);
+        if let Some((account, bytes)) = charged {
+            account.remove(bytes);
+        }
         Some(frame)
     }
 }
@@ -174,10 +178,16 @@ impl<T> Drop for FrameReceiver<T> {
             lanes.closed = true;
             lanes.turn.clear();
             lanes.frames = 0;
-            std::mem::take(&mut lanes.lanes)
-                .into_values()
-                .map(|lane| lane.bytes)
-                .sum::<usize>()
+            let mut held = 0;
+            for lane in std::mem::take(&mut lanes.lanes).into_values() {
+                held += lane.bytes;
+                for (_, charged) in lane.frames {
+                    if let Some((account, bytes)) = charged {
+                        account.remove(bytes);
+                    }
+                }
+            }
+            held
         };
         // Every bound counts each frame once, so the total leaves at once.
         self.shared.budgets.remove(held);
@@ -248,6 +258,28 @@ impl<T: Weighed> FrameSender<T> {
     /// waiting; `Err` when it was dropped: the queue's or a shared bound reached, `source`'s
     /// share of the queue ([`Share::of_source`]) reached, or the receiver gone.
     pub fn try_send_from(&self, source: u64, frame: T) -> Result<(), ()> {
+        self.push(source, frame, None)
+    }
+
+    /// [`Self::try_send_from`], and the frame is also charged to `account` (the bound of
+    /// everything `source` holds in any queue, `limit`) until it leaves this queue; dropped
+    /// when that would pass `limit`.
+    pub fn try_send_charged(
+        &self,
+        source: u64,
+        frame: T,
+        account: &QueuedBytes,
+        limit: usize,
+    ) -> Result<(), ()> {
+        self.push(source, frame, Some((account, limit)))
+    }
+
+    fn push(
+        &self,
+        source: u64,
+        frame: T,
+        account: Option<(&QueuedBytes, usize)>,
+    ) -> Result<(), ()> {
         let len = frame.bytes();
         let bound = self.shared.bound;
         let mut lanes = self.shared.lanes();
@@ -266,11 +298,18 @@ impl<T: Weighed> FrameSender<T> {
         if over_share || !self.shared.budgets.try_add(len) {
             return Err(());
         }
+        if let Some((account, limit)) = account
+            && !account.try_add(len, limit)
+        {
+            self.shared.budgets.remove(len);
+            return Err(());
+        }
         if !queued {
             lanes.turn.push_back(source);
         }
         let lane = lanes.lanes.entry(source).or_default();
-        lane.frames.push_back(frame);
+        lane.frames
+            .push_back((frame, account.map(|(account, _)| (account.clone(), len))));
         lane.bytes += len;
         lanes.frames += 1;
         drop(lanes);
@@ -517,6 +556,63 @@ mod tests {
             sender.try_send_from(1, tiny).is_err(),
             "over its share next to another"
         );
+    }
+
+    #[test]
+    fn frames_charged_to_an_account_count_there_until_they_leave_any_queue() {
+        const MIB: usize = 1024 * 1024;
+        let account = QueuedBytes::default();
+        let limit = 20 * MIB;
+        let (first, mut first_receiver) = executor_socket_queue(&[]);
+        let (second, second_receiver) = executor_socket_queue(&[]);
+        let frame = Bytes::from(vec![0u8; MIB]);
+        let mut queued = 0;
+        while first
+            .try_send_charged(1, frame.clone(), &account, limit)
+            .is_ok()
+        {
+            queued += 1;
+        }
+        assert_eq!(
+            queued * MIB,
+            source_share(0).bytes,
+            "the first queue's share"
+        );
+        while second
+            .try_send_charged(1, frame.clone(), &account, limit)
+            .is_ok()
+        {
+            queued += 1;
+        }
+        assert_eq!(
+            queued * MIB,
+            limit,
+            "the account's bound, across both queues"
+        );
+        assert_eq!(account.get(), limit);
+        assert_eq!(
+            second.shared.budgets.0[0].0.get(),
+            limit - source_share(0).bytes,
+            "a frame the account refused is counted nowhere"
+        );
+        assert!(
+            second.try_send_from(2, frame.clone()).is_ok(),
+            "another source is not charged to it"
+        );
+        first_receiver.try_recv().unwrap();
+        assert_eq!(
+            account.get(),
+            limit - MIB,
+            "a frame read leaves the account"
+        );
+        drop(second_receiver);
+        assert_eq!(
+            account.get(),
+            source_share(0).bytes - MIB,
+            "a queue that ended gives its frames' bytes back to the account"
+        );
+        while first_receiver.try_recv().is_some() {}
+        assert_eq!(account.get(), 0);
     }
 
     #[test]

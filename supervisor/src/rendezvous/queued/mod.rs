@@ -9,10 +9,12 @@
 //! relay endpoints retransmit what a rendezvous drops.
 //!
 //! Socket bounds alone still multiply: by the sockets of a credential (up to
-//! `--max-sockets-per-credential`) and by the sockets of a node. So a harness socket's frames
-//! also count against its credential's [`CREDENTIAL_QUEUE_BYTES`], and every socket's against
-//! the node's [`NODE_QUEUE_BYTES`]: what one node holds in queued frames is bounded whatever
-//! the number of sockets, credentials or streams.
+//! `--max-sockets-per-credential`), by the executors a credential sends to, and by the sockets
+//! of a node. So the frames queued for a harness socket, and the frames a harness socket sent
+//! while they wait in an executor's queue ([`FrameSender::try_send_charged`]), also count
+//! against its credential's [`CREDENTIAL_QUEUE_BYTES`], and every socket's against the node's
+//! [`NODE_QUEUE_BYTES`]: what one node holds in queued frames is bounded whatever the number of
+//! sockets, credentials or streams, and one credential holds at most its bound of it.
 //!
 //! An executor socket's queue has many sources: every harness credential of its environment.
 //! One bound for all would let one credential fill it (a flood, or just a faster link than the

@@ -107,7 +107,8 @@ impl Router {
                 party,
                 frame,
             } => {
-                let Some(remote) = seat.remote(socket, party, control.reply) else {
+                let account = || self.credential_account(party);
+                let Some(remote) = seat.remote(socket, party, account, control.reply) else {
                     return true;
                 };
                 let Ok(route) = route(&frame) else {
@@ -120,12 +121,17 @@ impl Router {
                     socket,
                     party,
                     queue: &remote.queue,
+                    account: &remote.account,
                 };
                 self.route_to_executor(environment, &harness, &mut remote.limiter, route, frame);
                 true
             }
             Control::SocketClosed { socket } => {
-                seat.forget(socket);
+                if let Some(remote) = seat.forget(socket) {
+                    let party = remote.party;
+                    drop(remote);
+                    self.harness_queue_closed(party);
+                }
                 if let Some(env) = self.table().get_mut(environment) {
                     env.streams.retain(|_, route| route.socket != socket);
                 }

@@ -14,8 +14,13 @@ impl Router {
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let credential = secret.party();
-        let (queue, mut outbox) = self.harness_queue(credential);
+        // The same on every node in cluster mode, so that a credential's frames counted here
+        // count in one account whether they came from a socket of this node or of another.
+        let party = match &self.cluster {
+            Some(cluster) => cluster.party(secret.token()),
+            None => secret.party(),
+        };
+        let (queue, mut outbox, account) = self.harness_queue(party);
         // Cluster mode: frames for this socket arrive on a subject of its own.
         let seat = match &self.cluster {
             Some(cluster) => match HarnessSeat::take(cluster, environment, &secret, &queue).await {
@@ -27,9 +32,6 @@ impl Router {
             },
             None => None,
         };
-        let party = seat
-            .as_ref()
-            .map_or_else(|| secret.party(), HarnessSeat::party);
         let (socket_id, close, _guard) = self.open(environment, Role::Harness, secret);
         let queue = Queue::Local(queue);
         let mut limiter = NewStreamLimiter::new(Instant::now());
@@ -38,6 +40,7 @@ impl Router {
             socket: socket_id,
             party,
             queue: &queue,
+            account: &account,
         };
         loop {
             tokio::select! {
@@ -76,8 +79,8 @@ impl Router {
             seat.closed(socket_id);
         }
         let _ = sink.close().await;
-        drop((queue, outbox));
-        self.harness_queue_closed(credential);
+        drop((queue, outbox, account));
+        self.harness_queue_closed(party);
     }
 
     fn route_from_harness(

@@ -189,25 +189,33 @@ impl Router {
         executor_socket_queue(&[(&self.queued, NODE_QUEUE_BYTES)])
     }
 
-    /// A new harness socket's queue: its own bounds, its credential's (`party`) and the node's.
-    /// Call [`Self::harness_queue_closed`] when the socket ends.
-    fn harness_queue(&self, party: u64) -> (FrameSender, FrameReceiver) {
-        let credential = self
-            .queued_by_credential
+    /// A new harness socket's queue: its own bounds, its credential's (`party`) and the node's;
+    /// and the credential's account, which the frames the socket sends to executors are charged
+    /// to as well. Call [`Self::harness_queue_closed`] when the socket ends.
+    fn harness_queue(&self, party: u64) -> (FrameSender, FrameReceiver, QueuedBytes) {
+        let credential = self.credential_account(party);
+        let (sender, receiver) = socket_queue(&[
+            (&credential, CREDENTIAL_QUEUE_BYTES),
+            (&self.queued, NODE_QUEUE_BYTES),
+        ]);
+        (sender, receiver, credential)
+    }
+
+    /// What credential `party` holds queued on this node, towards its harness sockets and from
+    /// them in executors' queues ([`CREDENTIAL_QUEUE_BYTES`]).
+    fn credential_account(&self, party: u64) -> QueuedBytes {
+        self.queued_by_credential
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(party)
             .or_default()
-            .clone();
-        socket_queue(&[
-            (&credential, CREDENTIAL_QUEUE_BYTES),
-            (&self.queued, NODE_QUEUE_BYTES),
-        ])
+            .clone()
     }
 
-    /// A harness socket of `party` ended: its credential's count is forgotten once no queue
-    /// counts with it (an entry left while a queue's last clone is still being dropped holds
-    /// nothing and is reused; there is at most one per credential).
+    /// A harness socket of `party` ended (here, or on another node in cluster mode): its
+    /// credential's count is forgotten once nothing counts with it (an entry left while a
+    /// queue's last clone is still being dropped holds nothing and is reused; there is at most
+    /// one per credential).
     fn harness_queue_closed(&self, party: u64) {
         let mut by_credential = self
             .queued_by_credential
@@ -510,9 +518,11 @@ impl Router {
         }
         if let Some((_, executor)) = &env.executor
             && executor
-                .try_send_from(
+                .try_send_charged(
                     harness.party,
                     Bytes::from(append_source(&frame, harness.socket)),
+                    harness.account,
+                    CREDENTIAL_QUEUE_BYTES,
                 )
                 .is_err()
         {
@@ -539,4 +549,7 @@ struct Harness<'a> {
     socket: u64,
     party: u64,
     queue: &'a Queue,
+    /// Its credential's bound on this node ([`CREDENTIAL_QUEUE_BYTES`]): what it has queued
+    /// towards its sockets and what it sent that waits in executors' queues, together.
+    account: &'a QueuedBytes,
 }
