@@ -2,7 +2,6 @@
 //! `MAX_PROCESSES_PER_SESSION`, `CLOSED_PROCESS_RETENTION`, `OUTPUT_READ_CHUNK_BYTES` and
 //! `WRITE_ID_MEMORY` (docs/protocol.md states each value; the constants below repeat them so a
 //! change of either side fails here).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 
