@@ -26,20 +26,7 @@ async fn a_harness_that_stops_reading_costs_the_rendezvous_at_most_its_queue_bou
     let mut seen = Seen::default();
 
     // A harness opens stream `flood` (its handshake reaches the executor) and stops reading.
-    let mut harness = open_socket(&registry, "bounded", "harness", TOKEN).await;
-    let (_, message) = Initiator::start(
-        "bounded",
-        "flood",
-        key.public(),
-        proto::relay::Cipher::ChaChaPoly,
-    )
-    .unwrap();
-    harness
-        .send(WsMessage::binary(
-            Frame::new("flood", Body::Handshake(message.into())).into_encoded(),
-        ))
-        .await
-        .unwrap();
+    let mut harness = harness_with_stream(&registry, "bounded", TOKEN, "flood", key.public()).await;
     watch_executor_socket(
         &mut executor,
         "bounded",
@@ -55,34 +42,10 @@ async fn a_harness_that_stops_reading_costs_the_rendezvous_at_most_its_queue_bou
 
     let before = rss_mib(&rendezvous);
     for seq in 0..FLOOD_FRAMES {
-        let frame = Frame::new(
-            "flood",
-            Body::Data(proto::relay::frame::Data {
-                seq: seq as u64,
-                segment_index: 0,
-                segment_count: 1,
-                payload: vec![(seq % 251) as u8; FRAME_PAYLOAD],
-            }),
-        );
-        executor
-            .send(WsMessage::binary(frame.into_encoded()))
-            .await
-            .unwrap();
+        let frame = data_frame("flood", seq as u64, FRAME_PAYLOAD);
+        executor.send(frame).await.unwrap();
     }
-    // The rendezvous has read every frame once a ping sent after them is answered.
-    executor
-        .send(WsMessage::Ping(vec![1].into()))
-        .await
-        .unwrap();
-    let answered = tokio::time::timeout(DEADLINE, async {
-        while let Some(Ok(message)) = executor.next().await {
-            if matches!(message, WsMessage::Pong(_)) {
-                return;
-            }
-        }
-        panic!("the executor socket ended");
-    });
-    answered.await.expect("the rendezvous never read the flood");
+    read_by_rendezvous(&mut executor).await;
     let grown = rss_mib(&rendezvous).saturating_sub(before);
     let sent_mib = FLOOD_FRAMES * FRAME_PAYLOAD / (1024 * 1024);
     assert!(
@@ -139,20 +102,8 @@ async fn a_harness_credential_flooding_many_executors_holds_at_most_its_credenti
     for n in 0..FLOODED_EXECUTORS {
         let environment = format!("credential-bound-{n}");
         let (mut executor, key) = proven_executor_socket(&registry, &environment).await;
-        let mut harness = open_socket(&registry, &environment, "harness", TOKEN).await;
-        let (_, message) = Initiator::start(
-            &environment,
-            "flood",
-            key.public(),
-            proto::relay::Cipher::ChaChaPoly,
-        )
-        .unwrap();
-        harness
-            .send(WsMessage::binary(
-                Frame::new("flood", Body::Handshake(message.into())).into_encoded(),
-            ))
-            .await
-            .unwrap();
+        let harness =
+            harness_with_stream(&registry, &environment, TOKEN, "flood", key.public()).await;
         let mut seen = Seen::default();
         let window = Duration::from_millis(500);
         watch_executor_socket(&mut executor, &environment, &key, window, &mut seen).await;
@@ -167,34 +118,13 @@ async fn a_harness_credential_flooding_many_executors_holds_at_most_its_credenti
     let before = rss_mib(&rendezvous);
     for harness in &mut harnesses {
         for seq in 0..FRAMES_PER_EXECUTOR {
-            let frame = Frame::new(
-                "flood",
-                Body::Data(proto::relay::frame::Data {
-                    seq: seq as u64,
-                    segment_index: 0,
-                    segment_count: 1,
-                    payload: vec![(seq % 251) as u8; FRAME_PAYLOAD],
-                }),
-            );
-            harness
-                .feed(WsMessage::binary(frame.into_encoded()))
-                .await
-                .unwrap();
+            let frame = data_frame("flood", seq as u64, FRAME_PAYLOAD);
+            harness.feed(frame).await.unwrap();
         }
         harness.flush().await.unwrap();
     }
-    // The rendezvous has read every frame once a ping sent after them is answered.
     for harness in &mut harnesses {
-        harness.send(WsMessage::Ping(vec![1].into())).await.unwrap();
-        let answered = tokio::time::timeout(DEADLINE, async {
-            while let Some(Ok(message)) = harness.next().await {
-                if matches!(message, WsMessage::Pong(_)) {
-                    return;
-                }
-            }
-            panic!("a harness socket ended");
-        });
-        answered.await.expect("the rendezvous never read the flood");
+        read_by_rendezvous(harness).await;
     }
     let grown = rss_mib(&rendezvous).saturating_sub(before);
     let sent_mib = FLOODED_EXECUTORS * FRAMES_PER_EXECUTOR * FRAME_PAYLOAD / (1024 * 1024);

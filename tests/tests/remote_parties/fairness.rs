@@ -17,36 +17,6 @@ const CLUSTER_FLOOD: (u64, usize) = (60_000, 1024);
 /// The other credential's frames, small ones (requests): 20 KB in all.
 const OTHER_FRAMES: u64 = 20;
 
-fn data(stream: &str, seq: u64, bytes: usize) -> WsMessage {
-    WsMessage::binary(
-        Frame::new(
-            stream,
-            Body::Data(proto::relay::frame::Data {
-                seq,
-                segment_index: 0,
-                segment_count: 1,
-                payload: vec![(seq % 251) as u8; bytes],
-            }),
-        )
-        .into_encoded(),
-    )
-}
-
-/// Sends a ping on `socket` and waits for its pong: the rendezvous has read what came before.
-async fn read_by_rendezvous(socket: &mut RelaySocket) {
-    socket.send(WsMessage::Ping(vec![1].into())).await.unwrap();
-    tokio::time::timeout(DEADLINE, async {
-        while let Some(Ok(message)) = socket.next().await {
-            if matches!(message, WsMessage::Pong(_)) {
-                return;
-            }
-        }
-        panic!("the socket ended");
-    })
-    .await
-    .expect("the rendezvous never read the frames");
-}
-
 /// What the executor read after credential A's flood of `frames` data frames of `payload`
 /// bytes and then credential B's 20 small frames, its socket not read meanwhile: the flood's
 /// frames read, B's, and how many of the flood's came after B's last.
@@ -69,20 +39,8 @@ async fn flood_then_other(
     // Each credential opens a stream: its handshake reaches the executor and routes the stream.
     let mut sockets = Vec::new();
     for (token, stream) in [(TOKEN, "flood"), (OTHER_HARNESS_TOKEN, "other")] {
-        let mut socket = open_socket(harness_node, environment, "harness", token).await;
-        let (_, message) = Initiator::start(
-            environment,
-            stream,
-            key.public(),
-            proto::relay::Cipher::ChaChaPoly,
-        )
-        .unwrap();
-        let handshake = Frame::new(stream, Body::Handshake(message.into()));
-        socket
-            .send(WsMessage::binary(handshake.into_encoded()))
-            .await
-            .unwrap();
-        sockets.push(socket);
+        let socket = harness_with_stream(harness_node, environment, token, stream, key.public());
+        sockets.push(socket.await);
     }
     watch_executor_socket(&mut executor, environment, &key, window, &mut seen).await;
     assert_eq!(seen.harness_frames, 2, "both handshakes reach the executor");
@@ -94,12 +52,15 @@ async fn flood_then_other(
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     }
     for seq in 0..frames {
-        flooder.feed(data("flood", seq, payload)).await.unwrap();
+        flooder
+            .feed(data_frame("flood", seq, payload))
+            .await
+            .unwrap();
     }
     flooder.flush().await.unwrap();
     read_by_rendezvous(&mut flooder).await;
     for seq in 0..OTHER_FRAMES {
-        other.send(data("other", seq, 1000)).await.unwrap();
+        other.send(data_frame("other", seq, 1000)).await.unwrap();
     }
     read_by_rendezvous(&mut other).await;
     if let Some(pid) = nats_pid {

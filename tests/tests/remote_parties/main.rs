@@ -169,16 +169,60 @@ async fn proven_executor_socket(registry: &str, environment: &str) -> (RelaySock
     (socket, key)
 }
 
-/// Send one harness handshake for `environment` (towards `key`) on a harness socket.
-async fn harness_handshake(registry: &str, environment: &str, key: &[u8], stream: &str) {
-    let mut socket = open_socket(registry, environment, "harness", TOKEN).await;
+/// Open a harness socket of `token` for `environment` and send a handshake for `stream`
+/// (towards the executor's public `key`): the stream's first frame, which routes it.
+async fn harness_with_stream(
+    registry: &str,
+    environment: &str,
+    token: &str,
+    stream: &str,
+    key: &[u8],
+) -> RelaySocket {
+    let mut socket = open_socket(registry, environment, "harness", token).await;
     let (_, message) =
         Initiator::start(environment, stream, key, proto::relay::Cipher::ChaChaPoly).unwrap();
-    let frame = Frame::new(stream, Body::Handshake(message.into()));
+    let handshake = Frame::new(stream, Body::Handshake(message.into()));
     socket
-        .send(WsMessage::binary(frame.into_encoded()))
+        .send(WsMessage::binary(handshake.into_encoded()))
         .await
         .unwrap();
+    socket
+}
+
+/// A data frame on `stream` of `bytes` payload bytes, as a websocket message.
+fn data_frame(stream: &str, seq: u64, bytes: usize) -> WsMessage {
+    WsMessage::binary(
+        Frame::new(
+            stream,
+            Body::Data(proto::relay::frame::Data {
+                seq,
+                segment_index: 0,
+                segment_count: 1,
+                payload: vec![(seq % 251) as u8; bytes],
+            }),
+        )
+        .into_encoded(),
+    )
+}
+
+/// Sends a ping on `socket` and waits for its pong: the rendezvous has read what came before.
+async fn read_by_rendezvous(socket: &mut RelaySocket) {
+    socket.send(WsMessage::Ping(vec![1].into())).await.unwrap();
+    tokio::time::timeout(DEADLINE, async {
+        while let Some(Ok(message)) = socket.next().await {
+            if matches!(message, WsMessage::Pong(_)) {
+                return;
+            }
+        }
+        panic!("the socket ended");
+    })
+    .await
+    .expect("the rendezvous never read the frames");
+}
+
+/// Send one harness handshake for `environment` (towards `key`) on a harness socket.
+async fn harness_handshake(registry: &str, environment: &str, key: &[u8], stream: &str) {
+    let _socket = harness_with_stream(registry, environment, TOKEN, stream, key).await;
     // Held a moment so that the rendezvous routes it before the socket goes.
     tokio::time::sleep(Duration::from_millis(200)).await;
 }
