@@ -31,6 +31,10 @@ pub struct HelperRequest {
     /// The wire sandbox object the operation must run under (absent: no sandbox).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<Value>,
+    /// `fs/readFile` only: answer with the file opened for it (passed with `SCM_RIGHTS`, serve
+    /// mode) and an empty result, not with its contents ([`open_read_file`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub descriptor: bool,
 }
 
 /// The envelope of a [`HelperRequest`] before its params are parsed: strict (an unknown member
@@ -43,6 +47,8 @@ struct Envelope {
     params: Value,
     #[serde(default)]
     sandbox: Option<Value>,
+    #[serde(default)]
+    descriptor: bool,
 }
 
 impl HelperRequest {
@@ -67,8 +73,65 @@ impl HelperRequest {
         Ok(HelperRequest {
             request,
             sandbox: envelope.sandbox,
+            descriptor: envelope.descriptor,
         })
     }
+
+    /// Execute it ([`execute`], or [`open_read_file`] when it asks for a descriptor).
+    ///
+    /// # Errors
+    /// As [`execute`]'s; -32600 for a descriptor asked of another operation than `fs/readFile`.
+    pub fn execute(self, sandboxed: bool) -> Result<Outcome, RpcError> {
+        match (self.descriptor, self.request) {
+            (false, request) => execute(request, sandboxed),
+            (true, FsRequest::ReadFile(params)) => open_read_file(&params, sandboxed),
+            (true, other) => Err(RpcError::invalid_request(
+                ErrorKind::Unsupported,
+                format!(
+                    "a descriptor answers fs/readFile only, not {}",
+                    other.method()
+                ),
+            )),
+        }
+    }
+}
+
+/// `fs/readFile` answered with the file it would read, opened with its checks and errors
+/// ([`crate::open_for_read_file`]), and an empty result: the reader fstat's and reads the
+/// descriptor itself ([`read_file_result`]).
+///
+/// # Errors
+/// As `fs/readFile`'s, but for the size, which the reader checks.
+pub fn open_read_file(params: &ReadFileParams, sandboxed: bool) -> Result<Outcome, RpcError> {
+    let file = crate::open_for_read_file(params.path.as_path())
+        .map_err(|error| fs_error(&error, sandboxed))?;
+    Ok(Outcome::Opened(file, to_value(Empty {})?))
+}
+
+/// The `fs/readFile` answer for `params` from `file`, which [`open_read_file`] opened: read
+/// with `fs/readFile`'s size limit and errors.
+///
+/// # Errors
+/// As `fs/readFile`'s (`sandboxed` turns permission errors into `sandboxDenied`).
+pub fn read_file_result(
+    file: File,
+    params: &ReadFileParams,
+    sandboxed: bool,
+) -> Result<Value, RpcError> {
+    let data = crate::read_opened_file(file, params.path.as_path(), read_file_limit(params))
+        .map_err(|error| fs_error(&error, sandboxed))?;
+    to_value(ReadFileResult {
+        data_base64: base64::engine::general_purpose::STANDARD.encode(data),
+    })
+}
+
+/// The most an `fs/readFile` of `params` reads: what it asks, within `READ_FILE_MAX_BYTES`.
+fn read_file_limit(params: &ReadFileParams) -> u64 {
+    params
+        .max_bytes
+        .map_or(crate::READ_FILE_MAX_BYTES, |asked| {
+            asked.min(crate::READ_FILE_MAX_BYTES)
+        })
 }
 
 /// The helper's answer: `{"status": "ok", "payload": result}` or
@@ -121,10 +184,7 @@ pub fn execute(request: FsRequest, sandboxed: bool) -> Result<Outcome, RpcError>
     let fs = |error: FsError| fs_error(&error, sandboxed);
     let value = match request {
         FsRequest::ReadFile(p) => {
-            let limit = p.max_bytes.map_or(crate::READ_FILE_MAX_BYTES, |asked| {
-                asked.min(crate::READ_FILE_MAX_BYTES)
-            });
-            let data = crate::read_file(p.path.as_path(), limit).map_err(fs)?;
+            let data = crate::read_file(p.path.as_path(), read_file_limit(&p)).map_err(fs)?;
             to_value(ReadFileResult {
                 data_base64: base64::engine::general_purpose::STANDARD.encode(data),
             })

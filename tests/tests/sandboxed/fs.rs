@@ -432,3 +432,84 @@ async fn sandboxed_streaming_read_works_through_a_passed_descriptor() {
         .await;
     assert_rpc_error(r, -32004, "notFound");
 }
+
+/// A file the policy denies is examined by the helper alone, which may not open it. The server
+/// backed a read's answer from its own `stat` of the client's path before the helper's verdict:
+/// with the memory budget nearly held by another client, a denied 24 MiB file was refused as
+/// too large for the budget (`limitExceeded`) while a denied small one was refused as denied,
+/// which told a sandboxed client a denied file's existence and size class (and, filling the
+/// budget by degrees, its size). Now both are denied alike; an allowed file as large still meets
+/// the budget, from the size of the descriptor the helper opened.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_denied_files_size_shows_neither_in_the_answer_nor_in_a_refusal_of_the_memory_budget() {
+    const MIB: usize = 1024 * 1024;
+    let dirs = Dirs::new();
+    // The smallest budget the server takes (MAX_FRAME_BYTES).
+    let server = ExecServer::start(&["--memory-budget", "64M"]);
+    std::fs::write(dirs.ws("huge.bin"), vec![7u8; 32 * MIB]).unwrap();
+    std::fs::write(dirs.ws("big.bin"), vec![7u8; 24 * MIB]).unwrap();
+    std::fs::write(dirs.out("big.bin"), vec![7u8; 24 * MIB]).unwrap();
+    std::fs::write(dirs.out("small.txt"), b"small").unwrap();
+    // A client that never reads holds a 43 MiB answer: about 23 MiB of the budget is left.
+    let mut holder = server.client().await;
+    let huge = json!({"path": file_uri(dirs.ws("huge.bin"))});
+    holder.send_request("fs/readFile", huge).await;
+
+    let mut client = server.client().await;
+    let policy = json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+            {"path": {"type": "path", "path": dirs.workspace.path()}, "access": "write"},
+            {"path": {"type": "path", "path": dirs.outside.path()}, "access": "deny"}
+        ]}},
+        "cwd": file_uri(dirs.workspace.path())
+    });
+    let read = |path: PathBuf| json!({"path": file_uri(path)});
+    // The control: once the holder's answer holds the budget, an allowed 24 MiB file (a 32 MiB
+    // answer) is refused by it.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let allowed = fs_call(
+            &mut client,
+            "fs/readFile",
+            read(dirs.ws("big.bin")),
+            policy.clone(),
+        );
+        match allowed.await {
+            Err(error)
+                if error
+                    .data
+                    .as_ref()
+                    .map(|d| serde_json::to_value(d.kind).unwrap())
+                    == Some(json!("limitExceeded")) =>
+            {
+                break;
+            }
+            other => {
+                assert!(
+                    Instant::now() < until,
+                    "the holder's answer never held the budget: {:?}",
+                    other.map(|_| "read")
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    for path in [dirs.out("big.bin"), dirs.out("small.txt")] {
+        let denied = fs_call(
+            &mut client,
+            "fs/readFile",
+            read(path.clone()),
+            policy.clone(),
+        )
+        .await;
+        assert_denied(denied, "fs/readFile", &path);
+    }
+    // An allowed small file is read, from the descriptor the helper passed.
+    let small = fs_call(&mut client, "fs/readFile", read(dirs.ws("in.txt")), policy).await;
+    assert_eq!(
+        unb64(small.unwrap()["dataBase64"].as_str().unwrap()),
+        b"inside"
+    );
+    drop(holder);
+}
