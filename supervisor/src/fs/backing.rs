@@ -1,5 +1,6 @@
 //! Backing an `fs/readFile` answer with memory for the file's size before it is read, and the
-//! sandboxed read that the server finishes from the descriptor its helper opened.
+//! sandboxed read that the server finishes from the descriptor its helper opened
+//! ([`super::helpers::finish_read`]).
 
 use std::fs::File;
 
@@ -7,8 +8,6 @@ use proto::error::RpcError;
 use proto::methods::fs::ReadFileParams;
 use serde_json::Value;
 
-use super::FsRequestError;
-use super::helpers::{HelperReply, Sandboxed};
 use crate::budget::{ConnectionBudget, MemoryCharge, content_answer_bytes};
 use crate::limits::BULK_READ_BYTES;
 
@@ -65,8 +64,10 @@ impl AnswerBacking {
 
 /// A sandboxed `fs/readFile` of the file its helper opened under the policy.
 pub struct OpenedRead {
-    file: File,
-    params: ReadFileParams,
+    /// The file the helper opened.
+    pub file: File,
+    /// The read's params.
+    pub params: ReadFileParams,
 }
 
 impl OpenedRead {
@@ -74,42 +75,4 @@ impl OpenedRead {
     pub fn read(self) -> Result<Value, RpcError> {
         fs_helper::wire::read_file_result(self.file, &self.params, true)
     }
-}
-
-/// A read and its answer's backing, for [`finish_read`].
-pub type ReadToFinish = (ReadFileParams, AnswerBacking);
-
-/// Finish what a helper answered (blocks): for a read (`read`), the answer backed from the
-/// size of the file the helper opened and the file read, or left for its bulk turn; anything
-/// else as it came. Returns what backs the answer too.
-///
-/// # Errors
-/// -32600 `limitExceeded` when the memory budget cannot back the read (only ever for a file
-/// the policy let the helper open); -32603 when the helper answered a read without the file.
-pub fn finish_read(
-    reply: HelperReply,
-    read: Option<ReadToFinish>,
-) -> Result<(Sandboxed, MemoryCharge), RpcError> {
-    let Some((params, backing)) = read else {
-        return Ok((Sandboxed::Served(reply), MemoryCharge::none()));
-    };
-    let file = match reply.result {
-        Err(error) => {
-            return Ok((
-                Sandboxed::Served(reply_of(Err(error))),
-                MemoryCharge::none(),
-            ));
-        }
-        Ok(_) => reply.file.ok_or(FsRequestError::ReadWithoutDescriptor)?,
-    };
-    let (charge, bulk) = backing.back_opened(&file)?;
-    let read = OpenedRead { file, params };
-    if bulk {
-        return Ok((Sandboxed::BulkRead(read), charge));
-    }
-    Ok((Sandboxed::Served(reply_of(read.read())), charge))
-}
-
-fn reply_of(result: Result<Value, RpcError>) -> HelperReply {
-    HelperReply { result, file: None }
 }

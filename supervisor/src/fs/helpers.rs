@@ -37,7 +37,7 @@ use serde_json::Value;
 use std::os::unix::process::CommandExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::backing::{AnswerBacking, OpenedRead, ReadToFinish, finish_read};
+use super::backing::{AnswerBacking, OpenedRead};
 use crate::budget::{Budgets, ConnectionBudget, DescriptorCharge, MemoryCharge};
 use crate::sandboxing::Sandboxing;
 
@@ -530,4 +530,44 @@ fn exchange(helper: &mut Helper, request: &[u8]) -> Result<HelperReply, HelperEr
         result: response.into(),
         file: frame.fd.map(std::fs::File::from),
     })
+}
+
+/// A read and its answer's backing, for [`finish_read`].
+pub type ReadToFinish = (proto::methods::fs::ReadFileParams, AnswerBacking);
+
+/// Finish what a helper answered (blocks): for a read (`read`), the answer backed from the
+/// size of the file the helper opened and the file read, or left for its bulk turn; anything
+/// else as it came. Returns what backs the answer too.
+///
+/// # Errors
+/// -32600 `limitExceeded` when the memory budget cannot back the read (only ever for a file
+/// the policy let the helper open); -32603 when the helper answered a read without the file.
+pub fn finish_read(
+    reply: HelperReply,
+    read: Option<ReadToFinish>,
+) -> Result<(Sandboxed, MemoryCharge), RpcError> {
+    let Some((params, backing)) = read else {
+        return Ok((Sandboxed::Served(reply), MemoryCharge::none()));
+    };
+    let file = match reply.result {
+        Err(error) => {
+            return Ok((
+                Sandboxed::Served(reply_of(Err(error))),
+                MemoryCharge::none(),
+            ));
+        }
+        Ok(_) => reply
+            .file
+            .ok_or(super::FsRequestError::ReadWithoutDescriptor)?,
+    };
+    let (charge, bulk) = backing.back_opened(&file)?;
+    let read = OpenedRead { file, params };
+    if bulk {
+        return Ok((Sandboxed::BulkRead(read), charge));
+    }
+    Ok((Sandboxed::Served(reply_of(read.read())), charge))
+}
+
+fn reply_of(result: Result<Value, RpcError>) -> HelperReply {
+    HelperReply { result, file: None }
 }
