@@ -283,14 +283,7 @@ async fn deny_entries_block_reads_listing_and_copy_sources_also_through_symlinks
     let dirs = Dirs::new();
     let server = ExecServer::start(&[]);
     let mut client = server.client().await;
-    let policy = json!({
-        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
-            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
-            {"path": {"type": "path", "path": dirs.workspace.path()}, "access": "write"},
-            {"path": {"type": "path", "path": dirs.outside.path()}, "access": "deny"}
-        ]}},
-        "cwd": file_uri(dirs.workspace.path())
-    });
+    let policy = deny_outside(&dirs);
     let spec_ok = fs_call(
         &mut client,
         "fs/readFile",
@@ -456,14 +449,7 @@ async fn a_denied_files_size_shows_neither_in_the_answer_nor_in_a_refusal_of_the
     holder.send_request("fs/readFile", huge).await;
 
     let mut client = server.client().await;
-    let policy = json!({
-        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
-            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
-            {"path": {"type": "path", "path": dirs.workspace.path()}, "access": "write"},
-            {"path": {"type": "path", "path": dirs.outside.path()}, "access": "deny"}
-        ]}},
-        "cwd": file_uri(dirs.workspace.path())
-    });
+    let policy = deny_outside(&dirs);
     let read = |path: PathBuf| json!({"path": file_uri(path)});
     // The control: once the holder's answer holds the budget, an allowed 24 MiB file (a 32 MiB
     // answer) is refused by it.
@@ -512,4 +498,16 @@ async fn a_denied_files_size_shows_neither_in_the_answer_nor_in_a_refusal_of_the
         b"inside"
     );
     drop(holder);
+}
+
+/// A permissions profile: everything readable, the workspace writable, the outside denied.
+fn deny_outside(dirs: &Dirs) -> Value {
+    json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+            {"path": {"type": "path", "path": dirs.workspace.path()}, "access": "write"},
+            {"path": {"type": "path", "path": dirs.outside.path()}, "access": "deny"}
+        ]}},
+        "cwd": file_uri(dirs.workspace.path())
+    })
 }
