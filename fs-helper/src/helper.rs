@@ -156,7 +156,7 @@ pub fn run_one_shot(denies: &[PathBuf]) -> Result<(), SetupError> {
                     Ok(Outcome::Value(value)) => Ok(value),
                     Ok(Outcome::Opened(..)) => Err(RpcError::invalid_request(
                         ErrorKind::Unsupported,
-                        "fs/open needs the serve mode on a unix socket (the descriptor is passed with SCM_RIGHTS)",
+                        "fs/open and a descriptor answer to fs/readFile need the serve mode on a unix socket (the descriptor is passed with SCM_RIGHTS)",
                     )),
                     Err(error) => Err(error),
                 }

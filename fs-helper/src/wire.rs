@@ -421,6 +421,56 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_descriptor_answers_read_file_with_the_opened_file_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.txt");
+        std::fs::write(&path, b"contents").unwrap();
+        let uri = format!("file://{}", path.display());
+        let request = |operation: &str, descriptor: bool| {
+            let mut envelope = json!({"operation": operation, "params": {"path": uri}});
+            if descriptor {
+                envelope["descriptor"] = json!(true);
+            }
+            HelperRequest::decode(envelope.to_string().as_bytes()).unwrap()
+        };
+        let asked = request("fs/readFile", true);
+        let encoded = serde_json::to_value(&asked).unwrap();
+        assert_eq!(
+            encoded["descriptor"],
+            json!(true),
+            "it survives the server's encoding"
+        );
+        let Ok(Outcome::Opened(file, value)) = asked.execute(false) else {
+            panic!("no descriptor for fs/readFile");
+        };
+        assert_eq!(value, json!({}), "the contents do not travel in the answer");
+        let params: ReadFileParams = serde_json::from_value(json!({"path": uri})).unwrap();
+        let answer = read_file_result(file, &params, false).unwrap();
+        assert_eq!(answer["dataBase64"], json!("Y29udGVudHM="));
+        let plain = serde_json::to_value(request("fs/readFile", false)).unwrap();
+        assert!(plain.get("descriptor").is_none(), "absent unless asked");
+        let refused = request("fs/getMetadata", true).execute(false).unwrap_err();
+        assert_eq!(refused.code, codes::INVALID_REQUEST);
+        let directory = format!("file://{}", dir.path().display());
+        let not_regular = HelperRequest::decode(
+            json!({"operation": "fs/readFile", "params": {"path": directory}, "descriptor": true})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap()
+        .execute(false)
+        .unwrap_err();
+        let plain_error = execute(
+            FsRequest::parse("fs/readFile", Some(json!({"path": directory})))
+                .unwrap()
+                .unwrap(),
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(not_regular, plain_error, "fs/readFile's errors, unchanged");
+    }
+
+    #[test]
     fn response_shape_is_status_and_payload() {
         let ok = serde_json::to_value(HelperResponse::Ok(json!({"x": 1}))).unwrap();
         assert_eq!(ok, json!({"status": "ok", "payload": {"x": 1}}));
