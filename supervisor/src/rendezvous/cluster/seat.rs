@@ -15,8 +15,10 @@ use crate::rendezvous::queue::{NewStreamLimiter, Queue};
 use crate::rendezvous::queued::{FrameSender, QueuedBytes};
 
 /// Harness sockets of other nodes one executor seat keeps state for (a limiter and a reply
-/// subject each); frames from more are dropped until some close. Matches the single node's
-/// `MAX_RENDEZVOUS_CONNECTIONS`.
+/// subject each). Matches the single node's `MAX_RENDEZVOUS_CONNECTIONS`. Past it, the socket
+/// heard from longest ago gives way ([`make_room`]): a socket whose close never arrived (its
+/// `SocketClosed` lost to NATS, or dropped from a publish lane its own credential keeps full)
+/// must not hold a place for good and lock every new harness socket out of the executor.
 pub const MAX_REMOTE_HARNESS_SOCKETS: usize = 4096;
 
 /// Why a seat could not be taken.
@@ -43,6 +45,20 @@ pub struct RemoteHarness {
     pub account: QueuedBytes,
     /// Its new-stream limiter (the stream table's half of it).
     pub limiter: NewStreamLimiter,
+    /// When a frame of it last arrived.
+    pub last_seen: Instant,
+}
+
+/// Room for one more socket in `remote` (which holds at most `cap`): when it is full, the
+/// socket heard from longest ago gives way (a live one that speaks again is kept anew, with a
+/// fresh limiter). Returns the socket that gave way.
+pub fn make_room(remote: &mut HashMap<u64, RemoteHarness>, cap: usize) -> Option<u64> {
+    if remote.len() < cap {
+        return None;
+    }
+    let (&oldest, _) = remote.iter().min_by_key(|(_, harness)| harness.last_seen)?;
+    remote.remove(&oldest);
+    Some(oldest)
 }
 
 /// A proven executor socket's hold on its environment's subject and lease.
@@ -124,8 +140,8 @@ impl ExecutorSeat {
     }
 
     /// The state of harness socket `socket` of credential `party` (created on its first frame,
-    /// which must carry its reply subject, with the credential's `account`); `None` when it
-    /// cannot be kept.
+    /// which must carry its reply subject, with the credential's `account`, making room if
+    /// needed); `None` when its first frame carries no harness reply subject.
     pub fn remote(
         &mut self,
         socket: u64,
@@ -133,10 +149,13 @@ impl ExecutorSeat {
         account: impl FnOnce() -> QueuedBytes,
         reply: Option<async_nats::Subject>,
     ) -> Option<&mut RemoteHarness> {
-        if !self.remote.contains_key(&socket) {
+        let now = Instant::now();
+        if let Some(harness) = self.remote.get_mut(&socket) {
+            harness.last_seen = now;
+        } else {
             let subject = reply.filter(|s| s.starts_with("execward.h."))?;
-            if self.remote.len() >= MAX_REMOTE_HARNESS_SOCKETS {
-                return None;
+            if let Some(evicted) = make_room(&mut self.remote, MAX_REMOTE_HARNESS_SOCKETS) {
+                self.in_pieces.forget(evicted);
             }
             self.remote.insert(
                 socket,
@@ -148,7 +167,8 @@ impl ExecutorSeat {
                     },
                     party,
                     account: account(),
-                    limiter: NewStreamLimiter::new(Instant::now()),
+                    limiter: NewStreamLimiter::new(now),
+                    last_seen: now,
                 },
             );
         }
@@ -248,5 +268,47 @@ impl HarnessSeat {
 impl Drop for HarnessSeat {
     fn drop(&mut self) {
         self.forward.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::rendezvous::queued::socket_queue;
+
+    fn harness(last_seen: Instant) -> RemoteHarness {
+        RemoteHarness {
+            queue: Queue::Local(socket_queue(&[]).0),
+            party: 1,
+            account: QueuedBytes::default(),
+            limiter: NewStreamLimiter::new(last_seen),
+            last_seen,
+        }
+    }
+
+    #[test]
+    fn a_full_table_makes_room_by_the_socket_heard_from_longest_ago() {
+        let start = Instant::now();
+        let mut remote: HashMap<u64, RemoteHarness> = (0..4u64)
+            .map(|n| (n, harness(start + Duration::from_secs(10 - n))))
+            .collect();
+        assert_eq!(make_room(&mut remote, 5), None, "room left: nothing goes");
+        assert_eq!(remote.len(), 4);
+        assert_eq!(
+            make_room(&mut remote, 4),
+            Some(3),
+            "full: the one heard from longest ago goes"
+        );
+        assert_eq!(remote.len(), 3);
+        remote.get_mut(&2).unwrap().last_seen = start + Duration::from_secs(60);
+        remote.insert(9, harness(start + Duration::from_secs(30)));
+        assert_eq!(
+            make_room(&mut remote, 4),
+            Some(1),
+            "a socket that spoke again stays"
+        );
+        assert!(remote.contains_key(&2) && remote.contains_key(&9));
     }
 }
