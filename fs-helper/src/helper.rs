@@ -26,7 +26,7 @@ use sandbox::{ResolvedPolicy, SandboxSpec};
 use serde_json::Value;
 
 use crate::frame::{FrameError, read_frame, skip_body, write_frame};
-use crate::wire::{HelperRequest, HelperResponse, MAX_HELPER_REQUEST_BYTES, Outcome};
+use crate::wire::{HelperRequest, HelperResponse, MAX_HELPER_REQUEST_BYTES, Outcome, execute};
 
 /// Exit status when the helper cannot set itself up.
 pub const EXIT_SETUP_FAILED: u8 = 125;
@@ -152,11 +152,11 @@ pub fn run_one_shot(denies: &[PathBuf]) -> Result<(), SetupError> {
             Ok(request) => {
                 let policy = resolve(request.sandbox.as_ref(), denies)?;
                 restrict(&policy)?;
-                match request.execute(!policy.is_unrestricted()) {
+                match execute(request.request, !policy.is_unrestricted()) {
                     Ok(Outcome::Value(value)) => Ok(value),
                     Ok(Outcome::Opened(..)) => Err(RpcError::invalid_request(
                         ErrorKind::Unsupported,
-                        "fs/open and a descriptor answer to fs/readFile need the serve mode on a unix socket (the descriptor is passed with SCM_RIGHTS)",
+                        "fs/open needs the serve mode on a unix socket (the descriptor is passed with SCM_RIGHTS)",
                     )),
                     Err(error) => Err(error),
                 }
@@ -316,7 +316,7 @@ fn execute_one(
     request: HelperRequest,
     sandboxed: bool,
 ) -> (Result<Value, RpcError>, Option<std::fs::File>) {
-    match request.execute(sandboxed) {
+    match execute(request.request, sandboxed) {
         Ok(Outcome::Value(value)) => (Ok(value), None),
         Ok(Outcome::Opened(file, value)) => (Ok(value), Some(file)),
         Err(error) => (Err(error), None),

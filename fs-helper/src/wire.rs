@@ -31,10 +31,6 @@ pub struct HelperRequest {
     /// The wire sandbox object the operation must run under (absent: no sandbox).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<Value>,
-    /// `fs/readFile` only: answer with the file opened for it (passed with `SCM_RIGHTS`, serve
-    /// mode) and an empty result, not with its contents ([`open_read_file`]).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub descriptor: bool,
 }
 
 /// The envelope of a [`HelperRequest`] before its params are parsed: strict (an unknown member
@@ -47,8 +43,6 @@ struct Envelope {
     params: Value,
     #[serde(default)]
     sandbox: Option<Value>,
-    #[serde(default)]
-    descriptor: bool,
 }
 
 impl HelperRequest {
@@ -73,65 +67,8 @@ impl HelperRequest {
         Ok(HelperRequest {
             request,
             sandbox: envelope.sandbox,
-            descriptor: envelope.descriptor,
         })
     }
-
-    /// Execute it ([`execute`], or [`open_read_file`] when it asks for a descriptor).
-    ///
-    /// # Errors
-    /// As [`execute`]'s; -32600 for a descriptor asked of another operation than `fs/readFile`.
-    pub fn execute(self, sandboxed: bool) -> Result<Outcome, RpcError> {
-        match (self.descriptor, self.request) {
-            (false, request) => execute(request, sandboxed),
-            (true, FsRequest::ReadFile(params)) => open_read_file(&params, sandboxed),
-            (true, other) => Err(RpcError::invalid_request(
-                ErrorKind::Unsupported,
-                format!(
-                    "a descriptor answers fs/readFile only, not {}",
-                    other.method()
-                ),
-            )),
-        }
-    }
-}
-
-/// `fs/readFile` answered with the file it would read, opened with its checks and errors
-/// ([`crate::open_for_read_file`]), and an empty result: the reader fstat's and reads the
-/// descriptor itself ([`read_file_result`]).
-///
-/// # Errors
-/// As `fs/readFile`'s, but for the size, which the reader checks.
-pub fn open_read_file(params: &ReadFileParams, sandboxed: bool) -> Result<Outcome, RpcError> {
-    let file = crate::open_for_read_file(params.path.as_path())
-        .map_err(|error| fs_error(&error, sandboxed))?;
-    Ok(Outcome::Opened(file, to_value(Empty {})?))
-}
-
-/// The `fs/readFile` answer for `params` from `file`, which [`open_read_file`] opened: read
-/// with `fs/readFile`'s size limit and errors.
-///
-/// # Errors
-/// As `fs/readFile`'s (`sandboxed` turns permission errors into `sandboxDenied`).
-pub fn read_file_result(
-    file: File,
-    params: &ReadFileParams,
-    sandboxed: bool,
-) -> Result<Value, RpcError> {
-    let data = crate::read_opened_file(file, params.path.as_path(), read_file_limit(params))
-        .map_err(|error| fs_error(&error, sandboxed))?;
-    to_value(ReadFileResult {
-        data_base64: base64::engine::general_purpose::STANDARD.encode(data),
-    })
-}
-
-/// The most an `fs/readFile` of `params` reads: what it asks, within `READ_FILE_MAX_BYTES`.
-fn read_file_limit(params: &ReadFileParams) -> u64 {
-    params
-        .max_bytes
-        .map_or(crate::READ_FILE_MAX_BYTES, |asked| {
-            asked.min(crate::READ_FILE_MAX_BYTES)
-        })
 }
 
 /// The helper's answer: `{"status": "ok", "payload": result}` or
@@ -184,7 +121,10 @@ pub fn execute(request: FsRequest, sandboxed: bool) -> Result<Outcome, RpcError>
     let fs = |error: FsError| fs_error(&error, sandboxed);
     let value = match request {
         FsRequest::ReadFile(p) => {
-            let data = crate::read_file(p.path.as_path(), read_file_limit(&p)).map_err(fs)?;
+            let limit = p.max_bytes.map_or(crate::READ_FILE_MAX_BYTES, |asked| {
+                asked.min(crate::READ_FILE_MAX_BYTES)
+            });
+            let data = crate::read_file(p.path.as_path(), limit).map_err(fs)?;
             to_value(ReadFileResult {
                 data_base64: base64::engine::general_purpose::STANDARD.encode(data),
             })
@@ -419,56 +359,6 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
     use serde_json::json;
-
-    #[test]
-    fn a_descriptor_answers_read_file_with_the_opened_file_and_nothing_else() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f.txt");
-        std::fs::write(&path, b"contents").unwrap();
-        let uri = format!("file://{}", path.display());
-        let request = |operation: &str, descriptor: bool| {
-            let mut envelope = json!({"operation": operation, "params": {"path": uri}});
-            if descriptor {
-                envelope["descriptor"] = json!(true);
-            }
-            HelperRequest::decode(envelope.to_string().as_bytes()).unwrap()
-        };
-        let asked = request("fs/readFile", true);
-        let encoded = serde_json::to_value(&asked).unwrap();
-        assert_eq!(
-            encoded["descriptor"],
-            json!(true),
-            "it survives the server's encoding"
-        );
-        let Ok(Outcome::Opened(file, value)) = asked.execute(false) else {
-            panic!("no descriptor for fs/readFile");
-        };
-        assert_eq!(value, json!({}), "the contents do not travel in the answer");
-        let params: ReadFileParams = serde_json::from_value(json!({"path": uri})).unwrap();
-        let answer = read_file_result(file, &params, false).unwrap();
-        assert_eq!(answer["dataBase64"], json!("Y29udGVudHM="));
-        let plain = serde_json::to_value(request("fs/readFile", false)).unwrap();
-        assert!(plain.get("descriptor").is_none(), "absent unless asked");
-        let refused = request("fs/getMetadata", true).execute(false).unwrap_err();
-        assert_eq!(refused.code, codes::INVALID_REQUEST);
-        let directory = format!("file://{}", dir.path().display());
-        let not_regular = HelperRequest::decode(
-            json!({"operation": "fs/readFile", "params": {"path": directory}, "descriptor": true})
-                .to_string()
-                .as_bytes(),
-        )
-        .unwrap()
-        .execute(false)
-        .unwrap_err();
-        let plain_error = execute(
-            FsRequest::parse("fs/readFile", Some(json!({"path": directory})))
-                .unwrap()
-                .unwrap(),
-            false,
-        )
-        .unwrap_err();
-        assert_eq!(not_regular, plain_error, "fs/readFile's errors, unchanged");
-    }
 
     #[test]
     fn response_shape_is_status_and_payload() {

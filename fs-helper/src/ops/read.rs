@@ -23,26 +23,8 @@ pub use proto::limits::{READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES};
 /// - [`FsError::TooLarge`] if the file holds more than `max_bytes` bytes.
 /// - [`FsError::Io`] if the path cannot be resolved, opened or read.
 pub fn read_file(path: &Path, max_bytes: u64) -> Result<Vec<u8>, FsError> {
-    read_opened_file(open_for_read_file(path)?, path, max_bytes)
-}
-
-/// Opens `path` for [`read_opened_file`], with [`read_file`]'s checks and errors: a sandboxed
-/// helper opens the file under its policy and passes the descriptor, and the server reads it
-/// (and backs its answer from the descriptor's size, never from a path of its own).
-///
-/// # Errors
-/// As [`read_file`]'s, but for [`FsError::TooLarge`].
-pub fn open_for_read_file(path: &Path) -> Result<File, FsError> {
-    open_regular_for_read(FsOperation::ReadFile, path)
-}
-
-/// Reads a file [`open_for_read_file`] opened (named `path` in errors), as [`read_file`] does.
-///
-/// # Errors
-/// - [`FsError::TooLarge`] if the file holds more than `max_bytes` bytes.
-/// - [`FsError::Io`] if the `fstat` or the read fails.
-pub fn read_opened_file(file: File, path: &Path, max_bytes: u64) -> Result<Vec<u8>, FsError> {
     let op = FsOperation::ReadFile;
+    let file = open_regular_for_read(op, path)?;
     let size = file.metadata().map_err(|e| FsError::io(op, path, e))?.len();
     let too_large = |size| FsError::TooLarge {
         op,

@@ -37,7 +37,7 @@ use serde_json::Value;
 use std::os::unix::process::CommandExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::backing::{AnswerBacking, OpenedRead};
+use super::AnswerBacking;
 use crate::budget::{Budgets, ConnectionBudget, DescriptorCharge, MemoryCharge};
 use crate::sandboxing::Sandboxing;
 
@@ -153,15 +153,15 @@ pub struct HelperPool {
 
 /// What [`HelperPool::call_sandboxed`] did.
 pub enum Sandboxed {
-    /// The sandbox restricts nothing: the request (and its answer's backing), to run
-    /// unsandboxed.
-    Unrestricted(FsRequest, Option<AnswerBacking>),
+    /// The sandbox restricts nothing: the request, to run unsandboxed.
+    Unrestricted(FsRequest),
     /// A helper under the resolved policy answered.
     Served(HelperReply),
-    /// `fs/readFile` of a file the helper opened under the policy, backed and found a bulk
-    /// read: to read once it has its turn.
-    BulkRead(OpenedRead),
 }
+
+/// A read whose answer [`HelperPool::call_sandboxed`] backed and found a bulk read: the
+/// request, to call again (without backing) once it has its turn.
+pub struct AwaitsBulkTurn(pub FsRequest);
 
 /// How a call gets its helper.
 enum Start {
@@ -214,18 +214,12 @@ impl HelperPool {
     }
 
     /// Resolve `sandbox` and run `request` under it, on the blocking pool within `budget`'s
-    /// share: with an idle helper of the same policy, resolution and the exchange are one
-    /// blocking job (one hop off the async runtime, not two); otherwise as [`Self::call`].
-    /// [`Sandboxed::Unrestricted`] (the request and `backing` back) when the sandbox restricts
-    /// nothing.
-    ///
-    /// An `fs/readFile` (with its answer's `backing`) is answered by the helper with the file it
-    /// opened under the policy; the answer is backed from that descriptor's size, and the file
-    /// read, in the same job ([`finish_read`]; a bulk read comes back as
-    /// [`Sandboxed::BulkRead`]). Nothing here examines the client's path with the server's own
-    /// view: whether a file the policy denies exists, or how large it is, shows neither in the
-    /// answer (a refusal of the memory budget) nor in its timing (a bulk read's turn).
-    /// Returns what backs the answer too, to merge into the answer's charge.
+    /// share: with an idle helper of the same policy, the read's answer `backing`, resolution
+    /// and the exchange are one blocking job (one hop off the async runtime, not three);
+    /// otherwise as [`Self::call`]. [`Sandboxed::Unrestricted`] (the request back) when the
+    /// sandbox restricts nothing; [`AwaitsBulkTurn`] when `backing` found a bulk read (call
+    /// again without it once the read has its turn). Returns with it what backs
+    /// the answer (nothing without `backing`), to merge into the answer's charge.
     ///
     /// # Errors
     /// -32602 when the sandbox object does not parse or resolve (never run unsandboxed
@@ -237,59 +231,56 @@ impl HelperPool {
         sandbox: Value,
         request: FsRequest,
         backing: Option<AnswerBacking>,
-    ) -> Result<(Sandboxed, MemoryCharge), RpcError> {
+    ) -> Result<(Result<Sandboxed, AwaitsBulkTurn>, MemoryCharge), RpcError> {
         /// What the first blocking job got to.
         enum First {
-            Done(Sandboxed, MemoryCharge),
-            NeedsHelper(Box<(PoolKey, FsRequest, Option<ReadToFinish>)>),
+            Done(Result<Sandboxed, AwaitsBulkTurn>),
+            NeedsHelper(Box<(PoolKey, FsRequest)>),
         }
         let pool = self.clone();
         let session = session.to_owned();
         // The blocking pool, not the CPU pool: resolution walks paths the client names (and
         // what commands left in writable roots), which may be slow or hung filesystems; on
         // the CPU pool's few threads that would stall every connection's large messages.
-        let first = budget
+        let (first, backed) = budget
             .blocking(move || {
+                let mut backed = MemoryCharge::none();
+                if let Some(backing) = backing {
+                    let (charge, bulk) = backing.back()?;
+                    backed = charge;
+                    if bulk {
+                        return Ok((First::Done(Err(AwaitsBulkTurn(request))), backed));
+                    }
+                }
                 let policy = pool
                     .sandboxing
                     .resolve(Some(&sandbox))
                     .map_err(|e| RpcError::from(super::FsRequestError::Sandbox(e)))?;
                 let Some(policy) = policy else {
-                    let unrestricted = Sandboxed::Unrestricted(request, backing);
-                    return Ok::<_, RpcError>(First::Done(unrestricted, MemoryCharge::none()));
-                };
-                let read = match (&request, backing) {
-                    (FsRequest::ReadFile(params), Some(backing)) => Some((params.clone(), backing)),
-                    _ => None,
+                    return Ok((First::Done(Ok(Sandboxed::Unrestricted(request))), backed));
                 };
                 let key = (session, policy);
-                match pool.idle_helper(&key) {
-                    Some(helper) => {
-                        let reply =
-                            pool.serve(Start::Reused(helper), key, request, read.is_some())?;
-                        let (done, backed) = finish_read(reply, read)?;
-                        Ok(First::Done(done, backed))
-                    }
-                    None => Ok(First::NeedsHelper(Box::new((key, request, read)))),
-                }
+                let first = match pool.idle_helper(&key) {
+                    Some(helper) => pool
+                        .serve(Start::Reused(helper), key, request)
+                        .map(|reply| First::Done(Ok(Sandboxed::Served(reply))))?,
+                    None => First::NeedsHelper(Box::new((key, request))),
+                };
+                Ok::<_, RpcError>((first, backed))
             })
             .await??;
-        match first {
-            First::Done(done, backed) => Ok((done, backed)),
+        let done = match first {
+            First::Done(done) => done,
             First::NeedsHelper(needs) => {
-                let (key, request, read) = *needs;
-                let reply = self.call(budget, key, request, read.is_some()).await?;
-                if read.is_none() {
-                    return Ok((Sandboxed::Served(reply), MemoryCharge::none()));
-                }
-                budget.blocking(move || finish_read(reply, read)).await?
+                let (key, request) = *needs;
+                Ok(Sandboxed::Served(self.call(budget, key, request).await?))
             }
-        }
+        };
+        Ok((done, backed))
     }
 
     /// Run one request under `key`'s policy, on the blocking pool
-    /// within `budget`'s share (where it is also serialized); with `descriptor`, an
-    /// `fs/readFile` is answered with the file opened for it.
+    /// within `budget`'s share (where it is also serialized).
     ///
     /// # Errors
     /// -32603 `helperFailed` when no helper can be started or it fails mid-request; -32600
@@ -299,7 +290,6 @@ impl HelperPool {
         budget: &ConnectionBudget,
         key: PoolKey,
         request: FsRequest,
-        descriptor: bool,
     ) -> Result<HelperReply, RpcError> {
         let start = match self.idle_helper(&key) {
             Some(helper) => Start::Reused(helper),
@@ -310,7 +300,7 @@ impl HelperPool {
         };
         let pool = self.clone();
         budget
-            .blocking(move || pool.serve(start, key, request, descriptor))
+            .blocking(move || pool.serve(start, key, request))
             .await?
     }
 
@@ -321,13 +311,11 @@ impl HelperPool {
         start: Start,
         key: PoolKey,
         request: FsRequest,
-        descriptor: bool,
     ) -> Result<HelperReply, RpcError> {
         // The server resolved the policy the helper serves: no sandbox of its own.
         let request = HelperRequest {
             request,
             sandbox: None,
-            descriptor,
         };
         let request = serde_json::to_vec(&request)
             .map_err(|e| helper_failed(HelperError::EncodeRequest(e), ""))?;
@@ -530,44 +518,4 @@ fn exchange(helper: &mut Helper, request: &[u8]) -> Result<HelperReply, HelperEr
         result: response.into(),
         file: frame.fd.map(std::fs::File::from),
     })
-}
-
-/// A read and its answer's backing, for [`finish_read`].
-pub type ReadToFinish = (proto::methods::fs::ReadFileParams, AnswerBacking);
-
-/// Finish what a helper answered (blocks): for a read (`read`), the answer backed from the
-/// size of the file the helper opened and the file read, or left for its bulk turn; anything
-/// else as it came. Returns what backs the answer too.
-///
-/// # Errors
-/// -32600 `limitExceeded` when the memory budget cannot back the read (only ever for a file
-/// the policy let the helper open); -32603 when the helper answered a read without the file.
-pub fn finish_read(
-    reply: HelperReply,
-    read: Option<ReadToFinish>,
-) -> Result<(Sandboxed, MemoryCharge), RpcError> {
-    let Some((params, backing)) = read else {
-        return Ok((Sandboxed::Served(reply), MemoryCharge::none()));
-    };
-    let file = match reply.result {
-        Err(error) => {
-            return Ok((
-                Sandboxed::Served(reply_of(Err(error))),
-                MemoryCharge::none(),
-            ));
-        }
-        Ok(_) => reply
-            .file
-            .ok_or(super::FsRequestError::ReadWithoutDescriptor)?,
-    };
-    let (charge, bulk) = backing.back_opened(&file)?;
-    let read = OpenedRead { file, params };
-    if bulk {
-        return Ok((Sandboxed::BulkRead(read), charge));
-    }
-    Ok((Sandboxed::Served(reply_of(read.read())), charge))
-}
-
-fn reply_of(result: Result<Value, RpcError>) -> HelperReply {
-    HelperReply { result, file: None }
 }

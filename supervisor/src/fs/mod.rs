@@ -12,24 +12,23 @@
 //! opened them ([`read_block`], [`close`]). A request sees only what [`FsContext`] gives it: those handles, its
 //! connection's budget, the sandboxing and the helper pool.
 
-mod backing;
 mod handles;
 pub mod helpers;
 
 use std::sync::Arc;
 
 use proto::error::RpcError;
-use proto::methods::fs::{CloseParams, ReadBlockParams, ReadBlockResult};
+use proto::methods::fs::{CloseParams, ReadBlockParams, ReadBlockResult, ReadFileParams};
 use proto::methods::{Empty, to_value};
 use serde_json::Value;
 
 pub use handles::HandleTable;
 pub use proto::methods::fs::FsRequest;
 
-use crate::budget::{ConnectionBudget, MemoryCharge};
-use backing::AnswerBacking;
+use crate::budget::{ConnectionBudget, MemoryCharge, content_answer_bytes};
+use crate::limits::BULK_READ_BYTES;
 use fs_helper::wire::{Outcome, execute};
-use helpers::{HelperPool, Sandboxed};
+use helpers::{AwaitsBulkTurn, HelperPool, Sandboxed};
 
 /// Why a handle operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -48,9 +47,6 @@ pub enum FsRequestError {
     /// A helper answered `fs/open` without passing the descriptor.
     #[error("fs-helper answered fs/open without passing the descriptor")]
     OpenWithoutDescriptor,
-    /// A helper answered a sandboxed `fs/readFile` without passing the file it opened.
-    #[error("fs-helper answered fs/readFile without passing the file it opened")]
-    ReadWithoutDescriptor,
     /// A file came back for a method other than `fs/open` (a bug).
     #[error("a file was opened for a method other than fs/open")]
     UnexpectedDescriptor,
@@ -98,7 +94,7 @@ pub struct FsContext<'a> {
 /// The method's JSON-RPC error.
 pub async fn handle(
     context: &FsContext<'_>,
-    request: FsRequest,
+    mut request: FsRequest,
     answer: &mut MemoryCharge,
 ) -> Result<Value, RpcError> {
     let reservation = match &request {
@@ -114,29 +110,40 @@ pub async fn handle(
     // A read's answer is backed with memory for the file's size before it is read, in the
     // blocking job that goes on to do the work (one trip to the blocking pool for a small
     // read, not two); a bulk read then waits for its turn and is done in a second job.
-    let backing = match &request {
+    let mut backing = match &request {
         FsRequest::ReadFile(params) => Some(AnswerBacking::new(budget, params, answer)),
         _ => None,
     };
+    let mut _bulk = None;
     let Some(sandbox) = sandbox else {
         return finish(
             unsandboxed(budget, request, backing, answer).await?,
             reservation,
         );
     };
-    let (sandboxed, backed) = context
-        .helpers
-        .call_sandboxed(budget, context.session_id, sandbox, request, backing)
-        .await?;
-    answer.merge(backed);
+    let sandboxed = loop {
+        let (call, backed) = context
+            .helpers
+            .call_sandboxed(
+                budget,
+                context.session_id,
+                sandbox.clone(),
+                request,
+                backing.take(),
+            )
+            .await?;
+        answer.merge(backed);
+        match call {
+            Ok(done) => break done,
+            // Once more with its turn (and without backing: it is backed).
+            Err(AwaitsBulkTurn(awaiting)) => {
+                _bulk = Some(budget.bulk_read().await?);
+                request = awaiting;
+            }
+        }
+    };
     let outcome = match sandboxed {
-        Sandboxed::Unrestricted(request, backing) => {
-            unsandboxed(budget, request, backing, answer).await?
-        }
-        Sandboxed::BulkRead(read) => {
-            let _turn = budget.bulk_read().await?;
-            Outcome::Value(budget.blocking(move || read.read()).await??)
-        }
+        Sandboxed::Unrestricted(request) => unsandboxed(budget, request, None, answer).await?,
         Sandboxed::Served(reply) => {
             let value = reply.result?;
             match (opens, reply.file) {
@@ -205,6 +212,44 @@ fn finish(
 pub fn close(handles: &HandleTable, params: CloseParams) -> Result<Value, RpcError> {
     handles.close(&params.handle_id)?;
     to_value(Empty {})
+}
+
+/// Backing the answer of an `fs/readFile` with memory for the file's current size (capped at
+/// `READ_FILE_MAX_BYTES`) before it is read. A file that cannot be examined is backed as empty
+/// (its read will fail, or be backed when its answer is sent).
+pub struct AnswerBacking {
+    budget: ConnectionBudget,
+    path: std::path::PathBuf,
+    /// What the answer's charge already backs.
+    backed: usize,
+}
+
+impl AnswerBacking {
+    /// For the read `params`, whose answer is charged to `answer`.
+    pub fn new(budget: &ConnectionBudget, params: &ReadFileParams, answer: &MemoryCharge) -> Self {
+        Self {
+            budget: budget.clone(),
+            path: params.path.as_path().to_owned(),
+            backed: answer.bytes(),
+        }
+    }
+
+    /// Examine the file (a filesystem call: on the blocking pool) and back its answer: the
+    /// charge to merge into the answer's, and whether the read is a bulk one (at least
+    /// `BULK_READ_BYTES`: it waits for its turn before it is read; the size is never sent to
+    /// the client).
+    ///
+    /// # Errors
+    /// -32600 `limitExceeded` when the server's memory budget cannot take it now.
+    pub fn back(self) -> Result<(MemoryCharge, bool), RpcError> {
+        let size = std::fs::metadata(&self.path)
+            .map_or(0, |meta| meta.len())
+            .min(fs_helper::READ_FILE_MAX_BYTES);
+        let mut charge = MemoryCharge::none();
+        let more = content_answer_bytes(size).saturating_sub(self.backed);
+        charge.back(&self.budget, more)?;
+        Ok((charge, size >= BULK_READ_BYTES))
+    }
 }
 
 /// `fs/readBlock`: read from a handle of the connection, on the blocking pool within `budget`.

@@ -199,7 +199,7 @@ impl From<FsRequestError> for RpcError {
             FsRequestError::BlockLength { .. } | FsRequestError::Sandbox(_) => {
                 RpcError::invalid_params(message)
             }
-            FsRequestError::OpenWithoutDescriptor | FsRequestError::ReadWithoutDescriptor => {
+            FsRequestError::OpenWithoutDescriptor => {
                 RpcError::new(codes::INTERNAL_ERROR, ErrorKind::HelperFailed, message)
             }
             FsRequestError::UnexpectedDescriptor => RpcError::internal(message),
