@@ -180,6 +180,37 @@ impl ExecServer {
             .trim_end_matches('/')
     }
 
+    /// `GET path` on a `ws://` listener as the test's user: status, head, body.
+    pub async fn get(&self, path: &str) -> (u16, String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.addr()).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer))
+            .await
+            .expect("the page within the deadline")
+            .unwrap();
+        let answer = String::from_utf8(answer).unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (status, head.to_owned(), body.to_owned())
+    }
+
+    /// The server-wide budget `name` as `GET /status` shows it (`{name, unit, limit, inUse}`).
+    pub async fn budget(&self, name: &str) -> serde_json::Value {
+        let (code, head, body) = self.get("/status").await;
+        assert_eq!(code, 200, "{head}\n{body}");
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        status["budgets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|budget| budget["name"] == name)
+            .unwrap_or_else(|| panic!("no budget {name} in {status}"))
+            .clone()
+    }
+
     /// The server's pid.
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).unwrap()

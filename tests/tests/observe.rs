@@ -33,23 +33,6 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// `GET path` on the server at `addr` (`HOST:PORT`) as the test's user (root): status, body.
-async fn get(addr: &str, path: &str) -> (u16, String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer))
-        .await
-        .expect("the page within the deadline")
-        .unwrap();
-    let answer = String::from_utf8(answer).unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, head.to_owned(), body.to_owned())
-}
-
 /// The value of the sample `name` (with its labels, as rendered) in a metrics page.
 fn sample(page: &str, name: &str) -> f64 {
     page.lines()
@@ -209,7 +192,7 @@ async fn views_report_what_runs(args: &[&str]) {
     assert_eq!(ids(theirs["processes"].as_array().unwrap()), ["other"]);
 
     // GET /status: every session, by tag, never by its whole (resumable) id.
-    let (code, head, body) = get(server.addr(), "/status").await;
+    let (code, head, body) = server.get("/status").await;
     assert_eq!(code, 200, "{head}\n{body}");
     assert!(head.contains("application/json"), "{head}");
     assert!(
@@ -256,7 +239,7 @@ async fn views_report_what_runs(args: &[&str]) {
     assert_eq!(budget("connections")["inUse"], 2);
 
     // GET /metrics: counters and gauges with the same facts.
-    let (code, head, page) = get(server.addr(), "/metrics").await;
+    let (code, head, page) = server.get("/metrics").await;
     assert_eq!(code, 200, "{head}\n{page}");
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
     assert_eq!(sample(&page, "execward_processes_started_total"), 5.0);
