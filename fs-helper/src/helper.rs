@@ -26,7 +26,10 @@ use sandbox::{ResolvedPolicy, SandboxSpec};
 use serde_json::Value;
 
 use crate::frame::{FrameError, read_frame, skip_body, write_frame};
-use crate::wire::{HelperRequest, HelperResponse, MAX_HELPER_REQUEST_BYTES, Outcome, execute};
+use crate::wire::{
+    HelperOutcome, HelperRequest, HelperResponse, MAX_HELPER_REQUEST_BYTES, Outcome,
+    execute_helper_request,
+};
 
 /// Exit status when the helper cannot set itself up.
 pub const EXIT_SETUP_FAILED: u8 = 125;
@@ -130,8 +133,8 @@ fn restrict(policy: &ResolvedPolicy) -> Result<(), SetupError> {
         .map_err(SetupError::Enforce)
 }
 
-fn respond_json(result: Result<Value, RpcError>) -> Vec<u8> {
-    serde_json::to_vec(&HelperResponse::from(result)).unwrap_or_default()
+fn respond_json(response: &HelperResponse) -> Vec<u8> {
+    serde_json::to_vec(response).unwrap_or_default()
 }
 
 /// One-shot mode.
@@ -152,19 +155,18 @@ pub fn run_one_shot(denies: &[PathBuf]) -> Result<(), SetupError> {
             Ok(request) => {
                 let policy = resolve(request.sandbox.as_ref(), denies)?;
                 restrict(&policy)?;
-                match execute(request.request, !policy.is_unrestricted()) {
-                    Ok(Outcome::Value(value)) => Ok(value),
-                    Ok(Outcome::Opened(..)) => Err(RpcError::invalid_request(
+                match execute_helper_request(request, !policy.is_unrestricted()) {
+                    Ok(HelperOutcome::Done(Outcome::Opened(..))) => Err(RpcError::invalid_request(
                         ErrorKind::Unsupported,
                         "fs/open needs the serve mode on a unix socket (the descriptor is passed with SCM_RIGHTS)",
                     )),
-                    Err(error) => Err(error),
+                    other => other,
                 }
             }
         }
     };
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(&respond_json(response))?;
+    stdout.write_all(&respond_json(&HelperResponse::from(response)))?;
     stdout.write_all(b"\n")?;
     stdout.flush()?;
     Ok(())
@@ -247,17 +249,23 @@ fn serve(policy: &ResolvedPolicy, requests: Requests<'_>) -> Result<(), SetupErr
     let mut input = Stdio(stdin.as_fd());
     let mut output = Stdio(stdout.as_fd());
     loop {
-        let (response, file) = match read_frame(&mut input, MAX_HELPER_REQUEST_BYTES) {
+        let outcome = match read_frame(&mut input, MAX_HELPER_REQUEST_BYTES) {
             Ok(None) => return Ok(()),
             // A request never carries a descriptor; one sent anyway is closed with the frame.
             Ok(Some(frame)) => serve_one(&frame.body, policy, &requests, sandboxed),
             Err(FrameError::TooLarge { len, .. }) => {
                 skip_body(&mut input, len)?;
-                (Err(too_large()), None)
+                Err(too_large())
             }
             Err(error) => return Err(error.into()),
         };
-        let body = respond_json(response);
+        let (response, file) = match outcome {
+            Ok(HelperOutcome::Done(Outcome::Opened(file, value))) => {
+                (HelperResponse::Ok(value), Some(file))
+            }
+            other => (HelperResponse::from(other), None),
+        };
+        let body = respond_json(&response);
         write_frame(&mut output, &body, file.as_ref().map(AsFd::as_fd))?;
     }
 }
@@ -267,58 +275,35 @@ fn serve_one(
     policy: &ResolvedPolicy,
     requests: &Requests<'_>,
     sandboxed: bool,
-) -> (Result<Value, RpcError>, Option<std::fs::File>) {
-    let request = match HelperRequest::decode(body) {
-        Ok(request) => request,
-        Err(error) => return (Err(error), None),
-    };
+) -> Result<HelperOutcome, RpcError> {
+    let request = HelperRequest::decode(body)?;
     let denies = match requests {
         Requests::MustMatch(denies) => *denies,
         Requests::WithoutSandbox if request.sandbox.as_ref().is_none_or(Value::is_null) => {
-            return execute_one(request, sandboxed);
+            return execute_helper_request(request, sandboxed);
         }
         Requests::WithoutSandbox => {
             let message = "this helper serves the policy exec-server resolved; a request must not carry a sandbox of its own";
-            return (
-                Err(RpcError::invalid_request(
-                    ErrorKind::InvalidRequest,
-                    message,
-                )),
-                None,
-            );
+            return Err(RpcError::invalid_request(
+                ErrorKind::InvalidRequest,
+                message,
+            ));
         }
     };
     match resolve(request.sandbox.as_ref(), denies) {
         Ok(requested) if requested == *policy => {}
         Ok(_) => {
             let message = "request sandbox differs from the policy this helper was started under; use a helper started with that policy";
-            return (
-                Err(RpcError::invalid_request(
-                    ErrorKind::InvalidRequest,
-                    message,
-                )),
-                None,
-            );
+            return Err(RpcError::invalid_request(
+                ErrorKind::InvalidRequest,
+                message,
+            ));
         }
         Err(error) => {
-            return (
-                Err(RpcError::invalid_params(format!(
-                    "invalid sandbox: {error}"
-                ))),
-                None,
-            );
+            return Err(RpcError::invalid_params(format!(
+                "invalid sandbox: {error}"
+            )));
         }
     }
-    execute_one(request, sandboxed)
-}
-
-fn execute_one(
-    request: HelperRequest,
-    sandboxed: bool,
-) -> (Result<Value, RpcError>, Option<std::fs::File>) {
-    match execute(request.request, sandboxed) {
-        Ok(Outcome::Value(value)) => (Ok(value), None),
-        Ok(Outcome::Opened(file, value)) => (Ok(value), Some(file)),
-        Err(error) => (Err(error), None),
-    }
+    execute_helper_request(request, sandboxed)
 }

@@ -40,7 +40,8 @@ pub use ops::copy::{COPY_MAX_BYTES, copy};
 pub use ops::directory::{DirEntry, create_directory, read_directory, read_directory_at_most};
 pub use ops::metadata::{Metadata, canonicalize, get_metadata};
 pub use ops::read::{
-    READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES, open_for_streaming, read_block, read_file,
+    READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES, ReadOrSize, open_for_streaming, read_block,
+    read_file, read_file_unless_above,
 };
 pub use ops::remove::remove;
 pub use ops::walk::{

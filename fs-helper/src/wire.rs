@@ -31,6 +31,12 @@ pub struct HelperRequest {
     /// The wire sandbox object the operation must run under (absent: no sandbox).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<Value>,
+    /// `fs/readFile` only: a file of more than this many bytes is opened and examined under the
+    /// policy (every check of the read, its errors unchanged) but not read, and the answer is
+    /// its size ([`HelperResponse::Size`]). The server asks this so that it backs an answer
+    /// with memory only from what the helper could open, never from its own view of the path.
+    #[serde(rename = "sizeAbove", skip_serializing_if = "Option::is_none")]
+    pub size_above: Option<u64>,
 }
 
 /// The envelope of a [`HelperRequest`] before its params are parsed: strict (an unknown member
@@ -43,6 +49,8 @@ struct Envelope {
     params: Value,
     #[serde(default)]
     sandbox: Option<Value>,
+    #[serde(default, rename = "sizeAbove")]
+    size_above: Option<u64>,
 }
 
 impl HelperRequest {
@@ -51,28 +59,40 @@ impl HelperRequest {
     /// exactly as the server does.
     ///
     /// # Errors
-    /// -32600 when the bytes are not a `{"operation", "params", "sandbox"}` object, -32601 for
-    /// an operation that is not a helper-executed `fs/*` method, -32602 for bad params.
+    /// -32600 when the bytes are not a `{"operation", "params", "sandbox", "sizeAbove"}` object
+    /// or `sizeAbove` comes with another method than `fs/readFile`, -32601 for an operation that
+    /// is not a helper-executed `fs/*` method, -32602 for bad params.
     pub fn decode(bytes: &[u8]) -> Result<Self, RpcError> {
         let envelope: Envelope = serde_json::from_slice(bytes).map_err(|error| {
             RpcError::invalid_request(
                 ErrorKind::InvalidRequest,
                 format!(
-                    "helper request must be {{\"operation\", \"params\", \"sandbox\"}}: {error}"
+                    "helper request must be {{\"operation\", \"params\", \"sandbox\", \"sizeAbove\"}}: {error}"
                 ),
             )
         })?;
         let request = FsRequest::parse(&envelope.operation, Some(envelope.params))?
             .ok_or_else(|| RpcError::method_not_found(&envelope.operation))?;
+        if envelope.size_above.is_some() && !matches!(request, FsRequest::ReadFile(_)) {
+            return Err(RpcError::invalid_request(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "sizeAbove applies to fs/readFile only, not {}",
+                    envelope.operation
+                ),
+            ));
+        }
         Ok(HelperRequest {
             request,
             sandbox: envelope.sandbox,
+            size_above: envelope.size_above,
         })
     }
 }
 
-/// The helper's answer: `{"status": "ok", "payload": result}` or
-/// `{"status": "error", "payload": {code, message, data}}`.
+/// The helper's answer: `{"status": "ok", "payload": result}`,
+/// `{"status": "error", "payload": {code, message, data}}`, or, for a read with `sizeAbove`
+/// whose file holds more, `{"status": "size", "payload": bytes}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", content = "payload", rename_all = "lowercase")]
 pub enum HelperResponse {
@@ -80,6 +100,8 @@ pub enum HelperResponse {
     Ok(Value),
     /// The JSON-RPC error.
     Error(RpcError),
+    /// The size of a file opened for a read with [`HelperRequest::size_above`] and not read.
+    Size(u64),
 }
 
 impl From<Result<Value, RpcError>> for HelperResponse {
@@ -91,13 +113,63 @@ impl From<Result<Value, RpcError>> for HelperResponse {
     }
 }
 
-impl From<HelperResponse> for Result<Value, RpcError> {
-    fn from(response: HelperResponse) -> Self {
-        match response {
-            HelperResponse::Ok(value) => Ok(value),
-            HelperResponse::Error(error) => Err(error),
+impl From<Result<HelperOutcome, RpcError>> for HelperResponse {
+    /// The answer to a request (a descriptor, if any, travels beside it).
+    fn from(result: Result<HelperOutcome, RpcError>) -> Self {
+        match result {
+            Ok(HelperOutcome::Size(size)) => HelperResponse::Size(size),
+            Ok(HelperOutcome::Done(Outcome::Value(value) | Outcome::Opened(_, value))) => {
+                HelperResponse::Ok(value)
+            }
+            Err(error) => HelperResponse::Error(error),
         }
     }
+}
+
+/// What a [`HelperRequest`] produced.
+#[derive(Debug)]
+pub enum HelperOutcome {
+    /// The operation's outcome.
+    Done(Outcome),
+    /// The size of the file a read with [`HelperRequest::size_above`] opened and did not read.
+    Size(u64),
+}
+
+/// Execute one helper request: [`execute`], except for a read with `sizeAbove`.
+///
+/// # Errors
+/// As [`execute`].
+pub fn execute_helper_request(
+    request: HelperRequest,
+    sandboxed: bool,
+) -> Result<HelperOutcome, RpcError> {
+    let (FsRequest::ReadFile(p), Some(threshold)) = (&request.request, request.size_above) else {
+        return execute(request.request, sandboxed).map(HelperOutcome::Done);
+    };
+    let read = crate::read_file_unless_above(p.path.as_path(), read_limit(p), threshold)
+        .map_err(|error| fs_error(&error, sandboxed))?;
+    match read {
+        crate::ReadOrSize::Read(data) => read_file_answer(&data)
+            .map(Outcome::Value)
+            .map(HelperOutcome::Done),
+        crate::ReadOrSize::Above(size) => Ok(HelperOutcome::Size(size)),
+    }
+}
+
+/// The most bytes `fs/readFile` reads for `params`.
+fn read_limit(params: &ReadFileParams) -> u64 {
+    params
+        .max_bytes
+        .map_or(crate::READ_FILE_MAX_BYTES, |asked| {
+            asked.min(crate::READ_FILE_MAX_BYTES)
+        })
+}
+
+/// `fs/readFile`'s result for `data`.
+fn read_file_answer(data: &[u8]) -> Result<Value, RpcError> {
+    to_value(ReadFileResult {
+        data_base64: base64::engine::general_purpose::STANDARD.encode(data),
+    })
 }
 
 /// What an operation produced.
@@ -121,13 +193,8 @@ pub fn execute(request: FsRequest, sandboxed: bool) -> Result<Outcome, RpcError>
     let fs = |error: FsError| fs_error(&error, sandboxed);
     let value = match request {
         FsRequest::ReadFile(p) => {
-            let limit = p.max_bytes.map_or(crate::READ_FILE_MAX_BYTES, |asked| {
-                asked.min(crate::READ_FILE_MAX_BYTES)
-            });
-            let data = crate::read_file(p.path.as_path(), limit).map_err(fs)?;
-            to_value(ReadFileResult {
-                data_base64: base64::engine::general_purpose::STANDARD.encode(data),
-            })
+            let data = crate::read_file(p.path.as_path(), read_limit(&p)).map_err(fs)?;
+            read_file_answer(&data)
         }
         FsRequest::WriteFile(p) => {
             let data = base64::engine::general_purpose::STANDARD

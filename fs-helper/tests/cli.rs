@@ -97,6 +97,48 @@ fn one_shot_read_only_reads_and_refuses_to_write() {
     assert!(!target.exists(), "the denied write landed");
 }
 
+/// `sizeAbove`: a larger file the policy lets the helper open is answered with its size, not
+/// read; a denied file is denied whatever its size (the size of a file outside the policy never
+/// leaves the sandbox); a file within the threshold is read; no other method takes it.
+#[test]
+fn size_above_answers_a_size_only_for_a_file_the_policy_opens() {
+    let (_base, workspace, outside) = dirs();
+    let allowed = workspace.join("five.txt");
+    std::fs::write(&allowed, b"12345").unwrap();
+    let denied = outside.join("secret.bin");
+    std::fs::write(&denied, vec![0u8; 100_000]).unwrap();
+    let sandbox = json!({
+        "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
+            {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},
+            {"path": {"type": "path", "path": outside}, "access": "deny"}
+        ]}},
+        "cwd": uri(&workspace)
+    });
+    let read = |path: &Path, size_above: u64| {
+        one_shot(&json!({
+            "operation": "fs/readFile", "params": {"path": uri(path)}, "sandbox": sandbox,
+            "sizeAbove": size_above,
+        }))
+    };
+    assert_eq!(read(&allowed, 2), json!({"status": "size", "payload": 5}));
+    let whole = read(&allowed, 5);
+    assert_eq!(whole["status"], "ok", "{whole}");
+    assert_eq!(whole["payload"]["dataBase64"], "MTIzNDU=");
+    for size_above in [0, 1_000_000] {
+        let refused = read(&denied, size_above);
+        assert_eq!(refused["status"], "error", "{refused}");
+        assert_eq!(
+            refused["payload"]["data"]["kind"], "sandboxDenied",
+            "{refused}"
+        );
+    }
+    let other = one_shot(&json!({
+        "operation": "fs/getMetadata", "params": {"path": uri(&allowed)}, "sizeAbove": 1,
+    }));
+    assert_eq!(other["status"], "error", "{other}");
+    assert_eq!(other["payload"]["code"], -32600, "{other}");
+}
+
 #[test]
 fn one_shot_workspace_write_writes_inside_and_is_denied_outside() {
     let (_base, workspace, outside) = dirs();

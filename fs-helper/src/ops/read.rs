@@ -23,6 +23,33 @@ pub use proto::limits::{READ_BLOCK_MAX_BYTES, READ_FILE_MAX_BYTES};
 /// - [`FsError::TooLarge`] if the file holds more than `max_bytes` bytes.
 /// - [`FsError::Io`] if the path cannot be resolved, opened or read.
 pub fn read_file(path: &Path, max_bytes: u64) -> Result<Vec<u8>, FsError> {
+    match read_file_unless_above(path, max_bytes, u64::MAX)? {
+        ReadOrSize::Read(data) => Ok(data),
+        ReadOrSize::Above(size) => unreachable!("no file holds more than u64::MAX bytes ({size})"),
+    }
+}
+
+/// What [`read_file_unless_above`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReadOrSize {
+    /// The file's contents.
+    Read(Vec<u8>),
+    /// The file's size (at most the read's `max_bytes`), which is above the threshold: it was
+    /// opened and examined, not read.
+    Above(u64),
+}
+
+/// [`read_file`], except that a file of more than `threshold` bytes (and at most `max_bytes`)
+/// is opened and examined with all of `read_file`'s checks but not read: its size is returned
+/// instead. Who backs the contents with memory learns a size only for a file it could read.
+///
+/// # Errors
+/// As [`read_file`].
+pub fn read_file_unless_above(
+    path: &Path,
+    max_bytes: u64,
+    threshold: u64,
+) -> Result<ReadOrSize, FsError> {
     let op = FsOperation::ReadFile;
     let file = open_regular_for_read(op, path)?;
     let size = file.metadata().map_err(|e| FsError::io(op, path, e))?.len();
@@ -35,6 +62,9 @@ pub fn read_file(path: &Path, max_bytes: u64) -> Result<Vec<u8>, FsError> {
     if size > max_bytes {
         return Err(too_large(size));
     }
+    if size > threshold {
+        return Ok(ReadOrSize::Above(size));
+    }
     let capacity = usize::try_from(size).unwrap_or(0);
     let mut data = Vec::with_capacity(capacity);
     file.take(max_bytes.saturating_add(1))
@@ -44,7 +74,7 @@ pub fn read_file(path: &Path, max_bytes: u64) -> Result<Vec<u8>, FsError> {
     if read > max_bytes {
         return Err(too_large(read));
     }
-    Ok(data)
+    Ok(ReadOrSize::Read(data))
 }
 
 /// Opens a regular file for [`read_block`], following symlinks, with the same non-blocking
@@ -126,6 +156,22 @@ mod tests {
         let path = dir.path().join("a.txt");
         std::fs::write(&path, b"hello").unwrap();
         assert_eq!(read_file(&path, READ_FILE_MAX_BYTES).unwrap(), b"hello");
+    }
+
+    #[test]
+    fn a_file_above_the_threshold_is_examined_with_every_check_but_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.txt");
+        std::fs::write(&path, b"hello").unwrap();
+        let read = |max, threshold| read_file_unless_above(&path, max, threshold);
+        assert_eq!(read(100, 5).unwrap(), ReadOrSize::Read(b"hello".to_vec()));
+        assert_eq!(read(100, 4).unwrap(), ReadOrSize::Above(5));
+        // Too large for the read is its error, whatever the threshold.
+        assert_eq!(read(4, 0).unwrap_err().kind(), FsErrorKind::TooLarge);
+        let missing = read_file_unless_above(&dir.path().join("none"), 100, 0);
+        assert_eq!(missing.unwrap_err().kind(), FsErrorKind::NotFound);
+        let error = read_file_unless_above(dir.path(), 100, 0).unwrap_err();
+        assert_eq!(error.kind(), FsErrorKind::NotRegularFile);
     }
 
     #[test]

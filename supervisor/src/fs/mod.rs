@@ -109,7 +109,9 @@ pub async fn handle(
         .cloned();
     // A read's answer is backed with memory for the file's size before it is read, in the
     // blocking job that goes on to do the work (one trip to the blocking pool for a small
-    // read, not two); a bulk read then waits for its turn and is done in a second job.
+    // read, not two); a bulk read then waits for its turn and is done in a second job. Under a
+    // restricting policy the size is the one the helper found for a file it could open, never
+    // the server's own view of the path (`helpers`).
     let mut backing = match &request {
         FsRequest::ReadFile(params) => Some(AnswerBacking::new(budget, params, answer)),
         _ => None,
@@ -143,7 +145,9 @@ pub async fn handle(
         }
     };
     let outcome = match sandboxed {
-        Sandboxed::Unrestricted(request) => unsandboxed(budget, request, None, answer).await?,
+        Sandboxed::Unrestricted(request, backing) => {
+            unsandboxed(budget, request, backing, answer).await?
+        }
         Sandboxed::Served(reply) => {
             let value = reply.result?;
             match (opens, reply.file) {
@@ -220,8 +224,10 @@ pub fn close(handles: &HandleTable, params: CloseParams) -> Result<Value, RpcErr
 pub struct AnswerBacking {
     budget: ConnectionBudget,
     path: std::path::PathBuf,
-    /// What the answer's charge already backs.
+    /// What the answer's own charge backs already.
     backed: usize,
+    /// What this backing took from the budget so far.
+    charge: MemoryCharge,
 }
 
 impl AnswerBacking {
@@ -231,24 +237,41 @@ impl AnswerBacking {
             budget: budget.clone(),
             path: params.path.as_path().to_owned(),
             backed: answer.bytes(),
+            charge: MemoryCharge::none(),
         }
     }
 
-    /// Examine the file (a filesystem call: on the blocking pool) and back its answer: the
-    /// charge to merge into the answer's, and whether the read is a bulk one (at least
-    /// `BULK_READ_BYTES`: it waits for its turn before it is read; the size is never sent to
-    /// the client).
+    /// Examine the file with the server's own view (a filesystem call: on the blocking pool;
+    /// only where no policy restricts the filesystem) and back its answer: the charge to merge
+    /// into the answer's, and whether the read is a bulk one (see [`Self::back_size`]).
     ///
     /// # Errors
     /// -32600 `limitExceeded` when the server's memory budget cannot take it now.
-    pub fn back(self) -> Result<(MemoryCharge, bool), RpcError> {
-        let size = std::fs::metadata(&self.path)
-            .map_or(0, |meta| meta.len())
-            .min(fs_helper::READ_FILE_MAX_BYTES);
-        let mut charge = MemoryCharge::none();
-        let more = content_answer_bytes(size).saturating_sub(self.backed);
-        charge.back(&self.budget, more)?;
-        Ok((charge, size >= BULK_READ_BYTES))
+    pub fn back(mut self) -> Result<(MemoryCharge, bool), RpcError> {
+        let size = std::fs::metadata(&self.path).map_or(0, |meta| meta.len());
+        let bulk = self.back_size(size)?;
+        Ok((self.charge, bulk))
+    }
+
+    /// Back the answer for a file of `size` bytes (capped at `READ_FILE_MAX_BYTES`), on top of
+    /// what is backed already; whether the read is a bulk one (at least `BULK_READ_BYTES`: it
+    /// waits for its turn before it is read; the size is never sent to the client).
+    ///
+    /// # Errors
+    /// -32600 `limitExceeded` when the server's memory budget cannot take it now (what was
+    /// backed before stays backed).
+    pub fn back_size(&mut self, size: u64) -> Result<bool, RpcError> {
+        let size = size.min(fs_helper::READ_FILE_MAX_BYTES);
+        let answer = content_answer_bytes(size);
+        // The charge holds at least what the answer's own charge does not back.
+        self.charge
+            .back(&self.budget, answer.saturating_sub(self.backed))?;
+        Ok(size >= BULK_READ_BYTES)
+    }
+
+    /// What this backing took from the budget, to merge into the answer's charge.
+    pub fn into_charge(self) -> MemoryCharge {
+        self.charge
     }
 }
 

@@ -437,3 +437,111 @@ fn deny_outside(dirs: &Dirs) -> Value {
         "cwd": file_uri(dirs.workspace.path())
     })
 }
+
+/// A file the policy denies is examined by the helper alone, which may not open it. The server
+/// backed a read's answer from its own `stat` of the client's path before the helper's verdict:
+/// with the memory budget nearly held by other clients, a denied 12 MiB file was refused as too
+/// large for the budget (`limitExceeded`) while a denied small one was refused as denied, which
+/// told a sandboxed client a denied file's existence and size class (and, filling the budget by
+/// degrees, its size). Now both are denied alike; an allowed file as large still meets the
+/// budget, from the size the helper found for it. Once the budget is free, the allowed files of
+/// every size class (one exchange, a second one with the same helper, a bulk read after its
+/// turn) are read whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_denied_files_size_shows_neither_in_the_answer_nor_in_a_refusal_of_the_memory_budget() {
+    const MIB: usize = 1024 * 1024;
+    let dirs = Dirs::new();
+    // The smallest budget the server takes (MAX_FRAME_BYTES).
+    let server = ExecServer::start(&["--memory-budget", "64M"]);
+    std::fs::write(dirs.ws("hold.bin"), vec![7u8; 8 * MIB]).unwrap();
+    // A 12 MiB file's answer (base64 twice while it is built) takes 32 MiB of the budget.
+    std::fs::write(dirs.ws("big.bin"), vec![7u8; 12 * MIB]).unwrap();
+    std::fs::write(dirs.out("big.bin"), vec![7u8; 12 * MIB]).unwrap();
+    std::fs::write(dirs.out("small.txt"), b"small").unwrap();
+    let medium: Vec<u8> = (0..200 * 1024).map(|i| (i % 241) as u8).collect();
+    std::fs::write(dirs.ws("medium.bin"), &medium).unwrap();
+    let bulk: Vec<u8> = (0..3 * MIB).map(|i| (i % 251) as u8).collect();
+    std::fs::write(dirs.ws("bulk.bin"), &bulk).unwrap();
+    // Clients that never read hold 8 MiB files' answers until 40 MiB of the budget is held:
+    // then less than 32 MiB is left, with the reader's own 2 MiB allowance.
+    let mut holders = Vec::new();
+    let mut in_use = 0;
+    while in_use < 40 * MIB as u64 {
+        assert!(
+            holders.len() < 12,
+            "{} clients that never read hold {in_use} bytes of the budget",
+            holders.len()
+        );
+        let mut holder = server.client().await;
+        let hold = json!({"path": file_uri(dirs.ws("hold.bin"))});
+        holder.send_request("fs/readFile", hold).await;
+        holders.push(holder);
+        // Until the answer is sent as far as it goes.
+        let mut last = None;
+        while last != Some(in_use) {
+            last = Some(in_use);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            in_use = server.budget("memoryBytes").await["inUse"]
+                .as_u64()
+                .unwrap();
+        }
+    }
+
+    let mut client = server.client().await;
+    let policy = deny_outside(&dirs);
+    let read = |path: PathBuf| json!({"path": file_uri(path)});
+    // The control: an allowed 12 MiB file is refused by the budget.
+    let allowed = fs_call(
+        &mut client,
+        "fs/readFile",
+        read(dirs.ws("big.bin")),
+        policy.clone(),
+    )
+    .await;
+    assert_rpc_error(allowed, -32600, "limitExceeded");
+    for path in [dirs.out("big.bin"), dirs.out("small.txt")] {
+        let denied = fs_call(
+            &mut client,
+            "fs/readFile",
+            read(path.clone()),
+            policy.clone(),
+        )
+        .await;
+        assert_denied(denied, "fs/readFile", &path);
+    }
+    // An allowed small file is read meanwhile.
+    let small = fs_call(
+        &mut client,
+        "fs/readFile",
+        read(dirs.ws("in.txt")),
+        policy.clone(),
+    )
+    .await;
+    assert_eq!(
+        unb64(small.unwrap()["dataBase64"].as_str().unwrap()),
+        b"inside"
+    );
+    drop(holders);
+    // With the budget free again, every size class is read whole.
+    for (name, contents) in [("medium.bin", &medium), ("bulk.bin", &bulk)] {
+        let until = Instant::now() + Duration::from_secs(10);
+        let data = loop {
+            let answer = fs_call(
+                &mut client,
+                "fs/readFile",
+                read(dirs.ws(name)),
+                policy.clone(),
+            );
+            match answer.await {
+                Ok(value) => break unb64(value["dataBase64"].as_str().unwrap()),
+                // The holders' answers may take a moment to be given back.
+                Err(error) if Instant::now() < until => {
+                    eprintln!("{name}: {error:?}, again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => panic!("{name} was never read: {error:?}"),
+            }
+        };
+        assert!(data == *contents, "{name}: {} bytes read", data.len());
+    }
+}

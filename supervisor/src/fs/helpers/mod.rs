@@ -28,8 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error_text::StderrTail;
-use fs_helper::frame::{FrameError, read_frame, write_frame};
-use fs_helper::wire::{HelperRequest, HelperResponse};
+use fs_helper::frame::{FrameError, write_frame};
 use proto::error::RpcError;
 use proto::methods::fs::FsRequest;
 use sandbox::ResolvedPolicy;
@@ -37,9 +36,12 @@ use serde_json::Value;
 use std::os::unix::process::CommandExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+mod exchange;
+
 use super::AnswerBacking;
 use crate::budget::{Budgets, ConnectionBudget, DescriptorCharge, MemoryCharge};
 use crate::sandboxing::Sandboxing;
+use exchange::{Answered, ask, failed};
 
 /// Idle helpers kept per (session, policy).
 pub const MAX_IDLE_HELPERS_PER_POLICY: usize = 4;
@@ -51,6 +53,13 @@ pub const HELPER_DESCRIPTORS: usize = 2;
 pub const HELPER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest a helper may take for one request before it is killed (big copies included).
 pub const HELPER_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// What a sandboxed `fs/readFile`'s answer is backed for before the helper has looked at the
+/// file, whichever file it is: a file up to this size is read in the same exchange. A larger one
+/// the helper opens under the policy and answers with its size only (`sizeAbove`); the server
+/// backs that and asks again (after the read's bulk turn, if it is one). So the budget and the
+/// bulk turn learn a size only from a file the policy let the helper open, never from the
+/// server's own view of a path the policy may deny.
+pub const PREBACKED_READ_BYTES: u64 = 64 * 1024;
 /// Helper stderr kept for error messages.
 const HELPER_STDERR_BYTES: usize = 8 * 1024;
 /// The environment a helper starts with: only these variables, from the server's environment.
@@ -93,6 +102,9 @@ pub enum HelperError {
     /// The helper closed its socket before answering (it crashed or was killed).
     #[error("the helper exited before answering")]
     ExitedBeforeAnswering,
+    /// The helper answered with a size when none was asked for.
+    #[error("the helper answered with a size when the file's contents were asked for")]
+    UnaskedSize,
     /// The response is not a helper response.
     #[error("unparsable response: {0}")]
     UnparsableResponse(#[source] serde_json::Error),
@@ -153,14 +165,15 @@ pub struct HelperPool {
 
 /// What [`HelperPool::call_sandboxed`] did.
 pub enum Sandboxed {
-    /// The sandbox restricts nothing: the request, to run unsandboxed.
-    Unrestricted(FsRequest),
+    /// The sandbox restricts nothing: the request, to run unsandboxed (with its read's backing,
+    /// which has backed nothing yet).
+    Unrestricted(FsRequest, Option<AnswerBacking>),
     /// A helper under the resolved policy answered.
     Served(HelperReply),
 }
 
-/// A read whose answer [`HelperPool::call_sandboxed`] backed and found a bulk read: the
-/// request, to call again (without backing) once it has its turn.
+/// A read whose answer [`HelperPool::call_sandboxed`] backed from the size its helper found, a
+/// bulk read: the request, to call again (without backing) once it has its turn.
 pub struct AwaitsBulkTurn(pub FsRequest);
 
 /// How a call gets its helper.
@@ -214,12 +227,12 @@ impl HelperPool {
     }
 
     /// Resolve `sandbox` and run `request` under it, on the blocking pool within `budget`'s
-    /// share: with an idle helper of the same policy, the read's answer `backing`, resolution
+    /// share: with an idle helper of the same policy, resolution, the read's answer `backing`
     /// and the exchange are one blocking job (one hop off the async runtime, not three);
-    /// otherwise as [`Self::call`]. [`Sandboxed::Unrestricted`] (the request back) when the
-    /// sandbox restricts nothing; [`AwaitsBulkTurn`] when `backing` found a bulk read (call
-    /// again without it once the read has its turn). Returns with it what backs
-    /// the answer (nothing without `backing`), to merge into the answer's charge.
+    /// otherwise as [`Self::call`]. [`Sandboxed::Unrestricted`] (the request and its backing
+    /// back) when the sandbox restricts nothing; [`AwaitsBulkTurn`] when the helper found a
+    /// bulk read (call again without backing once the read has its turn). Returns with it what
+    /// backs the answer (nothing without `backing`), to merge into the answer's charge.
     ///
     /// # Errors
     /// -32602 when the sandbox object does not parse or resolve (never run unsandboxed
@@ -242,55 +255,60 @@ impl HelperPool {
         // The blocking pool, not the CPU pool: resolution walks paths the client names (and
         // what commands left in writable roots), which may be slow or hung filesystems; on
         // the CPU pool's few threads that would stall every connection's large messages.
-        let (first, backed) = budget
+        let (first, mut backing) = budget
             .blocking(move || {
-                let mut backed = MemoryCharge::none();
-                if let Some(backing) = backing {
-                    let (charge, bulk) = backing.back()?;
-                    backed = charge;
-                    if bulk {
-                        return Ok((First::Done(Err(AwaitsBulkTurn(request))), backed));
-                    }
-                }
                 let policy = pool
                     .sandboxing
                     .resolve(Some(&sandbox))
                     .map_err(|e| RpcError::from(super::FsRequestError::Sandbox(e)))?;
                 let Some(policy) = policy else {
-                    return Ok((First::Done(Ok(Sandboxed::Unrestricted(request))), backed));
+                    let unrestricted = Sandboxed::Unrestricted(request, backing);
+                    return Ok((First::Done(Ok(unrestricted)), None));
                 };
+                let mut backing = backing;
+                if let Some(backing) = &mut backing {
+                    // Whichever file it is: nothing about the file is known yet.
+                    backing.back_size(PREBACKED_READ_BYTES)?;
+                }
                 let key = (session, policy);
                 let first = match pool.idle_helper(&key) {
-                    Some(helper) => pool
-                        .serve(Start::Reused(helper), key, request)
-                        .map(|reply| First::Done(Ok(Sandboxed::Served(reply))))?,
+                    Some(helper) => First::Done(
+                        pool.serve(Start::Reused(helper), key, request, backing.as_mut())?
+                            .map(Sandboxed::Served),
+                    ),
                     None => First::NeedsHelper(Box::new((key, request))),
                 };
-                Ok::<_, RpcError>((first, backed))
+                Ok::<_, RpcError>((first, backing))
             })
             .await??;
         let done = match first {
             First::Done(done) => done,
             First::NeedsHelper(needs) => {
                 let (key, request) = *needs;
-                Ok(Sandboxed::Served(self.call(budget, key, request).await?))
+                let (served, returned) = self.call(budget, key, request, backing).await?;
+                backing = returned;
+                served.map(Sandboxed::Served)
             }
         };
+        let backed = backing.map_or_else(MemoryCharge::none, AnswerBacking::into_charge);
         Ok((done, backed))
     }
 
-    /// Run one request under `key`'s policy, on the blocking pool
-    /// within `budget`'s share (where it is also serialized).
+    /// Run one request under `key`'s policy, on the blocking pool within `budget`'s share
+    /// (where it is also serialized), a read's answer backed by `backing` as
+    /// [`Self::serve`] does; `backing` comes back with the answer.
     ///
     /// # Errors
     /// -32603 `helperFailed` when no helper can be started or it fails mid-request; -32600
-    /// `limitExceeded` when the server's descriptor budget has no room for a new helper.
-    pub async fn call(
+    /// `limitExceeded` when the server's descriptor budget has no room for a new helper, or
+    /// its memory budget none for the answer.
+    async fn call(
         self: &Arc<Self>,
         budget: &ConnectionBudget,
         key: PoolKey,
         request: FsRequest,
-    ) -> Result<HelperReply, RpcError> {
+        mut backing: Option<AnswerBacking>,
+    ) -> Result<(Result<HelperReply, AwaitsBulkTurn>, Option<AnswerBacking>), RpcError> {
         let start = match self.idle_helper(&key) {
             Some(helper) => Start::Reused(helper),
             None => {
@@ -300,46 +318,65 @@ impl HelperPool {
         };
         let pool = self.clone();
         budget
-            .blocking(move || pool.serve(start, key, request))
+            .blocking(move || {
+                let served = pool.serve(start, key, request, backing.as_mut())?;
+                Ok((served, backing))
+            })
             .await?
     }
 
-    /// Serialize `request`, get the helper `start` says (starting a new one), exchange, and
-    /// put the helper back (or retire it); blocks.
+    /// Get the helper `start` says (starting a new one), exchange, and put the helper back
+    /// (or retire it); blocks. With `backing` (an `fs/readFile` backed for
+    /// [`PREBACKED_READ_BYTES`]), a larger file is answered with its size: `backing` backs
+    /// that and, unless it is a bulk read ([`AwaitsBulkTurn`]), the same helper is asked
+    /// for the contents.
     fn serve(
         self: &Arc<Self>,
         start: Start,
         key: PoolKey,
         request: FsRequest,
-    ) -> Result<HelperReply, RpcError> {
-        // The server resolved the policy the helper serves: no sandbox of its own.
-        let request = HelperRequest {
-            request,
-            sandbox: None,
-        };
-        let request = serde_json::to_vec(&request)
-            .map_err(|e| helper_failed(HelperError::EncodeRequest(e), ""))?;
+        backing: Option<&mut AnswerBacking>,
+    ) -> Result<Result<HelperReply, AwaitsBulkTurn>, RpcError> {
         let mut helper = match start {
             Start::Reused(helper) => helper,
             Start::New(live, descriptors) => self.spawn(&key.1, live, descriptors)?,
         };
-        match exchange(&mut helper, &request) {
-            Ok(reply) => {
-                if self.one_shot {
-                    helper.retire();
-                } else {
-                    self.checkin(key, helper);
-                }
-                Ok(reply)
+        let size_above = backing.is_some().then_some(PREBACKED_READ_BYTES);
+        let (request, answered) = ask(&mut helper, request, size_above);
+        let size = match answered {
+            Ok(Answered::Reply(reply)) => {
+                self.put_back(key, helper);
+                return Ok(Ok(reply));
             }
-            Err(error) => {
-                // Give a crashed helper a moment to finish writing its stderr.
-                let _ = helper.child.try_wait();
-                std::thread::sleep(Duration::from_millis(10));
-                let stderr = helper.stderr_text();
-                helper.kill();
-                Err(helper_failed(error, &stderr))
+            Ok(Answered::Size(size)) => size,
+            Err(error) => return Err(failed(helper, error)),
+        };
+        let Some(backing) = backing else {
+            return Err(failed(helper, HelperError::UnaskedSize));
+        };
+        match backing.back_size(size) {
+            Ok(false) => {}
+            bulk_or_refused => {
+                self.put_back(key, helper);
+                return bulk_or_refused.map(|_| Err(AwaitsBulkTurn(request)));
             }
+        }
+        match ask(&mut helper, request, None).1 {
+            Ok(Answered::Reply(reply)) => {
+                self.put_back(key, helper);
+                Ok(Ok(reply))
+            }
+            Ok(Answered::Size(_)) => Err(failed(helper, HelperError::UnaskedSize)),
+            Err(error) => Err(failed(helper, error)),
+        }
+    }
+
+    /// Pool `helper` for `key` again, or retire it (one-shot helpers).
+    fn put_back(&self, key: PoolKey, helper: Helper) {
+        if self.one_shot {
+            helper.retire();
+        } else {
+            self.checkin(key, helper);
         }
     }
 
@@ -504,18 +541,4 @@ fn helper_failed(error: HelperError, stderr: &str) -> RpcError {
         stderr: stderr.to_owned(),
     }
     .into()
-}
-
-/// One framed request and response; any failure means the helper is unusable.
-fn exchange(helper: &mut Helper, request: &[u8]) -> Result<HelperReply, HelperError> {
-    write_frame(&mut helper.socket, request, None).map_err(HelperError::SendRequest)?;
-    let frame = read_frame(&mut helper.socket, crate::limits::MAX_FRAME_BYTES)
-        .map_err(HelperError::ReadResponse)?
-        .ok_or(HelperError::ExitedBeforeAnswering)?;
-    let response: HelperResponse =
-        serde_json::from_slice(&frame.body).map_err(HelperError::UnparsableResponse)?;
-    Ok(HelperReply {
-        result: response.into(),
-        file: frame.fd.map(std::fs::File::from),
-    })
 }
