@@ -122,6 +122,15 @@ pub enum ProcessError {
         /// The cwd.
         path: PathBuf,
     },
+    /// A sandboxed command's `cwd`, or the way to it, is hidden by its policy (refused alike
+    /// whether anything is there: the server does not examine it for the client).
+    #[error(
+        "cwd {path:?} is not visible under the sandbox policy (a deny entry or a hidden path is on the way to it); choose a directory the policy lets the command read"
+    )]
+    CwdDenied {
+        /// The cwd.
+        path: PathBuf,
+    },
     /// The child could not be started.
     #[error(transparent)]
     Spawn(#[from] spawn::SpawnError),

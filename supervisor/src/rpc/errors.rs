@@ -54,6 +54,7 @@ impl From<ProcessError> for RpcError {
             ProcessError::CwdNotDirectory { .. } => {
                 (codes::INVALID_REQUEST, ErrorKind::NotADirectory)
             }
+            ProcessError::CwdDenied { .. } => (codes::INVALID_REQUEST, ErrorKind::SandboxDenied),
             ProcessError::NotPty { .. } | ProcessError::Unsupported { .. } => {
                 (codes::INVALID_REQUEST, ErrorKind::Unsupported)
             }

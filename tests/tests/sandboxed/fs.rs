@@ -427,7 +427,7 @@ async fn sandboxed_streaming_read_works_through_a_passed_descriptor() {
 }
 
 /// A permissions profile: everything readable, the workspace writable, the outside denied.
-fn deny_outside(dirs: &Dirs) -> Value {
+pub(crate) fn deny_outside(dirs: &Dirs) -> Value {
     json!({
         "permissions": {"type": "managed", "file_system": {"type": "restricted", "entries": [
             {"path": {"type": "special", "value": {"kind": "root"}}, "access": "read"},

@@ -327,3 +327,60 @@ async fn a_huge_git_file_left_by_a_command_is_not_read_whole_by_the_next_start()
         "the server's peak RSS grew by {grown} KiB resolving a workspace with a 1 GiB .git"
     );
 }
+
+/// The server examined a sandboxed command's `cwd` with its own view before anything else:
+/// under a `deny` entry, "does not exist" (-32004), "is not a directory" and a started command
+/// told a sandboxed client whether a path it may not see exists and what it is (inside the
+/// sandbox, `stat` of it is refused alike). Now every path the policy hides, and a symlink
+/// leading there, is refused alike as `sandboxDenied`, and nothing starts; beside it the
+/// answers are as before.
+#[tokio::test]
+async fn a_cwd_the_policy_hides_is_refused_alike_whatever_is_there() {
+    let dirs = Dirs::new();
+    let server = ExecServer::start(&[]);
+    let mut client = server.client().await;
+    std::fs::create_dir(dirs.out("sub")).unwrap();
+    std::fs::write(dirs.out("file"), b"x").unwrap();
+    std::os::unix::fs::symlink(dirs.out("missing"), dirs.ws("to-missing")).unwrap();
+    std::os::unix::fs::symlink(dirs.out("sub"), dirs.ws("to-sub")).unwrap();
+    let policy = super::fs::deny_outside(&dirs);
+    let start = |n: usize, cwd: &Path| {
+        json!({"processId": format!("p{n}"), "argv": ["/bin/true"], "sandbox": policy,
+               "cwd": file_uri(cwd)})
+    };
+    let hidden = [
+        dirs.out("sub"),
+        dirs.out("file"),
+        dirs.out("missing"),
+        dirs.out("missing/deeper"),
+        dirs.outside.path().to_path_buf(),
+        dirs.ws("to-missing"),
+        dirs.ws("to-sub"),
+    ];
+    for (n, cwd) in hidden.iter().enumerate() {
+        let refused = client.request("process/start", start(n, cwd)).await;
+        let error = assert_rpc_error(refused, -32600, "sandboxDenied");
+        let message = error
+            .message
+            .replace(&format!("{:?}", cwd.display().to_string()), "CWD");
+        assert!(
+            message.starts_with("cwd CWD is not visible under the sandbox policy"),
+            "{cwd:?}: {error:?}"
+        );
+    }
+    let list = client.request("process/list", json!({})).await.unwrap();
+    assert_eq!(list["processes"], json!([]), "nothing started");
+    // Where the command may look, the answers are the usual ones.
+    let missing = client
+        .request("process/start", start(10, &dirs.ws("none")))
+        .await;
+    assert_rpc_error(missing, -32004, "notFound");
+    let file = client
+        .request("process/start", start(11, &dirs.ws("in.txt")))
+        .await;
+    assert_rpc_error(file, -32600, "notADirectory");
+    let inside = client
+        .request("process/start", start(12, dirs.workspace.path()))
+        .await;
+    assert!(inside.is_ok(), "{inside:?}");
+}

@@ -16,6 +16,7 @@
 
 mod admit;
 mod adopt;
+mod cwd;
 mod launch;
 mod plan;
 

@@ -234,18 +234,19 @@ async fn resolve_sandbox(
     // `HelperPool::call_sandboxed`).
     budget
         .blocking(move || {
-            directory_check(&cwd)?;
             let Some(policy) = sandboxing.resolve(sandbox.as_ref())? else {
+                directory_check(&cwd)?;
                 return Ok(None);
             };
+            // Examined only as far as the policy lets the command see (`cwd`).
+            let canonical = super::cwd::sandboxed_cwd(&policy, &cwd)?;
             sandboxing
                 .refuse_planted_cwd(&policy, &cwd)
                 .map_err(|source| ProcessError::CwdRefused {
                     path: cwd.clone(),
                     source,
                 })?;
-            let cwd =
-                std::fs::canonicalize(&cwd).map_err(|_| ProcessError::CwdMissing { path: cwd })?;
+            let cwd = canonical;
             if cwd.to_str().is_none() {
                 return Err(ProcessError::CwdNotUtf8 { path: cwd });
             }
