@@ -21,14 +21,17 @@ use crate::process::ProcessError;
 /// `MAXSYMLINKS`).
 const MAX_SYMLINK_HOPS: usize = 40;
 
-/// Whether the sandboxed command may look at `path`: it may read it, or it lies on the way to
+/// Whether the sandboxed command may look at `path`: it is not hidden (a server's secrets are
+/// masked whatever the filesystem rules say), and it may read it or it lies on the way to
 /// something it may read (an ancestor of a readable rule, which it can traverse).
 fn visible(policy: &ResolvedPolicy, path: &Path) -> bool {
-    policy.can_read(path)
+    let hidden = policy.hidden.iter().any(|hidden| path.starts_with(hidden));
+    let readable = policy.can_read(path)
         || policy
             .rules()
             .iter()
-            .any(|rule| rule.access.can_read() && rule.path.starts_with(path))
+            .any(|rule| rule.access.can_read() && rule.path.starts_with(path));
+    !hidden && readable
 }
 
 /// The canonical working directory `cwd` (absolute) names for a command under `policy`.
@@ -154,6 +157,16 @@ mod tests {
         assert_eq!(kind(open.join("up/../file")), "not a directory");
         assert_eq!(kind(open.join("dir/../dir")), "ok open/dir");
         assert_eq!(kind(open.join("../hidden/dir")), "denied");
+        // A server's hidden path is masked even where the filesystem is not restricted.
+        let unrestricted = ResolvedPolicy::new(FilesystemPolicy::Unrestricted, NetworkPolicy::Off)
+            .with_hidden_path(&hidden.join("file"));
+        assert_eq!(sandboxed_cwd(&unrestricted, &hidden).unwrap(), hidden);
+        for name in ["file", "file/deeper"] {
+            assert!(matches!(
+                sandboxed_cwd(&unrestricted, &hidden.join(name)),
+                Err(ProcessError::CwdDenied { .. })
+            ));
+        }
         // The way to a readable root is visible; a sibling of it is not.
         let narrow = policy_of_one(&open);
         assert_eq!(sandboxed_cwd(&narrow, &open).unwrap(), open);
