@@ -61,7 +61,7 @@ pub use raw_ws::{
     RawEnd, opcode, raw_websocket, read_raw_frame, read_until_closed, ws_frame, ws_frame_header,
 };
 pub use server::{
-    ExecServer, INSTALLED_BINARIES, RefusedStart, exec_server_binary, install_binaries,
+    ExecServer, INSTALLED_BINARIES, RefusedStart, budget_in, exec_server_binary, install_binaries,
 };
 pub use wire::{assert_rpc_error, b64, error_kind, error_text, file_uri, unb64};
 

@@ -201,14 +201,7 @@ impl ExecServer {
     pub async fn budget(&self, name: &str) -> serde_json::Value {
         let (code, head, body) = self.get("/status").await;
         assert_eq!(code, 200, "{head}\n{body}");
-        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
-        status["budgets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|budget| budget["name"] == name)
-            .unwrap_or_else(|| panic!("no budget {name} in {status}"))
-            .clone()
+        budget_in(&serde_json::from_str(&body).unwrap(), name)
     }
 
     /// The server's pid.
@@ -314,4 +307,15 @@ pub fn install_binaries(dir: &Path) -> PathBuf {
         crate::scratch::copy_executable(&from.join(name), &dir.join(name));
     }
     dir.join(SERVER_BINARY)
+}
+
+/// The server-wide budget `name` in a `GET /status` page (`{name, unit, limit, inUse}`).
+pub fn budget_in(status: &serde_json::Value, name: &str) -> serde_json::Value {
+    status["budgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|budget| budget["name"] == name)
+        .unwrap_or_else(|| panic!("no budget {name} in {status}"))
+        .clone()
 }

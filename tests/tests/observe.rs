@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use tests::matrix::{ListenerFixture, server_users};
-use tests::{DEADLINE, ExecServer, output_within, sh};
+use tests::{DEADLINE, ExecServer, budget_in, output_within, sh};
 
 const TOKEN: &str = "observe-token";
 
@@ -221,15 +221,7 @@ async fn views_report_what_runs(args: &[&str]) {
         .find(|b| b["name"] == "inflightBytes")
         .unwrap();
     assert_eq!(inflight["limit"], 160 << 20, "{inflight}");
-    let budget = |name: &str| {
-        status["budgets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|b| b["name"] == name)
-            .unwrap_or_else(|| panic!("no budget {name} in {status}"))
-            .clone()
-    };
+    let budget = |name: &str| budget_in(&status, name);
     assert_eq!(
         budget("liveProcesses"),
         json!({"name": "liveProcesses", "unit": "processes", "limit": 4096, "inUse": 3}),
