@@ -218,9 +218,10 @@ impl Sandboxing {
     }
 
     /// What this server registers for every other server's sandboxes to hide
-    /// ([`sandbox::servers`]): its hidden files, and its binaries kept read-only.
-    pub fn registration(&self) -> (&[PathBuf], &[PathBuf]) {
-        (&self.hidden, &self.read_only)
+    /// ([`sandbox::servers`]): its hidden files, its binaries kept read-only, and its TCP ports
+    /// refused.
+    pub fn registration(&self) -> (&[PathBuf], &[PathBuf], &[u16]) {
+        (&self.hidden, &self.read_only, &self.tcp_ports)
     }
 
     /// Adds the server's protections to `policy`, and those of every running server of this

@@ -251,8 +251,8 @@ impl BoundServer {
         )?);
         // Before the first connection is served: from here on, every sandbox any server of this
         // user builds hides this server's secrets too.
-        let (hidden, read_only) = sandboxing.registration();
-        let registration = sandbox::servers::Registration::register(hidden, read_only)?;
+        let (hidden, read_only, tcp_ports) = sandboxing.registration();
+        let registration = sandbox::servers::Registration::register(hidden, read_only, tcp_ports)?;
         crate::sys::prepare_server_descriptors();
         let budgets =
             Arc::new(Budgets::for_current_process().with_memory_limit(options.memory_budget_bytes));

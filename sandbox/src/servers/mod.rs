@@ -127,6 +127,11 @@ pub struct Entry {
     /// Paths every sandbox keeps read-only: the server's binaries.
     #[serde(default)]
     pub read_only: Vec<PathBuf>,
+    /// The TCP ports it listens on: a sandbox with the network on may not connect to them (a
+    /// loopback listener without a token admits every process of its user, a sandboxed command
+    /// of another server included).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tcp_ports: Vec<u16>,
 }
 
 /// What every registered server asks of a sandbox.
@@ -138,6 +143,8 @@ pub struct Registered {
     pub hidden: Vec<PathBuf>,
     /// Paths to keep read-only.
     pub read_only: Vec<PathBuf>,
+    /// TCP ports to refuse with the network on.
+    pub tcp_ports: Vec<u16>,
 }
 
 impl Registered {
@@ -166,6 +173,13 @@ impl Registered {
             let writable = !policy.restricts_filesystem() || policy.can_write(path);
             if writable && path.symlink_metadata().is_ok() {
                 policy = policy.with_read_only_path(path);
+            }
+        }
+        // Only where the command shares the host's network: in a namespace of its own (network
+        // off, or an allowlist through the egress proxy) no server's port is reachable.
+        if policy.network_fully_on() {
+            for port in &self.tcp_ports {
+                policy = policy.with_denied_tcp_port(*port);
             }
         }
         policy

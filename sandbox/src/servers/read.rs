@@ -48,12 +48,15 @@ pub(super) fn read_dirs(dirs: &[PathBuf], uid: u32) -> Result<Registered, Regist
             registered
                 .read_only
                 .extend(entry.read_only.into_iter().filter(|p| acceptable(p)));
+            registered.tcp_ports.extend(entry.tcp_ports);
         }
     }
     registered.hidden.sort();
     registered.hidden.dedup();
     registered.read_only.sort();
     registered.read_only.dedup();
+    registered.tcp_ports.sort_unstable();
+    registered.tcp_ports.dedup();
     Ok(registered)
 }
 

@@ -16,13 +16,18 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Writes this process's entry (and removes the entries of servers that are gone).
+    /// Writes this process's entry (and removes the entries of servers that are gone): the
+    /// paths to hide and to keep read-only, and the TCP ports it listens on.
     ///
     /// # Errors
     /// [`RegistryError`] when the directory cannot be created or is not private, or the entry
     /// cannot be written: a server that cannot register must not start, or its secrets would be
     /// open to every other server's sandboxes.
-    pub fn register(hidden: &[PathBuf], read_only: &[PathBuf]) -> Result<Self, RegistryError> {
+    pub fn register(
+        hidden: &[PathBuf],
+        read_only: &[PathBuf],
+        tcp_ports: &[u16],
+    ) -> Result<Self, RegistryError> {
         let uid = euid();
         let dir = write_dir(uid)?;
         prune_dead(&dir);
@@ -40,6 +45,7 @@ impl Registration {
             pid_namespace,
             hidden: absolute(hidden),
             read_only: absolute(read_only),
+            tcp_ports: tcp_ports.to_vec(),
         };
         let text = serde_json::to_vec_pretty(&entry).unwrap_or_default();
         let nonce = SystemTime::now()

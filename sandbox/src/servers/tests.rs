@@ -20,6 +20,7 @@ fn entries_are_read_and_hostile_paths_ignored() {
             PathBuf::from("/srv/../etc"),
         ],
         read_only: vec![PathBuf::from("/srv/a/bin")],
+        tcp_ports: vec![7700, 4000, 4000],
         ..Entry::default()
     };
     std::fs::write(reg.join("1-1.json"), serde_json::to_vec(&entry).unwrap()).unwrap();
@@ -28,6 +29,7 @@ fn entries_are_read_and_hostile_paths_ignored() {
     assert_eq!(read.hidden, vec![PathBuf::from("/srv/a/token")]);
     assert_eq!(read.dirs, vec![reg.clone()]);
     assert_eq!(read.read_only, vec![PathBuf::from("/srv/a/bin")]);
+    assert_eq!(read.tcp_ports, vec![4000, 7700]);
     std::fs::write(reg.join("3-3.json"), "{not json").unwrap();
     assert!(read_dirs(std::slice::from_ref(&reg), euid()).is_err());
 }
@@ -116,4 +118,26 @@ fn an_entry_removed_after_the_listing_is_skipped_but_an_unreadable_one_fails() {
     let link = dir.path().join("5-5.json");
     std::os::unix::fs::symlink("/etc/hostname", &link).unwrap();
     assert!(read_entry(&link, euid()).is_err());
+}
+
+/// Another server's TCP ports are refused where the command shares the host's network, and
+/// change nothing elsewhere (a launcher is not rebuilt when an unrelated server starts).
+#[test]
+fn another_servers_ports_are_refused_only_where_the_network_is_on() {
+    use crate::policy::{FilesystemPolicy, NetworkPolicy};
+    let registered = Registered {
+        tcp_ports: vec![4000, 7700],
+        ..Registered::default()
+    };
+    let root = PathBuf::from("/");
+    let filesystem = FilesystemPolicy::Restricted {
+        rules: vec![crate::policy::PathRule {
+            path: root,
+            access: crate::policy::Access::Read,
+        }],
+    };
+    let on = ResolvedPolicy::new(filesystem.clone(), NetworkPolicy::On);
+    assert_eq!(registered.apply(on).denied_tcp_ports, vec![4000, 7700]);
+    let off = ResolvedPolicy::new(filesystem, NetworkPolicy::Off);
+    assert_eq!(registered.apply(off.clone()), off);
 }

@@ -229,3 +229,62 @@ async fn a_sandboxed_command_cannot_reach_its_server_over_a_unix_socket() {
         }
     }
 }
+
+/// A loopback listener without a token admits every process of its user, so a sandboxed
+/// command of another server of that user, with the network on, could connect to it and drive
+/// that server unsandboxed: each server's sandboxes refused only their own server's port. Every
+/// server now registers its TCP ports beside its secrets, and every sandbox with the network on
+/// refuses them all, also when the other server started after this one's launcher for the
+/// policy was built (the policy, read anew, differs). Unsandboxed, the same probe reaches it.
+#[tokio::test]
+async fn a_sandboxed_command_cannot_reach_another_server_of_its_user_over_tcp() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        let server = setup.start(uid, &["--listen", "ws://127.0.0.1:0"]);
+        let mut client = server.client().await;
+        let shapes = policy_shapes(&setup.workspace);
+        // The launchers exist before the other server starts.
+        for (n, (_, sandbox)) in shapes.iter().enumerate() {
+            let warm = probe_through(
+                &mut client,
+                &setup,
+                &format!("w-{n}"),
+                Some(sandbox),
+                &["read", "/etc/hostname"],
+            )
+            .await;
+            assert!(warm.get("op").is_some(), "{warm}");
+        }
+        let other = setup.start(uid, &["--listen", "ws://127.0.0.1:0"]);
+        let address = other.url().strip_prefix("ws://").unwrap().to_owned();
+        // Nobody has connected to it yet.
+        let logged = connection_lines(&other.stderr());
+        for (n, (shape, sandbox)) in shapes.iter().enumerate() {
+            let connect = probe_through(
+                &mut client,
+                &setup,
+                &format!("n-{n}"),
+                Some(sandbox),
+                &["tcp-connect", &address],
+            )
+            .await;
+            assert_refused(&connect, &format!("{shape}, servers as {uid:?}"));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert_eq!(
+            connection_lines(&other.stderr()),
+            logged,
+            "the other server logged a connection from a sandbox (as {uid:?}):\n{}",
+            other.stderr()
+        );
+        let control = probe_through(
+            &mut client,
+            &setup,
+            "control",
+            None,
+            &["tcp-connect", &address],
+        )
+        .await;
+        assert_eq!(control["ok"], true, "control connect: {control}");
+    }
+}
