@@ -4,7 +4,9 @@ use std::ffi::OsStr;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use super::{ENTRY_SUFFIX, Entry, MAX_ENTRY_BYTES, MAX_ENTRY_PATHS, RegistryError};
+use super::{
+    ENTRY_SUFFIX, Entry, MAX_ENTRY_BYTES, MAX_ENTRY_PATHS, MAX_ENTRY_PORTS, RegistryError,
+};
 
 /// Start time and PID namespace of `pid`, as `/proc` shows them.
 pub(super) fn process_identity(pid: u32) -> Option<(u64, u64)> {
@@ -70,6 +72,9 @@ pub(super) fn read_entry(path: &Path, uid: u32) -> Result<Option<Entry>, Registr
     let entry: Entry = serde_json::from_slice(&text).map_err(|e| error(e.to_string()))?;
     if entry.hidden.len() > MAX_ENTRY_PATHS || entry.read_only.len() > MAX_ENTRY_PATHS {
         return Err(error(format!("more than {MAX_ENTRY_PATHS} paths")));
+    }
+    if entry.tcp_ports.len() > MAX_ENTRY_PORTS {
+        return Err(error(format!("more than {MAX_ENTRY_PORTS} TCP ports")));
     }
     Ok(Some(entry))
 }

@@ -57,6 +57,8 @@ pub const MAX_REGISTRY_ENTRIES: usize = 1024;
 pub const MAX_ENTRY_BYTES: u64 = 64 * 1024;
 /// Most paths of each kind one entry may name.
 pub const MAX_ENTRY_PATHS: usize = 64;
+/// Most TCP ports one entry may name (a server listens on one).
+pub const MAX_ENTRY_PORTS: usize = 16;
 /// A directory changed this recently may change again within the same timestamp tick (coarse
 /// kernel clocks), so [`RegistryReader`] does not trust its cached copy of it.
 const RACY_WINDOW: Duration = Duration::from_secs(2);

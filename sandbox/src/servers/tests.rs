@@ -140,4 +140,15 @@ fn another_servers_ports_are_refused_only_where_the_network_is_on() {
     assert_eq!(registered.apply(on).denied_tcp_ports, vec![4000, 7700]);
     let off = ResolvedPolicy::new(filesystem, NetworkPolicy::Off);
     assert_eq!(registered.apply(off.clone()), off);
+    // An entry naming more ports than any server listens on is not one a server wrote.
+    let dir = tempfile::tempdir().unwrap();
+    let reg = dir.path().join("servers");
+    std::fs::DirBuilder::new().mode(0o700).create(&reg).unwrap();
+    let entry = Entry {
+        pid: 1,
+        tcp_ports: (1..=MAX_ENTRY_PORTS as u16 + 1).collect(),
+        ..Entry::default()
+    };
+    std::fs::write(reg.join("1-1.json"), serde_json::to_vec(&entry).unwrap()).unwrap();
+    assert!(read_dirs(std::slice::from_ref(&reg), euid()).is_err());
 }
