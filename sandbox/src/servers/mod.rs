@@ -177,9 +177,11 @@ impl Registered {
                 policy = policy.with_read_only_path(path);
             }
         }
-        // Only where the command shares the host's network: in a namespace of its own (network
-        // off, or an allowlist through the egress proxy) no server's port is reachable.
-        if policy.network_fully_on() {
+        // Only where something of the sandbox reaches the host's network: the command (network
+        // on), or the egress proxy connecting for it (an allowlist; the proxy refuses a policy's
+        // denied ports, and a pattern may name a loopback address). With the network off no
+        // server's port is reachable.
+        if policy.network_allowed() {
             for port in &self.tcp_ports {
                 policy = policy.with_denied_tcp_port(*port);
             }

@@ -120,8 +120,9 @@ fn an_entry_removed_after_the_listing_is_skipped_but_an_unreadable_one_fails() {
     assert!(read_entry(&link, euid()).is_err());
 }
 
-/// Another server's TCP ports are refused where the command shares the host's network, and
-/// change nothing elsewhere (a launcher is not rebuilt when an unrelated server starts).
+/// Another server's TCP ports are refused where the sandbox reaches the host's network (the
+/// command, or the egress proxy for an allowlist), and change nothing with the network off (a
+/// launcher is not rebuilt when an unrelated server starts).
 #[test]
 fn another_servers_ports_are_refused_only_where_the_network_is_on() {
     use crate::policy::{FilesystemPolicy, NetworkPolicy};
@@ -138,6 +139,12 @@ fn another_servers_ports_are_refused_only_where_the_network_is_on() {
     };
     let on = ResolvedPolicy::new(filesystem.clone(), NetworkPolicy::On);
     assert_eq!(registered.apply(on).denied_tcp_ports, vec![4000, 7700]);
+    let rules = crate::policy::network::EgressRules::default();
+    let allowlist = ResolvedPolicy::new(filesystem.clone(), NetworkPolicy::Allowlist(rules));
+    assert_eq!(
+        registered.apply(allowlist).denied_tcp_ports,
+        vec![4000, 7700]
+    );
     let off = ResolvedPolicy::new(filesystem, NetworkPolicy::Off);
     assert_eq!(registered.apply(off.clone()), off);
     // An entry naming more ports than any server listens on is not one a server wrote.

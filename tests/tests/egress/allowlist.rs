@@ -103,7 +103,39 @@ async fn the_servers_own_listener_is_refused_even_when_a_pattern_allows_it() {
             .await;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
-            stdout.contains("the supervisor's own listener"),
+            stdout.contains("is an execward server's listener"),
+            "{uid:?}: {stdout} / {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Another execward server of the same user is refused like this server's own listener, even
+/// when a pattern names its address: a loopback listener without a token admits every process
+/// of its user, the egress proxy included, which would otherwise drive that server for the
+/// command. The proxy refuses every registered server's ports.
+#[tokio::test]
+async fn another_servers_listener_is_refused_even_when_a_pattern_allows_it() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        let server = setup.start(uid);
+        let other = setup.start(uid);
+        let port = other.addr().rsplit_once(':').unwrap().1.to_owned();
+        let mut client = server.client().await;
+        let url = format!("http://127.0.0.1:{port}/readyz");
+        let out = client
+            .run(
+                "other",
+                &["curl", "-sS", "-m", "10", &url],
+                json!({
+                    "sandbox": setup.sandbox(&[format!("127.0.0.1:{port}")]),
+                    "cwd": file_uri(&setup.workspace),
+                }),
+            )
+            .await;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            stdout.contains("an execward server's listener"),
             "{uid:?}: {stdout} / {}",
             String::from_utf8_lossy(&out.stderr)
         );

@@ -253,8 +253,11 @@ fn usable_addresses(
         if own_listener(proxy, &locals, ip, port) {
             refusal.get_or_insert_with(|| {
                 (
-                    format!("{ip}:{port} is the supervisor's own listener"),
-                    "none: the supervisor's own listeners are never reachable from a sandbox"
+                    format!(
+                        "{ip}:{port} is an execward server's listener (the supervisor's own \
+                         or another registered server's)"
+                    ),
+                    "none: execward servers' listeners are never reachable from a sandbox"
                         .to_owned(),
                 )
             });
