@@ -21,6 +21,37 @@ pub fn registry_dirs(uid: u32) -> Vec<PathBuf> {
     ]
 }
 
+/// Most other users' registries a root reader reads.
+pub const MAX_OTHER_USERS: usize = 256;
+
+/// The registry directories of every uid but root under `run_user` (`/run/user`) and `shm`
+/// (`/dev/shm`), with their uid: what a root reader reads besides its own (see
+/// [`super::read`]). At most [`MAX_OTHER_USERS`], lowest uids first.
+pub(super) fn other_users_dirs(run_user: &Path, shm: &Path) -> Vec<(PathBuf, u32)> {
+    let mut found = Vec::new();
+    let names = |parent: &Path| -> Vec<String> {
+        std::fs::read_dir(parent)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|item| item.file_name().into_string().ok())
+            .collect()
+    };
+    for name in names(run_user) {
+        if let Ok(uid @ 1..) = name.parse::<u32>() {
+            found.push((run_user.join(&name).join("execward/servers"), uid));
+        }
+    }
+    for name in names(shm) {
+        if let Some(Ok(uid @ 1..)) = name.strip_prefix("execward-").map(str::parse::<u32>) {
+            found.push((shm.join(&name).join("servers"), uid));
+        }
+    }
+    found.sort_by_key(|(dir, uid)| (*uid, dir.clone()));
+    found.truncate(MAX_OTHER_USERS);
+    found
+}
+
 /// Whether `dir` is the uid's and closed to everyone else.
 pub(super) fn private_dir(dir: &Path, uid: u32) -> Result<(), String> {
     let meta = dir.symlink_metadata().map_err(|e| e.to_string())?;

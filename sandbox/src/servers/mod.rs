@@ -17,7 +17,10 @@
 //!   launcher or pooled helper built before is not reused for it (they are keyed by policy).
 //! - **Where.** Root: `/run/execward/servers`. Another uid: `/run/user/UID/execward/servers`
 //!   when `/run/user/UID` is the uid's, else `/dev/shm/execward-UID/servers`; readers read every
-//!   candidate. `/run` and `/dev/shm` are private, empty tmpfs in every sandbox with the mount
+//!   candidate. A root reader also reads every other uid's (their servers admit root without a
+//!   token): their ports, and only the paths that belong to that uid, an unreadable entry of
+//!   theirs skipped (`read::read_other_users`). `/run` and `/dev/shm` are private, empty tmpfs
+//!   in every sandbox with the mount
 //!   layer, neither is writable under the built-in profiles (Landlock), and a directory the
 //!   policy would let the command write is hidden besides, so no sandbox changes the registry.
 //!   (Not `/tmp`: workspace-write makes it writable, which without the mount layer is the
@@ -150,6 +153,16 @@ pub struct Registered {
 }
 
 impl Registered {
+    /// Sorted, each path and port once.
+    fn normalize(&mut self) {
+        self.hidden.sort();
+        self.hidden.dedup();
+        self.read_only.sort();
+        self.read_only.dedup();
+        self.tcp_ports.sort_unstable();
+        self.tcp_ports.dedup();
+    }
+
     /// Adds the registered paths that matter to `policy` (masks and read-only binds only:
     /// narrower): every hidden path that exists (one that does not needs no mask; when it
     /// appears, the next resolution adds it), and every read-only path the policy would let

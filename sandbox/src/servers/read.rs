@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use super::dirs::{euid, private_dir, registry_dirs};
+use super::dirs::{euid, other_users_dirs, private_dir, registry_dirs};
 use super::entries::{entry_alive, own_pid_namespace, read_entry};
 use super::{MAX_REGISTRY_ENTRIES, RACY_WINDOW, Registered, RegistryError, acceptable};
 
@@ -51,13 +51,65 @@ pub(super) fn read_dirs(dirs: &[PathBuf], uid: u32) -> Result<Registered, Regist
             registered.tcp_ports.extend(entry.tcp_ports);
         }
     }
-    registered.hidden.sort();
-    registered.hidden.dedup();
-    registered.read_only.sort();
-    registered.read_only.dedup();
-    registered.tcp_ports.sort_unstable();
-    registered.tcp_ports.dedup();
+    registered.normalize();
     Ok(registered)
+}
+
+/// Where other users' servers register, as a root reader finds them.
+const RUN_USER: &str = "/run/user";
+/// The other place (when `/run/user/UID` is not the uid's).
+const SHM: &str = "/dev/shm";
+
+/// Adds what other uids' servers registered in `dirs` (each with its uid), as root takes it.
+///
+/// Such a server admits root without a token, and a sandboxed command running as root could
+/// otherwise connect to it or read its token, then drive it outside the sandbox. So a root
+/// reader refuses their ports and hides (or keeps read-only) their paths, but only the paths
+/// that belong to that uid: a user narrows root's sandboxes over nothing but their own files.
+/// An entry of another uid that cannot be read is skipped (it could only leave that uid's own
+/// server unprotected), so no user can make root's sandboxes fail to build.
+pub(super) fn read_other_users(registered: &mut Registered, dirs: &[(PathBuf, u32)]) {
+    let own_ns = own_pid_namespace();
+    let theirs = |uid: u32| {
+        move |path: &PathBuf| {
+            acceptable(path) && path.symlink_metadata().is_ok_and(|meta| meta.uid() == uid)
+        }
+    };
+    for (dir, uid) in dirs {
+        if private_dir(dir, *uid).is_err() {
+            continue;
+        }
+        registered.dirs.push(dir.clone());
+        let Ok(listing) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for item in listing.flatten().take(MAX_REGISTRY_ENTRIES) {
+            let Ok(Some(entry)) = read_entry(&item.path(), *uid) else {
+                continue;
+            };
+            if !entry_alive(&entry, own_ns) {
+                continue;
+            }
+            registered
+                .hidden
+                .extend(entry.hidden.into_iter().filter(theirs(*uid)));
+            registered
+                .read_only
+                .extend(entry.read_only.into_iter().filter(theirs(*uid)));
+            registered.tcp_ports.extend(entry.tcp_ports);
+        }
+    }
+    registered.normalize();
+}
+
+/// The other uids' registry directories a reader of `uid` reads: every one for root, none
+/// otherwise.
+fn other_dirs(uid: u32) -> Vec<(PathBuf, u32)> {
+    if uid == 0 {
+        other_users_dirs(Path::new(RUN_USER), Path::new(SHM))
+    } else {
+        Vec::new()
+    }
 }
 
 /// Reads the registry of the calling process's uid once (a standalone `sandbox-run` or
@@ -67,7 +119,9 @@ pub(super) fn read_dirs(dirs: &[PathBuf], uid: u32) -> Result<Registered, Regist
 /// [`RegistryError`] when an entry is unreadable or malformed, or there are too many.
 pub fn read_registered() -> Result<Registered, RegistryError> {
     let uid = euid();
-    read_dirs(&registry_dirs(uid), uid)
+    let mut registered = read_dirs(&registry_dirs(uid), uid)?;
+    read_other_users(&mut registered, &other_dirs(uid));
+    Ok(registered)
 }
 
 /// What identifies a directory's state: device, inode, size, change and modification times.
@@ -132,7 +186,13 @@ impl RegistryReader {
     /// # Errors
     /// As [`read_registered`].
     pub fn current(&self) -> Result<Registered, RegistryError> {
-        let stamps: Vec<(Stamp, bool)> = self.dirs.iter().map(|dir| stamp(dir)).collect();
+        let others = other_dirs(self.uid);
+        let stamps: Vec<(Stamp, bool)> = self
+            .dirs
+            .iter()
+            .chain(others.iter().map(|(dir, _)| dir))
+            .map(|dir| stamp(dir))
+            .collect();
         let racy = stamps.iter().any(|(_, racy)| *racy);
         let stamps: Vec<Stamp> = stamps.into_iter().map(|(s, _)| s).collect();
         let mut cache = self
@@ -145,7 +205,8 @@ impl RegistryReader {
         {
             return Ok(registered.clone());
         }
-        let registered = read_dirs(&self.dirs, self.uid)?;
+        let mut registered = read_dirs(&self.dirs, self.uid)?;
+        read_other_users(&mut registered, &others);
         *cache = Some((stamps, registered.clone()));
         Ok(registered)
     }

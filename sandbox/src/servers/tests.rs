@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used)]
 use super::dirs::euid;
+use super::dirs::other_users_dirs;
 use super::entries::process_identity;
-use super::read::read_dirs;
+use super::read::{read_dirs, read_other_users};
 use super::register::prune_dead;
 use super::*;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -158,4 +159,60 @@ fn another_servers_ports_are_refused_only_where_the_network_is_on() {
     };
     std::fs::write(reg.join("1-1.json"), serde_json::to_vec(&entry).unwrap()).unwrap();
     assert!(read_dirs(std::slice::from_ref(&reg), euid()).is_err());
+}
+
+/// Root reads every other uid's registry (their servers admit root without a token): their
+/// ports, and only the paths that belong to them; an unreadable entry of theirs is skipped, not
+/// fatal. (CI runs as root: the fixtures belong to uid 65534.)
+#[test]
+fn root_takes_other_users_ports_and_only_their_own_paths() {
+    const NOBODY: u32 = 65534;
+    let base = tempfile::tempdir().unwrap();
+    let (run_user, shm) = (base.path().join("run-user"), base.path().join("shm"));
+    let own = |path: &std::path::Path| {
+        std::os::unix::fs::lchown(path, Some(NOBODY), Some(NOBODY))
+            .expect("chown to 65534 (the unit tests run as root)");
+    };
+    let reg = run_user.join(NOBODY.to_string()).join("execward/servers");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(&reg)
+        .unwrap();
+    for dir in [
+        reg.parent().unwrap().parent().unwrap(),
+        reg.parent().unwrap(),
+        &reg,
+    ] {
+        own(dir);
+    }
+    std::fs::create_dir_all(shm.join("execward-notanumber")).unwrap();
+    let theirs = base.path().join("their-token");
+    std::fs::write(&theirs, "t").unwrap();
+    own(&theirs);
+    let roots = base.path().join("roots-file");
+    std::fs::write(&roots, "r").unwrap();
+    let (start_time, pid_namespace) = process_identity(std::process::id()).unwrap();
+    let entry = Entry {
+        pid: std::process::id(),
+        start_time,
+        pid_namespace,
+        hidden: vec![theirs.clone(), roots.clone()],
+        read_only: vec![roots],
+        tcp_ports: vec![5000],
+    };
+    let path = reg.join("1-1.json");
+    std::fs::write(&path, serde_json::to_vec(&entry).unwrap()).unwrap();
+    own(&path);
+    let broken = reg.join("2-2.json");
+    std::fs::write(&broken, "{not json").unwrap();
+    own(&broken);
+    let dirs = other_users_dirs(&run_user, &shm);
+    assert_eq!(dirs, vec![(reg.clone(), NOBODY)]);
+    let mut read = Registered::default();
+    read_other_users(&mut read, &dirs);
+    assert_eq!(read.tcp_ports, vec![5000]);
+    assert_eq!(read.hidden, vec![theirs]);
+    assert!(read.read_only.is_empty(), "{read:?}");
+    assert_eq!(read.dirs, vec![reg]);
 }

@@ -288,3 +288,51 @@ async fn a_sandboxed_command_cannot_reach_another_server_of_its_user_over_tcp() 
         assert_eq!(control["ok"], true, "control connect: {control}");
     }
 }
+
+/// A server of another user admits root without a token, so a command of a root server's
+/// sandbox, running as root with the network on, could connect to it and drive it outside the
+/// sandbox: the registry of servers was read per uid. Root now reads every user's registry and
+/// refuses their servers' ports (hiding only the paths that are theirs). Unsandboxed, the same
+/// probe connects.
+#[tokio::test]
+async fn a_root_servers_sandbox_cannot_reach_another_users_server_over_tcp() {
+    let setup = Setup::new(Some(tests::matrix::NOBODY));
+    let server = setup.start(None, &["--listen", "ws://127.0.0.1:0"]);
+    let other = setup.start(
+        Some(tests::matrix::NOBODY),
+        &["--listen", "ws://127.0.0.1:0"],
+    );
+    let address = other.url().strip_prefix("ws://").unwrap().to_owned();
+    let mut client = server.client().await;
+    let logged = connection_lines(&other.stderr());
+    for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
+        let connect = probe_through(
+            &mut client,
+            &setup,
+            &format!("u-{n}"),
+            Some(sandbox),
+            &["tcp-connect", &address],
+        )
+        .await;
+        assert_refused(
+            &connect,
+            &format!("{shape}, root's sandbox to uid 65534's server"),
+        );
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        connection_lines(&other.stderr()),
+        logged,
+        "the other user's server logged a connection from root's sandbox:\n{}",
+        other.stderr()
+    );
+    let control = probe_through(
+        &mut client,
+        &setup,
+        "control",
+        None,
+        &["tcp-connect", &address],
+    )
+    .await;
+    assert_eq!(control["ok"], true, "control connect: {control}");
+}
