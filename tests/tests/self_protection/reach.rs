@@ -256,37 +256,45 @@ async fn a_sandboxed_command_cannot_reach_another_server_of_its_user_over_tcp() 
             assert!(warm.get("op").is_some(), "{warm}");
         }
         let other = setup.start(uid, &["--listen", "ws://127.0.0.1:0"]);
-        let address = other.url().strip_prefix("ws://").unwrap().to_owned();
-        // Nobody has connected to it yet.
-        let logged = connection_lines(&other.stderr());
-        for (n, (shape, sandbox)) in shapes.iter().enumerate() {
-            let connect = probe_through(
-                &mut client,
-                &setup,
-                &format!("n-{n}"),
-                Some(sandbox),
-                &["tcp-connect", &address],
-            )
-            .await;
-            assert_refused(&connect, &format!("{shape}, servers as {uid:?}"));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        assert_eq!(
-            connection_lines(&other.stderr()),
-            logged,
-            "the other server logged a connection from a sandbox (as {uid:?}):\n{}",
-            other.stderr()
-        );
-        let control = probe_through(
-            &mut client,
-            &setup,
-            "control",
-            None,
+        let context = format!("servers as {uid:?}");
+        assert_out_of_every_sandboxs_reach(&mut client, &setup, &other, &context).await;
+    }
+}
+
+/// Every policy shape's probe through `client` is refused `other`'s port, and `other` logs no
+/// connection; unsandboxed, the same probe connects.
+async fn assert_out_of_every_sandboxs_reach(
+    client: &mut tests::Client,
+    setup: &Setup,
+    other: &ExecServer,
+    context: &str,
+) {
+    let address = other.url().strip_prefix("ws://").unwrap().to_owned();
+    // Nobody has connected to it yet.
+    let logged = connection_lines(&other.stderr());
+    for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
+        let connect = probe_through(
+            client,
+            setup,
+            &format!("n-{n}"),
+            Some(sandbox),
             &["tcp-connect", &address],
         )
         .await;
-        assert_eq!(control["ok"], true, "control connect: {control}");
+        assert_refused(&connect, &format!("{shape}, {context}"));
     }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        connection_lines(&other.stderr()),
+        logged,
+        "the other server logged a connection from a sandbox ({context}):\n{}",
+        other.stderr()
+    );
+    let control = probe_through(client, setup, "control", None, &["tcp-connect", &address]).await;
+    assert_eq!(
+        control["ok"], true,
+        "control connect ({context}): {control}"
+    );
 }
 
 /// A server of another user admits root without a token, so a command of a root server's
@@ -302,37 +310,7 @@ async fn a_root_servers_sandbox_cannot_reach_another_users_server_over_tcp() {
         Some(tests::matrix::NOBODY),
         &["--listen", "ws://127.0.0.1:0"],
     );
-    let address = other.url().strip_prefix("ws://").unwrap().to_owned();
     let mut client = server.client().await;
-    let logged = connection_lines(&other.stderr());
-    for (n, (shape, sandbox)) in policy_shapes(&setup.workspace).iter().enumerate() {
-        let connect = probe_through(
-            &mut client,
-            &setup,
-            &format!("u-{n}"),
-            Some(sandbox),
-            &["tcp-connect", &address],
-        )
-        .await;
-        assert_refused(
-            &connect,
-            &format!("{shape}, root's sandbox to uid 65534's server"),
-        );
-    }
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert_eq!(
-        connection_lines(&other.stderr()),
-        logged,
-        "the other user's server logged a connection from root's sandbox:\n{}",
-        other.stderr()
-    );
-    let control = probe_through(
-        &mut client,
-        &setup,
-        "control",
-        None,
-        &["tcp-connect", &address],
-    )
-    .await;
-    assert_eq!(control["ok"], true, "control connect: {control}");
+    let context = "root's sandbox to uid 65534's server";
+    assert_out_of_every_sandboxs_reach(&mut client, &setup, &other, context).await;
 }
