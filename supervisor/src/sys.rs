@@ -6,10 +6,12 @@
 //! ignoring a signal (`exec-guardian`),
 //! taking ownership of descriptors received with `SCM_RIGHTS`, and the one-time descriptor
 //! hygiene at server start. [`sock_diag`] asks the kernel's socket table who owns a local TCP
-//! peer's socket (safe code on `nix`'s netlink calls).
+//! peer's socket (safe code on `nix`'s netlink calls); [`user_namespace`] whether the peer's
+//! process runs in the server's user namespace.
 
 pub mod sock_diag;
 mod spawn;
+pub mod user_namespace;
 
 pub use spawn::{
     ChildCgroups, ChildRlimit, ChildStep, FileAction, SpawnFailure, spawn_in_new_session,

@@ -39,6 +39,20 @@ pub enum Refusal {
         /// Whether a token would have admitted it.
         token_configured: bool,
     },
+    /// The peer is of the server's own user but runs in another user namespace (a sandbox of
+    /// another server, a container), or its process cannot be examined.
+    #[error(
+        "the connecting process runs as uid {uid} in another user namespace than this server's \
+         (a sandbox or a container), where a uid vouches for nothing; without a bearer token \
+         this server admits only its own user and root from its own user namespace{}",
+        token_hint(*.token_configured)
+    )]
+    OtherNamespace {
+        /// The owner of the peer's socket.
+        uid: u32,
+        /// Whether a token would have admitted it.
+        token_configured: bool,
+    },
     /// The owner of the peer's socket cannot be established (a peer on the network, or a
     /// loopback peer the kernel's socket table does not name).
     #[error(
@@ -70,6 +84,7 @@ impl Refusal {
         match self {
             Self::OtherUser { .. } => "otherUser",
             Self::OwnerUnknown { .. } => "ownerUnknown",
+            Self::OtherNamespace { .. } => "otherNamespace",
         }
     }
 
@@ -79,6 +94,9 @@ impl Refusal {
             token_configured, ..
         }
         | Self::OwnerUnknown {
+            token_configured, ..
+        }
+        | Self::OtherNamespace {
             token_configured, ..
         }) = self;
         if *token_configured {
@@ -119,6 +137,10 @@ impl ListenerAccess {
             ClientIdentity::Uid(uid) => Err(Refusal::OtherUser {
                 uid,
                 server_uid: self.server_uid,
+                token_configured,
+            }),
+            ClientIdentity::Confined(uid) => Err(Refusal::OtherNamespace {
+                uid,
                 token_configured,
             }),
             ClientIdentity::Address(_) | ClientIdentity::Relay(_) => Err(Refusal::OwnerUnknown {
@@ -182,6 +204,21 @@ mod tests {
                 "{refusal:?}"
             );
             assert!(refusal.body().contains("cannot be established"));
+        }
+    }
+
+    #[test]
+    fn the_servers_own_user_in_another_user_namespace_is_refused() {
+        for token in [false, true] {
+            let refusal = access(token, 1000)
+                .admit_without_token(ClientIdentity::Confined(1000))
+                .unwrap_err();
+            assert_eq!(refusal.label(), "otherNamespace");
+            assert!(
+                refusal.body().contains("another user namespace"),
+                "{}",
+                refusal.body()
+            );
         }
     }
 }

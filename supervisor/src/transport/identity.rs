@@ -7,6 +7,8 @@
 //! - a loopback TCP peer: the user id that owns the peer's socket (the kernel's socket table,
 //!   asked through `sock_diag` from the server's own network namespace), while a process holds
 //!   that socket open;
+//! - either, of the server's own user but in another user namespace (a sandbox, a container):
+//!   confined, never taken for the server's user (`sys::user_namespace`);
 //! - any other TCP peer (or a loopback one whose socket is gone already): its address, an IPv6
 //!   /64 counting as one (a host controls a whole /64);
 //! - a relay stream: the harness the rendezvous says it comes from.
@@ -20,6 +22,9 @@ use super::admission::Source;
 pub enum ClientIdentity {
     /// A local peer (unix socket or loopback TCP), by user id.
     Uid(u32),
+    /// A local peer of the server's own user whose process runs in another user namespace (a
+    /// sandbox of another server, a container), or whose process cannot be examined.
+    Confined(u32),
     /// A TCP peer by address (IPv6: its /64).
     Address(Source),
     /// A relay stream, by the rendezvous's id of the harness connection it comes from.
@@ -30,6 +35,7 @@ impl std::fmt::Display for ClientIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Uid(uid) => write!(f, "uid {uid}"),
+            Self::Confined(uid) => write!(f, "uid {uid} in another user namespace"),
             Self::Address(Source::Ip(ip)) => write!(f, "address {ip}"),
             Self::Address(Source::Local) => write!(f, "local peer"),
             Self::Relay(source) => write!(f, "relay source {source}"),
@@ -43,10 +49,26 @@ impl ClientIdentity {
     pub fn of_tcp(peer: SocketAddr, local: Option<SocketAddr>) -> Self {
         let same_host =
             peer.ip().is_loopback() || local.is_some_and(|local| local.ip() == peer.ip());
-        if same_host && let Some(uid) = local.and_then(|local| loopback_socket_owner(peer, local)) {
-            return Self::Uid(uid);
+        if same_host
+            && let Some((uid, inode)) = local.and_then(|local| loopback_socket_owner(peer, local))
+        {
+            return Self::local(uid, || {
+                crate::sys::user_namespace::socket_holders_in_own_user_namespace(inode)
+            });
         }
         Self::Address(Source::of(peer))
+    }
+
+    /// A local peer of `uid`: [`Self::Confined`] when it is the server's own user and
+    /// `in_own_namespace` does not vouch for its process, else [`Self::Uid`]. Root is judged by
+    /// its uid alone (a server of another user may not examine root's processes); another user
+    /// needs the token whatever namespace it runs in.
+    pub fn local(uid: u32, in_own_namespace: impl FnOnce() -> bool) -> Self {
+        if uid == nix::unistd::geteuid().as_raw() && !in_own_namespace() {
+            Self::Confined(uid)
+        } else {
+            Self::Uid(uid)
+        }
     }
 }
 
@@ -59,10 +81,12 @@ static SOCK_DIAG_UNAVAILABLE_LOGGED: std::sync::atomic::AtomicBool =
 /// say (no `NETLINK_SOCK_DIAG`), has no such socket (the peer closed it already), or reports a
 /// socket no process holds any more (orphaned or in time-wait: the kernel reports uid 0 for
 /// those, which must never pass for root), or one that is not established.
-fn loopback_socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+fn loopback_socket_owner(peer: SocketAddr, local: SocketAddr) -> Option<(u32, u32)> {
     use crate::sys::sock_diag::{SockDiagError, TCP_ESTABLISHED, tcp_socket_owner};
     match tcp_socket_owner(peer, local) {
-        Ok(owner) if owner.state == TCP_ESTABLISHED && owner.inode != 0 => Some(owner.uid),
+        Ok(owner) if owner.state == TCP_ESTABLISHED && owner.inode != 0 => {
+            Some((owner.uid, owner.inode))
+        }
         Ok(owner) => {
             tracing::debug!(%peer, ?owner, "the peer's socket is no longer held open: owner unknown");
             None

@@ -156,11 +156,16 @@ impl Listener {
             Self::Unix(listener, _) => listener.accept().await.map(|(stream, _)| {
                 // The peer's uid; a peer whose credentials cannot be read counts as one local
                 // client with every other such peer.
-                let identity = stream
-                    .peer_cred()
-                    .map_or(ClientIdentity::Address(Source::Local), |credentials| {
-                        ClientIdentity::Uid(credentials.uid())
-                    });
+                let identity = stream.peer_cred().map_or(
+                    ClientIdentity::Address(Source::Local),
+                    |credentials| {
+                        ClientIdentity::local(credentials.uid(), || {
+                            credentials
+                                .pid()
+                                .is_some_and(crate::sys::user_namespace::pid_in_own_user_namespace)
+                        })
+                    },
+                );
                 let identity = PeerIdentity::Known(identity);
                 spawn_connection(stream, Source::Local, identity, state.clone());
             }),

@@ -314,3 +314,63 @@ async fn a_root_servers_sandbox_cannot_reach_another_users_server_over_tcp() {
     let context = "root's sandbox to uid 65534's server";
     assert_out_of_every_sandboxs_reach(&mut client, &setup, &other, context).await;
 }
+
+/// A command already running in a sandbox when another server of its user starts cannot be
+/// given that server's port (Landlock rules are fixed once a sandbox runs), so the other server
+/// tells it apart: it runs in another user namespace, where a uid vouches for nothing, and
+/// without a token it is refused (403) like another user. Unsandboxed, the same request is
+/// served.
+#[tokio::test]
+async fn a_command_already_running_when_another_server_starts_is_refused_by_it() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        let server = setup.start(uid, &["--listen", "ws://127.0.0.1:0"]);
+        let mut client = server.client().await;
+        let (shape, sandbox) = policy_shapes(&setup.workspace)
+            .into_iter()
+            .find(|(shape, _)| shape.contains("network on"))
+            .unwrap();
+        let port = setup.workspace.join("port");
+        let script = format!(
+            "while [ ! -s {port} ]; do sleep 0.05; done; exec {probe} http-get ws://127.0.0.1:$(cat {port}) /status",
+            port = port.display(),
+            probe = setup.probe(),
+        );
+        let extra = json!({"sandbox": sandbox, "cwd": file_uri(&setup.workspace)});
+        client
+            .start("early", &["/bin/sh", "-c", &script], extra)
+            .await
+            .unwrap();
+        let other = setup.start(uid, &["--listen", "ws://127.0.0.1:0"]);
+        let other_port = other.addr().rsplit_once(':').unwrap().1.to_owned();
+        std::fs::write(&port, &other_port).unwrap();
+        let out = client.collect("early").await;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let answer: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "{shape}: no report ({e}): {stdout:?} / {:?}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        assert_eq!(
+            answer["detail"]["status"], 403,
+            "{shape}, as {uid:?}: {answer}"
+        );
+        assert!(
+            answer["detail"]["body"]
+                .as_str()
+                .is_some_and(|body| body.contains("another user namespace")),
+            "{answer}"
+        );
+        let url = other.url().to_owned();
+        let control = probe_through(
+            &mut client,
+            &setup,
+            "control",
+            None,
+            &["http-get", &url, "/status"],
+        )
+        .await;
+        assert_eq!(control["detail"]["status"], 200, "control: {control}");
+    }
+}
