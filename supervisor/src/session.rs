@@ -247,6 +247,7 @@ impl SessionRegistry {
             state.requested_ttl = requested_ttl;
         }
         drop(state);
+        self.helpers.session_resumed(id);
         Ok(session)
     }
 

@@ -60,6 +60,9 @@ pub const HELPER_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// bulk turn learn a size only from a file the policy let the helper open, never from the
 /// server's own view of a path the policy may deny.
 pub const PREBACKED_READ_BYTES: u64 = 64 * 1024;
+/// Sessions remembered as gone (their helpers retired): a helper one of their calls finishes
+/// with afterwards is retired instead of pooled. The oldest is forgotten past this many.
+const MAX_GONE_SESSIONS: usize = 4096;
 /// Helper stderr kept for error messages.
 const HELPER_STDERR_BYTES: usize = 8 * 1024;
 /// The environment a helper starts with: only these variables, from the server's environment.
@@ -159,6 +162,8 @@ pub struct HelperPool {
     sandboxing: Arc<Sandboxing>,
     one_shot: bool,
     idle: Mutex<HashMap<PoolKey, Vec<Helper>>>,
+    /// Sessions detached or expired and not resumed since (locked before `idle`).
+    gone: Mutex<GoneSessions>,
     live: Arc<Semaphore>,
     budgets: Arc<Budgets>,
 }
@@ -191,6 +196,7 @@ impl HelperPool {
             sandboxing,
             one_shot,
             idle: Mutex::new(HashMap::new()),
+            gone: Mutex::new(GoneSessions::default()),
             live: Arc::new(Semaphore::new(MAX_LIVE_HELPERS)),
             budgets,
         });
@@ -422,9 +428,11 @@ impl HelperPool {
     }
 
     /// Retire the idle helpers of `session_id` (it detached or expired). Helpers busy for it now
-    /// are pooled when done and leave by the idle timeout or to make room.
+    /// are retired when done, unless it called again meanwhile (resumed).
     pub fn retire_session(&self, session_id: &str) {
         let retired: Vec<Helper> = {
+            let mut gone = self.gone.lock().unwrap_or_else(|p| p.into_inner());
+            gone.insert(session_id);
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             let keys: Vec<PoolKey> = idle
                 .keys()
@@ -439,6 +447,14 @@ impl HelperPool {
         if !retired.is_empty() {
             tokio::task::spawn_blocking(move || retired.into_iter().for_each(Helper::retire));
         }
+    }
+
+    /// `session_id` was resumed: its helpers are pooled again.
+    pub fn session_resumed(&self, session_id: &str) {
+        self.gone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session_id);
     }
 
     /// Helper processes alive now (busy and idle).
@@ -460,6 +476,12 @@ impl HelperPool {
 
     fn checkin(&self, key: PoolKey, mut helper: Helper) {
         helper.idle_since = Instant::now();
+        let gone = self.gone.lock().unwrap_or_else(|p| p.into_inner());
+        if gone.contains(&key.0) {
+            drop(gone);
+            helper.retire();
+            return;
+        }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let helpers = idle.entry(key).or_default();
         if helpers.len() < MAX_IDLE_HELPERS_PER_POLICY {
@@ -541,4 +563,34 @@ fn helper_failed(error: HelperError, stderr: &str) -> RpcError {
         stderr: stderr.to_owned(),
     }
     .into()
+}
+
+/// The sessions remembered as gone, the oldest forgotten first past [`MAX_GONE_SESSIONS`].
+#[derive(Default)]
+struct GoneSessions {
+    order: std::collections::VecDeque<String>,
+    set: std::collections::HashSet<String>,
+}
+
+impl GoneSessions {
+    fn insert(&mut self, session: &str) {
+        if self.set.insert(session.to_owned()) {
+            self.order.push_back(session.to_owned());
+        }
+        while self.order.len() > MAX_GONE_SESSIONS {
+            if let Some(oldest) = self.order.pop_front() {
+                self.set.remove(&oldest);
+            }
+        }
+    }
+
+    fn remove(&mut self, session: &str) {
+        if self.set.remove(session) {
+            self.order.retain(|gone| gone != session);
+        }
+    }
+
+    fn contains(&self, session: &str) -> bool {
+        self.set.contains(session)
+    }
 }
