@@ -90,23 +90,8 @@ async fn the_servers_own_listener_is_refused_even_when_a_pattern_allows_it() {
         let server = setup.start(uid);
         let port = server.addr().rsplit_once(':').unwrap().1.to_owned();
         let mut client = server.client().await;
-        let url = format!("http://127.0.0.1:{port}/readyz");
-        let out = client
-            .run(
-                "own",
-                &["curl", "-sS", "-m", "10", &url],
-                json!({
-                    "sandbox": setup.sandbox(&[format!("127.0.0.1:{port}"), format!("localhost:{port}")]),
-                    "cwd": file_uri(&setup.workspace),
-                }),
-            )
-            .await;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            stdout.contains("is an execward server's listener"),
-            "{uid:?}: {stdout} / {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let allow = [format!("127.0.0.1:{port}"), format!("localhost:{port}")];
+        assert_proxy_refuses_listener(&mut client, &setup, &port, &allow, uid).await;
     }
 }
 
@@ -122,22 +107,32 @@ async fn another_servers_listener_is_refused_even_when_a_pattern_allows_it() {
         let other = setup.start(uid);
         let port = other.addr().rsplit_once(':').unwrap().1.to_owned();
         let mut client = server.client().await;
-        let url = format!("http://127.0.0.1:{port}/readyz");
-        let out = client
-            .run(
-                "other",
-                &["curl", "-sS", "-m", "10", &url],
-                json!({
-                    "sandbox": setup.sandbox(&[format!("127.0.0.1:{port}")]),
-                    "cwd": file_uri(&setup.workspace),
-                }),
-            )
-            .await;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            stdout.contains("an execward server's listener"),
-            "{uid:?}: {stdout} / {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let allow = [format!("127.0.0.1:{port}")];
+        assert_proxy_refuses_listener(&mut client, &setup, &port, &allow, uid).await;
     }
+}
+
+/// `curl` of `/readyz` at the loopback `port`, under an allowlist of `allow`, is refused by the
+/// proxy as an execward server's listener.
+async fn assert_proxy_refuses_listener(
+    client: &mut tests::Client,
+    setup: &Setup,
+    port: &str,
+    allow: &[String],
+    uid: Option<u32>,
+) {
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    let out = client
+        .run(
+            "listener",
+            &["curl", "-sS", "-m", "10", &url],
+            json!({"sandbox": setup.sandbox(allow), "cwd": file_uri(&setup.workspace)}),
+        )
+        .await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        stdout.contains("is an execward server's listener"),
+        "{uid:?}: {stdout} / {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
