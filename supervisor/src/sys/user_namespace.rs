@@ -37,16 +37,44 @@ pub fn pid_in_own_user_namespace(pid: i32) -> bool {
     }
 }
 
+/// How long a scan waits for descriptors when the server has none free (a descriptor shortage
+/// passes: the scan is tried again every [`RETRY_PAUSE`] until then).
+const DESCRIPTOR_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Pause between scans while descriptors are short.
+const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Whether every process holding the socket with sockfs inode `inode` runs in this server's user
 /// namespace, and at least one was found; `false` otherwise (fail closed: a holder this server
-/// may not examine, or none left).
+/// may not examine, or none left). A scan cut short because this server is out of descriptors
+/// is tried again for up to [`DESCRIPTOR_WAIT`], so a connection accepted as descriptors free up
+/// is not refused for the server's own shortage; then it fails closed too.
 pub fn socket_holders_in_own_user_namespace(inode: u32) -> bool {
+    let deadline = std::time::Instant::now() + DESCRIPTOR_WAIT;
+    loop {
+        match scan(inode) {
+            Ok(verdict) => return verdict,
+            Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(RETRY_PAUSE),
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Whether `error` is this process (or the host) being out of descriptors.
+fn out_of_descriptors(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// One scan of `/proc` for `inode`'s holders; `Err` when it was cut short by a descriptor
+/// shortage.
+fn scan(inode: u32) -> Result<bool, std::io::Error> {
     let Some(own) = own_user_namespace() else {
-        return false;
+        return Ok(false);
     };
     let target = format!("socket:[{inode}]");
-    let Ok(processes) = std::fs::read_dir("/proc") else {
-        return false;
+    let processes = match std::fs::read_dir("/proc") {
+        Ok(processes) => processes,
+        Err(error) if out_of_descriptors(&error) => return Err(error),
+        Err(_) => return Ok(false),
     };
     let mut found = false;
     for process in processes.flatten().take(MAX_PROCESSES_SCANNED) {
@@ -58,20 +86,22 @@ pub fn socket_holders_in_own_user_namespace(inode: u32) -> bool {
             continue;
         }
         let dir = process.path();
-        let Ok(descriptors) = std::fs::read_dir(dir.join("fd")) else {
-            continue;
+        let descriptors = match std::fs::read_dir(dir.join("fd")) {
+            Ok(descriptors) => descriptors,
+            Err(error) if out_of_descriptors(&error) => return Err(error),
+            Err(_) => continue,
         };
         let holds = descriptors.flatten().any(|fd| {
             std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == target.as_str())
         });
         if holds {
             if user_namespace(&dir) != Some(own) {
-                return false;
+                return Ok(false);
             }
             found = true;
         }
     }
-    found
+    Ok(found)
 }
 
 #[cfg(test)]
