@@ -6,7 +6,13 @@
 //!   (64:ff9b::/96) and IPv4-mapped forms are looked through;
 //! - the server's own listeners: the same port on the listening address, on any address of this
 //!   host when the listener is bound to the unspecified address, and on `0.0.0.0`/`::` (which
-//!   Linux connects to loopback).
+//!   Linux connects to loopback);
+//! - every other execward server's listeners: a TCP port an entry of the registry of servers
+//!   ([`sandbox::servers`], the one that narrows every sandbox) names, on loopback, the
+//!   unspecified address or any address of this host. Without it the server would be a way for
+//!   a request into its neighbour, which admits the server's user from its user namespace
+//!   without a token: its `/status` (every session's processes) answered 200. When the registry
+//!   cannot be read, this host's addresses are refused (fail closed).
 //!
 //! Everything else stays reachable, loopback included (local services are a legitimate target).
 //! Names are resolved here, every address is checked, and the connection is pinned to the
@@ -29,6 +35,10 @@ pub enum Refusal {
     LinkLocal,
     /// One of the server's own listeners.
     OwnListener,
+    /// A port another registered execward server listens on, at an address of this host.
+    ServerListener,
+    /// An address of this host while the registry of servers could not be read.
+    ServersUnknown,
     /// A loopback, private, link-local or this host's own address the request's network
     /// allowlist does not name.
     NotNamed,
@@ -44,6 +54,15 @@ impl Refusal {
             Refusal::OwnListener => {
                 "this exec-server's own listener (allowed only with allowOwnListeners: true)"
             }
+            Refusal::ServerListener => {
+                "another execward server's listener on this host (a port the registry of servers \
+                 names; allowed only with allowOwnListeners: true)"
+            }
+            Refusal::ServersUnknown => {
+                "an address of this host while the registry of execward servers cannot be read \
+                 to tell which of its ports are servers' listeners (allowed only with \
+                 allowOwnListeners: true)"
+            }
             Refusal::NotNamed => {
                 "a loopback, private, link-local or this host's own address the sandbox's network \
                  allowlist does not name (allow the address itself, e.g. \"127.0.0.1:8080\")"
@@ -57,7 +76,7 @@ impl Refusal {
 pub struct TargetPolicy {
     /// Allow link-local and metadata addresses.
     pub allow_link_local: bool,
-    /// Allow the server's own listeners.
+    /// Allow the server's own listeners and every other registered server's.
     pub allow_own_listeners: bool,
     /// The sandbox's network allowlist: names are checked against it on every hop, and a
     /// special address only when a pattern names it.
@@ -70,6 +89,9 @@ pub trait HostFacts {
     fn own_listeners(&self) -> &[SocketAddr];
     /// Whether `ip` is an address of this host (loopback is checked separately).
     fn is_host_address(&self, ip: IpAddr) -> bool;
+    /// The TCP ports the registry of servers names (this server's among them); `None` when it
+    /// cannot be read.
+    fn servers_ports(&self) -> Option<Vec<u16>>;
 }
 
 impl TargetPolicy {
@@ -82,8 +104,19 @@ impl TargetPolicy {
         if !self.allow_link_local && is_link_local_or_metadata(ip) {
             return Err(Refusal::LinkLocal);
         }
-        if !self.allow_own_listeners && is_own_listener(ip, target.port(), host) {
-            return Err(Refusal::OwnListener);
+        if !self.allow_own_listeners {
+            if is_own_listener(ip, target.port(), host) {
+                return Err(Refusal::OwnListener);
+            }
+            if is_this_host(ip, host) {
+                match host.servers_ports() {
+                    Some(ports) if ports.contains(&target.port()) => {
+                        return Err(Refusal::ServerListener);
+                    }
+                    Some(_) => {}
+                    None => return Err(Refusal::ServersUnknown),
+                }
+            }
         }
         if let Some(rules) = &self.egress
             && !rules.address_allowed(ip, target.port(), &|ip| host.is_host_address(ip))
@@ -117,6 +150,13 @@ fn effective(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// Loopback, the unspecified address (which Linux connects to loopback) or an address of this
+/// host: where another server of this host may listen.
+fn is_this_host(ip: IpAddr, host: &impl HostFacts) -> bool {
+    let target = effective(ip);
+    target.is_loopback() || host.is_host_address(target)
+}
+
 fn is_own_listener(ip: IpAddr, port: u16, host: &impl HostFacts) -> bool {
     let target = effective(ip);
     host.own_listeners().iter().any(|listener| {
@@ -132,17 +172,21 @@ fn is_own_listener(ip: IpAddr, port: u16, host: &impl HostFacts) -> bool {
     })
 }
 
-/// The running host: the server's listeners and the interface addresses from `getifaddrs`
-/// (read at each check: addresses come and go).
-#[derive(Debug, Clone, Default)]
+/// The running host: the server's listeners, the interface addresses from `getifaddrs` and the
+/// registry of servers (both read at each check: addresses come and go, servers start).
+#[derive(Debug, Default)]
 pub struct RunningHost {
     listeners: Vec<SocketAddr>,
+    servers: sandbox::servers::RegistryReader,
 }
 
 impl RunningHost {
     /// A host whose server listens on `listeners`.
     pub fn new(listeners: Vec<SocketAddr>) -> Self {
-        Self { listeners }
+        Self {
+            listeners,
+            servers: sandbox::servers::RegistryReader::new(),
+        }
     }
 }
 
@@ -167,6 +211,16 @@ impl HostFacts for RunningHost {
                 found.is_some_and(|found| canonical(found) == ip)
             })
     }
+
+    fn servers_ports(&self) -> Option<Vec<u16>> {
+        match self.servers.current() {
+            Ok(registered) => Some(registered.tcp_ports),
+            Err(error) => {
+                tracing::warn!(%error, "http/request: the registry of servers cannot be read");
+                None
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -176,6 +230,7 @@ mod tests {
     struct FakeHost {
         listeners: Vec<SocketAddr>,
         addresses: Vec<IpAddr>,
+        servers: Option<Vec<u16>>,
     }
 
     impl HostFacts for FakeHost {
@@ -184,6 +239,9 @@ mod tests {
         }
         fn is_host_address(&self, ip: IpAddr) -> bool {
             self.addresses.contains(&ip)
+        }
+        fn servers_ports(&self) -> Option<Vec<u16>> {
+            self.servers.clone()
         }
     }
 
@@ -203,6 +261,8 @@ mod tests {
         FakeHost {
             listeners: vec![addr(listener)],
             addresses: vec!["10.0.0.5".parse().unwrap()],
+            // The own listener's checks alone (a real registry names its port too).
+            servers: Some(Vec::new()),
         }
     }
 
@@ -259,6 +319,7 @@ mod tests {
                 "11.22.33.5".parse().unwrap(),
                 "2606:4700::5".parse().unwrap(),
             ],
+            servers: Some(vec![4000]),
         };
         let rules = sandbox::EgressRules::parse(&["11.22.33.5:8080".to_owned()], &[]).unwrap();
         let policy = TargetPolicy {
@@ -331,5 +392,52 @@ mod tests {
     fn the_running_host_knows_its_loopback_interface() {
         assert!(RunningHost::default().is_host_address("127.0.0.1".parse().unwrap()));
         assert!(!RunningHost::default().is_host_address("192.0.2.1".parse().unwrap()));
+    }
+    #[test]
+    fn another_servers_port_is_refused_on_every_address_of_this_host_only() {
+        let host = FakeHost {
+            listeners: vec![addr("127.0.0.1:4000")],
+            addresses: vec!["10.0.0.5".parse().unwrap()],
+            servers: Some(vec![4000, 4100]),
+        };
+        for target in [
+            "127.0.0.1:4100",
+            "127.0.0.2:4100",
+            "0.0.0.0:4100",
+            "[::1]:4100",
+            "[::]:4100",
+            "[::ffff:127.0.0.1]:4100",
+            "10.0.0.5:4100",
+        ] {
+            assert_eq!(
+                strict().check(addr(target), &host),
+                Err(Refusal::ServerListener),
+                "{target}"
+            );
+        }
+        for target in ["127.0.0.1:4101", "10.0.0.5:4101", "93.184.216.34:4100"] {
+            assert_eq!(strict().check(addr(target), &host), Ok(()), "{target}");
+        }
+        let allowed = TargetPolicy {
+            allow_own_listeners: true,
+            ..strict()
+        };
+        assert_eq!(allowed.check(addr("127.0.0.1:4100"), &host), Ok(()));
+
+        let unreadable = FakeHost {
+            servers: None,
+            ..host
+        };
+        for target in ["127.0.0.1:4101", "10.0.0.5:80"] {
+            assert_eq!(
+                strict().check(addr(target), &unreadable),
+                Err(Refusal::ServersUnknown),
+                "{target}"
+            );
+        }
+        assert_eq!(
+            strict().check(addr("93.184.216.34:80"), &unreadable),
+            Ok(())
+        );
     }
 }

@@ -374,3 +374,66 @@ async fn a_command_already_running_when_another_server_starts_is_refused_by_it()
         assert_eq!(control["detail"]["status"], 200, "control: {control}");
     }
 }
+
+/// `http/request` is made by the server itself, outside every sandbox, as its user from its
+/// user namespace: what another server of that user admits without a token. So another
+/// registered server's listener is refused as the server's own is, by any address of this
+/// host and whatever a sandbox's allowlist names; `allowOwnListeners` allows both.
+#[tokio::test]
+async fn http_request_does_not_reach_another_server_of_its_user() {
+    for uid in identities() {
+        let setup = Setup::new(uid);
+        let server = setup.start(uid, &["--listen", "ws://127.0.0.1:0"]);
+        let other = setup.start(uid, &["--listen", "ws://127.0.0.1:0"]);
+        let mut client = server.client().await;
+        let address = other.url().strip_prefix("ws://").unwrap().to_owned();
+        let port = address.rsplit_once(':').unwrap().1.to_owned();
+        let urls = [
+            format!("http://{address}/status"),
+            format!("http://localhost:{port}/status"),
+            format!("http://0.0.0.0:{port}/status"),
+            format!("http://[::ffff:127.0.0.1]:{port}/status"),
+        ];
+        for url in &urls {
+            // An allowlist naming the very authority the URL names.
+            let authority = url
+                .strip_prefix("http://")
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap();
+            let allowlist = json!({
+                "profile": "workspace-write",
+                "cwd": file_uri(&setup.workspace),
+                "network": {"allow": [authority]},
+            });
+            for sandbox in [Value::Null, allowlist] {
+                let refused = tests::assert_rpc_error(
+                    client
+                        .request(
+                            "http/request",
+                            json!({"method": "GET", "url": url, "requestId": "neighbour",
+                                   "sandbox": sandbox, "timeoutMs": 5000}),
+                        )
+                        .await,
+                    -32600,
+                    "sandboxDenied",
+                );
+                assert!(
+                    refused
+                        .message
+                        .contains("another execward server's listener"),
+                    "{url} under {sandbox}, servers as {uid:?}: {refused:?}"
+                );
+            }
+        }
+        let allowed = client
+            .call(
+                "http/request",
+                json!({"method": "GET", "url": urls[0], "requestId": "allowed",
+                       "allowOwnListeners": true}),
+            )
+            .await;
+        assert_eq!(allowed["status"], json!(200), "servers as {uid:?}");
+    }
+}
