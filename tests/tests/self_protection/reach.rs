@@ -386,54 +386,82 @@ async fn http_request_does_not_reach_another_server_of_its_user() {
         let server = setup.start(uid, &["--listen", "ws://127.0.0.1:0"]);
         let other = setup.start(uid, &["--listen", "ws://127.0.0.1:0"]);
         let mut client = server.client().await;
-        let address = other.url().strip_prefix("ws://").unwrap().to_owned();
-        let port = address.rsplit_once(':').unwrap().1.to_owned();
-        let urls = [
-            format!("http://{address}/status"),
-            format!("http://localhost:{port}/status"),
-            format!("http://0.0.0.0:{port}/status"),
-            format!("http://[::ffff:127.0.0.1]:{port}/status"),
-        ];
-        for url in &urls {
-            // An allowlist naming the very authority the URL names.
-            let authority = url
-                .strip_prefix("http://")
-                .unwrap()
-                .split('/')
-                .next()
-                .unwrap();
-            let allowlist = json!({
-                "profile": "workspace-write",
-                "cwd": file_uri(&setup.workspace),
-                "network": {"allow": [authority]},
-            });
-            for sandbox in [Value::Null, allowlist] {
-                let refused = tests::assert_rpc_error(
-                    client
-                        .request(
-                            "http/request",
-                            json!({"method": "GET", "url": url, "requestId": "neighbour",
-                                   "sandbox": sandbox, "timeoutMs": 5000}),
-                        )
-                        .await,
-                    -32600,
-                    "sandboxDenied",
-                );
-                assert!(
-                    refused
-                        .message
-                        .contains("another execward server's listener"),
-                    "{url} under {sandbox}, servers as {uid:?}: {refused:?}"
-                );
-            }
-        }
-        let allowed = client
-            .call(
-                "http/request",
-                json!({"method": "GET", "url": urls[0], "requestId": "allowed",
-                       "allowOwnListeners": true}),
-            )
-            .await;
-        assert_eq!(allowed["status"], json!(200), "servers as {uid:?}");
+        let context = format!("servers as {uid:?}");
+        assert_http_request_refused(&mut client, &setup, &other, &context).await;
     }
+}
+
+/// A root server's `http/request` would be admitted by every user's server (they admit root):
+/// root reads every user's registry and refuses their ports too.
+#[tokio::test]
+async fn a_root_servers_http_request_does_not_reach_another_users_server() {
+    let setup = Setup::new(Some(tests::matrix::NOBODY));
+    let server = setup.start(None, &["--listen", "ws://127.0.0.1:0"]);
+    let other = setup.start(
+        Some(tests::matrix::NOBODY),
+        &["--listen", "ws://127.0.0.1:0"],
+    );
+    let mut client = server.client().await;
+    let context = "root's server to uid 65534's server";
+    assert_http_request_refused(&mut client, &setup, &other, context).await;
+}
+
+/// `client`'s server refuses an `http/request` to `other`'s `/status` by four spellings of its
+/// address, without a sandbox and under an allowlist naming that very authority; with
+/// `allowOwnListeners` the same request gets 200.
+async fn assert_http_request_refused(
+    client: &mut tests::Client,
+    setup: &Setup,
+    other: &ExecServer,
+    context: &str,
+) {
+    let address = other.url().strip_prefix("ws://").unwrap().to_owned();
+    let port = address.rsplit_once(':').unwrap().1.to_owned();
+    let urls = [
+        format!("http://{address}/status"),
+        format!("http://localhost:{port}/status"),
+        format!("http://0.0.0.0:{port}/status"),
+        format!("http://[::ffff:127.0.0.1]:{port}/status"),
+    ];
+    for url in &urls {
+        // An allowlist naming the very authority the URL names.
+        let authority = url
+            .strip_prefix("http://")
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap();
+        let allowlist = json!({
+            "profile": "workspace-write",
+            "cwd": file_uri(&setup.workspace),
+            "network": {"allow": [authority]},
+        });
+        for sandbox in [Value::Null, allowlist] {
+            let refused = tests::assert_rpc_error(
+                client
+                    .request(
+                        "http/request",
+                        json!({"method": "GET", "url": url, "requestId": "neighbour",
+                               "sandbox": sandbox, "timeoutMs": 5000}),
+                    )
+                    .await,
+                -32600,
+                "sandboxDenied",
+            );
+            assert!(
+                refused
+                    .message
+                    .contains("another execward server's listener"),
+                "{url} under {sandbox}, {context}: {refused:?}"
+            );
+        }
+    }
+    let allowed = client
+        .call(
+            "http/request",
+            json!({"method": "GET", "url": urls[0], "requestId": "allowed",
+                   "allowOwnListeners": true}),
+        )
+        .await;
+    assert_eq!(allowed["status"], json!(200), "{context}");
 }
