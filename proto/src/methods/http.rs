@@ -68,7 +68,8 @@ pub struct HttpRequestParams {
     /// Allow link-local targets (169.254.0.0/16, fe80::/10, cloud metadata addresses).
     #[serde(default)]
     pub allow_link_local: bool,
-    /// Allow the server's own listening addresses.
+    /// Allow execward servers' listeners: the server's own listening addresses and every other
+    /// registered server's ports on this host.
     #[serde(default)]
     pub allow_own_listeners: bool,
 }

@@ -45,7 +45,7 @@ pub struct HttpRequest {
     pub sandbox: Option<Value>,
     /// Allow link-local and cloud metadata addresses.
     pub allow_link_local: bool,
-    /// Allow the server's own listeners.
+    /// Allow execward servers' listeners (the server's own and every other registered one's).
     pub allow_own_listeners: bool,
     /// Follow redirects (default) or return them.
     pub redirect_policy: HttpRedirectPolicy,
