@@ -266,6 +266,18 @@ mod tests {
         }
     }
 
+    /// `policy` checks every one of `targets` on `host` as `expected`.
+    fn assert_checks(
+        policy: &TargetPolicy,
+        host: &FakeHost,
+        targets: &[&str],
+        expected: Result<(), Refusal>,
+    ) {
+        for target in targets {
+            assert_eq!(policy.check(addr(target), host), expected, "{target}");
+        }
+    }
+
     #[test]
     fn link_local_and_metadata_addresses_are_refused_in_every_spelling() {
         let host = host("127.0.0.1:4000");
@@ -326,17 +338,16 @@ mod tests {
             egress: Some(rules),
             ..strict()
         };
-        for target in [
-            "11.22.33.5:443",
-            "[::ffff:11.22.33.5]:443",
-            "[2606:4700::5]:443",
-        ] {
-            assert_eq!(
-                policy.check(addr(target), &host),
-                Err(Refusal::NotNamed),
-                "{target}"
-            );
-        }
+        assert_checks(
+            &policy,
+            &host,
+            &[
+                "11.22.33.5:443",
+                "[::ffff:11.22.33.5]:443",
+                "[2606:4700::5]:443",
+            ],
+            Err(Refusal::NotNamed),
+        );
         assert_eq!(policy.check(addr("11.22.33.5:8080"), &host), Ok(()));
         assert_eq!(policy.check(addr("11.22.33.6:443"), &host), Ok(()));
     }
@@ -344,22 +355,24 @@ mod tests {
     #[test]
     fn a_loopback_listener_is_refused_on_its_port_only() {
         let host = host("127.0.0.1:4000");
-        for target in ["127.0.0.1:4000", "0.0.0.0:4000", "[::ffff:127.0.0.1]:4000"] {
-            assert_eq!(
-                strict().check(addr(target), &host),
-                Err(Refusal::OwnListener),
-                "{target}"
-            );
-        }
-        for target in [
-            "127.0.0.1:4001",
-            "127.0.0.2:4000",
-            "10.0.0.5:4000",
-            "[::1]:4000",
-            "93.184.216.34:4000",
-        ] {
-            assert_eq!(strict().check(addr(target), &host), Ok(()), "{target}");
-        }
+        assert_checks(
+            &strict(),
+            &host,
+            &["127.0.0.1:4000", "0.0.0.0:4000", "[::ffff:127.0.0.1]:4000"],
+            Err(Refusal::OwnListener),
+        );
+        assert_checks(
+            &strict(),
+            &host,
+            &[
+                "127.0.0.1:4001",
+                "127.0.0.2:4000",
+                "10.0.0.5:4000",
+                "[::1]:4000",
+                "93.184.216.34:4000",
+            ],
+            Ok(()),
+        );
         let allowed = TargetPolicy {
             allow_own_listeners: true,
             ..strict()
@@ -370,22 +383,24 @@ mod tests {
     #[test]
     fn an_unspecified_listener_is_refused_on_every_local_address() {
         let host = host("0.0.0.0:4000");
-        for target in [
-            "127.0.0.1:4000",
-            "127.8.9.10:4000",
-            "10.0.0.5:4000",
-            "0.0.0.0:4000",
-            "[::1]:4000",
-        ] {
-            assert_eq!(
-                strict().check(addr(target), &host),
-                Err(Refusal::OwnListener),
-                "{target}"
-            );
-        }
-        for target in ["10.0.0.6:4000", "10.0.0.5:4001"] {
-            assert_eq!(strict().check(addr(target), &host), Ok(()), "{target}");
-        }
+        assert_checks(
+            &strict(),
+            &host,
+            &[
+                "127.0.0.1:4000",
+                "127.8.9.10:4000",
+                "10.0.0.5:4000",
+                "0.0.0.0:4000",
+                "[::1]:4000",
+            ],
+            Err(Refusal::OwnListener),
+        );
+        assert_checks(
+            &strict(),
+            &host,
+            &["10.0.0.6:4000", "10.0.0.5:4001"],
+            Ok(()),
+        );
     }
 
     #[test]
@@ -393,31 +408,33 @@ mod tests {
         assert!(RunningHost::default().is_host_address("127.0.0.1".parse().unwrap()));
         assert!(!RunningHost::default().is_host_address("192.0.2.1".parse().unwrap()));
     }
+
     #[test]
     fn another_servers_port_is_refused_on_every_address_of_this_host_only() {
         let host = FakeHost {
-            listeners: vec![addr("127.0.0.1:4000")],
-            addresses: vec!["10.0.0.5".parse().unwrap()],
             servers: Some(vec![4000, 4100]),
+            ..host("127.0.0.1:4000")
         };
-        for target in [
-            "127.0.0.1:4100",
-            "127.0.0.2:4100",
-            "0.0.0.0:4100",
-            "[::1]:4100",
-            "[::]:4100",
-            "[::ffff:127.0.0.1]:4100",
-            "10.0.0.5:4100",
-        ] {
-            assert_eq!(
-                strict().check(addr(target), &host),
-                Err(Refusal::ServerListener),
-                "{target}"
-            );
-        }
-        for target in ["127.0.0.1:4101", "10.0.0.5:4101", "93.184.216.34:4100"] {
-            assert_eq!(strict().check(addr(target), &host), Ok(()), "{target}");
-        }
+        assert_checks(
+            &strict(),
+            &host,
+            &[
+                "127.0.0.1:4100",
+                "127.0.0.2:4100",
+                "0.0.0.0:4100",
+                "[::1]:4100",
+                "[::]:4100",
+                "[::ffff:127.0.0.1]:4100",
+                "10.0.0.5:4100",
+            ],
+            Err(Refusal::ServerListener),
+        );
+        assert_checks(
+            &strict(),
+            &host,
+            &["127.0.0.1:4101", "10.0.0.5:4101", "93.184.216.34:4100"],
+            Ok(()),
+        );
         let allowed = TargetPolicy {
             allow_own_listeners: true,
             ..strict()
@@ -428,13 +445,12 @@ mod tests {
             servers: None,
             ..host
         };
-        for target in ["127.0.0.1:4101", "10.0.0.5:80"] {
-            assert_eq!(
-                strict().check(addr(target), &unreadable),
-                Err(Refusal::ServersUnknown),
-                "{target}"
-            );
-        }
+        assert_checks(
+            &strict(),
+            &unreadable,
+            &["127.0.0.1:4101", "10.0.0.5:80"],
+            Err(Refusal::ServersUnknown),
+        );
         assert_eq!(
             strict().check(addr("93.184.216.34:80"), &unreadable),
             Ok(())

@@ -304,15 +304,21 @@ async fn assert_out_of_every_sandboxs_reach(
 /// probe connects.
 #[tokio::test]
 async fn a_root_servers_sandbox_cannot_reach_another_users_server_over_tcp() {
+    let (setup, server, other) = root_server_beside_a_nobody_server();
+    let mut client = server.client().await;
+    let context = "root's sandbox to uid 65534's server";
+    assert_out_of_every_sandboxs_reach(&mut client, &setup, &other, context).await;
+}
+
+/// A setup for uid 65534, a root server on loopback TCP, and a 65534 server beside it.
+fn root_server_beside_a_nobody_server() -> (Setup, ExecServer, ExecServer) {
     let setup = Setup::new(Some(tests::matrix::NOBODY));
     let server = setup.start(None, &["--listen", "ws://127.0.0.1:0"]);
     let other = setup.start(
         Some(tests::matrix::NOBODY),
         &["--listen", "ws://127.0.0.1:0"],
     );
-    let mut client = server.client().await;
-    let context = "root's sandbox to uid 65534's server";
-    assert_out_of_every_sandboxs_reach(&mut client, &setup, &other, context).await;
+    (setup, server, other)
 }
 
 /// A command already running in a sandbox when another server of its user starts cannot be
@@ -395,12 +401,7 @@ async fn http_request_does_not_reach_another_server_of_its_user() {
 /// root reads every user's registry and refuses their ports too.
 #[tokio::test]
 async fn a_root_servers_http_request_does_not_reach_another_users_server() {
-    let setup = Setup::new(Some(tests::matrix::NOBODY));
-    let server = setup.start(None, &["--listen", "ws://127.0.0.1:0"]);
-    let other = setup.start(
-        Some(tests::matrix::NOBODY),
-        &["--listen", "ws://127.0.0.1:0"],
-    );
+    let (setup, server, other) = root_server_beside_a_nobody_server();
     let mut client = server.client().await;
     let context = "root's server to uid 65534's server";
     assert_http_request_refused(&mut client, &setup, &other, context).await;
