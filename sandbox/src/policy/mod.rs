@@ -30,6 +30,7 @@ pub use allowance::{
 };
 pub use network::{EgressRules, HostPattern, NetworkPolicy};
 pub use profile::{BUILTIN_PROFILES, DEFAULT_PROTECTED_SUBPATHS, ProfileFile, builtin_profile};
+pub use resolve::reads::ReadsOnly;
 pub use resolve::{MAX_PLANTABLE_ROOTS, MAX_RESOLVED_RULES, PlantableDirs, ResolveContext};
 pub use wire::{
     EntryPath, FsEntry, LegacyPolicy, ManagedFileSystem, NamedPolicy, NetworkMode,
@@ -179,29 +180,41 @@ impl ResolvedPolicy {
     /// Hides `path` from the sandboxed process (a supervisor socket, token or key file): a deny
     /// rule when the filesystem is restricted, and a mask in every case. Does nothing for a
     /// policy that sandboxes nothing at all.
-    pub fn with_hidden_path(mut self, path: &Path) -> Self {
+    pub fn with_hidden_path(self, path: &Path) -> Self {
+        self.with_hidden_paths([path])
+    }
+
+    /// [`Self::with_hidden_path`] for each of `paths`, each resolved once and the rules
+    /// normalised once for all of them (a policy gets every registered server's secrets).
+    pub fn with_hidden_paths<'a>(mut self, paths: impl IntoIterator<Item = &'a Path>) -> Self {
         if self.is_unrestricted() {
             return self;
         }
-        let path = resolve::normalize_existing(path);
-        if !self.hidden.contains(&path) {
-            self.hidden.push(path.clone());
-            self.hidden.sort();
+        let paths: Vec<PathBuf> = paths.into_iter().map(resolve::normalize_existing).collect();
+        if paths.is_empty() {
+            return self;
         }
-        self.with_denied_path(&path)
+        self.hidden.extend(paths.iter().cloned());
+        self.hidden.sort();
+        self.hidden.dedup();
+        self.with_denied_normalized(paths)
     }
 
     /// Keeps `path` read-only for the sandboxed process (the supervisor's binaries, wherever
     /// they live). Does nothing for a policy that sandboxes nothing at all.
-    pub fn with_read_only_path(mut self, path: &Path) -> Self {
+    pub fn with_read_only_path(self, path: &Path) -> Self {
+        self.with_read_only_paths([path])
+    }
+
+    /// [`Self::with_read_only_path`] for each of `paths`.
+    pub fn with_read_only_paths<'a>(mut self, paths: impl IntoIterator<Item = &'a Path>) -> Self {
         if self.is_unrestricted() {
             return self;
         }
-        let path = resolve::normalize_existing(path);
-        if !self.read_only.contains(&path) {
-            self.read_only.push(path);
-            self.read_only.sort();
-        }
+        self.read_only
+            .extend(paths.into_iter().map(resolve::normalize_existing));
+        self.read_only.sort();
+        self.read_only.dedup();
         self
     }
 
@@ -316,14 +329,20 @@ impl ResolvedPolicy {
 
     /// Adds a deny rule (for example the supervisor's own unix socket), keeping the rule list
     /// normalised. Does nothing when the filesystem is unrestricted.
-    pub fn with_denied_path(mut self, path: &Path) -> Self {
+    pub fn with_denied_path(self, path: &Path) -> Self {
+        self.with_denied_normalized(vec![resolve::normalize_existing(path)])
+    }
+
+    /// Deny rules for `paths` (already resolved), the rule list normalised once. All of them
+    /// deny, so adding them at once narrows exactly as adding them one by one would.
+    fn with_denied_normalized(mut self, paths: Vec<PathBuf>) -> Self {
         let layers = self.private_layers();
         if let FilesystemPolicy::Restricted { rules } = &mut self.filesystem {
             let mut all = std::mem::take(rules);
-            all.push(PathRule {
-                path: resolve::normalize_existing(path),
+            all.extend(paths.into_iter().map(|path| PathRule {
+                path,
                 access: Access::Deny,
-            });
+            }));
             *rules = resolve::normalize_rules(all, &layers);
         }
         self

@@ -173,23 +173,23 @@ impl Registered {
     /// that removed an entry would unmask that server for the next sandbox); one it can only
     /// read holds nothing secret (paths), and a private `/run` or `/tmp` hides it anyway.
     pub fn apply(&self, mut policy: ResolvedPolicy) -> ResolvedPolicy {
-        for dir in &self.dirs {
-            let writable = !policy.restricts_filesystem() || policy.can_write(dir);
-            if writable && dir.symlink_metadata().is_ok() {
-                policy = policy.with_hidden_path(dir);
-            }
-        }
-        for path in &self.hidden {
-            if path.symlink_metadata().is_ok() {
-                policy = policy.with_hidden_path(path);
-            }
-        }
-        for path in &self.read_only {
-            let writable = !policy.restricts_filesystem() || policy.can_write(path);
-            if writable && path.symlink_metadata().is_ok() {
-                policy = policy.with_read_only_path(path);
-            }
-        }
+        // Hidden all at once: a directory under another hidden one adds a rule that changes
+        // nothing, as it would one by one.
+        let writable = |policy: &ResolvedPolicy, path: &Path| {
+            !policy.restricts_filesystem() || policy.can_write(path)
+        };
+        let hidden: Vec<&Path> = (self.dirs.iter())
+            .filter(|dir| writable(&policy, dir))
+            .chain(&self.hidden)
+            .map(PathBuf::as_path)
+            .filter(|path| path.symlink_metadata().is_ok())
+            .collect();
+        policy = policy.with_hidden_paths(hidden);
+        let read_only: Vec<&Path> = (self.read_only.iter())
+            .map(PathBuf::as_path)
+            .filter(|path| writable(&policy, path) && path.symlink_metadata().is_ok())
+            .collect();
+        policy = policy.with_read_only_paths(read_only);
         // Only where something of the sandbox reaches the host's network: the command (network
         // on), or the egress proxy connecting for it (an allowlist; the proxy refuses a policy's
         // denied ports, and a pattern may name a loopback address). With the network off no

@@ -124,6 +124,9 @@ pub fn read_registered() -> Result<Registered, RegistryError> {
     Ok(registered)
 }
 
+/// Other users' registry directories, each with its uid.
+type OtherDirs = Vec<(PathBuf, u32)>;
+
 /// What identifies a directory's state: device, inode, size, change and modification times.
 type Stamp = Option<(u64, u64, u64, i64, i64, i64, i64)>;
 
@@ -162,6 +165,9 @@ pub struct RegistryReader {
     uid: u32,
     dirs: Vec<PathBuf>,
     cache: Mutex<Option<(Vec<Stamp>, Registered)>>,
+    /// Root's listing of the other users' registry directories, with the stamps of the two
+    /// directories it lists (`/dev/shm` may hold thousands of entries of other programs).
+    others: Mutex<Option<([Stamp; 2], OtherDirs)>>,
 }
 
 impl Default for RegistryReader {
@@ -178,7 +184,33 @@ impl RegistryReader {
             uid,
             dirs: registry_dirs(uid),
             cache: Mutex::new(None),
+            others: Mutex::new(None),
         }
+    }
+
+    /// [`other_dirs`], listed again only when `/run/user` or `/dev/shm` changed (or changed
+    /// too recently to tell).
+    fn other_dirs(&self) -> OtherDirs {
+        if self.uid != 0 {
+            return Vec::new();
+        }
+        let (run_user, racy_run_user) = stamp(Path::new(RUN_USER));
+        let (shm, racy_shm) = stamp(Path::new(SHM));
+        let stamps = [run_user, shm];
+        let mut others = self
+            .others
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !racy_run_user
+            && !racy_shm
+            && let Some((cached, dirs)) = others.as_ref()
+            && *cached == stamps
+        {
+            return dirs.clone();
+        }
+        let dirs = other_dirs(self.uid);
+        *others = Some((stamps, dirs.clone()));
+        dirs
     }
 
     /// What every registered server asks of a sandbox, now.
@@ -186,7 +218,7 @@ impl RegistryReader {
     /// # Errors
     /// As [`read_registered`].
     pub fn current(&self) -> Result<Registered, RegistryError> {
-        let others = other_dirs(self.uid);
+        let others = self.other_dirs();
         let stamps: Vec<(Stamp, bool)> = self
             .dirs
             .iter()

@@ -11,14 +11,42 @@ pub(crate) fn normalize_existing(path: &Path) -> PathBuf {
         // /proc/self and /dev/fd links resolve to the resolving process, not the sandboxed one.
         return lexical(path);
     }
-    // A path `stat` cannot reach, `realpath` cannot resolve either (both need every component,
-    // and the same search permissions, and both fail on a dangling link or a loop): one `statx`
-    // instead of a `readlink` per component, for the many rules naming paths that do not exist
-    // (most of the credential stores, resolved for every sandboxed request).
-    if std::fs::metadata(path).is_err() {
-        return lexical(path);
+    canonical(path).unwrap_or_else(|| lexical(path))
+}
+
+/// The canonical path of `path` when it exists. A path `open` cannot reach, `realpath` cannot
+/// resolve either (both need every component and the same search permissions, and both fail on
+/// a dangling link or a loop): one failed `openat` for the many rules naming paths that do not
+/// exist (most of the credential stores, resolved for every sandboxed request). An existing one
+/// is named by the kernel (`/proc/self/fd/N`): one `readlink`, where `realpath` takes one per
+/// component. `O_PATH` follows symlinks as `stat` does, needs no read permission, and opens no
+/// device or FIFO.
+#[cfg(target_os = "linux")]
+fn canonical(path: &Path) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(path)
+        .ok()?;
+    let name = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok();
+    // Without `/proc`, or for a file unlinked meanwhile (" (deleted)"), the slow way.
+    match name {
+        Some(name)
+            if name.is_absolute()
+                && !name.as_os_str().as_encoded_bytes().ends_with(b" (deleted)") =>
+        {
+            Some(name)
+        }
+        _ => std::fs::canonicalize(path).ok(),
     }
-    std::fs::canonicalize(path).unwrap_or_else(|_| lexical(path))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn canonical(path: &Path) -> Option<PathBuf> {
+    std::fs::metadata(path).ok()?;
+    std::fs::canonicalize(path).ok()
 }
 
 fn lexical(path: &Path) -> PathBuf {
