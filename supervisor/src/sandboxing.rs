@@ -165,6 +165,43 @@ impl Sandboxing {
         &self,
         sandbox: Option<&Value>,
     ) -> Result<Option<ResolvedPolicy>, SandboxRequestError> {
+        let Some((spec, context)) = self.spec_and_context(sandbox)? else {
+            return Ok(None);
+        };
+        let policy = spec.resolve_with(&context)?;
+        if policy.is_unrestricted() {
+            return Ok(None);
+        }
+        Ok(Some(self.protect(policy)?))
+    }
+
+    /// [`Self::resolve`] for work that only reads (`fs/readFile`, `fs/getMetadata`, ...): the
+    /// same reads granted, nothing writable, and the writable roots not searched for protected
+    /// names ([`sandbox::policy::ReadsOnly`]), which in a large workspace is most of a
+    /// resolution's time.
+    ///
+    /// # Errors
+    /// As [`Self::resolve`].
+    pub fn resolve_reads(
+        &self,
+        sandbox: Option<&Value>,
+    ) -> Result<Option<ResolvedPolicy>, SandboxRequestError> {
+        let Some((spec, context)) = self.spec_and_context(sandbox)? else {
+            return Ok(None);
+        };
+        let policy = spec.resolve_reads_with(&context)?;
+        if policy.is_unrestricted() {
+            return Ok(None);
+        }
+        Ok(Some(policy.narrow(|policy| self.protect(policy))?.finish()))
+    }
+
+    /// The client's `sandbox` object parsed, and the context to resolve it in; `None` when
+    /// there is none (absent or null).
+    fn spec_and_context(
+        &self,
+        sandbox: Option<&Value>,
+    ) -> Result<Option<(SandboxSpec, ResolveContext)>, SandboxRequestError> {
         let Some(sandbox) = sandbox.filter(|value| !value.is_null()) else {
             return Ok(None);
         };
@@ -174,11 +211,7 @@ impl Sandboxing {
             earlier_writable: self.earlier_writable(),
             ..self.context.clone()
         };
-        let policy = spec.resolve_with(&context)?;
-        if policy.is_unrestricted() {
-            return Ok(None);
-        }
-        Ok(Some(self.protect(policy)?))
+        Ok(Some((spec, context)))
     }
 
     fn earlier_writable(&self) -> Arc<PlantableDirs> {
@@ -234,12 +267,9 @@ impl Sandboxing {
         mut policy: ResolvedPolicy,
     ) -> Result<ResolvedPolicy, SandboxRequestError> {
         policy = self.registry.current()?.apply(policy);
-        for path in &self.hidden {
-            policy = policy.with_hidden_path(path);
-        }
-        for path in &self.read_only {
-            policy = policy.with_read_only_path(path);
-        }
+        policy = policy
+            .with_hidden_paths(self.hidden.iter().map(PathBuf::as_path))
+            .with_read_only_paths(self.read_only.iter().map(PathBuf::as_path));
         for port in &self.tcp_ports {
             policy = policy.with_denied_tcp_port(*port);
         }

@@ -16,6 +16,7 @@ use super::{Access, FilesystemPolicy, PathRule, PolicyError, ResolvedPolicy};
 
 mod normalize;
 mod planted;
+pub(crate) mod reads;
 
 pub(crate) use normalize::{normalize_existing, normalize_rules, protect_subpaths};
 pub use planted::{MAX_PLANTABLE_ROOTS, PlantableDirs};
@@ -245,6 +246,17 @@ impl SandboxSpec {
     /// # Errors
     /// As [`Self::resolve`].
     pub fn resolve_with(&self, ctx: &ResolveContext) -> Result<ResolvedPolicy, PolicyError> {
+        self.resolve_scanning(ctx, true)
+    }
+
+    /// [`Self::resolve_with`]; without `scan`, the writable roots are not searched for
+    /// protected names (`.git`, ...), whose rules only narrow writes: for a policy that
+    /// [`reads::ReadsOnly`] turns read-only before anything runs under it.
+    fn resolve_scanning(
+        &self,
+        ctx: &ResolveContext,
+        scan: bool,
+    ) -> Result<ResolvedPolicy, PolicyError> {
         let mut draft = match &self.source {
             PolicySource::Named(named) => Draft::from_named(named)?,
             PolicySource::Permissions(profile) => Draft::from_permissions(profile),
@@ -276,6 +288,9 @@ impl SandboxSpec {
         draft
             .unix_sockets
             .extend(self.allow_unix_sockets.iter().cloned());
+        if !scan {
+            draft.protected.clear();
+        }
         let mut policy = resolve_draft(&draft, self.cwd.as_deref(), &self.workspace_roots, ctx)?;
         if !self.allowances.is_empty() {
             // From the context's home, as the credential stores are: the processes that

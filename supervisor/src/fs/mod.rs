@@ -303,3 +303,20 @@ pub async fn read_block(
         eof,
     })
 }
+
+/// Whether `request` only reads, so its helper's policy can be the read-only one
+/// ([`crate::sandboxing::Sandboxing::resolve_reads`]). Every variant is named: a new one must be placed.
+pub(crate) fn only_reads(request: &FsRequest) -> bool {
+    match request {
+        FsRequest::ReadFile(_)
+        | FsRequest::GetMetadata(_)
+        | FsRequest::Canonicalize(_)
+        | FsRequest::ReadDirectory(_)
+        | FsRequest::Walk(_) => true,
+        FsRequest::WriteFile(_)
+        | FsRequest::CreateDirectory(_)
+        | FsRequest::Remove(_)
+        | FsRequest::Copy(_)
+        | FsRequest::Open(_) => false,
+    }
+}

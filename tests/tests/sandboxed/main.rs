@@ -12,6 +12,7 @@ use tests::{Client, ExecServer, assert_rpc_error, b64, file_uri, sh, unb64};
 mod fs;
 mod helpers;
 mod process;
+mod reads;
 
 /// [`tests::SandboxDirs`] with a `.git`, a file and an `escape` symlink to the outside.
 struct Dirs {

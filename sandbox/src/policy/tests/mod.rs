@@ -2,6 +2,7 @@
 
 mod network;
 mod profiles;
+mod reads;
 mod roots;
 mod shapes;
 

@@ -263,10 +263,14 @@ impl HelperPool {
         // the CPU pool's few threads that would stall every connection's large messages.
         let (first, mut backing) = budget
             .blocking(move || {
-                let policy = pool
-                    .sandboxing
-                    .resolve(Some(&sandbox))
-                    .map_err(|e| RpcError::from(super::FsRequestError::Sandbox(e)))?;
+                // A request that only reads gets a helper that can write nothing.
+                let policy = if super::only_reads(&request) {
+                    pool.sandboxing.resolve_reads(Some(&sandbox))
+                } else {
+                    pool.sandboxing.resolve(Some(&sandbox))
+                };
+                let policy =
+                    policy.map_err(|e| RpcError::from(super::FsRequestError::Sandbox(e)))?;
                 let Some(policy) = policy else {
                     let unrestricted = Sandboxed::Unrestricted(request, backing);
                     return Ok((First::Done(Ok(unrestricted)), None));
