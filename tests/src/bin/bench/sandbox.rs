@@ -40,6 +40,23 @@ pub(crate) async fn sandboxed_read_file(rows: &mut Vec<Row>, runs: usize) {
         summary_with_p99(timed_requests(&mut client, "fs/readFile", &plain, runs).await);
     let (pooled_median, pooled_text) =
         summary_with_p99(timed_requests(&mut client, "fs/readFile", &sandboxed, runs).await);
+    let large = large_workspace(&dir);
+    let in_large = |params: &Value| {
+        let mut params = params.clone();
+        params["sandbox"] =
+            json!({"profile": "workspace-write", "cwd": large.display().to_string()});
+        params
+    };
+    let (large_read_median, large_read_text) = summary_with_p99(
+        timed_requests(&mut client, "fs/readFile", &in_large(&plain), runs / 5).await,
+    );
+    let written = format!("file://{}", large.join("written.bin").display());
+    // 4,096 zero bytes in base64: 1,365 groups of "AAAA" and one byte left over.
+    let zeros = format!("{}AA==", "A".repeat(1365 * 4));
+    let write = json!({"path": written, "dataBase64": zeros});
+    let (large_write_median, large_write_text) = summary_with_p99(
+        timed_requests(&mut client, "fs/writeFile", &in_large(&write), runs / 50).await,
+    );
     let one_shot_server = Server::start_with(&["--one-shot-helpers"]);
     let mut one_shot_client = Client::connect(&one_shot_server.url).await;
     let (one_shot_median, one_shot_text) = summary_with_p99(
@@ -55,6 +72,27 @@ pub(crate) async fn sandboxed_read_file(rows: &mut Vec<Row>, runs: usize) {
         target: "<= 1.5x".into(),
         holds: Some(pooled_median / unsandboxed_median <= 1.5),
     });
+    for (verb, runs, median, text) in [
+        ("fs/readFile", runs / 5, large_read_median, large_read_text),
+        (
+            "fs/writeFile",
+            runs / 50,
+            large_write_median,
+            large_write_text,
+        ),
+    ] {
+        rows.push(Row {
+            figure: format!(
+                "sandboxed {verb} 4 KiB, workspace-write over a workspace of \
+                 {LARGE_WORKSPACE_ENTRIES} entries with a .git, pooled helpers ({runs} runs)"
+            ),
+            ours: text,
+            baseline: format!("{unsandboxed_text} unsandboxed read"),
+            ratio: format!("{:.2}x", median / unsandboxed_median),
+            target: "reported (no target)".into(),
+            holds: None,
+        });
+    }
     rows.push(Row {
         figure: format!(
             "sandboxed fs/readFile 4 KiB, one helper per request ({} runs)",
@@ -66,6 +104,25 @@ pub(crate) async fn sandboxed_read_file(rows: &mut Vec<Row>, runs: usize) {
         target: "pooled >= 10x faster".into(),
         holds: Some(one_shot_median / pooled_median >= 10.0),
     });
+}
+
+/// Entries of [`large_workspace`]: a writable root's search for protected names reads up to
+/// `PROTECTED_SCAN_MAX_ENTRIES` (10,000) of them.
+const LARGE_WORKSPACE_ENTRIES: usize = 10_100;
+
+/// A workspace under `dir` as large as a writable root's search reads: a `.git` and 100
+/// directories of 100 files.
+fn large_workspace(dir: &std::path::Path) -> std::path::PathBuf {
+    let root = dir.join("large");
+    std::fs::create_dir_all(root.join(".git")).unwrap();
+    for d in 0..100 {
+        let sub = root.join(format!("d{d:03}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        for f in 0..100 {
+            std::fs::write(sub.join(format!("f{f:03}")), b"").unwrap();
+        }
+    }
+    root
 }
 
 /// bubblewrap with the same shape as a workspace-write sandbox (its own user, PID, IPC and
