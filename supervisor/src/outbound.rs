@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use proto::jsonrpc::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_tungstenite::tungstenite::Bytes;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::budget::MemoryCharge;
@@ -30,7 +31,7 @@ pub enum Outbound {
     /// A message already serialized (hot-path notifications).
     Text(String),
     /// A binary frame (`process/output` to a client that asked for binary output).
-    Binary(Vec<u8>),
+    Binary(Bytes),
     /// Close the transport with this code and reason, then stop.
     Close(CloseCode, String),
 }
@@ -41,7 +42,7 @@ pub enum Queued {
     /// One serialized message; dropping what it holds returns its bytes to their budget.
     Text(String, Held),
     /// One binary frame, likewise.
-    Binary(Vec<u8>, Held),
+    Binary(Bytes, Held),
     /// Close, then stop.
     Close(CloseCode, String),
 }
@@ -96,7 +97,7 @@ enum Prepared {
     /// Serialized text (empty when serialization failed; nothing is sent then).
     Text(String),
     /// A binary frame.
-    Binary(Vec<u8>),
+    Binary(Bytes),
     /// A close.
     Close(CloseCode, String),
 }

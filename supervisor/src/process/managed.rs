@@ -6,6 +6,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::Bytes;
 
 use nix::sys::signal::Signal;
 use tokio::io::AsyncWriteExt;
@@ -237,7 +238,17 @@ impl ManagedProcess {
 
     /// Append output, charged to the session before the log holds it; returns its seq.
     pub fn push_output(&self, stream: OutputStream, data: Vec<u8>) -> u64 {
-        self.retention.push(&self.log, stream, data)
+        self.push_output_with(stream, data.len(), |_| data.into())
+    }
+
+    /// [`Self::push_output`] of the `len` bytes `data` makes once it knows their seq.
+    pub fn push_output_with(
+        &self,
+        stream: OutputStream,
+        len: usize,
+        data: impl FnOnce(u64) -> Bytes,
+    ) -> u64 {
+        self.retention.push(&self.log, stream, len, data)
     }
 
     /// Tell waiters that events up to `seq` exist.

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use tokio_tungstenite::tungstenite::Bytes;
 
 use proto::methods::process::OutputStream;
 
@@ -33,8 +34,8 @@ pub struct Chunk {
     pub seq: u64,
     /// Which stream.
     pub stream: OutputStream,
-    /// Raw bytes.
-    pub data: Vec<u8>,
+    /// Raw bytes (for a client taking binary frames, a slice of the frame that carried them).
+    pub data: Bytes,
 }
 
 /// How the process ended.
@@ -169,7 +170,18 @@ impl OutputLog {
     /// Append output; returns its seq. Drops the oldest chunks beyond the budget (the newest
     /// chunk is kept even when it alone exceeds it).
     pub fn push_output(&mut self, stream: OutputStream, data: Vec<u8>) -> u64 {
+        self.push_output_with(stream, |_| Bytes::from(data))
+    }
+
+    /// [`Self::push_output`] of the bytes `data` makes once it knows their seq (a binary
+    /// frame's header carries it; the frame and the log then share the bytes).
+    pub fn push_output_with(
+        &mut self,
+        stream: OutputStream,
+        data: impl FnOnce(u64) -> Bytes,
+    ) -> u64 {
         let seq = self.take_seq();
+        let data = data(seq);
         self.retained_bytes += data.len();
         self.chunks.push_back(Chunk { seq, stream, data });
         while self.retained_bytes > self.retention_bytes && self.chunks.len() > 1 {
@@ -299,7 +311,7 @@ mod tests {
         assert_eq!(read.next_seq, 2);
         assert_eq!(read.exit, None, "exit is after the truncation point");
         let rest = log.read(read.next_seq - 1, 4);
-        assert_eq!(rest.chunks[0].data, b"abc");
+        assert_eq!(rest.chunks[0].data, b"abc"[..]);
         assert_eq!(rest.exit.map(|e| e.code), Some(1));
         assert_eq!(rest.next_seq, 4);
     }

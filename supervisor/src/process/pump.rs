@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Weak};
 
 use proto::jsonrpc::{Message, Notification};
-use proto::methods::process::binary::OutputFrame;
+use proto::methods::process::binary::{OUTPUT_FRAME_HEADER_BYTES, OutputFrame};
 use proto::methods::process::{
     ClosedNotification, DeniedNotification, ExitedNotification, OutputStream,
 };
@@ -15,6 +15,7 @@ use serde::Serialize;
 use tokio::io::AsyncReadExt;
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
+use tokio_tungstenite::tungstenite::Bytes;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -211,11 +212,11 @@ async fn run(
             let (mut out_open, mut err_open, mut exited) = (true, true, false);
             while out_open || err_open || !exited {
                 tokio::select! {
-                    read = read_pipe(&stdout), if out_open => match read {
+                    read = read_pipe(&stdout, &emitter, OutputStream::Stdout), if out_open => match read {
                         Some(data) => emitter.output(OutputStream::Stdout, data).await,
                         None => out_open = false,
                     },
-                    read = read_pipe(&stderr), if err_open => match read {
+                    read = read_pipe(&stderr, &emitter, OutputStream::Stderr), if err_open => match read {
                         Some(data) => emitter.output(OutputStream::Stderr, data).await,
                         None => err_open = false,
                     },
@@ -242,7 +243,7 @@ async fn run(
             let (mut open, mut exited) = (true, false);
             while open || !exited {
                 tokio::select! {
-                    read = read_pty(&master), if open => match read {
+                    read = read_pty(&master, &emitter), if open => match read {
                         Some(data) => emitter.output(OutputStream::Pty, data).await,
                         None => open = false,
                     },
@@ -338,19 +339,43 @@ thread_local! {
         std::cell::RefCell::new(vec![0u8; OUTPUT_READ_CHUNK_BYTES]);
 }
 
-/// Run `read` on this thread's read buffer and copy out what it read (no `.await` in between,
-/// so the buffer is never held across a task switch). `Ok(None)` at end of file.
+/// Output as it was copied out of the read buffer.
+enum Read {
+    /// The bytes alone.
+    Plain(Vec<u8>),
+    /// A binary output frame around them (for a client taking binary frames: the one copy the
+    /// bytes need on their way out), its seq still to be patched in.
+    Framed(Vec<u8>),
+}
+
+impl Read {
+    fn len(&self, header: usize) -> usize {
+        match self {
+            Read::Plain(data) => data.len(),
+            Read::Framed(frame) => frame.len() - header,
+        }
+    }
+}
+
+/// Run `read` on this thread's read buffer and copy out what it read, shaped for where it
+/// goes (no `.await` in between, so the buffer is never held across a task switch).
+/// `Ok(None)` at end of file.
 fn read_now(
     read: impl FnOnce(&mut [u8]) -> std::io::Result<usize>,
-) -> std::io::Result<Option<Vec<u8>>> {
-    READ_BUFFER.with_borrow_mut(|buf| read(buf).map(|n| (n > 0).then(|| buf[..n].to_vec())))
+    shape: impl FnOnce(&[u8]) -> Read,
+) -> std::io::Result<Option<Read>> {
+    READ_BUFFER.with_borrow_mut(|buf| read(buf).map(|n| (n > 0).then(|| shape(&buf[..n]))))
 }
 
 /// The next output of a pipe; `None` at end of file (or on an error).
-async fn read_pipe(pipe: &pipe::Receiver) -> Option<Vec<u8>> {
+async fn read_pipe(
+    pipe: &pipe::Receiver,
+    emitter: &Emitter<'_>,
+    stream: OutputStream,
+) -> Option<Read> {
     loop {
         pipe.readable().await.ok()?;
-        match read_now(|buf| pipe.try_read(buf)) {
+        match read_now(|buf| pipe.try_read(buf), |data| emitter.shape(stream, data)) {
             Ok(data) => return data,
             Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(_) => return None,
@@ -365,10 +390,11 @@ async fn read_pipe(pipe: &pipe::Receiver) -> Option<Vec<u8>> {
 async fn drain(emitter: &Emitter<'_>, stream: OutputStream, fd: BorrowedFd<'_>) -> bool {
     let mut drained = 0;
     while drained < EXIT_DRAIN_LIMIT {
-        match read_now(|buf| nix::unistd::read(fd, buf).map_err(std::io::Error::from)) {
+        let read = |buf: &mut [u8]| nix::unistd::read(fd, buf).map_err(std::io::Error::from);
+        match read_now(read, |data| emitter.shape(stream, data)) {
             Ok(None) => return false,
             Ok(Some(data)) => {
-                drained += data.len();
+                drained += data.len(emitter.header_len());
                 emitter.output(stream, data).await;
             }
             Err(error) if error.raw_os_error() == Some(nix::libc::EINTR) => {}
@@ -386,11 +412,13 @@ const SEQ_OFFSET: usize = 2;
 const EXIT_DRAIN_LIMIT: usize = 4 * 1024 * 1024;
 
 /// The next output of the PTY master; EIO (every slave descriptor closed) is end of file.
-async fn read_pty(master: &AsyncFd<OwnedFd>) -> Option<Vec<u8>> {
+async fn read_pty(master: &AsyncFd<OwnedFd>, emitter: &Emitter<'_>) -> Option<Read> {
     loop {
         let mut guard = master.readable().await.ok()?;
         match guard.try_io(|fd| {
-            read_now(|buf| nix::unistd::read(fd.get_ref(), buf).map_err(std::io::Error::from))
+            let read =
+                |buf: &mut [u8]| nix::unistd::read(fd.get_ref(), buf).map_err(std::io::Error::from);
+            read_now(read, |data| emitter.shape(OutputStream::Pty, data))
         }) {
             Ok(Ok(data)) => return data,
             Ok(Err(_)) => return None,
@@ -405,27 +433,64 @@ struct Emitter<'a> {
 }
 
 impl Emitter<'_> {
-    async fn output(&self, stream: OutputStream, data: Vec<u8>) {
+    /// Bytes of a binary output frame's header for this process.
+    fn header_len(&self) -> usize {
+        // `OutputFrame::encode` cuts an id longer than u16::MAX bytes to that length.
+        OUTPUT_FRAME_HEADER_BYTES + self.process.id.len().min(usize::from(u16::MAX))
+    }
+
+    fn frame(&self, stream: OutputStream, data: &[u8]) -> Vec<u8> {
+        OutputFrame {
+            process_id: &self.process.id,
+            stream,
+            seq: 0,
+            data,
+        }
+        .encode()
+    }
+
+    /// `data` as it leaves the read buffer: already framed when the client takes binary frames
+    /// (the frame and the log then share one copy), else copied alone.
+    fn shape(&self, stream: OutputStream, data: &[u8]) -> Read {
+        match self.sink.sender() {
+            Some(sender) if sender.binary_output() => Read::Framed(self.frame(stream, data)),
+            _ => Read::Plain(data.to_vec()),
+        }
+    }
+
+    async fn output(&self, stream: OutputStream, read: Read) {
+        let header = self.header_len();
+        let sender = self.sink.sender();
+        let binary = sender.as_ref().is_some_and(|sender| sender.binary_output());
+        // The client may have come or gone since the read: reshape (a copy) only then.
+        let frame = match read {
+            Read::Framed(frame) if binary || sender.is_none() => frame,
+            Read::Framed(frame) => return self.output_json(stream, frame[header..].to_vec()).await,
+            Read::Plain(data) if binary => self.frame(stream, &data),
+            Read::Plain(data) => return self.output_json(stream, data).await,
+        };
+        let len = frame.len() - header;
+        let mut sent = None;
+        let seq = self.process.push_output_with(stream, len, |seq| {
+            let mut frame = frame;
+            frame[SEQ_OFFSET..SEQ_OFFSET + 8].copy_from_slice(&seq.to_be_bytes());
+            let frame = Bytes::from(frame);
+            sent = Some(frame.clone());
+            frame.slice(header..)
+        });
+        self.process.publish(seq);
+        if let (Some(sender), Some(frame)) = (sender.filter(|_| binary), sent) {
+            let _ = sender.send(crate::outbound::Outbound::Binary(frame)).await;
+        }
+    }
+
+    /// `data` to a client taking JSON notifications, or to none.
+    async fn output_json(&self, stream: OutputStream, data: Vec<u8>) {
         let Some(sender) = self.sink.sender() else {
             let seq = self.process.push_output(stream, data);
             self.process.publish(seq);
             return;
         };
-        if sender.binary_output() {
-            // The frame copies the bytes before the log takes them; its seq is patched in.
-            let mut frame = OutputFrame {
-                process_id: &self.process.id,
-                stream,
-                seq: 0,
-                data: &data,
-            }
-            .encode();
-            let seq = self.process.push_output(stream, data);
-            self.process.publish(seq);
-            frame[SEQ_OFFSET..SEQ_OFFSET + 8].copy_from_slice(&seq.to_be_bytes());
-            let _ = sender.send(crate::outbound::Outbound::Binary(frame)).await;
-            return;
-        }
         // Hot path: write the notification text directly (base64 needs no JSON escaping),
         // instead of building a serde_json::Value and serializing it again. It is encoded
         // before the log takes the bytes (its seq goes last).

@@ -22,6 +22,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use tokio_tungstenite::tungstenite::Bytes;
 
 use proto::methods::process::OutputStream;
 
@@ -154,15 +155,25 @@ impl SessionRetention {
         self.pool.held.fetch_add(cost, Ordering::Relaxed);
     }
 
-    /// Charge `data` to this session (dropping the oldest output past the server's cap), then
-    /// append it to `log`; returns its seq.
-    pub fn push(&self, log: &SharedLog, stream: OutputStream, data: Vec<u8>) -> u64 {
-        self.charge(chunk_cost(data.len()));
+    /// Charge `len` bytes to this session (dropping the oldest output past the server's cap),
+    /// then append to `log` the `len` bytes `data` makes given their seq; returns the seq.
+    pub fn push(
+        &self,
+        log: &SharedLog,
+        stream: OutputStream,
+        len: usize,
+        data: impl FnOnce(u64) -> Bytes,
+    ) -> u64 {
+        self.charge(chunk_cost(len));
         self.pool.enforce_cap();
         let mut order = self.lock_order();
         // Counted live first: the log may let chunks go (and count them off) as it takes this one.
         self.live.fetch_add(1, Ordering::Relaxed);
-        let seq = lock(log).push_output(stream, data);
+        let seq = lock(log).push_output_with(stream, |seq| {
+            let data = data(seq);
+            debug_assert_eq!(data.len(), len, "charged for other bytes than retained");
+            data
+        });
         order.push_back(Entry {
             log: Arc::downgrade(log),
             seq,
@@ -225,7 +236,7 @@ mod tests {
     use pretty_assertions::assert_eq;
 
     fn push(session: &SessionRetention, log: &SharedLog, len: usize) -> u64 {
-        session.push(log, OutputStream::Stdout, vec![b'x'; len])
+        session.push(log, OutputStream::Stdout, len, |_| vec![b'x'; len].into())
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub enum OutboundFrame {
     /// One serialized JSON-RPC message.
     Text(String),
     /// A binary `process/output` frame (only to a client that asked for them).
-    Binary(Vec<u8>),
+    Binary(tokio_tungstenite::tungstenite::Bytes),
     /// Close with this code and reason (a websocket close frame; a relay reset).
     Close(CloseCode, String),
 }

@@ -526,7 +526,7 @@ impl Executor {
                 // A binary `process/output` frame (granted at `initialize`): the same bytes as
                 // the relay message, no JSON and no base64; its first byte (0x01) is one no JSON
                 // text begins with, so the harness tells the two apart.
-                OutboundFrame::Binary(bytes) => AppOut::Message(bytes),
+                OutboundFrame::Binary(bytes) => AppOut::Message(Vec::from(bytes)),
                 OutboundFrame::Close(_, reason) => AppOut::Close(reason),
             };
             tx.send(out).await.map(|()| tx)
