@@ -6,10 +6,9 @@ use crate::policy::{Access, FilesystemPolicy, PolicyError, ResolvedPolicy};
 
 /// A policy resolved for reading only, before it is [finished](Self::finish).
 ///
-/// The writable roots were not searched for protected names (`.git`, `.env`, ... up to
-/// [`PROTECTED_SCAN_MAX_ENTRIES`](super::normalize::PROTECTED_SCAN_MAX_ENTRIES) entries each,
-/// milliseconds in a large workspace): their rules only keep those names read-only inside
-/// writable roots. So the policy is only ever had through [`Self::finish`], which makes every
+/// The writable roots were not searched for protected names (`.git`, `.agents`, `.codex`; up
+/// to `PROTECTED_SCAN_MAX_ENTRIES` entries per root, milliseconds in a large workspace): their
+/// rules only keep those names read-only inside writable roots. So the policy is only ever had through [`Self::finish`], which makes every
 /// rule that lets write let read instead: nothing is writable, and every read is granted or
 /// refused exactly as the full resolution would.
 #[derive(Debug)]
