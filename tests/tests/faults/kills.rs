@@ -10,13 +10,11 @@ async fn helper_killed_in_the_middle_of_an_atomic_write_leaves_the_target_whole(
     let server = ExecServer::start(&[]);
     let mut client = server.client().await;
     let policy = write_policy(dir.path());
-    // Warm the pool: one helper for this (session, policy).
-    client
-        .call(
-            "fs/getMetadata",
-            json!({"path": file_uri(dir.path()), "sandbox": policy}),
-        )
-        .await;
+    // Warm the pool: one writing helper for this (session, policy). A write, since a request
+    // that only reads gets a helper of its own (the policy's read-only form).
+    write_file(&mut client, &target, b"old content", false, policy.clone())
+        .await
+        .unwrap();
     let data = vec![0x5a_u8; 8 * 1024 * 1024];
     // Kill the helper the moment it holds its temporary file open: it is writing the new
     // content. The file is anonymous (O_TMPFILE, shown as "DIR/#INODE (deleted)" in
@@ -54,13 +52,10 @@ async fn helper_killed_in_the_middle_of_an_atomic_write_leaves_the_target_whole(
             Ok(_) => {
                 // The write won the race; put the old content back and try again.
                 wait_process_dead(helper, DEADLINE, "the helper killed after its write");
-                std::fs::write(&target, b"old content").unwrap();
-                let _ = client
-                    .request(
-                        "fs/getMetadata",
-                        json!({"path": file_uri(dir.path()), "sandbox": policy}),
-                    )
-                    .await;
+                // The next writing helper, which also puts the old content back.
+                write_file(&mut client, &target, b"old content", false, policy.clone())
+                    .await
+                    .unwrap();
             }
             Err(error) => panic!("the write failed without the helper being killed: {error:?}"),
         }
